@@ -1,0 +1,253 @@
+"""Tree-exact Gated DeltaNet: every tree node sees exactly its own root-to-node path.
+
+Per value head, with the committed state S_c (K x V, fp32) and per-token q, k (L2-normalised, q scaled by
+K^-1/2), v, g (log decay, <= 0) and beta, a chain runs
+
+    S_t = exp(g_t) S_{t-1};  delta_t = beta_t (v_t - S_t^T k_t);  S_t += k_t delta_t^T;  o_t = S_t^T q_t.
+
+On a tree the previous state is the *parent's*: S_n = step(S_p(n)), S_p(root) = S_c. The conv window of a
+node is (u_n, u_p(n), u_p(p(n)), ...) continuing into the committed conv-state columns past the root.
+
+Two forms live here and are tested against each other and against transformers' own layer:
+- `tree_delta_rule_reference`: walk each node's path and run the recurrence, slow and obviously correct.
+- `tree_delta_rule`: the parallel form. With G_n = g_n + G_p(n) (path sum of g) and the ancestor mask M,
+      (I + A) delta = beta * (v - exp(G) K S_c),   A[i, j] = beta_i exp(G_i - G_j) k_i.k_j  (j strict ancestor of i)
+      O = exp(G) Q S_c + (M * exp(G_i - G_j) * Q K^T) delta
+  Nodes are numbered parents first, so A is strictly lower triangular: one unit-triangular solve.
+  The state after any node a (used to commit the accepted path) is
+      S_a = exp(G_a) S_c + sum_{j in path(a)} exp(G_a - G_j) k_j delta_j^T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------------------------------
+# Tree indexing
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeIndex:
+    """Index tensors for one tree on one device."""
+
+    parents: tuple[int, ...]
+    ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
+    conv_gather: torch.Tensor  # [T, kernel] long: columns of cat(conv_state, u) forming each node's window
+
+    @classmethod
+    def build(cls, parents: tuple[int, ...] | list[int], kernel: int, device) -> "TreeIndex":
+        parents = tuple(int(p) for p in parents)
+        n = len(parents)
+        ancestors = torch.zeros((n, n), dtype=torch.bool)
+        gather = torch.empty((n, kernel), dtype=torch.long)
+        for pos, parent in enumerate(parents):
+            if parent >= 0:
+                if parent >= pos:
+                    raise ValueError("tree positions must list every parent before its children")
+                ancestors[pos] = ancestors[parent]
+            ancestors[pos, pos] = True
+            # window column kernel-1 is the node itself, column kernel-1-m its m-th ancestor; past the root
+            # the window continues into the committed conv state (its last column is the newest input).
+            node, past = pos, 0
+            for col in range(kernel - 1, -1, -1):
+                if node >= 0:
+                    gather[pos, col] = kernel + node
+                    node = parents[node]
+                else:
+                    past += 1
+                    gather[pos, col] = kernel - past
+        return cls(parents, ancestors.to(device), gather.to(device))
+
+    def to(self, device) -> "TreeIndex":
+        return TreeIndex(self.parents, self.ancestors.to(device), self.conv_gather.to(device))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Causal conv along parent chains
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tree_conv(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv where each node's window follows its parent chain, then SiLU.
+
+    u: [T, C] raw conv inputs; conv_state: [C, kernel] committed raw inputs (oldest first); weight: [C, kernel]."""
+    ext = torch.cat([conv_state.to(weight.dtype), u.to(weight.dtype).t()], dim=1)  # [C, kernel + T]
+    windows = ext[:, gather]  # [C, T, kernel]
+    out = (windows * weight[:, None, :]).sum(-1)  # [C, T]
+    return F.silu(out).t().to(u.dtype)
+
+
+def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, parents) -> torch.Tensor:
+    """Per node: gather the window by walking parent pointers, then F.conv1d on it."""
+    kernel = weight.shape[1]
+    outs = []
+    for pos in range(u.shape[0]):
+        chain, node = [], pos
+        while node >= 0 and len(chain) < kernel:
+            chain.append(u[node])
+            node = parents[node]
+        window = [conv_state[:, kernel - 1 - i] for i in range(kernel - len(chain))][::-1] + chain[::-1]
+        x = torch.stack(window, dim=1).to(weight.dtype)  # [C, kernel] oldest first
+        y = F.conv1d(x[None], weight[:, None, :], groups=x.shape[0])[0, :, -1]
+        outs.append(F.silu(y).to(u.dtype))
+    return torch.stack(outs)
+
+
+def path_conv_state(u: torch.Tensor, conv_state: torch.Tensor, gather_row: torch.Tensor) -> torch.Tensor:
+    """The conv state after committing the path ending at a node: the last `kernel` raw inputs along it."""
+    ext = torch.cat([conv_state, u.to(conv_state.dtype).t()], dim=1)
+    return ext[:, gather_row]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gated delta rule over a tree
+# ----------------------------------------------------------------------------------------------------------
+
+
+def tree_delta_rule(q, k, v, g, beta, state, ancestors):
+    """Parallel tree form. q, k: [T, H, K]; v: [T, H, V]; g, beta: [T, H]; state: [H, K, V]; all fp32.
+
+    Returns the outputs o [T, H, V] and delta [T, H, V] (enough to rebuild the state after any node)."""
+    n = q.shape[0]
+    anc = ancestors.to(torch.float32)
+    G = (anc @ g).t()  # [H, T] path sums
+    qh, kh, vh, bh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), beta.t()  # head-major
+    diff = G[:, :, None] - G[:, None, :]  # [H, T, T]  G_i - G_j
+    decay = torch.where(ancestors, diff, torch.full_like(diff, float("-inf"))).exp()  # 0 off the path
+    eye = torch.eye(n, dtype=torch.bool, device=q.device)
+    strict = decay.masked_fill(eye, 0.0)
+    A = bh[:, :, None] * (kh @ kh.transpose(1, 2)) * strict  # [H, T, T] strictly lower
+    eG = G.exp()[:, :, None]
+    rhs = bh[:, :, None] * (vh - eG * (kh @ state))
+    delta = torch.linalg.solve_triangular(A + torch.eye(n, device=q.device), rhs, upper=False, unitriangular=True)
+    out = eG * (qh @ state) + ((qh @ kh.transpose(1, 2)) * decay) @ delta
+    return out.transpose(0, 1), delta.transpose(0, 1)
+
+
+def state_after(path: list[int], k, g, delta, state) -> torch.Tensor:
+    """State after the chain `path` (root first) from the committed `state`, using delta from tree_delta_rule."""
+    idx = torch.tensor(path, dtype=torch.long, device=k.device)
+    G = torch.cumsum(g[idx], dim=0)  # [P, H]
+    w = (G[-1][None] - G).exp()  # [P, H]  exp(G_a - G_j)
+    kp = k[idx] * w[:, :, None]  # [P, H, K]
+    return G[-1].exp()[:, None, None] * state + torch.einsum("phk,phv->hkv", kp, delta[idx])
+
+
+def tree_delta_rule_reference(q, k, v, g, beta, state, parents):
+    """Per node: run the gated delta rule along its own root-to-node path. Returns o [T, H, V]."""
+    outs = []
+    for pos in range(q.shape[0]):
+        path, node = [], pos
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        s = state.clone()
+        for t in reversed(path):
+            s = s * g[t].exp()[:, None, None]
+            delta = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", s, k[t]))
+            s = s + k[t][:, :, None] * delta[:, None, :]
+        outs.append(torch.einsum("hkv,hk->hv", s, q[pos]))
+    return torch.stack(outs)
+
+
+def replay_state(path: list[int], k, v, g, beta, state) -> torch.Tensor:
+    """The recurrence itself along `path`: the obviously-correct twin of `state_after`."""
+    s = state.clone()
+    for t in path:
+        s = s * g[t].exp()[:, None, None]
+        delta = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", s, k[t]))
+        s = s + k[t][:, :, None] * delta[:, None, :]
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A whole Gated DeltaNet layer (transformers' Qwen3_5GatedDeltaNet weights) over a tree
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GDNTreeStash:
+    """What the verify pass keeps per GDN layer so the commit needs no new projections."""
+
+    u: torch.Tensor  # [T, C] raw conv inputs
+    k: torch.Tensor  # [T, H, K] fp32, normalised
+    v: torch.Tensor  # [T, H, V] fp32
+    g: torch.Tensor  # [T, H] fp32
+    beta: torch.Tensor  # [T, H] fp32
+    delta: torch.Tensor | None  # [T, H, V] fp32 (fast form only)
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents):
+    """Projections + tree conv + the per-token q, k, v, g, beta exactly as transformers computes them.
+
+    hidden: [T, hidden] (batch of one, already normed). Returns (u, z, q, k, v, g, beta) with q/k/v/g/beta fp32."""
+    n = hidden.shape[0]
+    u = layer.in_proj_qkv(hidden)  # [T, C]
+    z = layer.in_proj_z(hidden).reshape(n, -1, layer.head_v_dim)
+    b = layer.in_proj_b(hidden)
+    a = layer.in_proj_a(hidden)
+    weight = layer.conv1d.weight.squeeze(1)
+    if index is not None:
+        mixed = tree_conv(u, conv_state, weight, index.conv_gather)
+    else:
+        mixed = tree_conv_reference(u, conv_state, weight, parents)
+    query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
+    query = query.reshape(n, -1, layer.head_k_dim)
+    key = key.reshape(n, -1, layer.head_k_dim)
+    value = value.reshape(n, -1, layer.head_v_dim)
+    beta = b.sigmoid()
+    g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
+    rep = layer.num_v_heads // layer.num_k_heads
+    if rep > 1:  # grouped value heads: each key head serves `rep` consecutive value heads
+        query = query.repeat_interleave(rep, dim=1)
+        key = key.repeat_interleave(rep, dim=1)
+    q = _l2norm(query.float())
+    q = q / (q.shape[-1] ** 0.5)
+    k = _l2norm(key.float())
+    return u, z, q, k, value.float(), g.float(), beta.float()
+
+
+def gdn_output(layer, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gated RMSNorm with z, then out_proj. core: [T, H, V] fp32."""
+    n = core.shape[0]
+    core = core.to(dtype).reshape(-1, layer.head_v_dim)
+    out = layer.norm(core, z.reshape(-1, layer.head_v_dim)).reshape(n, -1)
+    return layer.out_proj(out)
+
+
+def tree_gdn_forward(layer, hidden, conv_state, recurrent_state, index: TreeIndex):
+    """Fast tree-exact GDN layer. hidden: [1, T, hidden]; conv_state: [1, C, kernel]; recurrent_state:
+    [1, H, K, V]. Returns (output [1, T, hidden], stash). The cache itself is not touched."""
+    x = hidden[0]
+    u, z, q, k, v, g, beta = gdn_inputs(layer, x, conv_state[0], index, None)
+    core, delta = tree_delta_rule(q, k, v, g, beta, recurrent_state[0].float(), index.ancestors)
+    out = gdn_output(layer, core, z, hidden.dtype)
+    return out[None], GDNTreeStash(u, k, v, g, beta, delta)
+
+
+def tree_gdn_forward_reference(layer, hidden, conv_state, recurrent_state, parents):
+    """Slow tree-exact GDN layer: windows by parent walking, recurrence along each node's path."""
+    x = hidden[0]
+    u, z, q, k, v, g, beta = gdn_inputs(layer, x, conv_state[0], None, parents)
+    core = tree_delta_rule_reference(q, k, v, g, beta, recurrent_state[0].float(), parents)
+    out = gdn_output(layer, core, z, hidden.dtype)
+    return out[None], GDNTreeStash(u, k, v, g, beta, None)
+
+
+def commit_gdn_state(stash: GDNTreeStash, path: list[int], conv_state, recurrent_state, index: TreeIndex):
+    """New (conv_state, recurrent_state) after committing the accepted `path` (tree positions, root first)."""
+    last = path[-1]
+    new_conv = path_conv_state(stash.u, conv_state[0], index.conv_gather[last])[None]
+    if stash.delta is not None:
+        new_rec = state_after(path, stash.k, stash.g, stash.delta, recurrent_state[0].float())
+    else:
+        new_rec = replay_state(path, stash.k, stash.v, stash.g, stash.beta, recurrent_state[0].float())
+    return new_conv.to(conv_state.dtype), new_rec[None].to(recurrent_state.dtype)

@@ -1,0 +1,164 @@
+"""Loading the target, its tokenizer and the DFlash drafter: embedded default, local directory or hub id.
+
+Never `trust_remote_code`. The embedded default loads from assets/ with no network access at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError, ModelLoadError, PairingError
+from .cache import layer_types
+from .drafter import DFlashConfig, DFlashDrafter, validate_pairing
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+EMBEDDED_TARGET = ASSETS / "tiny-qwen35-target"
+EMBEDDED_DRAFT = ASSETS / "tiny-qwen35-dflash"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(device: str) -> str:
+    """'cpu', 'cuda' (one GPU), 'auto' (all visible GPUs through accelerate, else the CPU)."""
+    if device not in ("cpu", "cuda", "auto"):
+        raise InputError(f"unknown device {device!r}; choose cpu, cuda or auto")
+    if device in ("cuda", "auto") and not torch.cuda.is_available():
+        if device == "cuda":
+            raise InputError("--device cuda was asked for, but no CUDA GPU is visible")
+        return "cpu"
+    return device
+
+
+def _looks_local(name: str) -> bool:
+    """Hub ids look like 'org/name'; anything path-like that does not exist is a missing directory."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def _check_local(name: str, what: str) -> Path | None:
+    """A path that should be a local model directory: return it, or explain why it cannot be one."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{what} directory {path} has no config.json")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"{what} {path} is a file, not a model directory")
+    if _looks_local(name):
+        raise ModelLoadError(f"{what} directory not found: {path}")
+    return None  # a hub id
+
+
+@dataclass
+class ModelPair:
+    """The target (+ tokenizer) and its drafter, loaded once and shared by every session."""
+
+    target: torch.nn.Module
+    tokenizer: object
+    drafter: DFlashDrafter | None
+    target_name: str
+    draft_name: str
+    dtype: torch.dtype
+    device: str
+
+    @property
+    def layer_types(self) -> list[str]:
+        return layer_types(self.target.config)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set()
+        eos = getattr(self.target.config, "eos_token_id", None)
+        for value in (eos, getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    @property
+    def max_positions(self) -> int:
+        cfg = self.target.config.get_text_config()
+        return int(getattr(cfg, "max_position_embeddings", 1 << 20))
+
+    def describe(self) -> str:
+        return f"target {self.target_name} | drafter {self.draft_name} | {str(self.dtype).removeprefix('torch.')} on {self.device}"
+
+
+def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = _check_local(name, "target")
+    source = str(local) if local is not None else name
+    kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
+    if offline or local is not None:
+        kwargs["local_files_only"] = True
+    if device == "auto":
+        kwargs["device_map"] = "auto"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load target {name!r}: {exc}") from None
+    if device != "auto":
+        model.to(device)
+    return model.eval(), tokenizer
+
+
+def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
+    local = _check_local(name, "drafter")
+    if local is None:  # hub id: fetch config + safetensors only
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"]))
+        except Exception as exc:  # noqa: BLE001 - any hub failure is a load failure for the user
+            raise ModelLoadError(f"cannot fetch drafter {name!r}: {exc}") from None
+    return DFlashDrafter.from_pretrained(local, dtype=dtype, device=device).eval()
+
+
+def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu") -> ModelPair:
+    """Load target + tokenizer + drafter and check that they fit together."""
+    torch_dtype = parse_dtype(dtype)
+    device = resolve_device(device)
+    embedded = target is None
+    if target is None:
+        target = str(EMBEDDED_TARGET)
+        draft = draft or str(EMBEDDED_DRAFT)
+    if draft is None:
+        raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
+    model, tokenizer = load_target(target, torch_dtype, device, offline=embedded)
+    draft_device = model.get_input_embeddings().weight.device
+    try:
+        validate_pairing(DFlashConfig.from_file(_draft_config_path(draft)), model.config)
+    except FileNotFoundError:
+        pass  # hub drafter: validated after download below
+    drafter = load_drafter(draft, torch_dtype, draft_device)
+    validate_pairing(drafter.config, model.config)
+    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device)
+
+
+def _draft_config_path(name: str) -> Path:
+    path = Path(name).expanduser() / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
+
+
+def _display(name: str) -> str:
+    path = Path(name)
+    try:
+        return str(path.resolve().relative_to(ASSETS.parent))
+    except ValueError:
+        return name
+
+
+__all__ = ["ModelPair", "load_pair", "load_target", "load_drafter", "parse_dtype", "resolve_device", "PairingError"]

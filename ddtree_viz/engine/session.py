@@ -1,0 +1,352 @@
+"""DecodeSession: prefill a prompt, then one DDTree (or DFlash chain) round per step(), each yielding a StepRecord.
+
+A round, top to bottom:
+    draft   the drafter proposes B-1 per-depth distributions for the block [root, MASK, ...]
+    tree    best-first tree under the node budget (or DFlash's top-1 chain); positions + ancestor mask
+    verify  one target pass over [root, nodes...] (exact: tree-exact GDN; naive: the flattened-tree bug)
+    accept  walk the tree along the target's argmax; the argmax at the last accepted node is the bonus token
+    commit  KV rows of prefix + accepted path; GDN state of the accepted path; drafter context = their features
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..trace import StepRecord, Trace, TreeNode
+from .cache import new_cache, snapshot
+from .drafter import extract_context_features
+from .models import ModelPair
+from .tree import DraftTree, build_chain, build_tree, follow_tree
+from .verify import EXACT, NAIVE, commit, input_device, verify_tree
+
+METHODS = ("ddtree", "dflash")
+VERIFY_MODES = (EXACT, NAIVE)
+MAX_BUDGET = 4096
+MAX_NEW_TOKENS = 8192
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Proposers: who drafts the per-depth distributions
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Proposer(Protocol):
+    block_size: int  # root + (block_size - 1) drafted depths
+    feature_layer_ids: list[int] | None  # target layers whose hidden states it needs as context
+
+    def reset(self) -> None: ...
+
+    def propose(self, root_token_id: int, committed_len: int, new_features: torch.Tensor | None, block_size: int) -> torch.Tensor:
+        """Log-probs [block_size - 1, vocab] (fp32) for depths 1..block_size-1."""
+
+
+class DFlashProposer:
+    """The DFlash drafter: one non-causal pass over [root, MASK...] conditioned on target features."""
+
+    def __init__(self, drafter, target):
+        self.drafter, self.target = drafter, target
+        self.block_size = drafter.block_size
+        self.feature_layer_ids = list(drafter.target_layer_ids)
+        self.mask_token_id = drafter.mask_token_id
+        self.cache = drafter.new_cache()
+
+    def reset(self) -> None:
+        self.cache = self.drafter.new_cache()
+
+    @torch.no_grad()
+    def propose(self, root_token_id, committed_len, new_features, block_size):
+        embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
+        block = torch.tensor([[root_token_id] + [self.mask_token_id] * (block_size - 1)], device=embed.weight.device)
+        p = next(self.drafter.parameters())
+        noise = embed(block).to(p.device, p.dtype)
+        ctx = new_features.to(p.device, p.dtype)[None]
+        start = self.cache.seq_length
+        if start + ctx.shape[1] != committed_len:
+            raise RuntimeError(f"drafter context out of step: {start} cached + {ctx.shape[1]} new != {committed_len}")
+        positions = torch.arange(start, committed_len + block_size, device=p.device)[None]
+        hidden = self.drafter(noise, ctx, positions, cache=self.cache)
+        logits = lm_head(hidden[0, 1:].to(lm_head.weight.device))
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The greedy reference: transformers' own forward, one token at a time, no tree code involved
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GreedyResult:
+    ids: tuple[int, ...]
+    margins: tuple[float, ...]  # top-1 minus top-2 logit at each generated token
+
+
+@torch.no_grad()
+def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
+    from transformers import DynamicCache
+
+    device = input_device(target)
+    cache = DynamicCache(config=target.config)
+    inputs = torch.tensor([prompt_ids], device=device)
+    ids, margins = [], []
+    for _ in range(max_new_tokens):
+        logits = target(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
+        top = torch.topk(logits, 2).values
+        token = int(logits.argmax())
+        ids.append(token)
+        margins.append(float(top[0] - top[1]))
+        if token in eos_ids:
+            break
+        inputs = torch.tensor([[token]], device=device)
+    return GreedyResult(tuple(ids), tuple(margins))
+
+
+def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
+    for i, (a, b) in enumerate(zip(output, greedy)):
+        if a != b:
+            return i
+    return None if len(output) == len(greedy) else min(len(output), len(greedy))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The session
+# ----------------------------------------------------------------------------------------------------------
+
+
+class DecodeSession:
+    def __init__(
+        self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
+        method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
+        reference_gdn: bool = False,
+    ):
+        self.pair = pair
+        self.target, self.tokenizer = pair.target, pair.tokenizer
+        if proposer is None:
+            if pair.drafter is None:
+                raise InputError("no drafter loaded")
+            proposer = DFlashProposer(pair.drafter, pair.target)
+        self.proposer = proposer
+        self.budget = _check_int("budget", budget, 1, MAX_BUDGET)
+        self.max_new_tokens = _check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+        if verify not in VERIFY_MODES:
+            raise InputError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
+        if method not in METHODS:
+            raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+        self.verify, self.method = verify, method
+        self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
+        self.reference_gdn = reference_gdn
+        self.eos_ids = pair.eos_token_ids
+        self._sync = torch.cuda.synchronize if input_device(self.target).type == "cuda" else (lambda: None)
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.prompt: str = ""
+        self.prompt_ids: list[int] = []
+        self.generated: list[int] = []
+        self.history: list[StepRecord] = []
+        self.cache = None
+        self.committed_len = 0
+        self.done = False
+        self._features: torch.Tensor | None = None
+        self._greedy: GreedyResult | None = None
+        self.prefill_ms = 0.0
+
+    @property
+    def started(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def settings(self) -> dict:
+        return dict(
+            budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
+            max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device,
+        )
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+
+    @property
+    def output_text(self) -> str:
+        return self.tokenizer.decode(self.generated, clean_up_tokenization_spaces=False)
+
+    # -- prefill -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> int:
+        """Run the prompt through the target; its argmax becomes the first generated token (the first root)."""
+        if prompt_ids is None:
+            if not isinstance(prompt, str) or prompt == "":
+                raise InputError("the prompt is empty: type some text to continue")
+            prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if len(prompt_ids) == 0:
+            raise InputError("the prompt encodes to no tokens")
+        limit = self.pair.max_positions - self.max_new_tokens - self.budget - self.block_size
+        if len(prompt_ids) > limit:
+            raise InputError(
+                f"the prompt is {len(prompt_ids)} tokens; with max new tokens {self.max_new_tokens} and budget "
+                f"{self.budget} it must be at most {max(limit, 0)} tokens (the target has {self.pair.max_positions} positions)"
+            )
+        self.reset()
+        self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)
+        self.prompt_ids = [int(t) for t in prompt_ids]
+        self.proposer.reset()
+        cache = new_cache(self.target)
+        start = time.perf_counter()
+        ids = torch.tensor([self.prompt_ids], device=input_device(self.target))
+        out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
+                          output_hidden_states=self.proposer.feature_layer_ids is not None)
+        self._sync()
+        self.prefill_ms = (time.perf_counter() - start) * 1e3
+        self.cache = cache
+        self.committed_len = len(self.prompt_ids)
+        self._features = self._context(out.hidden_states, None)
+        first = int(out.logits[0, -1].argmax())
+        self.generated = [first]
+        self.done = first in self.eos_ids or self.max_new_tokens <= 1
+        return first
+
+    def _context(self, hidden_states, positions: list[int] | None) -> torch.Tensor | None:
+        ids = self.proposer.feature_layer_ids
+        if ids is None:
+            return None
+        feats = extract_context_features(hidden_states, ids)[0]
+        if positions is not None:
+            feats = feats.index_select(0, torch.tensor(positions, device=feats.device))
+        return feats
+
+    # -- one round -----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self) -> StepRecord:
+        if not self.started:
+            raise InputError("nothing to step: prefill a prompt first")
+        if self.done:
+            raise InputError("this session has finished (end of text or max new tokens); reset to start again")
+        timings = {}
+        clock = time.perf_counter()
+
+        def lap(name):
+            nonlocal clock
+            self._sync()
+            now = time.perf_counter()
+            timings[name] = (now - clock) * 1e3
+            clock = now
+
+        root = self.generated[-1]
+        logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
+        lap("draft")
+
+        tree = self._build_tree(root, logprobs)
+        lap("tree")
+
+        result = verify_tree(self.target, self.cache, tree, self.committed_len, self.verify,
+                             want_hidden=self.proposer.feature_layer_ids is not None, reference_gdn=self.reference_gdn)
+        top2 = torch.topk(result.logits, 2, dim=-1).values
+        target_argmax = result.logits.argmax(-1).tolist()
+        accepted, bonus = follow_tree(tree, target_argmax)
+        lap("verify")
+
+        before = snapshot(self.cache, self.pair.layer_types)
+        commit(self.cache, tree, accepted, result)
+        self._features = self._context(result.hidden_states, accepted)
+        lap("commit")
+
+        record = StepRecord(
+            index=len(self.history), committed_len=self.committed_len, root_token_id=root,
+            nodes=self._nodes(tree), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
+            bonus_token_id=bonus, timings_ms=timings, cache=snapshot(self.cache, self.pair.layer_types),
+            cache_before_commit=before, new_token_ids=tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus])),
+            target_margin=tuple(float(m) for m in (top2[:, 0] - top2[:, 1]).tolist()), method=self.method, verify=self.verify,
+        )
+        self.committed_len += len(accepted)
+        self.history.append(record)
+        return record
+
+    def _build_tree(self, root: int, logprobs: torch.Tensor) -> DraftTree:
+        if self.method == "dflash":
+            top = logprobs.max(dim=-1)
+            return build_chain(root, top.indices.tolist(), top.values.tolist())
+        k = min(self.budget, logprobs.shape[-1])
+        values, ids = torch.topk(logprobs, k, dim=-1)
+        return build_tree(root, values.cpu().numpy(), ids.cpu().numpy(), self.budget)
+
+    def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
+        return tuple(
+            TreeNode(i, tree.parents[i], tree.depths[i], tree.token_ids[i], self.token_text(tree.token_ids[i]),
+                     float(tree.logprobs[i]), tree.ranks[i])
+            for i in range(len(tree))
+        )
+
+    def _extend(self, tokens: list[int]) -> list[int]:
+        """Append this round's tokens to the output, stopping at end of text or max new tokens."""
+        added = []
+        for token in tokens:
+            if len(self.generated) >= self.max_new_tokens:
+                break
+            self.generated.append(int(token))
+            added.append(int(token))
+            if token in self.eos_ids:
+                break
+        if len(self.generated) >= self.max_new_tokens or (self.generated and self.generated[-1] in self.eos_ids):
+            self.done = True
+        return added
+
+    def run(self, max_steps: int | None = None) -> list[StepRecord]:
+        records = []
+        while not self.done and (max_steps is None or len(records) < max_steps):
+            records.append(self.step())
+        return records
+
+    # -- comparison with greedy ----------------------------------------------------------------------------
+
+    def greedy(self) -> GreedyResult:
+        if not self.started:
+            raise InputError("prefill a prompt first")
+        if self._greedy is None:
+            self._greedy = greedy_decode(self.target, self.prompt_ids, self.max_new_tokens, self.eos_ids)
+        return self._greedy
+
+    def divergence(self) -> tuple[int | None, float | None]:
+        """(index of the first generated token that differs from greedy, greedy's logit margin there)."""
+        greedy = self.greedy()
+        upto = len(self.generated) if not self.done else max(len(self.generated), len(greedy.ids))
+        idx = first_divergence(self.generated, greedy.ids[:upto])
+        if idx is None:
+            return None, None
+        return idx, (greedy.margins[idx] if idx < len(greedy.margins) else None)
+
+    @property
+    def mean_acceptance(self) -> float:
+        return float(np.mean([r.acceptance for r in self.history])) if self.history else 0.0
+
+    def to_trace(self, with_greedy: bool = True) -> Trace:
+        greedy_ids, div, margin = None, None, None
+        if with_greedy and self.started:
+            greedy_ids = self.greedy().ids
+            div, margin = self.divergence()
+        return Trace(
+            target=self.pair.target_name, draft=self.pair.draft_name, prompt=self.prompt, prompt_ids=tuple(self.prompt_ids),
+            output_ids=tuple(self.generated), greedy_ids=greedy_ids, first_divergence=div, settings=self.settings,
+            steps=tuple(self.history), divergence_margin=margin, output_text=self.output_text,
+        )
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        try:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise InputError(f"{name} must be a whole number, not {value!r}") from None
+    if not lo <= value <= hi:
+        raise InputError(f"{name} must be between {lo} and {hi}, not {value}")
+    return int(value)

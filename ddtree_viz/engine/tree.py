@@ -1,0 +1,126 @@
+"""The draft tree: best-first construction under a node budget, the verify mask, the acceptance walk.
+
+Positions are numbered in the order nodes join the tree, root first, so every parent precedes its
+children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is lower triangular).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Tree positions 0..T-1; position 0 is the root (the last committed, not yet cached, token)."""
+
+    token_ids: tuple[int, ...]
+    parents: tuple[int, ...]  # -1 for the root
+    depths: tuple[int, ...]
+    ranks: tuple[int, ...]  # candidate rank at its depth; -1 for the root
+    logprobs: tuple[float, ...]  # drafter log-prob of the token at its depth; 0.0 for the root
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def children(self) -> list[dict[int, int]]:
+        """Per position: token id -> child position."""
+        maps: list[dict[int, int]] = [{} for _ in self.token_ids]
+        for pos in range(1, len(self)):
+            maps[self.parents[pos]][self.token_ids[pos]] = pos
+        return maps
+
+    def path_to(self, pos: int) -> list[int]:
+        """Positions from the root to `pos`, both included."""
+        path = []
+        while pos != -1:
+            path.append(pos)
+            pos = self.parents[pos]
+        return path[::-1]
+
+
+def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.ndarray, budget: int) -> DraftTree:
+    """DDTree's best-first tree over per-depth candidates.
+
+    top_logprobs / top_token_ids: [depth_limit, k], each row sorted by descending log-prob (row d holds the
+    drafter's candidates for depth d+1). A node's score is the sum of the log-probs along its path. Popping a
+    node adds it and pushes its next-rank sibling and its rank-0 child, so the first `budget` pops are the
+    `budget` highest-scoring prefixes (ties broken by the rank tuple, as in the reference code).
+    """
+    depth_limit, k = top_logprobs.shape
+    token_ids, parents, depths, ranks, logprobs = [root_token_id], [-1], [0], [-1], [0.0]
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+    lp = top_logprobs.astype(np.float64)
+    # entries: (-score, rank path, parent position, depth, rank, score)
+    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0])]
+    while heap and len(token_ids) - 1 < budget:
+        _, rank_path, parent, depth, rank, score = heapq.heappop(heap)
+        pos = len(token_ids)
+        token_ids.append(int(top_token_ids[depth - 1, rank]))
+        parents.append(parent)
+        depths.append(depth)
+        ranks.append(rank)
+        logprobs.append(float(lp[depth - 1, rank]))
+        if rank + 1 < k:
+            s = score - lp[depth - 1, rank] + lp[depth - 1, rank + 1]
+            heapq.heappush(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, s))
+        if depth < depth_limit:
+            s = score + lp[depth, 0]
+            heapq.heappush(heap, (-s, rank_path + (0,), pos, depth + 1, 0, s))
+    return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+
+def build_chain(root_token_id: int, token_ids: list[int], logprobs: list[float]) -> DraftTree:
+    """DFlash's chain: the drafter's top-1 token at every depth, one after the other."""
+    n = len(token_ids)
+    return DraftTree(
+        token_ids=(root_token_id, *map(int, token_ids)),
+        parents=tuple(range(-1, n)),
+        depths=tuple(range(n + 1)),
+        ranks=(-1,) + (0,) * n,
+        logprobs=(0.0, *map(float, logprobs)),
+    )
+
+
+def ancestor_matrix(tree: DraftTree) -> np.ndarray:
+    """visible[i, j] is True when position j is i itself or one of its ancestors."""
+    n = len(tree)
+    visible = np.zeros((n, n), dtype=np.bool_)
+    for pos in range(n):
+        parent = tree.parents[pos]
+        if parent >= 0:
+            visible[pos, :pos] = visible[parent, :pos]
+        visible[pos, pos] = True
+    return visible
+
+
+def verify_inputs(
+    tree: DraftTree, committed_len: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids [1, T], position_ids [1, T] (committed_len + depth) and the additive 4-D mask
+    [1, 1, T, committed_len + T]: each position sees the whole committed prefix, its ancestors and itself."""
+    n = len(tree)
+    input_ids = torch.tensor([tree.token_ids], dtype=torch.long, device=device)
+    position_ids = torch.tensor([tree.depths], dtype=torch.long, device=device) + committed_len
+    visible = torch.from_numpy(ancestor_matrix(tree)).to(device)
+    mask = torch.zeros((1, 1, n, committed_len + n), dtype=dtype, device=device)
+    mask[0, 0, :, committed_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    return input_ids, position_ids, mask
+
+
+def follow_tree(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:
+    """Greedy acceptance walk: from the root, step to the child holding the target's argmax while one exists.
+
+    Returns the accepted positions (root first) and the bonus token: the target's argmax at the last one."""
+    children = tree.children()
+    accepted = [0]
+    token = target_argmax[0]
+    while token in children[accepted[-1]]:
+        accepted.append(children[accepted[-1]][token])
+        token = target_argmax[accepted[-1]]
+    return accepted, int(token)

@@ -1,0 +1,207 @@
+"""Records: the plain data the engine yields and every renderer, exporter and replayer reads.
+
+Everything here is a frozen dataclass of ints, floats, strings, tuples and dicts of those, so a
+session can be written to JSON and replayed later with no model loaded. The layout is the trace
+contract of DESIGN.md; fields may be added (readers ignore what they do not know), none renamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import TraceError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One position of the verify pass. id 0 is the root (the previous round's bonus token)."""
+
+    id: int
+    parent: int  # -1 for the root
+    depth: int  # root 0; a node at depth d drafts the token at committed_len + d
+    token_id: int
+    token: str  # decoded text of token_id (untrusted: escape before building HTML)
+    logprob: float  # drafter log-prob of this token at its depth (0.0 for the root)
+    rank: int  # rank of the token among the drafter's candidates at its depth (-1 for the root)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """What one layer of the target's cache holds at a point in time."""
+
+    layer: int
+    type: str  # "linear_attention" (Gated DeltaNet: conv + recurrent state) or "full_attention" (key/value)
+    cache_class: str
+    tensors: tuple[TensorInfo, ...]
+    bytes: int
+    kv_length: int | None = None  # rows of keys/values (attention layers only)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One DDTree (or DFlash chain) round: draft, build tree, verify, accept, commit."""
+
+    index: int
+    committed_len: int  # tokens in the target cache before the round; the root sits at this position
+    root_token_id: int
+    nodes: tuple[TreeNode, ...]
+    target_argmax: tuple[int, ...]  # one per tree position, root first
+    accepted: tuple[int, ...]  # tree positions on the accepted path, root first
+    bonus_token_id: int
+    timings_ms: dict[str, float]  # draft, tree, verify, commit
+    cache: tuple[LayerCache, ...]  # after commit
+    cache_before_commit: tuple[LayerCache, ...] = ()  # after the verify pass, before compaction
+    new_token_ids: tuple[int, ...] = ()  # tokens this round added to the output (accepted drafts + bonus, clipped)
+    target_margin: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each tree position
+    method: str = "ddtree"  # "ddtree" or "dflash" (chain)
+    verify: str = "exact"  # "exact" or "naive" (the known-wrong flattened-tree behaviour)
+
+    @property
+    def acceptance(self) -> int:
+        """Tokens gained this round per target forward (accepted drafts + the bonus)."""
+        return len(self.accepted)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A whole session: settings, every round, the output and the greedy reference."""
+
+    target: str
+    draft: str
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]  # generated tokens (prompt excluded)
+    greedy_ids: tuple[int, ...] | None  # the target's own greedy continuation, same length budget
+    first_divergence: int | None  # index into output_ids, or None when identical to greedy
+    settings: dict[str, Any]  # budget, block_size, verify, dtype, max_new_tokens, method, device
+    steps: tuple[StepRecord, ...]
+    divergence_margin: float | None = None  # greedy top-1 minus top-2 logit at first_divergence
+    output_text: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(_to_plain(self), indent=indent, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"the trace is not valid JSON: {exc}") from None
+        return trace_from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        path = Path(path)
+        if not path.is_file():
+            raise TraceError(f"trace file not found: {path}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TraceError(f"cannot read trace file {path}: {exc}") from None
+        return cls.from_json(text)
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _build(cls, data: Any, where: str, nested: dict[str, Any]):
+    """Build dataclass `cls` from a JSON object, converting lists back to tuples; clear errors."""
+    if not isinstance(data, dict):
+        raise TraceError(f"{where}: expected an object, got {type(data).__name__}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TraceError(f"{where}: missing field '{f.name}'")
+            continue
+        value = data[f.name]
+        if f.name in nested:
+            sub_cls = nested[f.name]
+            if not isinstance(value, list):
+                raise TraceError(f"{where}.{f.name}: expected a list")
+            value = tuple(sub_cls(v, f"{where}.{f.name}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise TraceError(f"{where}: {exc}") from None
+
+
+def _tensor(d, where):
+    t = _build(TensorInfo, d, where, {})
+    return dataclasses.replace(t, shape=tuple(int(s) for s in t.shape))
+
+
+def _layer(d, where):
+    return _build(LayerCache, d, where, {"tensors": _tensor})
+
+
+def _node(d, where):
+    return _build(TreeNode, d, where, {})
+
+
+def _step(d, where):
+    step = _build(
+        StepRecord, d, where, {"nodes": _node, "cache": _layer, "cache_before_commit": _layer}
+    )
+    _check_step(step, where)
+    return step
+
+
+def _check_step(step: StepRecord, where: str) -> None:
+    n = len(step.nodes)
+    if n == 0 or step.nodes[0].parent != -1:
+        raise TraceError(f"{where}: the first node must be the root (parent -1)")
+    for i, node in enumerate(step.nodes):
+        if node.id != i:
+            raise TraceError(f"{where}: node ids must be 0..{n - 1} in order")
+        if i > 0 and not 0 <= node.parent < i:
+            raise TraceError(f"{where}: node {i} has parent {node.parent}, which does not precede it")
+    if len(step.target_argmax) != n:
+        raise TraceError(f"{where}: target_argmax has {len(step.target_argmax)} entries for {n} nodes")
+    if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
+        raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
+    if not isinstance(step.timings_ms, dict):
+        raise TraceError(f"{where}: timings_ms must be an object")
+
+
+def trace_from_dict(data: Any) -> Trace:
+    if not isinstance(data, dict):
+        raise TraceError("the trace must be a JSON object")
+    version = data.get("schema_version")
+    if not isinstance(version, int):
+        raise TraceError("the trace has no integer 'schema_version': not a ddtree-viz trace")
+    if version > SCHEMA_VERSION:
+        raise TraceError(
+            f"the trace has schema_version {version}, newer than this ddtree-viz understands "
+            f"({SCHEMA_VERSION}); upgrade ddtree-viz to read it"
+        )
+    if version < 1:
+        raise TraceError(f"unsupported schema_version {version}")
+    return _build(Trace, data, "trace", {"steps": _step})

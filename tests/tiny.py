@@ -1,0 +1,104 @@
+"""Tiny real transformers models for the tests: a qwen3_5 hybrid (3 GDN : 1 attention, grouped value heads,
+partial rotary, M-RoPE), a pure-attention Qwen3, a byte-level tokenizer and a DFlash drafter. Random weights,
+float32, built in milliseconds, nothing downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter
+from ddtree_viz.engine.models import ModelPair
+
+EOS, MASK = "<|endoftext|>", "<|MASK|>"
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per byte (256) + end-of-text + mask: round-trips any text."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab[EOS], vocab[MASK] = 256, 257
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS, MASK])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, mask_token=MASK)
+
+
+VOCAB = 258
+EOS_ID, MASK_ID = 256, 257
+
+
+def hybrid_config(layers: int = 4, hidden: int = 64, **over) -> Qwen3_5TextConfig:
+    cfg = dict(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=4,
+        eos_token_id=EOS_ID, tie_word_embeddings=False, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+    )
+    cfg.update(over)
+    return Qwen3_5TextConfig(**cfg)
+
+
+def attention_config(layers: int = 3, hidden: int = 64) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=EOS_ID, max_position_embeddings=4096,
+    )
+
+
+def _sharpen(model: torch.nn.Module, scale: float) -> None:
+    """Random models have nearly flat logits; scaling the lm_head gives clear argmaxes (fewer near-ties)."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+
+
+def target_model(kind: str = "hybrid", seed: int = 0, **over) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if kind == "hybrid":
+        config = hybrid_config(**over)
+        model = Qwen3_5ForCausalLM(config)
+    elif kind == "attention":
+        config = attention_config(**over)
+        model = Qwen3ForCausalLM(config)
+    else:
+        raise ValueError(kind)
+    config._attn_implementation = "sdpa"
+    _sharpen(model, 4.0)
+    return model.eval()
+
+
+def drafter_config(target_config, block_size: int = 8, layers: int = 1, layer_ids=None) -> DFlashConfig:
+    n = target_config.num_hidden_layers
+    return DFlashConfig.from_dict({
+        "hidden_size": target_config.hidden_size, "intermediate_size": 2 * target_config.hidden_size,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": VOCAB, "num_target_layers": n, "block_size": block_size,
+        "dflash_config": {"block_size": block_size, "mask_token_id": MASK_ID,
+                          "target_layer_ids": layer_ids if layer_ids is not None else [1, n - 2]},
+    })
+
+
+def drafter_model(target, seed: int = 1, block_size: int = 8) -> DFlashDrafter:
+    torch.manual_seed(seed)
+    return DFlashDrafter(drafter_config(target.config, block_size)).eval()
+
+
+def tiny_pair(kind: str = "hybrid", seed: int = 0, block_size: int = 8, **over) -> ModelPair:
+    target = target_model(kind, seed, **over)
+    return ModelPair(target, byte_tokenizer(), drafter_model(target, seed + 1, block_size), f"tiny-{kind}", "tiny-dflash",
+                     torch.float32, "cpu")
+
+
+def save_pair(pair: ModelPair, root: Path) -> tuple[Path, Path]:
+    """Write the pair as real model directories (config.json, safetensors, tokenizer)."""
+    target_dir, draft_dir = root / "target", root / "draft"
+    pair.target.save_pretrained(target_dir)
+    pair.tokenizer.save_pretrained(target_dir)
+    pair.drafter.save_pretrained(draft_dir)
+    return target_dir, draft_dir
