@@ -1,0 +1,36 @@
+"""Trace JSON: the DESIGN.md contract, and a lossless round trip of a real session."""
+
+import json
+
+from ddtree_viz.engine.session import DecodeSession
+from ddtree_viz.trace import SCHEMA_VERSION, Trace
+from tiny import tiny_pair
+
+TOP_LEVEL = {"schema_version", "target", "draft", "prompt", "prompt_ids", "output_ids", "greedy_ids",
+             "first_divergence", "settings", "steps"}
+STEP = {"index", "committed_len", "root_token_id", "nodes", "target_argmax", "accepted", "bonus_token_id",
+        "timings_ms", "cache"}
+
+
+def test_trace_round_trips_and_follows_the_contract(tmp_path):
+    pair = tiny_pair("hybrid", seed=2)
+    session = DecodeSession(pair, budget=6, max_new_tokens=12)
+    session.prefill('print("<b>&amp;</b>")  # ü')
+    session.run()
+    trace = session.to_trace()
+    path = tmp_path / "trace.json"
+    trace.save(path)
+    data = json.loads(path.read_text())
+    assert TOP_LEVEL <= data.keys() and data["schema_version"] == SCHEMA_VERSION
+    assert {"budget", "block_size", "verify", "dtype", "max_new_tokens"} <= data["settings"].keys()
+    step = data["steps"][0]
+    assert STEP <= step.keys()
+    assert set(step["timings_ms"]) == {"draft", "tree", "verify", "commit"}
+    assert step["nodes"][0]["parent"] == -1 and step["nodes"][0]["id"] == 0
+    assert {"id", "parent", "depth", "token_id", "token", "logprob", "rank"} == step["nodes"][1].keys()
+    assert {"layer", "type", "cache_class", "tensors", "bytes"} <= step["cache"][0].keys()
+    assert data["first_divergence"] is None and data["output_ids"] == data["greedy_ids"]
+    loaded = Trace.load(path)
+    assert loaded == trace
+    assert loaded.to_json() == trace.to_json()
+    assert loaded.steps[0].acceptance == len(loaded.steps[0].accepted)

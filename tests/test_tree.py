@@ -1,0 +1,75 @@
+"""The draft tree: best-first == the budget highest-scoring prefixes; mask, positions, acceptance walk."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from ddtree_viz.engine.tree import ancestor_matrix, build_chain, build_tree, follow_tree, verify_inputs
+
+
+def candidates(depth: int, k: int, seed: int):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(depth, 50)) * 2
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    order = np.argsort(-logp, axis=-1)[:, :k]
+    return np.take_along_axis(logp, order, -1), order
+
+
+@pytest.mark.parametrize("budget", [1, 2, 7, 20, 60])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_best_first_picks_the_highest_scoring_prefixes(budget, seed):
+    depth, k = 4, min(budget, 6)
+    lp, ids = candidates(depth, k, seed)
+    tree = build_tree(99, lp, ids, budget)
+    # brute force: every rank path of length 1..depth with ranks < k, scored by its summed log-probs
+    scores = sorted(
+        (sum(lp[d, r] for d, r in enumerate(ranks)) for n in range(1, depth + 1) for ranks in itertools.product(range(k), repeat=n)),
+        reverse=True,
+    )
+    got = sorted((sum(tree.logprobs[p] for p in tree.path_to(pos)) for pos in range(1, len(tree))), reverse=True)
+    assert len(tree) == 1 + min(budget, len(scores))
+    np.testing.assert_allclose(got, scores[: len(got)], rtol=1e-9)
+    for pos in range(1, len(tree)):  # prefix-closed, parents first, depth/rank/token consistent
+        parent = tree.parents[pos]
+        assert 0 <= parent < pos and tree.depths[pos] == tree.depths[parent] + 1
+        assert tree.token_ids[pos] == ids[tree.depths[pos] - 1, tree.ranks[pos]]
+        assert tree.logprobs[pos] == pytest.approx(lp[tree.depths[pos] - 1, tree.ranks[pos]])
+    assert tree.token_ids[0] == 99 and tree.parents[0] == -1
+
+
+def test_depth_is_capped_by_the_drafted_rows():
+    lp, ids = candidates(3, 1, 0)
+    tree = build_tree(5, lp, ids, budget=50)
+    assert len(tree) == 4 and max(tree.depths) == 3  # a chain: one candidate per depth
+
+
+def test_mask_positions_and_walk():
+    lp, ids = candidates(3, 3, 4)
+    tree = build_tree(7, lp, ids, budget=8)
+    visible = ancestor_matrix(tree)
+    for i in range(len(tree)):
+        assert set(np.flatnonzero(visible[i])) == set(tree.path_to(i))
+    input_ids, position_ids, mask = verify_inputs(tree, committed_len=5, dtype=torch.float32, device="cpu")
+    assert input_ids[0].tolist() == list(tree.token_ids)
+    assert position_ids[0].tolist() == [5 + d for d in tree.depths]
+    assert mask.shape == (1, 1, len(tree), 5 + len(tree))
+    assert (mask[0, 0, :, :5] == 0).all()  # the committed prefix is visible to all
+    assert ((mask[0, 0, :, 5:] == 0).numpy() == visible).all()
+    # walk: target argmax picks the deepest path through rank-0 children, then a token not in the tree
+    leaf = max(range(len(tree)), key=lambda p: (tree.depths[p], -p))
+    path = tree.path_to(leaf)
+    argmax = [-1] * len(tree)
+    for a, b in zip(path, path[1:]):
+        argmax[a] = tree.token_ids[b]
+    argmax[leaf] = 12345
+    accepted, bonus = follow_tree(tree, argmax)
+    assert accepted == path and bonus == 12345
+
+
+def test_chain():
+    chain = build_chain(3, [4, 5, 6], [-0.1, -0.2, -0.3])
+    assert chain.parents == (-1, 0, 1, 2) and chain.depths == (0, 1, 2, 3)
+    accepted, bonus = follow_tree(chain, [4, 5, 9, 0])
+    assert accepted == [0, 1, 2] and bonus == 9
