@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,8 @@ class StepRecord:
     target_margin: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each tree position
     method: str = "ddtree"  # "ddtree" or "dflash" (chain)
     verify: str = "exact"  # "exact" or "naive" (the known-wrong flattened-tree behaviour)
+    # naive mode: per layer, max |committed recurrent state - the exact one after the same tokens| (None: attention)
+    naive_state_error: tuple[float | None, ...] = ()
 
     @property
     def acceptance(self) -> int:

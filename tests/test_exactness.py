@@ -193,3 +193,17 @@ def test_stops_at_max_new_tokens_and_counts_tokens(hybrid):
     session.run()
     assert len(session.generated) == 7 and session.done
     assert 1 + sum(len(r.new_token_ids) for r in session.history) == 7
+
+
+def test_naive_mode_reports_how_far_its_state_drifts(hybrid):
+    oracle, _ = sibling_oracle(hybrid, PROMPTS[0])
+    naive = DecodeSession(hybrid, budget=16, max_new_tokens=16, verify="naive", proposer=oracle)
+    naive.prefill(PROMPTS[0])
+    record = naive.step()
+    errors = record.naive_state_error
+    assert len(errors) == hybrid.target.config.num_hidden_layers
+    assert errors[3] is None  # attention layer: nothing recurrent
+    assert max(e for e in errors if e is not None) > 1e-3  # the flattened tree leaked into the state
+    exact = DecodeSession(hybrid, budget=16, max_new_tokens=16)
+    exact.prefill(PROMPTS[0])
+    assert exact.step().naive_state_error == ()

@@ -10,6 +10,7 @@ A round, top to bottom:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,7 +20,7 @@ import torch
 
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
-from .cache import new_cache, snapshot
+from .cache import new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .models import ModelPair
 from .tree import DraftTree, build_chain, build_tree, follow_tree
@@ -156,6 +157,7 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._greedy: GreedyResult | None = None
+        self._shadow = None  # naive mode: the exact cache after the same committed tokens, for comparison
         self.prefill_ms = 0.0
 
     @property
@@ -206,6 +208,9 @@ class DecodeSession:
         self.prefill_ms = (time.perf_counter() - start) * 1e3
         self.cache = cache
         self.committed_len = len(self.prompt_ids)
+        if self.verify == NAIVE:
+            self._shadow = new_cache(self.target)
+            self.target(input_ids=ids, cache=self._shadow, use_cache=True, logits_to_keep=1)
         self._features = self._context(out.hidden_states, None)
         first = int(out.logits[0, -1].argmax())
         self.generated = [first]
@@ -266,8 +271,17 @@ class DecodeSession:
             target_margin=tuple(float(m) for m in (top2[:, 0] - top2[:, 1]).tolist()), method=self.method, verify=self.verify,
         )
         self.committed_len += len(accepted)
+        if self._shadow is not None:
+            record = dataclasses.replace(record, naive_state_error=tuple(self._naive_state_error(tree, accepted)))
         self.history.append(record)
         return record
+
+    def _naive_state_error(self, tree: DraftTree, accepted: list[int]) -> list[float | None]:
+        """Feed the committed tokens to an exact cache (transformers' own one-token steps) and compare states."""
+        device = input_device(self.target)
+        for pos in accepted:
+            self.target(input_ids=torch.tensor([[tree.token_ids[pos]]], device=device), cache=self._shadow, use_cache=True)
+        return state_distance(self.cache, self._shadow)
 
     def _build_tree(self, root: int, logprobs: torch.Tensor) -> DraftTree:
         if self.method == "dflash":
