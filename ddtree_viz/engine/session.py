@@ -87,24 +87,35 @@ class GreedyResult:
     margins: tuple[float, ...]  # top-1 minus top-2 logit at each generated token
 
 
-@torch.no_grad()
-def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
-    from transformers import DynamicCache
+class GreedyReference:
+    """The target's own greedy decoding of a prompt, extended on demand (the UI asks for it token by token)."""
 
-    device = input_device(target)
-    cache = DynamicCache(config=target.config)
-    inputs = torch.tensor([prompt_ids], device=device)
-    ids, margins = [], []
-    for _ in range(max_new_tokens):
-        logits = target(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1].float()
-        top = torch.topk(logits, 2).values
-        token = int(logits.argmax())
-        ids.append(token)
-        margins.append(float(top[0] - top[1]))
-        if token in eos_ids:
-            break
-        inputs = torch.tensor([[token]], device=device)
-    return GreedyResult(tuple(ids), tuple(margins))
+    def __init__(self, target, prompt_ids: list[int], eos_ids: set[int]):
+        from transformers import DynamicCache
+
+        self.target, self.prompt_ids, self.eos_ids = target, list(prompt_ids), set(eos_ids)
+        self.cache = DynamicCache(config=target.config)
+        self.ids: list[int] = []
+        self.margins: list[float] = []
+        self.finished = False  # end of text reached
+
+    @torch.no_grad()
+    def extend_to(self, n: int) -> GreedyResult:
+        device = input_device(self.target)
+        while len(self.ids) < n and not self.finished:
+            inputs = self.prompt_ids if not self.ids else self.ids[-1:]
+            out = self.target(input_ids=torch.tensor([inputs], device=device), cache=self.cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[0, -1].float()
+            top = torch.topk(logits, 2).values
+            token = int(logits.argmax())
+            self.ids.append(token)
+            self.margins.append(float(top[0] - top[1]))
+            self.finished = token in self.eos_ids
+        return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
+
+
+def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
+    return GreedyReference(target, prompt_ids, eos_ids).extend_to(max_new_tokens)
 
 
 def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
@@ -156,7 +167,7 @@ class DecodeSession:
         self.committed_len = 0
         self.done = False
         self._features: torch.Tensor | None = None
-        self._greedy: GreedyResult | None = None
+        self._greedy: GreedyReference | None = None
         self._shadow = None  # naive mode: the exact cache after the same committed tokens, for comparison
         self.prefill_ms = 0.0
 
@@ -320,18 +331,19 @@ class DecodeSession:
 
     # -- comparison with greedy ----------------------------------------------------------------------------
 
-    def greedy(self) -> GreedyResult:
+    def greedy(self, upto: int | None = None) -> GreedyResult:
+        """The target's greedy tokens for this prompt: the first `upto` (default: all max_new_tokens)."""
         if not self.started:
             raise InputError("prefill a prompt first")
         if self._greedy is None:
-            self._greedy = greedy_decode(self.target, self.prompt_ids, self.max_new_tokens, self.eos_ids)
-        return self._greedy
+            self._greedy = GreedyReference(self.target, self.prompt_ids, self.eos_ids)
+        return self._greedy.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens))
 
     def divergence(self) -> tuple[int | None, float | None]:
-        """(index of the first generated token that differs from greedy, greedy's logit margin there)."""
-        greedy = self.greedy()
-        upto = len(self.generated) if not self.done else max(len(self.generated), len(greedy.ids))
-        idx = first_divergence(self.generated, greedy.ids[:upto])
+        """(index of the first generated token that differs from greedy, greedy's logit margin there).
+        While running, only the tokens generated so far are compared."""
+        greedy = self.greedy(None if self.done else len(self.generated))
+        idx = first_divergence(self.generated, greedy.ids)
         if idx is None:
             return None, None
         return idx, (greedy.margins[idx] if idx < len(greedy.margins) else None)
@@ -343,7 +355,7 @@ class DecodeSession:
     def to_trace(self, with_greedy: bool = True) -> Trace:
         greedy_ids, div, margin = None, None, None
         if with_greedy and self.started:
-            greedy_ids = self.greedy().ids
+            greedy_ids = self.greedy(None if self.done else len(self.generated)).ids
             div, margin = self.divergence()
         return Trace(
             target=self.pair.target_name, draft=self.pair.draft_name, prompt=self.prompt, prompt_ids=tuple(self.prompt_ids),
