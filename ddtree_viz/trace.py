@@ -130,8 +130,63 @@ def _to_plain(obj: Any) -> Any:
     return obj
 
 
+def _check_type(value: Any, annotation: str, where: str) -> Any:
+    """Check a JSON value against a field annotation (the few forms records use); return it with lists
+    turned into tuples. Raises TraceError naming the field."""
+    annotation = annotation.strip()
+    options = _split_top(annotation, "|")
+    if len(options) > 1:
+        if value is None and "None" in options:
+            return None
+        for option in (o for o in options if o != "None"):
+            try:
+                return _check_type(value, option, where)
+            except TraceError:
+                pass
+        raise TraceError(f"{where}: expected {annotation}, got {json.dumps(value)[:40]}")
+    if annotation == "Any":
+        return value
+    if annotation == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TraceError(f"{where}: expected an integer, got {json.dumps(value)[:40]}")
+        return value
+    if annotation == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TraceError(f"{where}: expected a number, got {json.dumps(value)[:40]}")
+        return float(value)
+    if annotation == "str":
+        if not isinstance(value, str):
+            raise TraceError(f"{where}: expected a string, got {json.dumps(value)[:40]}")
+        return value
+    if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        if not isinstance(value, list):
+            raise TraceError(f"{where}: expected a list, got {json.dumps(value)[:40]}")
+        inner = annotation[len("tuple["):-len(", ...]")]
+        return tuple(_check_type(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
+    if annotation.startswith("dict["):
+        if not isinstance(value, dict):
+            raise TraceError(f"{where}: expected an object, got {json.dumps(value)[:40]}")
+        inner = _split_top(annotation[len("dict["):-1], ",")[1]
+        return {k: _check_type(v, inner, f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"unsupported annotation {annotation}")  # a bug in this module, not in the file
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split on `sep` outside brackets."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == sep and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur.strip()]
+
+
 def _build(cls, data: Any, where: str, nested: dict[str, Any]):
-    """Build dataclass `cls` from a JSON object, converting lists back to tuples; clear errors."""
+    """Build dataclass `cls` from a JSON object, type-checking every field; clear errors."""
     if not isinstance(data, dict):
         raise TraceError(f"{where}: expected an object, got {type(data).__name__}")
     kwargs = {}
@@ -146,18 +201,14 @@ def _build(cls, data: Any, where: str, nested: dict[str, Any]):
             if not isinstance(value, list):
                 raise TraceError(f"{where}.{f.name}: expected a list")
             value = tuple(sub_cls(v, f"{where}.{f.name}[{i}]") for i, v in enumerate(value))
-        elif isinstance(value, list):
-            value = tuple(value)
+        else:
+            value = _check_type(value, f.type, f"{where}.{f.name}")
         kwargs[f.name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise TraceError(f"{where}: {exc}") from None
+    return cls(**kwargs)
 
 
 def _tensor(d, where):
-    t = _build(TensorInfo, d, where, {})
-    return dataclasses.replace(t, shape=tuple(int(s) for s in t.shape))
+    return _build(TensorInfo, d, where, {})
 
 
 def _layer(d, where):
@@ -197,7 +248,7 @@ def trace_from_dict(data: Any) -> Trace:
     if not isinstance(data, dict):
         raise TraceError("the trace must be a JSON object")
     version = data.get("schema_version")
-    if not isinstance(version, int):
+    if isinstance(version, bool) or not isinstance(version, int):
         raise TraceError("the trace has no integer 'schema_version': not a ddtree-viz trace")
     if version > SCHEMA_VERSION:
         raise TraceError(

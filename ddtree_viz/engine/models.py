@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from .cache import layer_types
@@ -106,7 +107,7 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise ModelLoadError(f"cannot load target {name!r}: {exc}") from None
     if device != "auto":
         model.to(device)
@@ -136,6 +137,8 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     if draft is None:
         raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
     model, tokenizer = load_target(target, torch_dtype, device, offline=embedded)
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
+        raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
     draft_device = model.get_input_embeddings().weight.device
     try:
         validate_pairing(DFlashConfig.from_file(_draft_config_path(draft)), model.config)

@@ -1,0 +1,6 @@
+"""`python -m ddtree_viz ...`: see ddtree_viz/cli.py."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""Side-by-side speed of plain greedy decoding, DFlash (chain) and DDTree on the same prompts, in one run.
+
+What is timed, the same way for all three methods: from the start of the prompt's prefill until
+`max_new_tokens` tokens have been generated (or end of text), with the prompt already tokenised. Plain
+greedy is `greedy_decode` (transformers' own forward, one token per step); DFlash and DDTree are
+`DecodeSession` runs (method "dflash" / "ddtree", exact verification), including the bookkeeping a session
+does per round (tree records, cache snapshots), since that is what the tool runs. Each method is warmed up
+once, untimed, before any measurement. Per prompt and repeat the three methods run back to back.
+
+tokens/s = generated tokens / seconds, summed over every prompt and repeat.
+mean acceptance = tokens gained per target forward (accepted drafts + the bonus), pooled over all rounds.
+
+No printing here: the CLI prints, tests and scripts read the result.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InputError
+from .engine.models import ModelPair
+from .engine.session import DecodeSession, first_divergence, greedy_decode
+from .engine.verify import input_device
+
+DEFAULT_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "for i, line in enumerate(lines):\n",
+)
+METHODS = ("greedy", "dflash", "ddtree")
+MAX_REPEATS = 100
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class MethodRun:
+    """One timed generation."""
+
+    output_ids: list[int]
+    seconds: float
+    rounds: int = 0  # target forwards after the prefill (speculative methods)
+    accepted: int = 0  # tokens gained over those rounds, bonus included
+
+    @property
+    def tokens(self) -> int:
+        return len(self.output_ids)
+
+
+@dataclass
+class PromptResult:
+    prompt: str
+    prompt_tokens: int
+    runs: dict[str, list[MethodRun]] = field(default_factory=dict)  # method -> one run per repeat
+
+    def tokens(self, method: str) -> int:
+        return sum(r.tokens for r in self.runs[method])
+
+    def seconds(self, method: str) -> float:
+        return sum(r.seconds for r in self.runs[method])
+
+    def tok_s(self, method: str) -> float:
+        return _ratio(self.tokens(method), self.seconds(method))
+
+    def mean_acceptance(self, method: str) -> float:
+        return _ratio(sum(r.accepted for r in self.runs[method]), sum(r.rounds for r in self.runs[method]))
+
+    def divergence(self, method: str) -> int | None:
+        """First generated token where `method` differs from greedy (first repeat), None when identical."""
+        return first_divergence(self.runs[method][0].output_ids, tuple(self.runs["greedy"][0].output_ids))
+
+
+@dataclass
+class BenchResult:
+    settings: dict
+    model: str
+    prompts: list[PromptResult]
+
+    def _total(self, method: str, what: str) -> float:
+        return sum(getattr(p, what)(method) for p in self.prompts)
+
+    def tok_s(self, method: str) -> float:
+        return _ratio(self._total(method, "tokens"), self._total(method, "seconds"))
+
+    def speedup(self, method: str) -> float:
+        return _ratio(self.tok_s(method), self.tok_s("greedy"))
+
+    def mean_acceptance(self, method: str) -> float:
+        accepted = sum(r.accepted for p in self.prompts for r in p.runs[method])
+        rounds = sum(r.rounds for p in self.prompts for r in p.runs[method])
+        return _ratio(accepted, rounds)
+
+    def identical_to_greedy(self, method: str) -> bool:
+        return all(p.divergence(method) is None for p in self.prompts)
+
+    def to_dict(self) -> dict:
+        """The bench JSON: DESIGN.md's seven keys first, then details."""
+        return {
+            "greedy_tok_s": self.tok_s("greedy"),
+            "dflash_tok_s": self.tok_s("dflash"),
+            "ddtree_tok_s": self.tok_s("ddtree"),
+            "ddtree_speedup": self.speedup("ddtree"),
+            "dflash_speedup": self.speedup("dflash"),
+            "ddtree_mean_acceptance": self.mean_acceptance("ddtree"),
+            "dflash_mean_acceptance": self.mean_acceptance("dflash"),
+            "identical_to_greedy": self.identical_to_greedy("dflash") and self.identical_to_greedy("ddtree"),
+            "dflash_identical_to_greedy": self.identical_to_greedy("dflash"),
+            "ddtree_identical_to_greedy": self.identical_to_greedy("ddtree"),
+            "model": self.model,
+            "settings": self.settings,
+            "timing": "seconds from the start of prefill to the last generated token, prompt pre-tokenised, "
+                      "after one untimed warm-up per method; tok/s = tokens / seconds summed over prompts and repeats",
+            "prompts": [
+                {
+                    "prompt": p.prompt,
+                    "prompt_tokens": p.prompt_tokens,
+                    **{
+                        m: {
+                            "tokens": p.tokens(m),
+                            "seconds": p.seconds(m),
+                            "median_seconds": statistics.median(r.seconds for r in p.runs[m]),
+                            "tok_s": p.tok_s(m),
+                            **({} if m == "greedy" else {
+                                "rounds": sum(r.rounds for r in p.runs[m]),
+                                "mean_acceptance": p.mean_acceptance(m),
+                                "first_divergence": p.divergence(m),
+                            }),
+                        }
+                        for m in METHODS
+                    },
+                }
+                for p in self.prompts
+            ],
+        }
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a) / float(b) if b else 0.0
+
+
+def _sync(pair: ModelPair):
+    return torch.cuda.synchronize if input_device(pair.target).type == "cuda" else (lambda: None)
+
+
+def _greedy(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, sync) -> MethodRun:
+    sync()
+    start = time.perf_counter()
+    result = greedy_decode(pair.target, prompt_ids, max_new_tokens, pair.eos_token_ids)
+    sync()
+    return MethodRun(list(result.ids), time.perf_counter() - start)
+
+
+def _speculative(session: DecodeSession, prompt_ids: list[int], sync) -> MethodRun:
+    sync()
+    start = time.perf_counter()
+    session.prefill(prompt_ids=prompt_ids)
+    session.run()
+    sync()
+    seconds = time.perf_counter() - start
+    return MethodRun(list(session.generated), seconds, len(session.history), sum(r.acceptance for r in session.history))
+
+
+def run_bench(
+    pair: ModelPair, prompts: list[str] | tuple[str, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
+    block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None,
+) -> BenchResult:
+    """Measure greedy, DFlash chain and DDTree (exact) on each prompt. `progress(text)` is called between runs."""
+    prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
+    if not prompts:
+        raise InputError("bench needs at least one prompt")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str) or prompt == "":
+            raise InputError(f"bench prompt {i + 1} is empty: every prompt needs some text")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise InputError(f"repeats must be a whole number between 1 and {MAX_REPEATS}, not {repeats!r}")
+    say = progress or (lambda text: None)
+    # Sessions validate budget / max new tokens / block size before anything runs.
+    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m)
+                for m in ("dflash", "ddtree")}
+    tokenizer = pair.tokenizer
+    encoded = [[int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
+    sync = _sync(pair)
+
+    if warmup:
+        say("warming up")
+        warm = min(max_new_tokens, WARMUP_TOKENS)
+        _greedy(pair, encoded[0], warm, sync)
+        for m in ("dflash", "ddtree"):
+            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m)
+            _speculative(s, encoded[0], sync)
+
+    results = []
+    for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        result = PromptResult(prompt, len(ids), {m: [] for m in METHODS})
+        for r in range(repeats):
+            say(f"prompt {i + 1}/{len(prompts)}, repeat {r + 1}/{repeats}")
+            # Speculative sessions first: their prefill checks the prompt (empty / too long) before greedy runs.
+            result.runs["ddtree"].append(_speculative(sessions["ddtree"], ids, sync))
+            result.runs["dflash"].append(_speculative(sessions["dflash"], ids, sync))
+            result.runs["greedy"].append(_greedy(pair, ids, max_new_tokens, sync))
+        results.append(result)
+
+    ddtree = sessions["ddtree"]
+    settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
+                    repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
+                    warmup=warmup, torch_threads=torch.get_num_threads())
+    return BenchResult(settings, pair.describe(), results)
+
+
+__all__ = ["DEFAULT_PROMPTS", "BenchResult", "MethodRun", "PromptResult", "run_bench"]

@@ -1,0 +1,166 @@
+"""The command line end to end: `python -m ddtree_viz run | bench` on tiny models written to disk, and app.py's placeholder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddtree_viz import cli
+from ddtree_viz.trace import Trace
+from tests import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_KEYS = ("greedy_tok_s", "dflash_tok_s", "ddtree_tok_s", "ddtree_speedup", "dflash_speedup",
+              "ddtree_mean_acceptance", "dflash_mean_acceptance")
+
+
+@pytest.fixture(scope="module")
+def model_args(tmp_path_factory) -> list[str]:
+    target, draft = tiny.save_pair(tiny.tiny_pair("hybrid"), tmp_path_factory.mktemp("models"))
+    return ["--target", str(target), "--draft", str(draft)]
+
+
+def _python(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    # one torch thread: the models are tiny, and OpenMP spin-waiting fights the test process on 2 cores
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_end_to_end_writes_trace(model_args, tmp_path):
+    trace_path = tmp_path / "out.json"
+    proc = _python("-m", "ddtree_viz", "run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "16",
+                   "--budget", "8", "--trace", str(trace_path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "identical to greedy for 16 tokens" in out
+    assert "rounds: " in out and "tokens per round: " in out
+    assert "mean acceptance: " in out
+    assert "DDTree, budget 8" in out
+    assert "Traceback" not in proc.stderr
+    trace = Trace.load(trace_path)
+    assert trace.steps and len(trace.output_ids) == 16
+    assert trace.first_divergence is None and trace.greedy_ids == trace.output_ids
+    assert trace.settings["budget"] == 8 and trace.settings["verify"] == "exact"
+    # tokens per round printed == acceptance of each recorded step
+    per_round = out.split("tokens per round: ")[1].splitlines()[0].split()
+    assert [int(x) for x in per_round] == [s.acceptance for s in trace.steps]
+
+
+def test_run_naive_is_labelled_known_wrong(model_args, capsys):
+    rc = cli.main(["run", *model_args, "--prompt", "import os", "--max-new-tokens", "6", "--budget", "4", "--verify", "naive"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "naive" in out.lower() and "known-wrong" in out
+    assert "greedy" in out  # identical or DIVERGES, either way it is reported
+
+
+def test_run_dflash_chain(model_args, capsys):
+    rc = cli.main(["run", *model_args, "--prompt", "class A:", "--max-new-tokens", "6", "--method", "dflash",
+                   "--block-size", "4"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "DFlash (chain)" in out and "block size 4" in out
+    assert "identical to greedy for 6 tokens" in out
+
+
+def test_run_no_greedy_skips_comparison(model_args, capsys, tmp_path):
+    path = tmp_path / "t.json"
+    rc = cli.main(["run", *model_args, "--prompt", "x = 1", "--max-new-tokens", "3", "--budget", "2", "--no-greedy",
+                   "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "skipped" in out and "identical" not in out
+    assert Trace.load(path).greedy_ids is None
+
+
+def test_bench_json_end_to_end(model_args, tmp_path):
+    path = tmp_path / "bench.json"
+    proc = _python("-m", "ddtree_viz", "bench", *model_args, "--prompt", "def f(x):", "--prompt", "import sys",
+                   "--max-new-tokens", "6", "--budget", "4", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    for key in BENCH_KEYS:
+        assert isinstance(data[key], float) and data[key] > 0, key
+    assert data["identical_to_greedy"] is True
+    assert [p["prompt"] for p in data["prompts"]] == ["def f(x):", "import sys"]
+    assert all(p[m]["tokens"] == 6 for p in data["prompts"] for m in ("greedy", "dflash", "ddtree"))
+    for m in ("greedy", "dflash", "ddtree"):
+        assert m in proc.stdout and "tok/s" in proc.stdout
+
+
+def test_cli_user_error_exits_2_without_traceback(tmp_path):
+    proc = _python("-m", "ddtree_viz", "run", "--target", "/nonexistent/dir", "--draft", str(tmp_path), "--prompt", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "/nonexistent/dir" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_bad_settings_are_errors(model_args, capsys, tmp_path):
+    cases = [
+        (["--budget", "0"], "budget"),
+        (["--max-new-tokens", "0"], "max new tokens"),
+        (["--block-size", "1"], "block size"),
+        (["--block-size", "99"], "block size"),
+        (["--trace", str(tmp_path / "no" / "such" / "dir" / "t.json"), "--max-new-tokens", "2"], "cannot write trace"),
+    ]
+    for extra, words in cases:
+        rc = cli.main(["run", *model_args, "--prompt", "hi", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2, extra
+        assert err.startswith("error: ") and words in err and "Traceback" not in err, (extra, err)
+    # settings that need no model are refused before any model is loaded
+    rc = cli.main(["run", "--target", "/nonexistent/dir", "--draft", "/nonexistent/d", "--prompt", "hi", "--budget", "0"])
+    assert rc == 2 and "budget must be between 1 and" in capsys.readouterr().err
+    rc = cli.main(["run", *model_args, "--prompt", ""])
+    assert rc == 2 and "prompt is empty" in capsys.readouterr().err
+    rc = cli.main(["bench", *model_args, "--prompt", ""])
+    assert rc == 2 and "empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "--prompt", "x", "--budget", "2.5"], "whole number"),
+    (["run", "--prompt", "x", "--budget", "abc"], "whole number"),
+    (["run", "--prompt", "x", "--verify", "sloppy"], "invalid choice"),
+    (["run", "--prompt", "x", "--method", "beam"], "invalid choice"),
+    (["run", "--prompt", "x", "--dtype", "float64"], "invalid choice"),
+    (["run", "--prompt", "x", "--device", "tpu"], "invalid choice"),
+    (["run"], "--prompt"),
+])
+def test_cli_parse_errors(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cli_without_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "run" in capsys.readouterr().err
+
+
+def test_cli_missing_embedded_default_is_a_clean_error(monkeypatch, capsys, tmp_path):
+    import ddtree_viz.engine.models as models
+
+    monkeypatch.setattr(models, "EMBEDDED_TARGET", tmp_path / "not-there")
+    assert cli.main(["run", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "embedded default model" in err and "--target" in err
+
+
+def test_app_help():
+    proc = _python("app.py", "--help", timeout=60)
+    assert proc.returncode == 0
+    for flag in ("--target", "--draft", "--dtype", "--device", "--host", "--port", "--share"):
+        assert flag in proc.stdout
+    assert "127.0.0.1" in proc.stdout
+
+
+def test_app_placeholder_does_not_pretend_to_be_the_ui():
+    proc = _python("app.py", "--port", "7861", timeout=60)
+    assert proc.returncode != 0
+    assert "not built yet" in proc.stderr and "issue 4" in proc.stderr
+    assert "python -m ddtree_viz run" in proc.stderr
