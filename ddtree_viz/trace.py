@@ -70,6 +70,10 @@ class StepRecord:
     verify: str = "exact"  # "exact" or "naive" (the known-wrong flattened-tree behaviour)
     # naive mode: per layer, max |committed recurrent state - the exact one after the same tokens| (None: attention)
     naive_state_error: tuple[float | None, ...] = ()
+    # the target's choice where the walk stopped (the bonus) as the drafter saw it at that depth:
+    # its rank and log-prob in the drafter's distribution (None when the depth is past the drafted block)
+    bonus_draft_rank: int | None = None
+    bonus_draft_logprob: float | None = None
 
     @property
     def acceptance(self) -> int:
@@ -92,6 +96,9 @@ class Trace:
     steps: tuple[StepRecord, ...]
     divergence_margin: float | None = None  # greedy top-1 minus top-2 logit at first_divergence
     output_text: str = ""
+    token_texts: dict[str, str] = dataclasses.field(default_factory=dict)  # str(token id) -> text, every id named
+    prefill_ms: float = 0.0
+    prefill_cache: tuple[LayerCache, ...] = ()  # the target cache right after prefill (the layout before step 1)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
@@ -257,4 +264,4 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": _step})
+    return _build(Trace, data, "trace", {"steps": _step, "prefill_cache": _layer})

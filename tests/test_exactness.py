@@ -207,3 +207,16 @@ def test_naive_mode_reports_how_far_its_state_drifts(hybrid):
     exact = DecodeSession(hybrid, budget=16, max_new_tokens=16)
     exact.prefill(PROMPTS[0])
     assert exact.step().naive_state_error == ()
+
+
+def test_records_how_the_drafter_ranked_the_bonus_token(hybrid):
+    ids, greedy = greedy_ids(hybrid, PROMPTS[0])
+    ranks = [3, 0, 2]
+    oracle = OracleProposer(greedy, len(ids), ranks, hybrid.target.config.vocab_size)
+    session = DecodeSession(hybrid, budget=2, max_new_tokens=20, proposer=oracle)
+    session.prefill(PROMPTS[0])
+    session.run()
+    for r in session.history[:-1]:
+        position = r.committed_len + len(r.accepted)  # where the bonus token sits
+        assert r.bonus_draft_rank == ranks[position % len(ranks)]
+        assert r.bonus_draft_logprob is not None and r.bonus_draft_logprob < 0

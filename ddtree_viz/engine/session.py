@@ -168,6 +168,7 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._greedy: GreedyReference | None = None
+        self.prefill_cache: tuple = ()
         self._shadow = None  # naive mode: the exact cache after the same committed tokens, for comparison
         self.prefill_ms = 0.0
 
@@ -218,6 +219,7 @@ class DecodeSession:
         self._sync()
         self.prefill_ms = (time.perf_counter() - start) * 1e3
         self.cache = cache
+        self.prefill_cache = snapshot(cache, self.pair.layer_types)
         self.committed_len = len(self.prompt_ids)
         if self.verify == NAIVE:
             self._shadow = new_cache(self.target)
@@ -268,6 +270,11 @@ class DecodeSession:
         target_argmax = result.logits.argmax(-1).tolist()
         accepted, bonus = follow_tree(tree, target_argmax)
         lap("verify")
+        bonus_rank, bonus_logprob = None, None
+        if len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
+            row = logprobs[len(accepted) - 1]
+            bonus_logprob = float(row[bonus])
+            bonus_rank = int((row > row[bonus]).sum())
 
         before = snapshot(self.cache, self.pair.layer_types)
         commit(self.cache, tree, accepted, result)
@@ -280,6 +287,7 @@ class DecodeSession:
             bonus_token_id=bonus, timings_ms=timings, cache=snapshot(self.cache, self.pair.layer_types),
             cache_before_commit=before, new_token_ids=tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus])),
             target_margin=tuple(float(m) for m in (top2[:, 0] - top2[:, 1]).tolist()), method=self.method, verify=self.verify,
+            bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
         )
         self.committed_len += len(accepted)
         if self._shadow is not None:
@@ -361,7 +369,15 @@ class DecodeSession:
             target=self.pair.target_name, draft=self.pair.draft_name, prompt=self.prompt, prompt_ids=tuple(self.prompt_ids),
             output_ids=tuple(self.generated), greedy_ids=greedy_ids, first_divergence=div, settings=self.settings,
             steps=tuple(self.history), divergence_margin=margin, output_text=self.output_text,
+            token_texts=self._token_texts(greedy_ids), prefill_ms=self.prefill_ms, prefill_cache=self.prefill_cache,
         )
+
+    def _token_texts(self, greedy_ids) -> dict[str, str]:
+        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
+        for r in self.history:
+            ids.update(r.target_argmax)
+            ids.update(n.token_id for n in r.nodes)
+        return {str(i): self.token_text(i) for i in sorted(ids)}
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:

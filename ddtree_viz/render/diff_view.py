@@ -1,0 +1,148 @@
+"""Output vs the target's own greedy output, token by token, as escaped HTML.
+
+Live use (app): `output_vs_greedy_html(session.to_trace(), session.token_text, upto_step=k)` -- a Trace is
+cheap to make at any time and carries everything needed: the steps (where each token came from), the
+output ids, the greedy ids, the first divergence and greedy's logit margin there, and the verify mode.
+Replay use: the same call on a loaded Trace, with a token-text map when no tokenizer is at hand
+(`text.token_texts_from_steps(trace.steps)` names every id that appears in a tree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..trace import StepRecord, Trace
+from . import style
+from .text import TokenText, esc, lookup, token_texts_from_steps, visible
+
+NAIVE_NOTE = ("naive verification: the known-wrong flattened-tree behaviour (the Gated DeltaNet layers run the "
+              "flattened tree as one sequence, so sibling branches leak into each other's state); a divergence "
+              "from greedy is expected")
+EXACT_NOTE = "exact verification (tree-exact Gated DeltaNet): the output must equal the target's greedy output"
+
+
+@dataclass(frozen=True)
+class TokenSource:
+    """Where one generated token came from."""
+
+    index: int  # into the generated tokens (output_ids)
+    token_id: int
+    kind: str  # "prefill" (the first token: the prefill pass's argmax) | "draft" (accepted draft) | "bonus"
+    step: int | None  # round that produced it (None for the prefill token)
+    depth: int | None  # tree depth of an accepted draft, or of the bonus position (last accepted depth + 1)
+
+
+def token_sources(steps: Sequence[StepRecord], output_ids: Sequence[int]) -> list[TokenSource]:
+    """Provenance of each generated token: output_ids[0] from prefill, then per round its accepted drafts
+    (in path order) and its bonus token, clipped where the session stopped (end of text / max new tokens)."""
+    out: list[TokenSource] = []
+    if output_ids:
+        out.append(TokenSource(0, int(output_ids[0]), "prefill", None, None))
+    for step in steps:
+        path = [step.nodes[a] for a in step.accepted[1:]]
+        produced = [(n.token_id, "draft", n.depth) for n in path]
+        produced.append((step.bonus_token_id, "bonus", step.nodes[step.accepted[-1]].depth + 1))
+        count = len(step.new_token_ids) if step.new_token_ids else len(produced)
+        for token_id, kind, depth in produced[:count]:
+            i = len(out)
+            if i >= len(output_ids):
+                return out
+            out.append(TokenSource(i, int(output_ids[i]), kind, step.index, depth))
+    for i in range(len(out), len(output_ids)):  # should not happen with engine records; keep every token shown
+        out.append(TokenSource(i, int(output_ids[i]), "unknown", None, None))
+    return out
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    shown: int  # generated tokens compared
+    has_greedy: bool
+    first_divergence: int | None  # index into the generated tokens, within the shown ones
+    margin: float | None  # greedy's top-1 minus top-2 logit at the first divergence, when known
+    naive: bool
+    summary: str
+
+
+def compare_with_greedy(trace: Trace, upto_step: int | None = None) -> GreedyComparison:
+    """Compare the output (up to and including round `upto_step`, or all of it) with greedy."""
+    sources = _shown_sources(trace, upto_step)
+    shown = len(sources)
+    naive = trace.settings.get("verify") == "naive" or any(s.verify == "naive" for s in trace.steps)
+    greedy = trace.greedy_ids
+    if greedy is None:
+        return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no greedy reference)")
+    first = next((i for i in range(shown) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
+    if first is None:
+        return GreedyComparison(shown, True, None, None, naive, f"identical to greedy for {shown} tokens")
+    margin = trace.divergence_margin if trace.first_divergence == first else None
+    m = f"greedy margin {margin:.3f}" if margin is not None else "greedy margin unknown"
+    return GreedyComparison(shown, True, first, margin, naive, f"diverges at token {first} ({m})")
+
+
+def _shown_sources(trace: Trace, upto_step: int | None) -> list[TokenSource]:
+    sources = token_sources(trace.steps, trace.output_ids)
+    if upto_step is None:
+        return sources
+    return [s for s in sources if s.step is None or s.step <= upto_step]
+
+
+def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, margin: float | None) -> str:
+    bg = {"prefill": "#e8e8e8", "draft": "#d9f0e3", "bonus": "#fdf3c4"}.get(src.kind, "#ffffff")
+    what = {"prefill": "prefill token (the prefill pass's argmax)", "draft": f"accepted draft, depth {src.depth}",
+            "bonus": f"bonus token (target's argmax), depth {src.depth}"}.get(src.kind, "unknown origin")
+    where = f", round {src.step}" if src.step is not None else ""
+    title = f"#{src.index} id {src.token_id}: {what}{where}"
+    border = "1px solid #bbb"
+    color = "inherit"
+    extra = ""
+    if greedy_text is not None:
+        title += f"; greedy has {greedy_text}"
+        border, color = f"2px solid {style.DIVERGE_COLOR}", style.DIVERGE_COLOR
+        extra = (f'<span style="color:{style.DIVERGE_COLOR};font-size:80%" class="ddv-greedy">'
+                 f"[greedy: {esc(greedy_text)}]</span>")
+        if first:
+            m = f"{margin:.3f}" if margin is not None else "unknown"
+            extra += (f'<span style="color:#fff;background:{style.DIVERGE_COLOR};font-size:80%;padding:0 3px" '
+                      f'class="ddv-first">first divergence, greedy margin {esc(m)}</span>')
+    sub = {"draft": f"d{src.depth}", "bonus": "★", "prefill": "P"}.get(src.kind, "?")
+    return (f'<span class="ddv-tok ddv-{src.kind}" title="{esc(title)}" style="background:{bg};border:{border};'
+            f'color:{color};border-radius:3px;padding:0 2px;margin:1px;font-family:monospace;white-space:pre">'
+            f'{esc(text)}<sub style="color:#777">{sub}</sub></span>{extra}')
+
+
+def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, upto_step: int | None = None) -> str:
+    """HTML comparing the generated tokens (through round `upto_step`, default all) with greedy.
+
+    Each token is a span with visible whitespace, marked as prefill token (P), accepted draft (d<depth>) or
+    bonus token (★); tokens that differ from greedy are red with greedy's token beside them; the first
+    divergence carries greedy's logit margin. A summary line reads "identical to greedy for N tokens" or
+    "diverges at token k (greedy margin m)" (k indexes the generated tokens from 0); naive mode is labelled
+    as the known-wrong flattened-tree behaviour. All text is HTML-escaped (token text is untrusted).
+    token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'."""
+    text = lookup(token_text, token_texts_from_steps(trace.steps))
+    cmp = compare_with_greedy(trace, upto_step)
+    greedy = trace.greedy_ids
+    spans = []
+    last_step: int | None = -1
+    for src in _shown_sources(trace, upto_step):
+        g_text = None
+        if cmp.has_greedy and (src.index >= len(greedy) or greedy[src.index] != src.token_id):
+            g_text = visible(text(greedy[src.index])) if src.index < len(greedy) else "(greedy ended)"
+        if src.step != last_step and src.step is not None:
+            spans.append(f'<span class="ddv-round" title="round {src.step}" style="color:#bbb">│</span>')
+        last_step = src.step
+        spans.append(_span(src, visible(text(src.token_id)), g_text, src.index == cmp.first_divergence, cmp.margin))
+    note = NAIVE_NOTE if cmp.naive else EXACT_NOTE
+    note_style = f"color:{style.DIVERGE_COLOR};font-weight:bold" if cmp.naive else "color:#555"
+    ok = cmp.has_greedy and cmp.first_divergence is None
+    summary_style = "color:#1a7f37" if ok else (f"color:{style.DIVERGE_COLOR}" if cmp.has_greedy else "")
+    return (
+        '<div class="ddv-diff">'
+        f'<div class="ddv-mode" style="{note_style}">{"⚠ " if cmp.naive else ""}{esc(note)}</div>'
+        f'<div class="ddv-summary" style="font-weight:bold;{summary_style}">{esc(cmp.summary)}</div>'
+        f'<div class="ddv-tokens" style="line-height:2">{"".join(spans)}</div>'
+        '<div class="ddv-legend" style="color:#777;font-size:85%">P = prefill token · d<i>n</i> = accepted draft at '
+        'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from greedy · │ = round boundary</div>'
+        "</div>"
+    )

@@ -1,0 +1,256 @@
+"""THE tree layout: one StepRecord in, positions + labels + roles + colour values out.
+
+Every backend draws from this (the page's plotly figure, and the TikZ/SVG/PDF exporters), so they agree.
+
+Coordinates: x = depth (root 0). y = row, growing downward (rank 0 on top): a tidy layered layout where
+each leaf gets its own row in depth-first order (children by rank, the synthetic bonus node last), and
+each inner node sits midway between its first and last child. Every subtree therefore owns a
+contiguous band of rows, disjoint from its siblings' bands: no two nodes overlap, every parent is one
+column left of its children. Backends with y pointing up negate y.
+
+Roles (verified phase):
+    root            tree position 0 (the previous round's bonus token, already committed)
+    accepted        on the accepted path, root excluded (drafts the target agreed with)
+    first_rejected  the children of the last accepted node: the drafter's candidates where the walk
+                    stopped, all rejected (none when the last accepted node is a leaf)
+    bonus           a synthetic node hanging off the last accepted node: the target's own token there
+    other           every other drafted node
+In the drafted phase (before verification) only "root" and "other" exist, there is no bonus node,
+nothing is on the path and no target argmax is shown; node positions are the same as in the verified
+phase (the bonus row stays empty), so the picture does not jump between phases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from ..trace import StepRecord
+from .text import TokenText, lookup, shorten, visible
+
+PHASES = ("drafted", "verified")
+ROLES = ("root", "accepted", "first_rejected", "bonus", "other")
+DEFAULT_LABEL_CHARS = 12
+
+
+@dataclass(frozen=True)
+class LayoutNode:
+    id: int  # tree position; the synthetic bonus node gets len(step.nodes)
+    parent: int  # -1 for the root
+    x: float
+    y: float
+    depth: int
+    token_id: int
+    token: str  # raw token text (untrusted: escape for HTML/LaTeX/XML)
+    label: str  # visible(token), shortened to the layout's label length
+    rank: int  # drafter rank at its depth (-1 for the root and the bonus node)
+    logprob: float | None  # drafter log-prob: THE colour value (None for root and bonus: neutral colour)
+    score: float | None  # sum of drafter log-probs root -> node (the best-first tree's priority)
+    argmax: int | None  # target's argmax at this position (None: drafted phase, or the bonus node)
+    argmax_token: str | None  # its text when known
+    target_margin: float | None  # target's top-1 minus top-2 logit here, when recorded
+    role: str
+    on_path: bool  # root or accepted
+    synthetic: bool = False  # True only for the bonus node
+
+    @property
+    def color_value(self) -> float | None:
+        return self.logprob
+
+
+@dataclass(frozen=True)
+class LayoutEdge:
+    parent: int
+    child: int
+    on_path: bool  # both ends on the accepted path
+    synthetic: bool = False  # the edge to the bonus node
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    step_index: int
+    phase: str  # "drafted" | "verified"
+    method: str
+    verify: str
+    committed_len: int
+    nodes: tuple[LayoutNode, ...]  # tree order (parents before children), bonus last
+    edges: tuple[LayoutEdge, ...]
+    accepted: tuple[int, ...]  # () in the drafted phase
+    bonus_id: int | None  # id of the synthetic bonus node, len(step.nodes) (None in the drafted phase)
+    bonus_token_id: int | None
+    total_nodes: int  # tree positions in the record (root included)
+    hidden: int  # tree positions hidden by the filters
+    max_depth: int | None
+    min_logprob: float | None
+    logprob_range: tuple[float, float]  # (min, max) drafter log-prob over the shown nodes
+    _index: dict[int, int] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {n.id: i for i, n in enumerate(self.nodes)})
+
+    def node(self, node_id: int) -> LayoutNode:
+        return self.nodes[self._index[node_id]]
+
+    def __contains__(self, node_id: int) -> bool:
+        return node_id in self._index
+
+    @property
+    def width(self) -> float:
+        """Columns spanned (max x + 1)."""
+        return max(n.x for n in self.nodes) + 1
+
+    @property
+    def height(self) -> float:
+        """Rows spanned (max y + 1)."""
+        return max(n.y for n in self.nodes) + 1
+
+    def by_role(self, role: str) -> tuple[LayoutNode, ...]:
+        return tuple(n for n in self.nodes if n.role == role)
+
+
+def _shown(step: StepRecord, on_path: set[int], max_depth: int | None, min_logprob: float | None) -> list[bool]:
+    """Per tree position: kept by the filters? Hidden nodes take their subtrees with them; the accepted
+    path is never hidden."""
+    keep = [True] * len(step.nodes)
+    for n in step.nodes[1:]:  # parents precede children
+        if n.id in on_path:
+            continue
+        ok = keep[n.parent]
+        ok = ok and (max_depth is None or n.depth <= max_depth)
+        ok = ok and (min_logprob is None or n.logprob >= min_logprob)
+        keep[n.id] = ok
+    return keep
+
+
+def _tidy_rows(g: nx.DiGraph, root: int, order_key) -> dict[int, float]:
+    """Leaves on consecutive rows in depth-first order (children sorted by order_key); inner nodes midway
+    between their first and last child. Iterative, so deep chains do not hit the recursion limit."""
+    y: dict[int, float] = {}
+    next_row = 0
+    stack: list[tuple[int, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        kids = sorted(g.successors(node), key=order_key)
+        if not kids:
+            y[node] = float(next_row)
+            next_row += 1
+        elif done:
+            y[node] = (y[kids[0]] + y[kids[-1]]) / 2.0
+        else:
+            stack.append((node, True))
+            stack.extend((k, False) for k in reversed(kids))
+    return y
+
+
+def tree_layout(
+    step: StepRecord, *, max_depth: int | None = None, min_logprob: float | None = None,
+    phase: str = "verified", token_text: TokenText | None = None, label_chars: int = DEFAULT_LABEL_CHARS,
+) -> TreeLayout:
+    """Lay out one round's tree (see the module docstring for coordinates and roles).
+
+    max_depth / min_logprob hide drafted nodes deeper than max_depth or with a drafter log-prob below
+    min_logprob (and their subtrees), never the accepted path. token_text (callable or mapping id -> text)
+    names the bonus token and the target's argmax; without it, ids seen in the tree are named from their
+    nodes and others show as '⟨id⟩'."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
+    nodes = step.nodes
+    n_tree = len(nodes)
+    text = lookup(token_text, {n.token_id: n.token for n in nodes})
+    accepted = tuple(step.accepted)
+    on_path = set(accepted)
+    last = accepted[-1]
+    keep = _shown(step, on_path, max_depth, min_logprob)
+
+    g = nx.DiGraph()
+    g.add_nodes_from(n.id for n in nodes if keep[n.id])
+    g.add_edges_from((n.parent, n.id) for n in nodes[1:] if keep[n.id])
+    bonus_id = n_tree
+    g.add_edge(last, bonus_id)
+    rank_of = {n.id: n.rank for n in nodes}
+    rows = _tidy_rows(g, 0, lambda i: (i == bonus_id, rank_of.get(i, 0), i))
+
+    scores = [0.0] * n_tree
+    for n in nodes[1:]:
+        scores[n.id] = scores[n.parent] + n.logprob
+    margins = step.target_margin if len(step.target_margin) == n_tree else None
+
+    out: list[LayoutNode] = []
+    for n in nodes:
+        if not keep[n.id]:
+            continue
+        if n.id == 0:
+            role = "root"
+        elif n.id in on_path:
+            role = "accepted"
+        elif n.parent == last:
+            role = "first_rejected"
+        else:
+            role = "other"
+        out.append(LayoutNode(
+            id=n.id, parent=n.parent, x=float(n.depth), y=rows[n.id], depth=n.depth, token_id=n.token_id,
+            token=n.token, label=shorten(visible(n.token), label_chars), rank=n.rank,
+            logprob=None if n.id == 0 else float(n.logprob), score=None if n.id == 0 else scores[n.id],
+            argmax=step.target_argmax[n.id], argmax_token=text(step.target_argmax[n.id]),
+            target_margin=margins[n.id] if margins else None, role=role, on_path=n.id in on_path,
+        ))
+    bonus_text = text(step.bonus_token_id)
+    out.append(LayoutNode(
+        id=bonus_id, parent=last, x=float(nodes[last].depth + 1), y=rows[bonus_id], depth=nodes[last].depth + 1,
+        token_id=step.bonus_token_id, token=bonus_text, label=shorten(visible(bonus_text), label_chars), rank=-1,
+        logprob=None, score=None, argmax=None, argmax_token=None, target_margin=None, role="bonus", on_path=False,
+        synthetic=True,
+    ))
+    edges = [LayoutEdge(n.parent, n.id, n.on_path) for n in out if n.parent >= 0 and not n.synthetic]
+    edges.append(LayoutEdge(last, bonus_id, False, synthetic=True))
+    lps = [n.logprob for n in out if n.logprob is not None]
+    layout = TreeLayout(
+        step_index=step.index, phase="verified", method=step.method, verify=step.verify,
+        committed_len=step.committed_len, nodes=tuple(out), edges=tuple(edges), accepted=accepted,
+        bonus_id=bonus_id, bonus_token_id=step.bonus_token_id, total_nodes=n_tree, hidden=keep.count(False),
+        max_depth=max_depth, min_logprob=min_logprob,
+        logprob_range=(min(lps), max(lps)) if lps else (-1.0, 0.0),
+    )
+    return for_phase(layout, phase)
+
+
+def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
+    """The same layout as seen in `phase`: "drafted" strips everything verification decided (roles other
+    than root/other, the path, the bonus node, the target's argmax); positions are unchanged."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
+    if phase == layout.phase:
+        return layout
+    if layout.phase == "drafted":
+        raise ValueError("a drafted-phase layout has no verification data: lay out with phase='verified'")
+    nodes = tuple(
+        dataclasses.replace(n, role="root" if n.id == 0 else "other", on_path=False, argmax=None, argmax_token=None,
+                            target_margin=None)
+        for n in layout.nodes if not n.synthetic
+    )
+    edges = tuple(dataclasses.replace(e, on_path=False) for e in layout.edges if not e.synthetic)
+    return dataclasses.replace(layout, phase="drafted", nodes=nodes, edges=edges, accepted=(), bonus_id=None,
+                               bonus_token_id=None)
+
+
+def node_colors(layout: TreeLayout, colorscale: str = "Viridis", cmin: float | None = None,
+                cmax: float | None = None, neutral: str | None = None, bonus: str | None = None) -> dict[int, str]:
+    """id -> 'rgb(r, g, b)' fill colour, the same mapping plotly's colour axis applies (for vector backends)."""
+    from plotly.colors import get_colorscale, sample_colorscale
+
+    from . import style
+
+    lo, hi = layout.logprob_range
+    lo = lo if cmin is None else cmin
+    hi = hi if cmax is None else cmax
+    scale = get_colorscale(colorscale)
+    out: dict[int, str] = {}
+    for n in layout.nodes:
+        if n.logprob is None:
+            out[n.id] = (bonus or style.BONUS_FILL) if n.synthetic else (neutral or style.NEUTRAL_FILL)
+            continue
+        t = 0.5 if hi <= lo else min(max((n.logprob - lo) / (hi - lo), 0.0), 1.0)
+        out[n.id] = sample_colorscale(scale, [t])[0]
+    return out

@@ -1,0 +1,90 @@
+"""Shared text helpers: make token text visible and safe.
+
+Token text is untrusted (it comes from a tokenizer and from whatever the model generated): every
+renderer passes it through `visible` (so whitespace and control characters can be seen) and, where
+HTML (or plotly's HTML-like labels) is built, through `esc`.
+"""
+
+from __future__ import annotations
+
+import html
+import unicodedata
+from collections.abc import Callable, Mapping
+
+TokenText = Callable[[int], str] | Mapping[int, str]
+
+_SPECIAL = {" ": "·", "\n": "⏎", "\t": "⇥"}
+EMPTY = "∅"  # what an empty token shows as
+
+
+def _char(ch: str) -> str:
+    if ch in _SPECIAL:
+        return _SPECIAL[ch]
+    code = ord(ch)
+    cat = unicodedata.category(ch)
+    if cat == "Cc":  # C0/C1 control characters (\r, \x00, \x1b, \x7f, ...)
+        return f"\\x{code:02x}"
+    if cat in ("Cf", "Cs", "Zl", "Zp") or (cat == "Zs" and ch != " "):
+        # invisible format chars (zero-width, BOM, bidi overrides), lone surrogates, odd spaces
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    return ch
+
+
+def visible(token: str) -> str:
+    """Token text with whitespace made visible: space '·', newline '⏎', tab '⇥', control chars '\\xNN',
+    invisible format characters and unusual spaces '\\uNNNN'; an empty token is '∅'."""
+    if token == "":
+        return EMPTY
+    return "".join(_char(ch) for ch in token)
+
+
+def esc(s: object) -> str:
+    """HTML-escape anything (quotes included), for text and attribute values alike."""
+    return html.escape(str(s), quote=True)
+
+
+def shorten(s: str, limit: int) -> str:
+    """Cut to at most `limit` characters, ending in '…' when cut."""
+    if limit <= 0 or len(s) <= limit:
+        return s
+    return s[: max(limit - 1, 1)] + "…"
+
+
+def unknown_token(token_id: int) -> str:
+    """Placeholder for a token whose text is not known (no tokenizer at hand)."""
+    return f"⟨{token_id}⟩"
+
+
+def lookup(token_text: TokenText | None, fallback: Mapping[int, str] | None = None) -> Callable[[int], str]:
+    """A callable id -> text from a callable, a mapping, or neither; ids it cannot name come from
+    `fallback` (e.g. the texts a tree's nodes carry) and then from `unknown_token`."""
+    fallback = fallback or {}
+
+    def text(token_id: int) -> str:
+        if token_text is not None:
+            try:
+                value = token_text(token_id) if callable(token_text) else token_text.get(token_id)
+            except Exception:  # a tokenizer failing on one id must not break a whole view
+                value = None
+            if value is not None:
+                return str(value)
+        if token_id in fallback:
+            return fallback[token_id]
+        return unknown_token(token_id)
+
+    return text
+
+
+def token_texts_from_steps(steps) -> dict[int, str]:
+    """id -> text for every token that appears as a tree node in the given StepRecords (records carry text
+    only for tree nodes; bonus / argmax / greedy ids outside the trees have none)."""
+    out: dict[int, str] = {}
+    for step in steps:
+        for node in step.nodes:
+            out.setdefault(node.token_id, node.token)
+    return out
+
+
+def visible_html(token: str) -> str:
+    """visible() then esc(): ready to drop between tags."""
+    return esc(visible(token))

@@ -1,0 +1,469 @@
+"""render/: pure functions from real engine records (tiny models, CPU) to figures and text."""
+
+import dataclasses
+from html.parser import HTMLParser
+
+import pytest
+
+from ddtree_viz.engine.session import DecodeSession
+from ddtree_viz.render import (
+    acceptance_figure, cache_figure, cache_layout_table, cache_table, compare_with_greedy, divergence_html,
+    divergence_rows, for_phase, mask_figure, node_colors, output_vs_greedy_html, stats_markdown, stats_summary,
+    token_sources, tree_figure, tree_layout, verify_mask,
+)
+from ddtree_viz.render import style
+from ddtree_viz.render.layout import DEFAULT_LABEL_CHARS
+from ddtree_viz.render.text import esc, shorten, token_texts_from_steps, visible
+from ddtree_viz.trace import Trace
+from test_exactness import OracleProposer, greedy_ids, sibling_oracle
+from tiny import tiny_pair
+
+PROMPT = "def f(x):\n"
+EVIL = ("<script>alert(1)</script>", "<img src=x onerror=alert(1)>")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("hybrid")
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    """The tiny DFlash drafter: random, so mostly root-only acceptance; identical to greedy (exact)."""
+    s = DecodeSession(pair, budget=16, max_new_tokens=24)
+    s.prefill(PROMPT)
+    s.run()
+    return s.to_trace()
+
+
+@pytest.fixture(scope="module")
+def oracle(pair):
+    """Drafts greedy's tokens at ranks 0/1/2: long accepted paths, first-rejected siblings, deep trees."""
+    ids, greedy = greedy_ids(pair, PROMPT)
+    proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
+    s = DecodeSession(pair, budget=32, max_new_tokens=24, proposer=proposer)
+    s.prefill(PROMPT)
+    s.run()
+    trace = s.to_trace()
+    assert max(st.acceptance for st in trace.steps) >= 3
+    return trace
+
+
+@pytest.fixture(scope="module")
+def naive(pair):
+    """Naive (flattened-tree) verification with the true token at rank 1: diverges from greedy."""
+    proposer, _ = sibling_oracle(pair, PROMPT)
+    s = DecodeSession(pair, budget=16, max_new_tokens=24, verify="naive", proposer=proposer)
+    s.prefill(PROMPT)
+    s.run()
+    trace = s.to_trace()
+    assert trace.first_divergence is not None
+    return trace
+
+
+def rich_steps(trace):
+    return [st for st in trace.steps if st.acceptance >= 2 and any(n.parent == st.accepted[-1] for n in st.nodes)]
+
+
+def subtree(step, node_id):
+    out, frontier = {node_id}, [node_id]
+    while frontier:
+        kids = [n.id for n in step.nodes if n.parent in frontier]
+        out.update(kids)
+        frontier = kids
+    return out
+
+
+def all_strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from all_strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from all_strings(v)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# text helpers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_visible_and_esc():
+    assert visible(" a\tb\n") == "·a⇥b⏎"
+    assert visible("\r\x00\x1b\x7f") == "\\x0d\\x00\\x1b\\x7f"
+    assert visible("\u200b\u00a0") == "\\u200b\\u00a0"
+    assert visible("") == "∅"
+    assert visible("héllo€") == "héllo€"
+    assert esc('<a href="x">\'&') == "&lt;a href=&quot;x&quot;&gt;&#x27;&amp;"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# layout
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_layout_has_every_node_plus_the_bonus_and_the_accepted_path(oracle, plain):
+    for step in oracle.steps + plain.steps:
+        lay = tree_layout(step)
+        real = [n for n in lay.nodes if not n.synthetic]
+        bonus = [n for n in lay.nodes if n.synthetic]
+        assert [n.id for n in real] == [n.id for n in step.nodes]
+        assert len(bonus) == 1 and bonus[0].role == "bonus" and bonus[0].token_id == step.bonus_token_id
+        assert bonus[0].parent == step.accepted[-1] and bonus[0].depth == step.nodes[step.accepted[-1]].depth + 1
+        assert tuple(n.id for n in real if n.on_path) == step.accepted
+        assert {n.id for n in real if n.role == "first_rejected"} == {
+            n.id for n in step.nodes if n.parent == step.accepted[-1]}
+        assert lay.node(0).role == "root"
+        assert all(n.role == "accepted" for n in real if n.on_path and n.id != 0)
+        for n in real:
+            src = step.nodes[n.id]
+            expected = (src.token_id, src.depth, src.rank, step.target_argmax[n.id])
+            assert (n.token_id, n.depth, n.rank, n.argmax) == expected
+            assert n.label == shorten(visible(src.token), DEFAULT_LABEL_CHARS)
+        path_edges = {(e.parent, e.child) for e in lay.edges if e.on_path}
+        assert path_edges == set(zip(step.accepted, step.accepted[1:]))
+
+
+def test_layout_is_tidy_no_overlap_parents_left_of_children(oracle):
+    for step in oracle.steps:
+        lay = tree_layout(step)
+        assert len({(n.x, n.y) for n in lay.nodes}) == len(lay.nodes)
+        for n in lay.nodes:
+            if n.parent >= 0:
+                assert lay.node(n.parent).x == n.x - 1
+        # sibling subtrees own disjoint row bands, ordered by rank
+        for parent in step.nodes:
+            kids = sorted((n for n in step.nodes if n.parent == parent.id), key=lambda n: n.rank)
+            bands = []
+            for k in kids:
+                ys = [lay.node(i).y for i in subtree(step, k.id)]
+                bands.append((min(ys), max(ys)))
+            assert all(a[1] < b[0] for a, b in zip(bands, bands[1:]))
+
+
+def test_filters_hide_nodes_but_never_the_accepted_path(oracle):
+    step = max(oracle.steps, key=lambda s: (s.acceptance, len(s.nodes)))
+    assert step.acceptance >= 3
+    lay = tree_layout(step, max_depth=1)
+    shown = {n.id for n in lay.nodes if not n.synthetic}
+    assert set(step.accepted) <= shown
+    assert all(step.nodes[i].depth <= 1 or i in step.accepted for i in shown)
+    assert lay.hidden == len(step.nodes) - len(shown) > 0
+    assert any(n.synthetic for n in lay.nodes)  # the bonus stays
+    # log-prob filter: hides low-probability nodes and their subtrees, keeps the path
+    cut = sorted(n.logprob for n in step.nodes[1:])[len(step.nodes) // 2]
+    lay = tree_layout(step, min_logprob=cut)
+    shown = {n.id for n in lay.nodes if not n.synthetic}
+    assert set(step.accepted) <= shown
+    for i in shown - set(step.accepted):
+        assert step.nodes[i].logprob >= cut and step.nodes[i].parent in shown
+    assert len({(n.x, n.y) for n in lay.nodes}) == len(lay.nodes)
+    lay = tree_layout(step, min_logprob=0.0)  # hides every drafted node off the path
+    assert {n.id for n in lay.nodes if not n.synthetic} == set(step.accepted)
+
+
+def test_drafted_phase_strips_verification_and_keeps_positions(oracle):
+    step = rich_steps(oracle)[0]
+    verified = tree_layout(step)
+    drafted = tree_layout(step, phase="drafted")
+    assert drafted == for_phase(verified, "drafted")
+    assert len(drafted.nodes) == len(step.nodes) and not any(n.synthetic for n in drafted.nodes)
+    assert {n.role for n in drafted.nodes} == {"root", "other"}
+    assert not any(n.on_path or n.argmax is not None for n in drafted.nodes)
+    assert all((n.x, n.y) == (verified.node(n.id).x, verified.node(n.id).y) for n in drafted.nodes)
+
+
+def test_layout_survives_a_json_round_trip(oracle):
+    loaded = Trace.from_json(oracle.to_json())
+    assert [tree_layout(s) for s in loaded.steps] == [tree_layout(s) for s in oracle.steps]
+
+
+def test_node_colors_cover_every_node(oracle):
+    lay = tree_layout(oracle.steps[0])
+    colors = node_colors(lay)
+    assert set(colors) == {n.id for n in lay.nodes}
+    assert colors[0] == style.NEUTRAL_FILL and colors[lay.bonus_id] == style.BONUS_FILL
+    assert all(c.startswith("rgb") for i, c in colors.items() if i not in (0, lay.bonus_id))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tree figure
+# ---------------------------------------------------------------------------------------------------------
+
+
+def node_traces(fig):
+    return [t for t in fig.data if t.mode and "markers" in t.mode]
+
+
+def test_tree_figure_shows_tokens_path_rejected_and_bonus(oracle):
+    step = rich_steps(oracle)[0]
+    lay = tree_layout(step)
+    fig = tree_figure(lay)
+    texts = [s for t in node_traces(fig) for s in t.text]
+    for n in lay.nodes:
+        assert any(s.startswith(esc(n.label)) for s in texts)
+    assert sum(len(t.x) for t in node_traces(fig)) == len(lay.nodes)
+    path = [t for t in fig.data if t.name == "accepted path" and t.mode == "lines"]
+    assert len(path) == 1 and path[0].line.width == style.PATH_EDGE_WIDTH and path[0].line.color == style.PATH_COLOR
+    assert sum(x is None for x in path[0].x) == step.acceptance - 1  # one segment per accepted edge
+    on_path = [t for t in node_traces(fig) if t.name == style.ROLE_NAME["accepted"]][0]
+    assert set(on_path.marker.line.width) == {style.PATH_OUTLINE_WIDTH}
+    assert {t.marker.symbol for t in node_traces(fig)} >= {"star", "diamond", "square"}
+    hovers = " ".join(h for t in node_traces(fig) for h in t.hovertext)
+    assert "target argmax" in hovers and "rank" in hovers and "log-prob" in hovers
+    assert fig.layout.coloraxis.colorbar is not None and fig.layout.coloraxis.colorscale
+
+
+def test_tree_figure_drafted_phase_has_no_verification_marks(oracle):
+    step = rich_steps(oracle)[0]
+    fig = tree_figure(tree_layout(step), phase="drafted")
+    assert not any(t.name in ("accepted path", "bonus edge") for t in fig.data)
+    assert sum(len(t.x) for t in node_traces(fig)) == len(step.nodes)
+    assert not any(t.marker.symbol in ("star", "diamond") for t in node_traces(fig))
+    assert all(w == 1 for t in node_traces(fig) for w in t.marker.line.width)
+    assert "target argmax" not in " ".join(h for t in node_traces(fig) for h in t.hovertext)
+
+
+def test_tree_figure_token_text_names_the_argmax(oracle):
+    step = oracle.steps[0]
+    fig = tree_figure(tree_layout(step), token_text=lambda i: f"T{i}")
+    hovers = " ".join(h for t in node_traces(fig) for h in t.hovertext)
+    assert f"id {step.target_argmax[0]} T{step.target_argmax[0]}" in hovers
+
+
+def test_budget_256_tree_lays_out_and_renders(pair):
+    """A large tree renders whole: every position gets a distinct place (speed is measured in the bench)."""
+    ids, greedy = greedy_ids(pair, PROMPT)
+    proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
+    s = DecodeSession(pair, budget=256, max_new_tokens=8, proposer=proposer)
+    s.prefill(PROMPT)
+    step = s.step()
+    assert len(step.nodes) == 257
+    layout = tree_layout(step)
+    assert len({(n.x, n.y) for n in layout.nodes}) == len(layout.nodes)
+    tree_figure(layout)
+    assert mask_figure(step).data[0].z.shape == (257, 258)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# mask, cache
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_mask_matches_the_ancestor_structure(oracle):
+    step = max(oracle.steps, key=lambda s: len(s.nodes))
+    fig = mask_figure(step)
+    z = fig.data[0].z
+    n = len(step.nodes)
+    assert z.shape == (n, n + 1)
+    assert (z[:, 0] == 1).all()
+    for node in step.nodes:
+        path, i = set(), node.id
+        while i != -1:
+            path.add(i)
+            i = step.nodes[i].parent
+        assert {j - 1 for j in range(1, n + 1) if z[node.id, j]} == path
+    assert (verify_mask(step) == z).all()
+    assert fig.data[0].x[0] == f"prefix ({step.committed_len} tokens)"
+    assert len(set(fig.data[0].x)) == n + 1 and len(set(fig.data[0].y)) == n
+    assert sum(label.startswith("✓") for label in fig.data[0].y) == step.acceptance
+    assert len(fig.layout.shapes) == step.acceptance
+    assert len(mask_figure(step, show_accepted=False).layout.shapes) == 0
+
+
+def test_cache_table_rows_types_and_kv_lengths(oracle, naive, pair):
+    n_layers = pair.target.config.num_hidden_layers
+    for step in oracle.steps:
+        rows = cache_table(step)
+        assert [r["layer"] for r in rows] == list(range(n_layers))
+        assert [r["type"] for r in rows] == ["GDN", "GDN", "GDN", "attention"]
+        att = rows[3]
+        assert att["KV before"] == step.committed_len
+        assert att["KV after verify"] == step.committed_len + len(step.nodes)
+        assert att["KV after commit"] == step.committed_len + step.acceptance
+        assert att["what changed"] == f"+{len(step.nodes)} rows appended, compacted to +{step.acceptance}"
+        assert "replaced by the accepted path" in rows[0]["what changed"]
+        assert "keys (" in att["tensors"] and "recurrent_state (" in rows[0]["tensors"]
+        assert rows[0]["KV length"] is None and rows[0]["naive state error"] is None
+    rows = cache_table(naive.steps[0])
+    assert "known-wrong" in rows[0]["what changed"] and rows[0]["naive state error"] > 0
+    assert rows[3]["naive state error"] is None
+    fig = cache_figure(naive.steps[0])
+    assert any(t.yaxis == "y2" for t in fig.data)
+    bars = [t for t in fig.data if t.type == "bar" and t.name.endswith("(after commit)")]
+    assert {t.name for t in bars} == {"GDN (after commit)", "attention (after commit)"}
+    layout_rows = cache_layout_table(oracle.steps[0].cache)
+    assert [r["type"] for r in layout_rows] == ["GDN", "GDN", "GDN", "attention"]
+    assert layout_rows[3]["KV length"] == oracle.steps[0].cache[3].kv_length
+
+
+# ---------------------------------------------------------------------------------------------------------
+# output vs greedy
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_token_sources_follow_the_rounds(oracle):
+    src = token_sources(oracle.steps, oracle.output_ids)
+    assert [s.token_id for s in src] == list(oracle.output_ids)
+    assert src[0].kind == "prefill"
+    for step in oracle.steps:
+        mine = [s for s in src if s.step == step.index]
+        assert [s.token_id for s in mine] == list(step.new_token_ids)
+        drafts = [s for s in mine if s.kind == "draft"]
+        assert [s.depth for s in drafts] == [step.nodes[a].depth for a in step.accepted[1:]][: len(drafts)]
+
+
+def test_identical_trace_says_so(oracle, plain):
+    for trace in (oracle, plain):
+        html = output_vs_greedy_html(trace, None)
+        assert f"identical to greedy for {len(trace.output_ids)} tokens" in html
+        assert "ddv-first" not in html and "known-wrong" not in html
+        assert html.count('class="ddv-tok ') == len(trace.output_ids)
+    html = output_vs_greedy_html(oracle, None, upto_step=0)
+    assert f"identical to greedy for {1 + len(oracle.steps[0].new_token_ids)} tokens" in html
+
+
+def test_diverging_naive_trace_is_marked(naive):
+    k, margin = naive.first_divergence, naive.divergence_margin
+    html = output_vs_greedy_html(naive, None)
+    assert f"diverges at token {k} (greedy margin {margin:.3f})" in html
+    assert "ddv-first" in html and style.DIVERGE_COLOR in html and "[greedy: " in html
+    assert "known-wrong" in html and "naive" in html
+    cmp = compare_with_greedy(naive)
+    assert cmp.first_divergence == k and cmp.naive
+    # scrubbed back to before the divergence: still identical
+    upto = next(s.step for s in token_sources(naive.steps, naive.output_ids) if s.index == k) - 1
+    assert "identical to greedy" in output_vs_greedy_html(naive, None, upto_step=upto)
+
+
+def evil_trace(trace):
+    """The same trace, but every token's text is hostile HTML."""
+    names = {}
+    steps = []
+    for step in trace.steps:
+        nodes = []
+        for n in step.nodes:
+            text = EVIL[n.token_id % 2]
+            names[n.token_id] = text
+            nodes.append(dataclasses.replace(n, token=text))
+        steps.append(dataclasses.replace(step, nodes=tuple(nodes)))
+    return dataclasses.replace(trace, steps=tuple(steps), prompt=EVIL[0]), (lambda i: EVIL[i % 2])
+
+
+def assert_no_raw_html(strings):
+    for s in strings:
+        assert "<script" not in s.lower() and "<img" not in s.lower(), s
+
+
+class TagCollector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+
+
+def assert_only_our_tags(html):
+    parser = TagCollector()
+    parser.feed(html)
+    assert parser.tags <= {"div", "span", "sub", "i", "b", "small", "code", "table", "thead", "tbody", "tr", "th", "td"}
+
+
+def test_hostile_token_text_is_escaped_everywhere(naive, oracle):
+    for trace in (naive, oracle):
+        evil, text = evil_trace(trace)
+        html = output_vs_greedy_html(evil, text)
+        assert_no_raw_html([html])
+        assert esc(visible(EVIL[0])) in html or esc(visible(EVIL[1])) in html
+        assert_no_raw_html([divergence_html(divergence_rows(evil.steps, text))])
+        assert_no_raw_html([stats_markdown(stats_summary(evil))])
+        for step in evil.steps[:4]:
+            lay = tree_layout(step, token_text=text)
+            for fig in (tree_figure(lay, token_text=text), tree_figure(lay, phase="drafted"), mask_figure(step),
+                        tree_figure(lay, title=EVIL[1])):
+                assert_no_raw_html(all_strings(fig.to_plotly_json()))
+        assert_only_our_tags(html)
+        assert_only_our_tags(divergence_html(divergence_rows(evil.steps, text)))
+
+
+def test_html_made_by_the_model_renders_as_text(pair, naive):
+    """The byte tokenizer round-trips any text: an output (and a greedy reference) spelling out HTML, and the
+    special token '<|endoftext|>', come back as text, one span per token, no tags of their own."""
+    tok = pair.tokenizer
+    ids = tuple(tok(EVIL[0] + EVIL[1], add_special_tokens=False)["input_ids"]) + (tok.eos_token_id,)
+    greedy = ids[:5] + tuple(tok("<b>", add_special_tokens=False)["input_ids"]) + ids[8:]
+    trace = dataclasses.replace(naive, prompt=EVIL[0], output_ids=ids, greedy_ids=greedy, first_divergence=5,
+                                divergence_margin=0.5, steps=())
+    token_text = lambda i: tok.decode([i])  # noqa: E731
+    html = output_vs_greedy_html(trace, token_text)
+    assert_only_our_tags(html)
+    assert html.count('class="ddv-tok ') == len(ids)
+    assert "&lt;|endoftext|&gt;" in html and "[greedy: &lt;]" in html and "diverges at token 5" in html
+    # and a live session whose prompt is HTML: its records render as text
+    s = DecodeSession(pair, budget=8, max_new_tokens=6)
+    s.prefill(EVIL[0] + EVIL[1])
+    s.run()
+    live = s.to_trace()
+    assert_only_our_tags(output_vs_greedy_html(live, s.token_text))
+    assert_only_our_tags(divergence_html(divergence_rows(live.steps, s.token_text)))
+
+
+def test_trace_without_token_names_falls_back(oracle):
+    bare = dataclasses.replace(oracle, greedy_ids=None, first_divergence=None)
+    html = output_vs_greedy_html(bare)
+    assert "no greedy reference" in html
+    names = token_texts_from_steps(oracle.steps)
+    assert all(names[n.token_id] == n.token for s in oracle.steps for n in s.nodes)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# stats, divergence
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_acceptance_figure_and_stats(oracle):
+    fig = acceptance_figure(oracle.steps)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert list(bars[0].y) == [s.acceptance for s in oracle.steps]
+    assert list(bars[0].x) == [s.index for s in oracle.steps]
+    mean = sum(s.acceptance for s in oracle.steps) / len(oracle.steps)
+    line = [t for t in fig.data if t.type == "scatter"][0]
+    assert list(line.y) == [mean, mean]
+    summary = stats_summary(oracle, greedy_tok_s=10.0, ddtree_tok_s=25.0)
+    assert summary["rounds"] == len(oracle.steps) and summary["mean_acceptance"] == pytest.approx(mean)
+    assert summary["tokens_per_target_forward"] == pytest.approx((len(oracle.output_ids) - 1) / len(oracle.steps))
+    assert summary["speedup"] == pytest.approx(2.5) and summary["identical_to_greedy"] is True
+    assert set(summary["mean_ms"]) == {"draft", "tree", "verify", "commit"}
+    md = stats_markdown(summary)
+    assert "| mean acceptance" in md and "2.50×" in md
+    assert acceptance_figure([]).data[0].y == ()
+
+
+def test_divergence_rows_report_where_the_walk_stopped(oracle, naive):
+    for trace in (oracle, naive):
+        rows = divergence_rows(trace.steps, None)
+        assert len(rows) == len(trace.steps)
+        for row, step in zip(rows, trace.steps):
+            assert row["round"] == step.index
+            assert row["depth"] == len(step.accepted)
+            assert row["target_token_id"] == step.bonus_token_id
+            kids = sorted((n for n in step.nodes if n.parent == step.accepted[-1]), key=lambda n: n.rank)
+            assert [c["token_id"] for c in row["candidates"]] == [n.token_id for n in kids][:5]
+            assert row["mismatch"] == bool(kids)
+            assert row["target_in_candidates"] is False  # the walk would have continued otherwise
+    assert any(r["candidates"] for r in divergence_rows(oracle.steps))
+    html = divergence_html(divergence_rows(oracle.steps))
+    assert html.count("<tr>") == len(oracle.steps) + 1
+
+
+def test_render_is_pure_no_torch_gradio_or_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, ddtree_viz.render; "
+            "print([m for m in ('torch', 'gradio', 'transformers', 'ddtree_viz.engine') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
