@@ -1,46 +1,217 @@
-"""ddtree-viz web UI: NOT BUILT YET.
+"""ddtree-viz web UI: step through DDTree on a hybrid target in the browser.
 
-The Gradio UI arrives with issue 4. Until then this script only parses the options the UI will take and says
-so; it starts no server. Use the command line meanwhile: `python -m ddtree_viz run --prompt TEXT`.
+    python app.py [--target DIR|HUB_ID --draft DIR|HUB_ID] [--dtype float32] [--device cpu] [--host 127.0.0.1] [--port 7860]
 
-Security defaults the UI will keep: listen on 127.0.0.1 only (never 0.0.0.0 unless asked for by --host),
-no public share link unless --share, no trust_remote_code.
+Listens on 127.0.0.1 only unless --host says otherwise; no public share link unless --share; never
+trust_remote_code. This file only wires widgets to ddtree_viz.ui (session state + views) and the renderers.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
+import os
 import sys
+import tempfile
 
-EXIT_NOT_BUILT = 3
+import gradio as gr
+
+from ddtree_viz import ui
+from ddtree_viz.errors import DDTreeVizError
+
+KEYS_JS = """
+() => {
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
+    const id = {'s': 'ddv-step', 'ArrowLeft': 'ddv-back', 'ArrowRight': 'ddv-forward'}[e.key];
+    if (id) { const b = document.getElementById(id); if (b) { b.click(); e.preventDefault(); } }
+  });
+}
+"""
+
+CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="app.py",
-        description="ddtree-viz web UI (not built yet: it arrives with issue 4; use `python -m ddtree_viz run` meanwhile).",
-    )
-    p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny model)")
+    p = argparse.ArgumentParser(prog="app.py", description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
+    p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
     p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
     return p
 
 
+def _page_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, DDTreeVizError):
+        return gr.Error(str(exc))
+    if "out of memory" in str(exc).lower():
+        return gr.Error(f"out of memory: {exc}. Try a smaller budget or fewer new tokens.")
+    return gr.Error(f"{type(exc).__name__}: {exc}")
+
+
+def _errors(fn):
+    """User errors become a message in the page; the app keeps serving."""
+    if inspect.isgeneratorfunction(fn):
+        def wrapped(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _page_error(exc) from None
+    else:
+        def wrapped(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _page_error(exc) from None
+    functools.update_wrapper(wrapped, fn)
+    return wrapped
+
+
+def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
+    block_max = 16
+
+    with gr.Blocks(title="ddtree-viz") as demo:
+        gr.Markdown("# ddtree-viz — DDTree speculative decoding, step by step, on a hybrid target")
+        model_md = gr.Markdown(host.status_markdown(), elem_id="ddv-model")
+        layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
+                                 max_height=260, elem_id="ddv-layout")
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", lines=3, value="def fibonacci(n):\n", scale=3, elem_id="ddv-prompt")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
+                    block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size")
+                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                with gr.Row():
+                    verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
+                    method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
+        with gr.Row():
+            step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
+            run_btn = gr.Button("Run", elem_id="ddv-run")
+            reset_btn = gr.Button("Reset", elem_id="ddv-reset")
+            back_btn = gr.Button("Back", elem_id="ddv-back")
+            fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
+        with gr.Row():
+            round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
+            phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
+        status = gr.Markdown(elem_id="ddv-status")
+        tree_plot = gr.Plot(label="Draft tree (accepted path highlighted)", elem_id="ddv-tree")
+        with gr.Row():
+            mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
+            cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
+        cache_df = gr.Dataframe(label="Per-layer cache this round", interactive=False, wrap=True, max_height=400,
+                                elem_id="ddv-cache")
+        diff_html = gr.HTML(label="Output vs greedy", elem_id="ddv-diff")
+        with gr.Row():
+            accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+            stats_md = gr.Markdown(elem_id="ddv-stats")
+        divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
+        with gr.Row():
+            trace_in = gr.File(label="Replay a saved trace (.json)", file_types=[".json"], type="filepath", elem_id="ddv-upload")
+            trace_out = gr.DownloadButton("Download trace (.json)", elem_id="ddv-download")
+
+        tab = gr.State(ui.TabState(), time_to_live=3600)
+        settings = [prompt, budget, block, max_new, verify, method]
+        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
+
+        def show(t: ui.TabState, ph: str):
+            v = ui.render_views(host, t, ph)
+            rows = v.cache_rows
+            table = gr.Dataframe(value=[list(r.values()) for r in rows], headers=list(rows[0]) if rows else None) if rows else None
+            slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
+            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
+
+        @_errors
+        def on_step(t, ph, *s):
+            return [ui.step(host, t, *s)] + show(t, ph)
+
+        @_errors
+        def on_run(t, ph, *s, progress=gr.Progress()):
+            for t in ui.run_rounds(host, t, *s):
+                progress((len(t.session.generated), t.session.max_new_tokens), desc="decoding", unit="tokens")
+                yield [t] + show(t, ph)
+
+        def on_reset(t, ph):
+            t = ui.reset(t)
+            return [t] + show(t, ph)
+
+        def on_move(t, ph, delta):
+            t = ui.move(t, delta=delta)
+            return [t] + show(t, ph)
+
+        def on_slider(t, ph, value):
+            t = ui.move(t, to=int(value) - 1)
+            return [t] + show(t, ph)
+
+        @_errors
+        def on_upload(t, ph, path):
+            if not path:
+                return [t] + show(t, ph)
+            t = ui.load_replay(t, path)
+            return [t] + show(t, ph)
+
+        @_errors
+        def on_download(t):
+            if t.trace is None:
+                raise ui.InputError("nothing to download yet: step or replay first")
+            fd, path = tempfile.mkstemp(prefix="ddtree-trace-", suffix=".json")
+            os.close(fd)
+            t.trace.save(path)
+            return path
+
+        def on_timer():
+            if host.ready or host.error:
+                rows = host.layout
+                table = [list(r.values()) for r in rows] if rows else None
+                return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
+                        gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
+                        gr.Timer(active=False))
+            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Timer(active=True)
+
+        timer = gr.Timer(0.5)
+        timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
+        demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
+
+        model_events = dict(concurrency_id="model", concurrency_limit=1)
+        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
+        run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
+        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
+        back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")
+        fwd_btn.click(lambda t, ph: on_move(t, ph, +1), [tab, phase], [tab] + views, api_name="forward")
+        round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
+        phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
+        trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
+        trace_out.click(on_download, [tab], [trace_out], api_name="download")
+        if replay_path:
+            demo.load(lambda t, ph: on_upload(t, ph, replay_path), [tab, phase], [tab] + views)
+    return demo
+
+
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)
-    print(
-        "error: the ddtree-viz web UI is not built yet (it arrives with issue 4); no server was started.\n"
-        "Meanwhile use the command line, e.g.:\n"
-        "  python -m ddtree_viz run --prompt 'def fibonacci(n):' --trace trace.json\n"
-        "  python -m ddtree_viz bench",
-        file=sys.stderr,
-    )
-    return EXIT_NOT_BUILT
+    args = build_parser().parse_args(argv)
+    host = ui.ModelHost(args.target, args.draft, args.dtype, args.device)
+    if args.replay is None or args.target is not None:
+        host.start(background=True)
+    else:
+        host.stage, host.error = "not loaded", "replay mode: no model loaded"
+    demo = build_app(host, args.replay)
+    demo.queue(default_concurrency_limit=1)
+    print(f"ddtree-viz: serving on http://{args.host}:{args.port} ({'public share link on' if args.share else 'local only'})",
+          flush=True)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
+                show_error=True, footer_links=[])
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The command line end to end: `python -m ddtree_viz run | bench` on tiny models written to disk, and app.py's placeholder."""
+"""The command line end to end: `python -m ddtree_viz run | bench` on tiny models written to disk, and app.py's options."""
 
 from __future__ import annotations
 
@@ -157,10 +157,3 @@ def test_app_help():
     for flag in ("--target", "--draft", "--dtype", "--device", "--host", "--port", "--share"):
         assert flag in proc.stdout
     assert "127.0.0.1" in proc.stdout
-
-
-def test_app_placeholder_does_not_pretend_to_be_the_ui():
-    proc = _python("app.py", "--port", "7861", timeout=60)
-    assert proc.returncode != 0
-    assert "not built yet" in proc.stderr and "issue 4" in proc.stderr
-    assert "python -m ddtree_viz run" in proc.stderr

@@ -428,7 +428,7 @@ def test_acceptance_figure_and_stats(oracle):
     fig = acceptance_figure(oracle.steps)
     bars = [t for t in fig.data if t.type == "bar"]
     assert list(bars[0].y) == [s.acceptance for s in oracle.steps]
-    assert list(bars[0].x) == [s.index for s in oracle.steps]
+    assert list(bars[0].x) == [s.index + 1 for s in oracle.steps]  # 1-based on screen
     mean = sum(s.acceptance for s in oracle.steps) / len(oracle.steps)
     line = [t for t in fig.data if t.type == "scatter"][0]
     assert list(line.y) == [mean, mean]
@@ -447,7 +447,7 @@ def test_divergence_rows_report_where_the_walk_stopped(oracle, naive):
         rows = divergence_rows(trace.steps, None)
         assert len(rows) == len(trace.steps)
         for row, step in zip(rows, trace.steps):
-            assert row["round"] == step.index
+            assert row["round"] == step.index + 1
             assert row["depth"] == len(step.accepted)
             assert row["target_token_id"] == step.bonus_token_id
             kids = sorted((n for n in step.nodes if n.parent == step.accepted[-1]), key=lambda n: n.rank)

@@ -62,6 +62,15 @@ def snapshot(cache: DynamicCache, types: list[str]) -> tuple[LayerCache, ...]:
     return tuple(out)
 
 
+@torch.no_grad()
+def cache_layout(target, types: list[str]) -> tuple[LayerCache, ...]:
+    """The per-layer cache layout, measured on a one-token prefill (what the page shows before step 1)."""
+    cache = new_cache(target)
+    device = target.get_input_embeddings().weight.device
+    target(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), cache=cache, use_cache=True, logits_to_keep=1)
+    return snapshot(cache, types)
+
+
 def compact_kv(cache: DynamicCache, tree_len: int, accepted: list[int]) -> None:
     """Attention layers: keep the committed prefix plus the accepted tree rows, in path order, contiguous."""
     for layer in cache.layers:

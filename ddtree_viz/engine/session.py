@@ -98,10 +98,12 @@ class GreedyReference:
         self.ids: list[int] = []
         self.margins: list[float] = []
         self.finished = False  # end of text reached
+        self.seconds = 0.0  # time spent decoding so far (prefill included)
 
     @torch.no_grad()
     def extend_to(self, n: int) -> GreedyResult:
         device = input_device(self.target)
+        start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
             inputs = self.prompt_ids if not self.ids else self.ids[-1:]
             out = self.target(input_ids=torch.tensor([inputs], device=device), cache=self.cache, use_cache=True, logits_to_keep=1)
@@ -111,6 +113,9 @@ class GreedyReference:
             self.ids.append(token)
             self.margins.append(float(top[0] - top[1]))
             self.finished = token in self.eos_ids
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - start
         return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
 
 
@@ -346,6 +351,11 @@ class DecodeSession:
         if self._greedy is None:
             self._greedy = GreedyReference(self.target, self.prompt_ids, self.eos_ids)
         return self._greedy.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens))
+
+    @property
+    def greedy_seconds(self) -> float:
+        """Time the greedy reference has spent so far (for tokens/s side by side with the rounds)."""
+        return self._greedy.seconds if self._greedy is not None else 0.0
 
     def divergence(self) -> tuple[int | None, float | None]:
         """(index of the first generated token that differs from greedy, greedy's logit margin there).

@@ -92,7 +92,7 @@ def cache_figure(step: StepRecord, *, title: str | None = None) -> go.Figure:
                         name="naive: max |state − exact state|")
         fig.update_layout(yaxis2=dict(title="state error", overlaying="y", side="right", type="log", showgrid=False))
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else f"Cache per layer, round {step.index}",
+        title=dict(text=esc(title) if title is not None else f"Cache per layer, round {step.index + 1}",
                    font=dict(size=14)),
         barmode="overlay", xaxis=dict(title="layer", dtick=1), yaxis=dict(title="bytes"), height=360,
         margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),

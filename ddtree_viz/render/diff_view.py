@@ -91,7 +91,7 @@ def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, mar
     bg = {"prefill": "#e8e8e8", "draft": "#d9f0e3", "bonus": "#fdf3c4"}.get(src.kind, "#ffffff")
     what = {"prefill": "prefill token (the prefill pass's argmax)", "draft": f"accepted draft, depth {src.depth}",
             "bonus": f"bonus token (target's argmax), depth {src.depth}"}.get(src.kind, "unknown origin")
-    where = f", round {src.step}" if src.step is not None else ""
+    where = f", round {src.step + 1}" if src.step is not None else ""
     title = f"#{src.index} id {src.token_id}: {what}{where}"
     border = "1px solid #bbb"
     color = "inherit"

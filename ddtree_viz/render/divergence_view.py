@@ -30,7 +30,7 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
         at_depth = {n.token_id: n.rank for n in step.nodes if n.depth == depth}
         margin = step.target_margin[last] if len(step.target_margin) == len(step.nodes) else None
         rows.append({
-            "round": step.index, "depth": depth, "last_accepted": last,
+            "round": step.index + 1, "depth": depth, "last_accepted": last,
             "candidates": [{"token_id": n.token_id, "token": visible(n.token), "rank": n.rank, "logprob": n.logprob}
                            for n in kids[:top_k]],
             "n_candidates": len(kids), "target_token_id": target, "target_token": visible(text(target)),

@@ -56,7 +56,7 @@ def mask_figure(step: StepRecord, *, show_accepted: bool = True, label_chars: in
     fig = go.Figure(data=[heat])
     fig.update_layout(
         title=dict(text=esc(title) if title is not None else
-                   f"Verify mask, round {step.index}: each tree position sees the prefix + its ancestors",
+                   f"Verify mask, round {step.index + 1}: each tree position sees the prefix + its ancestors",
                    font=dict(size=14)),
         xaxis=dict(type="category", tickangle=-60, side="top", title="keys", showgrid=False, nticks=MAX_TICKS),
         yaxis=dict(type="category", autorange="reversed", title="queries (tree positions)", showgrid=False,

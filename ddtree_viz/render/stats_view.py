@@ -15,9 +15,9 @@ PHASES = ("draft", "tree", "verify", "commit")
 
 def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None) -> go.Figure:
     """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line."""
-    x = [s.index for s in steps]
+    x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
-    hover = [f"round {s.index}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
+    hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
     fig = go.Figure(go.Bar(x=x, y=y, marker_color=style.ATTENTION_COLOR, hovertext=hover, hoverinfo="text",
                            name="tokens per round"))

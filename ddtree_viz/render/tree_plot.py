@@ -74,7 +74,7 @@ def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, sho
 
 
 def _default_title(layout: TreeLayout) -> str:
-    head = f"Round {layout.step_index} · {layout.total_nodes} tree positions"
+    head = f"Round {layout.step_index + 1} · {layout.total_nodes} tree positions"
     if layout.hidden:
         head += f" ({layout.hidden} hidden)"
     if layout.phase == "drafted":

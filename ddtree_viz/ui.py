@@ -1,0 +1,233 @@
+"""What the web page shows, as plain functions over one browser tab's state. No gradio here, no maths.
+
+`ModelHost` loads the models once (in the background, so the page can show progress) and serialises model
+work; `TabState` is one browser tab's session and the round it looks at; `render_views` turns records into
+everything the page shows. app.py wires these to widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .engine.cache import cache_layout
+from .engine.models import ModelPair, load_pair
+from .engine.session import DecodeSession
+from .errors import DDTreeVizError, InputError, ModelLoadError
+from .render.cache_view import cache_figure, cache_layout_table, cache_table
+from .render.diff_view import output_vs_greedy_html
+from .render.divergence_view import divergence_html, divergence_rows
+from .render.layout import tree_layout
+from .render.mask_plot import mask_figure
+from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
+from .render.text import esc
+from .render.tree_plot import tree_figure
+from .trace import Trace
+
+VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
+PHASES = ("drafted", "verified")
+
+
+class ModelHost:
+    """Loads the target + drafter once, shared by every tab; one lock so model work never interleaves."""
+
+    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str):
+        self.args = (target, draft, dtype, device)
+        self.pair: ModelPair | None = None
+        self.layout: list[dict] = []
+        self.error: str | None = None
+        self.stage = "waiting to load"
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self, background: bool = True) -> None:
+        if background:
+            self._thread = threading.Thread(target=self._load, name="model-loader", daemon=True)
+            self._thread.start()
+        else:
+            self._load()
+
+    def _load(self) -> None:
+        target, draft, dtype, device = self.args
+        self.stage = f"loading target {target or 'embedded default'} and its drafter ({dtype}, {device})"
+        try:
+            pair = load_pair(target, draft, dtype=dtype, device=device)
+            self.stage = "measuring the cache layout"
+            self.layout = cache_layout_table(cache_layout(pair.target, pair.layer_types))
+            self.pair = pair
+            self.stage = "ready"
+        except DDTreeVizError as exc:
+            self.error, self.stage = str(exc), "failed"
+        except Exception as exc:  # noqa: BLE001 - the page must say what happened and keep serving
+            self.error, self.stage = f"{type(exc).__name__}: {exc}", "failed"
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self.pair is not None
+
+    def status_markdown(self) -> str:
+        if self.pair is not None:
+            p = self.pair
+            n_gdn = sum(t == "linear_attention" for t in p.layer_types)
+            return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+                    f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}")
+        if self.error is not None:
+            return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
+        return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    def require(self) -> ModelPair:
+        if self.pair is None:
+            raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
+        return self.pair
+
+
+@dataclass
+class Settings:
+    prompt: str
+    budget: int
+    block_size: int
+    max_new_tokens: int
+    verify: str
+    method: str
+
+
+@dataclass
+class TabState:
+    """One browser tab: its live session (or a replayed trace) and the round it shows."""
+
+    session: DecodeSession | None = None
+    settings: Settings | None = None
+    trace: Trace | None = None  # the records on screen (a live session's snapshot, or a replayed file)
+    view: int = -1  # round index shown
+    replay: bool = False
+    greedy_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _settings(prompt, budget, block_size, max_new_tokens, verify, method) -> Settings:
+    if verify not in VERIFY_CHOICES:
+        raise InputError(f"unknown verification mode {verify!r}")
+    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method)
+
+
+def _start(host: ModelHost, tab: TabState, s: Settings) -> None:
+    pair = host.require()
+    session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
+                            method=s.method, block_size=s.block_size)
+    session.prefill(s.prompt)
+    tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
+    tab.notes = []
+
+
+def _refresh(tab: TabState) -> None:
+    """Re-read the live session's records (greedy reference extended to the tokens generated so far)."""
+    tab.trace = tab.session.to_trace()
+    tab.greedy_s = tab.session.greedy_seconds
+
+
+def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method) -> TabState:
+    """One round. A new prompt or changed settings start a new session first."""
+    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
+    with host.lock:
+        if tab.session is None or tab.replay or tab.settings != s:
+            _start(host, tab, s)
+        if tab.session.done:
+            raise InputError("this session has finished (end of text or max new tokens): press Reset or change the prompt")
+        tab.session.step()
+        _refresh(tab)
+    tab.view = len(tab.trace.steps) - 1
+    return tab
+
+
+def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method):
+    """Run to the end, yielding the tab after every round (the page updates live)."""
+    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
+    with host.lock:
+        if tab.session is None or tab.replay or tab.settings != s:
+            _start(host, tab, s)
+    while not tab.session.done:
+        with host.lock:
+            tab.session.step()
+            _refresh(tab)
+        tab.view = len(tab.trace.steps) - 1
+        yield tab
+
+
+def reset(tab: TabState) -> TabState:
+    return TabState()
+
+
+def load_replay(tab: TabState, path: str) -> TabState:
+    trace = Trace.load(path)
+    return TabState(trace=trace, view=len(trace.steps) - 1, replay=True)
+
+
+def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:
+    if tab.trace is None or not tab.trace.steps:
+        return tab
+    last = len(tab.trace.steps) - 1
+    tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
+    return tab
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Views
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Views:
+    status: str
+    tree: object
+    mask: object
+    cache_rows: list[dict]
+    cache_chart: object
+    diff_html: str
+    acceptance: object
+    stats: str
+    divergence: str
+    rounds: int
+    view: int
+
+
+def _token_text(tab: TabState):
+    if tab.session is not None and not tab.replay:
+        return tab.session.token_text
+    texts = tab.trace.token_texts if tab.trace is not None else {}
+    return lambda i: texts.get(str(i), f"⟨{i}⟩")
+
+
+def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
+    if tab.trace is None or not tab.trace.steps:
+        status = "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
+        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
+    trace, k = tab.trace, max(0, min(tab.view, len(tab.trace.steps) - 1))
+    step = trace.steps[k]
+    text = _token_text(tab)
+    layout = tree_layout(step, phase=phase, token_text=text)
+    lo = min(n.logprob for s in trace.steps for n in s.nodes[1:]) if any(len(s.nodes) > 1 for s in trace.steps) else -1.0
+    tree = tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0)
+    greedy_tok_s = ddtree_tok_s = None
+    if tab.session is not None and not tab.replay and tab.greedy_s > 0:
+        greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
+        round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
+        ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
+    summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
+    mode = "replay of a saved trace (no model)" if tab.replay else "live"
+    naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
+    status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
+              f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+    if tab.session is not None and not tab.replay and tab.session.done:
+        status += " Finished."
+    return Views(
+        status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
+        diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
+        stats=stats_markdown(summary), divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
+        rounds=len(trace.steps), view=k,
+    )

@@ -1,0 +1,206 @@
+"""The page's logic, control by control, without a browser: ddtree_viz.ui (what every callback calls) on real
+tiny models, and the real Gradio app served on a free port and called through gradio_client."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tiny
+from ddtree_viz import ui
+from ddtree_viz.errors import InputError, ModelLoadError, TraceError
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=12, verify="exact", method="ddtree")
+
+
+def args(**over):
+    s = {**SETTINGS, **over}
+    return [s[k] for k in ("prompt", "budget", "block_size", "max_new_tokens", "verify", "method")]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    return tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def host(model_dirs):
+    h = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
+    h.start(background=False)
+    assert h.ready, h.error
+    return h
+
+
+def test_host_describes_the_models_and_cache_layout(host):
+    md = host.status_markdown()
+    assert "3 Gated DeltaNet" in md and "1 attention" in md and "float32" in md
+    assert [r["type"] for r in host.layout] == ["GDN", "GDN", "GDN", "attention"]
+
+
+def test_step_back_forward_slider_phase_reset(host):
+    tab = ui.TabState()
+    empty = ui.render_views(host, tab)
+    assert empty.tree is None and "Step" in empty.status and empty.cache_rows == host.layout
+    for i in range(3):
+        tab = ui.step(host, tab, *args())
+        assert tab.view == i
+    v = ui.render_views(host, tab)
+    assert v.rounds == 3 and v.view == 2 and "Round 3 of 3" in v.status
+    assert len(v.cache_rows) == 4 and "identical to greedy" in v.diff_html
+    assert v.tree.data and v.mask.data and v.acceptance.data
+    tab = ui.move(tab, delta=-1)
+    assert ui.render_views(host, tab).view == 1
+    tab = ui.move(tab, delta=+5)
+    assert tab.view == 2
+    tab = ui.move(tab, to=0)
+    drafted = ui.render_views(host, tab, "drafted")
+    verified = ui.render_views(host, tab, "verified")
+    assert "Round 1 of 3" in drafted.status
+    assert len(drafted.tree.data) <= len(verified.tree.data)  # no accepted/bonus marks before verification
+    tab = ui.reset(tab)
+    assert tab.session is None and ui.render_views(host, tab).rounds == 0
+
+
+def test_changed_settings_start_over(host):
+    tab = ui.step(host, ui.TabState(), *args())
+    first = tab.session
+    tab = ui.step(host, tab, *args(budget=4))
+    assert tab.session is not first and tab.view == 0 and tab.session.budget == 4
+
+
+def test_run_to_the_end_yields_every_round(host):
+    views = [t.view for t in ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=10))]
+    tabs = list(ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=10)))
+    assert tabs and tabs[-1].session.done
+    assert views == list(range(len(tabs)))
+    v = ui.render_views(host, tabs[-1])
+    assert "Finished" in v.status and "identical to greedy for 10 tokens" in v.diff_html
+    with pytest.raises(InputError, match="finished"):
+        ui.step(host, tabs[-1], *args(max_new_tokens=10))
+
+
+def test_naive_mode_is_labelled_and_shows_its_state_drift(host):
+    tab = ui.TabState()
+    for _ in ui.run_rounds(host, tab, *args(verify="naive (known-wrong: flattened tree)", max_new_tokens=24, budget=16)):
+        pass
+    v = ui.render_views(host, tab)
+    assert "known-wrong" in v.status and "known-wrong" in v.diff_html
+    assert any(r.get("naive state error") not in (None, "", "–") for r in v.cache_rows if r["type"] == "GDN")
+
+
+@pytest.mark.parametrize("over, words", [
+    (dict(prompt=""), "prompt is empty"),
+    (dict(budget=0), "budget"),
+    (dict(budget=10**6), "budget"),
+    (dict(max_new_tokens=0), "max new tokens"),
+    (dict(block_size=1), "block size"),
+    (dict(verify="sideways"), "verification mode"),
+    (dict(method="beam"), "method"),
+])
+def test_bad_inputs_raise_clear_errors_and_lose_nothing(host, over, words):
+    tab = ui.step(host, ui.TabState(), *args())
+    before = tab.session
+    with pytest.raises(InputError, match=words):
+        ui.step(host, tab, *args(**over))
+    # the tab still works: its records are intact and a good step continues or restarts cleanly
+    assert tab.trace is not None and len(tab.trace.steps) >= 1
+    tab = ui.step(host, tab, *args())
+    assert tab.session is not None and not (tab.session is before and len(tab.trace.steps) < 2)
+
+
+def test_replay_a_saved_trace_without_a_model(host, tmp_path):
+    tab = ui.TabState()
+    for tab in ui.run_rounds(host, tab, *args()):
+        pass
+    path = tmp_path / "t.json"
+    tab.trace.save(path)
+    no_model = ui.ModelHost(None, None, "float32", "cpu")  # never started: nothing loaded
+    replay = ui.load_replay(ui.TabState(), str(path))
+    live, again = ui.render_views(host, tab), ui.render_views(no_model, replay)
+    assert again.rounds == live.rounds and "replay" in again.status
+    assert again.diff_html.replace("replay", "") and again.cache_rows == live.cache_rows
+    with pytest.raises(ModelLoadError):
+        ui.step(no_model, ui.TabState(), *args())
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TraceError):
+        ui.load_replay(ui.TabState(), str(bad))
+
+
+def test_token_text_is_escaped_in_every_html_view(host):
+    tab = ui.TabState()
+    hostile = '<script>alert(1)</script><img src=x onerror=alert(1)>'
+    tab = ui.step(host, tab, *args(prompt=hostile))
+    v = ui.render_views(host, tab)
+    for html in (v.diff_html, v.divergence, v.stats, v.status):
+        assert "<script" not in html and "<img" not in html
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The real app over HTTP (gradio_client)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(*app_args: str):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *app_args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited: {proc.stdout.read()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("app.py did not start in time")
+
+
+def test_served_app_steps_and_reports_errors_over_http(model_dirs):
+    from gradio_client import Client
+
+    proc, url = serve("--target", str(model_dirs[0]), "--draft", str(model_dirs[1]))
+    try:
+        client = Client(url, verbose=False)
+        deadline = time.time() + 60
+        while True:  # the models load in the background; stepping before that is a clear error
+            try:
+                out = client.predict("verified", *args(), api_name="/step")
+                break
+            except Exception as exc:  # noqa: BLE001
+                assert "loading" in str(exc) or time.time() < deadline, exc
+                time.sleep(0.5)
+        status = out[0]
+        assert "Round 1 of 1" in status
+        out = client.predict("verified", *args(), api_name="/step")
+        assert "Round 2 of 2" in out[0]
+        with pytest.raises(Exception, match="less than minimum"):  # the Budget slider's own range check
+            client.predict("verified", *args(budget=0), api_name="/step")
+        out = client.predict("verified", *args(), api_name="/step")  # still serving, same tab state
+        assert "Round" in out[0]
+        with pytest.raises(Exception, match="prompt is empty"):
+            client.predict("verified", *args(prompt=""), api_name="/step")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_app_binds_localhost_and_does_not_share_by_default():
+    import app
+
+    args_ = app.build_parser().parse_args([])
+    assert args_.host == "127.0.0.1" and args_.share is False
