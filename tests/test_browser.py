@@ -1,0 +1,98 @@
+"""The real app in a real headless Chromium (Debian's, driven by Playwright): python app.py on a free port with
+the embedded default models, typed into and clicked like a person would. Screenshots go to artifacts/."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_app import ROOT, serve
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = ROOT / "artifacts"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run", "--disable-quic"]
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and os.environ.get("CI") != "true",
+    reason="Debian's chromium is not installed (bash .ci/run installs it; CI never skips this)",
+)
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    proc, url = serve()  # the embedded default pair
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 2200})
+        dialogs = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.dialogs = dialogs
+        page.goto(app_url)
+        page.get_by_label("Prompt").wait_for(timeout=60_000)
+        page.wait_for_function("document.querySelector('#ddv-model').innerText.includes('Model:')", timeout=120_000)
+        yield page
+        browser.close()
+
+
+def wait_status(page, text: str):
+    page.wait_for_function(f"document.querySelector('#ddv-status').innerText.includes({text!r})", timeout=60_000)
+
+
+def test_step_three_rounds_scrub_back_and_screenshot(page):
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    step = page.get_by_role("button", name="Step", exact=True)
+    for i in range(1, 4):
+        step.click()
+        wait_status(page, f"Round {i} of {i}")
+    # the tree: nodes drawn, the accepted path highlighted
+    tree = page.locator("#ddv-tree")
+    assert tree.locator(".js-plotly-plot").count() == 1
+    assert tree.locator("g.trace").count() >= 3
+    assert "accepted path" in tree.inner_text()
+    # mask and cache views filled
+    assert page.locator("#ddv-mask .js-plotly-plot").count() == 1
+    assert "prefix" in page.locator("#ddv-mask").inner_text()
+    assert page.locator("#ddv-cache-chart .js-plotly-plot").count() == 1
+    cache_text = page.locator("#ddv-cache").inner_text()
+    assert "GDN" in cache_text and "attention" in cache_text
+    # the comparison with greedy
+    assert "identical to greedy" in page.locator("#ddv-diff").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-round3.png"), full_page=True)
+    # scrub back one round (button), then forward with the keyboard
+    page.get_by_role("button", name="Back", exact=True).click()
+    wait_status(page, "Round 2 of 3")
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("ArrowRight")
+    wait_status(page, "Round 3 of 3")
+    page.screenshot(path=str(ARTIFACTS / "ui-scrubbed.png"), full_page=True)
+
+
+def test_errors_show_in_the_page_and_the_app_keeps_serving(page):
+    page.get_by_label("Prompt").fill("")
+    page.get_by_role("button", name="Step", exact=True).click()
+    page.get_by_text("prompt is empty").first.wait_for(timeout=30_000)
+    page.get_by_label("Prompt").fill("import os\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+
+
+def test_html_in_the_prompt_renders_as_text(page):
+    hostile = "<script>alert(1)</script><img src=x onerror=alert(2)> x = '<b>bold</b>'\n"
+    page.get_by_label("Prompt").fill(hostile)
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('Finished')", timeout=120_000)
+    assert page.dialogs == []
+    assert page.locator("#ddv-diff img, #ddv-divergence img, #ddv-diff b, #ddv-stats img").count() == 0
+    assert page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
