@@ -5,46 +5,16 @@
 4. naive mode reproduces the flattened-tree bug on a hybrid target and is harmless on a pure-attention one.
 """
 
-import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
 
+from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.session import DecodeSession, greedy_decode
 from tiny import tiny_pair
 
 PROMPTS = ["def fibonacci(n):\n", "The quick brown fox", "x = [i * i for i in range(10)]\n# "]
 MAX_NEW = 40
-
-
-class OracleProposer:
-    """Drafts the target's true greedy continuation, but at a chosen rank per depth (others random), so the
-    tree holds long correct paths at depths and sibling orders that we control."""
-
-    def __init__(self, greedy_ids, prompt_len, ranks, vocab, block_size=8, seed=0):
-        self.greedy, self.prompt_len, self.ranks, self.vocab = list(greedy_ids), prompt_len, ranks, vocab
-        self.block_size, self.feature_layer_ids = block_size, None
-        self.rng = np.random.default_rng(seed)
-
-    def reset(self):
-        pass
-
-    def propose(self, root_token_id, committed_len, new_features, block_size):
-        rows = []
-        for depth in range(1, block_size):
-            # a peaked, ranked distribution: the top four ranks 1 nat apart, the rest far below
-            logits = np.concatenate([-np.arange(4.0), -8 - np.sort(self.rng.random(self.vocab - 4))])
-            order = self.rng.permutation(self.vocab)
-            g = committed_len + depth - self.prompt_len
-            if g < len(self.greedy):
-                true = self.greedy[g]
-                rank = self.ranks[(committed_len + depth) % len(self.ranks)]
-                order = np.delete(order, np.flatnonzero(order == true))
-                order = np.insert(order, rank, true)
-            row = np.empty(self.vocab)
-            row[order] = logits
-            rows.append(row)
-        return torch.log_softmax(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from ddtree_viz.render import style
 from ddtree_viz.render.layout import DEFAULT_LABEL_CHARS
 from ddtree_viz.render.text import esc, shorten, token_texts_from_steps, visible
 from ddtree_viz.trace import Trace
-from test_exactness import OracleProposer, greedy_ids, sibling_oracle
+from ddtree_viz.engine.oracle import OracleProposer
+from test_exactness import greedy_ids, sibling_oracle
 from tiny import tiny_pair
 
 PROMPT = "def f(x):\n"
