@@ -1,0 +1,322 @@
+"""Real-shape measurements on a GPU: Qwen3.6-27B text shapes (and its DFlash drafter) with random weights.
+
+    python -m ddtree_viz.gpu_bench [--layers 64] [--dtype bfloat16] [--budgets 16 32 64 128] [--json OUT]
+    python -m ddtree_viz.gpu_bench --exactness          # fp32 at real widths (8 layers) + bf16 at full depth
+
+Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
+weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.
+Weights are random (no download is possible here): speed is what random weights measure; exactness
+uses the oracle drafter so that deep trees and long accepted paths occur.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Building random real-shape models fast
+# ------------------------------------------------------------------------------------------------------------
+
+
+# --smoke: the same code path at toy widths, to check the script on a CPU before spending GPU time
+SMOKE_TARGET = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=32, linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=16,
+                    linear_value_head_dim=16)
+SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=32)
+SMOKE = False
+DEVICE = "cuda"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        sync()
+
+
+def target_config(layers: int | None = None):
+    from transformers import Qwen3_5TextConfig
+
+    raw = json.loads((FIXTURES / "qwen3.6-27b-text-config.json").read_text())
+    raw = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("model_type", "architectures")}
+    if layers is not None:
+        raw["num_hidden_layers"] = layers
+    if SMOKE:
+        raw.update(SMOKE_TARGET)
+        raw["rope_parameters"] = {**raw["rope_parameters"], "mrope_section": [2, 1, 1]}
+    cfg = Qwen3_5TextConfig(**raw)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+@torch.no_grad()
+def random_init_(model: torch.nn.Module, seed: int = 0) -> None:
+    """Initialise weights in place on the GPU: normal(0, 0.02) matrices, identity-like norms, GDN decay params."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.log(torch.empty_like(p, dtype=torch.float32).uniform_(1, 16, generator=gen)))
+        elif name.endswith("dt_bias"):
+            p.fill_(1.0)
+        elif "norm" in name:
+            # Qwen3.5 RMSNorm scales by (1 + w): zeros; gated norm / drafter norms scale by w: ones
+            p.fill_(0.0 if p.ndim == 1 and _zero_centred(model, name) else 1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+
+
+def _zero_centred(model, name: str) -> bool:
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return type(module).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm")
+
+
+def build_target(layers: int | None, dtype: torch.dtype, device: str | None = None):
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    device = device or DEVICE
+    cfg = target_config(layers)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model = model.to_empty(device=device)
+    random_init_(model)
+    model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(device)  # buffers were left empty by to_empty
+    return model.eval()
+
+
+def build_drafter(target, dtype: torch.dtype, device: str | None = None):
+    from .engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+
+    device = device or DEVICE
+    raw = json.loads((FIXTURES / "qwen3.6-27b-dflash-config.json").read_text())
+    n = target.config.num_hidden_layers
+    raw["num_target_layers"] = n
+    raw["dflash_config"]["target_layer_ids"] = build_target_layer_ids(n, raw["num_hidden_layers"])
+    if SMOKE:
+        raw.update(SMOKE_DRAFT)
+        raw["dflash_config"]["mask_token_id"] = SMOKE_DRAFT["vocab_size"] - 1
+    drafter = DFlashDrafter.from_config_meta(DFlashConfig.from_dict(raw)).to_empty(device=device).to(dtype)
+    random_init_(drafter, seed=1)
+    return drafter.eval()
+
+
+def pair_of(target, drafter, dtype):
+    from .engine.models import ModelPair
+
+    class _Ids:  # the bench feeds token ids; decoding shows ids
+        eos_token_id = None
+
+        def decode(self, ids, **_):
+            return " ".join(f"<{i}>" for i in ids)
+
+    return ModelPair(target, _Ids(), drafter, "Qwen3.6-27B shapes (random weights)", "DFlash shapes (random weights)",
+                     dtype, DEVICE)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------------------------
+
+
+def timed(fn, repeats: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of fn() (CUDA-synchronised)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float = 4.0) -> float:
+    """Bytes read + written per second by a device-to-device copy."""
+    n = int(gib * 2**30) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), repeats=10)
+    del src, dst
+    return 2 * n * 2 / (ms / 1e3)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The measurements
+# ------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
+    from transformers import DynamicCache
+
+    from .engine.cache import new_cache
+    from .engine.session import DFlashProposer
+    from .engine.tree import build_chain, build_tree
+    from .engine.verify import EXACT, NAIVE, commit, verify_tree
+
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    target = build_target(layers, dtype)
+    drafter = build_drafter(target, dtype)
+    build_s = time.perf_counter() - t0
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    bw = copy_bandwidth(4.0 if not SMOKE else 0.25)
+    bound_ms = weight_bytes / bw * 1e3
+    out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
+                 "copy_bandwidth_TBps": bw / 1e12, "weight_read_bound_ms": bound_ms, "build_s": build_s}
+
+    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=DEVICE)
+    base = new_cache(target)
+    start = time.perf_counter()
+    prefill = target(input_ids=prompt, cache=base, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    sync()
+    out["prefill_ms"] = (time.perf_counter() - start) * 1e3
+
+    def fresh_cache():
+        import copy
+
+        return copy.deepcopy(base)
+
+    # greedy decode step (transformers' own one-token forward)
+    cache = fresh_cache()
+    token = prefill.logits[:, -1:].argmax(-1)
+    out["greedy_step_ms"] = timed(lambda: target(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1))
+    del cache
+
+    # drafter pass (block 16, context = the prompt's features)
+    proposer = DFlashProposer(drafter, target)
+    from .engine.drafter import extract_context_features
+
+    feats = extract_context_features(prefill.hidden_states, proposer.feature_layer_ids)[0]
+
+    def draft():
+        proposer.reset()
+        return proposer.propose(int(token), prompt_len, feats, drafter.block_size)
+
+    out["draft_ms"] = timed(draft, repeats=5)
+    logprobs = draft()
+
+    rows = []
+    for budget in budgets:
+        k = min(budget, logprobs.shape[-1])
+        values, ids = torch.topk(logprobs, k, dim=-1)
+        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
+        tree_ms = timed(lambda: build_tree(int(token), v_np, i_np, budget), repeats=20)
+        tree = build_tree(int(token), v_np, i_np, budget)
+        row = {"budget": budget, "positions": len(tree), "tree_build_ms": tree_ms}
+        for mode in (EXACT, NAIVE):
+            def one(mode=mode):
+                c = fresh_cache()
+                sync()
+                s = time.perf_counter()
+                r = verify_tree(target, c, tree, prompt_len, mode, want_hidden=True)
+                sync()
+                v = (time.perf_counter() - s) * 1e3
+                accepted = tree.path_to(len(tree) - 1)
+                s = time.perf_counter()
+                commit(c, tree, accepted, r)
+                sync()
+                return v, (time.perf_counter() - s) * 1e3
+            one()
+            samples = [one() for _ in range(5)]
+            row[f"verify_{mode}_ms"] = statistics.median(v for v, _ in samples)
+            row[f"commit_{mode}_ms"] = statistics.median(c for _, c in samples)
+        row["tree_exact_extra_ms"] = row["verify_exact_ms"] - row["verify_naive_ms"]
+        rows.append(row)
+    out["budgets"] = rows
+
+    chain = build_chain(int(token), logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+
+    def chain_verify():
+        verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
+
+    out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
+    out["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
+    for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
+        out[f"{key}_per_bound"] = out[key] / bound_ms
+    for row in rows:
+        row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
+        row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
+    del target, drafter, base
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+@torch.no_grad()
+def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int, prompt_len: int = 64,
+              ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
+    """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
+    from .engine.oracle import OracleProposer
+    from .engine.session import DecodeSession, GreedyReference
+
+    target = build_target(layers, dtype)
+    pair = pair_of(target, None, dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
+    results = []
+    for budget in budgets:
+        for ranks in ranks_list:
+            oracle = OracleProposer(greedy.ids, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
+            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle)
+            session.prefill(prompt_ids=prompt)
+            session.run()
+            idx = next((i for i, (a, b) in enumerate(zip(session.generated, greedy.ids)) if a != b), None)
+            results.append({
+                "layers": layers, "dtype": str(dtype).removeprefix("torch."), "budget": budget, "ranks": list(ranks),
+                "tokens": len(session.generated), "rounds": len(session.history), "mean_acceptance": session.mean_acceptance,
+                "identical": idx is None, "first_divergence": idx,
+                "greedy_margin_at_divergence": greedy.margins[idx] if idx is not None else None,
+                "min_greedy_margin": min(greedy.margins),
+            })
+            print(json.dumps(results[-1]), flush=True)
+    del target
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddtree_viz.gpu_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--exactness", action="store_true", help="fp32 real widths (8 layers) + bf16 full depth vs greedy")
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
+    a = p.parse_args(argv)
+    global SMOKE, DEVICE
+    SMOKE, DEVICE = a.smoke, ("cpu" if a.smoke else "cuda")
+    if not a.smoke and not torch.cuda.is_available():
+        raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
+    report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__}
+    import transformers
+
+    report["transformers"] = transformers.__version__
+    if not a.skip_speed:
+        report["speed"] = speed(a.layers, getattr(torch, a.dtype), a.budgets)
+        print(json.dumps(report["speed"], indent=1), flush=True)
+    if a.exactness:
+        report["exactness_fp32_8_layers"] = exactness(8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
+        report["exactness_bf16_full_depth"] = exactness(a.layers, torch.bfloat16, [32], a.new_tokens, ranks_list=((0,), (1,)))
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
