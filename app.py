@@ -19,6 +19,7 @@ import gradio as gr
 
 from ddtree_viz import ui
 from ddtree_viz.errors import DDTreeVizError
+from ddtree_viz.render import export as exporter
 
 KEYS_JS = """
 () => {
@@ -29,6 +30,16 @@ KEYS_JS = """
     if (id) { const b = document.getElementById(id); if (b) { b.click(); e.preventDefault(); } }
   });
 }
+"""
+
+# After an export, click the (now filled) download button so one click on "Export figure" saves the file.
+CLICK_EXPORT_JS = """
+() => new Promise((done) => setTimeout(() => {
+  const el = document.getElementById('ddv-export-file');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b) b.click();
+  done();
+}, 250))
 """
 
 CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
@@ -119,6 +130,19 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         with gr.Row():
             trace_in = gr.File(label="Replay a saved trace (.json)", file_types=[".json"], type="filepath", elem_id="ddv-upload")
             trace_out = gr.DownloadButton("Download trace (.json)", elem_id="ddv-download")
+        with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
+            ex_format = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format", elem_id="ddv-export-format")
+            ex_figure = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
+            ex_show = gr.Radio(list(exporter.SHOW_CHOICES), value="text", label="Node labels", elem_id="ddv-export-show")
+            ex_colors = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours", elem_id="ddv-export-colors")
+            # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
+            ex_min_lp = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
+                                   elem_id="ddv-export-minlp")
+            ex_depth = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1, elem_id="ddv-export-depth")
+            ex_title = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
+            ex_button = gr.Button("Export figure", elem_id="ddv-export")
+            # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
+            ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
         tab = gr.State(ui.TabState(), time_to_live=3600)
         settings = [prompt, budget, block, max_new, verify, method]
@@ -169,6 +193,15 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             t.trace.save(path)
             return path
 
+        @_errors
+        def on_export(t, ph, fmt, figure, show, colors, min_lp, depth, title):
+            path = exporter.export_round_file(
+                t.trace, t.view, fmt, phase=ph, figure=figure, show=show, colors=colors,
+                min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
+                max_depth=exporter.optional_number(depth, "max depth", integer=True),
+                show_title=bool(title))
+            return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
+
         def on_timer():
             if host.ready or host.error:
                 rows = host.layout
@@ -192,6 +225,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
         trace_out.click(on_download, [tab], [trace_out], api_name="download")
+        ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
+                        [ex_file], api_name="export").success(None, js=CLICK_EXPORT_JS)
         if replay_path:
             demo.load(lambda t, ph: on_upload(t, ph, replay_path), [tab, phase], [tab] + views)
     return demo

@@ -1,4 +1,4 @@
-"""Command line: `python -m ddtree_viz run | bench`. Parse, call the engine, print.
+"""Command line: `python -m ddtree_viz run | bench | export | replay`. Parse, call the engine or a renderer, print.
 
 Every user error (a DDTreeVizError) prints `error: <message>` on stderr and exits with status 2.
 """
@@ -76,7 +76,82 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_whole_number, default=1, help="timed runs per prompt and method (default: 1)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     bench.set_defaults(handler=cmd_bench)
+
+    _add_export_parser(sub)
+    _add_replay_parser(sub)
     return parser
+
+
+# The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
+# stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
+FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
+FIGURES = ("tree", "mask", "acceptance")
+SHOW_CHOICES = ("text", "ids", "both")
+SCHEME_NAMES = ("colorblind", "grayscale")
+COLOR_RANGES = ("trace", "round")
+PHASES = ("drafted", "verified")
+DEFAULT_DPI = 300
+
+
+def _add_export_parser(sub) -> None:
+    ex = sub.add_parser(
+        "export", help="one round of a saved trace as SVG, PDF, PNG, TikZ, HTML or JSON (no model needed)",
+        description="Export one round of a saved trace: the draft tree (or the verify mask, or tokens per round) as a "
+                    "vector figure for a paper (SVG, PDF, TikZ), a PNG, a self-contained interactive HTML page, or the "
+                    "round's record as JSON. The figure is drawn from the same layout the web page uses.")
+    ex.add_argument("--trace", required=True, metavar="FILE.json", help="a trace written by `run --trace` or the page")
+    ex.add_argument("--step", default="last", metavar="K|last",
+                    help="the round as the page numbers it, from 1 ('Round 1 of N'), or 'last' (default: last)")
+    ex.add_argument("--format", choices=FORMATS, help="default: from the --out suffix (.svg .pdf .png .tex .html .json)")
+    ex.add_argument("--out", required=True, metavar="FILE", help="the file to write ('-': standard output)")
+    g = ex.add_argument_group("what to draw")
+    g.add_argument("--figure", default="tree", choices=FIGURES,
+                   help="tree (default), mask (the verify pass's attention mask) or acceptance (tokens per round, rounds 1..K)")
+    g.add_argument("--phase", default="verified", choices=PHASES,
+                   help="verified (default: accepted path, bonus) or drafted (the tree before verification)")
+    g.add_argument("--show", default="text", choices=SHOW_CHOICES, help="node labels: token text (default), ids, or both")
+    g.add_argument("--colors", default="colorblind", choices=SCHEME_NAMES,
+                   help="colorblind (default: the page's colour-blind-safe colours) or grayscale (print)")
+    g.add_argument("--min-logprob", type=float, metavar="X",
+                   help="hide drafted nodes whose drafter log-prob is below X (and their subtrees; never the accepted path)")
+    g.add_argument("--max-depth", type=_whole_number, metavar="D",
+                   help="hide drafted nodes deeper than D (never the accepted path)")
+    g.add_argument("--path-label", action=argparse.BooleanOptionalAction, default=True,
+                   help="write 'accepted path' along the path (default: on)")
+    g.add_argument("--ranks", action=argparse.BooleanOptionalAction, default=True,
+                   help="the drafter's rank (r0, r1, ...) under each node (default: on)")
+    g.add_argument("--legend", action=argparse.BooleanOptionalAction, default=True,
+                   help="marker legend and colour bar / key (default: on)")
+    t = g.add_mutually_exclusive_group()
+    t.add_argument("--title", metavar="TEXT", help="title (default: the page's title for this figure)")
+    t.add_argument("--no-title", action="store_true", help="no title")
+    g.add_argument("--caption", metavar="TEXT", help="a caption under the figure (default: none)")
+    g.add_argument("--label-chars", type=_whole_number, metavar="N", help="cut token labels to N characters (default: 12; mask 8)")
+    g.add_argument("--color-range", default="trace", choices=COLOR_RANGES,
+                   help="log-prob colour range: trace (default: the page's, min over all rounds .. 0) or round (this round's)")
+    f = ex.add_argument_group("output")
+    f.add_argument("--dpi", type=_whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
+                   "that its PNG would pass 120 million pixels)")
+    f.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: sized to the figure); "
+                   "a PNG is exactly round(width x dpi) pixels wide")
+    f.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: sized to the figure)")
+    f.add_argument("--standalone", action="store_true",
+                   help="TikZ: a whole LaTeX document that compiles alone (default: a tikzpicture to \\input)")
+    ex.set_defaults(handler=cmd_export)
+
+
+def _add_replay_parser(sub) -> None:
+    rp = sub.add_parser(
+        "replay", help="open a saved trace in the web UI with no model loaded (or print its rounds)",
+        description="Replay a saved trace: the web UI opens with the trace loaded and no model, to step and scrub "
+                    "through it as if live. The file is checked first. --print lists the rounds instead (no server).")
+    rp.add_argument("trace", metavar="FILE.json", help="a trace written by `run --trace` or the page's download button")
+    rp.add_argument("--print", "--summary", dest="print_only", action="store_true",
+                    help="print the rounds (tokens per round, text, identical to greedy) and exit; no server")
+    rp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    rp.add_argument("--port", type=_whole_number, default=7860, help="default: 7860")
+    rp.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    rp.set_defaults(handler=cmd_replay)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -241,6 +316,126 @@ def cmd_bench(args) -> int:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# export
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _load_trace(path: str):
+    from .trace import Trace
+
+    return Trace.load(path)  # TraceError (missing, corrupt, newer schema) -> `error: ...`, exit 2
+
+
+def cmd_export(args) -> int:
+    from .render.export import ExportOptions, export_figure, format_for, resolve_round
+
+    fmt = format_for(args.out, args.format)
+    options = ExportOptions(
+        figure=args.figure, phase=args.phase, show=args.show, colors=args.colors, min_logprob=args.min_logprob,
+        max_depth=args.max_depth, path_label=args.path_label, ranks=args.ranks, legend=args.legend, title=args.title,
+        show_title=not args.no_title, caption=args.caption, label_chars=args.label_chars, color_range=args.color_range,
+        dpi=args.dpi, width=args.width, height=args.height, standalone=args.standalone,
+    )
+    trace = _load_trace(args.trace)
+    k = resolve_round(trace, args.step)
+    data = export_figure(trace, k + 1, fmt, options)
+    if args.out == "-":
+        if fmt in ("pdf", "png") and sys.stdout.isatty():
+            raise InputError(f"not writing {fmt.upper()} bytes to a terminal: pass --out FILE or redirect standard output")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    path = Path(args.out)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    size = ""
+    if fmt == "png":
+        size = ", {} x {} px".format(*png_size(data))
+    print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} ({len(data)} bytes{size})")
+    return 0
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# replay
+# ------------------------------------------------------------------------------------------------------------
+
+
+def cmd_replay(args) -> int:
+    trace = _load_trace(args.trace)
+    if args.print_only:
+        print_trace_summary(trace, args.trace)
+        return 0
+    app = _load_app()
+    argv = ["--replay", str(args.trace), "--host", args.host, "--port", str(args.port)] + (["--share"] if args.share else [])
+    return app.main(argv)
+
+
+def _load_app():
+    """app.py (the Gradio page) sits beside the package in a checkout; load it by path, so `python -m ddtree_viz
+    replay` works from any directory."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "app.py"
+    if not path.is_file():
+        raise InputError(f"the web UI (app.py) is not installed beside the package ({path} is missing); "
+                         "use `replay --print` for a text summary")
+    spec = importlib.util.spec_from_file_location("ddtree_viz_app", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _texts(trace, ids) -> str:
+    return "".join(trace.token_texts.get(str(i), f"<{i}>") for i in ids)
+
+
+def print_trace_summary(trace, path) -> None:
+    """The rounds of a trace as text: per round the tokens gained, the tree, the text added; then the output and
+    whether it equals the target's greedy decoding."""
+    from .render.stats_view import stats_summary
+
+    s = trace.settings
+    summary = stats_summary(trace)
+    print(f"trace {path} (schema_version {trace.schema_version})")
+    print(f"target {_printable(trace.target)}, draft {_printable(trace.draft)}")
+    print("settings: " + ", ".join(f"{k.replace('_', ' ')} {s[k]}" for k in
+                                   ("method", "verify", "budget", "block_size", "max_new_tokens", "dtype", "device") if k in s))
+    if s.get("verify") == "naive":
+        print("NAIVE verification: the known-wrong flattened-tree behaviour (shown to reproduce the bug)")
+    print(f"prompt: {trace.prompt!r}")
+    mean = summary["mean_acceptance"]
+    print(f"rounds: {len(trace.steps)}  generated tokens: {len(trace.output_ids)}  mean acceptance: "
+          f"{'-' if mean is None else f'{mean:.2f}'} tokens per target forward (bonus included)")
+    print(f"{'round':>5}  {'tokens':>6}  {'accepted':>8}  {'tree':>4}  {'committed':>9}  text added")
+    for st in trace.steps:
+        added = st.new_token_ids or tuple(st.nodes[i].token_id for i in st.accepted[1:]) + (st.bonus_token_id,)
+        print(f"{st.index + 1:>5}  {st.acceptance:>6}  {f'{st.acceptance - 1}+bonus':>8}  {len(st.nodes):>4}  "
+              f"{st.committed_len:>9}  {_texts(trace, added)!r}")
+    text = trace.output_text or _texts(trace, trace.output_ids)
+    print(f"output: {text!r}")
+    if trace.greedy_ids is None:
+        print("greedy reference not recorded (--no-greedy)")
+    elif trace.first_divergence is None:
+        print(f"output identical to greedy for {len(trace.output_ids)} tokens")
+    else:
+        i = trace.first_divergence
+        ours = trace.output_ids[i] if i < len(trace.output_ids) else None
+        theirs = trace.greedy_ids[i] if i < len(trace.greedy_ids) else None
+        a = "(ended)" if ours is None else f"{_texts(trace, [ours])!r} ({ours})"
+        b = "(ended)" if theirs is None else f"{_texts(trace, [theirs])!r} ({theirs})"
+        margin = f", greedy top-2 logit margin {trace.divergence_margin:.4g}" if trace.divergence_margin is not None else ""
+        print(f"DIVERGES from greedy at generated token {i}: {a} vs greedy {b}{margin}")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ DEVICE = "cuda"
 
 def sync() -> None:
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def target_config(layers: int | None = None):

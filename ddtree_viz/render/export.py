@@ -1,0 +1,585 @@
+"""Paper-ready export of one round of a trace: the draft tree (or the verify mask, or acceptance per round) as
+SVG / PDF / PNG (matplotlib, no browser), TikZ, a self-contained interactive HTML page, or JSON.
+
+    from ddtree_viz.render.export import export_figure, export_to_file
+    svg = export_figure(trace, step=3, fmt="svg", colors="grayscale", max_depth=4)   # bytes
+    export_to_file(trace, "fig/round3.tex", step="last", standalone=True)              # format from the suffix
+
+`step` is the round as the page shows it: 1-based ("Round 1 of N" is the first), or "last". Every keyword is
+an ExportOptions field and a `python -m ddtree_viz export` flag of the same name (min_logprob=-3 is
+--min-logprob -3; show_title=False is --no-title; path_label / ranks / legend=False are --no-path-label, ...).
+
+One layout feeds every backend: the tree comes from render.layout.tree_layout (positions, labels, roles), its
+fills from layout.node_colors over the page's colour range (min drafter log-prob over the whole trace .. 0),
+the default titles are the page's, and the HTML export *is* the page's plotly figure. So a figure exported from
+a saved trace matches what the page showed for that round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, TraceError
+from ..trace import SCHEMA_VERSION, StepRecord, Trace, _step, _to_plain
+from . import style
+from .layout import PHASES, DEFAULT_LABEL_CHARS, TreeLayout, node_colors, tree_layout
+from .mask_plot import verify_mask
+from .scheme import SCHEME_NAMES, Scheme, get_scheme, hex_color
+from .text import lookup, shorten, visible
+
+FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
+FIGURES = ("tree", "mask", "acceptance")
+SHOW_CHOICES = ("text", "ids", "both")
+COLOR_RANGES = ("trace", "round")
+SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz": "tikz", ".html": "html",
+            ".htm": "html", ".json": "json"}
+EXTENSION = {"svg": ".svg", "pdf": ".pdf", "png": ".png", "tikz": ".tex", "html": ".html", "json": ".json"}
+DEFAULT_DPI = 300
+MAX_PNG_PIXELS = 120_000_000
+MASK_LABEL_CHARS = 8  # the page's mask labels
+EXPORT_FORMAT = "ddtree-viz round"  # the JSON export's "format" field
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Everything an export can be asked for. Defaults give what the page shows for the round."""
+
+    figure: str = "tree"  # tree | mask | acceptance (rounds 1..step, as on the page)
+    phase: str = "verified"  # verified | drafted (the tree before verification: no path, no bonus)
+    show: str = "text"  # node labels: token text (visible whitespace), token ids, or both
+    colors: str = "colorblind"  # colorblind (the page's Okabe-Ito + viridis) | grayscale (print)
+    min_logprob: float | None = None  # hide drafted nodes below this drafter log-prob (never the accepted path)
+    max_depth: int | None = None  # hide drafted nodes deeper than this (never the accepted path)
+    path_label: bool = True  # write "accepted path" along the path's first edge
+    ranks: bool = True  # the drafter's rank under each node (r0, r1, ...)
+    legend: bool = True  # marker legend + colour bar / colour key
+    title: str | None = None  # None: the page's title for this figure
+    show_title: bool = True
+    caption: str | None = None
+    label_chars: int | None = None  # cut labels to this many characters (default: 12 tree, 8 mask)
+    color_range: str = "trace"  # trace: the page's (min log-prob over all rounds .. 0); round: this round's own
+    dpi: int | None = None  # PNG resolution; None: 300, lowered for huge figures to stay under MAX_PNG_PIXELS
+    width: float | None = None  # inches (default: sized to the figure)
+    height: float | None = None  # inches
+    standalone: bool = False  # TikZ: a whole document that compiles alone, not a picture to \input
+
+    def __post_init__(self) -> None:
+        _choice("figure", self.figure, FIGURES)
+        _choice("phase", self.phase, PHASES)
+        _choice("show", self.show, SHOW_CHOICES)
+        _choice("colors", self.colors, SCHEME_NAMES)
+        _choice("color range", self.color_range, COLOR_RANGES)
+        if self.max_depth is not None and (isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int)
+                                           or self.max_depth < 0):
+            raise InputError(f"max depth must be a whole number >= 0, not {self.max_depth!r}")
+        if self.min_logprob is not None and not (isinstance(self.min_logprob, (int, float)) and self.min_logprob == self.min_logprob):
+            raise InputError(f"min log-prob must be a number, not {self.min_logprob!r}")
+        if self.label_chars is not None and (not isinstance(self.label_chars, int) or self.label_chars < 1):
+            raise InputError(f"label chars must be a whole number >= 1, not {self.label_chars!r}")
+        if self.dpi is not None and (isinstance(self.dpi, bool) or not isinstance(self.dpi, int)
+                                     or not 10 <= self.dpi <= 2400):
+            raise InputError(f"dpi must be a whole number from 10 to 2400, not {self.dpi!r}")
+        for name in ("width", "height"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and 0.5 <= v <= 200):
+                raise InputError(f"{name} must be from 0.5 to 200 inches, not {v!r}")
+
+    def replace(self, **changes) -> "ExportOptions":
+        return dataclasses.replace(self, **changes)
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def make_options(options: ExportOptions | None = None, **kwargs) -> ExportOptions:
+    unknown = set(kwargs) - {f.name for f in dataclasses.fields(ExportOptions)}
+    if unknown:
+        raise TypeError(f"unknown export option(s): {', '.join(sorted(unknown))}")
+    base = options or ExportOptions()
+    return base.replace(**kwargs) if kwargs else base
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Which round, which format
+# ------------------------------------------------------------------------------------------------------------
+
+
+def resolve_round(trace: Trace, step: int | str = "last") -> int:
+    """The round as the page numbers it (1-based int or its text) or 'last' -> index into trace.steps.
+    InputError naming the valid range when out of range."""
+    n = len(trace.steps)
+    if n == 0:
+        raise InputError("the trace has no rounds to export (the session was prefilled but never stepped)")
+    valid = f"this trace has {n} round{'s' if n != 1 else ''}: use 1..{n} or 'last'"
+    if isinstance(step, str):
+        text = step.strip().lower()
+        if text == "last":
+            return n - 1
+        try:
+            step = int(text)
+        except ValueError:
+            raise InputError(f"step must be a round number or 'last', not {step!r} ({valid})") from None
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise InputError(f"step must be a round number or 'last', not {step!r}")
+    if not 1 <= step <= n:
+        hint = " (rounds are numbered from 1, as on the page)" if step == 0 else ""
+        raise InputError(f"step {step} is out of range{hint}: {valid}")
+    return step - 1
+
+
+def format_for(out: str | Path | None, fmt: str | None) -> str:
+    """The format asked for, else the one the output file's suffix names."""
+    if fmt is not None:
+        _choice("format", fmt, FORMATS)
+        return fmt
+    suffix = Path(str(out)).suffix.lower() if out not in (None, "-") else ""
+    if suffix in SUFFIXES:
+        return SUFFIXES[suffix]
+    raise InputError(f"cannot tell the format from {str(out)!r}: pass --format ({'|'.join(FORMATS)}) "
+                     f"or use a suffix {', '.join(sorted(SUFFIXES))}")
+
+
+def suggested_name(trace: Trace, k: int, fmt: str, figure: str = "tree") -> str:
+    """A file name for a download: ddtree-round<N>-<figure>.<ext>."""
+    return f"ddtree-round{k + 1}-{figure}{EXTENSION[fmt]}"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The shared pieces every backend draws from
+# ------------------------------------------------------------------------------------------------------------
+
+
+def token_text_of(trace: Trace):
+    """id -> text from the trace's token_texts (every id a live session names), then the tree's own nodes."""
+    texts = trace.token_texts
+    return lookup(lambda i: texts.get(str(i)))
+
+
+def page_color_range(trace: Trace) -> tuple[float, float]:
+    """The page's colour range for tree fills: min drafter log-prob over every round .. 0 (ui.render_views)."""
+    lps = [n.logprob for s in trace.steps for n in s.nodes[1:]]
+    return (min(lps) if lps else -1.0), 0.0
+
+
+def relabel(layout: TreeLayout, show: str) -> TreeLayout:
+    """The layout with each node's label as asked: text (the layout's own), ids, or both ('text id')."""
+    if show == "text":
+        return layout
+    nodes = tuple(dataclasses.replace(n, label=str(n.token_id) if show == "ids" else f"{n.label} {n.token_id}")
+                  for n in layout.nodes)
+    return dataclasses.replace(layout, nodes=nodes)
+
+
+@dataclass(frozen=True)
+class TreeParts:
+    layout: TreeLayout  # relabelled as asked
+    fills: dict[int, str]  # id -> '#RRGGBB' (node_colors over the colour range)
+    cmin: float
+    cmax: float
+    scheme: Scheme
+    title: str | None  # None: no title
+    caption: str | None
+
+
+def tree_parts(trace: Trace, k: int, o: ExportOptions) -> TreeParts:
+    step = trace.steps[k]
+    chars = o.label_chars or DEFAULT_LABEL_CHARS
+    layout = tree_layout(step, max_depth=o.max_depth, min_logprob=o.min_logprob, phase=o.phase,
+                         token_text=token_text_of(trace), label_chars=chars)
+    layout = relabel(layout, o.show)
+    scheme = get_scheme(o.colors)
+    cmin, cmax = page_color_range(trace) if o.color_range == "trace" else layout.logprob_range
+    fills = {i: hex_color(c) for i, c in node_colors(layout, scheme.colorscale, cmin, cmax, scheme.neutral,
+                                                     scheme.bonus).items()}
+    from .tree_plot import _default_title
+
+    return TreeParts(layout, fills, cmin, cmax, scheme, _title(o, _default_title(layout)), _caption(o))
+
+
+def _title(o: ExportOptions, default: str) -> str | None:
+    if not o.show_title:
+        return None
+    return o.title if o.title is not None else default
+
+
+def _caption(o: ExportOptions) -> str | None:
+    return o.caption if o.caption else None
+
+
+def mask_labels(step: StepRecord, o: ExportOptions) -> tuple[list[str], list[str], list[int]]:
+    """Row labels ('✓ ' for accepted rows in the verified phase), column labels (the prefix band first) and
+    the accepted rows, as the page's mask shows them (unescaped: each backend escapes for its own format)."""
+    chars = o.label_chars or MASK_LABEL_CHARS
+    verified = o.phase == "verified"
+    accepted = list(step.accepted) if verified else []
+
+    def lab(node) -> str:
+        text = shorten(visible(node.token), chars)
+        body = {"text": text, "ids": str(node.token_id), "both": f"{text} {node.token_id}"}[o.show]
+        return f"{node.id}:{body}"
+
+    rows = [("✓ " if node.id in accepted else "") + lab(node) for node in step.nodes]
+    cols = [f"prefix ({step.committed_len} tokens)"] + [lab(node) for node in step.nodes]
+    return rows, cols, accepted
+
+
+def _mask_title(step: StepRecord) -> str:
+    return f"Verify mask, round {step.index + 1}: each tree position sees the prefix + its ancestors"
+
+
+ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
+
+
+def _comment(trace: Trace, k: int, o: ExportOptions) -> str:
+    s = trace.settings
+    lines = [
+        f"ddtree-viz export: {o.figure}, round {k + 1} of {len(trace.steps)}, phase {o.phase}, colours {o.colors}",
+        f"target {visible(trace.target)}, draft {visible(trace.draft)}; method {s.get('method', '?')}, verify "
+        f"{s.get('verify', '?')}, budget {s.get('budget', '?')}, block size {s.get('block_size', '?')}",
+        f"prompt: {shorten(visible(trace.prompt), 80)}",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Entry points
+# ------------------------------------------------------------------------------------------------------------
+
+
+def export_figure(trace: Trace, step: int | str = "last", fmt: str = "svg", options: ExportOptions | None = None,
+                  **kwargs) -> bytes:
+    """One round of `trace` as `fmt` bytes (text formats UTF-8). `step`: 1-based round or 'last'. Keywords:
+    ExportOptions fields. Raises InputError for a bad round or option."""
+    _choice("format", fmt, FORMATS)
+    o = make_options(options, **kwargs)
+    k = resolve_round(trace, step)
+    if fmt == "json":
+        return (json.dumps(round_json(trace, k, o), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    if fmt == "html":
+        return html_page(trace, k, o).encode("utf-8")
+    if fmt == "tikz":
+        return _tikz(trace, k, o).encode("utf-8")
+    return _matplotlib(trace, k, o, fmt)
+
+
+def export_to_file(trace: Trace, out: str | Path, step: int | str = "last", fmt: str | None = None,
+                   options: ExportOptions | None = None, **kwargs) -> Path:
+    """export_figure written to `out` (format from its suffix unless given). InputError if it cannot be written."""
+    fmt = format_for(out, fmt)
+    data = export_figure(trace, step, fmt, options, **kwargs)
+    path = Path(out)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# SVG / PDF / PNG
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
+    from . import mpl
+
+    step = trace.steps[k]
+    scheme = get_scheme(o.colors)
+    with mpl.rendering():
+        if o.figure == "tree":
+            parts = tree_parts(trace, k, o)
+            size = mpl.tree_size(parts.layout, title=bool(parts.title), caption=parts.caption, legend=o.legend)
+            page = _page(o, size, parts.title, parts.caption, fmt)
+            fig = mpl.tree_figure_mpl(parts.layout, parts.fills, parts.scheme, page, cmin=parts.cmin, cmax=parts.cmax,
+                                      ranks=o.ranks, path_label=o.path_label)
+            meta = parts.title or f"ddtree-viz round {k + 1}"
+        elif o.figure == "mask":
+            rows, cols, accepted = mask_labels(step, o)
+            title = _title(o, _mask_title(step))
+            page = _page(o, mpl.mask_size(len(step.nodes), title=bool(title), caption=_caption(o)), title, _caption(o), fmt)
+            fig = mpl.mask_figure_mpl(verify_mask(step).tolist(), rows, cols, accepted, scheme, page)
+            meta = title or f"ddtree-viz verify mask, round {k + 1}"
+        else:
+            steps = trace.steps[: k + 1]
+            title = _title(o, ACCEPTANCE_TITLE)
+            page = _page(o, mpl.acceptance_size(len(steps), title=bool(title), caption=_caption(o)), title,
+                         _caption(o), fmt)
+            fig = mpl.acceptance_figure_mpl([s.index + 1 for s in steps], [s.acceptance for s in steps], scheme, page)
+            meta = title or "ddtree-viz acceptance per round"
+        return mpl.save(fig, fmt, page, meta)
+
+
+def png_pixels(width: float, height: float, dpi: int) -> tuple[int, int]:
+    """The PNG's exact size in pixels for a figure of width x height inches at dpi."""
+    return round(width * dpi), round(height * dpi)
+
+
+def _page(o: ExportOptions, default: tuple[float, float], title: str | None, caption: str | None, fmt: str):
+    from . import mpl
+
+    w = float(o.width) if o.width is not None else default[0]
+    h = float(o.height) if o.height is not None else default[1]
+    dpi = effective_dpi(o, w, h)
+    if fmt == "png":
+        px, py = png_pixels(w, h, dpi)
+        if px * py > MAX_PNG_PIXELS:
+            raise InputError(f"a {w:g} x {h:g} in PNG at {dpi} dpi would be {px} x {py} pixels (at most "
+                             f"{MAX_PNG_PIXELS // 1_000_000} million): lower --dpi or the size, or export SVG/PDF (vector)")
+        # matplotlib truncates width x dpi to whole pixels: nudge so it lands on the rounded size exactly
+        w, h = (px + 1e-4) / dpi, (py + 1e-4) / dpi
+    return mpl.Page(width=w, height=h, dpi=dpi, title=title, caption=caption, legend=o.legend)
+
+
+def effective_dpi(o: ExportOptions, width: float, height: float) -> int:
+    """The dpi asked for; by default 300, or less for a figure so large that its PNG would pass MAX_PNG_PIXELS."""
+    if o.dpi is not None:
+        return o.dpi
+    fit = int((MAX_PNG_PIXELS / (width * height)) ** 0.5)
+    return max(10, min(DEFAULT_DPI, fit))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# TikZ
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _tikz(trace: Trace, k: int, o: ExportOptions) -> str:
+    from . import tikz
+
+    step = trace.steps[k]
+    comment = _comment(trace, k, o)
+    if o.figure == "tree":
+        p = tree_parts(trace, k, o)
+        return tikz.tree_tikz(p.layout, p.fills, p.scheme, cmin=p.cmin, cmax=p.cmax, title=p.title, caption=p.caption,
+                              ranks=o.ranks, path_label=o.path_label, legend=o.legend, standalone=o.standalone,
+                              comment=comment)
+    scheme = get_scheme(o.colors)
+    if o.figure == "mask":
+        rows, cols, accepted = mask_labels(step, o)
+        return tikz.mask_tikz(verify_mask(step).tolist(), rows, cols, accepted, scheme,
+                              title=_title(o, _mask_title(step)), caption=_caption(o), standalone=o.standalone,
+                              comment=comment)
+    steps = trace.steps[: k + 1]
+    return tikz.acceptance_tikz([s.index + 1 for s in steps], [s.acceptance for s in steps], scheme,
+                                title=_title(o, ACCEPTANCE_TITLE), caption=_caption(o), standalone=o.standalone,
+                                comment=comment)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# HTML: the page's own plotly figure, plotly.js inlined, nothing loaded from anywhere
+# ------------------------------------------------------------------------------------------------------------
+
+# Belt and braces: the page would load nothing anyway, and this policy forbids it outright.
+CSP = ("default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; "
+       "img-src data: blob:; font-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'")
+
+
+def plotly_figure(trace: Trace, k: int, o: ExportOptions):
+    """The page's plotly figure for this round and figure kind, with the export's options applied."""
+    from .mask_plot import mask_figure
+    from .stats_view import acceptance_figure
+    from .tree_plot import tree_figure
+
+    step = trace.steps[k]
+    scheme = get_scheme(o.colors)
+    if o.figure == "tree":
+        p = tree_parts(trace, k, o)
+        fig = tree_figure(p.layout, title=p.title or "", colorscale=scheme.colorscale, phase=o.phase,
+                          token_text=token_text_of(trace), cmin=p.cmin, cmax=p.cmax)
+        if not o.ranks:
+            fig.for_each_trace(lambda t: t.update(text=[re.sub(r" <sub>r\d+</sub>$", "", s) for s in t.text])
+                               if t.text is not None and not isinstance(t.text, str) else None)
+        if o.path_label and o.phase == "verified":
+            lay = p.layout
+            edges = [e for e in lay.edges if e.on_path] or [e for e in lay.edges if e.synthetic]
+            if edges:
+                a, b = lay.node(edges[0].parent), lay.node(edges[0].child)
+                fig.add_annotation(x=(a.x + b.x) / 2, y=(a.y + b.y) / 2, text="accepted path" if edges[0].on_path else "bonus",
+                                   showarrow=False, yshift=-11, font=dict(color=scheme.path, size=10, style="italic"))
+        if not o.legend:
+            fig.update_layout(coloraxis_showscale=False)
+    elif o.figure == "mask":
+        fig = mask_figure(step, show_accepted=o.phase == "verified", title=_title(o, _mask_title(step)) or "",
+                          label_chars=o.label_chars or MASK_LABEL_CHARS)
+    else:
+        fig = acceptance_figure(trace.steps[: k + 1], title=_title(o, ACCEPTANCE_TITLE) or "")
+    if not o.legend:
+        fig.update_layout(showlegend=False)
+    if scheme.name != "colorblind":
+        _recolor(fig, scheme)
+    if o.width is not None:
+        fig.update_layout(width=int(o.width * 96))
+    if o.height is not None:
+        fig.update_layout(height=int(o.height * 96))
+    return fig
+
+
+def _recolor(fig, scheme: Scheme) -> None:
+    """Swap the page's fixed colours (style.py) for the scheme's, everywhere they appear in a plotly figure."""
+    swap = {style.PATH_COLOR: scheme.path, style.EDGE_COLOR: scheme.edge, style.BONUS_FILL: scheme.bonus,
+            style.NEUTRAL_FILL: scheme.neutral, style.ATTENTION_COLOR: scheme.bar, style.MASK_VISIBLE: scheme.mask_on,
+            style.MASK_HIDDEN: scheme.mask_off, style.REJECTED_COLOR: scheme.rejected}
+    swap = {a.lower(): b for a, b in swap.items()}
+
+    def fix(v):
+        if isinstance(v, str):
+            return swap.get(v.lower(), v)
+        if isinstance(v, (list, tuple)):
+            return [fix(x) for x in v]
+        return v
+
+    for t in fig.data:
+        line = getattr(t, "line", None)
+        if line is not None and line.color is not None:
+            line.color = fix(line.color)
+        marker = getattr(t, "marker", None)
+        if marker is not None:
+            if marker.color is not None and not (isinstance(marker.color, (list, tuple)) and marker.color and
+                                                 not isinstance(marker.color[0], str)):
+                marker.color = fix(marker.color)
+            if marker.line is not None and marker.line.color is not None:
+                marker.line.color = fix(marker.line.color)
+        if t.type == "heatmap":
+            t.colorscale = [[0.0, scheme.mask_off], [1.0, scheme.mask_on]]
+    for shape in fig.layout.shapes:
+        if shape.line is not None and shape.line.color is not None:
+            shape.line.color = fix(shape.line.color)
+
+
+def html_page(trace: Trace, k: int, o: ExportOptions) -> str:
+    """A whole HTML document: the interactive figure with plotly.js inlined (no CDN), a caption and the round's
+    provenance, all text escaped; a Content-Security-Policy that lets it load nothing from anywhere."""
+    fig = plotly_figure(trace, k, o)
+    name = Path(suggested_name(trace, k, "svg", o.figure)).stem
+    div = fig.to_html(full_html=False, include_plotlyjs=True, include_mathjax=False, div_id=f"ddtree-{o.figure}",
+                      config={"displaylogo": False, "responsive": True,
+                              "toImageButtonOptions": {"format": "svg", "filename": name}})
+    title = _title(o, f"ddtree-viz: round {k + 1} of {len(trace.steps)}") or f"ddtree-viz round {k + 1}"
+    e = html.escape
+    cap = f"<figcaption>{e(o.caption)}</figcaption>" if o.caption else ""
+    s = trace.settings
+    meta = (f"ddtree-viz export · {e(o.figure)} · round {k + 1} of {len(trace.steps)} · phase {e(o.phase)} · "
+            f"target {e(visible(trace.target))} · draft {e(visible(trace.draft))} · method {e(str(s.get('method', '?')))} "
+            f"· verify {e(str(s.get('verify', '?')))} · budget {e(str(s.get('budget', '?')))}")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{e(title)}</title>\n"
+        "<style>body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}figure{margin:0}"
+        "figcaption{margin-top:.6em;max-width:60em}.ddt-meta{color:#666;font-size:.85em}</style>\n"
+        "</head>\n<body>\n<figure>\n" + div + "\n" + cap + "\n</figure>\n"
+        f"<p class=\"ddt-meta\">{meta}</p>\n</body>\n</html>\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# JSON: the round's record and what is needed to read it alone
+# ------------------------------------------------------------------------------------------------------------
+
+
+def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
+    """The round's StepRecord (as in the trace file) plus context: schema_version, the session's settings and
+    models, the texts of every token id the round names, the options, and the drawn figure's data (the tree
+    layout with positions, roles, labels and fill colours; the mask; or acceptance per round)."""
+    step = trace.steps[k]
+    text = token_text_of(trace)
+    ids = sorted({n.token_id for n in step.nodes} | set(step.target_argmax) | set(step.new_token_ids)
+                 | {step.bonus_token_id, step.root_token_id})
+    tokens = {str(i): trace.token_texts.get(str(i), next((n.token for n in step.nodes if n.token_id == i), text(i)))
+              for i in ids}
+    options = {f.name: getattr(o, f.name) for f in dataclasses.fields(ExportOptions)}
+    p = tree_parts(trace, k, o)
+    out: dict[str, Any] = {
+        "format": EXPORT_FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "round": k + 1,
+        "rounds": len(trace.steps),
+        "figure": o.figure,
+        "phase": o.phase,
+        "target": trace.target,
+        "draft": trace.draft,
+        "prompt": trace.prompt,
+        "settings": _to_plain(trace.settings),
+        "options": options,
+        "step": _to_plain(step),
+        "token_texts": tokens,
+        "tree": {
+            "title": p.title,
+            "color_range": [p.cmin, p.cmax],
+            "colorscale": p.scheme.colorscale,
+            "hidden": p.layout.hidden,
+            "nodes": [{"id": n.id, "parent": n.parent, "x": n.x, "y": n.y, "depth": n.depth, "role": n.role,
+                       "on_path": n.on_path, "synthetic": n.synthetic, "token_id": n.token_id, "token": n.token,
+                       "label": n.label, "rank": n.rank, "logprob": n.logprob, "fill": p.fills[n.id]}
+                      for n in p.layout.nodes],
+            "edges": [{"parent": e.parent, "child": e.child, "on_path": e.on_path, "synthetic": e.synthetic}
+                      for e in p.layout.edges],
+        },
+    }
+    if o.figure == "mask":
+        out["mask"] = {"rows": "tree positions (queries)", "columns": "committed prefix, then tree positions (keys)",
+                       "visible": verify_mask(step).tolist()}
+    if o.figure == "acceptance":
+        out["acceptance"] = [{"round": s.index + 1, "tokens": s.acceptance} for s in trace.steps[: k + 1]]
+    return out
+
+
+def step_from_export(data: dict | str) -> StepRecord:
+    """The StepRecord inside a JSON export (a dict or its text); TraceError when it is not one."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise TraceError(f"not a ddtree-viz round export (no \"format\": \"{EXPORT_FORMAT}\")")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise TraceError(f"the export has schema_version {version}, newer than this ddtree-viz understands "
+                         f"({SCHEMA_VERSION})")
+    return _step(data.get("step"), "step")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# For the page: the round on screen, written to a fresh file with a meaningful name
+# ------------------------------------------------------------------------------------------------------------
+
+
+def export_round_file(trace: Trace | None, view: int, fmt: str, directory: str | Path | None = None,
+                      **kwargs) -> Path:
+    """Export the round the page shows (`view`: the page's 0-based round index) to
+    <directory or a new temporary folder>/ddtree-round<N>-<figure>.<ext>; InputError when there is nothing
+    to export yet. Keywords: ExportOptions fields (the page passes phase, figure, show, colors, ...)."""
+    import tempfile
+
+    if trace is None or not trace.steps:
+        raise InputError("nothing to export yet: step, run or replay a trace first")
+    _choice("format", fmt, FORMATS)
+    o = make_options(**kwargs)
+    k = max(0, min(int(view), len(trace.steps) - 1))
+    folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="ddtree-export-"))
+    return export_to_file(trace, folder / suggested_name(trace, k, fmt, o.figure), step=k + 1, fmt=fmt, options=o)
+
+
+def optional_number(text: str | float | None, name: str, integer: bool = False) -> float | int | None:
+    """A form field that may be blank: '' / None -> None, else the number (InputError naming the field)."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number or blank, not {text!r}") from None
+    if integer:
+        if value != int(value):
+            raise InputError(f"{name} must be a whole number or blank, not {text!r}")
+        return int(value)
+    return value

@@ -1,0 +1,399 @@
+"""matplotlib backend: SVG, PDF and PNG with no browser (plotly's static export needs Chromium; this does not).
+
+Drawn from the same TreeLayout as the page's plotly figure: same positions (x = depth, y = row, downward),
+labels (layout labels: visible whitespace), role markers (square root, circles, diamonds for the first
+rejected candidates, star for the bonus), fills (layout.node_colors over the same colour scale and range).
+
+Fonts: DejaVu Sans / DejaVu Sans Mono, which ship inside matplotlib, so output does not depend on the
+machine's fonts. PDF: one page, TrueType (Type 42) fonts embedded. SVG: text stays `<text>` elements
+(searchable, selectable, editable) and the glyphs used are embedded as subset fonts in an @font-face data URL.
+PNG: exactly round(width x dpi) x round(height x dpi) pixels. PDF and SVG are byte-for-byte reproducible
+(no timestamps, fixed ids). Token text never goes through mathtext ($ is just a dollar sign).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import re
+import textwrap
+import threading
+import warnings
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+# Figures are built with matplotlib.figure.Figure directly (no pyplot): no GUI backend, no global figure list.
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import LineCollection
+from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+from . import style
+from .layout import TreeLayout
+from .scheme import Scheme, scale_samples
+
+SANS = ["DejaVu Sans"]
+MONO = ["DejaVu Sans Mono", "DejaVu Sans"]  # per-glyph fallback: Mono lacks a few symbols
+RC = {
+    "svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False, "text.usetex": False,
+    "font.family": SANS, "font.size": 8, "svg.hashsalt": "ddtree-viz", "axes.unicode_minus": True,
+    "savefig.transparent": False, "figure.facecolor": "white", "pdf.compression": 6,
+}
+MARKER = {"root": "s", "accepted": "o", "first_rejected": "D", "bonus": "*", "other": "o"}
+MARKER_SIZE = {"root": 7.5, "accepted": 8.5, "first_rejected": 7.0, "bonus": 14.0, "other": 8.5}  # points
+ROLE_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # drawing order: path on top
+_LOCK = threading.Lock()  # rc_context is process-global: one export at a time (the page serves many tabs)
+
+
+@contextlib.contextmanager
+def rendering():
+    """Hold while building and saving a figure: this module's rc settings (embedded fonts, no mathtext)."""
+    import matplotlib
+
+    with _LOCK, matplotlib.rc_context(RC):
+        yield
+
+
+@dataclass(frozen=True)
+class Page:
+    """What every matplotlib export shares: size, resolution, title and caption."""
+
+    width: float  # inches
+    height: float
+    dpi: int
+    title: str | None
+    caption: str | None
+    legend: bool = True
+
+
+def caption_lines(caption: str | None, width: float) -> list[str]:
+    return textwrap.wrap(_plain(caption), max(40, int(width * 15))) if caption else []
+
+
+def _figure(page: Page):
+    """(figure, host): the host (the figure, or its top part when there is a caption) takes the axes, colour bar
+    and legend under constrained layout; the caption gets a strip of its own below, so they never overlap."""
+    fig = Figure(figsize=(page.width, page.height), dpi=page.dpi, layout="constrained")
+    fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, hspace=0.0, wspace=0.0)
+    lines = caption_lines(page.caption, page.width)
+    if not lines:
+        return fig, fig
+    strip = min(0.16 * len(lines) + 0.12, page.height * 0.5)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[page.height - strip, strip])
+    bottom.text(0.5, 0.5, "\n".join(lines), ha="center", va="center", fontsize=7.5, color="#222222",
+                gid="ddt-caption")
+    return fig, top
+
+
+def _finish(ax, page: Page) -> None:
+    if page.title:
+        lines = textwrap.wrap(_plain(page.title), max(30, int(page.width * 12)))  # never wider than the figure
+        ax.set_title("\n".join(lines), fontsize=9.5, loc="center", pad=8)
+
+
+def _plain(text: str) -> str:
+    """Titles and captions: control characters (newlines excepted) out; they cannot be drawn or written as XML."""
+    return "".join(ch if ch == "\n" or ch.isprintable() else " " for ch in text)
+
+
+def save(fig: Figure, fmt: str, page: Page, meta_title: str) -> bytes:
+    """Render to bytes: one PDF page with embedded TrueType fonts; SVG with text as text (fonts embedded);
+    PNG at exactly the figure's pixel size."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
+        warnings.filterwarnings("ignore", message=r".*constrained_layout not applied.*")
+        warnings.filterwarnings("ignore", message=r".*[Cc]onstrained ?layout.*")
+        if fmt == "pdf":
+            fig.savefig(buf, format="pdf", dpi=page.dpi, metadata={
+                "Title": meta_title, "Creator": "ddtree-viz", "Producer": "ddtree-viz (matplotlib)",
+                "CreationDate": None, "ModDate": None})
+        elif fmt == "svg":
+            fig.savefig(buf, format="svg", dpi=page.dpi, metadata={
+                "Title": meta_title, "Creator": "ddtree-viz", "Date": None})
+        elif fmt == "png":
+            fig.savefig(buf, format="png", dpi=page.dpi, metadata={"Title": meta_title, "Software": "ddtree-viz"})
+        else:
+            raise ValueError(f"matplotlib backend renders svg, pdf or png, not {fmt!r}")
+    data = buf.getvalue()
+    return embed_svg_fonts(data) if fmt == "svg" else data
+
+
+# ------------------------------------------------------------------------------------------------------------
+# SVG fonts: keep text as text, embed the glyphs it uses
+# ------------------------------------------------------------------------------------------------------------
+
+_FAMILY = re.compile(r"font-family:\s*([^;\"]+)")
+_WEIGHT = re.compile(r"font-weight:\s*([a-z0-9]+)")
+_STYLE = re.compile(r"font-style:\s*([a-z]+)")
+
+
+def embed_svg_fonts(svg: bytes) -> bytes:
+    """Add an @font-face (subset TrueType, base64 data URL) for each font the SVG's <text> elements use, so the
+    SVG looks the same on machines without DejaVu while its labels stay searchable text."""
+    import logging
+
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+    from matplotlib.font_manager import FontProperties, findfont
+
+    logging.getLogger("fontTools.subset").setLevel(logging.ERROR)
+
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    wanted: dict[tuple[str, str, str], set[str]] = {}
+    for el in root.iter(f"{ns}text"):
+        style_attr = el.get("style", "")
+        m = _FAMILY.search(style_attr)
+        if not m:
+            continue
+        families = [f.strip().strip("'\"") for f in m.group(1).split(",")]
+        weight = (_WEIGHT.search(style_attr) or [None, "normal"])[1]
+        fstyle = (_STYLE.search(style_attr) or [None, "normal"])[1]
+        chars = set("".join(el.itertext()))
+        for fam in families:
+            wanted.setdefault((fam, weight, fstyle), set()).update(chars)
+    faces = []
+    for (fam, weight, fstyle), chars in sorted(wanted.items()):
+        try:
+            path = findfont(FontProperties(family=fam, weight=weight, style=fstyle), fallback_to_default=False)
+        except Exception:  # noqa: BLE001 - a family we cannot find is left to the viewer
+            continue
+        font = TTFont(path, recalcTimestamp=False)  # no save-time timestamp: reproducible SVG bytes
+        options = subset.Options()
+        options.name_IDs = ["*"]
+        options.notdef_outline = True
+        options.layout_features = ["*"]
+        options.drop_tables += ["FFTM"]
+        sub = subset.Subsetter(options)
+        sub.populate(text="".join(sorted(chars)) or " ")
+        sub.subset(font)
+        out = io.BytesIO()
+        font.save(out)
+        data = base64.b64encode(out.getvalue()).decode("ascii")
+        css_weight = "bold" if weight in ("bold", "700", "heavy", "black") else "normal"
+        faces.append(f"@font-face {{ font-family: '{fam}'; font-weight: {css_weight}; font-style: {fstyle}; "
+                     f"src: url(data:font/ttf;base64,{data}) format('truetype'); }}")
+    if not faces:
+        return svg
+    text = svg.decode("utf-8")
+    css = "\n".join(faces)
+    block = f'  <style type="text/css">{css}</style>\n'
+    if "<defs>" in text:
+        text = text.replace("<defs>\n", "<defs>\n" + block, 1) if "<defs>\n" in text else text.replace("<defs>", "<defs>" + block, 1)
+    else:
+        text = re.sub(r"(<svg[^>]*>)", lambda m: m.group(1) + "\n <defs>\n" + block + " </defs>", text, count=1)
+    return text.encode("utf-8")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tree
+# ------------------------------------------------------------------------------------------------------------
+
+
+def legend_columns(width: float) -> int:
+    """Legend entries per row: about 2 in each (the longest, 'first rejected (drafter's candidates)')."""
+    return max(1, min(4, int((width - 0.3) / 2.0)))
+
+
+def legend_rows(width: float, entries: int = 6) -> int:
+    return -(-entries // legend_columns(width))
+
+
+def tree_size(layout: TreeLayout, *, title: bool, caption: str | None, legend: bool) -> tuple[float, float]:
+    """Default figure size (inches) for a tree: a depth column as wide as the longest label (at least 1 in),
+    0.42 in per row, plus room for the colour bar, title, legend and caption."""
+    column = max(1.0, 0.0625 * max(len(n.label) for n in layout.nodes) + 0.4)  # 7.5 pt mono: 0.0625 in a character
+    w = min(max(column * layout.width + 2.0, 5.5), 40.0)
+    h = 0.42 * layout.height + 0.9 + (0.35 if title else 0) + (legend_rows(w) * 0.2 + 0.15 if legend else 0)
+    if caption:
+        h += 0.16 * len(caption_lines(caption, w)) + 0.12
+    return w, min(max(h, 2.4), 120.0)
+
+
+def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, page: Page, *, cmin: float,
+                    cmax: float, ranks: bool = True, path_label: bool = True) -> Figure:
+    fig, host = _figure(page)
+    ax = host.add_subplot()
+    cols, rows = layout.width, layout.height
+    verified = layout.phase == "verified"
+
+    normal = [e for e in layout.edges if not e.on_path and not e.synthetic]
+    segs = [[(layout.node(e.parent).x, layout.node(e.parent).y), (layout.node(e.child).x, layout.node(e.child).y)]
+            for e in normal]
+    if segs:
+        lc = LineCollection(segs, colors=scheme.edge, linewidths=0.8, zorder=1)
+        lc.set_gid("ddt-edges")
+        ax.add_collection(lc)
+    for e in layout.edges:
+        if not (e.on_path or e.synthetic):
+            continue
+        a, b = layout.node(e.parent), layout.node(e.child)
+        if e.synthetic:
+            line = Line2D([a.x, b.x], [a.y, b.y], color=scheme.path, lw=1.3, ls=(0, (4, 2.5)), zorder=2,
+                          gid="ddt-bonus-edge")
+        else:
+            line = Line2D([a.x, b.x], [a.y, b.y], color=scheme.path, lw=2.6, solid_capstyle="round", zorder=2,
+                          gid=f"ddt-path-edge-{e.parent}-{e.child}")
+        ax.add_line(line)
+    if path_label and verified:
+        path_edges = [e for e in layout.edges if e.on_path] or [e for e in layout.edges if e.synthetic]
+        if path_edges:
+            e = path_edges[0]
+            a, b = layout.node(e.parent), layout.node(e.child)
+            ax.annotate("accepted path" if e.on_path else "bonus", ((a.x + b.x) / 2, (a.y + b.y) / 2),
+                        xytext=(0, -3), textcoords="offset points", ha="center", va="top", fontsize=6.5,
+                        style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
+
+    for role in ROLE_ORDER:
+        nodes = [n for n in layout.nodes if n.role == role]
+        if not nodes:
+            continue
+        face = [scheme.bonus if role == "bonus" else scheme.neutral if role == "root" else fills[n.id] for n in nodes]
+        edge = [scheme.path if (n.on_path or role == "bonus") else
+                (scheme.rejected if role == "first_rejected" else scheme.outline) for n in nodes]
+        lw = [1.6 if (n.on_path or role == "bonus") else (0.9 if role == "first_rejected" else 0.5) for n in nodes]
+        sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=MARKER_SIZE[role] ** 2, marker=MARKER[role],
+                        c=face, edgecolors=edge, linewidths=lw, zorder=3)
+        sc.set_gid(f"ddt-nodes-{role}")
+    for n in layout.nodes:
+        ax.annotate(n.label, (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=7.5, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
+        if ranks and n.rank >= 0:
+            ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
+                        va="top", fontsize=5.5, color=scheme.text_muted, gid=f"ddt-rank-{n.id}", zorder=5)
+
+    ax.set_xlim(-0.5, cols - 0.5 + 0.25)
+    ax.set_ylim(rows - 1 + 0.55, -0.85)  # rows grow downward, as on the page
+    ax.set_xticks(range(int(cols)))
+    ax.set_xlabel("depth", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7, length=2)
+    ax.set_yticks([])
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    ax.spines["bottom"].set_color("#999999")
+    for x in range(int(cols)):
+        ax.axvline(x, color="#eeeeee", lw=0.6, zorder=0)
+
+    if any(n.logprob is not None for n in layout.nodes):
+        cmap = ListedColormap(scale_samples(scheme.colorscale, 256))
+        sm = ScalarMappable(norm=Normalize(cmin, cmax if cmax > cmin else cmin + 1e-6), cmap=cmap)
+        cb = host.colorbar(sm, ax=ax, fraction=0.035, pad=0.01, aspect=max(8, min(30, rows * 2.5)))
+        if cb.solids is not None:
+            cb.solids.set_rasterized(False)  # matplotlib rasterises long colour bars; keep the figure all vector
+            cb.solids.set_edgecolor("face")  # no hairline seams between the bar's cells
+        cb.set_label("drafter log-prob", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+        cb.outline.set_linewidth(0.4)
+    if page.legend:
+        handles = []
+        for role in ("root", "accepted", "first_rejected", "bonus", "other"):
+            if not layout.by_role(role):
+                continue
+            on_path = role == "accepted" or (role == "root" and verified)
+            face = scheme.bonus if role == "bonus" else scheme.neutral if role == "root" else "white"
+            edge = scheme.path if on_path or role == "bonus" else (scheme.rejected if role == "first_rejected" else scheme.outline)
+            name = style.ROLE_NAME[role] if verified else ("root" if role == "root" else "drafted")
+            line = dict(color=scheme.path, lw=2.6) if role == "accepted" else dict(ls="")  # the path: marker on its edge
+            handles.append(Line2D([], [], marker=MARKER[role], ms=MARKER_SIZE[role] * 0.8, mfc=face, mec=edge,
+                                  mew=1.2 if on_path or role == "bonus" else 0.6, label=name, **line))
+        if verified:
+            handles.append(Line2D([], [], color=scheme.path, lw=1.3, ls=(0, (4, 2.5)), label="bonus edge"))
+        host.legend(handles=handles, loc="outside lower center", ncol=min(legend_columns(page.width), len(handles)),
+                    fontsize=6.5, frameon=False, handlelength=1.6, columnspacing=1.2)
+    _finish(ax, page)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Mask
+# ------------------------------------------------------------------------------------------------------------
+
+MAX_TICKS = 64
+
+
+def mask_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
+    """0.16 in per cell, shrinking for big trees so the figure stays within 24 in (labels thin out past 64)."""
+    cell = min(0.16, 21.0 / (n + 1))
+    w = min(max(cell * (n + 1) + 2.2, 4.0), 24.0)
+    h = min(max(cell * n + 2.0 + (0.35 if title else 0) + 0.16 * len(caption_lines(caption, w)) + 0.12, 3.0), 26.0)
+    return w, h
+
+
+def mask_figure_mpl(mask, row_labels: list[str], col_labels: list[str], accepted: list[int], scheme: Scheme,
+                    page: Page) -> Figure:
+    """Rows = tree positions (queries), columns = the committed prefix + tree positions (keys); dark = visible.
+    Accepted rows outlined in the path colour, their labels starting with '✓'."""
+    import numpy as np
+
+    fig, host = _figure(page)
+    ax = host.add_subplot()
+    z = np.asarray(mask)
+    n_rows, n_cols = z.shape
+    # interpolation "none": PDF/SVG embed the mask's own cells (crisp at any zoom, fast), PNG draws them nearest
+    ax.imshow(z, cmap=ListedColormap([scheme.mask_off, scheme.mask_on]), vmin=0, vmax=1, interpolation="none",
+              aspect="equal")
+    if n_rows <= 64:
+        ax.set_xticks([x - 0.5 for x in range(1, n_cols)], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, n_rows)], minor=True)
+        ax.grid(which="minor", color="white", lw=0.5)
+        ax.tick_params(which="minor", length=0)
+    every_r = max(1, -(-n_rows // MAX_TICKS))
+    every_c = max(1, -(-n_cols // MAX_TICKS))
+    ax.set_yticks(range(0, n_rows, every_r), [row_labels[i] for i in range(0, n_rows, every_r)], family=MONO, fontsize=6)
+    ax.set_xticks(range(0, n_cols, every_c), [col_labels[i] for i in range(0, n_cols, every_c)], family=MONO, fontsize=6,
+                  rotation=60, ha="left", rotation_mode="anchor")
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("keys", fontsize=7)
+    ax.set_ylabel("queries (tree positions)", fontsize=7)
+    ax.tick_params(length=1.5)
+    for r in accepted:
+        rect = Rectangle((-0.5, r - 0.5), n_cols, 1, fill=False, ec=scheme.path, lw=1.4, zorder=3)
+        rect.set_gid(f"ddt-accepted-row-{r}")
+        ax.add_patch(rect)
+    for s in ax.spines.values():
+        s.set_linewidth(0.4)
+    _finish(ax, page)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Acceptance per round
+# ------------------------------------------------------------------------------------------------------------
+
+
+def acceptance_figure_mpl(rounds: list[int], values: list[int], scheme: Scheme, page: Page) -> Figure:
+    fig, host = _figure(page)
+    ax = host.add_subplot()
+    bars = ax.bar(rounds, values, width=0.8, color=scheme.bar, label="tokens per round", zorder=2)
+    for r, bar in zip(rounds, bars):
+        bar.set_gid(f"ddt-bar-{r}")
+    if values:
+        mean = sum(values) / len(values)
+        ax.plot([rounds[0] - 0.5, rounds[-1] + 0.5], [mean, mean], color=scheme.mean, ls="--", lw=1.4,
+                label=f"mean {mean:.2f}", gid="ddt-acceptance-mean", zorder=3)
+    ax.set_xlabel("round", fontsize=8)
+    ax.set_ylabel("tokens", fontsize=8)
+    if len(rounds) <= 40:
+        ax.set_xticks(rounds)
+    top = max(values, default=1)
+    if top <= 16:
+        ax.set_yticks(range(0, top + 1))
+    ax.set_ylim(0, top + max(1.0, 0.3 * top))
+    ax.tick_params(labelsize=7, length=2)
+    ax.grid(axis="y", color="#eeeeee", lw=0.6, zorder=0)
+    for side in ("right", "top"):
+        ax.spines[side].set_visible(False)
+    if page.legend:
+        ax.legend(fontsize=7, frameon=False, loc="upper right")
+    _finish(ax, page)
+    return fig
+
+
+def acceptance_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
+    w = min(max(0.28 * n + 1.8, 4.5), 30.0)
+    return w, 2.8 + (0.3 if title else 0) + (0.16 * len(caption_lines(caption, w)) + 0.12 if caption else 0)
