@@ -32,15 +32,23 @@ KEYS_JS = """
 }
 """
 
-# After an export, click the (now filled) download button so one click on "Export figure" saves the file.
-CLICK_EXPORT_JS = """
+
+
+def click_js(elem_id: str) -> str:
+    """After a file is prepared, click its (now filled) download button: one click for the user saves it."""
+    return """
 () => new Promise((done) => setTimeout(() => {
-  const el = document.getElementById('ddv-export-file');
+  const el = document.getElementById('%s');
   const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
   if (b) b.click();
   done();
 }, 250))
-"""
+""" % elem_id
+
+
+# the per-layer cache table on the page: the columns a reader needs at a glance (all of them are in the trace)
+CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes after commit", "what changed",
+                 "naive state error")
 
 CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
 
@@ -129,7 +137,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
         with gr.Row():
             trace_in = gr.File(label="Replay a saved trace (.json)", file_types=[".json"], type="filepath", elem_id="ddv-upload")
-            trace_out = gr.DownloadButton("Download trace (.json)", elem_id="ddv-download")
+            trace_btn = gr.Button("Download trace (.json)", elem_id="ddv-download")
+            trace_file = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
         with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
             ex_format = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format", elem_id="ddv-export-format")
             ex_figure = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
@@ -151,7 +160,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         def show(t: ui.TabState, ph: str):
             v = ui.render_views(host, t, ph)
             rows = v.cache_rows
-            table = gr.Dataframe(value=[list(r.values()) for r in rows], headers=list(rows[0]) if rows else None) if rows else None
+            cols = [c for c in CACHE_COLUMNS if rows and c in rows[0]] or (list(rows[0]) if rows else [])
+            table = gr.Dataframe(value=[[r.get(c) for c in cols] for r in rows], headers=cols) if rows else None
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
             return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
 
@@ -191,7 +201,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             fd, path = tempfile.mkstemp(prefix="ddtree-trace-", suffix=".json")
             os.close(fd)
             t.trace.save(path)
-            return path
+            return gr.DownloadButton(f"Download {os.path.basename(path)}", value=path, visible=True)
 
         @_errors
         def on_export(t, ph, fmt, figure, show, colors, min_lp, depth, title):
@@ -224,9 +234,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
-        trace_out.click(on_download, [tab], [trace_out], api_name="download")
+        trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
         ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
-                        [ex_file], api_name="export").success(None, js=CLICK_EXPORT_JS)
+                        [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))
         if replay_path:
             demo.load(lambda t, ph: on_upload(t, ph, replay_path), [tab, phase], [tab] + views)
     return demo

@@ -102,7 +102,7 @@ class Trace:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(_to_plain(self), indent=indent, ensure_ascii=False)
+        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
@@ -127,13 +127,14 @@ class Trace:
         return cls.from_json(text)
 
 
-def _to_plain(obj: Any) -> Any:
+def to_plain(obj: Any) -> Any:
+    """A record (or any nesting of records, tuples, dicts) as plain JSON-ready lists and dicts."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
-        return [_to_plain(x) for x in obj]
+        return [to_plain(x) for x in obj]
     if isinstance(obj, dict):
-        return {str(k): _to_plain(v) for k, v in obj.items()}
+        return {str(k): to_plain(v) for k, v in obj.items()}
     return obj
 
 
@@ -226,7 +227,8 @@ def _node(d, where):
     return _build(TreeNode, d, where, {})
 
 
-def _step(d, where):
+def step_from_dict(d: Any, where: str = "step") -> StepRecord:
+    """A StepRecord from its JSON form, type-checked (TraceError on anything malformed)."""
     step = _build(
         StepRecord, d, where, {"nodes": _node, "cache": _layer, "cache_before_commit": _layer}
     )
@@ -264,4 +266,4 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": _step, "prefill_cache": _layer})
+    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})

@@ -77,6 +77,14 @@ def test_step_three_rounds_scrub_back_and_screenshot(page):
     page.keyboard.press("ArrowRight")
     wait_status(page, "Round 3 of 3")
     page.screenshot(path=str(ARTIFACTS / "ui-scrubbed.png"), full_page=True)
+    # one click saves the session as a trace that loads back
+    with page.expect_download(timeout=30_000) as download:
+        page.get_by_role("button", name="Download trace (.json)").click()
+    saved = ARTIFACTS / "ui-trace.json"
+    download.value.save_as(str(saved))
+    from ddtree_viz.trace import Trace
+
+    assert len(Trace.load(saved).steps) == 3
 
 
 def test_errors_show_in_the_page_and_the_app_keeps_serving(page):

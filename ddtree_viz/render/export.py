@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, TraceError
-from ..trace import SCHEMA_VERSION, StepRecord, Trace, _step, _to_plain
+from ..trace import SCHEMA_VERSION, StepRecord, Trace, step_from_dict, to_plain
 from . import style
 from .layout import PHASES, DEFAULT_LABEL_CHARS, TreeLayout, node_colors, tree_layout
 from .mask_plot import verify_mask
@@ -199,9 +199,9 @@ def tree_parts(trace: Trace, k: int, o: ExportOptions) -> TreeParts:
     cmin, cmax = page_color_range(trace) if o.color_range == "trace" else layout.logprob_range
     fills = {i: hex_color(c) for i, c in node_colors(layout, scheme.colorscale, cmin, cmax, scheme.neutral,
                                                      scheme.bonus).items()}
-    from .tree_plot import _default_title
+    from .tree_plot import default_title
 
-    return TreeParts(layout, fills, cmin, cmax, scheme, _title(o, _default_title(layout)), _caption(o))
+    return TreeParts(layout, fills, cmin, cmax, scheme, _title(o, default_title(layout)), _caption(o))
 
 
 def _title(o: ExportOptions, default: str) -> str | None:
@@ -508,9 +508,9 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
         "target": trace.target,
         "draft": trace.draft,
         "prompt": trace.prompt,
-        "settings": _to_plain(trace.settings),
+        "settings": to_plain(trace.settings),
         "options": options,
-        "step": _to_plain(step),
+        "step": to_plain(step),
         "token_texts": tokens,
         "tree": {
             "title": p.title,
@@ -546,7 +546,7 @@ def step_from_export(data: dict | str) -> StepRecord:
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise TraceError(f"the export has schema_version {version}, newer than this ddtree-viz understands "
                          f"({SCHEMA_VERSION})")
-    return _step(data.get("step"), "step")
+    return step_from_dict(data.get("step"), "step")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, sho
     )
 
 
-def _default_title(layout: TreeLayout) -> str:
+def default_title(layout: TreeLayout) -> str:
     head = f"Round {layout.step_index + 1} · {layout.total_nodes} tree positions"
     if layout.hidden:
         head += f" ({layout.hidden} hidden)"
@@ -117,7 +117,7 @@ def tree_figure(
     rows = layout.height
     fig = go.Figure(data=traces)
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else _default_title(layout), font=dict(size=14)),
+        title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
         coloraxis=dict(colorscale=colorscale, cmin=lo if cmin is None else cmin, cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
         xaxis=dict(title="depth", dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
