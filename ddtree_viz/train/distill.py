@@ -1,0 +1,316 @@
+"""Drafter training data and the DFlash block-diffusion objective.
+
+1. ``greedy_generate``: prompts are windows of the *train* stream that start after a newline;
+   the (frozen, bf16-rounded, float32-computed) target continues each greedily. Decoding does not
+   stop at ``<|endoftext|>`` (the target then starts a new file, which is its own greedy behaviour).
+2. ``train_drafter``: per sequence, the target's context features (``hidden_states[i + 1]`` for
+   ``i`` in ``target_layer_ids``) are computed once; many anchors ``a`` are sampled in the
+   generated part and each becomes one block ``[tok[a], MASK x (B-1)]`` at positions
+   ``a .. a+B-1``. A block sees the context features at positions ``< a`` and its own B entries
+   (non-causal), nothing of the other blocks: all blocks of a sequence go through the drafter in
+   one pass under that attention mask. Block entry ``i >= 1`` is trained with cross-entropy
+   against ``tok[a + i]`` (the target's own greedy token), weighted ``exp(-(i - 1) / gamma)``.
+   The drafter embeds with the target's (frozen) input embeddings and projects with its lm_head.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .data import StepBudget, cosine_lr, log
+
+
+# ------------------------------------------------------------------------- greedy data
+def sample_prompts(stream: np.ndarray, doc_offsets: np.ndarray, n: int, prompt_len: int, newline_ids: set[int],
+                   seed: int, min_right: int = 0) -> np.ndarray:
+    from .data import line_start_offsets
+
+    cand = line_start_offsets(stream, doc_offsets, newline_ids, 0, prompt_len + min_right)
+    rng = np.random.default_rng(seed)
+    starts = np.sort(rng.choice(cand, size=n, replace=cand.size < n))
+    return np.stack([stream[s:s + prompt_len].astype(np.int64) for s in starts])
+
+
+def greedy_generate(model, prompts, new_tokens: int, batch: int = 1024):
+    """Plain greedy decoding with transformers' hybrid ``DynamicCache`` (no early stop)."""
+    import torch
+    from transformers import DynamicCache
+
+    outs = []
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for i in range(0, prompts.shape[0], batch):
+            x = prompts[i:i + batch].to(device)
+            cache = DynamicCache(config=model.config)
+            logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            seq = [x]
+            for _ in range(new_tokens):
+                nxt = logits.argmax(-1, keepdim=True)
+                seq.append(nxt)
+                if len(seq) - 1 == new_tokens:
+                    break
+                logits = model(input_ids=nxt, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            outs.append(torch.cat(seq, dim=1).cpu())
+    return torch.cat(outs)
+
+
+def newline_token_ids(tok) -> set[int]:
+    """Ids of tokens whose decoded text ends with a newline."""
+    ids = set()
+    for t, i in tok.get_vocab().items():
+        if tok.decode([i]).endswith("\n"):
+            ids.add(i)
+    return ids
+
+
+# ------------------------------------------------------------------------- drafter
+def drafter_config(target_cfg, *, num_layers: int = 3, block_size: int = 16, mask_token_id: int = 1,
+                   target_layer_ids=(1, 3, 5, 6), intermediate_size: int = 704, num_heads: int = 4,
+                   num_kv_heads: int = 2, head_dim: int = 64, rope_theta: float = 10000.0):
+    from ddtree_viz.engine.drafter import DFlashConfig
+
+    return DFlashConfig.from_dict({
+        "hidden_size": target_cfg.hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": target_cfg.vocab_size,
+        "rms_norm_eps": target_cfg.rms_norm_eps,
+        "rope_theta": rope_theta,
+        "max_position_embeddings": target_cfg.max_position_embeddings,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "layer_types": ["full_attention"] * num_layers,
+        "sliding_window": None,
+        "num_target_layers": target_cfg.num_hidden_layers,
+        "block_size": block_size,
+        "dflash_config": {"block_size": block_size, "mask_token_id": mask_token_id,
+                          "target_layer_ids": list(target_layer_ids)},
+    })
+
+
+def init_drafter_(drafter, std: float = 0.02) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.zero_()
+
+
+def target_features(target, ids, layer_ids):
+    """Context features [B, T, n*H] (float32) of the frozen target over ``ids`` [B, T]."""
+    import torch
+    from ddtree_viz.engine.drafter import extract_context_features
+
+    with torch.no_grad():
+        out = target.model(input_ids=ids, use_cache=False, output_hidden_states=True)
+    return extract_context_features(out.hidden_states, layer_ids)
+
+
+def block_batch(ids, anchors, block_size: int, mask_token_id: int):
+    """Block inputs, labels, positions and the attention mask for ``anchors`` [S, K] into ``ids`` [S, T].
+
+    Returns block_ids [S, K*B], labels [S, K*B] (-100 at block entry 0), position_ids [S, T+K*B],
+    mask [S, 1, K*B, T+K*B] (bool, True = visible).
+    """
+    import torch
+
+    S, T = ids.shape
+    K = anchors.shape[1]
+    B = block_size
+    dev = ids.device
+    offs = torch.arange(B, device=dev)
+    pos = anchors[:, :, None] + offs[None, None]                     # [S, K, B]
+    block_ids = torch.full((S, K, B), mask_token_id, dtype=ids.dtype, device=dev)
+    block_ids[:, :, 0] = torch.gather(ids, 1, anchors)
+    labels = torch.gather(ids, 1, pos.clamp(max=T - 1).reshape(S, -1)).reshape(S, K, B).clone()
+    labels[:, :, 0] = -100
+    labels[pos >= T] = -100
+    ctx_pos = torch.arange(T, device=dev)
+    position_ids = torch.cat([ctx_pos[None].expand(S, T), pos.reshape(S, K * B)], dim=1)
+    ctx_visible = ctx_pos[None, None, :] < anchors[:, :, None]        # [S, K, T]
+    ctx_visible = ctx_visible[:, :, None, :].expand(S, K, B, T).reshape(S, K * B, T)
+    blk = torch.arange(K, device=dev).repeat_interleave(B)
+    blk_visible = (blk[:, None] == blk[None, :])[None].expand(S, K * B, K * B)
+    mask = torch.cat([ctx_visible, blk_visible], dim=-1)[:, None]
+    return block_ids.reshape(S, K * B), labels.reshape(S, K * B), position_ids, mask
+
+
+def drafter_logits(drafter, target, feats, block_ids, position_ids, mask):
+    noise = target.get_input_embeddings()(block_ids)
+    out = drafter(noise, feats.to(noise.dtype), position_ids, attention_mask=mask)
+    return target.get_output_embeddings()(out)
+
+
+def position_weights(block_size: int, gamma: float, device):
+    import torch
+
+    i = torch.arange(block_size, device=device, dtype=torch.float32)
+    w = torch.exp(-(i - 1).clamp(min=0) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def chain_acceptance(pred, labels, block_size: int):
+    """Teacher-forced DFlash chain acceptance per block: leading matches + 1 (the bonus)."""
+    import torch
+
+    S, KB = labels.shape
+    p = pred.reshape(S, -1, block_size)[:, :, 1:]
+    y = labels.reshape(S, -1, block_size)[:, :, 1:]
+    ok = (p == y) & (y != -100)
+    lead = torch.cumprod(ok.long(), dim=-1).sum(-1)
+    valid = (y[:, :, 0] != -100)
+    return (lead.float() + 1)[valid]
+
+
+def train_drafter(target, greedy, prompt_len: int, out_dir: str | Path, device, *, seed: int = 0,
+                  num_layers: int = 3, block_size: int = 16, mask_token_id: int = 1,
+                  target_layer_ids=(1, 3, 5, 6), batch: int = 32, anchors: int = 32, lr: float = 2e-3,
+                  weight_decay: float = 0.01, warmup: int = 30, gamma: float = 7.0, steps: int | None = None,
+                  time_budget_s: float | None = None, val_frac: float = 0.02, store_dtype: str = "bfloat16",
+                  precompute_features: bool = False, deadline: float | None = None,
+                  init_from: str | Path | None = None) -> dict:
+    """Train a DFlash drafter on the target's greedy sequences ``greedy`` [N, T] (prompt first)."""
+    import torch
+    import torch.nn.functional as F
+    from ddtree_viz.engine.drafter import DFlashDrafter
+
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    cfg = drafter_config(target.config, num_layers=num_layers, block_size=block_size,
+                         mask_token_id=mask_token_id, target_layer_ids=target_layer_ids)
+    if init_from:
+        drafter = DFlashDrafter.from_pretrained(init_from, dtype=torch.float32, device=device)
+        if drafter.config != cfg:
+            raise ValueError(f"--init-draft {init_from} has another config: {drafter.config} != {cfg}")
+        log(f"drafter: continuing from {init_from}")
+    else:
+        drafter = DFlashDrafter(cfg).to(device)
+        init_drafter_(drafter)
+    drafter.train()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    n_params = sum(p.numel() for p in drafter.parameters())
+    log(f"drafter: {n_params:,} parameters, {num_layers} layers, block {block_size}, "
+        f"target_layer_ids {list(target_layer_ids)}")
+    decay = [p for p in drafter.parameters() if p.dim() >= 2]
+    no_decay = [p for p in drafter.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
+                            fused=device.type == "cuda")
+    greedy = greedy.to(device)
+    N, T = greedy.shape
+    n_val = max(batch, int(N * val_frac))
+    perm = torch.from_numpy(rng.permutation(N)).to(device)
+    val_idx, train_idx = perm[:n_val], perm[n_val:]
+    lo, hi = prompt_len, T - block_size  # anchors: first generated token .. last full block
+    w = position_weights(block_size, gamma, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+    feat_store = None
+    if precompute_features:
+        # Context features of every sequence, once (bf16: the drafter runs under bf16 autocast).
+        t_feat = time.time()
+        n_feat = len(target_layer_ids) * target.config.hidden_size
+        feat_store = torch.empty(N, T, n_feat, dtype=torch.bfloat16, device=device)
+        for i in range(0, N, 64):
+            feat_store[i:i + 64] = target_features(target, greedy[i:i + 64], target_layer_ids).to(torch.bfloat16)
+        log(f"drafter: context features of {N} sequences precomputed in {time.time() - t_feat:.0f}s "
+            f"({feat_store.numel() * 2 / 2**30:.1f} GiB)")
+    if time_budget_s is not None and deadline is not None:
+        time_budget_s = max(60.0, min(time_budget_s, deadline - time.time()))
+        log(f"drafter: time budget {time_budget_s:.0f}s")
+
+    def features(rows, ids):
+        if feat_store is not None:
+            return feat_store[rows]
+        return target_features(target, ids, target_layer_ids)
+
+    def make_batch(rows, gen):
+        ids = greedy[rows]
+        a = torch.from_numpy(np.sort(np.stack([gen.choice(hi - lo + 1, size=anchors, replace=False)
+                                               for _ in range(len(rows))]), axis=1) + lo).to(device)
+        return ids, a
+
+    def evaluate() -> dict:
+        drafter.eval()
+        gen = np.random.default_rng(seed + 1)
+        accs, losses = [], []
+        with torch.no_grad():
+            for i in range(0, n_val, batch):
+                rows = val_idx[i:i + batch]
+                ids, a = make_batch(rows, gen)
+                feats = features(rows, ids)
+                bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
+                with amp:
+                    logits = drafter_logits(drafter, target, feats, bi, pos, mask)
+                accs.append(chain_acceptance(logits.argmax(-1), lab, block_size))
+                ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
+                                     ignore_index=-100)
+                losses.append(ce.item())
+        drafter.train()
+        acc = torch.cat(accs)
+        return {"chain_acceptance": acc.mean().item(), "ce": float(np.mean(losses)),
+                "accept_hist": torch.bincount(acc.long(), minlength=block_size + 1).tolist()}
+
+    budget = StepBudget(steps, time_budget_s, min_steps=warmup + 10)
+    history = []
+    t0 = time.time()
+    step = 0
+    gen = np.random.default_rng(seed + 2)
+    while step < budget.provisional_total:
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, budget.provisional_total, lr, warmup)
+        rows = train_idx[torch.from_numpy(gen.integers(0, train_idx.numel(), size=batch)).to(device)]
+        ids, a = make_batch(rows, gen)
+        feats = features(rows, ids)
+        bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
+        with amp:
+            logits = drafter_logits(drafter, target, feats, bi, pos, mask)
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
+                             ignore_index=-100, reduction="none").reshape(lab.shape[0], -1, block_size)
+        wt = w[None, None, :] * (lab.reshape(ce.shape) != -100)
+        loss = (ce * wt).sum() / wt.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        budget.after_step(step, sync)
+        if step % 50 == 0:
+            acc = chain_acceptance(logits.detach().argmax(-1), lab, block_size).mean().item()
+            log(f"drafter step {step:5d}/{budget.provisional_total} loss {loss.item():.4f} "
+                f"train-chain-accept {acc:.2f} gnorm {gnorm.item():.2f} lr {opt.param_groups[0]['lr']:.2e}")
+        if (step + 1) % 500 == 0 or step + 1 == budget.provisional_total:
+            ev = evaluate()
+            ev.update(step=step + 1, elapsed_s=time.time() - t0)
+            history.append(ev)
+            log(f"drafter step {step + 1}: val chain acceptance {ev['chain_acceptance']:.3f} ce {ev['ce']:.3f}")
+        step += 1
+    wall = time.time() - t0
+    with torch.no_grad():
+        dt = getattr(torch, store_dtype)
+        for p in drafter.parameters():
+            p.copy_(p.to(dt).to(p.dtype))
+    final = evaluate()
+    log(f"drafter trained: {step} steps in {wall:.0f}s; val chain acceptance after {store_dtype} rounding "
+        f"{final['chain_acceptance']:.3f}")
+    out_dir = Path(out_dir)
+    drafter.to(getattr(torch, store_dtype)).save_pretrained(out_dir)
+    summary = {"params": n_params, "steps": step, "init_from": str(init_from) if init_from else None, "batch": batch, "anchors_per_seq": anchors, "lr": lr,
+               "weight_decay": weight_decay, "warmup": warmup, "gamma": gamma, "seed": seed, "wall_s": wall,
+               "sequences": N, "seq_len": T, "prompt_len": prompt_len, "val_sequences": n_val,
+               "history": history, "final": final, "store_dtype": store_dtype}
+    drafter.float()
+    return summary
