@@ -81,12 +81,29 @@ class _TreeGDN(nn.Module):
         conv, rec = layer_cache.conv_states[0], layer_cache.recurrent_states[0]
         tp = self.tree_pass
         index = tp.index_on(hidden_states.device)
-        if tp.reference:
-            out, stash = tree_gdn_forward_reference(self.gdn, hidden_states, conv, rec, tp.tree.parents)
-        else:
-            out, stash = tree_gdn_forward(self.gdn, hidden_states, conv, rec, index)
+        with _weights_present(self.gdn, self.gdn.conv1d):
+            if tp.reference:
+                out, stash = tree_gdn_forward_reference(self.gdn, hidden_states, conv, rec, tp.tree.parents)
+            else:
+                out, stash = tree_gdn_forward(self.gdn, hidden_states, conv, rec, index)
         tp.stash[self.layer_idx] = stash
         return out
+
+
+@contextmanager
+def _weights_present(*modules):
+    """Fire accelerate's hooks of modules whose weights we read directly (the GDN's own A_log / dt_bias, its
+    conv1d): with offloading they only reach the execution device when the module itself is called."""
+    hooks = [(m, getattr(m, "_hf_hook", None)) for m in modules]
+    for module, hook in hooks:
+        if hook is not None:
+            hook.pre_forward(module)
+    try:
+        yield
+    finally:
+        for module, hook in reversed(hooks):
+            if hook is not None:
+                hook.post_forward(module, None)
 
 
 @contextmanager
