@@ -157,8 +157,6 @@ def copy_bandwidth(gib: float = 4.0) -> float:
 
 @torch.no_grad()
 def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
-    from transformers import DynamicCache
-
     from .engine.cache import new_cache
     from .engine.session import DFlashProposer
     from .engine.tree import build_chain, build_tree
@@ -248,8 +246,8 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
     for row in rows:
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
-    del target, drafter, base
-    if DEVICE == "cuda":
+    if DEVICE == "cuda":  # the caller builds the next model; free this one's memory first
+        del target, drafter, base, prefill
         torch.cuda.empty_cache()
     return out
 
