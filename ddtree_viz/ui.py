@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
@@ -107,7 +107,6 @@ class TabState:
     view: int = -1  # round index shown
     replay: bool = False
     greedy_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 def _settings(prompt, budget, block_size, max_new_tokens, verify, method) -> Settings:
@@ -122,7 +121,6 @@ def _start(host: ModelHost, tab: TabState, s: Settings) -> None:
                             method=s.method, block_size=s.block_size)
     session.prefill(s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
-    tab.notes = []
 
 
 def _refresh(tab: TabState) -> None:
