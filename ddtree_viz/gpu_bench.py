@@ -146,7 +146,6 @@ def copy_bandwidth(gib: float = 4.0) -> float:
     src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
     dst = torch.empty_like(src)
     ms = timed(lambda: dst.copy_(src), repeats=10)
-    del src, dst
     return 2 * n * 2 / (ms / 1e3)
 
 
@@ -190,7 +189,6 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
     cache = fresh_cache()
     token = prefill.logits[:, -1:].argmax(-1)
     out["greedy_step_ms"] = timed(lambda: target(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1))
-    del cache
 
     # drafter pass (block 16, context = the prompt's features)
     proposer = DFlashProposer(drafter, target)

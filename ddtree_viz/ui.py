@@ -115,7 +115,10 @@ def _settings(prompt, budget, block_size, max_new_tokens, verify, method) -> Set
     return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method)
 
 
-def _start(host: ModelHost, tab: TabState, s: Settings) -> None:
+def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
+    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay."""
+    if tab.session is not None and not tab.replay and tab.settings == s:
+        return
     pair = host.require()
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
                             method=s.method, block_size=s.block_size)
@@ -133,8 +136,7 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
     """One round. A new prompt or changed settings start a new session first."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
     with host.lock:
-        if tab.session is None or tab.replay or tab.settings != s:
-            _start(host, tab, s)
+        _ensure_session(host, tab, s)
         if tab.session.done:
             raise InputError("this session has finished (end of text or max new tokens): press Reset or change the prompt")
         tab.session.step()
@@ -147,8 +149,7 @@ def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_n
     """Run to the end, yielding the tab after every round (the page updates live)."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
     with host.lock:
-        if tab.session is None or tab.replay or tab.settings != s:
-            _start(host, tab, s)
+        _ensure_session(host, tab, s)
     while not tab.session.done:
         with host.lock:
             tab.session.step()

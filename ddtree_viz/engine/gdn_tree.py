@@ -62,9 +62,6 @@ class TreeIndex:
                     gather[pos, col] = kernel - past
         return cls(parents, ancestors.to(device), gather.to(device))
 
-    def to(self, device) -> "TreeIndex":
-        return TreeIndex(self.parents, self.ancestors.to(device), self.conv_gather.to(device))
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Causal conv along parent chains

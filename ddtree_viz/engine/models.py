@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from .cache import layer_types
-from .drafter import DFlashConfig, DFlashDrafter, validate_pairing
+from .drafter import DFlashDrafter, validate_pairing
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_TARGET = ASSETS / "tiny-qwen35-target"
@@ -139,21 +139,9 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     model, tokenizer = load_target(target, torch_dtype, device, offline=embedded)
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
-    draft_device = model.get_input_embeddings().weight.device
-    try:
-        validate_pairing(DFlashConfig.from_file(_draft_config_path(draft)), model.config)
-    except FileNotFoundError:
-        pass  # hub drafter: validated after download below
-    drafter = load_drafter(draft, torch_dtype, draft_device)
+    drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device)
     validate_pairing(drafter.config, model.config)
     return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device)
-
-
-def _draft_config_path(name: str) -> Path:
-    path = Path(name).expanduser() / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    return path
 
 
 def _display(name: str) -> str:

@@ -46,6 +46,3 @@ def layer_type_name(raw: str) -> str:
     """'linear_attention' -> 'GDN', 'full_attention' -> 'attention', anything else as is."""
     return LAYER_TYPE_NAME.get(raw, raw)
 
-
-def layer_color(raw: str) -> str:
-    return GDN_COLOR if layer_type_name(raw) == "GDN" else ATTENTION_COLOR

@@ -83,8 +83,3 @@ def token_texts_from_steps(steps) -> dict[int, str]:
         for node in step.nodes:
             out.setdefault(node.token_id, node.token)
     return out
-
-
-def visible_html(token: str) -> str:
-    """visible() then esc(): ready to drop between tags."""
-    return esc(visible(token))
