@@ -24,7 +24,7 @@ import torch
 from .errors import InputError
 from .engine.models import ModelPair
 from .engine.session import DecodeSession, first_divergence, greedy_decode
-from .engine.verify import input_device
+from .engine.verify import device_sync
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n",
@@ -143,7 +143,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _sync(pair: ModelPair):
-    return torch.cuda.synchronize if input_device(pair.target).type == "cuda" else (lambda: None)
+    return device_sync(pair.target, pair.drafter)
 
 
 def _greedy(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, sync) -> MethodRun:

@@ -35,11 +35,13 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 SMOKE = False
 DEVICE = "cuda"
+SPLIT = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
 
 
 def sync() -> None:
     if DEVICE == "cuda":
-        torch.cuda.synchronize()
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(d)
 
 
 def target_config(layers: int | None = None):
@@ -60,8 +62,11 @@ def target_config(layers: int | None = None):
 @torch.no_grad()
 def random_init_(model: torch.nn.Module, seed: int = 0) -> None:
     """Initialise weights in place on the GPU: normal(0, 0.02) matrices, identity-like norms, GDN decay params."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    gens: dict = {}
     for name, p in model.named_parameters():
+        if p.device not in gens:
+            gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+        gen = gens[p.device]
         if name.endswith("A_log"):
             p.copy_(torch.log(torch.empty_like(p, dtype=torch.float32).uniform_(1, 16, generator=gen)))
         elif name.endswith("dt_bias"):
@@ -86,16 +91,63 @@ def build_target(layers: int | None, dtype: torch.dtype, device: str | None = No
     cfg = target_config(layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    if SPLIT:
+        return _build_split(model, cfg)
     model = model.to_empty(device=device)
     random_init_(model)
     model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(device)  # buffers were left empty by to_empty
     return model.eval()
 
 
+def split_map(model) -> dict[str, str | int]:
+    """What `from_pretrained(device_map="auto")` computes: modules balanced over the visible GPUs, decoder
+    layers never split. --smoke (CPU): the same dispatch over two halves, both on the CPU."""
+    no_split = model._no_split_modules
+    if DEVICE == "cuda":
+        from accelerate.utils import get_balanced_memory, infer_auto_device_map
+
+        max_memory = get_balanced_memory(model, no_split_module_classes=no_split)
+        return infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
+    n = model.config.num_hidden_layers
+    layers = {f"model.layers.{i}": "cpu" for i in range(n)}
+    return {"model.embed_tokens": "cpu", **layers, "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+
+
+def _build_split(model, cfg):
+    """Materialise each module of the device map on its device, initialise, then dispatch with accelerate's
+    hooks (which move activations to each layer's device, as in a device_map="auto" load)."""
+    from accelerate import dispatch_model
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    device_map = split_map(model)
+    for name, dev in device_map.items():
+        (model.get_submodule(name) if name else model).to_empty(device=dev)
+    random_init_(model)
+    rotary_dev = next((d for n, d in device_map.items() if n in ("", "model", "model.rotary_emb")), None)
+    if rotary_dev is None:
+        rotary_dev = device_map.get("model.embed_tokens", 0)
+    model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(_torch_device(rotary_dev))
+    model = dispatch_model(model.eval(), device_map=device_map)
+    model.ddtree_device_map = device_map
+    return model
+
+
+def _torch_device(dev) -> torch.device:
+    return torch.device(f"cuda:{dev}") if isinstance(dev, int) else torch.device(dev)
+
+
+def layer_devices(model) -> dict[str, list[int]]:
+    """Decoder layer indices per device (for the report)."""
+    out: dict[str, list[int]] = {}
+    for i, layer in enumerate(model.model.layers):
+        out.setdefault(str(next(layer.parameters()).device), []).append(i)
+    return out
+
+
 def build_drafter(target, dtype: torch.dtype, device: str | None = None):
     from .engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
-    device = device or DEVICE
+    device = device or (target.get_input_embeddings().weight.device if SPLIT else DEVICE)  # split: first GPU
     raw = json.loads((FIXTURES / "qwen3.6-27b-dflash-config.json").read_text())
     n = target.config.num_hidden_layers
     raw["num_target_layers"] = n
@@ -118,7 +170,7 @@ def pair_of(target, drafter, dtype):
             return " ".join(f"<{i}>" for i in ids)
 
     return ModelPair(target, _Ids(), drafter, "Qwen3.6-27B shapes (random weights)", "DFlash shapes (random weights)",
-                     dtype, DEVICE)
+                     dtype, "auto" if SPLIT else DEVICE)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -162,7 +214,8 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
     from .engine.verify import EXACT, NAIVE, commit, verify_tree
 
     if DEVICE == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(d)
     t0 = time.perf_counter()
     target = build_target(layers, dtype)
     drafter = build_drafter(target, dtype)
@@ -173,7 +226,10 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
     out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
                  "copy_bandwidth_TBps": bw / 1e12, "weight_read_bound_ms": bound_ms, "build_s": build_s}
 
-    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=DEVICE)
+    if SPLIT:
+        out["layer_devices"] = layer_devices(target)
+    first = target.get_input_embeddings().weight.device
+    prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=first)
     base = new_cache(target)
     start = time.perf_counter()
     prefill = target(input_ids=prompt, cache=base, use_cache=True, output_hidden_states=True, logits_to_keep=1)
@@ -238,7 +294,8 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
         verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
 
     out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
-    out["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
+    out["rounds"] = session_rounds(target, drafter, dtype, prompt[0].tolist())
+    out["peak_memory_GiB"] = peak_memory_gib()
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
         out[f"{key}_per_bound"] = out[key] / bound_ms
     for row in rows:
@@ -248,6 +305,27 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
         del target, drafter, base, prefill
         torch.cuda.empty_cache()
     return out
+
+
+def peak_memory_gib() -> dict[str, float] | None:
+    if DEVICE != "cuda":
+        return None
+    return {f"cuda:{d}": torch.cuda.max_memory_allocated(d) / 2**30 for d in range(torch.cuda.device_count())}
+
+
+@torch.no_grad()
+def session_rounds(target, drafter, dtype, prompt: list[int], budget: int = 64, rounds: int = 12) -> dict:
+    """Whole DDTree rounds as the tool runs them (DFlash draft, tree, exact verify, commit, records), median
+    per phase. Random weights accept little, so this measures cost per round, not speed-up."""
+    from .engine.session import DecodeSession
+
+    session = DecodeSession(pair_of(target, drafter, dtype), budget=budget, max_new_tokens=2048)
+    session.prefill(prompt_ids=prompt)
+    session.step()  # warm-up
+    records = [session.step() for _ in range(rounds)]
+    phases = {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms}
+    return {"budget": budget, "rounds": rounds, "median_ms": phases, "round_ms": sum(phases.values()),
+            "mean_acceptance": sum(r.acceptance for r in records) / rounds}
 
 
 @torch.no_grad()
@@ -293,13 +371,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--device-map", choices=("none", "auto"), default="none",
+                   help="auto: split the target's layers over every visible GPU with accelerate (drafter on the first)")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
-    global SMOKE, DEVICE
-    SMOKE, DEVICE = a.smoke, ("cpu" if a.smoke else "cuda")
+    global SMOKE, DEVICE, SPLIT
+    SMOKE, DEVICE, SPLIT = a.smoke, ("cpu" if a.smoke else "cuda"), a.device_map == "auto"
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
-    report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__}
+    report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__,
+              "gpus": torch.cuda.device_count() if DEVICE == "cuda" else 0, "device_map": a.device_map}
     import transformers
 
     report["transformers"] = transformers.__version__

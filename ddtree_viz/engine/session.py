@@ -24,7 +24,7 @@ from .cache import new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .models import ModelPair
 from .tree import DraftTree, build_chain, build_tree, follow_tree
-from .verify import EXACT, NAIVE, commit, input_device, verify_tree
+from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
 
 METHODS = ("ddtree", "dflash")
 VERIFY_MODES = (EXACT, NAIVE)
@@ -103,6 +103,7 @@ class GreedyReference:
     @torch.no_grad()
     def extend_to(self, n: int) -> GreedyResult:
         device = input_device(self.target)
+        sync = device_sync(self.target)
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
             inputs = self.prompt_ids if not self.ids else self.ids[-1:]
@@ -113,8 +114,7 @@ class GreedyReference:
             self.ids.append(token)
             self.margins.append(float(top[0] - top[1]))
             self.finished = token in self.eos_ids
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         self.seconds += time.perf_counter() - start
         return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
 
@@ -158,7 +158,7 @@ class DecodeSession:
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
         self.eos_ids = pair.eos_token_ids
-        self._sync = torch.cuda.synchronize if input_device(self.target).type == "cuda" else (lambda: None)
+        self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------------------

@@ -132,6 +132,20 @@ def input_device(target) -> torch.device:
     return target.get_input_embeddings().weight.device
 
 
+def device_sync(*models):
+    """A function that waits for every CUDA device the models' weights live on (a target split over GPUs by
+    device_map runs on several; torch.cuda.synchronize() alone waits for the current one only)."""
+    devices = sorted({p.device.index or 0 for m in models if m is not None for p in m.parameters() if p.device.type == "cuda"})
+    if not devices:
+        return lambda: None
+
+    def sync():
+        for d in devices:
+            torch.cuda.synchronize(d)
+
+    return sync
+
+
 def verify_tree(
     target, cache, tree: DraftTree, committed_len: int, mode: str = EXACT, *, want_hidden: bool = True,
     reference_gdn: bool = False,
