@@ -35,6 +35,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 SMOKE = False
 DEVICE = "cuda"
+FAST = False  # --fast: also measure the static runner (engine/runner.py)
 SPLIT = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
 
 
@@ -295,6 +296,8 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
 
     out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
     out["rounds"] = session_rounds(target, drafter, dtype, prompt[0].tolist())
+    if FAST and not SPLIT:
+        out["fast"] = fast_speed(target, drafter, prompt[0].tolist(), budgets, logprobs, bound_ms, out["greedy_step_ms"])
     out["peak_memory_GiB"] = peak_memory_gib()
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
         out[f"{key}_per_bound"] = out[key] / bound_ms
@@ -305,6 +308,121 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
         del target, drafter, base, prefill
         torch.cuda.empty_cache()
     return out
+
+
+@torch.no_grad()
+def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs, bound_ms: float,
+               hf_greedy_ms: float) -> dict:
+    """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs."""
+    from .engine.runner import StaticRunner, one_node
+    from .engine.session import DFlashProposer
+    from .engine.tree import build_chain, build_tree
+
+    root = int(logprobs.argmax(-1)[0])
+    sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
+    start = time.perf_counter()
+    try:
+        runner = StaticRunner(target, max_len=len(prompt) + 2048, sizes=sizes, feature_layer_ids=drafter.target_layer_ids)
+        graphs_error = None
+    except Exception as exc:  # report what broke, measure without graphs
+        graphs_error = f"{type(exc).__name__}: {exc}"
+        runner = StaticRunner(target, max_len=len(prompt) + 2048, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
+                              graphs=False)
+    out: dict = {"graphs": runner.graphs, "graphs_error": graphs_error, "capture_s": time.perf_counter() - start,
+                 "sizes": sizes}
+    logits, feats = runner.prefill(prompt)
+    token = int(logits.argmax())
+
+    def greedy_step():
+        nonlocal token
+        _, token, _, _ = runner.step_tree(one_node(token))
+
+    out["greedy_step_ms"] = timed(greedy_step, repeats=30)
+    rows = []
+    for budget in budgets:
+        k = min(budget, logprobs.shape[-1])
+        values, ids = torch.topk(logprobs, k, dim=-1)
+        tree = build_tree(root, values.cpu().numpy(), ids.cpu().numpy(), budget)
+        verify_ms = timed(lambda: runner.forward(tree), repeats=20)
+        accepted = tree.path_to(len(tree) - 1)
+
+        def forward_commit():
+            _, _, slot = runner.forward(tree)
+            runner.commit(slot, accepted)
+
+        both_ms = timed(forward_commit, repeats=10)
+        rows.append({"budget": budget, "positions": len(tree), "verify_ms": verify_ms, "commit_ms": both_ms - verify_ms,
+                     "verify_per_bound": verify_ms / bound_ms, "verify_per_fast_greedy_step": verify_ms / out["greedy_step_ms"]})
+    out["budgets"] = rows
+    chain = build_chain(root, logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+    out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
+
+    # whole rounds: DFlash draft (eager drafter), tree, runner forward + walk + commit; host time apart
+    proposer = DFlashProposer(drafter, target)
+    logits, feats = runner.prefill(prompt)
+    token = int(logits.argmax())
+    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+    runner.host_ms.clear()
+    for r in range(14):
+        t0 = time.perf_counter()
+        lp = proposer.propose(token, runner.committed, feats, drafter.block_size)
+        sync()
+        t1 = time.perf_counter()
+        values, ids = torch.topk(lp, min(64, lp.shape[-1]), dim=-1)
+        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
+        h0 = time.perf_counter()
+        tree = build_tree(token, v_np, i_np, 64)
+        h1 = time.perf_counter()
+        accepted, token, feats, _ = runner.step_tree(tree)
+        sync()
+        t3 = time.perf_counter()
+        if r >= 2:  # warm-up rounds
+            phases["draft"].append((t1 - t0) * 1e3)
+            phases["tree"].append((h1 - t1) * 1e3)
+            phases["verify_commit"].append((t3 - h1) * 1e3)
+            phases["host"].append((h1 - h0) * 1e3 + runner.host_ms[-1])
+    out["round_budget_64"] = {k: statistics.median(v) for k, v in phases.items()}
+    out["round_budget_64"]["round_ms"] = sum(out["round_budget_64"][k] for k in ("draft", "tree", "verify_commit"))
+    out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
+    out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
+    return out
+
+
+@torch.no_grad()
+def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int, prompt_len: int = 64,
+                   ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
+    """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
+    from .engine.oracle import OracleProposer
+    from .engine.runner import StaticRunner, runner_ddtree, runner_greedy
+    from .engine.session import GreedyReference
+
+    target = build_target(layers, dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)])
+    margins: list[float] = []
+    greedy = runner_greedy(runner, prompt, new_tokens, margins=margins)
+    hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
+    idx = next((i for i, (a, b) in enumerate(zip(greedy, hf)) if a != b), None)
+    results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
+                "identical": idx is None, "first_divergence": idx,
+                "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
+    print(json.dumps(results[-1]), flush=True)
+    for budget in budgets:
+        for ranks in ranks_list:
+            oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
+            out, rounds = runner_ddtree(runner, oracle, prompt, new_tokens, budget)
+            idx = next((i for i, (a, b) in enumerate(zip(out, greedy)) if a != b), None)
+            results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
+                            "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
+                            "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
+                            "greedy_margin_at_divergence": margins[idx] if idx is not None else None,
+                            "min_greedy_margin": min(margins)})
+            print(json.dumps(results[-1]), flush=True)
+    del runner, target
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return results
 
 
 def peak_memory_gib() -> dict[str, float] | None:
@@ -373,10 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--device-map", choices=("none", "auto"), default="none",
                    help="auto: split the target's layers over every visible GPU with accelerate (drafter on the first)")
+    p.add_argument("--fast", action="store_true", help="also measure the static runner (CUDA graphs), and check its exactness")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
-    global SMOKE, DEVICE, SPLIT
-    SMOKE, DEVICE, SPLIT = a.smoke, ("cpu" if a.smoke else "cuda"), a.device_map == "auto"
+    global SMOKE, DEVICE, SPLIT, FAST
+    SMOKE, DEVICE, SPLIT, FAST = a.smoke, ("cpu" if a.smoke else "cuda"), a.device_map == "auto", a.fast
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
     report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__,
@@ -390,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.exactness:
         report["exactness_fp32_8_layers"] = exactness(8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
         report["exactness_bf16_full_depth"] = exactness(a.layers, torch.bfloat16, [32], a.new_tokens, ranks_list=((0,), (1,)))
+    if a.exactness and FAST and not SPLIT:
+        report["fast_exactness_fp32_8_layers"] = fast_exactness(8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
+        report["fast_exactness_bf16_full_depth"] = fast_exactness(a.layers, torch.bfloat16, [32], a.new_tokens,
+                                                                  ranks_list=((0,), (1,)))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -1,0 +1,375 @@
+"""A static-shape runner for a Qwen3.5 hybrid target on one device: the engine's fast GPU path.
+
+transformers' forward grows its cache with torch.cat and launches a few thousand small kernels per token from
+Python; on a 27B model that is ~11x the time the GPU needs to read the weights once. The runner keeps the same
+arithmetic (it calls the target's own norms, projections and MLPs, and the tree-exact GDN of gdn_tree.py)
+but over preallocated state:
+
+    keys / values  [1, kv_heads, max_len, head_dim] per attention layer (rows past `committed` are scratch)
+    conv           [C, kernel] per GDN layer (raw inputs, oldest first)
+    recurrent      [H, K, V] fp32 per GDN layer
+
+and two shape-static functions, each captured once per size as a CUDA graph:
+
+    forward(T):  tokens [T], positions [T], ancestor mask [T, T], conv windows [T, kernel]
+                 -> logits [T, vocab] (fp32) and the drafter's context features [T, F].
+                 Attention rows of the tree are written at committed .. committed+T-1 and each row sees the
+                 committed prefix plus its ancestors; GDN layers run the tree-exact parallel form and leave the
+                 state untouched (their per-node k, g, delta and raw conv inputs are kept for the commit).
+    commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, each GDN layer's
+                 recurrent state advanced along the path (closed form of gdn_tree.state_after) and its conv
+                 window taken at the path's last node; committed += length.
+
+Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run the same code. The prefill
+runs transformers' own forward once and copies its cache in. The tree size T is padded up to the nearest
+captured size with inert nodes (children of the root that nothing descends from).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
+
+from ..errors import ModelLoadError
+from .cache import layer_types
+from .gdn_tree import TreeIndex, gdn_inputs, gdn_output, tree_delta_rule
+from .tree import DraftTree, ancestor_matrix, follow_tree
+from .verify import decoder_layers, gdn_modules
+
+
+def conv_gather(parents, depths, kernel: int) -> np.ndarray:
+    """[T, kernel] columns of cat(conv_state, u) forming each node's window (vectorised TreeIndex.build)."""
+    par = np.asarray(parents, dtype=np.int64)
+    depth = np.asarray(depths, dtype=np.int64)
+    out = np.empty((len(par), kernel), dtype=np.int64)
+    cur = np.arange(len(par))
+    out[:, kernel - 1] = kernel + cur
+    for m in range(1, kernel):
+        cur = np.where(cur >= 0, par[np.maximum(cur, 0)], -1)
+        out[:, kernel - 1 - m] = np.where(cur >= 0, kernel + cur, kernel - (m - depth))
+    return out
+
+
+@dataclass
+class _Slot:
+    """Static inputs and outputs of one tree size."""
+
+    size: int
+    ids: torch.Tensor
+    pos: torch.Tensor
+    anc: torch.Tensor
+    gather: torch.Tensor
+    path: torch.Tensor
+    valid: torch.Tensor
+    last: torch.Tensor
+    length: torch.Tensor
+    out: tuple | None = None  # (logits, feats, stash) of the forward
+    graph: object = None
+    commit_graph: object = None
+
+
+class StaticRunner:
+    def __init__(self, target, *, max_len: int, sizes=(1,), feature_layer_ids=None, max_path: int = 16,
+                 graphs: bool | None = None):
+        self.target = target
+        self.layers = decoder_layers(target)
+        self.types = layer_types(target.config)
+        if any(getattr(m, "_hf_hook", None) is not None for m in target.modules()):
+            raise ModelLoadError("the static runner needs the whole target on one device (no device_map hooks)")
+        gdn = gdn_modules(target)
+        if not gdn:
+            raise ModelLoadError("the static runner is written for Qwen3.5 hybrid targets (Gated DeltaNet layers)")
+        weight = target.get_input_embeddings().weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.graphs = (self.device.type == "cuda") if graphs is None else graphs
+        self.kernel = next(iter(gdn.values())).conv_kernel_size
+        self.max_len, self.max_path = int(max_len), int(max_path)
+        self.feature_layer_ids = list(feature_layer_ids or [])
+        cfg = target.config.get_text_config()
+        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        self.keys, self.values, self.conv, self.rec = {}, {}, {}, {}
+        for i, kind in enumerate(self.types):
+            if kind == "linear_attention":
+                m = gdn[i]
+                self.conv[i] = torch.zeros(m.conv_dim, self.kernel, dtype=self.dtype, device=self.device)
+                self.rec[i] = torch.zeros(m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32, device=self.device)
+            else:
+                self.keys[i] = torch.zeros(1, kvh, self.max_len, hd, dtype=self.dtype, device=self.device)
+                self.values[i] = torch.zeros_like(self.keys[i])
+        self.committed = 0
+        self.committed_t = torch.zeros((), dtype=torch.long, device=self.device)
+        self._cols = torch.arange(self.max_len, device=self.device)
+        self._steps = torch.arange(self.max_path, device=self.device)
+        self.host_ms: list[float] = []  # per step_tree: host work (inputs, walk, path), GPU waits excluded
+        self._host = 0.0
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._slots: dict[int, _Slot] = {}
+        for size in sorted(set(int(s) for s in sizes)):
+            self._add_slot(size)
+
+    # -- slots and graphs ---------------------------------------------------------------------------------
+
+    def _add_slot(self, size: int) -> _Slot:
+        d = self.device
+        slot = _Slot(
+            size, ids=torch.zeros(size, dtype=torch.long, device=d), pos=torch.zeros(size, dtype=torch.long, device=d),
+            anc=torch.eye(size, dtype=torch.bool, device=d),
+            gather=torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), self.kernel), device=d),
+            path=torch.zeros(self.max_path, dtype=torch.long, device=d),
+            valid=torch.zeros(self.max_path, dtype=torch.float32, device=d),
+            last=torch.zeros(1, dtype=torch.long, device=d), length=torch.zeros((), dtype=torch.long, device=d),
+        )
+        slot.anc[:, 0] = True
+        if self.graphs:
+            saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    slot.out = self._forward(slot)
+                    self._commit(slot)
+            torch.cuda.current_stream().wait_stream(stream)
+            slot.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(slot.graph, pool=self._pool):
+                slot.out = self._forward(slot)
+            slot.commit_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(slot.commit_graph, pool=self._pool):
+                self._commit(slot)
+            self._state_restore(saved)
+        self._slots[size] = slot
+        return slot
+
+    def _state_copy(self):
+        return [(t, t.clone()) for group in (self.keys, self.values, self.conv, self.rec) for t in group.values()] + [
+            (self.committed_t, self.committed_t.clone())]
+
+    @staticmethod
+    def _state_restore(saved) -> None:
+        for t, copy in saved:
+            t.copy_(copy)
+
+    def slot_for(self, n: int) -> _Slot:
+        fits = [s for s in self._slots if s >= n]
+        if not fits:
+            return self._add_slot(n)
+        return self._slots[min(fits)]
+
+    # -- the two static functions ---------------------------------------------------------------------------
+
+    def _forward(self, slot: _Slot):
+        T = slot.size
+        x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
+        cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
+        tree_cols = self.committed_t + self._cols[:T]
+        visible = (self._cols < self.committed_t)[None].expand(T, self.max_len).clone()
+        visible.index_copy_(1, tree_cols, slot.anc)
+        index = TreeIndex((), slot.anc, slot.gather)
+        feats, stash = {}, {}
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            if i in self.conv:
+                gdn = layer.linear_attn
+                u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None)
+                core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc)
+                out = gdn_output(gdn, core, z, h.dtype)[None]
+                stash[i] = (u, k, g, delta)
+            else:
+                out = self._attention(i, layer.self_attn, h, cos, sin, visible, tree_cols)
+            x = x + out
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.feature_layer_ids:
+                feats[i] = x[0]
+        logits = self.target.get_output_embeddings()(self.target.model.norm(x))[0].float()
+        features = torch.cat([feats[i] for i in self.feature_layer_ids], dim=-1) if feats else None
+        return logits, features, stash
+
+    def _attention(self, i, attn, h, cos, sin, visible, tree_cols):
+        T, hd = h.shape[1], attn.head_dim
+        q, gate = torch.chunk(attn.q_proj(h).view(1, T, -1, hd * 2), 2, dim=-1)
+        gate = gate.reshape(1, T, -1)
+        q = attn.q_norm(q).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(h).view(1, T, -1, hd)).transpose(1, 2)
+        v = attn.v_proj(h).view(1, T, -1, hd).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values = self.keys[i], self.values[i]
+        keys.index_copy_(2, tree_cols, k.to(keys.dtype))
+        values.index_copy_(2, tree_cols, v.to(values.dtype))
+        kvh = keys.shape[1]
+        rep = q.shape[1] // kvh
+        # grouped heads without copying K/V: query heads h*rep .. h*rep+rep-1 share KV head h
+        qg = q.reshape(1, kvh, rep * T, hd)
+        mask = visible.repeat(rep, 1)[None, None]
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=attn.scaling)
+        o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
+        return attn.o_proj(o * torch.sigmoid(gate))
+
+    def _commit(self, slot: _Slot) -> None:
+        c = self.committed_t
+        src, dst = c + slot.path, c + self._steps
+        for i in self.keys:
+            for buf in (self.keys[i], self.values[i]):
+                buf.index_copy_(2, dst, buf.index_select(2, src))
+        _, _, stash = slot.out
+        valid = slot.valid[:, None]
+        for i, (u, k, g, delta) in stash.items():
+            G = torch.cumsum(g.index_select(0, slot.path) * valid, dim=0)  # [P, H] path sums (padding adds 0)
+            last = G[-1]
+            w = (last[None] - G).exp() * valid
+            kp = k.index_select(0, slot.path) * w[:, :, None]
+            rec = self.rec[i]
+            rec.copy_(last.exp()[:, None, None] * rec + torch.einsum("phk,phv->hkv", kp, delta.index_select(0, slot.path)))
+            conv = self.conv[i]
+            ext = torch.cat([conv, u.to(conv.dtype).t()], dim=1)
+            conv.copy_(ext.index_select(1, slot.gather.index_select(0, slot.last)[0]))
+        c.add_(slot.length)
+
+    # -- public API ---------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[int]):
+        """transformers' own forward over the prompt, its cache copied in. Returns (logits [vocab] fp32 of the
+        last position, context features [n, F] or None)."""
+        if len(prompt_ids) + 2 * self.max_path + max(self._slots) > self.max_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
+        cache = DynamicCache(config=self.target.config)
+        ids = torch.tensor([prompt_ids], device=self.device)
+        out = self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(self.feature_layer_ids))
+        n = len(prompt_ids)
+        for i, layer in enumerate(cache.layers):
+            if i in self.conv:
+                self.conv[i].copy_(layer.conv_states[0][0])
+                self.rec[i].copy_(layer.recurrent_states[0][0])
+            else:
+                self.keys[i][:, :, :n].copy_(layer.keys)
+                self.values[i][:, :, :n].copy_(layer.values)
+        self.committed = n
+        self.committed_t.fill_(n)
+        feats = None
+        if self.feature_layer_ids:
+            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.feature_layer_ids], dim=-1)
+        return out.logits[0, -1].float(), feats
+
+    def forward(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+        """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
+        start = time.perf_counter()
+        n = len(tree)
+        slot = self.slot_for(n)
+        if self.committed + slot.size + self.max_path > self.max_len:
+            raise ValueError(f"the runner's max_len {self.max_len} is full")
+        pad = slot.size - n
+        parents = list(tree.parents) + [0] * pad
+        depths = np.asarray(list(tree.depths) + [1] * pad)
+        anc = ancestor_matrix(tree)
+        if pad:
+            full = np.zeros((slot.size, slot.size), dtype=bool)
+            full[:n, :n] = anc
+            full[n:, 0] = True
+            full[np.arange(n, slot.size), np.arange(n, slot.size)] = True
+            anc = full
+        host = np.concatenate([np.asarray(list(tree.token_ids) + [0] * pad), depths + self.committed])
+        slot.ids.copy_(torch.from_numpy(host[: slot.size]), non_blocking=True)
+        slot.pos.copy_(torch.from_numpy(host[slot.size:]), non_blocking=True)
+        slot.anc.copy_(torch.from_numpy(anc), non_blocking=True)
+        slot.gather.copy_(torch.from_numpy(conv_gather(parents, depths, self.kernel)), non_blocking=True)
+        self._host += time.perf_counter() - start
+        if slot.graph is not None:
+            slot.graph.replay()
+        else:
+            slot.out = self._forward(slot)
+        logits, feats, _ = slot.out
+        return logits[:n], (feats[:n] if feats is not None else None), slot
+
+    def commit(self, slot: _Slot, accepted: list[int]) -> None:
+        """Keep the accepted path (tree positions, root first) and advance every layer's state along it."""
+        start = time.perf_counter()
+        L = len(accepted)
+        if not 1 <= L <= self.max_path:
+            raise ValueError(f"accepted path of {L} nodes; the runner keeps 1..{self.max_path}")
+        path = np.asarray(accepted + [accepted[-1]] * (self.max_path - L))
+        valid = (np.arange(self.max_path) < L).astype(np.float32)
+        slot.path.copy_(torch.from_numpy(path), non_blocking=True)
+        slot.valid.copy_(torch.from_numpy(valid), non_blocking=True)
+        slot.last.fill_(accepted[-1])
+        slot.length.fill_(L)
+        self._host += time.perf_counter() - start
+        if slot.commit_graph is not None:
+            slot.commit_graph.replay()
+        else:
+            self._commit(slot)
+        self.committed += L
+
+    def step_tree(self, tree: DraftTree):
+        """forward + acceptance walk + commit. Returns (accepted positions, bonus token, features of the accepted
+        positions or None, logits [T, vocab])."""
+        self._host = 0.0
+        logits, feats, slot = self.forward(tree)
+        argmax = logits.argmax(-1).tolist()  # the one device -> host wait of a round
+        start = time.perf_counter()
+        accepted, bonus = follow_tree(tree, argmax)
+        self._host += time.perf_counter() - start
+        self.commit(slot, accepted)
+        self.host_ms.append(self._host * 1e3)
+        if feats is not None:
+            feats = feats.index_select(0, torch.tensor(accepted, device=feats.device))
+        return accepted, bonus, feats, logits
+
+    def state(self) -> dict:
+        """Views of the committed state per layer (attention rows up to `committed`)."""
+        out = {}
+        for i in range(len(self.types)):
+            if i in self.conv:
+                out[i] = {"conv": self.conv[i], "recurrent": self.rec[i]}
+            else:
+                out[i] = {"keys": self.keys[i][:, :, : self.committed], "values": self.values[i][:, :, : self.committed]}
+        return out
+
+
+def one_node(token: int) -> DraftTree:
+    return DraftTree((int(token),), (-1,), (0,), (0,), (0.0,))
+
+
+@torch.no_grad()
+def runner_greedy(runner: StaticRunner, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                  margins: list | None = None) -> list[int]:
+    """Greedy decoding through the runner: one-node trees. `margins`, if given, receives each token's top-2
+    logit margin."""
+    logits, _ = runner.prefill(prompt_ids)
+    out = [int(logits.argmax())]
+    if margins is not None:
+        top = torch.topk(logits, 2).values
+        margins.append(float(top[0] - top[1]))
+    while len(out) < max_new_tokens and out[-1] not in eos_ids:
+        _, bonus, _, logits = runner.step_tree(one_node(out[-1]))
+        out.append(bonus)
+        if margins is not None:
+            top = torch.topk(logits[0], 2).values
+            margins.append(float(top[0] - top[1]))
+    return out
+
+
+@torch.no_grad()
+def runner_ddtree(runner: StaticRunner, proposer, prompt_ids: list[int], max_new_tokens: int, budget: int,
+                  eos_ids=(), block_size: int | None = None) -> tuple[list[int], list[int]]:
+    """DDTree through the runner. Returns (generated ids, accepted length per round)."""
+    from .tree import build_tree
+
+    block = block_size or proposer.block_size
+    proposer.reset()
+    logits, feats = runner.prefill(prompt_ids)
+    out, rounds = [int(logits.argmax())], []
+    while len(out) < max_new_tokens and out[-1] not in eos_ids:
+        logprobs = proposer.propose(out[-1], runner.committed, feats, block)
+        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+        tree = build_tree(out[-1], values.cpu().numpy(), ids.cpu().numpy(), budget)
+        accepted, bonus, feats, _ = runner.step_tree(tree)
+        rounds.append(len(accepted))
+        for token in [tree.token_ids[a] for a in accepted[1:]] + [bonus]:
+            if len(out) < max_new_tokens and out[-1] not in eos_ids:
+                out.append(token)
+    return out, rounds

@@ -1,0 +1,147 @@
+"""The static runner (the engine's fast GPU path) against transformers and against the engine's own verify,
+float32 on the CPU without graphs (the same functions the CUDA graphs capture)."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from accelerate import dispatch_model
+from transformers import DynamicCache
+
+from ddtree_viz.engine.gdn_tree import TreeIndex
+from ddtree_viz.engine.oracle import OracleProposer
+from ddtree_viz.engine.runner import StaticRunner, conv_gather, one_node, runner_ddtree, runner_greedy
+from ddtree_viz.engine.session import DFlashProposer, GreedyReference
+from ddtree_viz.engine.tree import DraftTree
+from ddtree_viz.engine.verify import EXACT, verify_tree
+from ddtree_viz.errors import ModelLoadError
+from test_gdn_tree import random_tree
+from tiny import tiny_pair
+
+PROMPT = "def fibonacci(n):\n    return"
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("hybrid", seed=0, layers=8)
+
+
+@pytest.fixture(scope="module")
+def greedy(pair):
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    return prompt, GreedyReference(pair.target, prompt, set()).extend_to(NEW)
+
+
+def make_runner(pair, sizes=(1, 17)):
+    return StaticRunner(pair.target, max_len=256, sizes=sizes, feature_layer_ids=pair.drafter.target_layer_ids)
+
+
+def tree_from_parents(parents, rng) -> DraftTree:
+    depths = []
+    for p in parents:
+        depths.append(0 if p < 0 else depths[p] + 1)
+    tokens = [rng.randrange(256) for _ in parents]
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple([0] * len(parents)), tuple([0.0] * len(parents)))
+
+
+def test_conv_windows_match_the_tree_index():
+    rng = random.Random(0)
+    for n, depth in [(1, 0), (2, 1), (9, 3), (20, 8), (33, 2)]:
+        parents = random_tree(n, depth, rng)
+        depths = tree_from_parents(parents, rng).depths
+        for kernel in (2, 4):
+            expect = TreeIndex.build(parents, kernel, "cpu").conv_gather.numpy()
+            assert np.array_equal(conv_gather(parents, depths, kernel), expect)
+
+
+def test_runner_greedy_equals_transformers_greedy(pair, greedy):
+    prompt, ref = greedy
+    assert runner_greedy(make_runner(pair), prompt, NEW) == list(ref.ids)
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 40])  # 4: trees padded to a larger slot; 40: a slot added on demand
+@pytest.mark.parametrize("ranks", [[0], [1], [0, 2, 1]])
+def test_runner_ddtree_equals_greedy(pair, greedy, budget, ranks):
+    prompt, ref = greedy
+    oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+    out, rounds = runner_ddtree(make_runner(pair), oracle, prompt, NEW, budget)
+    assert out == list(ref.ids)
+    if budget > 1 and ranks == [0]:
+        assert max(rounds) > 2  # long accepted paths really happened
+
+
+def test_runner_ddtree_with_the_dflash_drafter(pair, greedy):
+    prompt, ref = greedy
+    out, _ = runner_ddtree(make_runner(pair), DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
+    assert out == list(ref.ids)
+
+
+def test_runner_state_equals_greedy_cache(pair, greedy):
+    """After DDTree rounds the committed state is what transformers' own one-token steps leave."""
+    prompt, ref = greedy
+    runner = make_runner(pair)
+    oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
+    out, rounds = runner_ddtree(runner, oracle, prompt, 24, 16)
+    committed = runner.committed - len(prompt)  # the last bonus token is not in the cache yet
+    cache = DynamicCache(config=pair.target.config)
+    pair.target(input_ids=torch.tensor([prompt + out[:committed]]), cache=cache, use_cache=True)
+    state = runner.state()
+    for i, layer in enumerate(cache.layers):
+        if "conv" in state[i]:
+            torch.testing.assert_close(state[i]["conv"], layer.conv_states[0][0], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(state[i]["recurrent"], layer.recurrent_states[0][0].float(), atol=1e-5, rtol=1e-4)
+        else:
+            torch.testing.assert_close(state[i]["keys"], layer.keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(state[i]["values"], layer.values, atol=1e-5, rtol=1e-4)
+
+
+def test_runner_tree_pass_equals_the_engine_verify(pair, greedy):
+    """Logits and drafter features of one tree pass: runner == transformers' forward with the tree-exact GDN."""
+    prompt, _ = greedy
+    rng = random.Random(1)
+    tree = tree_from_parents(random_tree(23, 6, rng), rng)
+    runner = make_runner(pair, sizes=(1, 33))
+    runner.prefill(prompt)
+    logits, feats, _ = runner.forward(tree)
+    cache = DynamicCache(config=pair.target.config)
+    pair.target(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+    result = verify_tree(pair.target, cache, tree, len(prompt), EXACT, want_hidden=True)
+    torch.testing.assert_close(logits, result.logits, atol=1e-4, rtol=1e-4)
+    expect = torch.cat([result.hidden_states[i + 1][0] for i in pair.drafter.target_layer_ids], dim=-1)
+    torch.testing.assert_close(feats, expect, atol=1e-4, rtol=1e-4)
+
+
+def test_runner_refuses_what_it_cannot_run(pair, tmp_path):
+    with pytest.raises(ModelLoadError, match="hybrid"):
+        StaticRunner(tiny_pair("attention").target, max_len=64)
+    split = tiny_pair("hybrid", seed=0)
+    dispatch_model(split.target, device_map={"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers": "cpu",
+                                             "model.norm": "cpu", "lm_head": "disk"}, offload_dir=str(tmp_path))
+    with pytest.raises(ModelLoadError, match="one device"):
+        StaticRunner(split.target, max_len=64)
+    runner = StaticRunner(pair.target, max_len=40)
+    with pytest.raises(ValueError, match="no room"):
+        runner.prefill(list(range(20)))
+    runner.prefill(list(range(5)))
+    with pytest.raises(ValueError, match="accepted path"):
+        runner.commit(runner.forward(one_node(3))[2], [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_runner_with_cuda_graphs_equals_greedy():
+    """The captured graphs replay the same functions: greedy == transformers' greedy, DDTree == greedy."""
+    pair = tiny_pair("hybrid", seed=0, layers=8)
+    pair.target.to("cuda")
+    pair.drafter.to("cuda")
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    assert runner.graphs
+    assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
+    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1]), (40, [0])]:
+        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+        assert runner_ddtree(runner, oracle, prompt, NEW, budget)[0] == list(ref.ids)
+    out, _ = runner_ddtree(runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
+    assert out == list(ref.ids)
