@@ -145,3 +145,19 @@ def test_runner_with_cuda_graphs_equals_greedy():
         assert runner_ddtree(runner, oracle, prompt, NEW, budget)[0] == list(ref.ids)
     out, _ = runner_ddtree(runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
     assert out == list(ref.ids)
+
+
+def test_one_step_delta_rule_equals_the_recurrence():
+    from ddtree_viz.engine.gdn_tree import replay_state, tree_delta_rule_reference
+    from ddtree_viz.engine.runner import delta_rule_step
+
+    gen = torch.Generator().manual_seed(0)
+    H, K, V = 3, 4, 5
+    q, k = (torch.nn.functional.normalize(torch.randn(1, H, K, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(1, H, V, generator=gen)
+    g, beta = -torch.rand(1, H, generator=gen), torch.rand(1, H, generator=gen)
+    state = torch.randn(H, K, V, generator=gen)
+    out, delta = delta_rule_step(q, k, v, g, beta, state)
+    torch.testing.assert_close(out, tree_delta_rule_reference(q, k, v, g, beta, state, [-1]))
+    after = g[0].exp()[:, None, None] * state + k[0][:, :, None] * delta[0][:, None, :]
+    torch.testing.assert_close(after, replay_state([0], k, v, g, beta, state))

@@ -43,6 +43,15 @@ from .tree import DraftTree, ancestor_matrix, follow_tree
 from .verify import decoder_layers, gdn_modules
 
 
+def delta_rule_step(q, k, v, g, beta, state):
+    """One token of the gated delta rule (q, k, v [1, H, .], g, beta [1, H], state [H, K, V], fp32): the output
+    [1, H, V] and delta [1, H, V], without touching the state (the commit applies S' = e^g S + k delta^T)."""
+    decayed = state * g[0].exp()[:, None, None]
+    delta = beta[0][:, None] * (v[0] - torch.einsum("hkv,hk->hv", decayed, k[0]))
+    out = torch.einsum("hkv,hk->hv", decayed, q[0]) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
+    return out[None], delta[None]
+
+
 def conv_gather(parents, depths, kernel: int) -> np.ndarray:
     """[T, kernel] columns of cat(conv_state, u) forming each node's window (vectorised TreeIndex.build)."""
     par = np.asarray(parents, dtype=np.int64)
@@ -93,15 +102,22 @@ class StaticRunner:
         self.feature_layer_ids = list(feature_layer_ids or [])
         cfg = target.config.get_text_config()
         kvh, hd = cfg.num_key_value_heads, cfg.head_dim
-        self.keys, self.values, self.conv, self.rec = {}, {}, {}, {}
-        for i, kind in enumerate(self.types):
-            if kind == "linear_attention":
-                m = gdn[i]
-                self.conv[i] = torch.zeros(m.conv_dim, self.kernel, dtype=self.dtype, device=self.device)
-                self.rec[i] = torch.zeros(m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32, device=self.device)
-            else:
-                self.keys[i] = torch.zeros(1, kvh, self.max_len, hd, dtype=self.dtype, device=self.device)
-                self.values[i] = torch.zeros_like(self.keys[i])
+        # one stacked tensor per kind of state (so the commit is a few batched kernels), a view per layer
+        self.gdn_ids = [i for i, kind in enumerate(self.types) if kind == "linear_attention"]
+        self.attn_ids = [i for i, kind in enumerate(self.types) if kind != "linear_attention"]
+        m = gdn[self.gdn_ids[0]]
+        self.conv_all = torch.zeros(len(self.gdn_ids), m.conv_dim, self.kernel, dtype=self.dtype, device=self.device)
+        self.rec_all = torch.zeros(len(self.gdn_ids), m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32,
+                                   device=self.device)
+        self.keys_all = torch.zeros(len(self.attn_ids), kvh, self.max_len, hd, dtype=self.dtype, device=self.device)
+        self.values_all = torch.zeros_like(self.keys_all)
+        self.conv = {i: self.conv_all[j] for j, i in enumerate(self.gdn_ids)}
+        self.rec = {i: self.rec_all[j] for j, i in enumerate(self.gdn_ids)}
+        self.keys = {i: self.keys_all[j][None] for j, i in enumerate(self.attn_ids)}
+        self.values = {i: self.values_all[j][None] for j, i in enumerate(self.attn_ids)}
+        # Qwen3.5's zero-centred RMSNorm scales by (1 + w): precomputed in fp32 once
+        self._norm_scale = {id(mod): (1.0 + mod.weight.detach().float()) for mod in target.modules()
+                            if type(mod).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")}
         self.committed = 0
         self.committed_t = torch.zeros((), dtype=torch.long, device=self.device)
         self._cols = torch.arange(self.max_len, device=self.device)
@@ -115,6 +131,7 @@ class StaticRunner:
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 
+    @torch.no_grad()
     def _add_slot(self, size: int) -> _Slot:
         d = self.device
         slot = _Slot(
@@ -146,8 +163,7 @@ class StaticRunner:
         return slot
 
     def _state_copy(self):
-        return [(t, t.clone()) for group in (self.keys, self.values, self.conv, self.rec) for t in group.values()] + [
-            (self.committed_t, self.committed_t.clone())]
+        return [(t, t.clone()) for t in (self.keys_all, self.values_all, self.conv_all, self.rec_all, self.committed_t)]
 
     @staticmethod
     def _state_restore(saved) -> None:
@@ -162,6 +178,13 @@ class StaticRunner:
 
     # -- the two static functions ---------------------------------------------------------------------------
 
+    def _norm(self, mod, x):
+        """transformers' Qwen3_5RMSNorm (fp32 normalise, scale by 1 + w, cast back) in fewer kernels."""
+        scale = self._norm_scale.get(id(mod))
+        if scale is None:
+            return mod(x)
+        return (F.rms_norm(x.float(), (x.shape[-1],), eps=mod.eps) * scale).type_as(x)
+
     def _forward(self, slot: _Slot):
         T = slot.size
         x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
@@ -170,31 +193,35 @@ class StaticRunner:
         visible = (self._cols < self.committed_t)[None].expand(T, self.max_len).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
         index = TreeIndex((), slot.anc, slot.gather)
-        feats, stash = {}, {}
+        feats, stash = {}, []
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
+            h = self._norm(layer.input_layernorm, x)
             if i in self.conv:
                 gdn = layer.linear_attn
                 u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None)
-                core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc)
+                if T == 1:  # a decode step: the recurrence itself, one step
+                    core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
+                else:
+                    core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc)
                 out = gdn_output(gdn, core, z, h.dtype)[None]
-                stash[i] = (u, k, g, delta)
+                stash.append((u, k, g, delta))
             else:
                 out = self._attention(i, layer.self_attn, h, cos, sin, visible, tree_cols)
             x = x + out
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
             if i in self.feature_layer_ids:
                 feats[i] = x[0]
-        logits = self.target.get_output_embeddings()(self.target.model.norm(x))[0].float()
+        logits = self.target.get_output_embeddings()(self._norm(self.target.model.norm, x))[0].float()
         features = torch.cat([feats[i] for i in self.feature_layer_ids], dim=-1) if feats else None
-        return logits, features, stash
+        stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
+        return logits, features, stacked
 
     def _attention(self, i, attn, h, cos, sin, visible, tree_cols):
         T, hd = h.shape[1], attn.head_dim
         q, gate = torch.chunk(attn.q_proj(h).view(1, T, -1, hd * 2), 2, dim=-1)
         gate = gate.reshape(1, T, -1)
-        q = attn.q_norm(q).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(h).view(1, T, -1, hd)).transpose(1, 2)
+        q = self._norm(attn.q_norm, q).transpose(1, 2)
+        k = self._norm(attn.k_norm, attn.k_proj(h).view(1, T, -1, hd)).transpose(1, 2)
         v = attn.v_proj(h).view(1, T, -1, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = self.keys[i], self.values[i]
@@ -212,21 +239,18 @@ class StaticRunner:
     def _commit(self, slot: _Slot) -> None:
         c = self.committed_t
         src, dst = c + slot.path, c + self._steps
-        for i in self.keys:
-            for buf in (self.keys[i], self.values[i]):
-                buf.index_copy_(2, dst, buf.index_select(2, src))
-        _, _, stash = slot.out
-        valid = slot.valid[:, None]
-        for i, (u, k, g, delta) in stash.items():
-            G = torch.cumsum(g.index_select(0, slot.path) * valid, dim=0)  # [P, H] path sums (padding adds 0)
-            last = G[-1]
-            w = (last[None] - G).exp() * valid
-            kp = k.index_select(0, slot.path) * w[:, :, None]
-            rec = self.rec[i]
-            rec.copy_(last.exp()[:, None, None] * rec + torch.einsum("phk,phv->hkv", kp, delta.index_select(0, slot.path)))
-            conv = self.conv[i]
-            ext = torch.cat([conv, u.to(conv.dtype).t()], dim=1)
-            conv.copy_(ext.index_select(1, slot.gather.index_select(0, slot.last)[0]))
+        for buf in (self.keys_all, self.values_all):  # every attention layer at once
+            buf.index_copy_(2, dst, buf.index_select(2, src))
+        u, k, g, delta = slot.out[2]  # every GDN layer at once: [Lg, T, ...]
+        valid = slot.valid[None, :, None]
+        G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
+        last = G[:, -1]
+        w = (last[:, None] - G).exp() * valid
+        kp = k.index_select(1, slot.path) * w[..., None]
+        grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, slot.path))
+        self.rec_all.copy_(last.exp()[..., None, None] * self.rec_all + grown)
+        ext = torch.cat([self.conv_all, u.to(self.conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]
+        self.conv_all.copy_(ext.index_select(2, slot.gather.index_select(0, slot.last)[0]))
         c.add_(slot.length)
 
     # -- public API ---------------------------------------------------------------------------------------------
@@ -255,6 +279,7 @@ class StaticRunner:
             feats = torch.cat([out.hidden_states[i + 1][0] for i in self.feature_layer_ids], dim=-1)
         return out.logits[0, -1].float(), feats
 
+    @torch.no_grad()
     def forward(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
         start = time.perf_counter()
@@ -285,6 +310,7 @@ class StaticRunner:
         logits, feats, _ = slot.out
         return logits[:n], (feats[:n] if feats is not None else None), slot
 
+    @torch.no_grad()
     def commit(self, slot: _Slot, accepted: list[int]) -> None:
         """Keep the accepted path (tree positions, root first) and advance every layer's state along it."""
         start = time.perf_counter()
@@ -304,6 +330,7 @@ class StaticRunner:
             self._commit(slot)
         self.committed += L
 
+    @torch.no_grad()
     def step_tree(self, tree: DraftTree):
         """forward + acceptance walk + commit. Returns (accepted positions, bonus token, features of the accepted
         positions or None, logits [T, vocab])."""
