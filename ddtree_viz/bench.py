@@ -33,6 +33,7 @@ DEFAULT_PROMPTS = (
     "for i, line in enumerate(lines):\n",
 )
 METHODS = ("greedy", "dflash", "ddtree")
+RUNNER_METHODS = ("runner-greedy", "runner-ddtree")  # --runner: the static runner (engine/runner.py), same prompts
 MAX_REPEATS = 100
 WARMUP_TOKENS = 8
 
@@ -110,6 +111,12 @@ class BenchResult:
             "identical_to_greedy": self.identical_to_greedy("dflash") and self.identical_to_greedy("ddtree"),
             "dflash_identical_to_greedy": self.identical_to_greedy("dflash"),
             "ddtree_identical_to_greedy": self.identical_to_greedy("ddtree"),
+            **({"runner_greedy_tok_s": self.tok_s("runner-greedy"), "runner_ddtree_tok_s": self.tok_s("runner-ddtree"),
+                "runner_ddtree_speedup_vs_runner_greedy": _ratio(self.tok_s("runner-ddtree"), self.tok_s("runner-greedy")),
+                "runner_ddtree_speedup": self.speedup("runner-ddtree"),
+                "runner_ddtree_mean_acceptance": self.mean_acceptance("runner-ddtree"),
+                "runner_identical_to_greedy": self.identical_to_greedy("runner-greedy")
+                and self.identical_to_greedy("runner-ddtree")} if self.settings.get("runner") else {}),
             "model": self.model,
             "settings": self.settings,
             "timing": "seconds from the start of prefill to the last generated token, prompt pre-tokenised, "
@@ -124,13 +131,13 @@ class BenchResult:
                             "seconds": p.seconds(m),
                             "median_seconds": statistics.median(r.seconds for r in p.runs[m]),
                             "tok_s": p.tok_s(m),
-                            **({} if m == "greedy" else {
+                            **({} if m.endswith("greedy") else {
                                 "rounds": sum(r.rounds for r in p.runs[m]),
                                 "mean_acceptance": p.mean_acceptance(m),
                                 "first_divergence": p.divergence(m),
                             }),
                         }
-                        for m in METHODS
+                        for m in p.runs
                     },
                 }
                 for p in self.prompts
@@ -164,9 +171,23 @@ def _speculative(session: DecodeSession, prompt_ids: list[int], sync) -> MethodR
     return MethodRun(list(session.generated), seconds, len(session.history), sum(r.acceptance for r in session.history))
 
 
+def _runner_run(runner, ids: list[int], max_new_tokens: int, eos, sync, proposer=None, budget: int = 0,
+                block_size: int | None = None) -> MethodRun:
+    from .engine.runner import runner_ddtree, runner_greedy
+
+    sync()
+    start = time.perf_counter()
+    if proposer is None:
+        out, rounds = runner_greedy(runner, ids, max_new_tokens, eos), []
+    else:
+        out, rounds = runner_ddtree(runner, proposer, ids, max_new_tokens, budget, eos, block_size)
+    sync()
+    return MethodRun(out, time.perf_counter() - start, len(rounds), sum(rounds))
+
+
 def run_bench(
     pair: ModelPair, prompts: list[str] | tuple[str, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
-    block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None,
+    block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None, runner: bool = False,
 ) -> BenchResult:
     """Measure greedy, DFlash chain and DDTree (exact) on each prompt. `progress(text)` is called between runs."""
     prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
@@ -184,6 +205,17 @@ def run_bench(
     tokenizer = pair.tokenizer
     encoded = [[int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
     sync = _sync(pair)
+    methods = METHODS + (RUNNER_METHODS if runner else ())
+    static = proposer = None
+    if runner:
+        from .engine.runner import StaticRunner
+        from .engine.session import DFlashProposer
+
+        block = sessions["ddtree"].block_size
+        room = max(len(ids) for ids in encoded) + max_new_tokens + 2 * block + budget + 64
+        static = StaticRunner(pair.target, max_len=-(-room // 64) * 64, sizes=(1, budget + 1),
+                              feature_layer_ids=pair.drafter.target_layer_ids, max_path=block)
+        proposer = DFlashProposer(pair.drafter, pair.target)
 
     if warmup:
         say("warming up")
@@ -192,23 +224,31 @@ def run_bench(
         for m in ("dflash", "ddtree"):
             s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m)
             _speculative(s, encoded[0], sync)
+        if runner:
+            _runner_run(static, encoded[0], warm, pair.eos_token_ids, sync)
+            _runner_run(static, encoded[0], warm, pair.eos_token_ids, sync, proposer, budget, block)
 
     results = []
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
-        result = PromptResult(prompt, len(ids), {m: [] for m in METHODS})
+        result = PromptResult(prompt, len(ids), {m: [] for m in methods})
         for r in range(repeats):
             say(f"prompt {i + 1}/{len(prompts)}, repeat {r + 1}/{repeats}")
             # Speculative sessions first: their prefill checks the prompt (empty / too long) before greedy runs.
             result.runs["ddtree"].append(_speculative(sessions["ddtree"], ids, sync))
             result.runs["dflash"].append(_speculative(sessions["dflash"], ids, sync))
             result.runs["greedy"].append(_greedy(pair, ids, max_new_tokens, sync))
+            if runner:
+                eos = pair.eos_token_ids
+                result.runs["runner-greedy"].append(_runner_run(static, ids, max_new_tokens, eos, sync))
+                result.runs["runner-ddtree"].append(_runner_run(static, ids, max_new_tokens, eos, sync, proposer, budget, block))
         results.append(result)
 
     ddtree = sessions["ddtree"]
     settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
                     repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
-                    warmup=warmup, torch_threads=torch.get_num_threads())
+                    warmup=warmup, torch_threads=torch.get_num_threads(), runner=runner,
+                    cuda_graphs=bool(static is not None and static.graphs))
     return BenchResult(settings, pair.describe(), results)
 
 
-__all__ = ["DEFAULT_PROMPTS", "BenchResult", "MethodRun", "PromptResult", "run_bench"]
+__all__ = ["DEFAULT_PROMPTS", "RUNNER_METHODS", "BenchResult", "MethodRun", "PromptResult", "run_bench"]

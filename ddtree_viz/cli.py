@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_args(bench)
     bench.add_argument("--repeats", type=_whole_number, default=1, help="timed runs per prompt and method (default: 1)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    bench.add_argument("--runner", action="store_true",
+                       help="also time greedy and DDTree through the static runner (preallocated state; CUDA graphs on a "
+                            "GPU), Qwen3.5 hybrid targets on one device")
     bench.set_defaults(handler=cmd_bench)
 
     _add_export_parser(sub)
@@ -278,7 +281,7 @@ def cmd_bench(args) -> int:
     pair = _load(args)
     print(pair.describe())
     result = run_bench(pair, args.prompts, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                       block_size=args.block_size, repeats=args.repeats,
+                       block_size=args.block_size, repeats=args.repeats, runner=args.runner,
                        progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
     s = result.settings
     print(f"budget {s['budget']}, block size {s['block_size']}, max new tokens {s['max_new_tokens']}, repeats {s['repeats']}, "
@@ -288,21 +291,27 @@ def cmd_bench(args) -> int:
     for i, p in enumerate(result.prompts):
         head = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
         print(f"prompt {i + 1}: {head!r} ({p.prompt_tokens} tokens)")
-        for m in ("greedy", "dflash", "ddtree"):
-            line = f"  {m:<7} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
+        for m in p.runs:
+            line = f"  {m:<13} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
             if m != "greedy":
                 div = p.divergence(m)
                 same = "identical to greedy" if div is None else f"DIVERGES from greedy at token {div}"
-                line += f"  x{_ratio(p.tok_s(m), p.tok_s('greedy')):.2f}  acceptance {p.mean_acceptance(m):.2f}  {same}"
+                acc = "" if m.endswith("greedy") else f"  acceptance {p.mean_acceptance(m):.2f}"
+                line += f"  x{_ratio(p.tok_s(m), p.tok_s('greedy')):.2f}{acc}  {same}"
             print(line)
     print()
-    print(f"{'overall':<8} {'tok/s':>9}  {'vs greedy':>9}  {'mean acceptance':>15}  identical to greedy")
-    for m in ("greedy", "dflash", "ddtree"):
+    print(f"{'overall':<14} {'tok/s':>9}  {'vs greedy':>9}  {'mean acceptance':>15}  identical to greedy")
+    for m in result.prompts[0].runs:
+        same = "yes" if result.identical_to_greedy(m) else "NO"
         if m == "greedy":
-            print(f"{m:<8} {result.tok_s(m):>9.1f}  {'1.00x':>9}  {'-':>15}  -")
+            print(f"{m:<14} {result.tok_s(m):>9.1f}  {'1.00x':>9}  {'-':>15}  -")
+        elif m == "runner-greedy":
+            print(f"{m:<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>8.2f}x  {'-':>15}  {same}")
         else:
-            same = "yes" if result.identical_to_greedy(m) else "NO"
-            print(f"{m:<8} {result.tok_s(m):>9.1f}  {result.speedup(m):>8.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
+            print(f"{m:<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>8.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
+    if args.runner:
+        ratio = _ratio(result.tok_s("runner-ddtree"), result.tok_s("runner-greedy"))
+        print(f"runner-ddtree vs runner-greedy: {ratio:.2f}x (both through the static runner)")
 
     if args.json:
         path = Path(args.json)

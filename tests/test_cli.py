@@ -157,3 +157,26 @@ def test_app_help():
     for flag in ("--target", "--draft", "--dtype", "--device", "--host", "--port", "--share"):
         assert flag in proc.stdout
     assert "127.0.0.1" in proc.stdout
+
+
+def test_bench_runner_end_to_end(tmp_path):
+    """--runner: greedy and DDTree through the static runner on the embedded pair, checked against greedy."""
+    path = tmp_path / "bench.json"
+    proc = _python("-m", "ddtree_viz", "bench", "--prompt", "class Stack:\n    def __init__(self):\n", "--max-new-tokens",
+                   "24", "--budget", "8", "--runner", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    assert data["runner_identical_to_greedy"] is True
+    assert data["runner_ddtree_mean_acceptance"] >= 1.0 and data["runner_greedy_tok_s"] > 0
+    assert data["settings"]["runner"] is True and data["settings"]["cuda_graphs"] is False
+    prompt = data["prompts"][0]
+    assert prompt["runner-greedy"]["tokens"] == prompt["runner-ddtree"]["tokens"] == prompt["greedy"]["tokens"] > 1
+    assert prompt["runner-ddtree"]["first_divergence"] is None
+    assert "runner-ddtree vs runner-greedy" in proc.stdout
+
+
+def test_bench_runner_refuses_a_pure_attention_target(tmp_path):
+    target, draft = tiny.save_pair(tiny.tiny_pair("attention"), tmp_path)
+    proc = _python("-m", "ddtree_viz", "bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi",
+                   "--max-new-tokens", "4", "--runner")
+    assert proc.returncode == 2 and "hybrid" in proc.stderr and "Traceback" not in proc.stderr
