@@ -72,9 +72,10 @@ def tree_conv(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, g
     """Depthwise causal conv where each node's window follows its parent chain, then SiLU.
 
     u: [T, C] raw conv inputs; conv_state: [C, kernel] committed raw inputs (oldest first); weight: [C, kernel]."""
+    kernel, n = gather.shape[1], gather.shape[0]
     ext = torch.cat([conv_state.to(weight.dtype), u.to(weight.dtype).t()], dim=1)  # [C, kernel + T]
-    windows = ext[:, gather]  # [C, T, kernel]
-    out = (windows * weight[:, None, :]).sum(-1)  # [C, T]
+    windows = ext.index_select(1, gather.t().reshape(-1)).view(-1, kernel, n)  # [C, kernel, T]: tap-major
+    out = (windows * weight[:, :, None]).sum(1)  # [C, T] (a reduction over the short middle dim: one fast kernel)
     return F.silu(out).t().to(u.dtype)
 
 
@@ -105,23 +106,41 @@ def path_conv_state(u: torch.Tensor, conv_state: torch.Tensor, gather_row: torch
 # ----------------------------------------------------------------------------------------------------------
 
 
-def tree_delta_rule(q, k, v, g, beta, state, ancestors):
+@dataclass(frozen=True)
+class TreeMasks:
+    """The per-tree tensors every GDN layer of one pass shares (built once per pass)."""
+
+    ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
+    anc_float: torch.Tensor  # [T, T] fp32
+    off_path: torch.Tensor  # [T, T] fp32: 0 on the path (ancestor-or-self), -inf elsewhere
+    strict: torch.Tensor  # [T, T] fp32: 1 for strict ancestors, 0 elsewhere
+
+    @classmethod
+    def of(cls, ancestors: torch.Tensor) -> "TreeMasks":
+        anc = ancestors.to(torch.float32)
+        eye = torch.eye(ancestors.shape[0], dtype=torch.bool, device=ancestors.device)
+        off = torch.zeros_like(anc).masked_fill_(~ancestors, float("-inf"))
+        return cls(ancestors, anc, off, (ancestors & ~eye).to(torch.float32))
+
+
+def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None = None):
     """Parallel tree form. q, k: [T, H, K]; v: [T, H, V]; g, beta: [T, H]; state: [H, K, V]; all fp32.
+    `masks` (TreeMasks.of(ancestors)) may be passed in to share it between layers.
 
     Returns the outputs o [T, H, V] and delta [T, H, V] (enough to rebuild the state after any node)."""
     n = q.shape[0]
-    anc = ancestors.to(torch.float32)
-    G = (anc @ g).t()  # [H, T] path sums
-    qh, kh, vh, bh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), beta.t()  # head-major
-    diff = G[:, :, None] - G[:, None, :]  # [H, T, T]  G_i - G_j
-    decay = torch.where(ancestors, diff, torch.full_like(diff, float("-inf"))).exp()  # 0 off the path
-    eye = torch.eye(n, dtype=torch.bool, device=q.device)
-    strict = decay.masked_fill(eye, 0.0)
-    A = bh[:, :, None] * (kh @ kh.transpose(1, 2)) * strict  # [H, T, T] strictly lower
+    m = masks if masks is not None else TreeMasks.of(ancestors)
+    G = (m.anc_float @ g).t()  # [H, T] path sums
+    qk = torch.cat([q, k], dim=0).transpose(0, 1)  # [H, 2T, K] head-major: queries then keys
+    kh, vh, bh = qk[:, n:], v.transpose(0, 1), beta.t()
+    decay = (G[:, :, None] - G[:, None, :] + m.off_path).exp()  # [H, T, T] exp(G_i - G_j) on the path, 0 off it
+    dots = qk @ kh.transpose(1, 2)  # [H, 2T, T]: q.k and k.k
+    proj = qk @ state  # [H, 2T, V]: q S_c and k S_c
+    A = bh[:, :, None] * dots[:, n:] * decay * m.strict  # [H, T, T] strictly lower (the diagonal is implied)
     eG = G.exp()[:, :, None]
-    rhs = bh[:, :, None] * (vh - eG * (kh @ state))
-    delta = torch.linalg.solve_triangular(A + torch.eye(n, device=q.device), rhs, upper=False, unitriangular=True)
-    out = eG * (qh @ state) + ((qh @ kh.transpose(1, 2)) * decay) @ delta
+    rhs = bh[:, :, None] * (vh - eG * proj[:, n:])
+    delta = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    out = eG * proj[:, :n] + (dots[:, :n] * decay) @ delta
     return out.transpose(0, 1), delta.transpose(0, 1)
 
 
