@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exact (tree-exact GDN) or naive (the known-wrong flattened-tree behaviour); default: exact")
     run.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"),
                      help="ddtree (draft tree) or dflash (top-1 chain); default: ddtree")
+    run.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
+                     help="transformers (the target's own forward with the tree-exact GDN swapped in) or runner (the "
+                          "static runner: preallocated state, CUDA graphs on a GPU; exact only); default: transformers")
     run.add_argument("--trace", metavar="FILE.json", help="write the whole session as a trace JSON file")
     run.add_argument("--no-greedy", action="store_true", help="skip the greedy reference decoding (and the comparison)")
     run.set_defaults(handler=cmd_run)
@@ -215,11 +218,12 @@ def cmd_run(args) -> int:
         raise InputError("the prompt is empty: type some text to continue")
     pair = _load(args)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
-                            method=args.method, block_size=args.block_size)
+                            method=args.method, block_size=args.block_size, engine=args.engine)
     print(pair.describe())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
-    print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}")
+    print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
+          f"engine {args.engine}")
     if args.verify == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (GDN layers run the tree as one chain; "
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")

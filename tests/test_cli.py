@@ -180,3 +180,14 @@ def test_bench_runner_refuses_a_pure_attention_target(tmp_path):
     proc = _python("-m", "ddtree_viz", "bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi",
                    "--max-new-tokens", "4", "--runner")
     assert proc.returncode == 2 and "hybrid" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_on_the_runner_engine(tmp_path):
+    path = tmp_path / "t.json"
+    proc = _python("-m", "ddtree_viz", "run", "--prompt", "import os\n", "--engine", "runner", "--max-new-tokens", "20",
+                   "--trace", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "engine runner" in proc.stdout and "output identical to greedy for 20 tokens" in proc.stdout
+    assert Trace.load(path).settings["engine"] == "runner"
+    bad = _python("-m", "ddtree_viz", "run", "--prompt", "x", "--engine", "runner", "--verify", "naive")
+    assert bad.returncode == 2 and "naive" in bad.stderr and "Traceback" not in bad.stderr

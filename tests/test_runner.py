@@ -161,3 +161,37 @@ def test_one_step_delta_rule_equals_the_recurrence():
     torch.testing.assert_close(out, tree_delta_rule_reference(q, k, v, g, beta, state, [-1]))
     after = g[0].exp()[:, None, None] * state + k[0][:, :, None] * delta[0][:, None, :]
     torch.testing.assert_close(after, replay_state([0], k, v, g, beta, state))
+
+
+@pytest.mark.parametrize("method", ["ddtree", "dflash"])
+def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
+    """DecodeSession(engine="runner"): the same rounds, records and cache layout as the transformers engine."""
+    from ddtree_viz.engine.session import DecodeSession
+
+    runs = {}
+    for engine in ("transformers", "runner"):
+        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, method=method, engine=engine)
+        session.prefill(PROMPT)
+        session.run()
+        runs[engine] = session
+    a, b = runs["transformers"], runs["runner"]
+    assert b.generated == a.generated and b.divergence() == (None, None)
+    assert [r.accepted for r in b.history] == [r.accepted for r in a.history]
+    assert [r.target_argmax for r in b.history] == [r.target_argmax for r in a.history]
+    assert b.settings["engine"] == "runner"
+    for ra, rb in [(a.history[-1], b.history[-1]), (a.history[0], b.history[0])]:
+        assert rb.cache == ra.cache and rb.cache_before_commit == ra.cache_before_commit
+    assert b.prefill_cache == a.prefill_cache
+    trace = b.to_trace()
+    assert trace.settings["engine"] == "runner" and trace.first_divergence is None
+    assert type(trace).from_json(trace.to_json()).settings["engine"] == "runner"
+
+
+def test_session_runner_engine_refuses_naive_mode(pair):
+    from ddtree_viz.engine.session import DecodeSession
+    from ddtree_viz.errors import InputError
+
+    with pytest.raises(InputError, match="naive"):
+        DecodeSession(pair, verify="naive", engine="runner")
+    with pytest.raises(InputError, match="engine"):
+        DecodeSession(pair, engine="fast")

@@ -350,6 +350,30 @@ class StaticRunner:
             feats = feats.index_select(0, torch.tensor(accepted, device=feats.device))
         return accepted, bonus, feats, logits
 
+    def snapshot(self, types: list[str], pending: int = 0):
+        """Per-layer LayerCache records in the shapes transformers' cache would hold (batch of one); `pending`
+        tree rows written by a forward and not yet committed count as held, as in transformers' cache."""
+        from ..trace import LayerCache, TensorInfo
+
+        def info(name, t, shape):
+            return TensorInfo(name, tuple(int(x) for x in shape), str(t.dtype).removeprefix("torch."))
+
+        out = []
+        for i, kind in enumerate(types):
+            if i in self.conv:
+                conv, rec = self.conv[i], self.rec[i]
+                infos = (info("conv_state", conv, (1, *conv.shape)), info("recurrent_state", rec, (1, *rec.shape)))
+                nbytes = conv.numel() * conv.element_size() + rec.numel() * rec.element_size()
+                out.append(LayerCache(i, kind, "LinearAttentionLayer", infos, int(nbytes), None))
+            else:
+                k = self.keys[i]
+                rows = self.committed + pending
+                shape = (1, k.shape[1], rows, k.shape[3])
+                nbytes = 2 * int(np.prod(shape)) * k.element_size()
+                out.append(LayerCache(i, kind, "DynamicLayer", (info("keys", k, shape), info("values", k, shape)),
+                                      nbytes, rows))
+        return tuple(out)
+
     def state(self) -> dict:
         """Views of the committed state per layer (attention rows up to `committed`)."""
         out = {}

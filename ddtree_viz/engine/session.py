@@ -28,6 +28,7 @@ from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
 
 METHODS = ("ddtree", "dflash")
 VERIFY_MODES = (EXACT, NAIVE)
+ENGINES = ("transformers", "runner")  # runner: the static runner (engine/runner.py), exact only
 MAX_BUDGET = 4096
 MAX_NEW_TOKENS = 8192
 
@@ -139,7 +140,7 @@ class DecodeSession:
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
-        reference_gdn: bool = False,
+        reference_gdn: bool = False, engine: str = "transformers",
     ):
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
@@ -157,6 +158,13 @@ class DecodeSession:
         self.verify, self.method = verify, method
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
+        if engine not in ENGINES:
+            raise InputError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+        if engine == "runner" and (verify != EXACT or reference_gdn):
+            raise InputError("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference "
+                             "GDN run on the transformers engine")
+        self.engine = engine
+        self._runner = None
         self.eos_ids = pair.eos_token_ids
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
         self.reset()
@@ -185,7 +193,7 @@ class DecodeSession:
     def settings(self) -> dict:
         return dict(
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
-            max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device,
+            max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
         )
 
     def token_text(self, token_id: int) -> str:
@@ -216,6 +224,8 @@ class DecodeSession:
         self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.proposer.reset()
+        if self.engine == "runner":
+            return self._prefill_runner()
         cache = new_cache(self.target)
         start = time.perf_counter()
         ids = torch.tensor([self.prompt_ids], device=input_device(self.target))
@@ -231,6 +241,26 @@ class DecodeSession:
             self.target(input_ids=ids, cache=self._shadow, use_cache=True, logits_to_keep=1)
         self._features = self._context(out.hidden_states, None)
         first = int(out.logits[0, -1].argmax())
+        self.generated = [first]
+        self.done = first in self.eos_ids or self.max_new_tokens <= 1
+        return first
+
+    def _prefill_runner(self) -> int:
+        from .runner import StaticRunner
+
+        need = len(self.prompt_ids) + self.max_new_tokens + 2 * self.block_size + self.budget + 64
+        if self._runner is None or self._runner.max_len < need:
+            size = self.budget + 1 if self.method == "ddtree" else self.block_size
+            self._runner = StaticRunner(self.target, max_len=-(-need // 256) * 256, sizes=(size,),
+                                        feature_layer_ids=self.proposer.feature_layer_ids, max_path=self.block_size)
+        start = time.perf_counter()
+        logits, self._features = self._runner.prefill(self.prompt_ids)
+        self._sync()
+        self.prefill_ms = (time.perf_counter() - start) * 1e3
+        self.cache = self._runner
+        self.prefill_cache = self._runner.snapshot(self.pair.layer_types)
+        self.committed_len = len(self.prompt_ids)
+        first = int(logits.argmax())
         self.generated = [first]
         self.done = first in self.eos_ids or self.max_new_tokens <= 1
         return first
@@ -269,10 +299,15 @@ class DecodeSession:
         tree = self._build_tree(root, logprobs)
         lap("tree")
 
-        result = verify_tree(self.target, self.cache, tree, self.committed_len, self.verify,
-                             want_hidden=self.proposer.feature_layer_ids is not None, reference_gdn=self.reference_gdn)
-        top2 = torch.topk(result.logits, 2, dim=-1).values
-        target_argmax = result.logits.argmax(-1).tolist()
+        if self.engine == "runner":
+            logits, feats, slot = self._runner.forward(tree)
+        else:
+            result = verify_tree(self.target, self.cache, tree, self.committed_len, self.verify,
+                                 want_hidden=self.proposer.feature_layer_ids is not None, reference_gdn=self.reference_gdn)
+            logits = result.logits
+        top2 = torch.topk(logits, 2, dim=-1).values
+        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        target_argmax = logits.argmax(-1).tolist()
         accepted, bonus = follow_tree(tree, target_argmax)
         lap("verify")
         bonus_rank, bonus_logprob = None, None
@@ -281,17 +316,25 @@ class DecodeSession:
             bonus_logprob = float(row[bonus])
             bonus_rank = int((row > row[bonus]).sum())
 
-        before = snapshot(self.cache, self.pair.layer_types)
-        commit(self.cache, tree, accepted, result)
-        self._features = self._context(result.hidden_states, accepted)
+        if self.engine == "runner":
+            before = self._runner.snapshot(self.pair.layer_types, pending=len(tree))
+            if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now
+                self._features = feats.index_select(0, torch.tensor(accepted, device=feats.device))
+            self._runner.commit(slot, accepted)
+            after = self._runner.snapshot(self.pair.layer_types)
+        else:
+            before = snapshot(self.cache, self.pair.layer_types)
+            commit(self.cache, tree, accepted, result)
+            self._features = self._context(result.hidden_states, accepted)
+            after = None
         lap("commit")
 
         record = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
-            bonus_token_id=bonus, timings_ms=timings, cache=snapshot(self.cache, self.pair.layer_types),
+            bonus_token_id=bonus, timings_ms=timings, cache=after or snapshot(self.cache, self.pair.layer_types),
             cache_before_commit=before, new_token_ids=tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus])),
-            target_margin=tuple(float(m) for m in (top2[:, 0] - top2[:, 1]).tolist()), method=self.method, verify=self.verify,
+            target_margin=tuple(float(m) for m in margins), method=self.method, verify=self.verify,
             bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
         )
         self.committed_len += len(accepted)
