@@ -195,3 +195,16 @@ def test_session_runner_engine_refuses_naive_mode(pair):
         DecodeSession(pair, verify="naive", engine="runner")
     with pytest.raises(InputError, match="engine"):
         DecodeSession(pair, engine="fast")
+
+
+def test_runner_crosses_attention_length_buckets(pair):
+    """Passes attend over the smallest length bucket that holds the sequence; crossing buckets changes nothing."""
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 256, (230,), generator=gen).tolist()
+    ref = GreedyReference(pair.target, prompt, set()).extend_to(60)
+    runner = StaticRunner(pair.target, max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    assert runner.buckets == [256, 512, 1024]
+    assert runner_greedy(runner, prompt, 60) == list(ref.ids)
+    oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
+    assert runner_ddtree(runner, oracle, prompt, 60, 16)[0] == list(ref.ids)
+    assert {cols for _, cols in runner._slots} == {256, 512}

@@ -67,9 +67,10 @@ def conv_gather(parents, depths, kernel: int) -> np.ndarray:
 
 @dataclass
 class _Slot:
-    """Static inputs and outputs of one tree size."""
+    """Static inputs and outputs of one tree size and one attention length bucket."""
 
     size: int
+    cols: int  # attention reads cache rows [0, cols): the smallest bucket that holds committed + size
     ids: torch.Tensor
     pos: torch.Tensor
     anc: torch.Tensor
@@ -125,17 +126,19 @@ class StaticRunner:
         self.host_ms: list[float] = []  # per step_tree: host work (inputs, walk, path), GPU waits excluded
         self._host = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        self._slots: dict[int, _Slot] = {}
-        for size in sorted(set(int(s) for s in sizes)):
-            self._add_slot(size)
+        # attention length buckets: a pass attends over the smallest bucket holding the committed rows and the
+        # tree, so its cost follows the sequence, not max_len (one graph per tree size and bucket, made on first use)
+        self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
+        self.sizes = sorted(set(int(s) for s in sizes))
+        self._slots: dict[tuple[int, int], _Slot] = {}
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _add_slot(self, size: int) -> _Slot:
+    def _add_slot(self, size: int, cols: int) -> _Slot:
         d = self.device
         slot = _Slot(
-            size, ids=torch.zeros(size, dtype=torch.long, device=d), pos=torch.zeros(size, dtype=torch.long, device=d),
+            size, cols, ids=torch.zeros(size, dtype=torch.long, device=d), pos=torch.zeros(size, dtype=torch.long, device=d),
             anc=torch.eye(size, dtype=torch.bool, device=d),
             gather=torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), self.kernel), device=d),
             path=torch.zeros(self.max_path, dtype=torch.long, device=d),
@@ -159,7 +162,7 @@ class StaticRunner:
             with torch.cuda.graph(slot.commit_graph, pool=self._pool):
                 self._commit(slot)
             self._state_restore(saved)
-        self._slots[size] = slot
+        self._slots[(size, cols)] = slot
         return slot
 
     def _state_copy(self):
@@ -171,10 +174,18 @@ class StaticRunner:
             t.copy_(copy)
 
     def slot_for(self, n: int) -> _Slot:
-        fits = [s for s in self._slots if s >= n]
+        """The slot for a tree of n nodes at the current length (made, and captured, on first use)."""
+        fits = [s for s in self.sizes if s >= n]
         if not fits:
-            return self._add_slot(n)
-        return self._slots[min(fits)]
+            self.sizes.append(n)
+            fits = [n]
+        size = min(fits)
+        need = self.committed + max(size, self.max_path)
+        fitting = [b for b in self.buckets if b >= need]
+        if not fitting:
+            raise ValueError(f"the runner's max_len {self.max_len} is full")
+        key = (size, fitting[0])
+        return self._slots[key] if key in self._slots else self._add_slot(*key)
 
     # -- the two static functions ---------------------------------------------------------------------------
 
@@ -189,11 +200,12 @@ class StaticRunner:
         T = slot.size
         x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
         cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
-        tree_cols = self.committed_t + self._cols[:T]
-        visible = (self._cols < self.committed_t)[None].expand(T, self.max_len).clone()
+        cols = self._cols[: slot.cols]
+        tree_cols = self.committed_t + cols[:T]
+        visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
         rep = self.target.config.get_text_config().num_attention_heads // self.keys_all.shape[1]
-        hidden = (~visible).repeat(rep, 1)[None, None]  # [1, 1, rep*T, max_len], True = masked out
+        hidden = (~visible).repeat(rep, 1)[None, None]  # [1, 1, rep*T, cols], True = masked out
         index = TreeIndex((), slot.anc, slot.gather)
         masks = TreeMasks.of(slot.anc) if T > 1 else None  # shared by every GDN layer of this pass
         feats, stash = {}, []
@@ -209,7 +221,7 @@ class StaticRunner:
                 out = gdn_output(gdn, core, z, h.dtype)[None]
                 stash.append((u, k, g, delta))
             else:
-                out = self._attention(i, layer.self_attn, h, cos, sin, hidden, tree_cols)
+                out = self._attention(i, layer.self_attn, h, cos, sin, hidden, tree_cols, slot.cols)
             x = x + out
             x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
             if i in self.feature_layer_ids:
@@ -219,7 +231,7 @@ class StaticRunner:
         stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
         return logits, features, stacked
 
-    def _attention(self, i, attn, h, cos, sin, hidden, tree_cols):
+    def _attention(self, i, attn, h, cos, sin, hidden, tree_cols, n_cols):
         T, hd = h.shape[1], attn.head_dim
         q, gate = torch.chunk(attn.q_proj(h).view(1, T, -1, hd * 2), 2, dim=-1)
         gate = gate.reshape(1, T, -1)
@@ -235,6 +247,7 @@ class StaticRunner:
         # grouped heads without copying K/V: query heads h*rep .. h*rep+rep-1 share KV head h. Plain matmuls and
         # an fp32 softmax over the static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here.
         qg = q.reshape(1, kvh, rep * T, hd)
+        keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
         scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(hidden, float("-inf"))
         o = scores.softmax(-1).to(values.dtype) @ values
         o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
@@ -263,7 +276,7 @@ class StaticRunner:
     def prefill(self, prompt_ids: list[int]):
         """transformers' own forward over the prompt, its cache copied in. Returns (logits [vocab] fp32 of the
         last position, context features [n, F] or None)."""
-        if len(prompt_ids) + 2 * self.max_path + max(self._slots) > self.max_len:
+        if len(prompt_ids) + 2 * self.max_path + max(self.sizes) > self.max_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
@@ -288,9 +301,9 @@ class StaticRunner:
         """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
         start = time.perf_counter()
         n = len(tree)
-        slot = self.slot_for(n)
-        if self.committed + slot.size + self.max_path > self.max_len:
+        if self.committed + max(n, self.max_path) + self.max_path > self.max_len:
             raise ValueError(f"the runner's max_len {self.max_len} is full")
+        slot = self.slot_for(n)
         pad = slot.size - n
         parents = list(tree.parents) + [0] * pad
         depths = np.asarray(list(tree.depths) + [1] * pad)
