@@ -2,23 +2,24 @@
 
 transformers' forward grows its cache with torch.cat and launches a few thousand small kernels per token from
 Python; on a 27B model that is ~11x the time the GPU needs to read the weights once. The runner keeps the same
-arithmetic (it calls the target's own norms, projections and MLPs, and the tree-exact GDN of gdn_tree.py)
-but over preallocated state:
+arithmetic (it calls the target's own projections and MLPs, and the tree-exact GDN of gdn_tree.py) but over
+preallocated state, one stacked tensor per kind so that the commit is a few batched kernels:
 
-    keys / values  [1, kv_heads, max_len, head_dim] per attention layer (rows past `committed` are scratch)
-    conv           [C, kernel] per GDN layer (raw inputs, oldest first)
-    recurrent      [H, K, V] fp32 per GDN layer
+    keys / values  [attn_layers, kv_heads, max_len, head_dim] (rows past `committed` are scratch)
+    conv           [gdn_layers, C, kernel] (raw inputs, oldest first)
+    recurrent      [gdn_layers, H, K, V] fp32
 
-and two shape-static functions, each captured once per size as a CUDA graph:
+and two shape-static functions, captured as CUDA graphs per tree size and attention length bucket:
 
     forward(T):  tokens [T], positions [T], ancestor mask [T, T], conv windows [T, kernel]
                  -> logits [T, vocab] (fp32) and the drafter's context features [T, F].
                  Attention rows of the tree are written at committed .. committed+T-1 and each row sees the
-                 committed prefix plus its ancestors; GDN layers run the tree-exact parallel form and leave the
-                 state untouched (their per-node k, g, delta and raw conv inputs are kept for the commit).
-    commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, each GDN layer's
-                 recurrent state advanced along the path (closed form of gdn_tree.state_after) and its conv
-                 window taken at the path's last node; committed += length.
+                 committed prefix plus its ancestors, over the smallest power-of-two bucket of rows that holds
+                 them; GDN layers run the tree-exact parallel form (the one-step recurrence when T = 1) and leave
+                 the state untouched (their per-node k, g, delta and raw conv inputs are kept for the commit).
+    commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, every GDN layer's
+                 recurrent state advanced along the path at once (closed form of gdn_tree.state_after) and its
+                 conv window taken at the path's last node; committed += length.
 
 Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run the same code. The prefill
 runs transformers' own forward once and copies its cache in. The tree size T is padded up to the nearest
@@ -280,7 +281,8 @@ class StaticRunner:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
-        out = self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=bool(self.feature_layer_ids))
+        out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
+                          output_hidden_states=bool(self.feature_layer_ids))
         n = len(prompt_ids)
         for i, layer in enumerate(cache.layers):
             if i in self.conv:
