@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
+                   help="engine for exact rounds: transformers' forward (default) or the static runner (CUDA graphs on "
+                        "a GPU; Qwen3.5 hybrid targets on one device); naive rounds always use transformers")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
@@ -244,7 +247,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    host = ui.ModelHost(args.target, args.draft, args.dtype, args.device)
+    host = ui.ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)
     if args.replay is None or args.target is not None:
         host.start(background=True)
     else:

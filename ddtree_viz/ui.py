@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
 from .engine.session import DecodeSession
+from .engine.verify import EXACT
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
@@ -32,8 +33,9 @@ PHASES = ("drafted", "verified")
 class ModelHost:
     """Loads the target + drafter once, shared by every tab; one lock so model work never interleaves."""
 
-    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str):
+    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = "transformers"):
         self.args = (target, draft, dtype, device)
+        self.engine = engine  # exact sessions run on it; naive sessions always on transformers' forward
         self.pair: ModelPair | None = None
         self.layout: list[dict] = []
         self.error: str | None = None
@@ -76,7 +78,8 @@ class ModelHost:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
             return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
-                    f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}")
+                    f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
+                    f"exact rounds on the {esc(self.engine)} engine")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
@@ -120,8 +123,9 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
+    engine = host.engine if s.verify == EXACT else "transformers"
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
-                            method=s.method, block_size=s.block_size)
+                            method=s.method, block_size=s.block_size, engine=engine)
     session.prefill(s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
 

@@ -204,3 +204,21 @@ def test_app_binds_localhost_and_does_not_share_by_default():
 
     args_ = app.build_parser().parse_args([])
     assert args_.host == "127.0.0.1" and args_.share is False
+
+
+def test_runner_engine_for_exact_rounds(model_dirs, host):
+    """app.py --engine runner: exact rounds go through the static runner with the same records; naive rounds
+    stay on transformers' forward."""
+    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast.start(background=False)
+    assert "runner engine" in fast.status_markdown()
+    tab, ref = ui.TabState(), ui.TabState()
+    for _ in range(3):
+        tab = ui.step(fast, tab, *args())
+        ref = ui.step(host, ref, *args())
+    assert tab.session.engine == "runner" and ref.session.engine == "transformers"
+    assert [r.accepted for r in tab.trace.steps] == [r.accepted for r in ref.trace.steps]
+    assert tab.trace.output_ids == ref.trace.output_ids
+    assert "identical to greedy" in ui.render_views(fast, tab).diff_html
+    naive = ui.step(fast, ui.TabState(), *args(verify="naive (known-wrong: flattened tree)"))
+    assert naive.session.engine == "transformers"

@@ -154,7 +154,7 @@ def test_cli_missing_embedded_default_is_a_clean_error(monkeypatch, capsys, tmp_
 def test_app_help():
     proc = _python("app.py", "--help", timeout=60)
     assert proc.returncode == 0
-    for flag in ("--target", "--draft", "--dtype", "--device", "--host", "--port", "--share"):
+    for flag in ("--target", "--draft", "--dtype", "--device", "--engine", "--host", "--port", "--share"):
         assert flag in proc.stdout
     assert "127.0.0.1" in proc.stdout
 
