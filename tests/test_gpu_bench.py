@@ -1,0 +1,42 @@
+"""The GPU benchmark script's own code path, at toy widths on the CPU (--smoke): every figure it reports is
+there, the exactness checks pass, and the split (--device-map auto) and runner (--fast) paths run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(tmp_path, *extra) -> dict:
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "-m", "ddtree_viz.gpu_bench", "--smoke", "--layers", "4", "--budgets", "4", "8",
+                           "--new-tokens", "8", "--json", str(out), *extra], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_gpu_bench_smoke_with_the_runner(tmp_path):
+    report = _bench(tmp_path, "--fast", "--exactness")
+    speed = report["speed"]
+    for key in ("weight_read_bound_ms", "copy_bandwidth_TBps", "greedy_step_ms", "draft_ms", "dflash_chain_verify_ms",
+                "prefill_ms", "rounds"):
+        assert speed[key], key
+    assert [row["budget"] for row in speed["budgets"]] == [4, 8]
+    for row in speed["budgets"]:
+        assert row["verify_exact_ms"] > 0 and row["commit_exact_ms"] > 0 and "tree_exact_extra_ms" in row
+    fast = speed["fast"]
+    assert fast["graphs"] is False and fast["graphs_error"] is None  # no CUDA here: the same functions, eager
+    assert fast["greedy_step_ms"] > 0 and fast["round_budget_64"]["host"] > 0
+    assert [row["budget"] for row in fast["budgets"]] == [4, 8]
+    fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
+    assert fp32 and all(r["identical"] for r in fp32)
+
+
+def test_gpu_bench_smoke_split(tmp_path):
+    """--device-map auto: the target built through accelerate's dispatch (a CPU split here), still exact."""
+    report = _bench(tmp_path, "--device-map", "auto", "--skip-speed", "--exactness")
+    assert report["device_map"] == "auto"
+    assert all(r["identical"] for r in report["exactness_fp32_8_layers"])
