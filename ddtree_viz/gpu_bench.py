@@ -474,6 +474,7 @@ def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: i
                 "identical": idx is None, "first_divergence": idx,
                 "greedy_margin_at_divergence": greedy.margins[idx] if idx is not None else None,
                 "min_greedy_margin": min(greedy.margins),
+                **({"layer_devices": layer_devices(target)} if SPLIT else {}),
             })
             print(json.dumps(results[-1]), flush=True)
     del target
