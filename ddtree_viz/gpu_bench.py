@@ -128,9 +128,7 @@ def _build_split(model, cfg):
     if rotary_dev is None:
         rotary_dev = device_map.get("model.embed_tokens", 0)
     model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(_torch_device(rotary_dev))
-    model = dispatch_model(model.eval(), device_map=device_map)
-    model.ddtree_device_map = device_map
-    return model
+    return dispatch_model(model.eval(), device_map=device_map)
 
 
 def _torch_device(dev) -> torch.device:
@@ -396,7 +394,7 @@ def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_toke
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
     from .engine.oracle import OracleProposer
     from .engine.runner import StaticRunner, runner_ddtree, runner_greedy
-    from .engine.session import GreedyReference
+    from .engine.session import GreedyReference, first_divergence
 
     target = build_target(layers, dtype)
     gen = torch.Generator().manual_seed(0)
@@ -405,7 +403,7 @@ def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_toke
     margins: list[float] = []
     greedy = runner_greedy(runner, prompt, new_tokens, margins=margins)
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
-    idx = next((i for i, (a, b) in enumerate(zip(greedy, hf)) if a != b), None)
+    idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
                 "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
@@ -414,7 +412,7 @@ def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_toke
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
             out, rounds = runner_ddtree(runner, oracle, prompt, new_tokens, budget)
-            idx = next((i for i, (a, b) in enumerate(zip(out, greedy)) if a != b), None)
+            idx = first_divergence(out, greedy)
             results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
                             "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
@@ -453,7 +451,7 @@ def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: i
               ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
     from .engine.oracle import OracleProposer
-    from .engine.session import DecodeSession, GreedyReference
+    from .engine.session import DecodeSession, GreedyReference, first_divergence
 
     target = build_target(layers, dtype)
     pair = pair_of(target, None, dtype)
@@ -467,7 +465,7 @@ def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: i
             session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle)
             session.prefill(prompt_ids=prompt)
             session.run()
-            idx = next((i for i, (a, b) in enumerate(zip(session.generated, greedy.ids)) if a != b), None)
+            idx = first_divergence(session.generated, greedy.ids)
             results.append({
                 "layers": layers, "dtype": str(dtype).removeprefix("torch."), "budget": budget, "ranks": list(ranks),
                 "tokens": len(session.generated), "rounds": len(session.history), "mean_acceptance": session.mean_acceptance,

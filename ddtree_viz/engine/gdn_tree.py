@@ -110,8 +110,7 @@ def path_conv_state(u: torch.Tensor, conv_state: torch.Tensor, gather_row: torch
 class TreeMasks:
     """The per-tree tensors every GDN layer of one pass shares (built once per pass)."""
 
-    ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
-    anc_float: torch.Tensor  # [T, T] fp32
+    anc_float: torch.Tensor  # [T, T] fp32 ancestor-or-self
     off_path: torch.Tensor  # [T, T] fp32: 0 on the path (ancestor-or-self), -inf elsewhere
     strict: torch.Tensor  # [T, T] fp32: 1 for strict ancestors, 0 elsewhere
 
@@ -120,7 +119,7 @@ class TreeMasks:
         anc = ancestors.to(torch.float32)
         eye = torch.eye(ancestors.shape[0], dtype=torch.bool, device=ancestors.device)
         off = torch.zeros_like(anc).masked_fill_(~ancestors, float("-inf"))
-        return cls(ancestors, anc, off, (ancestors & ~eye).to(torch.float32))
+        return cls(anc, off, (ancestors & ~eye).to(torch.float32))
 
 
 def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None = None):

@@ -104,6 +104,7 @@ class StaticRunner:
         self.feature_layer_ids = list(feature_layer_ids or [])
         cfg = target.config.get_text_config()
         kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        self._rep = cfg.num_attention_heads // kvh  # query heads per KV head
         # one stacked tensor per kind of state (so the commit is a few batched kernels), a view per layer
         self.gdn_ids = [i for i, kind in enumerate(self.types) if kind == "linear_attention"]
         self.attn_ids = [i for i, kind in enumerate(self.types) if kind != "linear_attention"]
@@ -205,8 +206,7 @@ class StaticRunner:
         tree_cols = self.committed_t + cols[:T]
         visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
-        rep = self.target.config.get_text_config().num_attention_heads // self.keys_all.shape[1]
-        hidden = (~visible).repeat(rep, 1)[None, None]  # [1, 1, rep*T, cols], True = masked out
+        hidden = (~visible).repeat(self._rep, 1)[None, None]  # [1, 1, rep*T, cols], True = masked out
         index = TreeIndex((), slot.anc, slot.gather)
         masks = TreeMasks.of(slot.anc) if T > 1 else None  # shared by every GDN layer of this pass
         feats, stash = {}, []
@@ -243,8 +243,7 @@ class StaticRunner:
         keys, values = self.keys[i], self.values[i]
         keys.index_copy_(2, tree_cols, k.to(keys.dtype))
         values.index_copy_(2, tree_cols, v.to(values.dtype))
-        kvh = keys.shape[1]
-        rep = q.shape[1] // kvh
+        kvh, rep = keys.shape[1], self._rep
         # grouped heads without copying K/V: query heads h*rep .. h*rep+rep-1 share KV head h. Plain matmuls and
         # an fp32 softmax over the static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here.
         qg = q.reshape(1, kvh, rep * T, hd)
@@ -303,24 +302,15 @@ class StaticRunner:
         """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
         start = time.perf_counter()
         n = len(tree)
-        if self.committed + max(n, self.max_path) + self.max_path > self.max_len:
-            raise ValueError(f"the runner's max_len {self.max_len} is full")
-        slot = self.slot_for(n)
-        pad = slot.size - n
-        parents = list(tree.parents) + [0] * pad
-        depths = np.asarray(list(tree.depths) + [1] * pad)
-        anc = ancestor_matrix(tree)
-        if pad:
-            full = np.zeros((slot.size, slot.size), dtype=bool)
-            full[:n, :n] = anc
-            full[n:, 0] = True
-            full[np.arange(n, slot.size), np.arange(n, slot.size)] = True
-            anc = full
-        host = np.concatenate([np.asarray(list(tree.token_ids) + [0] * pad), depths + self.committed])
-        slot.ids.copy_(torch.from_numpy(host[: slot.size]), non_blocking=True)
-        slot.pos.copy_(torch.from_numpy(host[slot.size:]), non_blocking=True)
-        slot.anc.copy_(torch.from_numpy(anc), non_blocking=True)
-        slot.gather.copy_(torch.from_numpy(conv_gather(parents, depths, self.kernel)), non_blocking=True)
+        slot = self.slot_for(n)  # raises when max_len is full
+        pad = slot.size - n  # inert nodes: children of the root
+        padded = DraftTree(tree.token_ids + (0,) * pad, tree.parents + (0,) * pad, tree.depths + (1,) * pad,
+                           tree.ranks + (0,) * pad, tree.logprobs + (0.0,) * pad)
+        depths = np.asarray(padded.depths)
+        slot.ids.copy_(torch.tensor(padded.token_ids), non_blocking=True)
+        slot.pos.copy_(torch.from_numpy(depths + self.committed), non_blocking=True)
+        slot.anc.copy_(torch.from_numpy(ancestor_matrix(padded)), non_blocking=True)
+        slot.gather.copy_(torch.from_numpy(conv_gather(padded.parents, depths, self.kernel)), non_blocking=True)
         self._host += time.perf_counter() - start
         if slot.graph is not None:
             slot.graph.replay()

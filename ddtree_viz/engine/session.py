@@ -100,11 +100,11 @@ class GreedyReference:
         self.margins: list[float] = []
         self.finished = False  # end of text reached
         self.seconds = 0.0  # time spent decoding so far (prefill included)
+        self._sync = device_sync(target)
 
     @torch.no_grad()
     def extend_to(self, n: int) -> GreedyResult:
         device = input_device(self.target)
-        sync = device_sync(self.target)
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
             inputs = self.prompt_ids if not self.ids else self.ids[-1:]
@@ -115,7 +115,7 @@ class GreedyReference:
             self.ids.append(token)
             self.margins.append(float(top[0] - top[1]))
             self.finished = token in self.eos_ids
-        sync()
+        self._sync()
         self.seconds += time.perf_counter() - start
         return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
 
@@ -234,7 +234,7 @@ class DecodeSession:
         self._sync()
         self.prefill_ms = (time.perf_counter() - start) * 1e3
         self.cache = cache
-        self.prefill_cache = snapshot(cache, self.pair.layer_types)
+        self.prefill_cache = self._snapshot()
         self.committed_len = len(self.prompt_ids)
         if self.verify == NAIVE:
             self._shadow = new_cache(self.target)
@@ -258,7 +258,7 @@ class DecodeSession:
         self._sync()
         self.prefill_ms = (time.perf_counter() - start) * 1e3
         self.cache = self._runner
-        self.prefill_cache = self._runner.snapshot(self.pair.layer_types)
+        self.prefill_cache = self._snapshot()
         self.committed_len = len(self.prompt_ids)
         first = int(logits.argmax())
         self.generated = [first]
@@ -316,23 +316,20 @@ class DecodeSession:
             bonus_logprob = float(row[bonus])
             bonus_rank = int((row > row[bonus]).sum())
 
+        before = self._snapshot(pending=len(tree))
         if self.engine == "runner":
-            before = self._runner.snapshot(self.pair.layer_types, pending=len(tree))
             if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now
                 self._features = feats.index_select(0, torch.tensor(accepted, device=feats.device))
             self._runner.commit(slot, accepted)
-            after = self._runner.snapshot(self.pair.layer_types)
         else:
-            before = snapshot(self.cache, self.pair.layer_types)
             commit(self.cache, tree, accepted, result)
             self._features = self._context(result.hidden_states, accepted)
-            after = None
         lap("commit")
 
         record = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
-            bonus_token_id=bonus, timings_ms=timings, cache=after or snapshot(self.cache, self.pair.layer_types),
+            bonus_token_id=bonus, timings_ms=timings, cache=self._snapshot(),
             cache_before_commit=before, new_token_ids=tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus])),
             target_margin=tuple(float(m) for m in margins), method=self.method, verify=self.verify,
             bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
@@ -342,6 +339,13 @@ class DecodeSession:
             record = dataclasses.replace(record, naive_state_error=tuple(self._naive_state_error(tree, accepted)))
         self.history.append(record)
         return record
+
+    def _snapshot(self, pending: int = 0):
+        """The target cache per layer now. The runner is told how many tree rows a pass wrote beyond the committed
+        ones (transformers' cache holds them itself until the commit)."""
+        if self.engine == "runner":
+            return self._runner.snapshot(self.pair.layer_types, pending)
+        return snapshot(self.cache, self.pair.layer_types)
 
     def _naive_state_error(self, tree: DraftTree, accepted: list[int]) -> list[float | None]:
         """Feed the committed tokens to an exact cache (transformers' own one-token steps) and compare states."""
