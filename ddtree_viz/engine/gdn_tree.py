@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,18 +33,19 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class TreeIndex:
-    """Index tensors for one tree on one device."""
+    """Index tensors for one tree on one device, shared by every GDN layer of a pass."""
 
     parents: tuple[int, ...]
     ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
-    conv_gather: torch.Tensor  # [T, kernel] long: columns of cat(conv_state, u) forming each node's window
+    conv_gather: torch.Tensor  # [T, kernel] long: rows of cat(conv_state^T, u) forming each node's window
+    masks: TreeMasks | None = None  # the delta rule's masks (None: built per call)
 
     @classmethod
     def build(cls, parents: tuple[int, ...] | list[int], kernel: int, device) -> "TreeIndex":
         parents = tuple(int(p) for p in parents)
         n = len(parents)
-        ancestors = torch.zeros((n, n), dtype=torch.bool)
-        gather = torch.empty((n, kernel), dtype=torch.long)
+        ancestors = np.zeros((n, n), dtype=np.bool_)
+        gather = np.empty((n, kernel), dtype=np.int64)
         for pos, parent in enumerate(parents):
             if parent >= 0:
                 if parent >= pos:
@@ -60,7 +62,8 @@ class TreeIndex:
                 else:
                     past += 1
                     gather[pos, col] = kernel - past
-        return cls(parents, ancestors.to(device), gather.to(device))
+        anc = torch.from_numpy(ancestors).to(device)
+        return cls(parents, anc, torch.from_numpy(gather).to(device), TreeMasks.of(anc))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -71,12 +74,13 @@ class TreeIndex:
 def tree_conv(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv where each node's window follows its parent chain, then SiLU.
 
-    u: [T, C] raw conv inputs; conv_state: [C, kernel] committed raw inputs (oldest first); weight: [C, kernel]."""
-    kernel, n = gather.shape[1], gather.shape[0]
-    ext = torch.cat([conv_state.to(weight.dtype), u.to(weight.dtype).t()], dim=1)  # [C, kernel + T]
-    windows = ext.index_select(1, gather.t().reshape(-1)).view(-1, kernel, n)  # [C, kernel, T]: tap-major
-    out = (windows * weight[:, :, None]).sum(1)  # [C, T] (a reduction over the short middle dim: one fast kernel)
-    return F.silu(out).t().to(u.dtype)
+    u: [T, C] raw conv inputs; conv_state: [C, kernel] committed raw inputs (oldest first); weight: [C, kernel].
+    Time-major throughout: the windows are whole rows of cat(conv_state^T, u), gathered along dim 0."""
+    n, kernel = gather.shape
+    ext = torch.cat([conv_state.t().to(weight.dtype), u.to(weight.dtype)])  # [kernel + T, C]
+    windows = ext.index_select(0, gather.view(-1)).view(n, kernel, -1)  # [T, kernel, C]
+    out = (windows * weight.t()).sum(1)  # [T, C]
+    return F.silu(out).to(u.dtype)
 
 
 def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, parents) -> torch.Tensor:
@@ -98,7 +102,7 @@ def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch
 def path_conv_state(u: torch.Tensor, conv_state: torch.Tensor, gather_row: torch.Tensor) -> torch.Tensor:
     """The conv state after committing the path ending at a node: the last `kernel` raw inputs along it."""
     ext = torch.cat([conv_state, u.to(conv_state.dtype).t()], dim=1)
-    return ext[:, gather_row]
+    return ext.index_select(1, gather_row)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,14 +116,11 @@ class TreeMasks:
 
     anc_float: torch.Tensor  # [T, T] fp32 ancestor-or-self
     off_path: torch.Tensor  # [T, T] fp32: 0 on the path (ancestor-or-self), -inf elsewhere
-    strict: torch.Tensor  # [T, T] fp32: 1 for strict ancestors, 0 elsewhere
 
     @classmethod
     def of(cls, ancestors: torch.Tensor) -> "TreeMasks":
         anc = ancestors.to(torch.float32)
-        eye = torch.eye(ancestors.shape[0], dtype=torch.bool, device=ancestors.device)
-        off = torch.zeros_like(anc).masked_fill_(~ancestors, float("-inf"))
-        return cls(anc, off, (ancestors & ~eye).to(torch.float32))
+        return cls(anc, torch.zeros_like(anc).masked_fill_(~ancestors, float("-inf")))
 
 
 def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None = None):
@@ -135,7 +136,8 @@ def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None 
     decay = (G[:, :, None] - G[:, None, :] + m.off_path).exp()  # [H, T, T] exp(G_i - G_j) on the path, 0 off it
     dots = qk @ kh.transpose(1, 2)  # [H, 2T, T]: q.k and k.k
     proj = qk @ state  # [H, 2T, V]: q S_c and k S_c
-    A = bh[:, :, None] * dots[:, n:] * decay * m.strict  # [H, T, T] strictly lower (the diagonal is implied)
+    # [H, T, T] lower triangular (decay is 0 off the path); the solve reads the strict lower part only
+    A = bh[:, :, None] * dots[:, n:] * decay
     eG = G.exp()[:, :, None]
     rhs = bh[:, :, None] * (vh - eG * proj[:, n:])
     delta = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
@@ -146,10 +148,11 @@ def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None 
 def state_after(path: list[int], k, g, delta, state) -> torch.Tensor:
     """State after the chain `path` (root first) from the committed `state`, using delta from tree_delta_rule."""
     idx = torch.tensor(path, dtype=torch.long, device=k.device)
-    G = torch.cumsum(g[idx], dim=0)  # [P, H]
-    w = (G[-1][None] - G).exp()  # [P, H]  exp(G_a - G_j)
-    kp = k[idx] * w[:, :, None]  # [P, H, K]
-    return G[-1].exp()[:, None, None] * state + torch.einsum("phk,phv->hkv", kp, delta[idx])
+    G = g.index_select(0, idx).cumsum(0)  # [P, H]
+    w = (G[-1] - G).exp()  # [P, H]  exp(G_a - G_j)
+    kp = k.index_select(0, idx) * w[:, :, None]  # [P, H, K]
+    grown = torch.bmm(kp.permute(1, 2, 0), delta.index_select(0, idx).transpose(0, 1))  # [H, K, V]: sum_j k_j delta_j^T
+    return grown.addcmul_(G[-1].exp()[:, None, None], state)
 
 
 def tree_delta_rule_reference(q, k, v, g, beta, state, parents):
@@ -214,19 +217,16 @@ def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: Tre
         mixed = tree_conv(u, conv_state, weight, index.conv_gather)
     else:
         mixed = tree_conv_reference(u, conv_state, weight, parents)
-    query, key, value = torch.split(mixed, [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
-    query = query.reshape(n, -1, layer.head_k_dim)
-    key = key.reshape(n, -1, layer.head_k_dim)
-    value = value.reshape(n, -1, layer.head_v_dim)
+    qk = mixed[:, : 2 * layer.key_dim].reshape(n, 2, -1, layer.head_k_dim).float()  # queries, keys: [T, 2, Hk, K]
+    qk = _l2norm(qk)
+    value = mixed[:, 2 * layer.key_dim :].reshape(n, -1, layer.head_v_dim)
+    q, k = qk[:, 0] / (layer.head_k_dim**0.5), qk[:, 1]
     beta = b.sigmoid()
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
     rep = layer.num_v_heads // layer.num_k_heads
     if rep > 1:  # grouped value heads: each key head serves `rep` consecutive value heads
-        query = query.repeat_interleave(rep, dim=1)
-        key = key.repeat_interleave(rep, dim=1)
-    q = _l2norm(query.float())
-    q = q / (q.shape[-1] ** 0.5)
-    k = _l2norm(key.float())
+        q = q.repeat_interleave(rep, dim=1)
+        k = k.repeat_interleave(rep, dim=1)
     return u, z, q, k, value.float(), g.float(), beta.float()
 
 
@@ -243,7 +243,7 @@ def tree_gdn_forward(layer, hidden, conv_state, recurrent_state, index: TreeInde
     [1, H, K, V]. Returns (output [1, T, hidden], stash). The cache itself is not touched."""
     x = hidden[0]
     u, z, q, k, v, g, beta = gdn_inputs(layer, x, conv_state[0], index, None)
-    core, delta = tree_delta_rule(q, k, v, g, beta, recurrent_state[0].float(), index.ancestors)
+    core, delta = tree_delta_rule(q, k, v, g, beta, recurrent_state[0].float(), index.ancestors, index.masks)
     out = gdn_output(layer, core, z, hidden.dtype)
     return out[None], GDNTreeStash(u, k, v, g, beta, delta)
 

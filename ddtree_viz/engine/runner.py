@@ -207,8 +207,7 @@ class StaticRunner:
         visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
         hidden = (~visible).repeat(self._rep, 1)[None, None]  # [1, 1, rep*T, cols], True = masked out
-        index = TreeIndex((), slot.anc, slot.gather)
-        masks = TreeMasks.of(slot.anc) if T > 1 else None  # shared by every GDN layer of this pass
+        index = TreeIndex((), slot.anc, slot.gather, TreeMasks.of(slot.anc) if T > 1 else None)  # shared by the layers
         feats, stash = {}, []
         for i, layer in enumerate(self.layers):
             h = self._norm(layer.input_layernorm, x)
@@ -218,7 +217,7 @@ class StaticRunner:
                 if T == 1:  # a decode step: the recurrence itself, one step
                     core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
                 else:
-                    core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc, masks)
+                    core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc, index.masks)
                 out = gdn_output(gdn, core, z, h.dtype)[None]
                 stash.append((u, k, g, delta))
             else:
