@@ -165,6 +165,7 @@ class DecodeSession:
                              "GDN run on the transformers engine")
         self.engine = engine
         self._runner = None
+        self._token_texts_seen: dict[int, str] = {}
         self.eos_ids = pair.eos_token_ids
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
         self.reset()
@@ -197,7 +198,11 @@ class DecodeSession:
         )
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        """One token's text (decoded once per id: every round names each of its tree nodes)."""
+        text = self._token_texts_seen.get(token_id)
+        if text is None:
+            text = self._token_texts_seen[token_id] = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        return text
 
     @property
     def output_text(self) -> str:
