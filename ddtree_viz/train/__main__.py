@@ -37,16 +37,16 @@ def cmd_corpus(a) -> None:
 
     docs, manifest = build_corpus(a.stdlib)
     path = write_corpus(docs, manifest, a.data)
-    log(f"corpus: {manifest['files']} files ({manifest['train_files']} train / {manifest['eval_files']} eval), "
-        f"{manifest['train_chars'] + manifest['eval_chars']:,} chars, python {manifest['python']} -> {path}")
+    parts = ", ".join(f"{k} {c['files']} files / {c['chars']:,} chars" for k, c in manifest["counts"].items())
+    log(f"corpus: {manifest['files']} files ({parts}), python {manifest['python']} -> {path}")
 
 
 def cmd_tokenizer(a) -> None:
-    from .corpus import read_corpus
+    from .corpus import read_corpus, tokenizer_texts
     from .tokenizer import save_tokenizer, train_tokenizer
 
     docs = read_corpus(a.data)
-    tok = train_tokenizer([d.text for d in docs if d.split == "train"], vocab_size=a.vocab_size)
+    tok = train_tokenizer(tokenizer_texts(docs), vocab_size=a.vocab_size)
     save_tokenizer(tok, Path(a.data) / "tokenizer")
     bad = [d.path for d in docs if tok.decode(tok.encode(d.text).ids) != d.text]
     log(f"tokenizer: vocab {tok.get_vocab_size()}, round-trip failures: {len(bad)} {bad[:3]}")
@@ -85,7 +85,7 @@ def cmd_target(a) -> dict:
     vocab = load_tokenizer(Path(a.data) / "tokenizer").get_vocab_size()
     summary = train_target(tokens, vocab, a.out, device, seed=a.seed, seq_len=a.seq_len, batch=a.batch, lr=a.lr,
                            steps=a.steps, time_budget_s=a.time_budget, eval_every=a.eval_every,
-                           max_steps=a.max_steps)
+                           max_steps=a.max_steps, doc_start_frac=a.doc_start_frac)
     _write_summary(a, "target", summary)
     return summary
 
@@ -102,20 +102,31 @@ def _write_summary(a, key: str, value) -> None:
 
 
 def _greedy(a, target, tokens, tok):
+    """The target's greedy continuations of prompts from ``--prompt-split``, one group per prompt length;
+    every sequence is ``max(prompt lengths) + new tokens`` long. Returns (tokens [N, T], prompt lengths [N])."""
     import torch
 
     from .distill import greedy_generate, newline_token_ids, sample_prompts
 
-    prompts = torch.from_numpy(sample_prompts(tokens["train"], tokens["train_doc_offsets"], a.n_seqs, a.prompt_len,
-                                              newline_token_ids(tok), a.seed))
+    lens = [int(x) for x in a.prompt_lens.split(",")]
+    total = max(lens) + a.new_tokens
+    newlines = newline_token_ids(tok)
+    stream, offsets = tokens[a.prompt_split], tokens[f"{a.prompt_split}_doc_offsets"]
     t0 = time.time()
-    greedy = greedy_generate(target, prompts, a.new_tokens, batch=a.gen_batch)
+    seqs, prompt_lens = [], []
+    for i, n in enumerate(lens):
+        count = a.n_seqs // len(lens) + (i < a.n_seqs % len(lens))
+        prompts = torch.from_numpy(sample_prompts(stream, offsets, count, n, newlines, a.seed * 1000 + i))
+        seqs.append(greedy_generate(target, prompts, total - n, batch=a.gen_batch))
+        prompt_lens.append(torch.full((count,), n, dtype=torch.long))
+    greedy, prompt_lens = torch.cat(seqs), torch.cat(prompt_lens)
     wall = time.time() - t0
-    log(f"greedy: {greedy.shape[0]} sequences x ({a.prompt_len} prompt + {a.new_tokens} new) in {wall:.0f}s")
-    _write_summary(a, "greedy", {"sequences": int(greedy.shape[0]), "prompt_len": a.prompt_len,
-                                 "new_tokens": a.new_tokens, "wall_s": wall,
-                                 "prompts": "train-split windows starting after a newline token"})
-    return greedy
+    log(f"greedy: {greedy.shape[0]} sequences of {total} tokens (prompts of {lens} tokens from the "
+        f"{a.prompt_split} split) in {wall:.0f}s")
+    _write_summary(a, "greedy", {"sequences": int(greedy.shape[0]), "prompt_lens": lens, "seq_len": total,
+                                 "wall_s": wall, "prompts": f"{a.prompt_split}-split windows starting after a "
+                                                            "newline token"})
+    return greedy, prompt_lens
 
 
 def cmd_generate(a) -> None:
@@ -129,11 +140,11 @@ def cmd_generate(a) -> None:
     device = pick_device(a.device)
     _setup_torch(device)
     target = load_target(a.target, device)
-    greedy = _greedy(a, target, load_tokens(a.data), load_tokenizer(Path(a.data) / "tokenizer"))
-    torch.save({"tokens": greedy.to(torch.int16), "prompt_len": a.prompt_len}, a.greedy)
+    greedy, prompt_lens = _greedy(a, target, load_tokens(a.data), load_tokenizer(Path(a.data) / "tokenizer"))
+    torch.save({"tokens": greedy.to(torch.int16), "prompt_lens": prompt_lens.to(torch.int16)}, a.greedy)
 
 
-def cmd_drafter(a, target=None, greedy=None) -> dict:
+def cmd_drafter(a, target=None, greedy=None, prompt_lens=None) -> dict:
     import torch
 
     from .distill import train_drafter
@@ -146,8 +157,8 @@ def cmd_drafter(a, target=None, greedy=None) -> dict:
         target = load_target(a.target, device)
     if greedy is None:
         blob = torch.load(a.greedy)
-        greedy = blob["tokens"].long()
-    summary = train_drafter(target, greedy.long(), a.prompt_len, a.draft_out, device, seed=a.seed,
+        greedy, prompt_lens = blob["tokens"].long(), blob["prompt_lens"].long()
+    summary = train_drafter(target, greedy.long(), prompt_lens, a.draft_out, device, seed=a.seed,
                          num_layers=a.draft_layers, block_size=a.block_size, batch=a.draft_batch,
                          anchors=a.anchors, lr=a.draft_lr, gamma=a.gamma, steps=a.drafter_steps,
                          time_budget_s=a.drafter_time_budget,
@@ -244,11 +255,11 @@ def cmd_gpu(a) -> None:
     tokens = load_tokens(a.data)
     tok = load_tokenizer(Path(a.data) / "tokenizer")
     seed_everything(a.seed)
-    greedy = _greedy(a, target, tokens, tok)
+    greedy, prompt_lens = _greedy(a, target, tokens, tok)
     a.draft_out = str(out / "draft")
     if a.wall_budget is not None:  # leave time for the final evaluation and the copy back
         a.drafter_deadline = t_start + a.wall_budget - a.eval_reserve
-    cmd_drafter(a, target=target, greedy=greedy)
+    cmd_drafter(a, target=target, greedy=greedy, prompt_lens=prompt_lens)
     drafter = DFlashDrafter.from_pretrained(out / "draft", dtype=torch.float32, device=device)
     a.out_json = None
     cmd_eval(a, target=target, drafter=drafter)
@@ -298,11 +309,15 @@ def main(argv=None) -> None:
         sp.add_argument("--steps", type=int, default=None, help="target steps (reproducible form)")
         sp.add_argument("--time-budget", type=float, default=None, help="target seconds (sets the steps)")
         sp.add_argument("--eval-every", type=int, default=250)
+        sp.add_argument("--doc-start-frac", type=float, default=0.25,
+                        help="share of each target batch whose windows start at a file's beginning")
         sp.add_argument("--max-steps", type=int, default=1300, help="cap when --time-budget sets the steps")
 
     def greedy_args(sp):
         sp.add_argument("--n-seqs", type=int, default=8192)
-        sp.add_argument("--prompt-len", type=int, default=64)
+        sp.add_argument("--prompt-lens", default="8,16,32,64", help="one group of prompts per length")
+        sp.add_argument("--prompt-split", default="draft", choices=("draft", "train"),
+                        help="where the prompts come from (draft: text the target never trained on)")
         sp.add_argument("--new-tokens", type=int, default=448)
         sp.add_argument("--gen-batch", type=int, default=2048)
 

@@ -36,11 +36,12 @@ def pick_device(name: str = "auto"):
 
 
 def tokenize_corpus(data_dir: str | Path) -> dict:
-    """Encode every document, append ``<|endoftext|>``, concatenate per split -> ``tokens.npz``.
+    """Encode every document, append ``<|endoftext|>``, concatenate per split (train / draft / eval) ->
+    ``tokens.npz``.
 
     Documents are in corpus order (sorted by path); the arrays are uint16 (vocab < 65536).
     """
-    from .corpus import read_corpus
+    from .corpus import SPLITS, read_corpus
     from .tokenizer import EOS_TOKEN, load_tokenizer
 
     data_dir = Path(data_dir)
@@ -48,21 +49,20 @@ def tokenize_corpus(data_dir: str | Path) -> dict:
     eos = tok.token_to_id(EOS_TOKEN)
     docs = read_corpus(data_dir)
     encs = tok.encode_batch([d.text for d in docs], add_special_tokens=False)
-    streams: dict[str, list[np.ndarray]] = {"train": [], "eval": []}
-    offsets: dict[str, list[int]] = {"train": [], "eval": []}
-    sizes = {"train": 0, "eval": 0}
+    streams: dict[str, list[np.ndarray]] = {k: [] for k in SPLITS}
+    offsets: dict[str, list[int]] = {k: [] for k in SPLITS}
+    sizes = dict.fromkeys(SPLITS, 0)
     for d, e in zip(docs, encs):
         ids = np.asarray(e.ids + [eos], dtype=np.uint16)
         offsets[d.split].append(sizes[d.split])
         sizes[d.split] += len(ids)
         streams[d.split].append(ids)
     arrays = {k: np.concatenate(v) for k, v in streams.items()}
-    np.savez_compressed(data_dir / "tokens.npz", train=arrays["train"], eval=arrays["eval"],
-                        train_doc_offsets=np.asarray(offsets["train"], dtype=np.int64),
-                        eval_doc_offsets=np.asarray(offsets["eval"], dtype=np.int64))
-    chars = {k: sum(len(d.text) for d in docs if d.split == k) for k in ("train", "eval")}
-    stats = {"train_tokens": int(arrays["train"].size), "eval_tokens": int(arrays["eval"].size),
-             "chars_per_token_train": chars["train"] / max(1, arrays["train"].size)}
+    np.savez_compressed(data_dir / "tokens.npz", **arrays,
+                        **{f"{k}_doc_offsets": np.asarray(v, dtype=np.int64) for k, v in offsets.items()})
+    chars = sum(len(d.text) for d in docs)
+    stats = {**{f"{k}_tokens": int(a.size) for k, a in arrays.items()},
+             "chars_per_token": chars / max(1, sum(a.size for a in arrays.values()))}
     (data_dir / "tokens-stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return stats
 

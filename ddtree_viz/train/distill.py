@@ -174,14 +174,21 @@ def chain_acceptance(pred, labels, block_size: int):
     return (lead.float() + 1)[valid]
 
 
-def train_drafter(target, greedy, prompt_len: int, out_dir: str | Path, device, *, seed: int = 0,
+def sample_anchors(prompt_lens: np.ndarray, last: int, count: int, gen: np.random.Generator) -> np.ndarray:
+    """``count`` distinct anchors per row, sorted, from the row's first generated token (its prompt length) to
+    ``last`` (the last position that still has a full block after it). Returns [rows, count] int64."""
+    return np.sort(np.stack([gen.choice(last - p + 1, size=count, replace=False) + p for p in prompt_lens]), axis=1)
+
+
+def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, seed: int = 0,
                   num_layers: int = 3, block_size: int = 16, mask_token_id: int = 1,
                   target_layer_ids=(1, 3, 5, 6), batch: int = 32, anchors: int = 32, lr: float = 2e-3,
                   weight_decay: float = 0.01, warmup: int = 30, gamma: float = 7.0, steps: int | None = None,
                   time_budget_s: float | None = None, val_frac: float = 0.02, store_dtype: str = "bfloat16",
                   precompute_features: bool = False, deadline: float | None = None,
                   init_from: str | Path | None = None) -> dict:
-    """Train a DFlash drafter on the target's greedy sequences ``greedy`` [N, T] (prompt first)."""
+    """Train a DFlash drafter on the target's greedy sequences ``greedy`` [N, T], whose first
+    ``prompt_lens[i]`` tokens are the prompt."""
     import torch
     import torch.nn.functional as F
     from ddtree_viz.engine.drafter import DFlashDrafter
@@ -214,7 +221,8 @@ def train_drafter(target, greedy, prompt_len: int, out_dir: str | Path, device, 
     n_val = max(batch, int(N * val_frac))
     perm = torch.from_numpy(rng.permutation(N)).to(device)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
-    lo, hi = prompt_len, T - block_size  # anchors: first generated token .. last full block
+    prompt_lens = torch.as_tensor(prompt_lens).cpu().numpy()
+    hi = T - block_size  # anchors: first generated token .. last full block
     w = position_weights(block_size, gamma, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -240,9 +248,7 @@ def train_drafter(target, greedy, prompt_len: int, out_dir: str | Path, device, 
 
     def make_batch(rows, gen):
         ids = greedy[rows]
-        a = torch.from_numpy(np.sort(np.stack([gen.choice(hi - lo + 1, size=anchors, replace=False)
-                                               for _ in range(len(rows))]), axis=1) + lo).to(device)
-        return ids, a
+        return ids, torch.from_numpy(sample_anchors(prompt_lens[rows.cpu().numpy()], hi, anchors, gen)).to(device)
 
     def evaluate() -> dict:
         drafter.eval()
@@ -310,7 +316,7 @@ def train_drafter(target, greedy, prompt_len: int, out_dir: str | Path, device, 
     drafter.to(getattr(torch, store_dtype)).save_pretrained(out_dir)
     summary = {"params": n_params, "steps": step, "init_from": str(init_from) if init_from else None, "batch": batch, "anchors_per_seq": anchors, "lr": lr,
                "weight_decay": weight_decay, "warmup": warmup, "gamma": gamma, "seed": seed, "wall_s": wall,
-               "sequences": N, "seq_len": T, "prompt_len": prompt_len, "val_sequences": n_val,
+               "sequences": N, "seq_len": T, "prompt_lens": sorted({int(p) for p in prompt_lens}), "val_sequences": n_val,
                "history": history, "final": final, "store_dtype": store_dtype}
     drafter.float()
     return summary

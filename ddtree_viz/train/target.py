@@ -130,8 +130,10 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
                  seq_len: int = 1024, batch: int = 32, lr: float = 2e-3, weight_decay: float = 0.1,
                  warmup: int = 30, steps: int | None = None, time_budget_s: float | None = None,
                  eval_every: int = 200, eval_windows: int = 64, store_dtype: str = "bfloat16",
-                 max_steps: int = 100_000) -> dict:
-    """Next-token training on random windows of the train stream. Returns a summary dict."""
+                 max_steps: int = 100_000, doc_start_frac: float = 0.25) -> dict:
+    """Next-token training on windows of the train stream: a ``doc_start_frac`` share of each batch starts
+    at the beginning of a file (so that the model sees how files begin, as a short prompt does), the rest
+    anywhere. Returns a summary dict."""
     import torch
     import torch.nn.functional as F
     from transformers import Qwen3_5ForCausalLM
@@ -149,6 +151,9 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
                             fused=device.type == "cuda")
     train = torch.from_numpy(tokens["train"].astype(np.int64)).to(device)
+    doc_starts = tokens["train_doc_offsets"]
+    doc_starts = doc_starts[doc_starts < train.numel() - seq_len - 1]
+    n_doc = int(round(batch * doc_start_frac))
     budget = StepBudget(steps, time_budget_s, min_steps=warmup + 10, max_steps=max_steps)
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     history = []
@@ -158,7 +163,9 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
     while step < budget.provisional_total:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, budget.provisional_total, lr, warmup)
-        starts = torch.from_numpy(gen.integers(0, train.numel() - seq_len - 1, size=batch)).to(device)
+        starts = np.concatenate([gen.choice(doc_starts, size=n_doc),
+                                 gen.integers(0, train.numel() - seq_len - 1, size=batch - n_doc)])
+        starts = torch.from_numpy(starts).to(device)
         idx = starts[:, None] + torch.arange(seq_len + 1, device=device)[None]
         x = train[idx]
         with _autocast(device):
@@ -187,6 +194,7 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
     save_target(model, out_dir, store_dtype)
     summary = {"params": n_params, "steps": step, "seq_len": seq_len, "batch": batch, "lr": lr,
                "weight_decay": weight_decay, "warmup": warmup, "seed": seed, "wall_s": wall,
+               "doc_start_frac": doc_start_frac,
                "tokens_seen": step * batch * seq_len, "history": history,
                "eval_loss_rounded": ev_rounded, "store_dtype": store_dtype}
     return summary

@@ -1,0 +1,115 @@
+"""The training pipeline's data handling (ddtree_viz/train): corpus splits, per-split token streams, drafter
+anchors over prompts of several lengths, and a few real drafter steps on a tiny target. CPU, seconds."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from ddtree_viz.train import corpus
+from ddtree_viz.train.corpus import Doc, build_corpus, split_of, tokenizer_texts, write_corpus
+
+
+def _bucket(relpath: str) -> int:
+    return int(hashlib.sha256(relpath.encode()).hexdigest()[:8], 16) % 100
+
+
+def _name(prefix: str, want) -> str:
+    """The first ``{prefix}{i}.py`` whose hash bucket satisfies ``want``."""
+    return next(f"{prefix}{i}.py" for i in range(10_000) if want(_bucket(f"{prefix}{i}.py")))
+
+
+def test_split_of_library_and_test_files():
+    # library files: eval below 5 (the held-out set the figures are measured on), draft 5..9, train from 10
+    for bucket, split in ((lambda h: h < 5, "eval"), (lambda h: 5 <= h < 10, "draft"), (lambda h: h >= 10, "train")):
+        assert split_of(_name("json/m", bucket)) == split
+    # regression-suite files are never held out for evaluation: draft below 10, else train
+    for d in ("test/", "ctypes/test/", "idlelib/idle_test/", "pkg/tests/"):
+        assert split_of(_name(d + "t", lambda h: h < 5)) == "draft"
+        assert split_of(_name(d + "t", lambda h: h >= 10)) == "train"
+    # a file merely named like a test directory is library code
+    assert corpus.source_of("test.py") == "lib" and corpus.source_of("unittest/test.py") == "lib"
+    assert corpus.source_of("unittest/test/test_case.py") == "test"
+
+
+def test_build_corpus_walks_sources_and_skips(tmp_path):
+    files = {
+        "a.py": "x = 1\n", "pkg/b.py": "y = 2\n", "test/test_a.py": "assert True\n", "pkg/tests/t.py": "z = 3\n",
+        "site-packages/dep.py": "no\n", "__pycache__/c.py": "no\n", "notes.txt": "no\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "latin.py").write_bytes(b"s = '\xe9'\n")  # not UTF-8
+    docs, manifest = build_corpus(tmp_path)
+    assert [d.path for d in docs] == ["a.py", "pkg/b.py", "pkg/tests/t.py", "test/test_a.py"]
+    assert [d.source for d in docs] == ["lib", "lib", "test", "test"]
+    assert all(d.text == files[d.path] for d in docs)
+    assert manifest["skipped_not_utf8"] == ["latin.py"]
+    assert sum(c["files"] for c in manifest["counts"].values()) == 4
+    # the tokenizer never sees held-out or test files
+    assert tokenizer_texts(docs) == [d.text for d in docs if d.source == "lib" and d.split != "eval"]
+
+
+def test_tokenize_corpus_writes_one_stream_per_split(tmp_path):
+    from ddtree_viz.train.data import load_tokens, tokenize_corpus
+    from ddtree_viz.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+    paths = [_name("lib/e", lambda h: h < 5), _name("lib/d", lambda h: 5 <= h < 10), _name("lib/r", lambda h: h >= 10),
+             _name("test/d", lambda h: h < 10), _name("test/r", lambda h: h >= 10)]
+    docs = [Doc(p, split_of(p), f"def f{i}(x):\n    return x + {i}\n") for i, p in enumerate(sorted(paths))]
+    assert {d.split for d in docs} == {"train", "draft", "eval"}
+    write_corpus(docs, {"note": "test"}, tmp_path)
+    save_tokenizer(train_tokenizer(tokenizer_texts(docs), vocab_size=300), tmp_path / "tokenizer")
+    stats = tokenize_corpus(tmp_path)
+    tokens = load_tokens(tmp_path)
+    tok = load_tokenizer(tmp_path / "tokenizer")
+    for split in corpus.SPLITS:
+        stream, offsets = tokens[split], tokens[f"{split}_doc_offsets"]
+        texts = [d.text for d in docs if d.split == split]
+        assert stats[f"{split}_tokens"] == stream.size and len(offsets) == len(texts)
+        ends = list(offsets[1:]) + [stream.size]
+        for text, start, end in zip(texts, offsets, ends):
+            assert stream[end - 1] == 0  # every file ends with <|endoftext|>
+            assert tok.decode(stream[start:end - 1].tolist()) == text
+
+
+def test_sample_anchors_start_after_each_prompt():
+    from ddtree_viz.train.distill import sample_anchors
+
+    gen = np.random.default_rng(0)
+    lens = np.array([8, 64, 16, 32, 8])
+    a = sample_anchors(lens, last=100, count=20, gen=gen)
+    assert a.shape == (5, 20)
+    for row, p in zip(a, lens):
+        assert row.min() >= p and row.max() <= 100
+        assert (np.diff(row) > 0).all()  # distinct and sorted
+    with pytest.raises(ValueError):
+        sample_anchors(np.array([90]), last=100, count=20, gen=gen)  # not enough room for 20 anchors
+
+
+def test_drafter_training_steps_on_a_tiny_target(tmp_path):
+    """Real steps of the block-diffusion objective on greedy data with two prompt lengths; the saved drafter
+    loads with the project's loader and pairs with the target."""
+    from ddtree_viz.engine.drafter import DFlashDrafter, validate_pairing
+    from ddtree_viz.train.distill import greedy_generate, train_drafter
+
+    from .tiny import MASK_ID, target_model
+
+    target = target_model("hybrid", seed=0)
+    torch.manual_seed(0)
+    prompts = [torch.randint(0, 256, (4, n)) for n in (4, 12)]
+    greedy = torch.cat([greedy_generate(target, p, 36 - p.shape[1], batch=4) for p in prompts])
+    assert greedy.shape == (8, 36)
+    prompt_lens = torch.tensor([4] * 4 + [12] * 4)
+    summary = train_drafter(target, greedy, prompt_lens, tmp_path / "draft", torch.device("cpu"), num_layers=1,
+                            block_size=4, batch=4, anchors=6, steps=3, warmup=1, target_layer_ids=(0, 2),
+                            mask_token_id=MASK_ID)
+    assert summary["steps"] == 3 and summary["prompt_lens"] == [4, 12]
+    assert np.isfinite(summary["final"]["ce"])
+    drafter = DFlashDrafter.from_pretrained(tmp_path / "draft")
+    assert drafter.block_size == 4 and drafter.mask_token_id == MASK_ID
+    validate_pairing(drafter.config, target.config)
