@@ -37,7 +37,7 @@ class TreeIndex:
 
     parents: tuple[int, ...]
     ancestors: torch.Tensor  # [T, T] bool, ancestor-or-self
-    conv_gather: torch.Tensor  # [T, kernel] long: rows of cat(conv_state^T, u) forming each node's window
+    conv_gather: torch.Tensor  # [T, kernel] long: time positions in (committed conv inputs, u) forming each window
     masks: TreeMasks | None = None  # the delta rule's masks (None: built per call)
 
     @classmethod
