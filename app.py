@@ -50,6 +50,8 @@ def click_js(elem_id: str) -> str:
 CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes after commit", "what changed",
                  "naive state error")
 
+# A few lines of context: on a bare one-line prompt the embedded target tends to repeat one word.
+DEFAULT_PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
 CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
 
 
@@ -108,7 +110,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
                                  max_height=260, elem_id="ddv-layout")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=3, value="def fibonacci(n):\n", scale=3, elem_id="ddv-prompt")
+            prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
             with gr.Column(scale=2):
                 with gr.Row():
                     budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")

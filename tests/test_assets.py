@@ -122,23 +122,29 @@ def test_drafter_pairs_with_target(target, drafter):
 
 
 def test_trained_pair_drafts_the_targets_greedy_tokens(target, tokenizer, drafter):
-    """DFlash blocks anchored along the target's greedy continuation of a code prompt: the trained
+    """DFlash blocks anchored along the target's greedy continuations of code prompts: the trained
     drafter's first draft token is the target's next greedy token most of the time (chance: 1/4096)."""
     from ddtree_viz.train.distill import block_batch, drafter_logits, target_features
 
-    prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n"
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    prompts = ("import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n",
+               "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+               "def read_config(path):\n    with open(path) as f:\n")
     B = drafter.block_size
-    with torch.no_grad():
-        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
-        feats = target_features(target, seq, drafter.target_layer_ids)
-        # anchor a = the last committed token; context = features of positions < a
-        anchors = torch.arange(ids.shape[1], seq.shape[1] - B + 1)[None]
-        blocks, labels, pos, mask = block_batch(seq, anchors, B, drafter.mask_token_id)
-        pred = drafter_logits(drafter, target, feats, blocks, pos, mask).argmax(-1)
-    hit = (pred == labels).reshape(-1, B)[:, 1:].float()
-    assert hit[:, 0].mean().item() >= 0.5, hit[:, 0].tolist()
-    assert hit.mean().item() >= 0.3, hit.mean().item()
+    hits = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+            assert seq.shape[1] == ids.shape[1] + 40  # no end of text: every prompt gives 25 blocks
+            feats = target_features(target, seq, drafter.target_layer_ids)
+            # anchor a = the last committed token; context = features of positions < a
+            anchors = torch.arange(ids.shape[1], seq.shape[1] - B + 1)[None]
+            blocks, labels, pos, mask = block_batch(seq, anchors, B, drafter.mask_token_id)
+            pred = drafter_logits(drafter, target, feats, blocks, pos, mask).argmax(-1)
+        hits.append((pred == labels).reshape(-1, B)[:, 1:].float())
+    hit = torch.cat(hits)
+    assert hit[:, 0].mean().item() >= 0.5, [h[:, 0].mean().item() for h in hits]
+    assert hit.mean().item() >= 0.3, [h.mean().item() for h in hits]
 
 
 def test_training_block_batch_matches_single_block_inference():

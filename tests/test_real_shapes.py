@@ -42,7 +42,7 @@ def test_real_target_layout_on_meta(meta_target):
     assert (layer.num_k_heads, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim) == (16, 48, 128, 128)
     assert layer.conv_dim == 2 * 16 * 128 + 48 * 128 and layer.conv_kernel_size == 4
     cache = DynamicCache(config=meta_target.config)
-    assert Counter(type(l).__name__ for l in cache.layers) == {"LinearAttentionLayer": 48, "DynamicLayer": 16}
+    assert Counter(type(entry).__name__ for entry in cache.layers) == {"LinearAttentionLayer": 48, "DynamicLayer": 16}
 
 
 def test_real_drafter_pairs_with_the_real_target(meta_target):

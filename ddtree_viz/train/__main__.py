@@ -5,12 +5,12 @@ Reproduce the shipped assets (the README section "Embedded default" has the figu
     # CPU machine with CPython 3.11.7 (its stdlib is the corpus) -> .train/
     python -m ddtree_viz.train prepare --data .train
     # GPU pass 1 (one H200 was used): target, greedy data, drafter from scratch -> run1/
-    python -m ddtree_viz.train gpu --data .train --out run1 --steps 679 \
-        --n-seqs 16384 --gen-batch 4096 --drafter-steps 8446
+    python -m ddtree_viz.train gpu --data .train --out run1 --steps 1000 \
+        --n-seqs 16384 --gen-batch 4096 --new-tokens 256 --drafter-steps 13059
     # GPU pass 2: new greedy data, drafter continued -> run2/
     python -m ddtree_viz.train gpu --data .train --out run2 --target-dir run1/target \
-        --init-draft run1/draft --seed 1 --n-seqs 32768 --gen-batch 16384 \
-        --draft-lr 1e-3 --drafter-steps 13723
+        --init-draft run1/draft --seed 1 --n-seqs 32768 --gen-batch 8192 --new-tokens 256 \
+        --draft-lr 1e-3 --drafter-steps 12382
     # evaluate, assemble assets/, check through the engine
     python -m ddtree_viz.train eval --data .train --target run1/target --draft run2/draft
     python -m ddtree_viz.train assets --data .train --target run1/target --draft run2/draft --out assets
@@ -309,8 +309,8 @@ def main(argv=None) -> None:
         sp.add_argument("--steps", type=int, default=None, help="target steps (reproducible form)")
         sp.add_argument("--time-budget", type=float, default=None, help="target seconds (sets the steps)")
         sp.add_argument("--eval-every", type=int, default=250)
-        sp.add_argument("--doc-start-frac", type=float, default=0.25,
-                        help="share of each target batch whose windows start at a file's beginning")
+        sp.add_argument("--doc-start-frac", type=float, default=0.0,
+                        help="share of each target batch whose windows start at a file's beginning (shipped: 0)")
         sp.add_argument("--max-steps", type=int, default=1300, help="cap when --time-budget sets the steps")
 
     def greedy_args(sp):
@@ -318,7 +318,7 @@ def main(argv=None) -> None:
         sp.add_argument("--prompt-lens", default="8,16,32,64", help="one group of prompts per length")
         sp.add_argument("--prompt-split", default="draft", choices=("draft", "train"),
                         help="where the prompts come from (draft: text the target never trained on)")
-        sp.add_argument("--new-tokens", type=int, default=448)
+        sp.add_argument("--new-tokens", type=int, default=256)
         sp.add_argument("--gen-batch", type=int, default=2048)
 
     def drafter_args(sp):

@@ -130,7 +130,7 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
                  seq_len: int = 1024, batch: int = 32, lr: float = 2e-3, weight_decay: float = 0.1,
                  warmup: int = 30, steps: int | None = None, time_budget_s: float | None = None,
                  eval_every: int = 200, eval_windows: int = 64, store_dtype: str = "bfloat16",
-                 max_steps: int = 100_000, doc_start_frac: float = 0.25) -> dict:
+                 max_steps: int = 100_000, doc_start_frac: float = 0.0) -> dict:
     """Next-token training on windows of the train stream: a ``doc_start_frac`` share of each batch starts
     at the beginning of a file (so that the model sees how files begin, as a short prompt does), the rest
     anywhere. Returns a summary dict."""
