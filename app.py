@@ -18,6 +18,7 @@ import tempfile
 import gradio as gr
 
 from ddtree_viz import ui
+from ddtree_viz.bench import DEFAULT_PROMPTS
 from ddtree_viz.errors import DDTreeVizError
 from ddtree_viz.render import export as exporter
 
@@ -50,8 +51,7 @@ def click_js(elem_id: str) -> str:
 CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes after commit", "what changed",
                  "naive state error")
 
-# A few lines of context: on a bare one-line prompt the embedded target tends to repeat one word.
-DEFAULT_PROMPT = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
 CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
 
 
