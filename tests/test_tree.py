@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddtree_viz.engine.tree import ancestor_matrix, build_chain, build_tree, follow_tree, verify_inputs
+from ddtree_viz.engine.tree import build_chain, build_tree, follow_tree, verify_inputs
 
 
 def candidates(depth: int, k: int, seed: int):
@@ -48,7 +48,7 @@ def test_depth_is_capped_by_the_drafted_rows():
 def test_mask_positions_and_walk():
     lp, ids = candidates(3, 3, 4)
     tree = build_tree(7, lp, ids, budget=8)
-    visible = ancestor_matrix(tree)
+    visible = tree.ancestors()
     for i in range(len(tree)):
         assert set(np.flatnonzero(visible[i])) == set(tree.path_to(i))
     input_ids, position_ids, mask = verify_inputs(tree, committed_len=5, dtype=torch.float32, device="cpu")

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .. import treeops
 
 # ----------------------------------------------------------------------------------------------------------
 # Tree indexing
@@ -42,27 +43,9 @@ class TreeIndex:
 
     @classmethod
     def build(cls, parents: tuple[int, ...] | list[int], kernel: int, device) -> "TreeIndex":
-        parents = tuple(int(p) for p in parents)
-        n = len(parents)
-        ancestors = np.zeros((n, n), dtype=np.bool_)
-        gather = np.empty((n, kernel), dtype=np.int64)
-        for pos, parent in enumerate(parents):
-            if parent >= 0:
-                if parent >= pos:
-                    raise ValueError("tree positions must list every parent before its children")
-                ancestors[pos] = ancestors[parent]
-            ancestors[pos, pos] = True
-            # window column kernel-1 is the node itself, column kernel-1-m its m-th ancestor; past the root
-            # the window continues into the committed conv state (its last column is the newest input).
-            node, past = pos, 0
-            for col in range(kernel - 1, -1, -1):
-                if node >= 0:
-                    gather[pos, col] = kernel + node
-                    node = parents[node]
-                else:
-                    past += 1
-                    gather[pos, col] = kernel - past
-        anc = torch.from_numpy(ancestors).to(device)
+        parents = treeops.check_parents(parents)
+        anc = torch.from_numpy(treeops.ancestor_matrix(parents)).to(device)
+        gather = treeops.conv_gather(parents, treeops.depths_of(parents), kernel)
         return cls(parents, anc, torch.from_numpy(gather).to(device), TreeMasks.of(anc))
 
 

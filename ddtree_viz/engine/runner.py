@@ -40,7 +40,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 from ..errors import ModelLoadError
 from .cache import layer_types
 from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
-from .tree import DraftTree, ancestor_matrix, follow_tree
+from ..treeops import conv_gather
+from .tree import DraftTree, follow_tree
 from .verify import decoder_layers, gdn_modules
 
 
@@ -51,19 +52,6 @@ def delta_rule_step(q, k, v, g, beta, state):
     delta = beta[0][:, None] * (v[0] - torch.einsum("hkv,hk->hv", decayed, k[0]))
     out = torch.einsum("hkv,hk->hv", decayed, q[0]) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
     return out[None], delta[None]
-
-
-def conv_gather(parents, depths, kernel: int) -> np.ndarray:
-    """[T, kernel] columns of cat(conv_state, u) forming each node's window (vectorised TreeIndex.build)."""
-    par = np.asarray(parents, dtype=np.int64)
-    depth = np.asarray(depths, dtype=np.int64)
-    out = np.empty((len(par), kernel), dtype=np.int64)
-    cur = np.arange(len(par))
-    out[:, kernel - 1] = kernel + cur
-    for m in range(1, kernel):
-        cur = np.where(cur >= 0, par[np.maximum(cur, 0)], -1)
-        out[:, kernel - 1 - m] = np.where(cur >= 0, kernel + cur, kernel - (m - depth))
-    return out
 
 
 @dataclass
@@ -308,7 +296,7 @@ class StaticRunner:
         depths = np.asarray(padded.depths)
         slot.ids.copy_(torch.tensor(padded.token_ids), non_blocking=True)
         slot.pos.copy_(torch.from_numpy(depths + self.committed), non_blocking=True)
-        slot.anc.copy_(torch.from_numpy(ancestor_matrix(padded)), non_blocking=True)
+        slot.anc.copy_(torch.from_numpy(padded.ancestors()), non_blocking=True)
         slot.gather.copy_(torch.from_numpy(conv_gather(padded.parents, depths, self.kernel)), non_blocking=True)
         self._host += time.perf_counter() - start
         if slot.graph is not None:

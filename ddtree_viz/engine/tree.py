@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import treeops
+
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -26,20 +28,25 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def children(self) -> list[dict[int, int]]:
-        """Per position: token id -> child position."""
-        maps: list[dict[int, int]] = [{} for _ in self.token_ids]
-        for pos in range(1, len(self)):
-            maps[self.parents[pos]][self.token_ids[pos]] = pos
-        return maps
-
     def path_to(self, pos: int) -> list[int]:
         """Positions from the root to `pos`, both included."""
-        path = []
-        while pos != -1:
-            path.append(pos)
-            pos = self.parents[pos]
-        return path[::-1]
+        return treeops.path_to(self.parents, pos)
+
+    def ancestors(self) -> np.ndarray:
+        """[T, T] bool ancestor-or-self matrix (the tree part of the verify mask)."""
+        return treeops.ancestor_matrix(self.parents)
+
+    @classmethod
+    def from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor, budget: int) -> "DraftTree":
+        """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device)."""
+        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+        return build_tree(root_token_id, values.cpu().numpy(), ids.cpu().numpy(), budget)
+
+    @classmethod
+    def chain_from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor) -> "DraftTree":
+        """DFlash's chain: the drafter's top-1 token at every depth."""
+        top = logprobs.max(dim=-1)
+        return build_chain(root_token_id, top.indices.tolist(), top.values.tolist())
 
 
 def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.ndarray, budget: int) -> DraftTree:
@@ -87,18 +94,6 @@ def build_chain(root_token_id: int, token_ids: list[int], logprobs: list[float])
     )
 
 
-def ancestor_matrix(tree: DraftTree) -> np.ndarray:
-    """visible[i, j] is True when position j is i itself or one of its ancestors."""
-    n = len(tree)
-    visible = np.zeros((n, n), dtype=np.bool_)
-    for pos in range(n):
-        parent = tree.parents[pos]
-        if parent >= 0:
-            visible[pos, :pos] = visible[parent, :pos]
-        visible[pos, pos] = True
-    return visible
-
-
 def verify_inputs(
     tree: DraftTree, committed_len: int, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -107,7 +102,7 @@ def verify_inputs(
     n = len(tree)
     input_ids = torch.tensor([tree.token_ids], dtype=torch.long, device=device)
     position_ids = torch.tensor([tree.depths], dtype=torch.long, device=device) + committed_len
-    visible = torch.from_numpy(ancestor_matrix(tree)).to(device)
+    visible = torch.from_numpy(tree.ancestors()).to(device)
     mask = torch.zeros((1, 1, n, committed_len + n), dtype=dtype, device=device)
     mask[0, 0, :, committed_len:].masked_fill_(~visible, torch.finfo(dtype).min)
     return input_ids, position_ids, mask
@@ -117,10 +112,4 @@ def follow_tree(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], i
     """Greedy acceptance walk: from the root, step to the child holding the target's argmax while one exists.
 
     Returns the accepted positions (root first) and the bonus token: the target's argmax at the last one."""
-    children = tree.children()
-    accepted = [0]
-    token = target_argmax[0]
-    while token in children[accepted[-1]]:
-        accepted.append(children[accepted[-1]][token])
-        token = target_argmax[accepted[-1]]
-    return accepted, int(token)
+    return treeops.follow(tree.parents, tree.token_ids, target_argmax)
