@@ -23,7 +23,7 @@ import torch
 
 from .errors import InputError
 from .engine.models import ModelPair
-from .engine.session import DecodeSession, first_divergence, greedy_decode
+from .engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
 from .engine.verify import device_sync
 
 # A few lines of everyday code each: the embedded 8M-parameter target degenerates into repeating one word on
@@ -174,18 +174,14 @@ def _speculative(session: DecodeSession, prompt_ids: list[int], sync) -> MethodR
     return MethodRun(list(session.generated), seconds, len(session.history), sum(r.acceptance for r in session.history))
 
 
-def _runner_run(runner, ids: list[int], max_new_tokens: int, eos, sync, proposer=None, budget: int = 0,
-                block_size: int | None = None) -> MethodRun:
-    from .engine.runner import runner_ddtree, runner_greedy
-
+def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> MethodRun:
+    """Greedy decoding through the session's target engine (one-node trees), timed like the others."""
     sync()
     start = time.perf_counter()
-    if proposer is None:
-        out, rounds = runner_greedy(runner, ids, max_new_tokens, eos), []
-    else:
-        out, rounds = runner_ddtree(runner, proposer, ids, max_new_tokens, budget, eos, block_size)
+    reference = EngineGreedy(session.target_engine, prompt_ids, session.eos_ids, with_margins=False)
+    ids = reference.extend_to(session.max_new_tokens).ids
     sync()
-    return MethodRun(out, time.perf_counter() - start, len(rounds), sum(rounds))
+    return MethodRun(list(ids), time.perf_counter() - start)
 
 
 def run_bench(
@@ -202,23 +198,24 @@ def run_bench(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise InputError(f"repeats must be a whole number between 1 and {MAX_REPEATS}, not {repeats!r}")
     say = progress or (lambda text: None)
-    # Sessions validate budget / max new tokens / block size before anything runs.
+    # Sessions validate budget / max new tokens / block size before anything runs. The runner's DDTree records
+    # only what decoding needs (its greedy runs through the same engine, so they share one static runner).
     sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m)
                 for m in ("dflash", "ddtree")}
+    if runner:
+        sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
+                                                  block_size=block_size, engine="runner", record=False)
     tokenizer = pair.tokenizer
     encoded = [[int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
     sync = _sync(pair)
     methods = METHODS + (RUNNER_METHODS if runner else ())
-    static = proposer = None
-    if runner:
-        from .engine.runner import StaticRunner
-        from .engine.session import DFlashProposer
 
-        block = sessions["ddtree"].block_size
-        room = max(len(ids) for ids in encoded) + max_new_tokens + 2 * block + budget + 64
-        static = StaticRunner(pair.target, max_len=-(-room // 64) * 64, sizes=(1, budget + 1),
-                              feature_layer_ids=pair.drafter.target_layer_ids, max_path=block)
-        proposer = DFlashProposer(pair.drafter, pair.target)
+    def timed(method: str, ids: list[int]) -> MethodRun:
+        if method == "greedy":
+            return _greedy(pair, ids, max_new_tokens, sync)
+        if method == "runner-greedy":
+            return _engine_greedy(sessions["runner-ddtree"], ids, sync)
+        return _speculative(sessions[method], ids, sync)
 
     if warmup:
         say("warming up")
@@ -227,9 +224,11 @@ def run_bench(
         for m in ("dflash", "ddtree"):
             s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m)
             _speculative(s, encoded[0], sync)
-        if runner:
-            _runner_run(static, encoded[0], warm, pair.eos_token_ids, sync)
-            _runner_run(static, encoded[0], warm, pair.eos_token_ids, sync, proposer, budget, block)
+        if runner:  # on the benchmarked session itself: that is where the graphs are captured
+            fast = sessions["runner-ddtree"]
+            EngineGreedy(fast.target_engine, encoded[0], fast.eos_ids, with_margins=False).extend_to(warm)
+            fast.prefill(prompt_ids=encoded[0])
+            fast.run(max_steps=2)
 
     results = []
     for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -237,20 +236,15 @@ def run_bench(
         for r in range(repeats):
             say(f"prompt {i + 1}/{len(prompts)}, repeat {r + 1}/{repeats}")
             # Speculative sessions first: their prefill checks the prompt (empty / too long) before greedy runs.
-            result.runs["ddtree"].append(_speculative(sessions["ddtree"], ids, sync))
-            result.runs["dflash"].append(_speculative(sessions["dflash"], ids, sync))
-            result.runs["greedy"].append(_greedy(pair, ids, max_new_tokens, sync))
-            if runner:
-                eos = pair.eos_token_ids
-                result.runs["runner-greedy"].append(_runner_run(static, ids, max_new_tokens, eos, sync))
-                result.runs["runner-ddtree"].append(_runner_run(static, ids, max_new_tokens, eos, sync, proposer, budget, block))
+            for m in ("ddtree", "dflash", "greedy") + (RUNNER_METHODS if runner else ()):
+                result.runs[m].append(timed(m, ids))
         results.append(result)
 
     ddtree = sessions["ddtree"]
     settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
                     repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
                     warmup=warmup, torch_threads=torch.get_num_threads(), runner=runner,
-                    cuda_graphs=bool(static is not None and static.graphs))
+                    cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs))
     return BenchResult(settings, pair.describe(), results)
 
 

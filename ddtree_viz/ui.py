@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
 from .engine.session import DecodeSession
-from .engine.verify import EXACT
+from .engine.engines import engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
@@ -123,7 +123,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
-    engine = host.engine if s.verify == EXACT else "transformers"
+    engine = engine_for(host.engine, s.verify)
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
                             method=s.method, block_size=s.block_size, engine=engine)
     session.prefill(s.prompt)

@@ -12,9 +12,10 @@ from transformers import DynamicCache
 from ddtree_viz.engine.gdn_tree import TreeIndex
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.treeops import conv_gather, conv_gather_reference
-from ddtree_viz.engine.runner import StaticRunner, one_node, runner_ddtree, runner_greedy
-from ddtree_viz.engine.session import DFlashProposer, GreedyReference
-from ddtree_viz.engine.tree import DraftTree
+from ddtree_viz.engine.engines import RunnerEngine
+from ddtree_viz.engine.runner import StaticRunner
+from ddtree_viz.engine.session import DecodeSession, DFlashProposer, EngineGreedy, GreedyReference
+from ddtree_viz.engine.tree import DraftTree, one_node
 from ddtree_viz.engine.verify import EXACT, verify_tree
 from ddtree_viz.errors import ModelLoadError
 from test_gdn_tree import random_tree
@@ -37,6 +38,23 @@ def greedy(pair):
 
 def make_runner(pair, sizes=(1, 17)):
     return StaticRunner(pair.target, max_len=256, sizes=sizes, feature_layer_ids=pair.drafter.target_layer_ids)
+
+
+def runner_greedy(runner, prompt, new):
+    """Greedy decoding through the runner (one-node trees), as the engine interface runs it."""
+    engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=1, block_size=runner.max_path,
+                          max_new_tokens=new, runner=runner)
+    return list(EngineGreedy(engine, prompt, set()).extend_to(new).ids)
+
+
+def runner_ddtree(pair, runner, proposer, prompt, new, budget):
+    """A DecodeSession on this runner, recording off: (generated ids, tokens gained per round)."""
+    engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1, block_size=proposer.block_size,
+                          max_new_tokens=new, runner=runner)
+    session = DecodeSession(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False)
+    session.prefill(prompt_ids=prompt)
+    session.run()
+    return session.generated, [r.acceptance for r in session.history]
 
 
 def tree_from_parents(parents, rng) -> DraftTree:
@@ -67,7 +85,7 @@ def test_runner_greedy_equals_transformers_greedy(pair, greedy):
 def test_runner_ddtree_equals_greedy(pair, greedy, budget, ranks):
     prompt, ref = greedy
     oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
-    out, rounds = runner_ddtree(make_runner(pair), oracle, prompt, NEW, budget)
+    out, rounds = runner_ddtree(pair, make_runner(pair), oracle, prompt, NEW, budget)
     assert out == list(ref.ids)
     if budget > 1 and ranks == [0]:
         assert max(rounds) > 2  # long accepted paths really happened
@@ -75,7 +93,7 @@ def test_runner_ddtree_equals_greedy(pair, greedy, budget, ranks):
 
 def test_runner_ddtree_with_the_dflash_drafter(pair, greedy):
     prompt, ref = greedy
-    out, _ = runner_ddtree(make_runner(pair), DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
+    out, _ = runner_ddtree(pair, make_runner(pair), DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
     assert out == list(ref.ids)
 
 
@@ -84,7 +102,7 @@ def test_runner_state_equals_greedy_cache(pair, greedy):
     prompt, ref = greedy
     runner = make_runner(pair)
     oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
-    out, rounds = runner_ddtree(runner, oracle, prompt, 24, 16)
+    out, rounds = runner_ddtree(pair, runner, oracle, prompt, 24, 16)
     committed = runner.committed - len(prompt)  # the last bonus token is not in the cache yet
     cache = DynamicCache(config=pair.target.config)
     pair.target(input_ids=torch.tensor([prompt + out[:committed]]), cache=cache, use_cache=True)
@@ -143,8 +161,8 @@ def test_runner_with_cuda_graphs_equals_greedy():
     assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
     for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1]), (40, [0])]:
         oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
-        assert runner_ddtree(runner, oracle, prompt, NEW, budget)[0] == list(ref.ids)
-    out, _ = runner_ddtree(runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
+        assert runner_ddtree(pair, runner, oracle, prompt, NEW, budget)[0] == list(ref.ids)
+    out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
     assert out == list(ref.ids)
 
 
@@ -207,5 +225,5 @@ def test_runner_crosses_attention_length_buckets(pair):
     assert runner.buckets == [256, 512, 1024]
     assert runner_greedy(runner, prompt, 60) == list(ref.ids)
     oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
-    assert runner_ddtree(runner, oracle, prompt, 60, 16)[0] == list(ref.ids)
+    assert runner_ddtree(pair, runner, oracle, prompt, 60, 16)[0] == list(ref.ids)
     assert {cols for _, cols in runner._slots} == {256, 512}

@@ -21,7 +21,8 @@ and two shape-static functions, captured as CUDA graphs per tree size and attent
                  recurrent state advanced along the path at once (closed form of gdn_tree.state_after) and its
                  conv window taken at the path's last node; committed += length.
 
-Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run the same code. The prefill
+Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run the same code. The runner is
+driven through engines.RunnerEngine (DecodeSession, EngineGreedy), which also sizes it. The prefill
 runs transformers' own forward once and copies its cache in. The tree size T is padded up to the nearest
 captured size with inert nodes (children of the root that nothing descends from).
 """
@@ -41,7 +42,7 @@ from ..errors import ModelLoadError
 from .cache import layer_types
 from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
 from ..treeops import conv_gather
-from .tree import DraftTree, follow_tree
+from .tree import DraftTree
 from .verify import decoder_layers, gdn_modules
 
 
@@ -113,7 +114,7 @@ class StaticRunner:
         self.committed_t = torch.zeros((), dtype=torch.long, device=self.device)
         self._cols = torch.arange(self.max_len, device=self.device)
         self._steps = torch.arange(self.max_path, device=self.device)
-        self.host_ms: list[float] = []  # per step_tree: host work (inputs, walk, path), GPU waits excluded
+        self.host_ms: list[float] = []  # per forward + commit: host work (inputs, path), GPU waits excluded
         self._host = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         # attention length buckets: a pass attends over the smallest bucket holding the committed rows and the
@@ -194,7 +195,7 @@ class StaticRunner:
         tree_cols = self.committed_t + cols[:T]
         visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
-        hidden = (~visible).repeat(self._rep, 1)[None, None]  # [1, 1, rep*T, cols], True = masked out
+        masked_out = (~visible).repeat(self._rep, 1)[None, None]  # [1, 1, rep*T, cols]: True = not attended
         index = TreeIndex((), slot.anc, slot.gather, TreeMasks.of(slot.anc) if T > 1 else None)  # shared by the layers
         feats, stash = {}, []
         for i, layer in enumerate(self.layers):
@@ -209,7 +210,7 @@ class StaticRunner:
                 out = gdn_output(gdn, core, z, h.dtype)[None]
                 stash.append((u, k, g, delta))
             else:
-                out = self._attention(i, layer.self_attn, h, cos, sin, hidden, tree_cols, slot.cols)
+                out = self._attention(i, layer.self_attn, h, cos, sin, masked_out, tree_cols, slot.cols)
             x = x + out
             x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
             if i in self.feature_layer_ids:
@@ -219,7 +220,7 @@ class StaticRunner:
         stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
         return logits, features, stacked
 
-    def _attention(self, i, attn, h, cos, sin, hidden, tree_cols, n_cols):
+    def _attention(self, i, attn, h, cos, sin, masked_out, tree_cols, n_cols):
         T, hd = h.shape[1], attn.head_dim
         q, gate = torch.chunk(attn.q_proj(h).view(1, T, -1, hd * 2), 2, dim=-1)
         gate = gate.reshape(1, T, -1)
@@ -235,7 +236,7 @@ class StaticRunner:
         # an fp32 softmax over the static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here.
         qg = q.reshape(1, kvh, rep * T, hd)
         keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
-        scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(hidden, float("-inf"))
+        scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(masked_out, float("-inf"))
         o = scores.softmax(-1).to(values.dtype) @ values
         o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
         return attn.o_proj(o * torch.sigmoid(gate))
@@ -288,6 +289,7 @@ class StaticRunner:
     def forward(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
         start = time.perf_counter()
+        self._host = 0.0
         n = len(tree)
         slot = self.slot_for(n)  # raises when max_len is full
         pad = slot.size - n  # inert nodes: children of the root
@@ -320,27 +322,12 @@ class StaticRunner:
         slot.last.fill_(accepted[-1])
         slot.length.fill_(L)
         self._host += time.perf_counter() - start
+        self.host_ms.append(self._host * 1e3)
         if slot.commit_graph is not None:
             slot.commit_graph.replay()
         else:
             self._commit(slot)
         self.committed += L
-
-    @torch.no_grad()
-    def step_tree(self, tree: DraftTree):
-        """forward + acceptance walk + commit. Returns (accepted positions, bonus token, features of the accepted
-        positions or None, logits [T, vocab])."""
-        self._host = 0.0
-        logits, feats, slot = self.forward(tree)
-        argmax = logits.argmax(-1).tolist()  # the one device -> host wait of a round
-        start = time.perf_counter()
-        accepted, bonus = follow_tree(tree, argmax)
-        self._host += time.perf_counter() - start
-        self.commit(slot, accepted)
-        self.host_ms.append(self._host * 1e3)
-        if feats is not None:
-            feats = feats.index_select(0, torch.tensor(accepted, device=feats.device))
-        return accepted, bonus, feats, logits
 
     def snapshot(self, types: list[str], pending: int = 0):
         """Per-layer LayerCache records in the shapes transformers' cache would hold (batch of one); `pending`
@@ -375,48 +362,3 @@ class StaticRunner:
             else:
                 out[i] = {"keys": self.keys[i][:, :, : self.committed], "values": self.values[i][:, :, : self.committed]}
         return out
-
-
-def one_node(token: int) -> DraftTree:
-    return DraftTree((int(token),), (-1,), (0,), (0,), (0.0,))
-
-
-@torch.no_grad()
-def runner_greedy(runner: StaticRunner, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
-                  margins: list | None = None) -> list[int]:
-    """Greedy decoding through the runner: one-node trees. `margins`, if given, receives each token's top-2
-    logit margin."""
-    logits, _ = runner.prefill(prompt_ids)
-    out = [int(logits.argmax())]
-    if margins is not None:
-        top = torch.topk(logits, 2).values
-        margins.append(float(top[0] - top[1]))
-    while len(out) < max_new_tokens and out[-1] not in eos_ids:
-        _, bonus, _, logits = runner.step_tree(one_node(out[-1]))
-        out.append(bonus)
-        if margins is not None:
-            top = torch.topk(logits[0], 2).values
-            margins.append(float(top[0] - top[1]))
-    return out
-
-
-@torch.no_grad()
-def runner_ddtree(runner: StaticRunner, proposer, prompt_ids: list[int], max_new_tokens: int, budget: int,
-                  eos_ids=(), block_size: int | None = None) -> tuple[list[int], list[int]]:
-    """DDTree through the runner. Returns (generated ids, accepted length per round)."""
-    from .tree import build_tree
-
-    block = block_size or proposer.block_size
-    proposer.reset()
-    logits, feats = runner.prefill(prompt_ids)
-    out, rounds = [int(logits.argmax())], []
-    while len(out) < max_new_tokens and out[-1] not in eos_ids:
-        logprobs = proposer.propose(out[-1], runner.committed, feats, block)
-        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-        tree = build_tree(out[-1], values.cpu().numpy(), ids.cpu().numpy(), budget)
-        accepted, bonus, feats, _ = runner.step_tree(tree)
-        rounds.append(len(accepted))
-        for token in [tree.token_ids[a] for a in accepted[1:]] + [bonus]:
-            if len(out) < max_new_tokens and out[-1] not in eos_ids:
-                out.append(token)
-    return out, rounds

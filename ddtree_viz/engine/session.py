@@ -10,7 +10,6 @@ A round, top to bottom:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,15 +19,13 @@ import torch
 
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
-from .cache import new_cache, snapshot, state_distance
-from .drafter import extract_context_features
+from .engines import ENGINES, TargetEngine, make_engine
 from .models import ModelPair
-from .tree import DraftTree, build_chain, build_tree, follow_tree
-from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
+from .tree import DraftTree, follow_tree, one_node
+from .verify import EXACT, NAIVE, device_sync, input_device
 
 METHODS = ("ddtree", "dflash")
 VERIFY_MODES = (EXACT, NAIVE)
-ENGINES = ("transformers", "runner")  # runner: the static runner (engine/runner.py), exact only
 MAX_BUDGET = 4096
 MAX_NEW_TOKENS = 8192
 
@@ -89,35 +86,68 @@ class GreedyResult:
 
 
 class GreedyReference:
-    """The target's own greedy decoding of a prompt, extended on demand (the UI asks for it token by token)."""
+    """The target's own greedy decoding of a prompt, extended on demand (the UI asks for it token by token).
 
-    def __init__(self, target, prompt_ids: list[int], eos_ids: set[int]):
-        from transformers import DynamicCache
+    This one runs transformers' own forward, one token at a time, no tree code involved: the independent check.
+    EngineGreedy below runs the same loop through a target engine (one-node trees)."""
 
+    def __init__(self, target, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True):
         self.target, self.prompt_ids, self.eos_ids = target, list(prompt_ids), set(eos_ids)
-        self.cache = DynamicCache(config=target.config)
+        self.with_margins = with_margins  # False: no top-2 margins (a benchmark's plain decoding)
         self.ids: list[int] = []
         self.margins: list[float] = []
         self.finished = False  # end of text reached
         self.seconds = 0.0  # time spent decoding so far (prefill included)
         self._sync = device_sync(target)
+        self.cache = None
+
+    def _first(self) -> torch.Tensor:
+        """Logits [vocab] after the prompt."""
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.target.config)
+        return self._forward(self.prompt_ids)
+
+    def _next(self, token: int) -> torch.Tensor:
+        """Logits [vocab] after one more token."""
+        return self._forward([token])
+
+    def _forward(self, inputs: list[int]) -> torch.Tensor:
+        ids = torch.tensor([inputs], device=input_device(self.target))
+        return self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @torch.no_grad()
     def extend_to(self, n: int) -> GreedyResult:
-        device = input_device(self.target)
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
-            inputs = self.prompt_ids if not self.ids else self.ids[-1:]
-            out = self.target(input_ids=torch.tensor([inputs], device=device), cache=self.cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[0, -1].float()
-            top = torch.topk(logits, 2).values
+            logits = (self._first() if not self.ids else self._next(self.ids[-1])).float()
             token = int(logits.argmax())
             self.ids.append(token)
-            self.margins.append(float(top[0] - top[1]))
+            if self.with_margins:
+                top = torch.topk(logits, 2).values
+                self.margins.append(float(top[0] - top[1]))
             self.finished = token in self.eos_ids
         self._sync()
         self.seconds += time.perf_counter() - start
         return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
+
+
+class EngineGreedy(GreedyReference):
+    """Greedy decoding through a target engine: every step is a one-node tree (forward, then commit it)."""
+
+    def __init__(self, engine: TargetEngine, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True):
+        self.engine = engine
+        super().__init__(engine.target, prompt_ids, eos_ids, with_margins)
+        self._sync = engine.sync
+
+    def _first(self) -> torch.Tensor:
+        return self.engine.prefill(self.prompt_ids)[0]
+
+    def _next(self, token: int) -> torch.Tensor:
+        tree_pass = self.engine.forward(one_node(token))
+        logits = tree_pass.logits[0]
+        self.engine.commit(tree_pass, [0])
+        return logits
 
 
 def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
@@ -137,11 +167,18 @@ def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...
 
 
 class DecodeSession:
+    """Rounds of DDTree (or the DFlash chain) on one prompt through a target engine (engines.py).
+
+    `record=False` keeps only what decoding needs (tree, accepted path, bonus) in each StepRecord: no node texts,
+    margins, cache snapshots or per-phase device waits (what a benchmark of the method itself wants)."""
+
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
-        reference_gdn: bool = False, engine: str = "transformers",
+        reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
     ):
+        """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
+        made by the caller."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -155,16 +192,16 @@ class DecodeSession:
             raise InputError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
         if method not in METHODS:
             raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-        self.verify, self.method = verify, method
+        self.verify, self.method, self.record = verify, method, record
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
-        if engine not in ENGINES:
-            raise InputError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-        if engine == "runner" and (verify != EXACT or reference_gdn):
-            raise InputError("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference "
-                             "GDN run on the transformers engine")
-        self.engine = engine
-        self._runner = None
+        tree_size = self.budget + 1 if method == "ddtree" else self.block_size
+        if isinstance(engine, str):
+            engine = make_engine(engine, self.target, proposer.feature_layer_ids, verify=verify,
+                                 reference_gdn=reference_gdn, tree_size=tree_size, block_size=self.block_size,
+                                 max_new_tokens=self.max_new_tokens)
+        self.target_engine = engine
+        self.engine = self.target_engine.name
         self._token_texts_seen: dict[int, str] = {}
         self.eos_ids = pair.eos_token_ids
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
@@ -177,18 +214,18 @@ class DecodeSession:
         self.prompt_ids: list[int] = []
         self.generated: list[int] = []
         self.history: list[StepRecord] = []
-        self.cache = None
+        self.started = False
         self.committed_len = 0
         self.done = False
         self._features: torch.Tensor | None = None
         self._greedy: GreedyReference | None = None
         self.prefill_cache: tuple = ()
-        self._shadow = None  # naive mode: the exact cache after the same committed tokens, for comparison
         self.prefill_ms = 0.0
 
     @property
-    def started(self) -> bool:
-        return self.cache is not None
+    def cache(self):
+        """The engine's committed state: transformers' DynamicCache, or the static runner."""
+        return self.target_engine.cache
 
     @property
     def settings(self) -> dict:
@@ -229,55 +266,17 @@ class DecodeSession:
         self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.proposer.reset()
-        if self.engine == "runner":
-            return self._prefill_runner()
-        cache = new_cache(self.target)
         start = time.perf_counter()
-        ids = torch.tensor([self.prompt_ids], device=input_device(self.target))
-        out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
-                          output_hidden_states=self.proposer.feature_layer_ids is not None)
+        logits, self._features = self.target_engine.prefill(self.prompt_ids)
         self._sync()
         self.prefill_ms = (time.perf_counter() - start) * 1e3
-        self.cache = cache
-        self.prefill_cache = self._snapshot()
-        self.committed_len = len(self.prompt_ids)
-        if self.verify == NAIVE:
-            self._shadow = new_cache(self.target)
-            self.target(input_ids=ids, cache=self._shadow, use_cache=True, logits_to_keep=1)
-        self._features = self._context(out.hidden_states, None)
-        first = int(out.logits[0, -1].argmax())
-        self.generated = [first]
-        self.done = first in self.eos_ids or self.max_new_tokens <= 1
-        return first
-
-    def _prefill_runner(self) -> int:
-        from .runner import StaticRunner
-
-        need = len(self.prompt_ids) + self.max_new_tokens + 2 * self.block_size + self.budget + 64
-        if self._runner is None or self._runner.max_len < need:
-            size = self.budget + 1 if self.method == "ddtree" else self.block_size
-            self._runner = StaticRunner(self.target, max_len=-(-need // 256) * 256, sizes=(size,),
-                                        feature_layer_ids=self.proposer.feature_layer_ids, max_path=self.block_size)
-        start = time.perf_counter()
-        logits, self._features = self._runner.prefill(self.prompt_ids)
-        self._sync()
-        self.prefill_ms = (time.perf_counter() - start) * 1e3
-        self.cache = self._runner
-        self.prefill_cache = self._snapshot()
+        self.started = True
+        self.prefill_cache = self.target_engine.snapshot()
         self.committed_len = len(self.prompt_ids)
         first = int(logits.argmax())
         self.generated = [first]
         self.done = first in self.eos_ids or self.max_new_tokens <= 1
         return first
-
-    def _context(self, hidden_states, positions: list[int] | None) -> torch.Tensor | None:
-        ids = self.proposer.feature_layer_ids
-        if ids is None:
-            return None
-        feats = extract_context_features(hidden_states, ids)[0]
-        if positions is not None:
-            feats = feats.index_select(0, torch.tensor(positions, device=feats.device))
-        return feats
 
     # -- one round -----------------------------------------------------------------------------------------
 
@@ -289,83 +288,58 @@ class DecodeSession:
             raise InputError("this session has finished (end of text or max new tokens); reset to start again")
         timings = {}
         clock = time.perf_counter()
+        record = self.record
 
         def lap(name):
             nonlocal clock
+            if not record:
+                return
             self._sync()
             now = time.perf_counter()
             timings[name] = (now - clock) * 1e3
             clock = now
 
+        engine = self.target_engine
         root = self.generated[-1]
         logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
         lap("draft")
 
-        tree = self._build_tree(root, logprobs)
+        tree = (DraftTree.chain_from_logprobs(root, logprobs) if self.method == "dflash"
+                else DraftTree.from_logprobs(root, logprobs, self.budget))
         lap("tree")
 
-        if self.engine == "runner":
-            logits, feats, slot = self._runner.forward(tree)
-        else:
-            result = verify_tree(self.target, self.cache, tree, self.committed_len, self.verify,
-                                 want_hidden=self.proposer.feature_layer_ids is not None, reference_gdn=self.reference_gdn)
-            logits = result.logits
-        top2 = torch.topk(logits, 2, dim=-1).values
-        margins = (top2[:, 0] - top2[:, 1]).tolist()
+        tree_pass = engine.forward(tree)
+        logits = tree_pass.logits
+        if record:
+            top2 = torch.topk(logits, 2, dim=-1).values
+            margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
         target_argmax = logits.argmax(-1).tolist()
         accepted, bonus = follow_tree(tree, target_argmax)
         lap("verify")
         bonus_rank, bonus_logprob = None, None
-        if len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
+        if record and len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
             row = logprobs[len(accepted) - 1]
             bonus_logprob = float(row[bonus])
             bonus_rank = int((row > row[bonus]).sum())
 
-        before = self._snapshot(pending=len(tree))
-        if self.engine == "runner":
-            if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now
-                self._features = feats.index_select(0, torch.tensor(accepted, device=feats.device))
-            self._runner.commit(slot, accepted)
-        else:
-            commit(self.cache, tree, accepted, result)
-            self._features = self._context(result.hidden_states, accepted)
+        before = engine.snapshot(pending=len(tree)) if record else ()
+        self._features = engine.commit(tree_pass, accepted)
         lap("commit")
 
-        record = StepRecord(
+        new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
+        state_error = engine.state_error(tree, accepted)
+        step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
-            nodes=self._nodes(tree), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
-            bonus_token_id=bonus, timings_ms=timings, cache=self._snapshot(),
-            cache_before_commit=before, new_token_ids=tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus])),
-            target_margin=tuple(float(m) for m in margins), method=self.method, verify=self.verify,
+            nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
+            bonus_token_id=bonus, timings_ms=timings, cache=engine.snapshot() if record else (),
+            cache_before_commit=before, new_token_ids=new_tokens,
+            target_margin=margins if record else (), method=self.method, verify=self.verify,
             bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
+            naive_state_error=state_error if state_error is not None else (),
         )
         self.committed_len += len(accepted)
-        if self._shadow is not None:
-            record = dataclasses.replace(record, naive_state_error=tuple(self._naive_state_error(tree, accepted)))
-        self.history.append(record)
-        return record
-
-    def _snapshot(self, pending: int = 0):
-        """The target cache per layer now. The runner is told how many tree rows a pass wrote beyond the committed
-        ones (transformers' cache holds them itself until the commit)."""
-        if self.engine == "runner":
-            return self._runner.snapshot(self.pair.layer_types, pending)
-        return snapshot(self.cache, self.pair.layer_types)
-
-    def _naive_state_error(self, tree: DraftTree, accepted: list[int]) -> list[float | None]:
-        """Feed the committed tokens to an exact cache (transformers' own one-token steps) and compare states."""
-        device = input_device(self.target)
-        for pos in accepted:
-            self.target(input_ids=torch.tensor([[tree.token_ids[pos]]], device=device), cache=self._shadow, use_cache=True)
-        return state_distance(self.cache, self._shadow)
-
-    def _build_tree(self, root: int, logprobs: torch.Tensor) -> DraftTree:
-        if self.method == "dflash":
-            top = logprobs.max(dim=-1)
-            return build_chain(root, top.indices.tolist(), top.values.tolist())
-        k = min(self.budget, logprobs.shape[-1])
-        values, ids = torch.topk(logprobs, k, dim=-1)
-        return build_tree(root, values.cpu().numpy(), ids.cpu().numpy(), self.budget)
+        self.history.append(step)
+        return step
 
     def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
         return tuple(

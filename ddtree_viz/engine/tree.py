@@ -94,6 +94,11 @@ def build_chain(root_token_id: int, token_ids: list[int], logprobs: list[float])
     )
 
 
+def one_node(token_id: int) -> DraftTree:
+    """A tree of the root alone: one greedy step through the tree code."""
+    return DraftTree((int(token_id),), (-1,), (0,), (-1,), (0.0,))
+
+
 def verify_inputs(
     tree: DraftTree, committed_len: int, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

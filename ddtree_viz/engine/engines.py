@@ -1,0 +1,214 @@
+"""One interface to the target, two engines behind it.
+
+A target engine owns the target's committed state (its cache) and does four things a round needs:
+
+    prefill(prompt_ids)      -> (logits [vocab] fp32 of the last prompt position, context features [n, F] or None)
+    forward(tree)            -> TreePass: logits [T, vocab] fp32 of every tree position + what the commit needs
+    commit(tree_pass, path)  -> context features [P, F] of the accepted path (or None); the state moves past it
+    snapshot(pending)        -> per-layer LayerCache records of what the cache holds now
+
+plus `sync()` (wait for the devices it runs on) and `state_error(tree, path)` (naive mode's per-layer distance
+from the exact state; None elsewhere). DecodeSession drives rounds through it with no engine branches;
+`EngineGreedy` decodes greedily through it (one-node trees).
+
+- TransformersEngine: the target's own forward over a DynamicCache. verify="exact" swaps the tree-exact GDN in
+  for the pass; verify="naive" is the known-wrong flattened tree through transformers' own layers (the bug of
+  DDTree's reference code on hybrid caches), kept to show it. Naive mode exists on this engine only.
+- RunnerEngine: the static runner (runner.py): preallocated state, CUDA graphs on a GPU; exact only, one device,
+  Qwen3.5 hybrid targets. Sized here, in one place, from the session's prompt, budget and block.
+
+F = concatenated hidden size of the drafter's feature layers, T = tree positions, P = accepted path length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..errors import InputError
+from ..trace import LayerCache
+from .cache import layer_types, new_cache, snapshot, state_distance
+from .drafter import extract_context_features
+from .tree import DraftTree
+from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
+
+ENGINES = ("transformers", "runner")
+
+
+@dataclass
+class TreePass:
+    """One verify pass: the target's logits at every tree position and the engine's handle for the commit."""
+
+    tree: DraftTree
+    logits: torch.Tensor  # [T, vocab] fp32
+    handle: object
+
+
+class TargetEngine(Protocol):
+    name: str
+    verify: str
+    committed: int  # tokens in the committed state
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def forward(self, tree: DraftTree) -> TreePass: ...
+
+    def commit(self, tree_pass: TreePass, accepted: list[int]) -> torch.Tensor | None: ...
+
+    def snapshot(self, pending: int = 0) -> tuple[LayerCache, ...]: ...
+
+    def state_error(self, tree: DraftTree, accepted: list[int]) -> tuple[float | None, ...] | None: ...
+
+    def sync(self) -> None: ...
+
+
+class TransformersEngine:
+    """The target's own forward over transformers' DynamicCache; the tree-exact GDN is swapped in per pass."""
+
+    name = "transformers"
+    verify_modes = (EXACT, NAIVE)
+
+    def __init__(self, target, feature_layer_ids: list[int] | None, *, verify: str = EXACT, reference_gdn: bool = False):
+        self.target, self.feature_layer_ids = target, feature_layer_ids
+        self.verify, self.reference_gdn = verify, reference_gdn
+        self.types = layer_types(target.config)
+        self.sync = device_sync(target)
+        self.cache = None
+        self.committed = 0
+        self._prompt_ids: list[int] = []
+        self._shadow = None  # naive mode: an exact cache fed the same committed tokens, for comparison
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids):
+        self.cache = new_cache(self.target)
+        self._shadow, self._prompt_ids = None, list(prompt_ids)
+        ids = torch.tensor([self._prompt_ids], device=input_device(self.target))
+        out = self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1,
+                          output_hidden_states=self.feature_layer_ids is not None)
+        self.committed = len(self._prompt_ids)
+        return out.logits[0, -1].float(), self._features(out.hidden_states, None)
+
+    @torch.no_grad()
+    def forward(self, tree):
+        result = verify_tree(self.target, self.cache, tree, self.committed, self.verify,
+                             want_hidden=self.feature_layer_ids is not None, reference_gdn=self.reference_gdn)
+        return TreePass(tree, result.logits, result)
+
+    @torch.no_grad()
+    def commit(self, tree_pass, accepted):
+        commit(self.cache, tree_pass.tree, accepted, tree_pass.handle)
+        self.committed += len(accepted)
+        return self._features(tree_pass.handle.hidden_states, accepted)
+
+    def snapshot(self, pending: int = 0):
+        """The cache holds a pass's tree rows itself until the commit, so `pending` needs no adding here."""
+        return snapshot(self.cache, self.types)
+
+    @torch.no_grad()
+    def state_error(self, tree, accepted):
+        """Naive mode: feed the committed tokens to an exact cache (transformers' own one-token steps, the prompt
+        first) and compare recurrent states per layer. None in exact mode."""
+        if self.verify != NAIVE:
+            return None
+        device = input_device(self.target)
+        if self._shadow is None:
+            self._shadow = new_cache(self.target)
+            self.target(input_ids=torch.tensor([self._prompt_ids], device=device), cache=self._shadow, use_cache=True,
+                        logits_to_keep=1)
+        for pos in accepted:
+            self.target(input_ids=torch.tensor([[tree.token_ids[pos]]], device=device), cache=self._shadow, use_cache=True)
+        return tuple(state_distance(self.cache, self._shadow))
+
+    def _features(self, hidden_states, positions: list[int] | None) -> torch.Tensor | None:
+        if self.feature_layer_ids is None:
+            return None
+        feats = extract_context_features(hidden_states, self.feature_layer_ids)[0]
+        if positions is not None:
+            feats = feats.index_select(0, torch.tensor(positions, device=feats.device))
+        return feats
+
+
+class RunnerEngine:
+    """The static runner behind the engine interface. It is (re)built at prefill when the prompt needs more room:
+    max_len = prompt + max new tokens + two blocks + the tree + 64, rounded up to 256."""
+
+    name = "runner"
+    verify_modes = (EXACT,)
+    verify = EXACT
+
+    def __init__(self, target, feature_layer_ids: list[int] | None, *, tree_size: int, block_size: int,
+                 max_new_tokens: int, graphs: bool | None = None, runner=None):
+        """`runner`: a StaticRunner made elsewhere (a test's, a benchmark's) to use while it has room."""
+        self.target, self.feature_layer_ids = target, feature_layer_ids
+        self.tree_size, self.block_size, self.max_new_tokens = int(tree_size), int(block_size), int(max_new_tokens)
+        self.graphs = graphs
+        self.types = layer_types(target.config)
+        self.sync = device_sync(target)
+        self.runner = runner
+
+    @property
+    def cache(self):
+        return self.runner
+
+    @property
+    def committed(self) -> int:
+        return self.runner.committed if self.runner is not None else 0
+
+    def room(self, prompt_len: int) -> int:
+        need = prompt_len + self.max_new_tokens + 2 * self.block_size + self.tree_size + 64
+        return -(-need // 256) * 256
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids):
+        from .runner import StaticRunner
+
+        need = self.room(len(prompt_ids))
+        if self.runner is None or self.runner.max_len < need:
+            self.runner = StaticRunner(self.target, max_len=need, sizes=(1, self.tree_size),
+                                       feature_layer_ids=self.feature_layer_ids, max_path=self.block_size,
+                                       graphs=self.graphs)
+        return self.runner.prefill(list(prompt_ids))
+
+    @torch.no_grad()
+    def forward(self, tree):
+        logits, feats, slot = self.runner.forward(tree)
+        return TreePass(tree, logits, (feats, slot))
+
+    @torch.no_grad()
+    def commit(self, tree_pass, accepted):
+        feats, slot = tree_pass.handle
+        if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now
+            feats = feats.index_select(0, torch.tensor(accepted, device=feats.device))
+        self.runner.commit(slot, accepted)
+        return feats
+
+    def snapshot(self, pending: int = 0):
+        """The runner writes a pass's tree rows past `committed`: `pending` of them count as held until the commit."""
+        return self.runner.snapshot(self.types, pending)
+
+    def state_error(self, tree, accepted):
+        return None
+
+
+def engine_for(preferred: str, verify: str) -> str:
+    """The engine that runs `verify` rounds: the preferred one where it can, else transformers' forward (the
+    only engine with the naive mode)."""
+    return preferred if verify in _CLASSES[preferred].verify_modes else TransformersEngine.name
+
+
+def make_engine(name: str, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
+                tree_size: int = 1, block_size: int = 16, max_new_tokens: int = 64) -> TargetEngine:
+    if name not in ENGINES:
+        raise InputError(f"engine must be one of {', '.join(ENGINES)}, not {name!r}")
+    if name == RunnerEngine.name:
+        if verify != EXACT or reference_gdn:
+            raise InputError("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference "
+                             "GDN run on the transformers engine")
+        return RunnerEngine(target, feature_layer_ids, tree_size=tree_size, block_size=block_size,
+                            max_new_tokens=max_new_tokens)
+    return TransformersEngine(target, feature_layer_ids, verify=verify, reference_gdn=reference_gdn)
+
+
+_CLASSES = {cls.name: cls for cls in (TransformersEngine, RunnerEngine)}
