@@ -102,7 +102,7 @@ class BenchResult:
         return all(p.divergence(method) is None for p in self.prompts)
 
     def to_dict(self) -> dict:
-        """The bench JSON: DESIGN.md's seven keys first, then details."""
+        """The bench JSON: the seven keys of docs/ARCHITECTURE.md first, then details."""
         return {
             "greedy_tok_s": self.tok_s("greedy"),
             "dflash_tok_s": self.tok_s("dflash"),

@@ -2,7 +2,7 @@
 
 Everything here is a frozen dataclass of ints, floats, strings, tuples and dicts of those, so a
 session can be written to JSON and replayed later with no model loaded. The layout is the trace
-contract of DESIGN.md; fields may be added (readers ignore what they do not know), none renamed.
+contract of docs/ARCHITECTURE.md; fields may be added (readers ignore what they do not know), none renamed.
 """
 
 from __future__ import annotations

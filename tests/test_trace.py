@@ -1,4 +1,4 @@
-"""Trace JSON: the DESIGN.md contract, and a lossless round trip of a real session."""
+"""Trace JSON: the contract of docs/ARCHITECTURE.md, and a lossless round trip of a real session."""
 
 import json
 

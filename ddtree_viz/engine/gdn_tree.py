@@ -16,6 +16,19 @@ Two forms live here and are tested against each other and against transformers' 
   Nodes are numbered parents first, so A is strictly lower triangular: one unit-triangular solve.
   The state after any node a (used to commit the accepted path) is
       S_a = exp(G_a) S_c + sum_{j in path(a)} exp(G_a - G_j) k_j delta_j^T.
+
+Dimension letters: the project's one legend (docs/ARCHITECTURE.md repeats it), used in every shape comment.
+    T   tree positions of one verify pass (root first, parents before children)
+    P   positions of one path, root first (the accepted path)
+    H   value heads of a GDN layer (q and k are repeated from Hk key heads to H)
+    Hk  key heads of a GDN layer, before that repeat
+    K   key head dim;  V  value head dim
+    C   conv channels of a GDN layer: q, k and v before the split (2 Hk K + H V)
+    D   the target's hidden size
+    L   decoder layers: Lg GDN layers, La attention layers
+    F   drafter context features (the hidden states of its target layers, concatenated)
+    B   batch, always 1 where it appears (transformers' cache tensors, hidden states)
+Other sizes are spelled out: kernel (conv width), vocab, max_len, kv_heads, head_dim.
 """
 
 from __future__ import annotations
@@ -67,7 +80,7 @@ def tree_conv(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, g
 
 
 def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, parents) -> torch.Tensor:
-    """Per node: gather the window by walking parent pointers, then F.conv1d on it."""
+    """Per node: gather the window by walking parent pointers, then F.conv1d on it. Shapes as tree_conv."""
     kernel = weight.shape[1]
     outs = []
     for pos in range(u.shape[0]):
@@ -83,7 +96,8 @@ def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch
 
 
 def path_conv_state(u: torch.Tensor, conv_state: torch.Tensor, gather_row: torch.Tensor) -> torch.Tensor:
-    """The conv state after committing the path ending at a node: the last `kernel` raw inputs along it."""
+    """The conv state after committing the path ending at a node: the last `kernel` raw inputs along it.
+    u: [T, C]; conv_state: [C, kernel]; gather_row: [kernel] (one row of TreeIndex.conv_gather) -> [C, kernel]."""
     ext = torch.cat([conv_state, u.to(conv_state.dtype).t()], dim=1)
     return ext.index_select(1, gather_row)
 
@@ -129,7 +143,8 @@ def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None 
 
 
 def state_after(path: list[int], k, g, delta, state) -> torch.Tensor:
-    """State after the chain `path` (root first) from the committed `state`, using delta from tree_delta_rule."""
+    """State after the chain `path` (root first) from the committed `state`, using delta from tree_delta_rule.
+    k: [T, H, K]; g: [T, H]; delta: [T, H, V]; state: [H, K, V] -> [H, K, V]."""
     idx = torch.tensor(path, dtype=torch.long, device=k.device)
     G = g.index_select(0, idx).cumsum(0)  # [P, H]
     w = (G[-1] - G).exp()  # [P, H]  exp(G_a - G_j)
@@ -156,7 +171,7 @@ def tree_delta_rule_reference(q, k, v, g, beta, state, parents):
 
 
 def replay_state(path: list[int], k, v, g, beta, state) -> torch.Tensor:
-    """The recurrence itself along `path`: the obviously-correct twin of `state_after`."""
+    """The recurrence itself along `path`: the obviously-correct twin of `state_after`. Shapes as there -> [H, K, V]."""
     s = state.clone()
     for t in path:
         s = s * g[t].exp()[:, None, None]
@@ -189,7 +204,8 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents):
     """Projections + tree conv + the per-token q, k, v, g, beta exactly as transformers computes them.
 
-    hidden: [T, hidden] (batch of one, already normed). Returns (u, z, q, k, v, g, beta) with q/k/v/g/beta fp32."""
+    hidden: [T, D] (batch of one, already normed). Returns (u [T, C], z [T, H, V], q, k [T, H, K], v [T, H, V],
+    g, beta [T, H]) with q/k/v/g/beta fp32."""
     n = hidden.shape[0]
     u = layer.in_proj_qkv(hidden)  # [T, C]
     z = layer.in_proj_z(hidden).reshape(n, -1, layer.head_v_dim)
@@ -214,7 +230,7 @@ def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: Tre
 
 
 def gdn_output(layer, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Gated RMSNorm with z, then out_proj. core: [T, H, V] fp32."""
+    """Gated RMSNorm with z, then out_proj. core, z: [T, H, V] (core fp32) -> [T, D]."""
     n = core.shape[0]
     core = core.to(dtype).reshape(-1, layer.head_v_dim)
     out = layer.norm(core, z.reshape(-1, layer.head_v_dim)).reshape(n, -1)
@@ -222,8 +238,8 @@ def gdn_output(layer, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -
 
 
 def tree_gdn_forward(layer, hidden, conv_state, recurrent_state, index: TreeIndex):
-    """Fast tree-exact GDN layer. hidden: [1, T, hidden]; conv_state: [1, C, kernel]; recurrent_state:
-    [1, H, K, V]. Returns (output [1, T, hidden], stash). The cache itself is not touched."""
+    """Fast tree-exact GDN layer. hidden: [B=1, T, D]; conv_state: [B=1, C, kernel]; recurrent_state:
+    [B=1, H, K, V]. Returns (output [B=1, T, D], stash). The cache itself is not touched."""
     x = hidden[0]
     u, z, q, k, v, g, beta = gdn_inputs(layer, x, conv_state[0], index, None)
     core, delta = tree_delta_rule(q, k, v, g, beta, recurrent_state[0].float(), index.ancestors, index.masks)
@@ -232,7 +248,8 @@ def tree_gdn_forward(layer, hidden, conv_state, recurrent_state, index: TreeInde
 
 
 def tree_gdn_forward_reference(layer, hidden, conv_state, recurrent_state, parents):
-    """Slow tree-exact GDN layer: windows by parent walking, recurrence along each node's path."""
+    """Slow tree-exact GDN layer: windows by parent walking, recurrence along each node's path. Shapes as
+    tree_gdn_forward."""
     x = hidden[0]
     u, z, q, k, v, g, beta = gdn_inputs(layer, x, conv_state[0], None, parents)
     core = tree_delta_rule_reference(q, k, v, g, beta, recurrent_state[0].float(), parents)
@@ -241,7 +258,8 @@ def tree_gdn_forward_reference(layer, hidden, conv_state, recurrent_state, paren
 
 
 def commit_gdn_state(stash: GDNTreeStash, path: list[int], conv_state, recurrent_state, index: TreeIndex):
-    """New (conv_state, recurrent_state) after committing the accepted `path` (tree positions, root first)."""
+    """New (conv_state, recurrent_state) after committing the accepted `path` (P tree positions, root first).
+    conv_state: [B=1, C, kernel]; recurrent_state: [B=1, H, K, V]; both returned in the same shapes and dtypes."""
     last = path[-1]
     new_conv = path_conv_state(stash.u, conv_state[0], index.conv_gather[last])[None]
     if stash.delta is not None:

@@ -1,6 +1,6 @@
 """``python -m ddtree_viz.train SUBCOMMAND ...``: build the embedded target + DFlash drafter.
 
-Reproduce the shipped assets (the README section "Embedded default" has the figures):
+Reproduce the shipped assets (docs/EMBEDDED.md has the figures):
 
     # CPU machine with CPython 3.11.7 (its stdlib is the corpus) -> .train/
     python -m ddtree_viz.train prepare --data .train
