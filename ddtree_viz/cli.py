@@ -389,24 +389,10 @@ def cmd_replay(args) -> int:
     if args.print_only:
         print_trace_summary(trace, args.trace)
         return 0
-    app = _load_app()
+    from . import web  # imports gradio: only here, so the other commands start quickly
+
     argv = ["--replay", str(args.trace), "--host", args.host, "--port", str(args.port)] + (["--share"] if args.share else [])
-    return app.main(argv)
-
-
-def _load_app():
-    """app.py (the Gradio page) sits beside the package in a checkout; load it by path, so `python -m ddtree_viz
-    replay` works from any directory."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "app.py"
-    if not path.is_file():
-        raise InputError(f"the web UI (app.py) is not installed beside the package ({path} is missing); "
-                         "use `replay --print` for a text summary")
-    spec = importlib.util.spec_from_file_location("ddtree_viz_app", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return web.main(argv)
 
 
 def _texts(trace, ids) -> str:

@@ -652,7 +652,9 @@ def test_cli_bad_trace_files_exit_2(bad_traces, tmp_path, capsys, monkeypatch, w
     assert cli.main(["export", "--trace", path, "--out", str(tmp_path / "f.svg")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and words in err
-    monkeypatch.setattr(cli, "_load_app", lambda: pytest.fail("a server must not start for a bad trace"))
+    from ddtree_viz import web
+
+    monkeypatch.setattr(web, "main", lambda argv: pytest.fail("a server must not start for a bad trace"))
     assert cli.main(["replay", path]) == 2
     assert cli.main(["replay", path, "--print"]) == 2
     err = capsys.readouterr().err
@@ -689,8 +691,9 @@ def test_replay_launches_the_app_with_the_trace(trace_file, monkeypatch):
             seen["argv"] = argv
             return 0
 
-    app = cli._load_app()  # the real app.py, found beside the package
-    monkeypatch.setattr(cli, "_load_app", lambda: FakeApp)
+    from ddtree_viz import web as app  # the real web UI (app.py's page)
+
+    monkeypatch.setattr(app, "main", FakeApp.main)
     assert cli.main(["replay", str(trace_file), "--port", "7999", "--host", "127.0.0.1"]) == 0
     assert seen["argv"] == ["--replay", str(trace_file), "--host", "127.0.0.1", "--port", "7999"]
     assert app.build_parser().parse_args(seen["argv"]).replay == str(trace_file)
