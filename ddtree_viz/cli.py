@@ -1,4 +1,5 @@
-"""Command line: `python -m ddtree_viz run | bench | export | replay`. Parse, call the engine or a renderer, print.
+"""Command line: `ddtree-viz run | bench | export | replay | app` (or `python -m ddtree_viz ...`). Parse, call the
+engine or a renderer, print; `app` starts the web UI (ddtree_viz/web.py, the options of app.py).
 
 Every user error (a DDTreeVizError) prints `error: <message>` on stderr and exits with status 2.
 """
@@ -44,9 +45,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="drafter block: root + drafted depths (default: the drafter's own)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ddtree_viz",
+        prog=prog,
         description="ddtree-viz: debug and visualise DDTree speculative decoding on hybrid (Gated DeltaNet + attention) targets.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_export_parser(sub)
     _add_replay_parser(sub)
+
+    # The web UI parses its own options (ddtree_viz/web.py: build_parser, the options of app.py, defined once):
+    # main() hands it every argument after `app`, `--help` included.
+    app = sub.add_parser("app", add_help=False,
+                         help="the web UI: step through DDTree in the browser (the options of app.py; `app --help`)")
+    app.set_defaults(handler=cmd_app)
     return parser
 
 
@@ -395,6 +402,17 @@ def cmd_replay(args) -> int:
     return web.main(argv)
 
 
+# ------------------------------------------------------------------------------------------------------------
+# app
+# ------------------------------------------------------------------------------------------------------------
+
+
+def cmd_app(args) -> int:
+    from . import web
+
+    return web.main(args.app_args, prog=f"{args.prog} app")
+
+
 def _texts(trace, ids) -> str:
     return "".join(trace.token_texts.get(str(i), f"<{i}>") for i in ids)
 
@@ -448,8 +466,13 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError):
             pass
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    prog = "ddtree-viz" if Path(sys.argv[0]).stem == "ddtree-viz" else "python -m ddtree_viz"
+    parser = build_parser(prog)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "app":
+        args.app_args, args.prog = rest, prog  # the web UI's own parser reads them
+    elif rest:
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" message and exit status 2
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR
