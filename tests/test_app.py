@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import tiny
 from ddtree_viz import ui
 from ddtree_viz.errors import InputError, ModelLoadError, TraceError
+from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=12, verify="exact", method="ddtree")

@@ -26,8 +26,8 @@ from ddtree_viz.render import style
 from ddtree_viz.render.scheme import SCHEMES
 from ddtree_viz.render.tikz import latex_label
 from ddtree_viz.trace import SCHEMA_VERSION, Trace
-from test_exactness import greedy_ids
-from tiny import tiny_pair
+from tests.test_exactness import greedy_ids
+from tests.tiny import tiny_pair
 
 PROMPT = "def f(x):\n"
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -767,7 +767,7 @@ def test_export_round_file_names_and_errors(trace, tmp_path):
 def test_served_app_exports_the_round_on_screen(trace_file, trace):
     from gradio_client import Client, handle_file
 
-    from test_app import serve
+    from tests.test_app import serve
 
     proc, url = serve("--replay", str(trace_file))
     try:
@@ -795,7 +795,7 @@ def test_html_export_renders_offline_in_a_browser(trace, k, tmp_path):
     """Opened from disk in headless Chromium: the figure draws, and the page asks for nothing but itself."""
     from playwright.sync_api import sync_playwright
 
-    from test_browser import ARGS
+    from tests.test_browser import ARGS
 
     path = tmp_path / "fig.html"
     path.write_bytes(ex.export_figure(trace, k, "html"))
