@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import DDTreeVizError, InputError, ModelLoadError
+from .errors import DDTreeVizError, InputError
 
 EXIT_USER_ERROR = 2
 
@@ -197,15 +197,12 @@ def _check_settings(args) -> None:
 
 
 def _load(args):
-    from .engine.models import EMBEDDED_TARGET, load_pair
+    from .engine.models import check_embedded, load_pair
 
     _check_settings(args)
     _quiet_transformers(args.verbose)
-    if args.target is None and not EMBEDDED_TARGET.is_dir():
-        raise ModelLoadError(
-            f"the embedded default model is not installed ({EMBEDDED_TARGET} is missing); "
-            "pass --target DIR|HUB_ID --draft DIR|HUB_ID"
-        )
+    if args.target is None:
+        check_embedded(draft_too=args.draft is None)
     return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device)
 
 
