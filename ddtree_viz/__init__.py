@@ -1,3 +1,3 @@
 """ddtree-viz: an interactive debugger and visualiser for DDTree speculative decoding on hybrid models."""
 
-__version__ = "0.1.0"
+__version__ = "0.12.0"

@@ -1,4 +1,5 @@
-"""Command line: `python -m ddtree_viz run | bench | export | replay`. Parse, call the engine or a renderer, print.
+"""Command line: `ddtree-viz run | bench | export | replay | app` (or `python -m ddtree_viz ...`). Parse, call the
+engine or a renderer, print; `app` starts the web UI (ddtree_viz/web.py, the options of app.py).
 
 Every user error (a DDTreeVizError) prints `error: <message>` on stderr and exits with status 2.
 """
@@ -10,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import DDTreeVizError, InputError, ModelLoadError
+from .errors import DDTreeVizError, InputError
 
 EXIT_USER_ERROR = 2
 
@@ -44,9 +45,9 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="drafter block: root + drafted depths (default: the drafter's own)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ddtree_viz",
+        prog=prog,
         description="ddtree-viz: debug and visualise DDTree speculative decoding on hybrid (Gated DeltaNet + attention) targets.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_export_parser(sub)
     _add_replay_parser(sub)
+
+    # The web UI parses its own options (ddtree_viz/web.py: build_parser, the options of app.py, defined once):
+    # main() hands it every argument after `app`, `--help` included.
+    app = sub.add_parser("app", add_help=False,
+                         help="the web UI: step through DDTree in the browser (the options of app.py; `app --help`)")
+    app.set_defaults(handler=cmd_app)
     return parser
 
 
@@ -190,15 +197,12 @@ def _check_settings(args) -> None:
 
 
 def _load(args):
-    from .engine.models import EMBEDDED_TARGET, load_pair
+    from .engine.models import check_embedded, load_pair
 
     _check_settings(args)
     _quiet_transformers(args.verbose)
-    if args.target is None and not EMBEDDED_TARGET.is_dir():
-        raise ModelLoadError(
-            f"the embedded default model is not installed ({EMBEDDED_TARGET} is missing); "
-            "pass --target DIR|HUB_ID --draft DIR|HUB_ID"
-        )
+    if args.target is None:
+        check_embedded(draft_too=args.draft is None)
     return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device)
 
 
@@ -389,24 +393,21 @@ def cmd_replay(args) -> int:
     if args.print_only:
         print_trace_summary(trace, args.trace)
         return 0
-    app = _load_app()
+    from . import web  # imports gradio: only here, so the other commands start quickly
+
     argv = ["--replay", str(args.trace), "--host", args.host, "--port", str(args.port)] + (["--share"] if args.share else [])
-    return app.main(argv)
+    return web.main(argv)
 
 
-def _load_app():
-    """app.py (the Gradio page) sits beside the package in a checkout; load it by path, so `python -m ddtree_viz
-    replay` works from any directory."""
-    import importlib.util
+# ------------------------------------------------------------------------------------------------------------
+# app
+# ------------------------------------------------------------------------------------------------------------
 
-    path = Path(__file__).resolve().parents[1] / "app.py"
-    if not path.is_file():
-        raise InputError(f"the web UI (app.py) is not installed beside the package ({path} is missing); "
-                         "use `replay --print` for a text summary")
-    spec = importlib.util.spec_from_file_location("ddtree_viz_app", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def cmd_app(args) -> int:
+    from . import web
+
+    return web.main(args.app_args, prog=f"{args.prog} app")
 
 
 def _texts(trace, ids) -> str:
@@ -462,8 +463,13 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError):
             pass
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    prog = "ddtree-viz" if Path(sys.argv[0]).stem == "ddtree-viz" else "python -m ddtree_viz"
+    parser = build_parser(prog)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "app":
+        args.app_args, args.prog = rest, prog  # the web UI's own parser reads them
+    elif rest:
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" message and exit status 2
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR

@@ -2,7 +2,7 @@
 
 `ModelHost` loads the models once (in the background, so the page can show progress) and serialises model
 work; `TabState` is one browser tab's session and the round it looks at; `render_views` turns records into
-everything the page shows. app.py wires these to widgets.
+everything the page shows. ddtree_viz/web.py (the page app.py serves) wires these to widgets.
 """
 
 from __future__ import annotations

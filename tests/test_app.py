@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import tiny
 from ddtree_viz import ui
 from ddtree_viz.errors import InputError, ModelLoadError, TraceError
+from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=12, verify="exact", method="ddtree")
@@ -200,7 +200,7 @@ def test_served_app_steps_and_reports_errors_over_http(model_dirs):
 
 
 def test_app_binds_localhost_and_does_not_share_by_default():
-    import app
+    from ddtree_viz import web as app
 
     args_ = app.build_parser().parse_args([])
     assert args_.host == "127.0.0.1" and args_.share is False

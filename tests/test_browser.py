@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from test_app import ROOT, serve
+from tests.test_app import ROOT, serve
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = ROOT / "artifacts"

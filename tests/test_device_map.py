@@ -7,8 +7,8 @@ import torch
 from accelerate import dispatch_model
 from transformers.cache_utils import LinearAttentionLayer
 
-import tiny
 from ddtree_viz.engine.session import DecodeSession
+from tests import tiny
 
 PROMPT = "def f(x):\n"
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.session import DecodeSession, greedy_decode
-from tiny import tiny_pair
+from tests.tiny import tiny_pair
 
 PROMPTS = ["def fibonacci(n):\n", "The quick brown fox", "x = [i * i for i in range(10)]\n# "]
 MAX_NEW = 40

@@ -26,8 +26,8 @@ from ddtree_viz.render import style
 from ddtree_viz.render.scheme import SCHEMES
 from ddtree_viz.render.tikz import latex_label
 from ddtree_viz.trace import SCHEMA_VERSION, Trace
-from test_exactness import greedy_ids
-from tiny import tiny_pair
+from tests.test_exactness import greedy_ids
+from tests.tiny import tiny_pair
 
 PROMPT = "def f(x):\n"
 SVG_NS = "{http://www.w3.org/2000/svg}"
@@ -652,7 +652,9 @@ def test_cli_bad_trace_files_exit_2(bad_traces, tmp_path, capsys, monkeypatch, w
     assert cli.main(["export", "--trace", path, "--out", str(tmp_path / "f.svg")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and words in err
-    monkeypatch.setattr(cli, "_load_app", lambda: pytest.fail("a server must not start for a bad trace"))
+    from ddtree_viz import web
+
+    monkeypatch.setattr(web, "main", lambda argv: pytest.fail("a server must not start for a bad trace"))
     assert cli.main(["replay", path]) == 2
     assert cli.main(["replay", path, "--print"]) == 2
     err = capsys.readouterr().err
@@ -689,8 +691,9 @@ def test_replay_launches_the_app_with_the_trace(trace_file, monkeypatch):
             seen["argv"] = argv
             return 0
 
-    app = cli._load_app()  # the real app.py, found beside the package
-    monkeypatch.setattr(cli, "_load_app", lambda: FakeApp)
+    from ddtree_viz import web as app  # the real web UI (app.py's page)
+
+    monkeypatch.setattr(app, "main", FakeApp.main)
     assert cli.main(["replay", str(trace_file), "--port", "7999", "--host", "127.0.0.1"]) == 0
     assert seen["argv"] == ["--replay", str(trace_file), "--host", "127.0.0.1", "--port", "7999"]
     assert app.build_parser().parse_args(seen["argv"]).replay == str(trace_file)
@@ -764,7 +767,7 @@ def test_export_round_file_names_and_errors(trace, tmp_path):
 def test_served_app_exports_the_round_on_screen(trace_file, trace):
     from gradio_client import Client, handle_file
 
-    from test_app import serve
+    from tests.test_app import serve
 
     proc, url = serve("--replay", str(trace_file))
     try:
@@ -792,7 +795,7 @@ def test_html_export_renders_offline_in_a_browser(trace, k, tmp_path):
     """Opened from disk in headless Chromium: the figure draws, and the page asks for nothing but itself."""
     from playwright.sync_api import sync_playwright
 
-    from test_browser import ARGS
+    from tests.test_browser import ARGS
 
     path = tmp_path / "fig.html"
     path.write_bytes(ex.export_figure(trace, k, "html"))

@@ -15,7 +15,7 @@ from ddtree_viz.engine.gdn_tree import (
     TreeIndex, commit_gdn_state, replay_state, state_after, tree_conv, tree_conv_reference, tree_delta_rule,
     tree_delta_rule_reference, tree_gdn_forward, tree_gdn_forward_reference,
 )
-from tiny import target_model
+from tests.tiny import target_model
 
 
 def random_tree(n: int, max_depth: int, rng: random.Random) -> list[int]:

@@ -2,6 +2,7 @@
 
 import dataclasses
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,8 @@ from ddtree_viz.render.layout import DEFAULT_LABEL_CHARS
 from ddtree_viz.render.text import esc, shorten, token_texts_from_steps, visible
 from ddtree_viz.trace import Trace
 from ddtree_viz.engine.oracle import OracleProposer
-from test_exactness import greedy_ids, sibling_oracle
-from tiny import tiny_pair
+from tests.test_exactness import greedy_ids, sibling_oracle
+from tests.tiny import tiny_pair
 
 PROMPT = "def f(x):\n"
 EVIL = ("<script>alert(1)</script>", "<img src=x onerror=alert(1)>")
@@ -466,5 +467,6 @@ def test_render_is_pure_no_torch_gradio_or_engine():
 
     code = ("import sys, ddtree_viz.render; "
             "print([m for m in ('torch', 'gradio', 'transformers', 'ddtree_viz.engine') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    root = Path(__file__).resolve().parents[1]  # the checkout's package, installed or not
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

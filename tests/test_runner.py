@@ -18,8 +18,8 @@ from ddtree_viz.engine.session import DecodeSession, DFlashProposer, EngineGreed
 from ddtree_viz.engine.tree import DraftTree, one_node
 from ddtree_viz.engine.verify import EXACT, verify_tree
 from ddtree_viz.errors import ModelLoadError
-from test_gdn_tree import random_tree
-from tiny import tiny_pair
+from tests.test_gdn_tree import random_tree
+from tests.tiny import tiny_pair
 
 PROMPT = "def fibonacci(n):\n    return"
 NEW = 40

@@ -4,7 +4,7 @@ import json
 
 from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.trace import SCHEMA_VERSION, Trace
-from tiny import tiny_pair
+from tests.tiny import tiny_pair
 
 TOP_LEVEL = {"schema_version", "target", "draft", "prompt", "prompt_ids", "output_ids", "greedy_ids",
              "first_divergence", "settings", "steps"}

@@ -15,6 +15,9 @@ from ..errors import InputError, ModelLoadError, PairingError
 from .cache import layer_types
 from .drafter import DFlashDrafter, validate_pairing
 
+# The embedded pair is the repository's top-level assets/, found from this file (not from the working directory):
+# there in a checkout and in an editable install (`pip install -e .`); a wheel installed into site-packages has no
+# assets/ beside the package (check_embedded says so).
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_TARGET = ASSETS / "tiny-qwen35-target"
 EMBEDDED_DRAFT = ASSETS / "tiny-qwen35-dflash"
@@ -126,12 +129,23 @@ def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
     return DFlashDrafter.from_pretrained(local, dtype=dtype, device=device).eval()
 
 
+def check_embedded(draft_too: bool = True) -> None:
+    """A clear error when the embedded default pair is not on disk (a non-editable install has no assets/)."""
+    for path in (EMBEDDED_TARGET, EMBEDDED_DRAFT) if draft_too else (EMBEDDED_TARGET,):
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"the embedded default model is not installed ({path} is missing; it is the repository's assets/ "
+                "folder, there in a checkout or after `pip install -e .`); pass --target DIR|HUB_ID --draft DIR|HUB_ID"
+            )
+
+
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu") -> ModelPair:
     """Load target + tokenizer + drafter and check that they fit together."""
     torch_dtype = parse_dtype(dtype)
     device = resolve_device(device)
     embedded = target is None
     if target is None:
+        check_embedded(draft_too=draft is None)
         target = str(EMBEDDED_TARGET)
         draft = draft or str(EMBEDDED_DRAFT)
     if draft is None:

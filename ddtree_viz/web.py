@@ -1,0 +1,261 @@
+"""The web UI: the Gradio page that steps through DDTree on a hybrid target in the browser.
+
+Started by `python app.py`, `ddtree-viz app` or `python -m ddtree_viz app` (the same options: build_parser) and by
+`ddtree-viz replay`. Listens on 127.0.0.1 only unless --host says otherwise; no public share link unless --share;
+never trust_remote_code. This module only wires widgets to ddtree_viz.ui (session state + views) and the renderers.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import os
+import tempfile
+
+import gradio as gr
+
+from . import ui
+from .bench import DEFAULT_PROMPTS
+from .errors import DDTreeVizError
+from .render import export as exporter
+
+KEYS_JS = """
+() => {
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
+    const id = {'s': 'ddv-step', 'ArrowLeft': 'ddv-back', 'ArrowRight': 'ddv-forward'}[e.key];
+    if (id) { const b = document.getElementById(id); if (b) { b.click(); e.preventDefault(); } }
+  });
+}
+"""
+
+
+
+def click_js(elem_id: str) -> str:
+    """After a file is prepared, click its (now filled) download button: one click for the user saves it."""
+    return """
+() => new Promise((done) => setTimeout(() => {
+  const el = document.getElementById('%s');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b) b.click();
+  done();
+}, 250))
+""" % elem_id
+
+
+# the per-layer cache table on the page: the columns a reader needs at a glance (all of them are in the trace)
+CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes after commit", "what changed",
+                 "naive state error")
+
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
+CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
+
+
+def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
+    p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
+    p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
+                   help="engine for exact rounds: transformers' forward (default) or the static runner (CUDA graphs on "
+                        "a GPU; Qwen3.5 hybrid targets on one device); naive rounds always use transformers")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=7860, help="default: 7860")
+    p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
+    return p
+
+
+def _page_error(exc: Exception) -> gr.Error:
+    if isinstance(exc, DDTreeVizError):
+        return gr.Error(str(exc))
+    if "out of memory" in str(exc).lower():
+        return gr.Error(f"out of memory: {exc}. Try a smaller budget or fewer new tokens.")
+    return gr.Error(f"{type(exc).__name__}: {exc}")
+
+
+def _errors(fn):
+    """User errors become a message in the page; the app keeps serving."""
+    if inspect.isgeneratorfunction(fn):
+        def wrapped(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _page_error(exc) from None
+    else:
+        def wrapped(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise _page_error(exc) from None
+    functools.update_wrapper(wrapped, fn)
+    return wrapped
+
+
+def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
+    block_max = 16
+
+    with gr.Blocks(title="ddtree-viz") as demo:
+        gr.Markdown("# ddtree-viz — DDTree speculative decoding, step by step, on a hybrid target")
+        model_md = gr.Markdown(host.status_markdown(), elem_id="ddv-model")
+        layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
+                                 max_height=260, elem_id="ddv-layout")
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
+                    block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size")
+                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                with gr.Row():
+                    verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
+                    method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
+        with gr.Row():
+            step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
+            run_btn = gr.Button("Run", elem_id="ddv-run")
+            reset_btn = gr.Button("Reset", elem_id="ddv-reset")
+            back_btn = gr.Button("Back", elem_id="ddv-back")
+            fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
+        with gr.Row():
+            round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
+            phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
+        status = gr.Markdown(elem_id="ddv-status")
+        tree_plot = gr.Plot(label="Draft tree (accepted path highlighted)", elem_id="ddv-tree")
+        with gr.Row():
+            mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
+            cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
+        cache_df = gr.Dataframe(label="Per-layer cache this round", interactive=False, wrap=True, max_height=400,
+                                elem_id="ddv-cache")
+        diff_html = gr.HTML(label="Output vs greedy", elem_id="ddv-diff")
+        with gr.Row():
+            accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+            stats_md = gr.Markdown(elem_id="ddv-stats")
+        divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
+        with gr.Row():
+            trace_in = gr.File(label="Replay a saved trace (.json)", file_types=[".json"], type="filepath", elem_id="ddv-upload")
+            trace_btn = gr.Button("Download trace (.json)", elem_id="ddv-download")
+            trace_file = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
+        with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
+            ex_format = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format", elem_id="ddv-export-format")
+            ex_figure = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
+            ex_show = gr.Radio(list(exporter.SHOW_CHOICES), value="text", label="Node labels", elem_id="ddv-export-show")
+            ex_colors = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours", elem_id="ddv-export-colors")
+            # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
+            ex_min_lp = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
+                                   elem_id="ddv-export-minlp")
+            ex_depth = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1, elem_id="ddv-export-depth")
+            ex_title = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
+            ex_button = gr.Button("Export figure", elem_id="ddv-export")
+            # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
+            ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
+
+        tab = gr.State(ui.TabState(), time_to_live=3600)
+        settings = [prompt, budget, block, max_new, verify, method]
+        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
+
+        def show(t: ui.TabState, ph: str):
+            v = ui.render_views(host, t, ph)
+            rows = v.cache_rows
+            cols = [c for c in CACHE_COLUMNS if rows and c in rows[0]] or (list(rows[0]) if rows else [])
+            table = gr.Dataframe(value=[[r.get(c) for c in cols] for r in rows], headers=cols) if rows else None
+            slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
+            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
+
+        @_errors
+        def on_step(t, ph, *s):
+            return [ui.step(host, t, *s)] + show(t, ph)
+
+        @_errors
+        def on_run(t, ph, *s, progress=gr.Progress()):
+            for t in ui.run_rounds(host, t, *s):
+                progress((len(t.session.generated), t.session.max_new_tokens), desc="decoding", unit="tokens")
+                yield [t] + show(t, ph)
+
+        def on_reset(t, ph):
+            t = ui.reset(t)
+            return [t] + show(t, ph)
+
+        def on_move(t, ph, delta):
+            t = ui.move(t, delta=delta)
+            return [t] + show(t, ph)
+
+        def on_slider(t, ph, value):
+            t = ui.move(t, to=int(value) - 1)
+            return [t] + show(t, ph)
+
+        @_errors
+        def on_upload(t, ph, path):
+            if not path:
+                return [t] + show(t, ph)
+            t = ui.load_replay(t, path)
+            return [t] + show(t, ph)
+
+        @_errors
+        def on_download(t):
+            if t.trace is None:
+                raise ui.InputError("nothing to download yet: step or replay first")
+            fd, path = tempfile.mkstemp(prefix="ddtree-trace-", suffix=".json")
+            os.close(fd)
+            t.trace.save(path)
+            return gr.DownloadButton(f"Download {os.path.basename(path)}", value=path, visible=True)
+
+        @_errors
+        def on_export(t, ph, fmt, figure, show, colors, min_lp, depth, title):
+            path = exporter.export_round_file(
+                t.trace, t.view, fmt, phase=ph, figure=figure, show=show, colors=colors,
+                min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
+                max_depth=exporter.optional_number(depth, "max depth", integer=True),
+                show_title=bool(title))
+            return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
+
+        def on_timer():
+            if host.ready or host.error:
+                rows = host.layout
+                table = [list(r.values()) for r in rows] if rows else None
+                return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
+                        gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
+                        gr.Timer(active=False))
+            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Timer(active=True)
+
+        timer = gr.Timer(0.5)
+        timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
+        demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
+
+        model_events = dict(concurrency_id="model", concurrency_limit=1)
+        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
+        run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
+        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
+        back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")
+        fwd_btn.click(lambda t, ph: on_move(t, ph, +1), [tab, phase], [tab] + views, api_name="forward")
+        round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
+        phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
+        trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
+        trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
+        ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
+                        [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))
+        if replay_path:
+            demo.load(lambda t, ph: on_upload(t, ph, replay_path), [tab, phase], [tab] + views)
+    return demo
+
+
+def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
+    args = build_parser(prog).parse_args(argv)
+    host = ui.ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)
+    if args.replay is None or args.target is not None:
+        host.start(background=True)
+    else:
+        host.stage, host.error = "not loaded", "replay mode: no model loaded"
+    demo = build_app(host, args.replay)
+    demo.queue(default_concurrency_limit=1)
+    print(f"ddtree-viz: serving on http://{args.host}:{args.port} ({'public share link on' if args.share else 'local only'})",
+          flush=True)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
+                show_error=True, footer_links=[])
+    return 0
+
