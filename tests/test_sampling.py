@@ -16,7 +16,7 @@ from ddtree_viz.engine.sampling import GREEDY, NOISE_SCHEME, Sampler, gumbel_noi
 from ddtree_viz.engine.session import DecodeSession, EngineGreedy, GreedyReference, greedy_decode
 from ddtree_viz.errors import InputError
 from ddtree_viz.trace import Trace, is_sampled, sampling_flags, sampling_label
-from tiny import tiny_pair
+from tests.tiny import tiny_pair
 
 PROMPTS = ["def fibonacci(n):\n", "The quick brown fox"]
 MAX_NEW = 32
