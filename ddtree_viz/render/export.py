@@ -492,8 +492,8 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
     layout with positions, roles, labels and fill colours; the mask; or acceptance per round)."""
     step = trace.steps[k]
     text = token_text_of(trace)
-    ids = sorted({n.token_id for n in step.nodes} | set(step.target_argmax) | set(step.new_token_ids)
-                 | {step.bonus_token_id, step.root_token_id})
+    ids = sorted({n.token_id for n in step.nodes} | set(step.target_argmax) | set(step.target_choice)
+                 | set(step.new_token_ids) | {step.bonus_token_id, step.root_token_id})
     tokens = {str(i): trace.token_texts.get(str(i), next((n.token for n in step.nodes if n.token_id == i), text(i)))
               for i in ids}
     options = {f.name: getattr(o, f.name) for f in dataclasses.fields(ExportOptions)}

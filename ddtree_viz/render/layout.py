@@ -16,7 +16,7 @@ Roles (verified phase):
     bonus           a synthetic node hanging off the last accepted node: the target's own token there
     other           every other drafted node
 In the drafted phase (before verification) only "root" and "other" exist, there is no bonus node,
-nothing is on the path and no target argmax is shown; node positions are the same as in the verified
+nothing is on the path and no target argmax (or sample) is shown; node positions are the same as in the verified
 phase (the bonus row stays empty), so the picture does not jump between phases.
 """
 
@@ -54,6 +54,11 @@ class LayoutNode:
     role: str
     on_path: bool  # root or accepted
     synthetic: bool = False  # True only for the bonus node
+    # sampling (T > 0): the target's sampled token here (the walk follows it) and its probability under the
+    # filtered tempered distribution; on the bonus node, its own token's. None when greedy or not verified.
+    choice: int | None = None
+    choice_token: str | None = None
+    choice_prob: float | None = None
 
     @property
     def color_value(self) -> float | None:
@@ -176,6 +181,8 @@ def tree_layout(
     for n in nodes[1:]:
         scores[n.id] = scores[n.parent] + n.logprob
     margins = step.target_margin if len(step.target_margin) == n_tree else None
+    sampled = len(step.target_choice) == n_tree
+    probs = step.target_prob if len(step.target_prob) == n_tree else None
 
     out: list[LayoutNode] = []
     for n in nodes:
@@ -195,13 +202,16 @@ def tree_layout(
             logprob=None if n.id == 0 else float(n.logprob), score=None if n.id == 0 else scores[n.id],
             argmax=step.target_argmax[n.id], argmax_token=text(step.target_argmax[n.id]),
             target_margin=margins[n.id] if margins else None, role=role, on_path=n.id in on_path,
+            choice=step.target_choice[n.id] if sampled else None,
+            choice_token=text(step.target_choice[n.id]) if sampled else None,
+            choice_prob=probs[n.id] if probs else None,
         ))
     bonus_text = text(step.bonus_token_id)
     out.append(LayoutNode(
         id=bonus_id, parent=last, x=float(nodes[last].depth + 1), y=rows[bonus_id], depth=nodes[last].depth + 1,
         token_id=step.bonus_token_id, token=bonus_text, label=shorten(visible(bonus_text), label_chars), rank=-1,
         logprob=None, score=None, argmax=None, argmax_token=None, target_margin=None, role="bonus", on_path=False,
-        synthetic=True,
+        synthetic=True, choice_prob=probs[last] if probs else None,
     ))
     edges = [LayoutEdge(n.parent, n.id, n.on_path) for n in out if n.parent >= 0 and not n.synthetic]
     edges.append(LayoutEdge(last, bonus_id, False, synthetic=True))
@@ -227,7 +237,7 @@ def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
         raise ValueError("a drafted-phase layout has no verification data: lay out with phase='verified'")
     nodes = tuple(
         dataclasses.replace(n, role="root" if n.id == 0 else "other", on_path=False, argmax=None, argmax_token=None,
-                            target_margin=None)
+                            target_margin=None, choice=None, choice_token=None, choice_prob=None)
         for n in layout.nodes if not n.synthetic
     )
     edges = tuple(dataclasses.replace(e, on_path=False) for e in layout.edges if not e.synthetic)

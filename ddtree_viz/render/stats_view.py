@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from ..trace import StepRecord, Trace
+from ..trace import StepRecord, Trace, sampling_label
 from . import style
 from .text import esc
 
@@ -48,7 +48,8 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
     added / rounds); mean_accepted_drafts; max_acceptance; mean_tree_size; mean_ms per phase (draft, tree,
     verify, commit) and mean_round_ms; round_tok_s (tokens the rounds added / their summed time: excludes
     prefill and greedy); greedy_tok_s / ddtree_tok_s / speedup when measured and passed in; method, verify,
-    budget, identical_to_greedy / first_divergence."""
+    budget, sampling ('greedy' or e.g. 'sampling (T 0.7, seed 5)'), identical_to_greedy / first_divergence
+    (compared with the target's own decoding: greedy, or sampled with the same seed)."""
     steps = trace.steps
     added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
     acc = [s.acceptance for s in steps]
@@ -72,6 +73,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "method": trace.settings.get("method", steps[0].method if steps else None),
         "verify": trace.settings.get("verify", steps[0].verify if steps else None),
         "budget": trace.settings.get("budget"),
+        "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
     }
@@ -96,6 +98,7 @@ def stats_markdown(summary: dict) -> str:
         ("method / verify", f"{_num(summary.get('method'))} / {_num(summary.get('verify'))}"
          + (" (known-wrong flattened tree)" if naive else "")),
         ("budget", _num(summary.get("budget"))),
+        ("target's choice", _num(summary.get("sampling", "greedy"))),
         ("rounds (target forwards after prefill)", _num(summary.get("rounds"))),
         ("generated tokens", _num(summary.get("generated_tokens"))),
         ("mean acceptance (drafts + bonus per round)", _num(summary.get("mean_acceptance"))),
@@ -111,6 +114,7 @@ def stats_markdown(summary: dict) -> str:
                  ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     same = summary.get("identical_to_greedy")
-    rows.append(("identical to greedy", "–" if same is None else
+    ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
+    rows.append((f"identical to {ref}", "–" if same is None else
                  ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))})")))
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"

@@ -19,7 +19,8 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
     """Hover text for one node: everything escaped (token text is untrusted)."""
     lines = [f"<b>{esc(visible(n.token))}</b>  (id {n.token_id})"]
     if n.synthetic:
-        lines.append(f"bonus: the target's own token after the accepted path, depth {n.depth}")
+        sampled = f" (its sample, p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
+        lines.append(f"bonus: the target's own token after the accepted path{sampled}, depth {n.depth}")
     else:
         rank = "root" if n.rank < 0 else f"r{n.rank}"
         lines.append(f"position {n.id} · depth {n.depth} · rank {rank}")
@@ -30,6 +31,11 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
         shown = f" {esc(visible(text))}" if text is not None else ""
         margin = f" (margin {_fmt(n.target_margin, 2)})" if n.target_margin is not None else ""
         lines.append(f"target argmax: id {n.argmax}{shown}{margin}")
+    if phase == "verified" and n.choice is not None:
+        text = argmax_text(n.choice) if argmax_text is not None else n.choice_token
+        shown = f" {esc(visible(text))}" if text is not None else ""
+        prob = f" (p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
+        lines.append(f"target sample: id {n.choice}{shown}{prob}")
     if phase == "verified" and n.role not in ("other", "root"):
         lines.append(style.ROLE_NAME[n.role])
     return "<br>".join(lines)
