@@ -260,3 +260,61 @@ def test_seeds_on_the_embedded_pair(embedded):
     prompt = "def read_config(path):\n    with open(path) as f:\n"
     outputs = [tuple(decode(embedded, prompt, Sampler(1.0, seed=s), budget=16).generated) for s in (1, 2, 1)]
     assert outputs[0] == outputs[2] and outputs[0] != outputs[1]
+
+
+# -- what the renderers make of a sampled session ---------------------------------------------------------
+
+
+def test_sampled_records_render_the_sample_and_escape_its_text(hybrid):
+    from ddtree_viz.render.diff_view import output_vs_greedy_html
+    from ddtree_viz.render.divergence_view import divergence_html, divergence_rows
+    from ddtree_viz.render.layout import tree_layout
+    from ddtree_viz.render.stats_view import stats_markdown, stats_summary
+    from ddtree_viz.render.text import esc
+    from ddtree_viz.render.tree_plot import tree_figure
+    from tests.test_render import EVIL, all_strings, assert_no_raw_html, assert_only_our_tags, evil_trace
+
+    sampler = SAMPLERS[2]
+    reference = sampled(hybrid, PROMPTS[1], sampler)
+    oracle = OracleProposer(reference, len(prompt_ids(hybrid, PROMPTS[1])), [1, 0], hybrid.target.config.vocab_size)
+    trace = decode(hybrid, PROMPTS[1], sampler, budget=16, proposer=oracle).to_trace()
+    step = next(s for s in trace.steps if s.target_choice != s.target_argmax)
+    hover = all_strings(tree_figure(tree_layout(step)).to_plotly_json())
+    assert any("target sample: id" in h and "(p 0." in h for h in hover)
+    assert any("its sample, p" in h for h in hover)  # the bonus node
+    drafted = all_strings(tree_figure(tree_layout(step, phase="drafted")).to_plotly_json())
+    assert not any("target sample" in h for h in drafted)
+    html = output_vs_greedy_html(trace)
+    assert "identical to sampled reference for 32 tokens" in html and "T 1, top-k 20, top-p 0.9, seed 4" in html
+    assert esc("bonus token (target's sample)") in html and "argmax" not in html
+    assert "sampled at p 0." in divergence_html(divergence_rows(trace.steps))
+    assert "sampling (T 1, top-k 20, top-p 0.9, seed 4)" in stats_markdown(stats_summary(trace))
+    evil, text = evil_trace(trace)
+    for s in evil.steps[:4]:
+        assert_no_raw_html(all_strings(tree_figure(tree_layout(s, token_text=text), token_text=text).to_plotly_json()))
+    hostile = output_vs_greedy_html(evil, text)
+    assert_no_raw_html([hostile])
+    assert_only_our_tags(hostile)
+    assert_only_our_tags(divergence_html(divergence_rows(evil.steps, text)))
+    assert any("target sample: id" in h and EVIL[0] not in h for h in
+               all_strings(tree_figure(tree_layout(evil.steps[0], token_text=text), token_text=text).to_plotly_json()))
+
+
+def test_old_traces_without_sampling_fields_load_as_greedy(hybrid):
+    """Traces written before sampling existed have no target_choice / target_prob / sampling settings: they load,
+    and read as greedy. A sampled step with a wrong-length target_choice is refused."""
+    import json
+
+    from ddtree_viz.errors import TraceError
+
+    session = decode(hybrid, PROMPTS[0], GREEDY, budget=4, max_new_tokens=8)
+    data = json.loads(session.to_trace().to_json())
+    for key in ("temperature", "top_k", "top_p", "seed", "noise"):
+        del data["settings"][key]
+    for step in data["steps"]:
+        del step["target_choice"], step["target_prob"]
+    old = Trace.from_json(json.dumps(data))
+    assert sampling_label(old.settings) == "greedy" and all(s.choices == s.target_argmax for s in old.steps)
+    data["steps"][0]["target_choice"] = [1]
+    with pytest.raises(TraceError, match="target_choice has 1 entries"):
+        Trace.from_json(json.dumps(data))
