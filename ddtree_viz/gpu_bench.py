@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+CONFIGS = Path(__file__).resolve().parent / "configs"  # package data: the real Qwen3.6-27B and DFlash configs
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def sync() -> None:
 def target_config(layers: int | None = None):
     from transformers import Qwen3_5TextConfig
 
-    raw = json.loads((FIXTURES / "qwen3.6-27b-text-config.json").read_text())
+    raw = json.loads((CONFIGS / "qwen3.6-27b-text-config.json").read_text())
     raw = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("model_type", "architectures")}
     if layers is not None:
         raw["num_hidden_layers"] = layers
@@ -147,7 +147,7 @@ def build_drafter(target, dtype: torch.dtype, device: str | None = None):
     from .engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
     device = device or (target.get_input_embeddings().weight.device if SPLIT else DEVICE)  # split: first GPU
-    raw = json.loads((FIXTURES / "qwen3.6-27b-dflash-config.json").read_text())
+    raw = json.loads((CONFIGS / "qwen3.6-27b-dflash-config.json").read_text())
     n = target.config.num_hidden_layers
     raw["num_target_layers"] = n
     raw["dflash_config"]["target_layer_ids"] = build_target_layer_ids(n, raw["num_hidden_layers"])
