@@ -223,7 +223,7 @@ def copy_bandwidth(timed, device, gib: float = 4.0) -> float:
 def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
     from .engine.cache import new_cache
     from .engine.session import DFlashProposer
-    from .engine.tree import build_chain, build_tree
+    from .engine.tree import DraftTree, build_tree
     from .engine.verify import EXACT, NAIVE, commit, device_sync, verify_tree
 
     if bench.cuda:
@@ -303,7 +303,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
         rows.append(row)
     out["budgets"] = rows
 
-    chain = build_chain(int(token), logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+    chain = DraftTree.chain_from_logprobs(int(token), logprobs)
 
     def chain_verify():
         verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
@@ -311,8 +311,8 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
     out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
     if bench.fast and not bench.split:
-        out["fast"] = fast_speed(target, drafter, prompt[0].tolist(), budgets, logprobs, bound_ms, out["greedy_step_ms"],
-                                 sync)
+        out["fast"] = fast_speed(pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs, bound_ms,
+                                 out["greedy_step_ms"], sync)
     out["peak_memory_GiB"] = peak_memory_gib(bench)
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
         out[f"{key}_per_bound"] = out[key] / bound_ms
@@ -326,14 +326,16 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
 
 
 @torch.no_grad()
-def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs, bound_ms: float,
-               hf_greedy_ms: float, sync) -> dict:
+def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: float, hf_greedy_ms: float,
+               sync) -> dict:
     """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs.
     ``sync`` waits for the models' devices (``engine.verify.device_sync``)."""
-    from .engine.runner import StaticRunner, one_node
-    from .engine.session import DFlashProposer
-    from .engine.tree import build_chain, build_tree
+    from .engine.engines import RunnerEngine
+    from .engine.runner import StaticRunner
+    from .engine.session import DecodeSession
+    from .engine.tree import DraftTree, one_node
 
+    target, drafter = pair.target, pair.drafter
     timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
@@ -351,17 +353,20 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
     out: dict = {"graphs": runner.graphs, "graphs_error": graphs_error, "capture_s": time.perf_counter() - start,
                  "sizes": sizes, "buckets": runner.buckets}
     token = int(logits.argmax())
+    rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
+    engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
+                          max_new_tokens=rounds_tokens, runner=runner)
 
     def greedy_step():
         nonlocal token
-        _, token, _, _ = runner.step_tree(one_node(token))
+        tree_pass = engine.forward(one_node(token))
+        token = int(tree_pass.logits[0].argmax())
+        engine.commit(tree_pass, [0])
 
     out["greedy_step_ms"] = timed(greedy_step, repeats=30)
     rows = []
     for budget in budgets:
-        k = min(budget, logprobs.shape[-1])
-        values, ids = torch.topk(logprobs, k, dim=-1)
-        tree = build_tree(root, values.cpu().numpy(), ids.cpu().numpy(), budget)
+        tree = DraftTree.from_logprobs(root, logprobs, budget)
         verify_ms = timed(lambda: runner.forward(tree), repeats=20)
         accepted = tree.path_to(len(tree) - 1)
 
@@ -373,33 +378,23 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
         rows.append({"budget": budget, "positions": len(tree), "verify_ms": verify_ms, "commit_ms": both_ms - verify_ms,
                      "verify_per_bound": verify_ms / bound_ms, "verify_per_fast_greedy_step": verify_ms / out["greedy_step_ms"]})
     out["budgets"] = rows
-    chain = build_chain(root, logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+    chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
 
-    # whole rounds: DFlash draft (eager drafter), tree, runner forward + walk + commit; host time apart
-    proposer = DFlashProposer(drafter, target)
-    logits, feats = runner.prefill(prompt)
-    token = int(logits.argmax())
-    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+    # whole rounds as a session runs them on this engine (phases timed, no records); host time apart: the tree
+    # phase (top-k to the host, best-first build) + the runner's own host work (inputs, path)
+    session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False, time_phases=True)
+    session.prefill(prompt_ids=prompt)
+    assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
+    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
     for r in range(14):
-        t0 = time.perf_counter()
-        lp = proposer.propose(token, runner.committed, feats, drafter.block_size)
-        sync()
-        t1 = time.perf_counter()
-        values, ids = torch.topk(lp, min(64, lp.shape[-1]), dim=-1)
-        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
-        h0 = time.perf_counter()
-        tree = build_tree(token, v_np, i_np, 64)
-        h1 = time.perf_counter()
-        accepted, token, feats, _ = runner.step_tree(tree)
-        sync()
-        t3 = time.perf_counter()
+        t = session.step().timings_ms
         if r >= 2:  # warm-up rounds
-            phases["draft"].append((t1 - t0) * 1e3)
-            phases["tree"].append((h1 - t1) * 1e3)
-            phases["verify_commit"].append((t3 - h1) * 1e3)
-            phases["host"].append((h1 - h0) * 1e3 + runner.host_ms[-1])
+            phases["draft"].append(t["draft"])
+            phases["tree"].append(t["tree"])
+            phases["verify_commit"].append(t["verify"] + t["commit"])
+            phases["host"].append(t["tree"] + runner.host_ms[-1])
     out["round_budget_64"] = {k: statistics.median(v) for k, v in phases.items()}
     out["round_budget_64"]["round_ms"] = sum(out["round_budget_64"][k] for k in ("draft", "tree", "verify_commit"))
     out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
@@ -411,16 +406,22 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
+    from .engine.engines import RunnerEngine
     from .engine.oracle import OracleProposer
-    from .engine.runner import StaticRunner, runner_ddtree, runner_greedy
-    from .engine.session import GreedyReference, first_divergence
+    from .engine.runner import StaticRunner
+    from .engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
     target = build_target(bench, layers, dtype)
+    pair = pair_of(bench, target, None, dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)])
-    margins: list[float] = []
-    greedy = runner_greedy(runner, prompt, new_tokens, margins=margins)
+
+    def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
+        return RunnerEngine(target, None, tree_size=tree_size, block_size=16, max_new_tokens=new_tokens, runner=runner)
+
+    reference = EngineGreedy(engine(1), prompt, set()).extend_to(new_tokens)
+    greedy, margins = list(reference.ids), reference.margins
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
@@ -430,7 +431,11 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            out, rounds = runner_ddtree(runner, oracle, prompt, new_tokens, budget)
+            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                    engine=engine(budget + 1), record=False)
+            session.prefill(prompt_ids=prompt)
+            session.run()
+            out, rounds = session.generated, [r.acceptance for r in session.history]
             idx = first_divergence(out, greedy)
             results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
