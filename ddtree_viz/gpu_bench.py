@@ -15,11 +15,12 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+CONFIGS = Path(__file__).resolve().parent / "configs"  # package data: the real Qwen3.6-27B and DFlash configs
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -33,26 +34,34 @@ SMOKE_TARGET = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num
                     linear_value_head_dim=16)
 SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=32)
-SMOKE = False
-DEVICE = "cuda"
-FAST = False  # --fast: also measure the static runner (engine/runner.py)
-SPLIT = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
 
 
-def sync() -> None:
-    if DEVICE == "cuda":
-        for d in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(d)
+@dataclass(frozen=True)
+class BenchConfig:
+    """How this run builds and measures, from the command line (``main``); passed to what depends on it."""
+
+    smoke: bool = False  # --smoke: toy widths (SMOKE_TARGET / SMOKE_DRAFT) on the CPU
+    device: str = "cuda"  # "cpu" with --smoke
+    split: bool = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
+    fast: bool = False  # --fast: also measure the static runner (engine/runner.py)
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> BenchConfig:
+        return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
 
 
-def target_config(layers: int | None = None):
+def target_config(bench: BenchConfig, layers: int | None = None):
     from transformers import Qwen3_5TextConfig
 
-    raw = json.loads((FIXTURES / "qwen3.6-27b-text-config.json").read_text())
+    raw = json.loads((CONFIGS / "qwen3.6-27b-text-config.json").read_text())
     raw = {k: v for k, v in raw.items() if not k.startswith("_") and k not in ("model_type", "architectures")}
     if layers is not None:
         raw["num_hidden_layers"] = layers
-    if SMOKE:
+    if bench.smoke:
         raw.update(SMOKE_TARGET)
         raw["rope_parameters"] = {**raw["rope_parameters"], "mrope_section": [2, 1, 1]}
     cfg = Qwen3_5TextConfig(**raw)
@@ -84,27 +93,27 @@ def _zero_centred(model, name: str) -> bool:
     return type(module).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm")
 
 
-def build_target(layers: int | None, dtype: torch.dtype, device: str | None = None):
+def build_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    device = device or DEVICE
-    cfg = target_config(layers)
+    device = bench.device
+    cfg = target_config(bench, layers)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    if SPLIT:
-        return _build_split(model, cfg)
+    if bench.split:
+        return _build_split(bench, model, cfg)
     model = model.to_empty(device=device)
     random_init_(model)
     model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(device)  # buffers were left empty by to_empty
     return model.eval()
 
 
-def split_map(model) -> dict[str, str | int]:
+def split_map(bench: BenchConfig, model) -> dict[str, str | int]:
     """What `from_pretrained(device_map="auto")` computes: modules balanced over the visible GPUs, decoder
     layers never split. --smoke (CPU): the same dispatch over two halves, both on the CPU."""
     no_split = model._no_split_modules
-    if DEVICE == "cuda":
+    if bench.cuda:
         from accelerate.utils import get_balanced_memory, infer_auto_device_map
 
         max_memory = get_balanced_memory(model, no_split_module_classes=no_split)
@@ -114,13 +123,13 @@ def split_map(model) -> dict[str, str | int]:
     return {"model.embed_tokens": "cpu", **layers, "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
 
 
-def _build_split(model, cfg):
+def _build_split(bench: BenchConfig, model, cfg):
     """Materialise each module of the device map on its device, initialise, then dispatch with accelerate's
     hooks (which move activations to each layer's device, as in a device_map="auto" load)."""
     from accelerate import dispatch_model
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    device_map = split_map(model)
+    device_map = split_map(bench, model)
     for name, dev in device_map.items():
         (model.get_submodule(name) if name else model).to_empty(device=dev)
     random_init_(model)
@@ -143,15 +152,15 @@ def layer_devices(model) -> dict[str, list[int]]:
     return out
 
 
-def build_drafter(target, dtype: torch.dtype, device: str | None = None):
+def build_drafter(bench: BenchConfig, target, dtype: torch.dtype):
     from .engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
-    device = device or (target.get_input_embeddings().weight.device if SPLIT else DEVICE)  # split: first GPU
-    raw = json.loads((FIXTURES / "qwen3.6-27b-dflash-config.json").read_text())
+    device = target.get_input_embeddings().weight.device if bench.split else bench.device  # split: first GPU
+    raw = json.loads((CONFIGS / "qwen3.6-27b-dflash-config.json").read_text())
     n = target.config.num_hidden_layers
     raw["num_target_layers"] = n
     raw["dflash_config"]["target_layer_ids"] = build_target_layer_ids(n, raw["num_hidden_layers"])
-    if SMOKE:
+    if bench.smoke:
         raw.update(SMOKE_DRAFT)
         raw["dflash_config"]["mask_token_id"] = SMOKE_DRAFT["vocab_size"] - 1
     drafter = DFlashDrafter.from_config_meta(DFlashConfig.from_dict(raw)).to_empty(device=device).to(dtype)
@@ -159,7 +168,7 @@ def build_drafter(target, dtype: torch.dtype, device: str | None = None):
     return drafter.eval()
 
 
-def pair_of(target, drafter, dtype):
+def pair_of(bench: BenchConfig, target, drafter, dtype):
     from .engine.models import ModelPair
 
     class _Ids:  # the bench feeds token ids; decoding shows ids
@@ -169,7 +178,7 @@ def pair_of(target, drafter, dtype):
             return " ".join(f"<{i}>" for i in ids)
 
     return ModelPair(target, _Ids(), drafter, "Qwen3.6-27B shapes (random weights)", "DFlash shapes (random weights)",
-                     dtype, "auto" if SPLIT else DEVICE)
+                     dtype, "auto" if bench.split else bench.device)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,24 +186,29 @@ def pair_of(target, drafter, dtype):
 # ------------------------------------------------------------------------------------------------------------
 
 
-def timed(fn, repeats: int = 10, warmup: int = 2) -> float:
-    """Median milliseconds of fn() (CUDA-synchronised)."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
+def timer(sync):
+    """``timed(fn, repeats=10, warmup=2)``: the median milliseconds of fn(), each run waited for with ``sync``
+    (``engine.verify.device_sync`` of the measured models: every CUDA device their weights live on)."""
+
+    def timed(fn, repeats: int = 10, warmup: int = 2) -> float:
+        for _ in range(warmup):
+            fn()
         sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    return timed
 
 
-def copy_bandwidth(gib: float = 4.0) -> float:
-    """Bytes read + written per second by a device-to-device copy."""
+def copy_bandwidth(timed, device, gib: float = 4.0) -> float:
+    """Bytes read + written per second by a copy on ``device`` (one that ``timed`` waits for)."""
     n = int(gib * 2**30) // 2
-    src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE)
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
     ms = timed(lambda: dst.copy_(src), repeats=10)
     return 2 * n * 2 / (ms / 1e3)
@@ -206,28 +220,30 @@ def copy_bandwidth(gib: float = 4.0) -> float:
 
 
 @torch.no_grad()
-def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
+def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
     from .engine.cache import new_cache
     from .engine.session import DFlashProposer
-    from .engine.tree import build_chain, build_tree
-    from .engine.verify import EXACT, NAIVE, commit, verify_tree
+    from .engine.tree import DraftTree, build_tree
+    from .engine.verify import EXACT, NAIVE, commit, device_sync, verify_tree
 
-    if DEVICE == "cuda":
+    if bench.cuda:
         for d in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(d)
     t0 = time.perf_counter()
-    target = build_target(layers, dtype)
-    drafter = build_drafter(target, dtype)
+    target = build_target(bench, layers, dtype)
+    drafter = build_drafter(bench, target, dtype)
     build_s = time.perf_counter() - t0
+    sync = device_sync(target, drafter)
+    timed = timer(sync)
+    first = target.get_input_embeddings().weight.device
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
-    bw = copy_bandwidth(4.0 if not SMOKE else 0.25)
+    bw = copy_bandwidth(timed, first, 4.0 if not bench.smoke else 0.25)
     bound_ms = weight_bytes / bw * 1e3
     out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
                  "copy_bandwidth_TBps": bw / 1e12, "weight_read_bound_ms": bound_ms, "build_s": build_s}
 
-    if SPLIT:
+    if bench.split:
         out["layer_devices"] = layer_devices(target)
-    first = target.get_input_embeddings().weight.device
     prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=first)
     base = new_cache(target)
     start = time.perf_counter()
@@ -287,35 +303,40 @@ def speed(layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int =
         rows.append(row)
     out["budgets"] = rows
 
-    chain = build_chain(int(token), logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+    chain = DraftTree.chain_from_logprobs(int(token), logprobs)
 
     def chain_verify():
         verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
 
     out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
-    out["rounds"] = session_rounds(target, drafter, dtype, prompt[0].tolist())
-    if FAST and not SPLIT:
-        out["fast"] = fast_speed(target, drafter, prompt[0].tolist(), budgets, logprobs, bound_ms, out["greedy_step_ms"])
-    out["peak_memory_GiB"] = peak_memory_gib()
+    out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
+    if bench.fast and not bench.split:
+        out["fast"] = fast_speed(pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs, bound_ms,
+                                 out["greedy_step_ms"], sync)
+    out["peak_memory_GiB"] = peak_memory_gib(bench)
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
         out[f"{key}_per_bound"] = out[key] / bound_ms
     for row in rows:
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
-    if DEVICE == "cuda":  # the caller builds the next model; free this one's memory first
+    if bench.cuda:  # the caller builds the next model; free this one's memory first
         del target, drafter, base, prefill
         torch.cuda.empty_cache()
     return out
 
 
 @torch.no_grad()
-def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs, bound_ms: float,
-               hf_greedy_ms: float) -> dict:
-    """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs."""
-    from .engine.runner import StaticRunner, one_node
-    from .engine.session import DFlashProposer
-    from .engine.tree import build_chain, build_tree
+def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: float, hf_greedy_ms: float,
+               sync) -> dict:
+    """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs.
+    ``sync`` waits for the models' devices (``engine.verify.device_sync``)."""
+    from .engine.engines import RunnerEngine
+    from .engine.runner import StaticRunner
+    from .engine.session import DecodeSession
+    from .engine.tree import DraftTree, one_node
 
+    target, drafter = pair.target, pair.drafter
+    timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
     start = time.perf_counter()
@@ -332,17 +353,20 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
     out: dict = {"graphs": runner.graphs, "graphs_error": graphs_error, "capture_s": time.perf_counter() - start,
                  "sizes": sizes, "buckets": runner.buckets}
     token = int(logits.argmax())
+    rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
+    engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
+                          max_new_tokens=rounds_tokens, runner=runner)
 
     def greedy_step():
         nonlocal token
-        _, token, _, _ = runner.step_tree(one_node(token))
+        tree_pass = engine.forward(one_node(token))
+        token = int(tree_pass.logits[0].argmax())
+        engine.commit(tree_pass, [0])
 
     out["greedy_step_ms"] = timed(greedy_step, repeats=30)
     rows = []
     for budget in budgets:
-        k = min(budget, logprobs.shape[-1])
-        values, ids = torch.topk(logprobs, k, dim=-1)
-        tree = build_tree(root, values.cpu().numpy(), ids.cpu().numpy(), budget)
+        tree = DraftTree.from_logprobs(root, logprobs, budget)
         verify_ms = timed(lambda: runner.forward(tree), repeats=20)
         accepted = tree.path_to(len(tree) - 1)
 
@@ -354,33 +378,23 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
         rows.append({"budget": budget, "positions": len(tree), "verify_ms": verify_ms, "commit_ms": both_ms - verify_ms,
                      "verify_per_bound": verify_ms / bound_ms, "verify_per_fast_greedy_step": verify_ms / out["greedy_step_ms"]})
     out["budgets"] = rows
-    chain = build_chain(root, logprobs.argmax(-1).tolist(), logprobs.max(-1).values.tolist())
+    chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
 
-    # whole rounds: DFlash draft (eager drafter), tree, runner forward + walk + commit; host time apart
-    proposer = DFlashProposer(drafter, target)
-    logits, feats = runner.prefill(prompt)
-    token = int(logits.argmax())
-    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+    # whole rounds as a session runs them on this engine (phases timed, no records); host time apart: the tree
+    # phase (top-k to the host, best-first build) + the runner's own host work (inputs, path)
+    session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False, time_phases=True)
+    session.prefill(prompt_ids=prompt)
+    assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
+    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
     for r in range(14):
-        t0 = time.perf_counter()
-        lp = proposer.propose(token, runner.committed, feats, drafter.block_size)
-        sync()
-        t1 = time.perf_counter()
-        values, ids = torch.topk(lp, min(64, lp.shape[-1]), dim=-1)
-        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
-        h0 = time.perf_counter()
-        tree = build_tree(token, v_np, i_np, 64)
-        h1 = time.perf_counter()
-        accepted, token, feats, _ = runner.step_tree(tree)
-        sync()
-        t3 = time.perf_counter()
+        t = session.step().timings_ms
         if r >= 2:  # warm-up rounds
-            phases["draft"].append((t1 - t0) * 1e3)
-            phases["tree"].append((h1 - t1) * 1e3)
-            phases["verify_commit"].append((t3 - h1) * 1e3)
-            phases["host"].append((h1 - h0) * 1e3 + runner.host_ms[-1])
+            phases["draft"].append(t["draft"])
+            phases["tree"].append(t["tree"])
+            phases["verify_commit"].append(t["verify"] + t["commit"])
+            phases["host"].append(t["tree"] + runner.host_ms[-1])
     out["round_budget_64"] = {k: statistics.median(v) for k, v in phases.items()}
     out["round_budget_64"]["round_ms"] = sum(out["round_budget_64"][k] for k in ("draft", "tree", "verify_commit"))
     out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
@@ -389,19 +403,25 @@ def fast_speed(target, drafter, prompt: list[int], budgets: list[int], logprobs,
 
 
 @torch.no_grad()
-def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int, prompt_len: int = 64,
-                   ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
+def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
+                   prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
+    from .engine.engines import RunnerEngine
     from .engine.oracle import OracleProposer
-    from .engine.runner import StaticRunner, runner_ddtree, runner_greedy
-    from .engine.session import GreedyReference, first_divergence
+    from .engine.runner import StaticRunner
+    from .engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
-    target = build_target(layers, dtype)
+    target = build_target(bench, layers, dtype)
+    pair = pair_of(bench, target, None, dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)])
-    margins: list[float] = []
-    greedy = runner_greedy(runner, prompt, new_tokens, margins=margins)
+
+    def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
+        return RunnerEngine(target, None, tree_size=tree_size, block_size=16, max_new_tokens=new_tokens, runner=runner)
+
+    reference = EngineGreedy(engine(1), prompt, set()).extend_to(new_tokens)
+    greedy, margins = list(reference.ids), reference.margins
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
@@ -411,7 +431,11 @@ def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_toke
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            out, rounds = runner_ddtree(runner, oracle, prompt, new_tokens, budget)
+            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                    engine=engine(budget + 1), record=False)
+            session.prefill(prompt_ids=prompt)
+            session.run()
+            out, rounds = session.generated, [r.acceptance for r in session.history]
             idx = first_divergence(out, greedy)
             results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
@@ -420,24 +444,25 @@ def fast_exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_toke
                             "min_greedy_margin": min(margins)})
             print(json.dumps(results[-1]), flush=True)
     del runner, target
-    if DEVICE == "cuda":
+    if bench.cuda:
         torch.cuda.empty_cache()
     return results
 
 
-def peak_memory_gib() -> dict[str, float] | None:
-    if DEVICE != "cuda":
+def peak_memory_gib(bench: BenchConfig) -> dict[str, float] | None:
+    if not bench.cuda:
         return None
     return {f"cuda:{d}": torch.cuda.max_memory_allocated(d) / 2**30 for d in range(torch.cuda.device_count())}
 
 
 @torch.no_grad()
-def session_rounds(target, drafter, dtype, prompt: list[int], budget: int = 64, rounds: int = 12) -> dict:
+def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int], budget: int = 64,
+                   rounds: int = 12) -> dict:
     """Whole DDTree rounds as the tool runs them (DFlash draft, tree, exact verify, commit, records), median
     per phase. Random weights accept little, so this measures cost per round, not speed-up."""
     from .engine.session import DecodeSession
 
-    session = DecodeSession(pair_of(target, drafter, dtype), budget=budget, max_new_tokens=2048)
+    session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048)
     session.prefill(prompt_ids=prompt)
     session.step()  # warm-up
     records = [session.step() for _ in range(rounds)]
@@ -447,14 +472,14 @@ def session_rounds(target, drafter, dtype, prompt: list[int], budget: int = 64, 
 
 
 @torch.no_grad()
-def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int, prompt_len: int = 64,
-              ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
+def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
+              prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
     from .engine.oracle import OracleProposer
     from .engine.session import DecodeSession, GreedyReference, first_divergence
 
-    target = build_target(layers, dtype)
-    pair = pair_of(target, None, dtype)
+    target = build_target(bench, layers, dtype)
+    pair = pair_of(bench, target, None, dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
@@ -472,11 +497,11 @@ def exactness(layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: i
                 "identical": idx is None, "first_divergence": idx,
                 "greedy_margin_at_divergence": greedy.margins[idx] if idx is not None else None,
                 "min_greedy_margin": min(greedy.margins),
-                **({"layer_devices": layer_devices(target)} if SPLIT else {}),
+                **({"layer_devices": layer_devices(target)} if bench.split else {}),
             })
             print(json.dumps(results[-1]), flush=True)
     del target
-    if DEVICE == "cuda":
+    if bench.cuda:
         torch.cuda.empty_cache()
     return results
 
@@ -496,25 +521,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-only", action="store_true", help="with --exactness: check the runner only")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
-    global SMOKE, DEVICE, SPLIT, FAST
-    SMOKE, DEVICE, SPLIT, FAST = a.smoke, ("cpu" if a.smoke else "cuda"), a.device_map == "auto", a.fast
+    bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
-    report = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (smoke)", "torch": torch.__version__,
-              "gpus": torch.cuda.device_count() if DEVICE == "cuda" else 0, "device_map": a.device_map}
+    report = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu (smoke)", "torch": torch.__version__,
+              "gpus": torch.cuda.device_count() if bench.cuda else 0, "device_map": a.device_map}
     import transformers
 
     report["transformers"] = transformers.__version__
     if not a.skip_speed:
-        report["speed"] = speed(a.layers, getattr(torch, a.dtype), a.budgets)
+        report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
+    checks = []  # transformers' forward (DecodeSession), then the static runner
     if a.exactness and not a.fast_only:
-        report["exactness_fp32_8_layers"] = exactness(8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
-        report["exactness_bf16_full_depth"] = exactness(a.layers, torch.bfloat16, [32], a.new_tokens, ranks_list=((0,), (1,)))
-    if a.exactness and FAST and not SPLIT:
-        report["fast_exactness_fp32_8_layers"] = fast_exactness(8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
-        report["fast_exactness_bf16_full_depth"] = fast_exactness(a.layers, torch.bfloat16, [32], a.new_tokens,
-                                                                  ranks_list=((0,), (1,)))
+        checks.append(("exactness", exactness))
+    if a.exactness and bench.fast and not bench.split:
+        checks.append(("fast_exactness", fast_exactness))
+    for name, check in checks:
+        report[f"{name}_fp32_8_layers"] = check(bench, 8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
+        report[f"{name}_bf16_full_depth"] = check(bench, a.layers, torch.bfloat16, [32], a.new_tokens,
+                                                  ranks_list=((0,), (1,)))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -2,7 +2,6 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,9 @@ from ddtree_viz.engine.drafter import (
     validate_pairing,
 )
 from ddtree_viz.errors import ModelLoadError, PairingError
+from ddtree_viz.gpu_bench import CONFIGS
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "qwen3.6-27b-dflash-config.json"
+REAL_CONFIG = CONFIGS / "qwen3.6-27b-dflash-config.json"
 
 
 def tiny_config(layer_types=None, sliding_window=None, **over) -> DFlashConfig:
@@ -220,7 +220,7 @@ def test_sharded_checkpoint(tmp_path):
 
 
 def test_fixture_config_builds_on_meta():
-    config = DFlashConfig.from_file(FIXTURE)
+    config = DFlashConfig.from_file(REAL_CONFIG)
     assert config.layer_types == ("sliding_attention",) * 4 + ("full_attention",)
     assert config.sliding_window == 2048
     assert config.target_layer_ids == (1, 16, 31, 46, 61)
@@ -238,7 +238,7 @@ def test_fixture_config_builds_on_meta():
 
 
 def test_config_defaults_and_missing_keys():
-    d = json.loads(FIXTURE.read_text())
+    d = json.loads(REAL_CONFIG.read_text())
     for key in ("layer_types", "sliding_window", "rope_theta", "head_dim"):
         d.pop(key)
     d["dflash_config"].pop("target_layer_ids")
@@ -247,7 +247,7 @@ def test_config_defaults_and_missing_keys():
     assert c.layer_types == ("full_attention",) * 5 and c.sliding_window is None
     assert c.rope_theta == 5e6 and c.head_dim == 128 and c.target_layer_ids == (1, 16, 31, 46, 61)
     for path in (("hidden_size",), ("dflash_config", "mask_token_id")):
-        bad = json.loads(FIXTURE.read_text())
+        bad = json.loads(REAL_CONFIG.read_text())
         (bad[path[0]] if len(path) == 2 else bad).pop(path[-1])
         with pytest.raises(ModelLoadError, match=path[-1]):
             DFlashConfig.from_dict(bad)

@@ -1,9 +1,8 @@
-"""Qwen3.6-27B + its DFlash drafter at real shapes, built from the fixture configs on the meta device (no
-weights): the loading path's pairing checks, layer types and cache layout (48 GDN + 16 attention)."""
+"""Qwen3.6-27B + its DFlash drafter at real shapes, built from the configs shipped in ddtree_viz/configs on the
+meta device (no weights): the loading path's pairing checks, layer types and cache layout (48 GDN + 16 attention)."""
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +13,11 @@ from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter, validate_pair
 from ddtree_viz.engine.models import _check_local
 from ddtree_viz.engine.verify import gdn_modules
 from ddtree_viz.errors import PairingError
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from ddtree_viz.gpu_bench import CONFIGS
 
 
 def target_config() -> Qwen3_5TextConfig:
-    raw = json.loads((FIXTURES / "qwen3.6-27b-text-config.json").read_text())
+    raw = json.loads((CONFIGS / "qwen3.6-27b-text-config.json").read_text())
     return Qwen3_5TextConfig(**{k: v for k, v in raw.items() if not k.startswith("_") and k not in ("model_type", "architectures")})
 
 
@@ -46,7 +44,7 @@ def test_real_target_layout_on_meta(meta_target):
 
 
 def test_real_drafter_pairs_with_the_real_target(meta_target):
-    cfg = DFlashConfig.from_file(FIXTURES / "qwen3.6-27b-dflash-config.json")
+    cfg = DFlashConfig.from_file(CONFIGS / "qwen3.6-27b-dflash-config.json")
     validate_pairing(cfg, meta_target.config)
     drafter = DFlashDrafter.from_config_meta(cfg)
     assert drafter.target_layer_ids == [1, 16, 31, 46, 61] and drafter.block_size == 16

@@ -181,7 +181,9 @@ class DecodeSession:
     """Rounds of DDTree (or the DFlash chain) on one prompt through a target engine (engines.py).
 
     `record=False` keeps only what decoding needs (tree, accepted path, bonus) in each StepRecord: no node texts,
-    margins, cache snapshots or per-phase device waits (what a benchmark of the method itself wants).
+    margins or cache snapshots (what a benchmark of the method itself wants). `time_phases` (default: as
+    `record`) waits for the devices after each phase to time it; without it a round has no device waits but the
+    one its acceptance walk needs.
 
     `sampler` (sampling.py) says how the target chooses its tokens: greedy (the default) or position-keyed
     sampling; the reference (`greedy()`) decodes with the same sampler, so the two still match token for token."""
@@ -190,7 +192,7 @@ class DecodeSession:
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
         reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
-        sampler: Sampler = GREEDY,
+        time_phases: bool | None = None, sampler: Sampler = GREEDY,
     ):
         """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
         made by the caller."""
@@ -208,6 +210,7 @@ class DecodeSession:
         if method not in METHODS:
             raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
         self.verify, self.method, self.record = verify, method, record
+        self.time_phases = record if time_phases is None else time_phases
         if not isinstance(sampler, Sampler):
             raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
         self.sampler = sampler
@@ -308,11 +311,11 @@ class DecodeSession:
             raise InputError("this session has finished (end of text or max new tokens); reset to start again")
         timings = {}
         clock = time.perf_counter()
-        record = self.record
+        record, time_phases = self.record, self.time_phases
 
         def lap(name):
             nonlocal clock
-            if not record:
+            if not time_phases:
                 return
             self._sync()
             now = time.perf_counter()

@@ -24,6 +24,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .data import log, pick_device, seed_everything
@@ -32,38 +33,134 @@ TARGET_ASSET = "tiny-qwen35-target"
 DRAFT_ASSET = "tiny-qwen35-dflash"
 
 
-def cmd_corpus(a) -> None:
+# ------------------------------------------------------------------------------------------------------------
+# What each stage reads from the command line: fields named as the arguments' dests (``_config`` fills them)
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """Every stage: the prepared data folder, the device, the seed, the JSON file collecting the summaries."""
+
+    data: str = ".train"
+    device: str = "auto"
+    seed: int = 0
+    summary: str | None = None
+
+    def write_summary(self, key: str, value) -> None:
+        """Collect stage summaries in one JSON file (``--summary``), one key per stage."""
+        if not self.summary:
+            return
+        path = Path(self.summary)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = value
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    stdlib: str | None = None
+    vocab_size: int = 4096
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    seq_len: int
+    batch: int
+    lr: float
+    steps: int | None
+    time_budget: float | None
+    eval_every: int
+    doc_start_frac: float
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class GreedyConfig:
+    n_seqs: int
+    prompt_lens: tuple[int, ...]
+    prompt_split: str
+    new_tokens: int
+    gen_batch: int
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    draft_layers: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    draft_batch: int
+    anchors: int
+    draft_lr: float
+    gamma: float
+    drafter_steps: int | None
+    drafter_time_budget: float | None
+    init_draft: str | None
+    draft_warmup: int
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    n_prompts: int
+    eval_new_tokens: int
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    skip_target: bool
+    target_dir: str | None
+    wall_budget: float | None
+    eval_reserve: float
+
+
+def _config(cls, a: argparse.Namespace):
+    """``cls`` from the parsed arguments: each field from the argument of its name, or the field's default where
+    the subcommand has no such argument."""
+    return cls(**{f.name: getattr(a, f.name) for f in fields(cls) if hasattr(a, f.name)})
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """``"8,16,32"`` -> ``(8, 16, 32)`` (argparse type of the comma-separated options)."""
+    return tuple(int(x) for x in text.split(","))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The stages
+# ------------------------------------------------------------------------------------------------------------
+
+
+def cmd_corpus(run: Run, cfg: PrepareConfig) -> None:
     from .corpus import build_corpus, write_corpus
 
-    docs, manifest = build_corpus(a.stdlib)
-    path = write_corpus(docs, manifest, a.data)
+    docs, manifest = build_corpus(cfg.stdlib)
+    path = write_corpus(docs, manifest, run.data)
     parts = ", ".join(f"{k} {c['files']} files / {c['chars']:,} chars" for k, c in manifest["counts"].items())
     log(f"corpus: {manifest['files']} files ({parts}), python {manifest['python']} -> {path}")
 
 
-def cmd_tokenizer(a) -> None:
+def cmd_tokenizer(run: Run, cfg: PrepareConfig) -> None:
     from .corpus import read_corpus, tokenizer_texts
     from .tokenizer import save_tokenizer, train_tokenizer
 
-    docs = read_corpus(a.data)
-    tok = train_tokenizer(tokenizer_texts(docs), vocab_size=a.vocab_size)
-    save_tokenizer(tok, Path(a.data) / "tokenizer")
+    docs = read_corpus(run.data)
+    tok = train_tokenizer(tokenizer_texts(docs), vocab_size=cfg.vocab_size)
+    save_tokenizer(tok, Path(run.data) / "tokenizer")
     bad = [d.path for d in docs if tok.decode(tok.encode(d.text).ids) != d.text]
     log(f"tokenizer: vocab {tok.get_vocab_size()}, round-trip failures: {len(bad)} {bad[:3]}")
     if bad:
         sys.exit(1)
 
 
-def cmd_tokenize(a) -> None:
+def cmd_tokenize(run: Run) -> None:
     from .data import tokenize_corpus
 
-    log("tokens:", tokenize_corpus(a.data))
+    log("tokens:", tokenize_corpus(run.data))
 
 
-def cmd_prepare(a) -> None:
-    cmd_corpus(a)
-    cmd_tokenizer(a)
-    cmd_tokenize(a)
+def cmd_prepare(run: Run, cfg: PrepareConfig) -> None:
+    cmd_corpus(run, cfg)
+    cmd_tokenizer(run, cfg)
+    cmd_tokenize(run)
 
 
 def _setup_torch(device) -> None:
@@ -73,104 +170,97 @@ def _setup_torch(device) -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def cmd_target(a) -> dict:
+def cmd_target(run: Run, cfg: TargetConfig, out: str) -> dict:
     from .data import load_tokens
     from .target import train_target
     from .tokenizer import load_tokenizer
 
-    seed_everything(a.seed)
-    device = pick_device(a.device)
+    seed_everything(run.seed)
+    device = pick_device(run.device)
     _setup_torch(device)
-    tokens = load_tokens(a.data)
-    vocab = load_tokenizer(Path(a.data) / "tokenizer").get_vocab_size()
-    summary = train_target(tokens, vocab, a.out, device, seed=a.seed, seq_len=a.seq_len, batch=a.batch, lr=a.lr,
-                           steps=a.steps, time_budget_s=a.time_budget, eval_every=a.eval_every,
-                           max_steps=a.max_steps, doc_start_frac=a.doc_start_frac)
-    _write_summary(a, "target", summary)
+    tokens = load_tokens(run.data)
+    vocab = load_tokenizer(Path(run.data) / "tokenizer").get_vocab_size()
+    summary = train_target(tokens, vocab, out, device, seed=run.seed, seq_len=cfg.seq_len, batch=cfg.batch, lr=cfg.lr,
+                           steps=cfg.steps, time_budget_s=cfg.time_budget, eval_every=cfg.eval_every,
+                           max_steps=cfg.max_steps, doc_start_frac=cfg.doc_start_frac)
+    run.write_summary("target", summary)
     return summary
 
 
-def _write_summary(a, key: str, value) -> None:
-    """Collect stage summaries in one JSON file (``--summary``), one key per stage."""
-    path = getattr(a, "summary", None)
-    if not path:
-        return
-    path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[key] = value
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _greedy(a, target, tokens, tok):
+def _greedy(run: Run, cfg: GreedyConfig, target, tokens, tok):
     """The target's greedy continuations of prompts from ``--prompt-split``, one group per prompt length;
     every sequence is ``max(prompt lengths) + new tokens`` long. Returns (tokens [N, T], prompt lengths [N])."""
     import torch
 
     from .distill import greedy_generate, newline_token_ids, sample_prompts
 
-    lens = [int(x) for x in a.prompt_lens.split(",")]
-    total = max(lens) + a.new_tokens
+    lens = list(cfg.prompt_lens)
+    total = max(lens) + cfg.new_tokens
     newlines = newline_token_ids(tok)
-    stream, offsets = tokens[a.prompt_split], tokens[f"{a.prompt_split}_doc_offsets"]
+    stream, offsets = tokens[cfg.prompt_split], tokens[f"{cfg.prompt_split}_doc_offsets"]
     t0 = time.time()
     seqs, prompt_lens = [], []
     for i, n in enumerate(lens):
-        count = a.n_seqs // len(lens) + (i < a.n_seqs % len(lens))
-        prompts = torch.from_numpy(sample_prompts(stream, offsets, count, n, newlines, a.seed * 1000 + i))
-        seqs.append(greedy_generate(target, prompts, total - n, batch=a.gen_batch))
+        count = cfg.n_seqs // len(lens) + (i < cfg.n_seqs % len(lens))
+        prompts = torch.from_numpy(sample_prompts(stream, offsets, count, n, newlines, run.seed * 1000 + i))
+        seqs.append(greedy_generate(target, prompts, total - n, batch=cfg.gen_batch))
         prompt_lens.append(torch.full((count,), n, dtype=torch.long))
     greedy, prompt_lens = torch.cat(seqs), torch.cat(prompt_lens)
     wall = time.time() - t0
     log(f"greedy: {greedy.shape[0]} sequences of {total} tokens (prompts of {lens} tokens from the "
-        f"{a.prompt_split} split) in {wall:.0f}s")
-    _write_summary(a, "greedy", {"sequences": int(greedy.shape[0]), "prompt_lens": lens, "seq_len": total,
-                                 "wall_s": wall, "prompts": f"{a.prompt_split}-split windows starting after a "
+        f"{cfg.prompt_split} split) in {wall:.0f}s")
+    run.write_summary("greedy", {"sequences": int(greedy.shape[0]), "prompt_lens": lens, "seq_len": total,
+                                 "wall_s": wall, "prompts": f"{cfg.prompt_split}-split windows starting after a "
                                                             "newline token"})
     return greedy, prompt_lens
 
 
-def cmd_generate(a) -> None:
+def cmd_generate(run: Run, cfg: GreedyConfig, target: str, out: str) -> None:
+    """Greedy continuations by the target in the folder ``target``, saved to ``out`` (.pt)."""
     import torch
 
     from .data import load_tokens
     from .target import load_target
     from .tokenizer import load_tokenizer
 
-    seed_everything(a.seed)
-    device = pick_device(a.device)
+    seed_everything(run.seed)
+    device = pick_device(run.device)
     _setup_torch(device)
-    target = load_target(a.target, device)
-    greedy, prompt_lens = _greedy(a, target, load_tokens(a.data), load_tokenizer(Path(a.data) / "tokenizer"))
-    torch.save({"tokens": greedy.to(torch.int16), "prompt_lens": prompt_lens.to(torch.int16)}, a.greedy)
+    model = load_target(target, device)
+    greedy, prompt_lens = _greedy(run, cfg, model, load_tokens(run.data), load_tokenizer(Path(run.data) / "tokenizer"))
+    torch.save({"tokens": greedy.to(torch.int16), "prompt_lens": prompt_lens.to(torch.int16)}, out)
 
 
-def cmd_drafter(a, target=None, greedy=None, prompt_lens=None) -> dict:
+def cmd_drafter(run: Run, cfg: DrafterConfig, out: str, target, greedy, deadline: float | None = None) -> dict:
+    """Train the drafter into ``out``. ``target``: the target model, or its folder; ``greedy``: the pair (tokens,
+    prompt lengths) of ``_greedy``, or the .pt file of ``generate``. ``deadline``: the wall-clock time by which a
+    time-budgeted training ends."""
     import torch
 
     from .distill import train_drafter
     from .target import load_target
 
-    seed_everything(a.seed)
-    device = pick_device(a.device)
+    seed_everything(run.seed)
+    device = pick_device(run.device)
     _setup_torch(device)
-    if target is None:
-        target = load_target(a.target, device)
-    if greedy is None:
-        blob = torch.load(a.greedy)
-        greedy, prompt_lens = blob["tokens"].long(), blob["prompt_lens"].long()
-    summary = train_drafter(target, greedy.long(), prompt_lens, a.draft_out, device, seed=a.seed,
-                         num_layers=a.draft_layers, block_size=a.block_size, batch=a.draft_batch,
-                         anchors=a.anchors, lr=a.draft_lr, gamma=a.gamma, steps=a.drafter_steps,
-                         time_budget_s=a.drafter_time_budget,
-                         target_layer_ids=tuple(int(x) for x in a.target_layer_ids.split(",")),
-                         precompute_features=device.type == "cuda",
-                         deadline=getattr(a, "drafter_deadline", None), init_from=a.init_draft,
-                         warmup=a.draft_warmup)
-    _write_summary(a, "drafter", summary)
+    if isinstance(target, (str, Path)):
+        target = load_target(target, device)
+    if isinstance(greedy, (str, Path)):
+        blob = torch.load(greedy)
+        greedy = blob["tokens"].long(), blob["prompt_lens"].long()
+    greedy, prompt_lens = greedy
+    summary = train_drafter(target, greedy.long(), prompt_lens, out, device, seed=run.seed,
+                            num_layers=cfg.draft_layers, block_size=cfg.block_size, batch=cfg.draft_batch,
+                            anchors=cfg.anchors, lr=cfg.draft_lr, gamma=cfg.gamma, steps=cfg.drafter_steps,
+                            time_budget_s=cfg.drafter_time_budget, target_layer_ids=cfg.target_layer_ids,
+                            precompute_features=device.type == "cuda", deadline=deadline,
+                            init_from=cfg.init_draft, warmup=cfg.draft_warmup)
+    run.write_summary("drafter", summary)
     return summary
 
 
-def cmd_eval(a, target=None, drafter=None) -> dict:
+def cmd_eval(run: Run, cfg: EvalConfig, target, drafter, out_json: str | None = None) -> dict:
+    """Held-out figures of the pair; ``target`` and ``drafter``: the models, or their folders."""
     from ddtree_viz.engine.drafter import DFlashDrafter
 
     from .data import load_tokens
@@ -180,16 +270,18 @@ def cmd_eval(a, target=None, drafter=None) -> dict:
 
     import torch
 
-    device = pick_device(a.device)
+    device = pick_device(run.device)
     _setup_torch(device)
     if device.type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
-    target = target or load_target(a.target, device)
-    drafter = drafter or DFlashDrafter.from_pretrained(a.draft, dtype=torch.float32, device=device)
-    tok = load_tokenizer(Path(a.data) / "tokenizer")
-    res = evaluate_pair(target, drafter, tok, load_tokens(a.data), n_prompts=a.n_prompts, new_tokens=a.eval_new_tokens,
-                        out_json=a.out_json)
-    _write_summary(a, "eval", res)
+    if isinstance(target, (str, Path)):
+        target = load_target(target, device)
+    if isinstance(drafter, (str, Path)):
+        drafter = DFlashDrafter.from_pretrained(drafter, dtype=torch.float32, device=device)
+    tok = load_tokenizer(Path(run.data) / "tokenizer")
+    res = evaluate_pair(target, drafter, tok, load_tokens(run.data), n_prompts=cfg.n_prompts,
+                        new_tokens=cfg.eval_new_tokens, out_json=out_json)
+    run.write_summary("eval", res)
     for s in res["samples"]:
         print("=" * 30, "PROMPT", "=" * 30)
         print(s["prompt"])
@@ -199,7 +291,8 @@ def cmd_eval(a, target=None, drafter=None) -> dict:
     return res
 
 
-def cmd_engine_eval(a) -> dict:
+def cmd_engine_eval(run: Run, cfg: EvalConfig, budgets: tuple[int, ...], target: str | None, draft: str | None,
+                    out_json: str | None) -> dict:
     import torch
 
     from .data import load_tokens
@@ -207,17 +300,18 @@ def cmd_engine_eval(a) -> dict:
     from .tokenizer import load_tokenizer
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    res = engine_acceptance(load_tokens(a.data), load_tokenizer(Path(a.data) / "tokenizer"),
-                            budgets=[int(b) for b in a.budgets.split(",")], new_tokens=a.eval_new_tokens,
-                            n_prompts=a.n_prompts, target=a.target, draft=a.draft)
+    res = engine_acceptance(load_tokens(run.data), load_tokenizer(Path(run.data) / "tokenizer"),
+                            budgets=list(budgets), new_tokens=cfg.eval_new_tokens,
+                            n_prompts=cfg.n_prompts, target=target, draft=draft)
     print(json.dumps(res, indent=2))
-    if a.out_json:
-        Path(a.out_json).write_text(json.dumps(res, indent=2) + "\n")
+    if out_json:
+        Path(out_json).write_text(json.dumps(res, indent=2) + "\n")
     return res
 
 
-def cmd_gpu(a) -> None:
-    """Everything that wants the accelerator, in one process: target, greedy data, drafter, eval."""
+def cmd_gpu(run: Run, gpu: GpuConfig, target_cfg: TargetConfig, greedy_cfg: GreedyConfig, drafter_cfg: DrafterConfig,
+            eval_cfg: EvalConfig, out: str) -> None:
+    """Everything that wants the accelerator, in one process: target, greedy data, drafter, eval, into ``out``."""
     import torch
 
     from ddtree_viz.engine.drafter import DFlashDrafter
@@ -227,9 +321,9 @@ def cmd_gpu(a) -> None:
     from .tokenizer import load_tokenizer
 
     t_start = time.time()
-    out = Path(a.out)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    device = pick_device(a.device)
+    device = pick_device(run.device)
     import platform
 
     import transformers
@@ -238,56 +332,71 @@ def cmd_gpu(a) -> None:
           "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
           "argv": sys.argv[1:]}
     log("hardware/software:", hw)
-    if a.summary is None:
-        a.summary = str(out / "summary.json")
-    _write_summary(a, "run", hw)
-    a.out = str(out / "target")
-    if a.target_dir:
-        a.out = a.target_dir
-        log("target: reusing", a.out)
-    elif a.skip_target:
-        log("target: reusing", a.out)
+    if run.summary is None:
+        run = replace(run, summary=str(out / "summary.json"))
+    run.write_summary("run", hw)
+    target_dir = gpu.target_dir or str(out / "target")
+    if gpu.target_dir or gpu.skip_target:
+        log("target: reusing", target_dir)
     else:
-        cmd_target(a)
-    target = load_target(a.out, device)  # the bf16-rounded weights, computed in float32
+        cmd_target(run, target_cfg, target_dir)
+    target = load_target(target_dir, device)  # the bf16-rounded weights, computed in float32
     for p in target.parameters():
         p.requires_grad_(False)
-    tokens = load_tokens(a.data)
-    tok = load_tokenizer(Path(a.data) / "tokenizer")
-    seed_everything(a.seed)
-    greedy, prompt_lens = _greedy(a, target, tokens, tok)
-    a.draft_out = str(out / "draft")
-    if a.wall_budget is not None:  # leave time for the final evaluation and the copy back
-        a.drafter_deadline = t_start + a.wall_budget - a.eval_reserve
-    cmd_drafter(a, target=target, greedy=greedy, prompt_lens=prompt_lens)
+    tokens = load_tokens(run.data)
+    tok = load_tokenizer(Path(run.data) / "tokenizer")
+    seed_everything(run.seed)
+    greedy = _greedy(run, greedy_cfg, target, tokens, tok)
+    # leave time for the final evaluation and the copy back
+    deadline = t_start + gpu.wall_budget - gpu.eval_reserve if gpu.wall_budget is not None else None
+    cmd_drafter(run, drafter_cfg, str(out / "draft"), target, greedy, deadline=deadline)
     drafter = DFlashDrafter.from_pretrained(out / "draft", dtype=torch.float32, device=device)
-    a.out_json = None
-    cmd_eval(a, target=target, drafter=drafter)
+    cmd_eval(run, eval_cfg, target, drafter)
     hw["wall_s"] = time.time() - t_start
-    _write_summary(a, "run", hw)
+    run.write_summary("run", hw)
     log(f"gpu pipeline done in {hw['wall_s']:.0f}s")
 
 
-def cmd_assets(a) -> None:
+def cmd_assets(data: str, target: str, draft: str, out: str) -> None:
     """Assemble assets/<target>/ and assets/<draft>/ (configs, weights, tokenizer files)."""
     from .target import write_sharded
 
-    out = Path(a.out)
+    out = Path(out)
     tdir, ddir = out / TARGET_ASSET, out / DRAFT_ASSET
     for d in (tdir, ddir):
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
     for f in ("config.json", "generation_config.json"):
-        shutil.copyfile(Path(a.target) / f, tdir / f)
-    write_sharded(Path(a.target) / "model.safetensors", tdir)  # shards under 8 MiB each
+        shutil.copyfile(Path(target) / f, tdir / f)
+    write_sharded(Path(target) / "model.safetensors", tdir)  # shards under 8 MiB each
     for f in ("config.json", "model.safetensors"):
-        shutil.copyfile(Path(a.draft) / f, ddir / f)
+        shutil.copyfile(Path(draft) / f, ddir / f)
     for d in (tdir, ddir):
         for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copyfile(Path(a.data) / "tokenizer" / f, d / f)
+            shutil.copyfile(Path(data) / "tokenizer" / f, d / f)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     log(f"assets written: {tdir}, {ddir}; total {total / 2**20:.2f} MiB")
+
+
+def run_command(a: argparse.Namespace) -> None:
+    """The one place where the parsed arguments become the stages' configs, and the subcommand runs."""
+    run = _config(Run, a)
+    commands = {
+        "corpus": lambda: cmd_corpus(run, _config(PrepareConfig, a)),
+        "tokenizer": lambda: cmd_tokenizer(run, _config(PrepareConfig, a)),
+        "tokenize": lambda: cmd_tokenize(run),
+        "prepare": lambda: cmd_prepare(run, _config(PrepareConfig, a)),
+        "target": lambda: cmd_target(run, _config(TargetConfig, a), a.out),
+        "generate": lambda: cmd_generate(run, _config(GreedyConfig, a), a.target, a.greedy),
+        "drafter": lambda: cmd_drafter(run, _config(DrafterConfig, a), a.draft_out, a.target, a.greedy),
+        "eval": lambda: cmd_eval(run, _config(EvalConfig, a), a.target, a.draft, a.out_json),
+        "engine-eval": lambda: cmd_engine_eval(run, _config(EvalConfig, a), a.budgets, a.target, a.draft, a.out_json),
+        "gpu": lambda: cmd_gpu(run, _config(GpuConfig, a), _config(TargetConfig, a), _config(GreedyConfig, a),
+                               _config(DrafterConfig, a), _config(EvalConfig, a), a.out),
+        "assets": lambda: cmd_assets(run.data, a.target, a.draft, a.out),
+    }
+    commands[a.cmd]()
 
 
 def main(argv=None) -> None:
@@ -315,7 +424,7 @@ def main(argv=None) -> None:
 
     def greedy_args(sp):
         sp.add_argument("--n-seqs", type=int, default=8192)
-        sp.add_argument("--prompt-lens", default="8,16,32,64", help="one group of prompts per length")
+        sp.add_argument("--prompt-lens", type=_ints, default="8,16,32,64", help="one group of prompts per length")
         sp.add_argument("--prompt-split", default="draft", choices=("draft", "train"),
                         help="where the prompts come from (draft: text the target never trained on)")
         sp.add_argument("--new-tokens", type=int, default=256)
@@ -324,7 +433,7 @@ def main(argv=None) -> None:
     def drafter_args(sp):
         sp.add_argument("--draft-layers", type=int, default=3)
         sp.add_argument("--block-size", type=int, default=16)
-        sp.add_argument("--target-layer-ids", default="1,3,5,6")
+        sp.add_argument("--target-layer-ids", type=_ints, default="1,3,5,6")
         sp.add_argument("--draft-batch", type=int, default=32)
         sp.add_argument("--anchors", type=int, default=32)
         sp.add_argument("--draft-lr", type=float, default=2e-3)
@@ -341,30 +450,24 @@ def main(argv=None) -> None:
     sp = sub.add_parser("corpus", help="build corpus.jsonl.xz from this interpreter's stdlib")
     common(sp)
     sp.add_argument("--stdlib", default=None)
-    sp.set_defaults(fn=cmd_corpus)
     sp = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
     common(sp)
     sp.add_argument("--vocab-size", type=int, default=4096)
-    sp.set_defaults(fn=cmd_tokenizer)
     sp = sub.add_parser("tokenize", help="encode the corpus -> tokens.npz")
     common(sp)
-    sp.set_defaults(fn=cmd_tokenize)
     sp = sub.add_parser("prepare", help="corpus + tokenizer + tokenize")
     common(sp)
     sp.add_argument("--stdlib", default=None)
     sp.add_argument("--vocab-size", type=int, default=4096)
-    sp.set_defaults(fn=cmd_prepare)
     sp = sub.add_parser("target", help="train the target")
     common(sp)
     target_args(sp)
     sp.add_argument("--out", required=True)
-    sp.set_defaults(fn=cmd_target)
     sp = sub.add_parser("generate", help="greedy continuations of train prompts")
     common(sp)
     greedy_args(sp)
     sp.add_argument("--target", required=True)
     sp.add_argument("--greedy", required=True, help="output .pt")
-    sp.set_defaults(fn=cmd_generate)
     sp = sub.add_parser("drafter", help="train the DFlash drafter on greedy continuations")
     common(sp)
     greedy_args(sp)
@@ -372,22 +475,19 @@ def main(argv=None) -> None:
     sp.add_argument("--target", required=True)
     sp.add_argument("--greedy", required=True)
     sp.add_argument("--draft-out", required=True)
-    sp.set_defaults(fn=cmd_drafter)
     sp = sub.add_parser("eval", help="held-out loss, samples, simulated DDTree/DFlash acceptance")
     common(sp)
     eval_args(sp)
     sp.add_argument("--target", required=True)
     sp.add_argument("--draft", required=True)
     sp.add_argument("--out-json", default=None)
-    sp.set_defaults(fn=cmd_eval)
     sp = sub.add_parser("engine-eval", help="the same held-out prompts through ddtree_viz.engine (exact DDTree)")
     common(sp)
     eval_args(sp)
-    sp.add_argument("--budgets", default="4,8,16,32,64,128")
+    sp.add_argument("--budgets", type=_ints, default="4,8,16,32,64,128")
     sp.add_argument("--target", default=None, help="default: the embedded assets")
     sp.add_argument("--draft", default=None)
     sp.add_argument("--out-json", default=None)
-    sp.set_defaults(fn=cmd_engine_eval)
     sp = sub.add_parser("gpu", help="target + greedy data + drafter + eval in one process")
     common(sp)
     target_args(sp)
@@ -399,15 +499,12 @@ def main(argv=None) -> None:
     sp.add_argument("--target-dir", default=None, help="reuse this trained target instead of training one")
     sp.add_argument("--wall-budget", type=float, default=None, help="seconds for the whole command")
     sp.add_argument("--eval-reserve", type=float, default=75.0, help="seconds kept for eval at the end")
-    sp.set_defaults(fn=cmd_gpu)
     sp = sub.add_parser("assets", help="assemble assets/ from trained dirs + tokenizer")
     sp.add_argument("--data", default=".train")
     sp.add_argument("--target", required=True)
     sp.add_argument("--draft", required=True)
     sp.add_argument("--out", default="assets")
-    sp.set_defaults(fn=cmd_assets)
-    a = p.parse_args(argv)
-    a.fn(a)
+    run_command(p.parse_args(argv))
 
 
 if __name__ == "__main__":

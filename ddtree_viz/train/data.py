@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 import time
@@ -79,48 +78,3 @@ def line_start_offsets(stream: np.ndarray, doc_offsets: np.ndarray, newline_ids:
     cand = np.nonzero(is_nl)[0] + 1
     cand = cand[(cand >= min_left) & (cand + min_right <= stream.size)]
     return cand
-
-
-def cosine_lr(step: int, total: int, peak: float, warmup: int, floor_frac: float = 0.1) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (floor_frac + (1 - floor_frac) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-class StepBudget:
-    """Fix the number of optimisation steps from a wall-clock budget, measured on early steps.
-
-    With ``steps`` given, that count is used as is (the reproducible form). Otherwise the mean time
-    of steps ``probe_from..probe_to`` sets ``total = budget_s / mean`` (clamped), once, before the
-    learning-rate schedule leaves warm-up.
-    """
-
-    def __init__(self, steps: int | None, budget_s: float | None, probe_from: int = 3, probe_to: int = 13,
-                 min_steps: int = 50, max_steps: int = 100_000):
-        if steps is None and budget_s is None:
-            raise ValueError("give steps or a time budget")
-        self.total = steps
-        self.budget_s, self.probe_from, self.probe_to = budget_s, probe_from, probe_to
-        self.min_steps, self.max_steps = min_steps, max_steps
-        self._t_start = time.time()
-        self._t_probe: float | None = None
-
-    @property
-    def provisional_total(self) -> int:
-        return self.total if self.total is not None else self.max_steps
-
-    def after_step(self, step: int, synchronize=None) -> None:
-        if self.total is not None:
-            return
-        if step + 1 == self.probe_from:
-            if synchronize:
-                synchronize()
-            self._t_probe = time.time()
-        elif step + 1 == self.probe_to:
-            if synchronize:
-                synchronize()
-            per_step = (time.time() - self._t_probe) / (self.probe_to - self.probe_from)
-            remaining = self.budget_s - (time.time() - self._t_start)
-            self.total = int(min(self.max_steps, max(self.min_steps, step + 1 + remaining / per_step)))
-            log(f"step budget: {per_step * 1000:.1f} ms/step -> {self.total} steps in {self.budget_s:.0f}s")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import StepBudget, cosine_lr, log
+from .data import log
+from .optim import Optimiser, autocast, round_weights_
 
 
 # ------------------------------------------------------------------------- greedy data
@@ -211,11 +212,7 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
     n_params = sum(p.numel() for p in drafter.parameters())
     log(f"drafter: {n_params:,} parameters, {num_layers} layers, block {block_size}, "
         f"target_layer_ids {list(target_layer_ids)}")
-    decay = [p for p in drafter.parameters() if p.dim() >= 2]
-    no_decay = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
-                            fused=device.type == "cuda")
+    optim = Optimiser(drafter.parameters(), device, lr=lr, weight_decay=weight_decay, warmup=warmup)
     greedy = greedy.to(device)
     N, T = greedy.shape
     n_val = max(batch, int(N * val_frac))
@@ -224,8 +221,7 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
     prompt_lens = torch.as_tensor(prompt_lens).cpu().numpy()
     hi = T - block_size  # anchors: first generated token .. last full block
     w = position_weights(block_size, gamma, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    amp = autocast(device)
 
     feat_store = None
     if precompute_features:
@@ -246,9 +242,14 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
             return feat_store[rows]
         return target_features(target, ids, target_layer_ids)
 
-    def make_batch(rows, gen):
+    def forward(rows, gen):
+        """Drafter logits and labels of the sequences ``rows``, at anchors drawn with ``gen``."""
         ids = greedy[rows]
-        return ids, torch.from_numpy(sample_anchors(prompt_lens[rows.cpu().numpy()], hi, anchors, gen)).to(device)
+        a = torch.from_numpy(sample_anchors(prompt_lens[rows.cpu().numpy()], hi, anchors, gen)).to(device)
+        feats = features(rows, ids)
+        bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
+        with amp:
+            return drafter_logits(drafter, target, feats, bi, pos, mask), lab
 
     def evaluate() -> dict:
         drafter.eval()
@@ -256,12 +257,7 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
         accs, losses = [], []
         with torch.no_grad():
             for i in range(0, n_val, batch):
-                rows = val_idx[i:i + batch]
-                ids, a = make_batch(rows, gen)
-                feats = features(rows, ids)
-                bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
-                with amp:
-                    logits = drafter_logits(drafter, target, feats, bi, pos, mask)
+                logits, lab = forward(val_idx[i:i + batch], gen)
                 accs.append(chain_acceptance(logits.argmax(-1), lab, block_size))
                 ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
                                      ignore_index=-100)
@@ -271,44 +267,32 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
         return {"chain_acceptance": acc.mean().item(), "ce": float(np.mean(losses)),
                 "accept_hist": torch.bincount(acc.long(), minlength=block_size + 1).tolist()}
 
-    budget = StepBudget(steps, time_budget_s, min_steps=warmup + 10)
+    optim.start_budget(steps, time_budget_s)
     history = []
     t0 = time.time()
     step = 0
     gen = np.random.default_rng(seed + 2)
-    while step < budget.provisional_total:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, budget.provisional_total, lr, warmup)
+    while step < optim.total:
+        optim.set_lr(step)
         rows = train_idx[torch.from_numpy(gen.integers(0, train_idx.numel(), size=batch)).to(device)]
-        ids, a = make_batch(rows, gen)
-        feats = features(rows, ids)
-        bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
-        with amp:
-            logits = drafter_logits(drafter, target, feats, bi, pos, mask)
+        logits, lab = forward(rows, gen)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
                              ignore_index=-100, reduction="none").reshape(lab.shape[0], -1, block_size)
         wt = w[None, None, :] * (lab.reshape(ce.shape) != -100)
         loss = (ce * wt).sum() / wt.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        budget.after_step(step, sync)
+        gnorm = optim.step(step, loss)
         if step % 50 == 0:
             acc = chain_acceptance(logits.detach().argmax(-1), lab, block_size).mean().item()
-            log(f"drafter step {step:5d}/{budget.provisional_total} loss {loss.item():.4f} "
-                f"train-chain-accept {acc:.2f} gnorm {gnorm.item():.2f} lr {opt.param_groups[0]['lr']:.2e}")
-        if (step + 1) % 500 == 0 or step + 1 == budget.provisional_total:
+            log(f"drafter step {step:5d}/{optim.total} loss {loss.item():.4f} "
+                f"train-chain-accept {acc:.2f} gnorm {gnorm.item():.2f} lr {optim.lr:.2e}")
+        if (step + 1) % 500 == 0 or step + 1 == optim.total:
             ev = evaluate()
             ev.update(step=step + 1, elapsed_s=time.time() - t0)
             history.append(ev)
             log(f"drafter step {step + 1}: val chain acceptance {ev['chain_acceptance']:.3f} ce {ev['ce']:.3f}")
         step += 1
     wall = time.time() - t0
-    with torch.no_grad():
-        dt = getattr(torch, store_dtype)
-        for p in drafter.parameters():
-            p.copy_(p.to(dt).to(p.dtype))
+    round_weights_(drafter, store_dtype)
     final = evaluate()
     log(f"drafter trained: {step} steps in {wall:.0f}s; val chain acceptance after {store_dtype} rounding "
         f"{final['chain_acceptance']:.3f}")

@@ -25,8 +25,16 @@ from .data import log
 BUDGETS = (4, 8, 16, 32, 64, 128)
 
 
-def build_tree(logprobs: np.ndarray, budget: int) -> set[tuple[int, ...]]:
-    """Best-first DDTree over rank paths. ``logprobs`` [depth, k] sorted descending per depth."""
+def best_first_rank_paths(logprobs: np.ndarray, budget: int) -> set[tuple[int, ...]]:
+    """The nodes of the engine's best-first DDTree under ``budget``, simulated in rank space: each node is the
+    tuple of its per-depth ranks (``(0, 2)``: the top token at depth 1, then the third at depth 2), the same
+    selection as ``ddtree_viz.engine.tree.build_tree`` makes over the same sorted log-probabilities.
+    ``logprobs`` [depth, k] sorted descending per depth.
+
+    Not the engine's function: that one builds a ``DraftTree`` of token ids (parents, positions, masks) to
+    verify; this one only needs which rank paths are in the tree, so that the acceptance of every anchor and
+    budget over held-out sequences can be estimated offline, fast, without the target's verify pass.
+    """
     depth, k = logprobs.shape
     tree: set[tuple[int, ...]] = set()
     heap = [(-float(logprobs[0, 0]), (0,))]
@@ -83,7 +91,7 @@ def simulate(block_logprobs, greedy_tokens, prompt_len: int, block_size: int, bu
                 while m < len(ranks) and ranks[m] == 0:
                     m += 1
             else:
-                m = accepted_depth(build_tree(top[:, :name], name), ranks)
+                m = accepted_depth(best_first_rank_paths(top[:, :name], name), ranks)
             gained += m + 1
             rounds += 1
             a += m + 1

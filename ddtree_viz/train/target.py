@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import StepBudget, cosine_lr, log
+from .data import log
+from .optim import Optimiser, autocast, round_weights_
 
 TARGET_SHAPE = dict(
     hidden_size=256,
@@ -85,16 +86,6 @@ def load_target(path: str | Path, device="cpu", dtype=None):
     return model.to(device).eval()
 
 
-def round_weights_(model, dtype_name: str = "bfloat16") -> None:
-    """Round parameters in place to what ``save_target`` stores, keeping their dtype."""
-    import torch
-
-    dt = getattr(torch, dtype_name)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(dt).to(p.dtype))
-
-
 def held_out_loss(model, stream: np.ndarray, seq_len: int, n_windows: int, batch: int, device) -> float:
     """Mean next-token cross-entropy (nats) over fixed, evenly spaced windows of the held-out stream."""
     import torch
@@ -108,7 +99,7 @@ def held_out_loss(model, stream: np.ndarray, seq_len: int, n_windows: int, batch
         for i in range(0, len(starts), batch):
             x = torch.from_numpy(np.stack([stream[s:s + seq_len + 1].astype(np.int64) for s in starts[i:i + batch]]))
             x = x.to(device)
-            with _autocast(device):
+            with autocast(device):
                 logits = model(input_ids=x[:, :-1], use_cache=False).logits
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
                                    reduction="sum")
@@ -116,14 +107,6 @@ def held_out_loss(model, stream: np.ndarray, seq_len: int, n_windows: int, batch
             count += x[:, 1:].numel()
     model.train(was_training)
     return total / count
-
-
-def _autocast(device):
-    import torch
-
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
 
 
 def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, seed: int = 0,
@@ -145,43 +128,32 @@ def train_target(tokens: dict, vocab_size: int, out_dir: str | Path, device, *, 
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     log(f"target: {n_params:,} parameters, layer_types={cfg.layer_types}")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
-                            fused=device.type == "cuda")
+    optim = Optimiser(model.parameters(), device, lr=lr, weight_decay=weight_decay, warmup=warmup)
     train = torch.from_numpy(tokens["train"].astype(np.int64)).to(device)
     doc_starts = tokens["train_doc_offsets"]
     doc_starts = doc_starts[doc_starts < train.numel() - seq_len - 1]
     n_doc = int(round(batch * doc_start_frac))
-    budget = StepBudget(steps, time_budget_s, min_steps=warmup + 10, max_steps=max_steps)
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    optim.start_budget(steps, time_budget_s, max_steps=max_steps)
     history = []
     t0 = time.time()
     step = 0
     ema = None
-    while step < budget.provisional_total:
-        for g in opt.param_groups:
-            g["lr"] = cosine_lr(step, budget.provisional_total, lr, warmup)
+    while step < optim.total:
+        optim.set_lr(step)
         starts = np.concatenate([gen.choice(doc_starts, size=n_doc),
                                  gen.integers(0, train.numel() - seq_len - 1, size=batch - n_doc)])
         starts = torch.from_numpy(starts).to(device)
         idx = starts[:, None] + torch.arange(seq_len + 1, device=device)[None]
         x = train[idx]
-        with _autocast(device):
+        with autocast(device):
             logits = model(input_ids=x[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        budget.after_step(step, sync)
-        if step % 25 == 0 or step + 1 == budget.provisional_total:
+        gnorm = optim.step(step, loss)
+        if step % 25 == 0 or step + 1 == optim.total:
             lv = loss.item()
             ema = lv if ema is None else 0.9 * ema + 0.1 * lv
-            log(f"target step {step:5d}/{budget.provisional_total} loss {lv:.4f} gnorm {gnorm.item():.2f} "
-                f"lr {opt.param_groups[0]['lr']:.2e}")
-        if (step + 1) % eval_every == 0 or step + 1 == budget.provisional_total:
+            log(f"target step {step:5d}/{optim.total} loss {lv:.4f} gnorm {gnorm.item():.2f} lr {optim.lr:.2e}")
+        if (step + 1) % eval_every == 0 or step + 1 == optim.total:
             ev = held_out_loss(model, tokens["eval"], seq_len, eval_windows, batch, device)
             history.append({"step": step + 1, "train_loss": loss.item(), "eval_loss": ev,
                             "elapsed_s": time.time() - t0})
