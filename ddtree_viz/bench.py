@@ -267,8 +267,9 @@ def run_sweep(pair: ModelPair, prompts=None, temperatures=(0.0,), *, top_k: int 
     say = progress or (lambda text: None)
     results = []
     for sampler in samplers:
-        results.append(run_bench(pair, prompts, sampler=sampler, progress=lambda text, t=sampler.temperature:
-                                 say(f"T {t:g}: {text}"), **options))
+        label = f"T {sampler.temperature:g}: "
+        results.append(run_bench(pair, prompts, sampler=sampler, progress=lambda text, label=label: say(label + text),
+                                 **options))
     return results
 
 
