@@ -9,13 +9,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
+from .treeops import check_parents, depths_of, follow, is_parent_chain
 
 SCHEMA_VERSION = 1
+
+# ------------------------------------------------------------------------------------------------------------
+# Input limits: what a trace may hold (docs/ARCHITECTURE.md, "Input limits and refusals"). Every session the engine
+# can record at its own limits fits (budget <= 4096: 4097 positions a round; max new tokens <= 8192: at most 8191
+# rounds; drafter block size <= 256: depth <= 255); they bound what loading, the page and the exporters must handle.
+# ------------------------------------------------------------------------------------------------------------
+
+MAX_TRACE_BYTES = 64 * 1024 * 1024  # a trace file (UTF-8 JSON)
+MAX_NESTING = 32  # JSON nesting (a trace needs 8: trace > steps > step > cache > layer > tensors > tensor > shape)
+MAX_ROUNDS = 8192  # rounds (each adds at least one token; the engine's max new tokens is 8192)
+MAX_NODES = 4097  # tree positions in one round (the engine's largest budget, 4096, + the root)
+MAX_DEPTH = 255  # deepest tree position; an accepted path holds at most MAX_DEPTH + 1 positions
+MAX_TOTAL_NODES = 400_000  # tree positions over all rounds
+MAX_OUTPUT_TOKENS = 8192  # output_ids, greedy_ids, new_token_ids (the engine's max new tokens)
+MAX_PROMPT_TOKENS = 1 << 20  # prompt_ids
+MAX_TOKEN_ID = 2**31 - 1  # token ids are 0..MAX_TOKEN_ID
+MAX_TOKEN_CHARS = 1024  # one token's text (nodes, token_texts)
+MAX_TEXT_CHARS = 4 * 1024 * 1024  # prompt, output text, model names and any other string
+MAX_LAYERS = 1024  # entries of a cache list
+MAX_INT = 2**53  # any number in the file is within +-MAX_INT (integers: exact in every JSON reader)
 
 
 @dataclass(frozen=True)
@@ -114,26 +136,62 @@ class Trace:
         return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "Trace":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"the trace is not valid JSON: {exc}") from None
-        return trace_from_dict(data)
+    def from_json(cls, text: str | bytes) -> "Trace":
+        """Parse, type-check and validate (TraceError naming the first problem)."""
+        return trace_from_dict(parse_json(text, "trace"))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path, name: str | None = None) -> "Trace":
+        """Read, check and validate a trace file. `name`: how messages call the file (default: its path; the page
+        passes the uploaded file's own name, never the server's temporary path)."""
         path = Path(path)
+        shown = name if name is not None else str(path)
         if not path.is_file():
-            raise TraceError(f"trace file not found: {path}")
+            raise TraceError(f"trace file not found: {shown}")
         try:
-            text = path.read_text(encoding="utf-8")
+            size = path.stat().st_size
+            if size > MAX_TRACE_BYTES:
+                raise TraceError(f"trace file {shown} is {size:,} bytes; a trace may be at most "
+                                 f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
+            with path.open("rb") as f:
+                data = f.read(MAX_TRACE_BYTES + 1)
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise TraceError(f"cannot read trace file {path}: {exc}") from None
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise TraceError(f"cannot read trace file {shown}: {reason}") from None
         return cls.from_json(text)
+
+
+def parse_json(text: str | bytes, what: str = "trace") -> Any:
+    """JSON text -> data, every failure a TraceError: too large, not JSON, a number too long to read, nesting too
+    deep (json's own RecursionError, or more than MAX_NESTING levels)."""
+    if len(text) > MAX_TRACE_BYTES:
+        raise TraceError(f"the {what} is {len(text):,} characters; a trace may be at most {MAX_TRACE_BYTES // 2**20} MiB "
+                         f"({MAX_TRACE_BYTES:,} bytes)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"the {what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise TraceError(f"the {what} is nested too deeply to read (at most {MAX_NESTING} levels)") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # e.g. an integer of more than 4300 digits
+        raise TraceError(f"the {what} cannot be read: {str(exc).splitlines()[0]}") from None
+    _check_nesting(data, what)
+    return data
+
+
+def _check_nesting(data: Any, what: str) -> None:
+    stack = [(data, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, (dict, list)):
+            if level > MAX_NESTING:
+                raise TraceError(f"the {what} is nested too deeply ({level} levels; at most {MAX_NESTING})")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((v, level + 1) for v in children if isinstance(v, (dict, list)))
 
 
 def to_plain(obj: Any) -> Any:
@@ -147,6 +205,30 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+def _show(value: Any) -> str:
+    """A short, safe rendering of a bad value for a message."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        return f"an integer of {len(str(abs(value)))} digits"
+    try:
+        text = json.dumps(value, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def check_text(value: str, where: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """A string from a file: at most `limit` characters, valid Unicode (no unpaired surrogates, which JSON's
+    \\uD800 escapes can make and nothing can encode)."""
+    if len(value) > limit:
+        raise TraceError(f"{where}: text of {len(value)} characters (at most {limit})")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(value[exc.start])
+        raise TraceError(f"{where}: text holds an unpaired surrogate (U+{bad:04X}), which is not valid Unicode") from None
+    return value
+
+
 def _check_type(value: Any, annotation: str, where: str) -> Any:
     """Check a JSON value against a field annotation (the few forms records use); return it with lists
     turned into tuples. Raises TraceError naming the field."""
@@ -155,37 +237,70 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
     if len(options) > 1:
         if value is None and "None" in options:
             return None
+        errors = []
         for option in (o for o in options if o != "None"):
             try:
                 return _check_type(value, option, where)
-            except TraceError:
-                pass
-        raise TraceError(f"{where}: expected {annotation}, got {json.dumps(value)[:40]}")
+            except TraceError as exc:
+                errors.append(str(exc))
+        if len(errors) == 1:  # one real option (X | None): its own message says what is wrong
+            raise TraceError(errors[0] + (" (or null)" if "None" in options else ""))
+        raise TraceError(f"{where}: expected {annotation}, got {_show(value)}")
     if annotation == "Any":
         return value
     if annotation == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TraceError(f"{where}: expected an integer, got {json.dumps(value)[:40]}")
+            raise TraceError(f"{where}: expected an integer, got {_show(value)}")
+        if abs(value) > MAX_INT:
+            raise TraceError(f"{where}: integer out of range ({_show(value)}; at most {MAX_INT} in size)")
         return value
     if annotation == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TraceError(f"{where}: expected a number, got {json.dumps(value)[:40]}")
-        return float(value)
+            raise TraceError(f"{where}: expected a number, got {_show(value)}")
+        number = float(value) if isinstance(value, float) or abs(value) <= MAX_INT else math.nan
+        if not math.isfinite(number) and isinstance(value, float):
+            raise TraceError(f"{where}: expected a finite number, got {_show(value)}")
+        if not abs(number) <= MAX_INT:
+            raise TraceError(f"{where}: number out of range ({_show(value)}; at most {MAX_INT:.3g} in size)")
+        return number
     if annotation == "str":
         if not isinstance(value, str):
-            raise TraceError(f"{where}: expected a string, got {json.dumps(value)[:40]}")
-        return value
+            raise TraceError(f"{where}: expected a string, got {_show(value)}")
+        return check_text(value, where)
     if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
         if not isinstance(value, list):
-            raise TraceError(f"{where}: expected a list, got {json.dumps(value)[:40]}")
+            raise TraceError(f"{where}: expected a list, got {_show(value)}")
         inner = annotation[len("tuple["):-len(", ...]")]
         return tuple(_check_type(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if annotation.startswith("dict["):
         if not isinstance(value, dict):
-            raise TraceError(f"{where}: expected an object, got {json.dumps(value)[:40]}")
+            raise TraceError(f"{where}: expected an object, got {_show(value)}")
         inner = _split_top(annotation[len("dict["):-1], ",")[1]
-        return {k: _check_type(v, inner, f"{where}.{k}") for k, v in value.items()}
+        return {check_text(k, f"{where} (a key)", MAX_TOKEN_CHARS): _check_type(v, inner, f"{where}.{k}")
+                for k, v in value.items()}
     raise TypeError(f"unsupported annotation {annotation}")  # a bug in this module, not in the file
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """A free-form value (settings): JSON scalars, lists and objects of them; integers and strings in range (no
+    NaN / infinity, no unpaired surrogates)."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, int):
+            _check_type(v, "int", at)
+        elif isinstance(v, float):
+            _check_type(v, "float", at)
+        elif isinstance(v, str):
+            check_text(v, at)
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                check_text(k, f"{at} (a key)", MAX_TOKEN_CHARS)
+                stack.append((x, f"{at}.{k}"))
 
 
 def _split_top(text: str, sep: str) -> list[str]:
@@ -202,6 +317,16 @@ def _split_top(text: str, sep: str) -> list[str]:
     return parts + [cur.strip()]
 
 
+# Longest list each field may hold (checked before its entries are read, so a huge list costs nothing).
+LIST_LIMITS = {
+    "steps": MAX_ROUNDS, "nodes": MAX_NODES, "target_argmax": MAX_NODES, "target_margin": MAX_NODES,
+    "target_choice": MAX_NODES, "target_prob": MAX_NODES, "accepted": MAX_DEPTH + 1, "prompt_ids": MAX_PROMPT_TOKENS,
+    "output_ids": MAX_OUTPUT_TOKENS, "greedy_ids": MAX_OUTPUT_TOKENS, "new_token_ids": MAX_OUTPUT_TOKENS,
+    "cache": MAX_LAYERS, "cache_before_commit": MAX_LAYERS, "prefill_cache": MAX_LAYERS, "naive_state_error": MAX_LAYERS,
+    "tensors": 16, "shape": 8, "token_texts": 2 * MAX_PROMPT_TOKENS, "timings_ms": 64, "settings": 256,
+}
+
+
 def _build(cls, data: Any, where: str, nested: dict[str, Any]):
     """Build dataclass `cls` from a JSON object, type-checking every field; clear errors."""
     if not isinstance(data, dict):
@@ -213,6 +338,10 @@ def _build(cls, data: Any, where: str, nested: dict[str, Any]):
                 raise TraceError(f"{where}: missing field '{f.name}'")
             continue
         value = data[f.name]
+        limit = LIST_LIMITS.get(f.name)
+        if limit is not None and isinstance(value, (list, dict)) and len(value) > limit:
+            raise TraceError(f"{where}.{f.name}: {len(value)} entries; a trace may hold at most {limit} "
+                             "(docs/ARCHITECTURE.md, input limits)")
         if f.name in nested:
             sub_cls = nested[f.name]
             if not isinstance(value, list):
@@ -237,31 +366,284 @@ def _node(d, where):
 
 
 def step_from_dict(d: Any, where: str = "step") -> StepRecord:
-    """A StepRecord from its JSON form, type-checked (TraceError on anything malformed)."""
+    """A StepRecord from its JSON form, type-checked and validated on its own (validate_step)."""
     step = _build(
         StepRecord, d, where, {"nodes": _node, "cache": _layer, "cache_before_commit": _layer}
     )
-    _check_step(step, where)
+    validate_step(step, where)
     return step
 
 
-def _check_step(step: StepRecord, where: str) -> None:
+# ------------------------------------------------------------------------------------------------------------
+# Validation: a record against the invariants the engine guarantees (the trace contract's "what load refuses")
+# ------------------------------------------------------------------------------------------------------------
+
+METHODS = ("ddtree", "dflash")
+VERIFY_MODES = ("exact", "naive")
+LOGPROB_SLACK = 1e-3  # a log-prob or probability may pass 0 / 1 by float rounding, no more
+
+
+def _token_id(value: int, where: str) -> None:
+    if not 0 <= value <= MAX_TOKEN_ID:
+        raise TraceError(f"{where}: token id {value} is out of range (0..{MAX_TOKEN_ID})")
+
+
+def _token_ids(values, where: str) -> None:
+    for i, v in enumerate(values):
+        if not 0 <= v <= MAX_TOKEN_ID:
+            _token_id(v, f"{where}[{i}]")
+
+
+def _at_least(value, lo, where: str, what: str = "") -> None:
+    if value < lo:
+        raise TraceError(f"{where}: {what or 'value'} {value} is below {lo}")
+
+
+def validate_step(step: StepRecord, where: str = "step") -> None:
+    """One round against the engine's invariants: a rooted tree numbered parents first (invariant 6), depths that
+    follow the parents, per-position arrays of one entry per position, an accepted path that is a parent chain
+    from the root and is where the target's choices lead, the bonus the target's choice at its end, the tokens
+    the round added taken from that path, sizes within the limits, log-probs <= 0, probabilities in [0, 1].
+    TraceError naming the first violation."""
     n = len(step.nodes)
     if n == 0 or step.nodes[0].parent != -1:
         raise TraceError(f"{where}: the first node must be the root (parent -1)")
+    if n > MAX_NODES:
+        raise TraceError(f"{where}.nodes: {n} tree positions; a round may hold at most {MAX_NODES}")
+    _at_least(step.index, 0, f"{where}.index", "round index")
+    _at_least(step.committed_len, 1, f"{where}.committed_len", "committed length")
+    _token_id(step.root_token_id, f"{where}.root_token_id")
+    _token_id(step.bonus_token_id, f"{where}.bonus_token_id")
+    parents = []
     for i, node in enumerate(step.nodes):
+        at = f"{where}.nodes[{i}]"
         if node.id != i:
-            raise TraceError(f"{where}: node ids must be 0..{n - 1} in order")
+            raise TraceError(f"{where}: node ids must be 0..{n - 1} in order (node {i} has id {node.id})")
         if i > 0 and not 0 <= node.parent < i:
             raise TraceError(f"{where}: node {i} has parent {node.parent}, which does not precede it")
-    for name in ("target_argmax", "target_choice", "target_prob"):
+        parents.append(node.parent)
+        _token_id(node.token_id, f"{at}.token_id")
+        check_text(node.token, f"{at}.token", MAX_TOKEN_CHARS)
+        if i == 0:
+            if node.rank != -1 or node.logprob != 0.0:
+                raise TraceError(f"{at}: the root has rank -1 and log-prob 0, not rank {node.rank}, log-prob {node.logprob}")
+        else:
+            _at_least(node.rank, 0, f"{at}.rank", "rank")
+            if node.logprob > LOGPROB_SLACK:
+                raise TraceError(f"{at}.logprob: a log-prob is at most 0, not {node.logprob}")
+    check_parents(parents)  # the same rule the engine's trees obey (invariant 6); checked above with clearer words
+    depths = depths_of(parents)
+    for i, node in enumerate(step.nodes):
+        if node.depth != depths[i]:
+            raise TraceError(f"{where}.nodes[{i}].depth: {node.depth}, but its parents put it at depth {depths[i]}")
+        if depths[i] > MAX_DEPTH:
+            raise TraceError(f"{where}.nodes[{i}]: depth {depths[i]}; a tree may be at most {MAX_DEPTH} deep")
+    if step.nodes[0].token_id != step.root_token_id:
+        raise TraceError(f"{where}: the root node holds token {step.nodes[0].token_id}, "
+                         f"but root_token_id is {step.root_token_id}")
+    for name in ("target_argmax", "target_margin", "target_choice", "target_prob"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
             raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
+    _token_ids(step.target_argmax, f"{where}.target_argmax")
+    _token_ids(step.target_choice, f"{where}.target_choice")
+    for i, m in enumerate(step.target_margin):
+        _at_least(m, 0.0, f"{where}.target_margin[{i}]", "a top-1 minus top-2 margin")
+    for i, prob in enumerate(step.target_prob):
+        if not -LOGPROB_SLACK <= prob <= 1 + LOGPROB_SLACK:
+            raise TraceError(f"{where}.target_prob[{i}]: a probability is in [0, 1], not {prob}")
+    if step.target_prob and not step.target_choice:
+        raise TraceError(f"{where}: target_prob without target_choice")
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
+    if not is_parent_chain(parents, step.accepted):
+        raise TraceError(f"{where}.accepted: {_show(list(step.accepted))} is not a path from the root "
+                         "(each position must be a child of the one before it)")
+    token_ids = [node.token_id for node in step.nodes]
+    walked, bonus = follow(parents, token_ids, step.choices)
+    if tuple(walked) != step.accepted:
+        raise TraceError(f"{where}.accepted: {_show(list(step.accepted))}, but the target's choices lead along "
+                         f"{_show(walked)}")
+    if bonus != step.bonus_token_id:
+        raise TraceError(f"{where}.bonus_token_id: {step.bonus_token_id}, but the target's choice at the last "
+                         f"accepted position is {bonus}")
+    gained = [token_ids[a] for a in step.accepted[1:]] + [step.bonus_token_id]
+    if step.new_token_ids and tuple(gained[:len(step.new_token_ids)]) != step.new_token_ids:
+        raise TraceError(f"{where}.new_token_ids: {_show(list(step.new_token_ids))} are not the accepted path's "
+                         f"tokens and the bonus {_show(gained)}")
+    if step.method not in METHODS:
+        raise TraceError(f"{where}.method: {_show(step.method)} (one of {', '.join(METHODS)})")
+    if step.verify not in VERIFY_MODES:
+        raise TraceError(f"{where}.verify: {_show(step.verify)} (one of {', '.join(VERIFY_MODES)})")
     if not isinstance(step.timings_ms, dict):
         raise TraceError(f"{where}: timings_ms must be an object")
+    for name, ms in step.timings_ms.items():
+        _at_least(ms, 0.0, f"{where}.timings_ms.{name}", "a time")
+    if step.bonus_draft_rank is not None:
+        _at_least(step.bonus_draft_rank, 0, f"{where}.bonus_draft_rank", "rank")
+    if step.bonus_draft_logprob is not None and step.bonus_draft_logprob > LOGPROB_SLACK:
+        raise TraceError(f"{where}.bonus_draft_logprob: a log-prob is at most 0, not {step.bonus_draft_logprob}")
+    layers = 0
+    for name in ("cache", "cache_before_commit"):
+        _check_cache(getattr(step, name), f"{where}.{name}")
+        layers = layers or len(getattr(step, name))
+    if step.cache and step.cache_before_commit and len(step.cache) != len(step.cache_before_commit):
+        raise TraceError(f"{where}: cache has {len(step.cache)} layers, cache_before_commit "
+                         f"{len(step.cache_before_commit)}")
+    if step.naive_state_error:
+        if layers and len(step.naive_state_error) != layers:
+            raise TraceError(f"{where}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+        for i, e in enumerate(step.naive_state_error):
+            if e is not None:
+                _at_least(e, 0.0, f"{where}.naive_state_error[{i}]", "a distance")
+
+
+def _check_cache(layers: tuple[LayerCache, ...], where: str) -> None:
+    for j, layer in enumerate(layers):
+        at = f"{where}[{j}]"
+        if layer.layer != j:
+            raise TraceError(f"{at}.layer: {layer.layer}, but the entries are layers 0, 1, ... in order")
+        _at_least(layer.bytes, 0, f"{at}.bytes", "a size")
+        if layer.kv_length is not None:
+            _at_least(layer.kv_length, 0, f"{at}.kv_length", "a length")
+        for t, tensor in enumerate(layer.tensors):
+            for d, size in enumerate(tensor.shape):
+                _at_least(size, 0, f"{at}.tensors[{t}].shape[{d}]", "a size")
+
+
+# what the known settings may be (others are kept as they are: fields may be added within a schema version)
+def _check_settings(settings: dict[str, Any], where: str) -> None:
+    _check_plain(settings, where)
+
+    def need(key, ok, what):
+        if key in settings and not ok(settings[key]):
+            raise TraceError(f"{where}.{key}: expected {what}, got {_show(settings[key])}")
+
+    def whole(lo):
+        return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+    def number(lo, hi):
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+    need("budget", whole(1), "a whole number >= 1")
+    need("block_size", lambda v: whole(2)(v) and v <= MAX_DEPTH + 1, f"a whole number from 2 to {MAX_DEPTH + 1}")
+    need("max_new_tokens", whole(1), "a whole number >= 1")
+    need("method", lambda v: v in METHODS, " or ".join(METHODS))
+    need("verify", lambda v: v in VERIFY_MODES, " or ".join(VERIFY_MODES))
+    for key in ("dtype", "device", "engine"):
+        need(key, lambda v: isinstance(v, str), "a string")
+    need("temperature", number(0.0, 1e6), "a number >= 0")
+    need("top_k", whole(0), "a whole number >= 0")
+    need("top_p", lambda v: number(0.0, 1.0)(v) and v > 0, "a number in (0, 1]")
+    need("seed", whole(0), "a whole number >= 0")
+    need("noise", lambda v: v is None or isinstance(v, str), "a string or null")
+
+
+def validate(trace: Trace) -> Trace:
+    """The whole trace against its own invariants (those the engine guarantees, docs/ARCHITECTURE.md): each round
+    (validate_step), rounds numbered 0, 1, ... in order, each starting where the previous one left the cache
+    (committed length + its accepted path) from the token it ended on (its bonus), the output being the prefill's
+    token plus what the rounds added, a first_divergence that is where output and reference first differ, cache
+    lists of one entry per layer, sizes within the limits. Returns the trace; TraceError naming the first violation."""
+    where = "trace"
+    for name in ("target", "draft"):
+        check_text(getattr(trace, name), f"{where}.{name}", 4096)
+    _check_settings(trace.settings, f"{where}.settings")
+    _token_ids(trace.prompt_ids, f"{where}.prompt_ids")
+    _token_ids(trace.output_ids, f"{where}.output_ids")
+    if trace.greedy_ids is not None:
+        _token_ids(trace.greedy_ids, f"{where}.greedy_ids")
+    for key, text in trace.token_texts.items():
+        check_text(text, f"{where}.token_texts.{key}", MAX_TOKEN_CHARS)
+    _at_least(trace.prefill_ms, 0.0, f"{where}.prefill_ms", "a time")
+    total = sum(len(s.nodes) for s in trace.steps)
+    if total > MAX_TOTAL_NODES:
+        raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
+    max_new = trace.settings.get("max_new_tokens")
+    if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
+        raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
+    block = trace.settings.get("block_size")
+    _check_cache(trace.prefill_cache, f"{where}.prefill_cache")
+    layers = len(trace.prefill_cache)
+
+    committed = len(trace.prompt_ids)
+    made = 1  # output tokens the prefill and rounds account for; each round adds at least one
+    exact = True  # every round says which tokens it added (new_token_ids), so the output is known exactly
+    for i, step in enumerate(trace.steps):
+        at = f"{where}.steps[{i}]"
+        if step.index != i:
+            raise TraceError(f"{at}.index: {step.index}, but rounds are numbered 0, 1, ... in order "
+                             f"(this is round {i})")
+        if i == 0:
+            if not trace.prompt_ids:
+                raise TraceError(f"{where}.prompt_ids: empty, but the trace has rounds")
+            if not trace.output_ids:
+                raise TraceError(f"{where}.output_ids: empty, but the trace has rounds (the prefill makes the first token)")
+            if step.root_token_id != trace.output_ids[0]:
+                raise TraceError(f"{at}.root_token_id: {step.root_token_id}, but round 1 starts from the prefill's "
+                                 f"token, output_ids[0] = {trace.output_ids[0]}")
+        else:
+            before = trace.steps[i - 1]
+            if step.root_token_id != before.bonus_token_id:
+                raise TraceError(f"{at}.root_token_id: {step.root_token_id}, but round {i + 1} starts from round {i}'s "
+                                 f"bonus token {before.bonus_token_id}")
+            if before.new_token_ids and len(before.new_token_ids) < before.acceptance:
+                raise TraceError(f"{where}.steps[{i - 1}].new_token_ids: cut short (the output ended), "
+                                 "yet more rounds follow")
+        if step.committed_len != committed:
+            raise TraceError(f"{at}.committed_len: {step.committed_len}, but "
+                             + (f"the prompt is {committed} tokens" if i == 0 else
+                                f"round {i} left {committed} tokens in the cache ({trace.steps[i - 1].committed_len} "
+                                f"+ its accepted path of {trace.steps[i - 1].acceptance})"))
+        if isinstance(block, int) and not isinstance(block, bool):
+            deepest = max(node.depth for node in step.nodes)
+            if deepest > block - 1:
+                raise TraceError(f"{at}: a node at depth {deepest}, deeper than the block size {block} allows "
+                                 f"({block - 1})")
+        for name in ("cache", "cache_before_commit"):
+            entries = len(getattr(step, name))
+            if entries:
+                layers = layers or entries
+                if entries != layers:
+                    raise TraceError(f"{at}.{name}: {entries} layers, but the trace's cache lists have {layers}")
+        if step.naive_state_error and layers and len(step.naive_state_error) != layers:
+            raise TraceError(f"{at}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+        committed += step.acceptance
+        exact = exact and bool(step.new_token_ids)
+        made += len(step.new_token_ids) if step.new_token_ids else 1
+    if trace.steps:
+        if exact:
+            added = [t for s in trace.steps for t in s.new_token_ids]
+            if list(trace.output_ids[1:]) != added:
+                raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, but they are not the prefill's "
+                                 f"token followed by the {len(added)} the rounds added (new_token_ids)")
+        elif len(trace.output_ids) < made:
+            raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, fewer than the {made} its rounds "
+                             "produced")
+    _check_divergence(trace, where)
+    return trace
+
+
+def _check_divergence(trace: Trace, where: str) -> None:
+    out, ref, recorded = trace.output_ids, trace.greedy_ids, trace.first_divergence
+    if ref is None:
+        if recorded is not None:
+            raise TraceError(f"{where}.first_divergence: {recorded}, but there is no reference (greedy_ids is null)")
+        return
+    common = min(len(out), len(ref))
+    actual = next((i for i in range(common) if out[i] != ref[i]), None)
+    if actual is None and len(out) != len(ref):
+        actual = common
+    if recorded != actual:
+        said = "identical" if actual is None else f"first different at token {actual}"
+        raise TraceError(f"{where}.first_divergence: {recorded}, but output_ids and greedy_ids are {said}")
+    if actual is not None and actual == len(ref) < len(out):
+        raise TraceError(f"{where}.greedy_ids: {len(ref)} tokens, all equal to the output's first ones, yet the output "
+                         "goes on (the reference stops early only at end of text, where the output stops too)")
+    if trace.divergence_margin is not None:
+        if actual is None:
+            raise TraceError(f"{where}.divergence_margin: given, but the output is identical to its reference")
+        _at_least(trace.divergence_margin, 0.0, f"{where}.divergence_margin", "a margin")
 
 
 # Sampling settings (docs/SAMPLING.md): a trace without them (older, or greedy) was decoded greedily.
@@ -309,4 +691,4 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    return validate(_build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer}))

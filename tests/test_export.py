@@ -674,7 +674,10 @@ def test_replay_print_lists_the_rounds(trace_file, trace, capsys):
 
 
 def test_replay_print_reports_divergence_and_naive(trace, tmp_path, capsys):
-    t = dataclasses.replace(trace, first_divergence=2, divergence_margin=0.125, settings={**trace.settings, "verify": "naive"})
+    # a reference that really differs at token 2 (a trace whose first_divergence disagrees with its ids is refused)
+    greedy = trace.greedy_ids[:2] + (trace.greedy_ids[2] + 1,) + trace.greedy_ids[3:]
+    t = dataclasses.replace(trace, greedy_ids=greedy, first_divergence=2, divergence_margin=0.125,
+                            settings={**trace.settings, "verify": "naive"})
     path = tmp_path / "t.json"
     t.save(path)
     assert cli.main(["replay", str(path), "--print"]) == 0
