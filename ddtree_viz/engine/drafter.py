@@ -18,6 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddtree_viz.errors import ModelLoadError, PairingError
+from ddtree_viz.trace import MAX_DEPTH
+
+# a round's tree is at most block_size - 1 deep, and a trace holds trees up to trace.MAX_DEPTH deep
+MAX_BLOCK_SIZE = MAX_DEPTH + 1
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
@@ -62,6 +66,21 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DFlashConfig":
+        try:
+            config = cls._from_dict(d)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # a value of the wrong kind
+            raise ModelLoadError(f"Drafter config has a value of the wrong kind: {exc}.") from None
+        sizes = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "vocab_size", "max_position_embeddings", "num_target_layers")
+        for name in sizes:
+            if getattr(config, name) < 1:
+                raise ModelLoadError(f"Drafter config: {name} must be at least 1, got {getattr(config, name)}.")
+        if config.block_size > MAX_BLOCK_SIZE:
+            raise ModelLoadError(f"Drafter block_size must be at most {MAX_BLOCK_SIZE}, got {config.block_size}.")
+        return config
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "DFlashConfig":
         if not isinstance(d, dict):
             raise ModelLoadError(f"Drafter config must be a JSON object, got {type(d).__name__}.")
         dflash = d.get("dflash_config") or {}
@@ -123,7 +142,7 @@ class DFlashConfig:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ModelLoadError(f"Drafter config not found: {path}") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
             raise ModelLoadError(f"Drafter config {path} is not readable JSON: {e}") from None
         return cls.from_dict(data)
 
