@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from ..trace import LayerCache, StepRecord
 from . import style
 from .style import layer_type_name
-from .text import esc
+from .text import plotly_text
 
 
 def tensors_text(layer: LayerCache) -> str:
@@ -92,7 +92,7 @@ def cache_figure(step: StepRecord, *, title: str | None = None) -> go.Figure:
                         name="naive: max |state − exact state|")
         fig.update_layout(yaxis2=dict(title="state error", overlaying="y", side="right", type="log", showgrid=False))
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else f"Cache per layer, round {step.index + 1}",
+        title=dict(text=plotly_text(title) if title is not None else f"Cache per layer, round {step.index + 1}",
                    font=dict(size=14)),
         barmode="overlay", xaxis=dict(title="layer", dtick=1), yaxis=dict(title="bytes"), height=360,
         margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
@@ -102,13 +102,13 @@ def cache_figure(step: StepRecord, *, title: str | None = None) -> go.Figure:
 
 
 def _hover(row: dict) -> str:
-    parts = [f"layer {row['layer']} · {esc(row['type'])} · {esc(row['cache class'])}", esc(row["tensors"]),
+    parts = [f"layer {row['layer']} · {plotly_text(row['type'])} · {plotly_text(row['cache class'])}", plotly_text(row["tensors"]),
              f"bytes: {human_bytes(row['bytes after commit'])}"]
     if row["bytes before commit"] is not None:
         parts[-1] += f" (after verify {human_bytes(row['bytes before commit'])})"
     if row["KV length"]:
         parts.append(f"KV length {row['KV length']}")
-    parts.append(esc(row["what changed"]))
+    parts.append(plotly_text(row["what changed"]))
     if row["naive state error"] is not None:
         parts.append(f"naive state error {row['naive state error']:.3g}")
     return "<br>".join(parts)

@@ -29,7 +29,7 @@ from ..errors import InputError, TraceError
 from ..trace import SCHEMA_VERSION, StepRecord, Trace, step_from_dict, to_plain
 from . import style
 from .layout import PHASES, DEFAULT_LABEL_CHARS, TreeLayout, node_colors, tree_layout
-from .mask_plot import verify_mask
+from .mask_plot import cut_note, shown_positions, verify_mask
 from .scheme import SCHEME_NAMES, Scheme, get_scheme, hex_color
 from .text import lookup, shorten, visible
 
@@ -42,6 +42,10 @@ SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz"
 EXTENSION = {"svg": ".svg", "pdf": ".pdf", "png": ".png", "tikz": ".tex", "html": ".html", "json": ".json"}
 DEFAULT_DPI = 300
 MAX_PNG_PIXELS = 120_000_000
+DEFAULT_PNG_PIXELS = 30_000_000  # the default dpi is lowered to keep a PNG under this (an explicit --dpi may go higher)
+# SVG / PDF / PNG draw at most this many tree positions (the bonus included): matplotlib lays out every label, which
+# takes seconds per thousand; a round of the page's largest budget (512) fits, a larger one is filtered first
+MAX_FIGURE_POSITIONS = 1024
 MASK_LABEL_CHARS = 8  # the page's mask labels
 EXPORT_FORMAT = "ddtree-viz round"  # the JSON export's "format" field
 
@@ -64,7 +68,7 @@ class ExportOptions:
     caption: str | None = None
     label_chars: int | None = None  # cut labels to this many characters (default: 12 tree, 8 mask)
     color_range: str = "trace"  # trace: the page's (min log-prob over all rounds .. 0); round: this round's own
-    dpi: int | None = None  # PNG resolution; None: 300, lowered for huge figures to stay under MAX_PNG_PIXELS
+    dpi: int | None = None  # PNG resolution; None: 300, lowered for huge figures to stay under DEFAULT_PNG_PIXELS
     width: float | None = None  # inches (default: sized to the figure)
     height: float | None = None  # inches
     standalone: bool = False  # TikZ: a whole document that compiles alone, not a picture to \input
@@ -216,23 +220,31 @@ def _caption(o: ExportOptions) -> str | None:
 
 def mask_labels(step: StepRecord, o: ExportOptions) -> tuple[list[str], list[str], list[int]]:
     """Row labels ('✓ ' for accepted rows in the verified phase), column labels (the prefix band first) and
-    the accepted rows, as the page's mask shows them (unescaped: each backend escapes for its own format)."""
+    the accepted rows, as the page's mask shows them (unescaped: each backend escapes for its own format): the first
+    mask_plot.MAX_POSITIONS tree positions at most, as on the page."""
     chars = o.label_chars or MASK_LABEL_CHARS
     verified = o.phase == "verified"
-    accepted = list(step.accepted) if verified else []
+    n = shown_positions(step)
+    accepted = [a for a in step.accepted if a < n] if verified else []
 
     def lab(node) -> str:
         text = shorten(visible(node.token), chars)
         body = {"text": text, "ids": str(node.token_id), "both": f"{text} {node.token_id}"}[o.show]
         return f"{node.id}:{body}"
 
-    rows = [("✓ " if node.id in accepted else "") + lab(node) for node in step.nodes]
-    cols = [f"prefix ({step.committed_len} tokens)"] + [lab(node) for node in step.nodes]
+    rows = [("✓ " if node.id in accepted else "") + lab(node) for node in step.nodes[:n]]
+    cols = [f"prefix ({step.committed_len} tokens)"] + [lab(node) for node in step.nodes[:n]]
     return rows, cols, accepted
 
 
 def _mask_title(step: StepRecord) -> str:
-    return f"Verify mask, round {step.index + 1}: each tree position sees the prefix + its ancestors"
+    return (f"Verify mask, round {step.index + 1}: each tree position sees the prefix + its ancestors"
+            + cut_note(step, shown_positions(step)))
+
+
+def _mask(step: StepRecord) -> list[list[int]]:
+    """The mask the figures draw: the first mask_plot.MAX_POSITIONS tree positions at most."""
+    return verify_mask(step, shown_positions(step)).tolist()
 
 
 ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
@@ -296,6 +308,12 @@ def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
     with mpl.rendering():
         if o.figure == "tree":
             parts = tree_parts(trace, k, o)
+            shown = len(parts.layout.nodes)
+            if shown > MAX_FIGURE_POSITIONS:
+                raise InputError(
+                    f"round {k + 1} would draw {shown} tree positions; an {fmt.upper()} figure draws at most "
+                    f"{MAX_FIGURE_POSITIONS}: hide some with max depth / min log-prob (--max-depth, --min-logprob; the "
+                    "accepted path always stays), or export html or json")
             size = mpl.tree_size(parts.layout, title=bool(parts.title), caption=parts.caption, legend=o.legend)
             page = _page(o, size, parts.title, parts.caption, fmt)
             fig = mpl.tree_figure_mpl(parts.layout, parts.fills, parts.scheme, page, cmin=parts.cmin, cmax=parts.cmax,
@@ -304,8 +322,8 @@ def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
         elif o.figure == "mask":
             rows, cols, accepted = mask_labels(step, o)
             title = _title(o, _mask_title(step))
-            page = _page(o, mpl.mask_size(len(step.nodes), title=bool(title), caption=_caption(o)), title, _caption(o), fmt)
-            fig = mpl.mask_figure_mpl(verify_mask(step).tolist(), rows, cols, accepted, scheme, page)
+            page = _page(o, mpl.mask_size(len(rows), title=bool(title), caption=_caption(o)), title, _caption(o), fmt)
+            fig = mpl.mask_figure_mpl(_mask(step), rows, cols, accepted, scheme, page)
             meta = title or f"ddtree-viz verify mask, round {k + 1}"
         else:
             steps = trace.steps[: k + 1]
@@ -339,10 +357,10 @@ def _page(o: ExportOptions, default: tuple[float, float], title: str | None, cap
 
 
 def effective_dpi(o: ExportOptions, width: float, height: float) -> int:
-    """The dpi asked for; by default 300, or less for a figure so large that its PNG would pass MAX_PNG_PIXELS."""
+    """The dpi asked for; by default 300, or less for a figure so large that its PNG would pass DEFAULT_PNG_PIXELS."""
     if o.dpi is not None:
         return o.dpi
-    fit = int((MAX_PNG_PIXELS / (width * height)) ** 0.5)
+    fit = int((DEFAULT_PNG_PIXELS / (width * height)) ** 0.5)
     return max(10, min(DEFAULT_DPI, fit))
 
 
@@ -364,7 +382,7 @@ def _tikz(trace: Trace, k: int, o: ExportOptions) -> str:
     scheme = get_scheme(o.colors)
     if o.figure == "mask":
         rows, cols, accepted = mask_labels(step, o)
-        return tikz.mask_tikz(verify_mask(step).tolist(), rows, cols, accepted, scheme,
+        return tikz.mask_tikz(_mask(step), rows, cols, accepted, scheme,
                               title=_title(o, _mask_title(step)), caption=_caption(o), standalone=o.standalone,
                               comment=comment)
     steps = trace.steps[: k + 1]
@@ -527,7 +545,7 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
     }
     if o.figure == "mask":
         out["mask"] = {"rows": "tree positions (queries)", "columns": "committed prefix, then tree positions (keys)",
-                       "visible": verify_mask(step).tolist()}
+                       "positions": shown_positions(step), "tree_positions": len(step.nodes), "visible": _mask(step)}
     if o.figure == "acceptance":
         out["acceptance"] = [{"round": s.index + 1, "tokens": s.acceptance} for s in trace.steps[: k + 1]]
     return out

@@ -102,6 +102,7 @@ def _plain(text: str) -> str:
 def save(fig: Figure, fmt: str, page: Page, meta_title: str) -> bytes:
     """Render to bytes: one PDF page with embedded TrueType fonts; SVG with text as text (fonts embedded);
     PNG at exactly the figure's pixel size."""
+    meta_title = _plain(meta_title).replace("\n", " ")  # metadata is XML in an SVG: no control characters
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from ..trace import StepRecord, Trace, sampling_label
 from . import style
-from .text import esc
+from .text import esc, plotly_text
 
 PHASES = ("draft", "tree", "verify", "commit")
 
@@ -26,7 +26,7 @@ def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None) 
         fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
                         line=dict(color=style.PATH_COLOR, dash="dash", width=2), hoverinfo="name")
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
+        title=dict(text=plotly_text(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
                    font=dict(size=14)),
         xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
         yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),

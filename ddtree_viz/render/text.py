@@ -1,8 +1,9 @@
 """Shared text helpers: make token text visible and safe.
 
 Token text is untrusted (it comes from a tokenizer and from whatever the model generated): every
-renderer passes it through `visible` (so whitespace and control characters can be seen) and, where
-HTML (or plotly's HTML-like labels) is built, through `esc`.
+renderer passes it through `visible` (so whitespace and control characters can be seen) and then escapes it
+for its medium: `esc` for real HTML, `plotly_text` for plotly's labels, hover text and titles (plotly draws a
+small HTML subset of its own), `xml_text` for text matplotlib writes into SVG; TikZ has render.tikz.latex_text.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ _SPECIAL = {" ": "·", "\n": "⏎", "\t": "⇥"}
 EMPTY = "∅"  # what an empty token shows as
 
 
+def _nonchar(code: int) -> bool:
+    return (code & 0xFFFE) == 0xFFFE or 0xFDD0 <= code <= 0xFDEF
+
+
 def _char(ch: str) -> str:
     if ch in _SPECIAL:
         return _SPECIAL[ch]
@@ -24,8 +29,9 @@ def _char(ch: str) -> str:
     cat = unicodedata.category(ch)
     if cat == "Cc":  # C0/C1 control characters (\r, \x00, \x1b, \x7f, ...)
         return f"\\x{code:02x}"
-    if cat in ("Cf", "Cs", "Zl", "Zp") or (cat == "Zs" and ch != " "):
-        # invisible format chars (zero-width, BOM, bidi overrides), lone surrogates, odd spaces
+    if cat in ("Cf", "Cs", "Zl", "Zp") or (cat == "Zs" and ch != " ") or _nonchar(code):
+        # invisible format chars (zero-width, BOM, bidi overrides), lone surrogates, odd spaces, noncharacters
+        # (U+FFFE, U+FFFF, ...: never text, and not allowed in XML)
         return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
     return ch
 
@@ -41,6 +47,26 @@ def visible(token: str) -> str:
 def esc(s: object) -> str:
     """HTML-escape anything (quotes included), for text and attribute values alike."""
     return html.escape(str(s), quote=True)
+
+
+def plotly_text(s: object) -> str:
+    """Text for plotly (labels, hover text, titles, tick labels): plotly reads `<br>`, `<b>`, `<sub>`, ... as
+    markup and decodes only `&amp;` `&lt;` `&gt;` (and numeric references) among entities, drawing any other
+    (`&quot;`) literally. So exactly `&`, `<` and `>` are escaped here; quotes stay as they are."""
+    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def xml_text(s: object) -> str:
+    """Text that can go into an XML (SVG) document: characters XML 1.0 forbids (C0 controls other than tab,
+    newline and carriage return; lone surrogates; U+FFFE, U+FFFF) shown as visible escapes instead."""
+    out = []
+    for ch in str(s):
+        code = ord(ch)
+        if (code < 0x20 and ch not in "\t\n\r") or 0xD800 <= code <= 0xDFFF or code in (0xFFFE, 0xFFFF):
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def shorten(s: str, limit: int) -> str:

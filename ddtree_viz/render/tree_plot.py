@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from . import style
 from .layout import PHASES, LayoutNode, TreeLayout, for_phase
-from .text import TokenText, esc, lookup, visible
+from .text import TokenText, plotly_text, lookup, visible
 
 ROLE_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # drawing order: path on top
 
@@ -17,7 +17,7 @@ def _fmt(v: float | None, nd: int = 3) -> str:
 
 def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
     """Hover text for one node: everything escaped (token text is untrusted)."""
-    lines = [f"<b>{esc(visible(n.token))}</b>  (id {n.token_id})"]
+    lines = [f"<b>{plotly_text(visible(n.token))}</b>  (id {n.token_id})"]
     if n.synthetic:
         sampled = f" (its sample, p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
         lines.append(f"bonus: the target's own token after the accepted path{sampled}, depth {n.depth}")
@@ -28,12 +28,12 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
             lines.append(f"drafter log-prob {_fmt(n.logprob)} · path {_fmt(n.score)}")
     if phase == "verified" and n.argmax is not None:
         text = argmax_text(n.argmax) if argmax_text is not None else n.argmax_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
+        shown = f" {plotly_text(visible(text))}" if text is not None else ""
         margin = f" (margin {_fmt(n.target_margin, 2)})" if n.target_margin is not None else ""
         lines.append(f"target argmax: id {n.argmax}{shown}{margin}")
     if phase == "verified" and n.choice is not None:
         text = argmax_text(n.choice) if argmax_text is not None else n.choice_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
+        shown = f" {plotly_text(visible(text))}" if text is not None else ""
         prob = f" (p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
         lines.append(f"target sample: id {n.choice}{shown}{prob}")
     if phase == "verified" and n.role not in ("other", "root"):
@@ -43,7 +43,7 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
 
 def _node_text(n: LayoutNode) -> str:
     rank = f" <sub>r{n.rank}</sub>" if n.rank >= 0 else ""
-    return esc(n.label) + rank
+    return plotly_text(n.label) + rank
 
 
 def _edge_trace(layout: TreeLayout, edges, name: str, color: str, width: float, dash: str = "solid") -> dict:
@@ -123,7 +123,7 @@ def tree_figure(
     rows = layout.height
     fig = go.Figure(data=traces)
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
+        title=dict(text=plotly_text(title) if title is not None else default_title(layout), font=dict(size=14)),
         coloraxis=dict(colorscale=colorscale, cmin=lo if cmin is None else cmin, cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
         xaxis=dict(title="depth", dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
