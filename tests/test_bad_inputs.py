@@ -199,6 +199,58 @@ def test_target_dir_with_bad_config(saved, tmp_path):
         load_pair(str(broken), str(saved[1]))
 
 
+@pytest.mark.parametrize("change, words", [
+    (lambda c: [1, 2, 3], "must be a JSON object, not a list"),
+    (lambda c: {**c, "vocab_size": -5}, "vocab_size must be a whole number >= 1, not -5"),
+    (lambda c: {**c, "hidden_size": 0}, "hidden_size must be a whole number >= 1"),
+    (lambda c: {**c, "num_attention_heads": "four"}, "num_attention_heads must be a whole number >= 1"),
+    (lambda c: {**c, "text_config": {"vocab_size": 2.5}}, "text_config.vocab_size"),
+])
+def test_target_config_of_the_wrong_shape(saved, tmp_path, change, words):
+    """transformers failed on these deep inside (TypeError: argument after ** must be a mapping; a negative tensor
+    dimension): the config is checked first (issue #19)."""
+    broken = tmp_path / "target"
+    shutil.copytree(saved[0], broken)
+    good = json.loads((saved[0] / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(change(good)))
+    with pytest.raises(ModelLoadError, match=words):
+        load_pair(str(broken), str(saved[1]))
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda c: {**c, "num_hidden_layers": "two"}, "wrong kind"),
+    (lambda c: {**c, "vocab_size": -5}, "vocab_size must be at least 1"),
+    (lambda c: {**c, "block_size": 300, "dflash_config": {**c["dflash_config"], "block_size": 300}},
+     "block_size must be at most 256"),
+])
+def test_drafter_config_of_the_wrong_shape(saved, tmp_path, change, words):
+    broken = tmp_path / "draft"
+    shutil.copytree(saved[1], broken)
+    good = json.loads((saved[1] / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(change(good)))
+    with pytest.raises(ModelLoadError, match=words):
+        load_pair(str(saved[0]), str(broken))
+
+
+@pytest.mark.parametrize("prompt, words", [("abc\udcff", "the byte 0xff, which is not UTF-8"),
+                                           ("x\ud800y", "an unpaired surrogate \\(U\\+D800\\)")])
+def test_prompt_that_is_not_valid_text(pair, prompt, words):
+    """A lone surrogate made the tokenizer fail with a raw TypeError (in the page too)."""
+    session = DecodeSession(pair, budget=4, max_new_tokens=4)
+    with pytest.raises(InputError, match=words):
+        session.prefill(prompt)
+    session.prefill("ok")
+    assert session.step().acceptance >= 1
+
+
+def test_max_new_tokens_past_the_target_names_the_real_limit(pair):
+    limit = pair.max_positions
+    session = DecodeSession(pair, budget=4, max_new_tokens=min(limit, 8192))
+    with pytest.raises(InputError, match=f"max new tokens {min(limit, 8192)} is too many for this target: it has "
+                                         f"{limit} positions"):
+        session.prefill("ok")
+
+
 def test_target_dir_without_tokenizer(saved, tmp_path):
     broken = tmp_path / "target"
     shutil.copytree(saved[0], broken)

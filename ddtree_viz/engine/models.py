@@ -5,6 +5,10 @@ Never `trust_remote_code`. The embedded default loads from assets/ with no netwo
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,13 +101,65 @@ class ModelPair:
         return f"target {self.target_name} | drafter {self.draft_name} | {str(self.dtype).removeprefix('torch.')} on {self.device}"
 
 
+# sizes a model config must give as whole numbers >= 1 when it gives them (at the top level or in text_config)
+CONFIG_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "linear_conv_kernel_dim",
+                "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
+
+
+def check_config(path: Path, what: str) -> dict:
+    """A model directory's config.json, read before transformers builds anything from it: a JSON object whose sizes
+    are whole numbers >= 1 (else transformers fails deep inside with a TypeError or a negative tensor size)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ModelLoadError(f"{what} config {path} is not a valid JSON file: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{what} config {path} must be a JSON object, not a {type(config).__name__}")
+    for part, where in ((config, ""), (config.get("text_config"), "text_config.")):
+        if not isinstance(part, dict):
+            continue
+        for key in CONFIG_SIZES:
+            value = part.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ModelLoadError(f"{what} config {path}: {where}{key} must be a whole number >= 1, not {value!r}")
+    return config
+
+
+def hub_offline() -> bool:
+    """True when the hub must not be asked (HF_HUB_OFFLINE) or cannot be reached: no route to its endpoint within
+    HUB_PROBE_S seconds, so a hub id fails in seconds, not after the hub client's retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=HUB_PROBE_S):
+            return False
+    except OSError:
+        return True
+
+
+HUB_PROBE_S = 3.0
+
+
+def _offline_hint(name: str, what: str) -> str:
+    flag = "--target" if what == "target" else "--draft"
+    why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE") else "the hub cannot be reached (no network)"
+    return (f"cannot load {what} {name!r}: {why} and it is not in the local hub cache; download it where there is a "
+            f"network, then point at the directory: {flag} /path/to/model (a directory with config.json)")
+
+
 def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = _check_local(name, "target")
     source = str(local) if local is not None else name
+    if local is not None:
+        check_config(local / "config.json", "target")
     kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
-    if offline or local is not None:
+    hub_down = local is None and not offline and hub_offline()
+    if offline or local is not None or hub_down:
         kwargs["local_files_only"] = True
     if device == "auto":
         kwargs["device_map"] = "auto"
@@ -111,7 +167,13 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        if hub_down:
+            raise ModelLoadError(_offline_hint(name, "target")) from None
         raise ModelLoadError(f"cannot load target {name!r}: {exc}") from None
+    except (TypeError, AttributeError, IndexError, RuntimeError) as exc:  # a config transformers cannot build from
+        if "out of memory" in str(exc).lower():
+            raise
+        raise ModelLoadError(f"cannot load target {name!r}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     if device != "auto":
         model.to(device)
     return model.eval(), tokenizer
@@ -120,11 +182,14 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
 def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
     local = _check_local(name, "drafter")
     if local is None:  # hub id: fetch config + safetensors only
+        hub_down = hub_offline()
         try:
             from huggingface_hub import snapshot_download
 
-            local = Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"]))
+            local = Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"], local_files_only=hub_down))
         except Exception as exc:  # noqa: BLE001 - any hub failure is a load failure for the user
+            if hub_down:
+                raise ModelLoadError(_offline_hint(name, "drafter")) from None
             raise ModelLoadError(f"cannot fetch drafter {name!r}: {exc}") from None
     return DFlashDrafter.from_pretrained(local, dtype=dtype, device=device).eval()
 
