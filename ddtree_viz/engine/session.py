@@ -276,10 +276,20 @@ class DecodeSession:
         if prompt_ids is None:
             if not isinstance(prompt, str) or prompt == "":
                 raise InputError("the prompt is empty: type some text to continue")
+            check_prompt_text(prompt)
             prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if len(prompt_ids) == 0:
             raise InputError("the prompt encodes to no tokens")
-        limit = self.pair.max_positions - self.max_new_tokens - self.budget - self.block_size
+        positions = self.pair.max_positions
+        room = positions - self.budget - self.block_size  # positions a round's tree may need past the output
+        limit = room - self.max_new_tokens
+        if limit < 1:  # no prompt can fit: say which setting is too large, not that the prompt is too long
+            if room - 1 < 1:
+                raise InputError(f"budget {self.budget} and block size {self.block_size} leave no room in the target's "
+                                 f"{positions} positions: lower the budget")
+            raise InputError(f"max new tokens {self.max_new_tokens} is too many for this target: it has {positions} "
+                             f"positions, and with budget {self.budget} and block size {self.block_size} at most "
+                             f"{room - 1} new tokens fit (after a one-token prompt)")
         if len(prompt_ids) > limit:
             raise InputError(
                 f"the prompt is {len(prompt_ids)} tokens; with max new tokens {self.max_new_tokens} and budget "
@@ -448,6 +458,18 @@ class DecodeSession:
             ids.update(r.target_choice)
             ids.update(n.token_id for n in r.nodes)
         return {str(i): self.token_text(i) for i in sorted(ids)}
+
+
+def check_prompt_text(prompt: str) -> None:
+    """A prompt must be valid Unicode: bytes that are not UTF-8 (they reach Python as lone surrogates, e.g. from a
+    command line) or an unpaired surrogate would make the tokenizer fail with a TypeError."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(prompt[exc.start])
+        what = (f"the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"an unpaired surrogate (U+{code:04X})")
+        raise InputError(f"the prompt is not valid text: character {exc.start} is {what}") from None
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
