@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -26,6 +28,43 @@ def _whole_number(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
+def port_number(text: str) -> int:
+    """--port: a whole number from 1 to 65535 (argparse's own error and exit status 2 otherwise)."""
+    port = _whole_number(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {port}")
+    return port
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse, before any model loads, a port the server could not listen on (in use, or not allowed)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no obstacle
+            probe.bind(address)
+    except OSError as exc:
+        why = "it is in use (another server?)" if exc.errno == 98 else (exc.strerror or str(exc))
+        raise InputError(f"cannot listen on {host}:{port}: {why}; pick another with --port") from None
+
+
+def check_output_path(path: str | Path, what: str) -> Path:
+    """Refuse an output file that cannot be written, before the decode, bench or export that would fill it."""
+    out = Path(path)
+    folder = out.parent
+    if out.is_dir():
+        raise InputError(f"cannot write {what} {out}: it is a directory")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {what} {out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InputError(f"cannot write {what} {out}: permission denied")
+    return out
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -174,7 +213,7 @@ def _add_export_parser(sub) -> None:
                    help="log-prob colour range: trace (default: the page's, min over all rounds .. 0) or round (this round's)")
     f = ex.add_argument_group("output")
     f.add_argument("--dpi", type=_whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
-                   "that its PNG would pass 120 million pixels)")
+                   "that its PNG would pass 30 million pixels; an explicit --dpi may reach 120 million)")
     f.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: sized to the figure); "
                    "a PNG is exactly round(width x dpi) pixels wide")
     f.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: sized to the figure)")
@@ -192,7 +231,7 @@ def _add_replay_parser(sub) -> None:
     rp.add_argument("--print", "--summary", dest="print_only", action="store_true",
                     help="print the rounds (tokens per round, text, identical to greedy) and exit; no server")
     rp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    rp.add_argument("--port", type=_whole_number, default=7860, help="default: 7860")
+    rp.add_argument("--port", type=port_number, default=7860, help="default: 7860")
     rp.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
     rp.set_defaults(handler=cmd_replay)
 
@@ -254,10 +293,13 @@ def _token(session, token_id: int) -> str:
 
 
 def cmd_run(args) -> int:
-    from .engine.session import DecodeSession
+    from .engine.session import DecodeSession, check_prompt_text
 
     if args.prompt == "":
         raise InputError("the prompt is empty: type some text to continue")
+    check_prompt_text(args.prompt)
+    if args.trace:
+        check_output_path(args.trace, "trace file")
     pair = _load(args)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
                             method=args.method, block_size=args.block_size, engine=args.engine,
@@ -334,9 +376,14 @@ def _greedy_line(session, verify: str) -> str:
 
 def cmd_bench(args) -> int:
     from .bench import run_sweep, sweep_dict
+    from .engine.session import check_prompt_text
 
     if args.prompts is not None and any(p == "" for p in args.prompts):
         raise InputError("a --prompt is empty: every prompt needs some text")
+    for prompt in args.prompts or ():
+        check_prompt_text(prompt)
+    if args.json:
+        check_output_path(args.json, "JSON file")
     pair = _load(args)
     print(pair.describe())
     results = run_sweep(pair, args.prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -430,6 +477,8 @@ def cmd_export(args) -> int:
         show_title=not args.no_title, caption=args.caption, label_chars=args.label_chars, color_range=args.color_range,
         dpi=args.dpi, width=args.width, height=args.height, standalone=args.standalone,
     )
+    if args.out != "-":
+        check_output_path(args.out, "export file")
     trace = _load_trace(args.trace)
     k = resolve_round(trace, args.step)
     data = export_figure(trace, k + 1, fmt, options)
@@ -467,6 +516,7 @@ def cmd_replay(args) -> int:
     if args.print_only:
         print_trace_summary(trace, args.trace)
         return 0
+    check_port(args.host, args.port)  # before gradio loads: a port in use is a clear error, not a traceback
     from . import web  # imports gradio: only here, so the other commands start quickly
 
     argv = ["--replay", str(args.trace), "--host", args.host, "--port", str(args.port)] + (["--share"] if args.share else [])

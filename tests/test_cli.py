@@ -248,3 +248,120 @@ def test_bench_measures_several_temperatures_in_one_run(model_args, tmp_path, ca
     assert "== sampling (T 0.7, seed 3) ==" in out and "identical to sampling" in out
     table = out.split("temperature  ddtree acceptance")[1].splitlines()[1:4]
     assert [line.split()[0] for line in table] == ["0", "0.7", "1"] and all(line.endswith("yes") for line in table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hostile and clumsy command lines (issue #19): `error: ...` and exit status 2, never a traceback
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_prompt_with_invalid_utf8_bytes_is_an_error_not_a_traceback(model_args):
+    """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer failed on them with a TypeError."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "ddtree_viz", "run", *model_args, "--prompt", b"def f(\xff\xfe):"],
+                          cwd=ROOT, env=env, capture_output=True, timeout=240)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert "error: the prompt is not valid text: character 6 is the byte 0xff, which is not UTF-8" in err
+    assert proc.stdout == b""  # refused before the models load
+
+
+def _model_dir_with_config(model_args, tmp_path, config) -> str:
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(model_args[1], target)
+    (target / "config.json").write_text(json.dumps(config) if not isinstance(config, str) else config)
+    return str(target)
+
+
+@pytest.mark.parametrize("config, words", [
+    ([1, 2, 3], "must be a JSON object, not a list"),
+    ("vocab", "vocab_size must be a whole number >= 1, not -5"),
+    ("layers", "num_hidden_layers must be a whole number >= 1, not 'four'"),
+])
+def test_target_config_of_the_wrong_shape_is_an_error(model_args, tmp_path, capsys, config, words):
+    if isinstance(config, str):
+        good = json.loads((Path(model_args[1]) / "config.json").read_text())
+        config = {**good, "vocab_size": -5} if config == "vocab" else {**good, "num_hidden_layers": "four"}
+    target = _model_dir_with_config(model_args, tmp_path, config)
+    rc = cli.main(["run", "--target", target, "--draft", model_args[3], "--prompt", "x", "--max-new-tokens", "2"])
+    assert rc == 2 and words in capsys.readouterr().err
+
+
+def _busy_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s, s.getsockname()[1]
+
+
+def test_replay_port_in_use_or_out_of_range(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    session = __import__("ddtree_viz.engine.session", fromlist=["DecodeSession"]).DecodeSession(
+        tiny.tiny_pair("hybrid"), budget=2, max_new_tokens=3)
+    session.prefill("a")
+    session.run()
+    session.to_trace().save(path)
+    sock, port = _busy_port()
+    try:
+        assert cli.main(["replay", str(path), "--port", str(port)]) == 2
+        assert f"error: cannot listen on 127.0.0.1:{port}: it is in use" in capsys.readouterr().err
+    finally:
+        sock.close()
+    for bad in ("0", "70000", "-5"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["replay", str(path), "--port", bad])
+        assert exc.value.code == 2 and "must be a port number from 1 to 65535" in capsys.readouterr().err
+
+
+def test_app_py_on_a_port_in_use_is_an_error():
+    sock, port = _busy_port()
+    try:
+        proc = _python("app.py", "--port", str(port), timeout=120)
+    finally:
+        sock.close()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port}: it is in use" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_bad_output_path_is_refused_before_the_work(model_args, tmp_path, capsys, command):
+    """--trace / --json are checked before any model loads (they were found bad only after the whole decode)."""
+    flag = "--trace" if command == "run" else "--json"
+    for bad, words in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "is a directory")):
+        argv = [command, *model_args, "--prompt", "x", "--max-new-tokens", "2", flag, str(bad)]
+        assert cli.main(argv) == 2
+        captured = capsys.readouterr()
+        assert words in captured.err and captured.out == ""  # nothing printed: no model was loaded
+
+
+def test_export_bad_output_path_is_refused_before_rendering(tmp_path, capsys):
+    assert cli.main(["export", "--trace", str(tmp_path / "none.json"), "--out", str(tmp_path / "no" / "x.svg")]) == 2
+    assert "the folder" in capsys.readouterr().err
+
+
+def test_max_new_tokens_past_the_target_names_the_real_limit(capsys):
+    """The embedded target has 2,048 positions: 8,192 new tokens blamed the prompt ('must be at most 0 tokens')."""
+    assert cli.main(["run", "--prompt", "x", "--max-new-tokens", "8192", "--no-greedy"]) == 2
+    err = capsys.readouterr().err
+    assert "max new tokens 8192 is too many for this target: it has 2048 positions" in err
+    assert "at most 1999 new tokens fit" in err and "prompt is" not in err
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}])
+def test_hub_id_offline_fails_fast_and_says_how_to_use_a_directory(env, monkeypatch, capsys, tmp_path):
+    """No network (or HF_HUB_OFFLINE): the hub client retried for 50 s; now a probe of a few seconds at most."""
+    import time
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    start = time.monotonic()
+    assert cli.main(["run", "--prompt", "x", "--target", "someone/no-such-model", "--draft", "someone/no-drafter"]) == 2
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert "not in the local hub cache" in err and "--target /path/to/model" in err
+    assert elapsed < 20, elapsed
