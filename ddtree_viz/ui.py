@@ -7,10 +7,17 @@ everything the page shows. ddtree_viz/web.py (the page app.py serves) wires thes
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
+import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
@@ -26,14 +33,41 @@ from .render.mask_plot import mask_figure
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
-from .trace import Trace, is_sampled, sampling_flags, sampling_label
+from .trace import MAX_TRACE_BYTES, Trace, is_sampled, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
 PHASES = ("drafted", "verified")
+MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page says so; `replay FILE` takes up to
+#                                      trace.MAX_TRACE_BYTES)
+DIVERGENCE_ROUNDS = 100  # the page's divergence table shows the last this many rounds up to the one on screen
+
+
+class FairLock:
+    """A lock granted in the order it was asked for. The model is shared by every tab: a Run releases it between
+    rounds, and a Step another tab asked for meanwhile goes next (threading.Lock lets the Run take it straight back)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0  # the next ticket to hand out
+        self._serving = 0  # the ticket that holds the lock
+
+    def __enter__(self) -> "FairLock":
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
 
 
 class ModelHost:
-    """Loads the target + drafter once, shared by every tab; one lock so model work never interleaves."""
+    """Loads the target + drafter once, shared by every tab; one fair lock so model work never interleaves and tabs
+    take turns round by round."""
 
     def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = "transformers"):
         self.args = (target, draft, dtype, device)
@@ -43,7 +77,8 @@ class ModelHost:
         self.error: str | None = None
         self.stage = "waiting to load"
         self.started = time.monotonic()
-        self.lock = threading.Lock()
+        self.lock = FairLock()
+        self.replay_only = False  # `replay FILE` / app.py --replay without --target: no model, by design
         self._thread: threading.Thread | None = None
 
     def start(self, background: bool = True) -> None:
@@ -82,12 +117,18 @@ class ModelHost:
             return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.engine)} engine")
+        if self.replay_only:
+            return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
+                    "or load another; Step and Run need a model (start the app without --replay, or with --target).")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
 
     def require(self) -> ModelPair:
         if self.pair is None:
+            if self.replay_only:
+                raise ModelLoadError("replay mode (no model): Step and Run need a model; replay a trace instead, or "
+                                     "start the app without --replay")
             raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
         return self.pair
 
@@ -103,9 +144,28 @@ class Settings:
     sampler: Sampler
 
 
+# Files the page writes for a tab to download (a trace, an export) live in one folder per server process, one
+# sub-folder per tab: a tab keeps only its latest of each, its folder goes when the tab does, the whole folder at exit.
+_FILES: Path | None = None
+_FILES_LOCK = threading.Lock()
+
+
+def files_root() -> Path:
+    global _FILES
+    with _FILES_LOCK:
+        if _FILES is None or not _FILES.is_dir():
+            _FILES = Path(tempfile.mkdtemp(prefix="ddtree-viz-files-"))
+            atexit.register(shutil.rmtree, _FILES, True)
+        return _FILES
+
+
 @dataclass
 class TabState:
-    """One browser tab: its live session (or a replayed trace) and the round it shows."""
+    """One browser tab: its live session (or a replayed trace) and the round it shows.
+
+    Every change happens in place under `lock` (the page's handlers all hold the same object, and a Run going on in
+    one handler must see a Reset made in another); `epoch` counts the changes that end a Run: a reset, a replay, a
+    new session (a new prompt or settings) and a new Run."""
 
     session: DecodeSession | None = None
     settings: Settings | None = None
@@ -113,6 +173,71 @@ class TabState:
     view: int = -1  # round index shown
     replay: bool = False
     greedy_s: float = 0.0
+    epoch: int = 0
+
+    def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
+        self.lock = threading.RLock()
+        self.folder: Path | None = None  # this tab's downloads and exports
+
+    def __deepcopy__(self, memo) -> "TabState":  # gradio copies a tab's initial value: a fresh lock, no folder
+        return dataclasses.replace(self)
+
+    def clear(self) -> None:
+        """Back to an empty tab (a Reset); a Run going on stops at its next round."""
+        with self.lock:
+            self.session, self.settings, self.trace, self.view, self.replay, self.greedy_s = None, None, None, -1, False, 0.0
+            self.epoch += 1
+
+    def free(self) -> None:
+        """The tab is gone: drop its session and records and delete its files."""
+        self.clear()
+        with self.lock:
+            folder, self.folder = self.folder, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def new_folder(self, kind: str) -> Path:
+        """An empty folder for the file this tab offers for download (`kind`: "trace" or "export"): the tab's
+        earlier file of that kind is deleted first (gradio serves its own copy of what a handler returned)."""
+        with self.lock:
+            if self.folder is None or not self.folder.is_dir():
+                self.folder = Path(tempfile.mkdtemp(prefix="tab-", dir=files_root()))
+            sub = self.folder / kind
+            shutil.rmtree(sub, ignore_errors=True)
+            sub.mkdir()
+            return sub
+
+
+class Tabs:
+    """The tabs the page serves, by gradio session: a tab that goes away (its browser tab closed: gradio's unload)
+    is freed at once, not when gradio drops its state an hour later. Weak: a tab gradio dropped is not kept here."""
+
+    def __init__(self) -> None:
+        self._tabs: weakref.WeakValueDictionary[str, TabState] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def add(self, session: str | None, tab: TabState) -> None:
+        if session:
+            with self._lock:
+                self._tabs[session] = tab
+
+    def close(self, session: str | None) -> bool:
+        """Free the session's tab (its records, its session, its files); False when it had none."""
+        with self._lock:
+            tab = self._tabs.pop(session, None) if session else None
+        if tab is None:
+            return False
+        tab.free()
+        return True
+
+    def __len__(self) -> int:
+        return len(self._tabs)
+
+
+def free_tab(tab: object) -> None:
+    """gradio's delete_callback for a tab's state (its time to live passed)."""
+    if isinstance(tab, TabState):
+        tab.free()
 
 
 def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
@@ -129,7 +254,8 @@ def new_seed() -> int:
 
 
 def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
-    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay."""
+    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay (which
+    ends a Run going on in this tab). Call with host.lock and tab.lock held."""
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
@@ -138,6 +264,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
                             method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
     session.prefill(s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
+    tab.epoch += 1
 
 
 def _refresh(tab: TabState) -> None:
@@ -146,48 +273,72 @@ def _refresh(tab: TabState) -> None:
     tab.greedy_s = tab.session.greedy_seconds
 
 
+FINISHED = "this session has finished (end of text or max new tokens): press Reset or change the prompt"
+
+
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
          top_p=1.0, top_k=0, seed=0) -> TabState:
     """One round. A new prompt or changed settings (a new seed included) start a new session first."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
-    with host.lock:
+    with host.lock, tab.lock:
         _ensure_session(host, tab, s)
         if tab.session.done:
-            raise InputError("this session has finished (end of text or max new tokens): press Reset or change the prompt")
+            raise InputError(FINISHED)
         tab.session.step()
         _refresh(tab)
-    tab.view = len(tab.trace.steps) - 1
+        tab.view = len(tab.trace.steps) - 1
     return tab
 
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
                temperature=0.0, top_p=1.0, top_k=0, seed=0):
-    """Run to the end, yielding the tab after every round (the page updates live)."""
+    """Run to the end, yielding the tab after every round (the page updates live). The model is released between
+    rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends the Run
+    at its next round. A finished session is an InputError before anything changes."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
-    with host.lock:
+    with host.lock, tab.lock:
         _ensure_session(host, tab, s)
-    while not tab.session.done:
-        with host.lock:
-            tab.session.step()
+        if tab.session.done:
+            raise InputError(FINISHED)
+        tab.epoch += 1
+        mine, session = tab.epoch, tab.session
+    while True:
+        with host.lock, tab.lock:
+            if tab.epoch != mine or session.done:
+                return
+            session.step()
             _refresh(tab)
-        tab.view = len(tab.trace.steps) - 1
+            tab.view = len(tab.trace.steps) - 1
         yield tab
 
 
+def still_running(tab: TabState, epoch: int) -> bool:
+    """Is the Run that started at `epoch` still this tab's current work?"""
+    return tab.epoch == epoch
+
+
 def reset(tab: TabState) -> TabState:
-    return TabState()
+    """An empty tab (in place: a Run going on in this tab stops at its next round)."""
+    tab.clear()
+    return tab
 
 
-def load_replay(tab: TabState, path: str) -> TabState:
-    trace = Trace.load(path)
-    return TabState(trace=trace, view=len(trace.steps) - 1, replay=True)
+def load_replay(tab: TabState, path: str, name: str | None = None) -> TabState:
+    """Show a saved trace (in place; a Run going on in this tab stops). `name`: how messages call the file (the
+    page passes the uploaded file's name, never the server's temporary path)."""
+    trace = Trace.load(path, name=name)
+    with tab.lock:
+        tab.clear()
+        tab.trace, tab.view, tab.replay = trace, len(trace.steps) - 1, True
+    return tab
 
 
 def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:
-    if tab.trace is None or not tab.trace.steps:
-        return tab
-    last = len(tab.trace.steps) - 1
-    tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
+    with tab.lock:
+        if tab.trace is None or not tab.trace.steps:
+            return tab
+        last = len(tab.trace.steps) - 1
+        tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
     return tab
 
 
@@ -218,11 +369,30 @@ def _token_text(tab: TabState):
     return lambda i: texts.get(str(i), f"⟨{i}⟩")
 
 
+def _divergence(trace: Trace, k: int, text) -> str:
+    """The divergence table for rounds 1..k+1: the last DIVERGENCE_ROUNDS of them (what the browser gets stays
+    bounded however long the session), saying so when earlier ones are left out."""
+    first = max(0, k + 1 - DIVERGENCE_ROUNDS)
+    table = divergence_html(divergence_rows(trace.steps[first: k + 1], text))
+    if first:
+        table = (f"<div><i>Rounds {first + 1} to {k + 1} (the last {DIVERGENCE_ROUNDS}); earlier rounds: go back with "
+                 "the round slider, or export the trace.</i></div>") + table
+    return table
+
+
 def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
-    if tab.trace is None or not tab.trace.steps:
+    with tab.lock:  # one consistent snapshot of the tab (a Run may be changing it)
+        trace, view, replay, session, greedy_s = tab.trace, tab.view, tab.replay, tab.session, tab.greedy_s
+        done = session is not None and session.done
+    if trace is not None and not trace.steps and replay:
+        status = ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
+                  f"show. Its output so far: {len(trace.output_ids)} token(s). Load another trace, or type a prompt.")
+        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
+    if trace is None or not trace.steps:
         status = "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
         return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
-    trace, k = tab.trace, max(0, min(tab.view, len(tab.trace.steps) - 1))
+    tab = dataclasses.replace(tab, trace=trace, view=view, replay=replay, session=session, greedy_s=greedy_s)
+    k = max(0, min(view, len(trace.steps) - 1))
     step = trace.steps[k]
     text = _token_text(tab)
     layout = tree_layout(step, phase=phase, token_text=text)
@@ -241,11 +411,11 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     if is_sampled(trace.settings):
         status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
-    if tab.session is not None and not tab.replay and tab.session.done:
+    if session is not None and not replay and done:
         status += " Finished."
     return Views(
         status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
         diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
-        stats=stats_markdown(summary), divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
+        stats=stats_markdown(summary), divergence=_divergence(trace, k, text),
         rounds=len(trace.steps), view=k,
     )

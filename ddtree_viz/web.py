@@ -10,12 +10,15 @@ import argparse
 import functools
 import inspect
 import os
-import tempfile
+import sys
+import threading
+import time
 
 import gradio as gr
 
 from . import ui
 from .bench import DEFAULT_PROMPTS
+from .cli import check_port, port_number
 from .errors import DDTreeVizError
 from .render import export as exporter
 
@@ -62,10 +65,22 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
                    help="engine for exact rounds: transformers' forward (default) or the static runner (CUDA graphs on "
                         "a GPU; Qwen3.5 hybrid targets on one device); naive rounds always use transformers")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=7860, help="default: 7860")
+    p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
     p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
+    p.add_argument("--file-ttl", type=_seconds, default=FILE_TTL_S, metavar="SECONDS",
+                   help=f"how long uploads and served downloads stay in gradio's temporary folder (default: {FILE_TTL_S})")
     return p
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 1, not {text!r}")
+    return value
 
 
 def _page_error(exc: Exception) -> gr.Error:
@@ -98,10 +113,61 @@ def _errors(fn):
     return wrapped
 
 
-def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
+STATE_TTL_S = 1800  # a tab left alone this long (with no browser heartbeat to say it closed) is freed
+FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
+MODEL_EVENTS = 16  # Step / Run events in flight at once (they take turns on the model)
+STATE_SESSIONS = 256  # gradio sessions kept at most (tabs open at once); the least recently used go first
+
+
+def _sweep_upload_leftovers(age: float) -> int:
+    """Delete the empty `tmp*` files gradio's multipart parser leaves in its upload folder (one per upload; gradio's
+    own delete_cache never sees them) once they are `age` seconds old. Returns how many went."""
+    from gradio.utils import get_upload_folder
+
+    gone, now = 0, time.time()
+    try:
+        entries = list(os.scandir(get_upload_folder()))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if (entry.name.startswith("tmp") and entry.is_file(follow_symlinks=False)
+                    and entry.stat().st_size == 0 and now - entry.stat().st_mtime > age):
+                os.unlink(entry.path)
+                gone += 1
+        except OSError:
+            pass
+    return gone
+
+
+def _janitor(file_ttl: int) -> None:
+    """Every min(60, file_ttl) seconds, for as long as the server runs: _sweep_upload_leftovers(file_ttl)."""
+    def loop():
+        while True:
+            time.sleep(min(60, file_ttl))
+            _sweep_upload_leftovers(file_ttl)
+
+    threading.Thread(target=loop, name="ddtree-viz-janitor", daemon=True).start()
+
+
+def _forget_session(demo: gr.Blocks, session: str | None) -> None:
+    """Drop a closed tab's gradio session. gradio frees its State values an hour after the tab closes but keeps the
+    session itself, with its copy of every component's last value (the figures: ~1 MB), until STATE_SESSIONS newer
+    sessions push it out. Best effort: a gradio without this holder keeps them to that bound."""
+    holder = getattr(demo, "state_holder", None)
+    data, lock = getattr(holder, "session_data", None), getattr(holder, "lock", None)
+    if not session or not isinstance(data, dict) or lock is None:
+        return
+    with lock:
+        data.pop(session, None)
+        getattr(holder, "time_last_used", {}).pop(session, None)
+
+
+def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S) -> gr.Blocks:
     block_max = 16
 
-    with gr.Blocks(title="ddtree-viz") as demo:
+    # delete_cache: every minute, gradio deletes the uploads and the copies of downloads it made over file_ttl ago
+    with gr.Blocks(title="ddtree-viz", delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         gr.Markdown("# ddtree-viz — DDTree speculative decoding, step by step, on a hybrid target")
         model_md = gr.Markdown(host.status_markdown(), elem_id="ddv-model")
         layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
@@ -147,7 +213,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             stats_md = gr.Markdown(elem_id="ddv-stats")
         divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
         with gr.Row():
-            trace_in = gr.File(label="Replay a saved trace (.json)", file_types=[".json"], type="filepath", elem_id="ddv-upload")
+            trace_in = gr.File(label=f"Replay a saved trace (.json, at most {ui.MAX_UPLOAD_BYTES // 2**20} MB)",
+                               file_types=[".json"], type="filepath", elem_id="ddv-upload")
             trace_btn = gr.Button("Download trace (.json)", elem_id="ddv-download")
             trace_file = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
         with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
@@ -164,7 +231,10 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
             ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
-        tab = gr.State(ui.TabState(), time_to_live=3600)
+        # A tab's state lives at most STATE_TTL_S after its last change (then delete_callback frees it); a browser tab
+        # that closes is freed at once (demo.unload below). Handlers change it in place (ui.TabState).
+        tab = gr.State(lambda: ui.TabState(), time_to_live=STATE_TTL_S, delete_callback=ui.free_tab)  # a new one per tab
+        tabs = ui.Tabs()
         settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed]
         views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
 
@@ -176,14 +246,23 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
             return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
 
+        # explicit parameters (not *settings): gradio passes gr.Request to the parameter annotated with it
         @_errors
-        def on_step(t, ph, *s):
-            return [ui.step(host, t, *s)] + show(t, ph)
+        def on_step(t, ph, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
+                    request: gr.Request):
+            tabs.add(request.session_hash, t)
+            t = ui.step(host, t, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed)
+            return [t] + show(t, ph)
 
         @_errors
-        def on_run(t, ph, *s, progress=gr.Progress()):
-            for t in ui.run_rounds(host, t, *s):
-                progress((len(t.session.generated), t.session.max_new_tokens), desc="decoding", unit="tokens")
+        def on_run(t, ph, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
+                   request: gr.Request, progress=gr.Progress()):
+            tabs.add(request.session_hash, t)
+            for t in ui.run_rounds(host, t, prompt, budget, block, max_new, verify, method, temperature, top_p,
+                                   top_k, seed):
+                session = t.session
+                if session is not None:
+                    progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
                 yield [t] + show(t, ph)
 
         def on_reset(t, ph):
@@ -199,32 +278,50 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             return [t] + show(t, ph)
 
         @_errors
-        def on_upload(t, ph, path):
+        def on_upload(t, ph, path, request: gr.Request):
             if not path:
                 return [t] + show(t, ph)
-            t = ui.load_replay(t, path)
+            tabs.add(request.session_hash, t)
+            # messages name the file as uploaded, never the server's temporary path. The upload itself stays for
+            # gradio's delete_cache (file_ttl): gradio gives identical uploads one path, which another tab may be
+            # about to read.
+            t = ui.load_replay(t, path, name=os.path.basename(path))
+            return [t] + show(t, ph)
+
+        @_errors
+        def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
+            tabs.add(request.session_hash, t)
+            t = ui.load_replay(t, replay_path)
             return [t] + show(t, ph)
 
         @_errors
         def on_download(t):
             if t.trace is None:
                 raise ui.InputError("nothing to download yet: step or replay first")
-            fd, path = tempfile.mkstemp(prefix="ddtree-trace-", suffix=".json")
-            os.close(fd)
-            t.trace.save(path)
-            return gr.DownloadButton(f"Download {os.path.basename(path)}", value=path, visible=True)
+            path = t.new_folder("trace") / f"ddtree-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
+            try:
+                t.trace.save(path)
+            except (OSError, UnicodeError) as exc:
+                raise ui.InputError(f"cannot write the trace: {exc}") from None
+            return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
 
         @_errors
         def on_export(t, ph, fmt, figure, show, colors, min_lp, depth, title):
+            if t.trace is None or not t.trace.steps:
+                raise ui.InputError("nothing to export yet: step, run or replay a trace first")
             path = exporter.export_round_file(
-                t.trace, t.view, fmt, phase=ph, figure=figure, show=show, colors=colors,
-                min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
+                t.trace, t.view, fmt, directory=t.new_folder("export"), phase=ph, figure=figure, show=show,
+                colors=colors, min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
                 max_depth=exporter.optional_number(depth, "max depth", integer=True),
                 show_title=bool(title))
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
 
+        def on_unload(request: gr.Request):  # the browser tab closed (its heartbeat stopped)
+            tabs.close(request.session_hash)
+            _forget_session(demo, request.session_hash)
+
         def on_timer():
-            if host.ready or host.error:
+            if host.ready or host.error or host.replay_only:
                 rows = host.layout
                 table = [list(r.values()) for r in rows] if rows else None
                 return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
@@ -236,10 +333,13 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
         demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
 
-        model_events = dict(concurrency_id="model", concurrency_limit=1)
+        # Model work from several tabs may be in flight at once: they take turns on the model round by round
+        # (ui.ModelHost.lock, granted in order), so one tab's Run does not hold up another tab's Step.
+        model_events = dict(concurrency_id="model", concurrency_limit=MODEL_EVENTS)
         step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
-        run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
-        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
+        run_event = run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
+        # Reset stops this tab's Run (ui.reset ends it at its next round; cancelling drops what it would still send)
+        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset", cancels=[run_event])
         seed_btn.click(ui.new_seed, None, [seed], api_name="new_seed")
         back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")
         fwd_btn.click(lambda t, ph: on_move(t, ph, +1), [tab, phase], [tab] + views, api_name="forward")
@@ -250,22 +350,35 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
                         [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))
         if replay_path:
-            demo.load(lambda t, ph: on_upload(t, ph, replay_path), [tab, phase], [tab] + views)
+            demo.load(on_replay_file, [tab, phase], [tab] + views)
+        demo.unload(on_unload)
+        demo.ddtree_tabs = tabs  # for tests and the memory benchmark
     return demo
 
 
 def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
+    """Serve the page. A user error (a port in use, a bad --replay file) prints `error: ...` and returns 2."""
     args = build_parser(prog).parse_args(argv)
-    host = ui.ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)
-    if args.replay is None or args.target is not None:
-        host.start(background=True)
-    else:
-        host.stage, host.error = "not loaded", "replay mode: no model loaded"
-    demo = build_app(host, args.replay)
-    demo.queue(default_concurrency_limit=1)
-    print(f"ddtree-viz: serving on http://{args.host}:{args.port} ({'public share link on' if args.share else 'local only'})",
-          flush=True)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
-                show_error=True, footer_links=[])
+    try:
+        check_port(args.host, args.port)  # before the models load: a port in use is a clear error at once
+        host = ui.ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)
+        if args.replay is None or args.target is not None:
+            host.start(background=True)
+        else:
+            host.stage, host.replay_only = "not loaded", True
+        demo = build_app(host, args.replay, file_ttl=args.file_ttl)
+        _janitor(args.file_ttl)
+        demo.queue(default_concurrency_limit=1)
+        print(f"ddtree-viz: serving on http://{args.host}:{args.port} "
+              f"({'public share link on' if args.share else 'local only'})", flush=True)
+        try:
+            demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
+                        show_error=True, footer_links=[], max_file_size=ui.MAX_UPLOAD_BYTES,
+                        state_session_capacity=STATE_SESSIONS)
+        except OSError as exc:  # the port was taken between the check and the launch
+            raise ui.InputError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another with --port") from None
+    except DDTreeVizError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 

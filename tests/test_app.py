@@ -151,16 +151,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(*app_args: str):
+def serve(*app_args: str, env: dict | None = None, log: Path | None = None):
+    """app.py on a free port; `env`: extra environment; `log`: where its output goes (default: a pipe)."""
     port = free_port()
+    out = open(log, "w") if log is not None else subprocess.PIPE  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *app_args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+                            stdout=out, stderr=subprocess.STDOUT, text=True,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"app.py exited: {proc.stdout.read()}")
+            raise RuntimeError(f"app.py exited: {proc.stdout.read() if proc.stdout else log.read_text()}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return proc, url
@@ -273,3 +275,227 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
 def test_bad_sampling_inputs_are_clear_errors(host, over, words):
     with pytest.raises(InputError, match=words):
         ui.step(host, ui.TabState(), *sampled_args(**over))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile and clumsy use of the page (issue #19)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _run_in_thread(host, tab, **over):
+    """Run to the end in a thread (as the page's Run handler does); returns the thread and the rounds it showed."""
+    import threading
+
+    shown = []
+    started = threading.Event()
+
+    def go():
+        for t in ui.run_rounds(host, tab, *args(**over)):
+            shown.append(len(t.trace.steps) if t.trace is not None else 0)
+            started.set()
+        started.set()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    assert started.wait(120)
+    return thread, shown
+
+
+def test_reset_during_run_stops_it_within_one_round(host):
+    """Reset was undone: the Run held its own copy of the tab, carried on to the end and showed it again."""
+    tab = ui.TabState()
+    thread, shown = _run_in_thread(host, tab, max_new_tokens=60, budget=1)
+    ui.reset(tab)
+    at_reset = len(shown)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(shown) <= at_reset + 1 < 40  # at most the round already under way; far from the end
+    assert tab.trace is None and tab.session is None
+    assert "Type a prompt" in ui.render_views(host, tab).status
+
+
+def test_a_new_prompt_stops_a_run_within_one_round(host):
+    tab = ui.TabState()
+    thread, shown = _run_in_thread(host, tab, max_new_tokens=60, budget=1)
+    ui.step(host, tab, *args(prompt="import sys\n"))
+    at_step = len(shown)
+    thread.join(60)
+    assert not thread.is_alive() and len(shown) <= at_step + 1 < 40
+    assert tab.session.prompt == "import sys\n" and len(tab.trace.steps) == 1
+
+
+def test_run_on_a_finished_session_leaves_the_tab_as_it_was(host):
+    """Run on a finished session yielded nothing, which blanked the whole page."""
+    tab = ui.TabState()
+    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=6)):
+        pass
+    before, view = tab.trace, tab.view
+    with pytest.raises(InputError, match="finished"):
+        next(ui.run_rounds(host, tab, *args(max_new_tokens=6)))
+    assert tab.trace is before and tab.view == view
+    assert "Finished" in ui.render_views(host, tab).status
+
+
+def test_model_turns_are_granted_in_order():
+    """The model lock goes to whoever asked first: a Run that releases it between rounds and asks again at once
+    queues behind a Step that was already waiting."""
+    import threading
+
+    lock, order = ui.FairLock(), []
+    lock.__enter__()
+    waiting = []
+    for name in ("step of tab B", "run of tab A, next round"):
+        t = threading.Thread(target=lambda n=name: (lock.__enter__(), order.append(n), lock.__exit__()))
+        t.start()
+        waiting.append(t)
+        time.sleep(0.2)  # B asks first
+    lock.__exit__()
+    for t in waiting:
+        t.join(10)
+    assert order == ["step of tab B", "run of tab A, next round"]
+
+
+def test_replay_of_a_trace_with_no_rounds_says_so(tmp_path):
+    from ddtree_viz.engine.session import DecodeSession
+
+    session = DecodeSession(tiny.tiny_pair("hybrid"), budget=2, max_new_tokens=4)
+    session.prefill("a")
+    path = tmp_path / "zero.json"
+    session.to_trace().save(path)
+    tab = ui.load_replay(ui.TabState(), str(path))
+    status = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), tab).status
+    assert "no rounds" in status and "Type a prompt" not in status
+
+
+def test_replay_mode_says_no_model_rather_than_a_failed_load():
+    host = ui.ModelHost(None, None, "float32", "cpu")
+    host.replay_only = True
+    assert "Replay mode (no model)" in host.status_markdown() and "failed" not in host.status_markdown()
+    with pytest.raises(ModelLoadError, match="replay mode \\(no model\\)"):
+        host.require()
+
+
+def test_a_tab_that_goes_away_is_freed_with_its_files(host, tmp_path):
+    tab = ui.step(host, ui.TabState(), *args())
+    folder = tab.new_folder("trace")
+    (folder / "t.json").write_text("{}")
+    again = tab.new_folder("trace")  # a second download replaces the first
+    assert again == folder and not (folder / "t.json").exists()
+    tabs = ui.Tabs()
+    tabs.add("session-1", tab)
+    assert tabs.close("session-1") and not tabs.close("session-1")
+    assert tab.trace is None and tab.session is None and not folder.exists()
+    ui.free_tab(ui.TabState())  # gradio's delete_callback: nothing to free is fine
+
+
+def test_served_page_interleaves_tabs_reset_stops_run_and_hides_server_paths(model_dirs, tmp_path):
+    """Over HTTP: another tab's Step goes in while one tab's Run is under way (it waited for the whole Run), Reset
+    stops the Run, Run on a finished session is an error that changes nothing, and a bad upload's message names the
+    file, not the server's temporary path."""
+    from gradio_client import Client, handle_file
+
+    proc, url = serve("--target", str(model_dirs[0]), "--draft", str(model_dirs[1]), log=tmp_path / "app.log")
+    try:
+        a, b = Client(url, verbose=False), Client(url, verbose=False)
+        deadline = time.time() + 60
+        while True:  # the models load in the background
+            try:
+                b.predict("verified", *args(), api_name="/step")
+                break
+            except Exception as exc:  # noqa: BLE001
+                assert "loading" in str(exc) and time.time() < deadline, exc
+                time.sleep(0.5)
+        run = a.submit("verified", *args(max_new_tokens=200, budget=1), api_name="/run")
+        while not run.outputs():  # its first round is on screen
+            assert not run.done(), run.exception()
+            time.sleep(0.1)
+        start = time.time()
+        out = b.predict("verified", *args(), api_name="/step")  # tab B's Step, while tab A runs
+        assert "Round 2 of 2" in out[0] and not run.done(), "tab B waited for tab A's whole Run"
+        step_s = time.time() - start
+        a.predict("verified", api_name="/reset")
+        deadline = time.time() + 30
+        while not run.done():
+            assert time.time() < deadline, "Reset did not stop the Run"
+            time.sleep(0.1)
+        assert "Type a prompt" in a.predict("verified", api_name="/phase")[0]  # and it stays reset
+        assert step_s < 30
+        # Run on a finished session: an error, and the page keeps what it showed
+        for _ in b.submit("verified", *args(max_new_tokens=6), api_name="/run"):
+            pass
+        shown = b.predict("verified", api_name="/phase")[0]
+        with pytest.raises(Exception, match="finished"):
+            b.predict("verified", *args(max_new_tokens=6), api_name="/run")
+        assert b.predict("verified", api_name="/phase")[0] == shown and "Finished" in shown
+        # a bad upload names the file as uploaded, never the server's temporary folder
+        bad = tmp_path / "my-trace.json"
+        bad.write_bytes(b'{"schema_version": 1, "prompt": "\xff\xfe"}')  # not UTF-8: a message that names the file
+        with pytest.raises(Exception) as exc:
+            b.predict("verified", handle_file(str(bad)), api_name="/replay")
+        assert "cannot read trace file my-trace.json" in str(exc.value)
+        assert "/tmp" not in str(exc.value) and "gradio" not in str(exc.value)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_fifty_abandoned_tabs_leave_memory_and_temp_files_bounded(tmp_path):
+    """50 browser tabs each replay a 1.2 MB trace (every fifth also downloads it and exports a figure) and go away.
+    A tab's records, files and gradio session are freed when it closes (gradio's unload); uploads and gradio's copies
+    of what it served go after --file-ttl (with the empty temp files gradio's upload parser leaves, one an upload): the
+    server's memory stays where it was after the first tabs, and the temp folders empty. (Before: every tab's records and gradio's copy of its figures stayed for an hour, ~5 MB a tab.)"""
+    import json
+    import re
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gradio_client import Client, handle_file
+
+    from tests.test_hostile import many_rounds_trace
+
+    session = __import__("ddtree_viz.engine.session", fromlist=["x"]).DecodeSession(
+        tiny.tiny_pair("hybrid"), budget=4, max_new_tokens=6)
+    session.prefill("def f(x):\n")
+    session.run()
+    big = tmp_path / "session.json"
+    big.write_text(json.dumps(many_rounds_trace(json.loads(session.to_trace().to_json()), 300, 16)))
+    gradio_tmp, sys_tmp = tmp_path / "gradio", tmp_path / "tmp"
+    gradio_tmp.mkdir()
+    sys_tmp.mkdir()
+    env = {"GRADIO_TEMP_DIR": str(gradio_tmp), "TMPDIR": str(sys_tmp), "GRADIO_HEARTBEAT_INTERVAL": "0.5"}
+    proc, url = serve("--replay", str(big), "--file-ttl", "8", env=env, log=tmp_path / "app.log")
+
+    def rss_mb() -> float:
+        return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{proc.pid}/status").read_text()).group(1)) / 1024
+
+    def files(root: Path) -> list[Path]:
+        return [p for p in root.rglob("*") if p.is_file()]
+
+    def abandoned_tab(i):
+        client = Client(url, verbose=False)
+        out = client.predict("verified", handle_file(str(big)), api_name="/replay")
+        assert "Round 300 of 300" in out[0]
+        if i % 5 == 0:
+            client.predict(api_name="/download")
+            client.predict("verified", "json", "tree", "text", "colorblind", "", "", True, api_name="/export")
+        client.close()  # the tab goes away: its heartbeat stops
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(abandoned_tab, range(10)))
+            time.sleep(3)
+            warm = rss_mb()
+            list(pool.map(abandoned_tab, range(40)))
+        time.sleep(3)
+        after = rss_mb()
+        deadline = time.time() + 40
+        while (files(gradio_tmp) or files(sys_tmp)) and time.time() < deadline:
+            time.sleep(1)
+        left = files(gradio_tmp) + files(sys_tmp)
+        print(f"\n50 abandoned tabs: server memory {warm:.0f} MB after 10 tabs, {after:.0f} MB after 50; "
+              f"temp files left {len(left)}")
+        # each tab held ~5 MB (its records, gradio's copy of its figures): kept, 40 more tabs would add ~200 MB
+        assert after - warm < 50, (warm, after)
+        assert left == [], left
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

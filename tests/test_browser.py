@@ -127,3 +127,89 @@ def test_sampling_controls_new_seed_and_step(page):
     wait_status(page, f"seed {drawn}")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-sampling.png"), full_page=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile and clumsy use (issue #19)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_reset_during_run_stays_reset_and_run_on_a_finished_session_keeps_the_page(page):
+    """Reset during Run was undone (the Run carried on and showed its rounds again); Run on a finished session
+    blanked the whole page."""
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    tokens = page.locator("input[aria-label='number input for Max new tokens']")
+    tokens.fill("512")  # a long Run (the default budget: rounds of a few tenths of a second, the page keeps up)
+    tokens.press("Enter")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("/Round ([2-9]|[1-9][0-9]+) of/.test(document.querySelector('#ddv-status').innerText)",
+                           timeout=60_000)  # the Run is under way (rounds of the embedded pair go fast)
+    # the page redraws every round: a click that waits for the layout to settle may wait the whole Run
+    page.locator("#ddv-reset").dispatch_event("click")
+    wait_status(page, "Type a prompt")
+    page.wait_for_timeout(3000)  # rounds of the Run would have come in by now
+    assert "Type a prompt" in page.locator("#ddv-status").inner_text()
+    assert page.locator("#ddv-tree .js-plotly-plot").count() == 0
+    # a short Run to the end, then Run again: an error, and the page keeps what it showed
+    tokens.fill("6")
+    tokens.press("Enter")
+    page.get_by_role("button", name="Run", exact=True).click()
+    wait_status(page, "Finished")
+    shown = page.locator("#ddv-status").inner_text()
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("this session has finished").first.wait_for(timeout=30_000)
+    assert shown in page.locator("#ddv-status").inner_text()  # (gradio marks the outputs "Error" meanwhile)
+    assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
+
+
+@pytest.fixture()
+def replay_page(tmp_path):
+    """The app in replay mode (no model) on a trace whose tokens hold quotes, ampersands, angle brackets and <br>."""
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    from ddtree_viz.engine.session import DecodeSession
+    from tests import tiny
+
+    session = DecodeSession(tiny.tiny_pair("hybrid"), budget=6, max_new_tokens=8)
+    session.prefill("def f(x):\n")
+    session.run()
+    data = json.loads(session.to_trace().to_json())
+    for step in data["steps"]:
+        for i, node in enumerate(step["nodes"]):
+            node["token"] = ['say "hi"', "a & b", "x<br>y", "<b>t</b>"][i % 4]
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(data))
+    proc, url = serve("--replay", str(path), log=tmp_path / "app.log")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            pg = browser.new_page(viewport={"width": 1400, "height": 2200})
+            pg.goto(url)
+            pg.get_by_label("Prompt").wait_for(timeout=60_000)
+            wait_status(pg, "Round")
+            yield pg
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_token_text_shows_as_typed_in_the_plots_and_replay_mode_says_no_model(replay_page):
+    """Every \" in token text showed as &quot; in the tree and mask labels (text was HTML-escaped for plotly, which
+    draws that entity literally); <br> and & must show as text too. Replay mode's banner read 'Model load failed'."""
+    page = replay_page
+    model = page.locator("#ddv-model").inner_text()
+    assert "Replay mode (no model)" in model and "failed" not in model
+    for plot in ("#ddv-tree", "#ddv-mask"):  # plotly draws after the page has its data
+        page.wait_for_function(f"document.querySelector('{plot} .js-plotly-plot text') !== null", timeout=60_000)
+    tree = page.locator("#ddv-tree").text_content()
+    mask = page.locator("#ddv-mask").text_content()
+    for text in (tree, mask):
+        assert "&quot;" not in text and "&amp;" not in text and "&lt;" not in text
+    assert 'say·"hi"' in tree and "a·&·b" in tree and "x<br>y" in tree and "<b>t</b>" in tree
+    assert '"hi"' in mask and "x<br>" in mask
+    assert page.locator("#ddv-tree b, #ddv-mask b").count() == 0  # no token became markup
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-hostile-text.png"), full_page=True)
