@@ -78,6 +78,17 @@ class StepRecord:
     # the argmax) and its probability under the filtered, tempered distribution. Empty when greedy.
     target_choice: tuple[int, ...] = ()
     target_prob: tuple[float, ...] = ()
+    # {str(b): tokens the round would have gained under budget b}, b = 1..the round's own (for the DFlash chain:
+    # chain length b); exact, see ddtree_viz/analysis.py. JSON keys are strings.
+    budget_curve: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the drafter's grid the tree was built from: row d-1 = its top-k candidates at depth d (ids, log-probs
+    # rounded to 3 decimals), best first; k = min(budget, the session's cap) (DFlash: the cap)
+    draft_top_ids: tuple[tuple[int, ...], ...] = ()
+    draft_top_logprobs: tuple[tuple[float, ...], ...] = ()
+    # the target's top-k at each tree position, root first (ids, probabilities rounded to 4 decimals): under
+    # softmax(logits) when greedy, under the filtered tempered distribution when sampling
+    target_top_ids: tuple[tuple[int, ...], ...] = ()
+    target_top_probs: tuple[tuple[float, ...], ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -258,6 +269,15 @@ def _check_step(step: StepRecord, where: str) -> None:
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
             raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
+    for ids_name, values_name, rows in (("draft_top_ids", "draft_top_logprobs", None),
+                                        ("target_top_ids", "target_top_probs", n)):
+        ids, values = getattr(step, ids_name), getattr(step, values_name)
+        if rows is not None and ids and len(ids) != rows:
+            raise TraceError(f"{where}: {ids_name} has {len(ids)} rows for {n} nodes")
+        if len(values) != len(ids) or any(len(a) != len(b) for a, b in zip(ids, values)):
+            raise TraceError(f"{where}: {values_name} does not match {ids_name} entry for entry")
+    if any(not k.isdigit() or not isinstance(v, int) for k, v in step.budget_curve.items()):
+        raise TraceError(f"{where}: budget_curve must map budgets (whole numbers as strings) to token counts")
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not isinstance(step.timings_ms, dict):
