@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..trace import StepRecord
+from ..treeops import ancestor_matrix
 from . import style
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, shorten, visible
@@ -15,13 +16,7 @@ MAX_TICKS = style.MASK_MAX_TICKS
 
 def ancestor_mask(step: StepRecord) -> np.ndarray:
     """[T, T] 0/1: row i sees column j when j is i or one of its ancestors (the tree part of the mask)."""
-    n = len(step.nodes)
-    vis = np.zeros((n, n), dtype=np.int8)
-    for node in step.nodes:
-        if node.parent >= 0:
-            vis[node.id, : node.id] = vis[node.parent, : node.id]
-        vis[node.id, node.id] = 1
-    return vis
+    return ancestor_matrix([node.parent for node in step.nodes]).astype(np.int8)
 
 
 def verify_mask(step: StepRecord) -> np.ndarray:
