@@ -10,7 +10,7 @@ from ..trace import StepRecord, Trace
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
-PHASES = ("draft", "tree", "verify", "commit")
+TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
 ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
 
 
@@ -55,7 +55,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
     steps = trace.steps
     added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
     acc = [s.acceptance for s in steps]
-    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in PHASES}
+    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in TIMING_PHASES}
     round_ms = [sum(float(v) for v in s.timings_ms.values()) for s in steps]
     total_s = sum(round_ms) / 1e3
     out = {
@@ -106,7 +106,7 @@ def stats_markdown(summary: dict) -> str:
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
         ("mean time per round", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
+        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
