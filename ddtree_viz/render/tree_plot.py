@@ -30,16 +30,17 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
         lines.append(f"position {n.id} · depth {n.depth} · rank {rank}")
         if n.logprob is not None:
             lines.append(f"drafter log-prob {_fmt(n.logprob)} · path {_fmt(n.score)}")
+    def target_line(what: str, token_id: int, stored_text, note: str) -> str:
+        text = argmax_text(token_id) if argmax_text is not None else stored_text
+        shown = f" {esc(visible(text))}" if text is not None else ""
+        return f"target {what}: id {token_id}{shown}{note}"
+
     if phase == "verified" and n.argmax is not None:
-        text = argmax_text(n.argmax) if argmax_text is not None else n.argmax_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
         margin = f" (margin {_fmt(n.target_margin, 2)})" if n.target_margin is not None else ""
-        lines.append(f"target argmax: id {n.argmax}{shown}{margin}")
+        lines.append(target_line("argmax", n.argmax, n.argmax_token, margin))
     if phase == "verified" and n.choice is not None:
-        text = argmax_text(n.choice) if argmax_text is not None else n.choice_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
         prob = f" (p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
-        lines.append(f"target sample: id {n.choice}{shown}{prob}")
+        lines.append(target_line("sample", n.choice, n.choice_token, prob))
     if phase == "verified" and n.role not in ("other", "root"):
         lines.append(style.ROLE_NAME[n.role])
     return "<br>".join(lines)
