@@ -319,5 +319,54 @@ def node_info(step: StepRecord, position: int) -> dict[str, Any]:
     return info
 
 
-def curve_from_json(curve: Mapping[str, int] | Mapping[int, int]) -> dict[int, int]:
-    return {int(k): int(v) for k, v in curve.items()}
+# ----------------------------------------------------------------------------------------------------------
+# Two configurations side by side
+# ----------------------------------------------------------------------------------------------------------
+
+
+def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first token where two outputs differ (or where the shorter one ends), None when identical."""
+    for i, (a, b) in enumerate(zip(output, reference)):
+        if a != b:
+            return i
+    return None if len(output) == len(reference) else min(len(output), len(reference))
+
+
+COMPARED_SETTINGS = ("budget", "block_size", "method", "verify", "engine", "dtype", "device", "max_new_tokens",
+                     "temperature", "top_k", "top_p", "seed")
+
+
+def compare_outputs(a, b) -> dict[str, Any]:
+    """Two traces (trace.Trace) of the same prompt side by side: part_at (first output token both have and differ
+    at, None when they agree so far: a live session may be ahead of the other, and both stop at the same max new
+    tokens), a_token_id / b_token_id there; agree_upto (tokens compared); per side its verdict against its
+    own reference (identical: True / False / None when not recorded; first_divergence), rounds, mean acceptance
+    and tokens generated; settings_diff {name: [a, b]} over the settings that differ."""
+    common = min(len(a.output_ids), len(b.output_ids))
+    part = first_divergence(a.output_ids[:common], b.output_ids[:common])
+
+    def at(ids, i):
+        return ids[i] if i is not None and i < len(ids) else None
+
+    def side(t) -> dict[str, Any]:
+        acc = [s.acceptance for s in t.steps]
+        return {"identical": None if t.greedy_ids is None else t.first_divergence is None,
+                "first_divergence": t.first_divergence, "rounds": len(t.steps), "tokens": len(t.output_ids),
+                "mean_acceptance": sum(acc) / len(acc) if acc else None}
+
+    diff = {k: [a.settings.get(k), b.settings.get(k)] for k in COMPARED_SETTINGS
+            if a.settings.get(k) != b.settings.get(k)}
+    return {"part_at": part, "a_token_id": at(a.output_ids, part), "b_token_id": at(b.output_ids, part),
+            "agree_upto": common if part is None else part, "same_prompt": a.prompt_ids == b.prompt_ids, "a": side(a), "b": side(b), "settings_diff": diff}
+
+
+def config_label(settings: Mapping[str, Any]) -> str:
+    """A configuration in a few words: 'DDTree budget 32, block 16, exact' / 'DFlash chain, block 16, naive'."""
+    method = settings.get("method", "ddtree")
+    head = "DFlash chain" if method == "dflash" else f"DDTree budget {settings.get('budget', '?')}"
+    parts = [head, f"block {settings.get('block_size', '?')}", str(settings.get("verify", "exact"))]
+    if settings.get("engine") not in (None, "transformers"):
+        parts.append(f"{settings['engine']} engine")
+    if settings.get("dtype") not in (None, "float32"):
+        parts.append(str(settings["dtype"]))
+    return ", ".join(parts)

@@ -137,14 +137,60 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        path = Path(path)
-        if not path.is_file():
-            raise TraceError(f"trace file not found: {path}")
+        return cls.from_json(_read(path))
+
+
+COMPARE_KIND = "compare"
+
+
+@dataclass(frozen=True)
+class CompareTrace:
+    """Two sessions on the same prompt with different configurations, stepped in lockstep (the page's compare
+    mode, `run --compare`): both recorded in full, so the comparison replays with no model. JSON: `{"schema_version",
+    "kind": "compare", "a": <trace>, "b": <trace>}`."""
+
+    a: Trace
+    b: Trace
+    kind: str = COMPARE_KIND
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
+
+
+def load_any(path: str | Path) -> Trace | CompareTrace:
+    """A trace file or a compare trace file, checked (TraceError naming the problem)."""
+    return any_from_json(_read(path))
+
+
+def any_from_json(text: str) -> Trace | CompareTrace:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"the trace is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
+        _check_version(data)
+        for side in ("a", "b"):
+            if side not in data:
+                raise TraceError(f"the compare trace has no '{side}' trace")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TraceError(f"cannot read trace file {path}: {exc}") from None
-        return cls.from_json(text)
+            return CompareTrace(trace_from_dict(data["a"]), trace_from_dict(data["b"]))
+        except TraceError as exc:
+            raise TraceError(f"compare trace: {exc}") from None
+    return trace_from_dict(data)
+
+
+def _read(path: str | Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc}") from None
 
 
 def to_plain(obj: Any) -> Any:
@@ -319,6 +365,13 @@ def sampling_flags(settings: dict[str, Any]) -> str:
 def trace_from_dict(data: Any) -> Trace:
     if not isinstance(data, dict):
         raise TraceError("the trace must be a JSON object")
+    if data.get("kind") == COMPARE_KIND:
+        raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
+    _check_version(data)
+    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+
+
+def _check_version(data: dict) -> None:
     version = data.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise TraceError("the trace has no integer 'schema_version': not a ddtree-viz trace")
@@ -329,4 +382,3 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})

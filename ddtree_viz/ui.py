@@ -10,13 +10,13 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
 from .engine.sampling import MAX_SEED, Sampler
-from .engine.session import DecodeSession, _check_int
-from .engine.engines import engine_for
+from .engine.session import MAX_BUDGET, DecodeSession, _check_int
+from .engine.engines import ENGINES, engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
@@ -26,9 +26,16 @@ from .render.mask_plot import mask_figure
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
-from .trace import Trace, is_sampled, sampling_flags, sampling_label
+from .render.budget_view import budget_figure, depth_figure
+from .render.compare_view import compare_html
+from .render.grid_view import grid_data, grid_figure
+from .render.inspect_view import inspector_html, node_choices, stop_html
+from .analysis import config_label
+from .trace import CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
+SAME = "same"  # compare mode: the engine / dtype of the first configuration
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelHost:
@@ -44,6 +51,7 @@ class ModelHost:
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -90,6 +98,18 @@ class ModelHost:
             raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
         return self.pair
 
+    def pair_for(self, dtype: str | None) -> ModelPair:
+        """The loaded pair, or (compare mode) the same models in another dtype, loaded once on first use."""
+        pair = self.require()
+        if dtype in (None, "", SAME) or dtype == self.args[2]:
+            return pair
+        if dtype not in DTYPES:
+            raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        if dtype not in self._pairs:
+            target, draft, _, device = self.args
+            self._pairs[dtype] = load_pair(target, draft, dtype=dtype, device=device)
+        return self._pairs[dtype]
+
 
 @dataclass
 class Settings:
@@ -102,9 +122,22 @@ class Settings:
     sampler: Sampler
 
 
+@dataclass(frozen=True)
+class CompareSettings:
+    """Compare mode: the second configuration (same prompt, max new tokens and sampler as the first)."""
+
+    budget: int
+    block_size: int
+    method: str
+    verify: str
+    engine: str  # an engine name, or SAME
+    dtype: str  # a dtype, or SAME
+
+
 @dataclass
 class TabState:
-    """One browser tab: its live session (or a replayed trace) and the round it shows."""
+    """One browser tab: its live session (or a replayed trace) and the round it shows; in compare mode a second
+    session (B) on the same prompt, stepped in lockstep."""
 
     session: DecodeSession | None = None
     settings: Settings | None = None
@@ -112,6 +145,10 @@ class TabState:
     view: int = -1  # round index shown
     replay: bool = False
     greedy_s: float = 0.0
+    other: DecodeSession | None = None  # compare mode: configuration B's live session
+    other_settings: CompareSettings | None = None
+    other_trace: Trace | None = None  # B's records (live snapshot, or the replayed compare trace's)
+    inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
 
 
 def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
@@ -120,6 +157,22 @@ def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temper
         raise InputError(f"unknown verification mode {verify!r}")
     sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
     return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method, sampler)
+
+
+def compare_settings(on, budget=32, block_size=16, method="ddtree", verify="exact", engine=SAME,
+                     dtype=SAME) -> CompareSettings | None:
+    """The compare controls as settings (None when compare mode is off)."""
+    if not on:
+        return None
+    if verify not in VERIFY_CHOICES:
+        raise InputError(f"unknown verification mode {verify!r}")
+    if engine not in (SAME, *ENGINES):
+        raise InputError(f"engine must be one of {SAME}, {', '.join(ENGINES)}, not {engine!r}")
+    if dtype not in (SAME, *DTYPES):
+        raise InputError(f"dtype must be one of {SAME}, {', '.join(DTYPES)}, not {dtype!r}")
+    return CompareSettings(_check_int("compare budget", budget, 1, MAX_BUDGET),
+                           _check_int("compare block size", block_size, 2, 4096), method, VERIFY_CHOICES[verify],
+                           engine, dtype)
 
 
 def new_seed() -> int:
@@ -137,39 +190,81 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
                             method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
     session.prefill(s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
+    tab.other = tab.other_settings = tab.other_trace = None
+    tab.inspect = None
+
+
+def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> None:
+    """Compare mode: keep B's session, or start it for new compare settings and catch it up with A's rounds (the
+    two step in lockstep). Off: drop it."""
+    if c is None:
+        tab.other = tab.other_settings = tab.other_trace = None
+        return
+    if tab.other is not None and tab.other_settings == c:
+        return
+    s = tab.settings
+    pair = host.pair_for(None if c.dtype == SAME else c.dtype)
+    engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify)
+    other = DecodeSession(pair, budget=c.budget, max_new_tokens=s.max_new_tokens, verify=c.verify, method=c.method,
+                          block_size=min(c.block_size, pair.drafter.block_size), engine=engine, sampler=s.sampler)
+    other.prefill(s.prompt)
+    while len(other.history) < len(tab.session.history) and not other.done:
+        other.step()
+    tab.other, tab.other_settings = other, c
+    tab.other_trace = other.to_trace()
+
+
+def _step_both(tab: TabState) -> None:
+    """One round of A and (compare mode) of B, unless B has finished."""
+    tab.session.step()
+    if tab.other is not None and not tab.other.done:
+        tab.other.step()
 
 
 def _refresh(tab: TabState) -> None:
-    """Re-read the live session's records (greedy reference extended to the tokens generated so far)."""
+    """Re-read the live sessions' records (greedy reference extended to the tokens generated so far)."""
     tab.trace = tab.session.to_trace()
     tab.greedy_s = tab.session.greedy_seconds
+    if tab.other is not None:
+        tab.other_trace = tab.other.to_trace()
 
 
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
-         top_p=1.0, top_k=0, seed=0) -> TabState:
-    """One round. A new prompt or changed settings (a new seed included) start a new session first."""
+         top_p=1.0, top_k=0, seed=0, *compare) -> TabState:
+    """One round (of both configurations in compare mode: `compare` = compare_settings' arguments). A new prompt or
+    changed settings (a new seed included) start a new session first."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+    c = compare_settings(*compare) if compare else None
     with host.lock:
         _ensure_session(host, tab, s)
+        _ensure_other(host, tab, c)
         if tab.session.done:
             raise InputError("this session has finished (end of text or max new tokens): press Reset or change the prompt")
-        tab.session.step()
+        _step_both(tab)
         _refresh(tab)
     tab.view = len(tab.trace.steps) - 1
+    tab.inspect = None
     return tab
 
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
-               temperature=0.0, top_p=1.0, top_k=0, seed=0):
-    """Run to the end, yielding the tab after every round (the page updates live)."""
+               temperature=0.0, top_p=1.0, top_k=0, seed=0, *compare):
+    """Run to the end (both configurations in compare mode, in lockstep), yielding the tab after every round (the
+    page updates live)."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+    c = compare_settings(*compare) if compare else None
     with host.lock:
         _ensure_session(host, tab, s)
-    while not tab.session.done:
+        _ensure_other(host, tab, c)
+    while not tab.session.done or (tab.other is not None and not tab.other.done):
         with host.lock:
-            tab.session.step()
+            if tab.session.done:  # A finished first: B goes on alone
+                tab.other.step()
+            else:
+                _step_both(tab)
             _refresh(tab)
-        tab.view = len(tab.trace.steps) - 1
+        tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
+        tab.inspect = None
         yield tab
 
 
@@ -178,15 +273,48 @@ def reset(tab: TabState) -> TabState:
 
 
 def load_replay(tab: TabState, path: str) -> TabState:
-    trace = Trace.load(path)
-    return TabState(trace=trace, view=len(trace.steps) - 1, replay=True)
+    """A saved trace, or a compare trace (both configurations), to replay with no model."""
+    loaded = load_any(path)
+    if isinstance(loaded, CompareTrace):
+        return TabState(trace=loaded.a, other_trace=loaded.b, replay=True,
+                        view=max(len(loaded.a.steps), len(loaded.b.steps)) - 1)
+    return TabState(trace=loaded, view=len(loaded.steps) - 1, replay=True)
+
+
+def saved_trace(tab: TabState) -> Trace | CompareTrace:
+    """What 'Download trace' writes: the session's trace, or in compare mode both (a compare trace)."""
+    if tab.trace is None:
+        raise InputError("nothing to download yet: step or replay first")
+    return CompareTrace(tab.trace, tab.other_trace) if tab.other_trace is not None else tab.trace
+
+
+def rounds_shown(tab: TabState) -> int:
+    """Rounds the round slider spans: the longer of the two sessions in compare mode."""
+    n = len(tab.trace.steps) if tab.trace is not None else 0
+    return max(n, len(tab.other_trace.steps) if tab.other_trace is not None else 0)
 
 
 def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:
-    if tab.trace is None or not tab.trace.steps:
+    if tab.trace is None or not rounds_shown(tab):
         return tab
-    last = len(tab.trace.steps) - 1
+    last = rounds_shown(tab) - 1
     tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
+    tab.inspect = None
+    return tab
+
+
+def inspect(tab: TabState, node) -> TabState:
+    """Point the node inspector at tree position `node` of the round shown (a number, its text, or a selector
+    label '3 · ...'); blank or unknown leaves it as it was."""
+    if node is None or (isinstance(node, str) and not node.strip()):
+        return tab
+    try:
+        pos = int(str(node).split("·")[0].strip())
+    except ValueError:
+        raise InputError(f"not a tree position: {node!r}") from None
+    step = _shown_step(tab.trace, tab.view)
+    if step is not None and 0 <= pos < len(step.nodes):
+        tab.inspect = pos
     return tab
 
 
@@ -208,6 +336,54 @@ class Views:
     divergence: str
     rounds: int
     view: int
+    grid: object = None  # the drafter's grid of the round (None: not recorded)
+    budget: object = None  # the budget that would have done: the round's curve and the session's
+    depth: object = None  # acceptance histogram and per-depth conditional acceptance
+    stop: str = ""  # where and why the round's walk stopped
+    inspector: str = ""  # the node inspector
+    node_choices: list = field(default_factory=list)  # the inspector's selector: (label, tree position)
+    inspect: int | None = None  # the node it shows
+    tree_b: object = None  # compare mode: configuration B's tree of the round
+    compare: str = ""  # compare mode: both outputs token by token, where they part, verdicts
+
+
+def _shown_step(trace: Trace | None, k: int):
+    """Round k of a trace (its last one when it has fewer: compare mode's shorter side), or None."""
+    if trace is None or not trace.steps:
+        return None
+    return trace.steps[max(0, min(k, len(trace.steps) - 1))]
+
+
+def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None):
+    step = _shown_step(trace, k)
+    layout = tree_layout(step, phase=phase, token_text=text)
+    lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
+          if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
+    return tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title)
+
+
+def _analysis_views(tab: TabState, trace: Trace, k: int, text) -> dict:
+    """The 'why did this round stop there' views of round k (grid, budget curve, acceptance by depth, the stop and
+    the node inspector)."""
+    step = _shown_step(trace, k)
+    steps = trace.steps[: step.index + 1]
+    html, choices, node = inspector_view(tab)
+    return dict(
+        grid=grid_figure(grid_data(step, text)) if step.draft_top_ids else None, budget=budget_figure(steps),
+        depth=depth_figure(steps, trace.settings.get("block_size")), stop=stop_html(step, text) if step.nodes else "",
+        inspector=html, node_choices=choices, inspect=node,
+    )
+
+
+def inspector_view(tab: TabState) -> tuple[str, list, int | None]:
+    """The node inspector for the round shown: (its HTML, the selector's choices, the node shown). With no node
+    picked it shows the last accepted one, where the walk stopped."""
+    step = _shown_step(tab.trace, tab.view)
+    if step is None or not step.nodes:
+        return inspector_html(None, None), [], None
+    node = tab.inspect if tab.inspect is not None and tab.inspect < len(step.nodes) else step.accepted[-1]
+    text = _token_text(tab)
+    return inspector_html(step, node, text), node_choices(step, text), node
 
 
 def _token_text(tab: TabState):
@@ -221,12 +397,12 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     if tab.trace is None or not tab.trace.steps:
         status = "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
         return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
-    trace, k = tab.trace, max(0, min(tab.view, len(tab.trace.steps) - 1))
-    step = trace.steps[k]
+    trace, k = tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))
+    step = _shown_step(trace, k)
     text = _token_text(tab)
-    layout = tree_layout(step, phase=phase, token_text=text)
-    lo = min(n.logprob for s in trace.steps for n in s.nodes[1:]) if any(len(s.nodes) > 1 for s in trace.steps) else -1.0
-    tree = tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0)
+    compare = tab.other_trace is not None and bool(tab.other_trace.steps)
+    tree = _tree_of(trace, k, phase, text, title=_side_title("A", trace, k) if compare else None)
+    k = step.index
     greedy_tok_s = ddtree_tok_s = None
     if tab.session is not None and not tab.replay and tab.greedy_s > 0:
         greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
@@ -242,9 +418,31 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
+    extra = {}
+    if compare:
+        other_text = _other_text(tab)
+        kb = max(0, min(tab.view, len(tab.other_trace.steps) - 1))
+        extra = dict(tree_b=_tree_of(tab.other_trace, kb, phase, other_text, _side_title("B", tab.other_trace, kb)),
+                     compare=compare_html(trace, tab.other_trace, text, view=tab.view))
+        status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
     return Views(
         status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
         diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
         stats=stats_markdown(summary), divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
-        rounds=len(trace.steps), view=k,
+        rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)),
+        **_analysis_views(tab, trace, k, text), **extra,
     )
+
+
+def _side_title(side: str, trace: Trace, k: int) -> str:
+    step = _shown_step(trace, k)
+    note = "" if step.index == k else " (finished)"
+    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.acceptance} token(s)"
+            + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
+
+
+def _other_text(tab: TabState):
+    if tab.other is not None and not tab.replay:
+        return tab.other.token_text
+    texts = tab.other_trace.token_texts
+    return lambda i: texts.get(str(i), f"⟨{i}⟩")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import analysis
+from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
 from .engines import ENGINES, TargetEngine, make_engine
@@ -167,13 +168,6 @@ def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: s
                   sampler: Sampler = GREEDY) -> GreedyResult:
     """The target's own decoding: greedy, or position-keyed sampling with `sampler`."""
     return GreedyReference(target, prompt_ids, eos_ids, sampler=sampler).extend_to(max_new_tokens)
-
-
-def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
-    for i, (a, b) in enumerate(zip(output, greedy)):
-        if a != b:
-            return i
-    return None if len(output) == len(greedy) else min(len(output), len(greedy))
 
 
 # ----------------------------------------------------------------------------------------------------------

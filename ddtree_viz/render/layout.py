@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from .. import analysis
 from ..trace import StepRecord
 from . import style
 from .text import TokenText, lookup, shorten, visible
@@ -67,6 +68,12 @@ class LayoutNode:
     choice: int | None = None
     choice_token: str | None = None
     choice_prob: float | None = None
+    # the target at this node's parent (its recorded top-k): this token's probability there (None: outside the
+    # top-k, or not recorded: parent_top_k 0) and the target's choice there (what the walk wanted at this depth)
+    parent_prob: float | None = None
+    parent_top_k: int = 0
+    parent_choice: int | None = None
+    parent_choice_token: str | None = None
 
     @property
     def color_value(self) -> float | None:
@@ -241,6 +248,8 @@ def tree_layout(
     margins = step.target_margin if len(step.target_margin) == n_tree else None
     sampled = len(step.target_choice) == n_tree
     probs = step.target_prob if len(step.target_prob) == n_tree else None
+    tops = [dict(analysis.target_top(step, i)) for i in range(n_tree)] if step.target_top_ids else None
+    choices = step.choices
 
     out: list[LayoutNode] = []
     for n in nodes:
@@ -263,6 +272,7 @@ def tree_layout(
             choice=step.target_choice[n.id] if sampled else None,
             choice_token=text(step.target_choice[n.id]) if sampled else None,
             choice_prob=probs[n.id] if probs else None,
+            **_parent_view(n, tops, choices, text),
         ))
     bonus_text = text(step.bonus_token_id)
     out.append(LayoutNode(
@@ -270,6 +280,7 @@ def tree_layout(
         token_id=step.bonus_token_id, token=bonus_text, label=shorten(visible(bonus_text), label_chars), rank=-1,
         logprob=None, score=None, argmax=None, argmax_token=None, target_margin=None, role="bonus", on_path=False,
         synthetic=True, choice_prob=probs[last] if probs else None,
+        **_parent_view(dataclasses.replace(nodes[last], parent=last, token_id=step.bonus_token_id), tops, choices, text),
     ))
     edges = [LayoutEdge(n.parent, n.id, n.on_path) for n in out if n.parent >= 0 and not n.synthetic]
     edges.append(LayoutEdge(last, bonus_id, False, synthetic=True))
@@ -284,6 +295,16 @@ def tree_layout(
     return for_phase(layout, phase)
 
 
+def _parent_view(node, tops, choices, text) -> dict:
+    """LayoutNode fields for what the target thought at the node's parent (none for the root, or unrecorded)."""
+    if node.parent < 0 or tops is None:
+        return {}
+    top = tops[node.parent]
+    choice = choices[node.parent]
+    return dict(parent_prob=top.get(node.token_id), parent_top_k=len(top), parent_choice=choice,
+                parent_choice_token=text(choice))
+
+
 def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
     """The same layout as seen in `phase`: "drafted" strips everything verification decided (roles other
     than root/other, the path, the bonus node, the target's argmax); positions are unchanged."""
@@ -295,7 +316,8 @@ def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
         raise ValueError("a drafted-phase layout has no verification data: lay out with phase='verified'")
     nodes = tuple(
         dataclasses.replace(n, role="root" if n.id == 0 else "other", on_path=False, argmax=None, argmax_token=None,
-                            target_margin=None, choice=None, choice_token=None, choice_prob=None)
+                            target_margin=None, choice=None, choice_token=None, choice_prob=None, parent_prob=None,
+                            parent_top_k=0, parent_choice=None, parent_choice_token=None)
         for n in layout.nodes if not n.synthetic
     )
     edges = tuple(dataclasses.replace(e, on_path=False) for e in layout.edges if not e.synthetic)

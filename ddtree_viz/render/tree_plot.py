@@ -41,9 +41,23 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
     if phase == "verified" and n.choice is not None:
         prob = f" (p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
         lines.append(target_line("sample", n.choice, n.choice_token, prob))
+    if phase == "verified" and n.parent_top_k:
+        lines.append(parent_line(n, argmax_text))
     if phase == "verified" and n.role not in ("other", "root"):
         lines.append(style.ROLE_NAME[n.role])
     return "<br>".join(lines)
+
+
+def parent_line(n: LayoutNode, argmax_text=None) -> str:
+    """The node inspector's short form: how likely the target found this token at the parent, and what it chose
+    there (escaped)."""
+    if n.parent_choice == n.token_id:
+        where = "its choice"
+    else:
+        text = argmax_text(n.parent_choice) if argmax_text is not None else n.parent_choice_token
+        where = f"it chose {esc(visible(text or ''))} (id {n.parent_choice})"
+    p = f"p {_fmt(n.parent_prob)}" if n.parent_prob is not None else f"outside its top-{n.parent_top_k}"
+    return f"target at the parent: {p} · {where}"
 
 
 def _node_text(n: LayoutNode, ranks: bool = True) -> str:
