@@ -155,7 +155,7 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
 # The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
 # stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
 FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
-FIGURES = ("tree", "mask", "acceptance")
+FIGURES = ("tree", "mask", "acceptance", "grid")
 SHOW_CHOICES = ("text", "ids", "both")
 SCHEME_NAMES = ("colorblind", "grayscale")
 COLOR_RANGES = ("trace", "round")
@@ -176,7 +176,8 @@ def _add_export_parser(sub) -> None:
     ex.add_argument("--out", required=True, metavar="FILE", help="the file to write ('-': standard output)")
     g = ex.add_argument_group("what to draw")
     g.add_argument("--figure", default="tree", choices=FIGURES,
-                   help="tree (default), mask (the verify pass's attention mask) or acceptance (tokens per round, rounds 1..K)")
+                   help="tree (default), mask (the verify pass's attention mask), acceptance (tokens per round, rounds "
+                        "1..K) or grid (the drafter's depth x rank log-probs the tree was built from)")
     g.add_argument("--phase", default="verified", choices=PHASES,
                    help="verified (default: accepted path, bonus) or drafted (the tree before verification)")
     g.add_argument("--show", default="text", choices=SHOW_CHOICES, help="node labels: token text (default), ids, or both")

@@ -35,7 +35,7 @@ from .stats_view import ACCEPTANCE_TITLE, acceptance_figure
 from .text import lookup, shorten, visible
 
 FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
-FIGURES = ("tree", "mask", "acceptance")
+FIGURES = ("tree", "mask", "acceptance", "grid")
 SHOW_CHOICES = ("text", "ids", "both")
 COLOR_RANGES = ("trace", "round")
 SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz": "tikz", ".html": "html",
@@ -51,7 +51,7 @@ EXPORT_FORMAT = "ddtree-viz round"  # the JSON export's "format" field
 class ExportOptions:
     """Everything an export can be asked for. Defaults give what the page shows for the round."""
 
-    figure: str = "tree"  # tree | mask | acceptance (rounds 1..step, as on the page)
+    figure: str = "tree"  # tree | mask | acceptance (rounds 1..step, as on the page) | grid (the drafter's)
     phase: str = "verified"  # verified | drafted (the tree before verification: no path, no bonus)
     show: str = "text"  # node labels: token text (visible whitespace), token ids, or both
     colors: str = "colorblind"  # colorblind (the page's Okabe-Ito + viridis) | grayscale (print)
@@ -221,6 +221,33 @@ def mask_labels(step: StepRecord, o: ExportOptions) -> tuple[list[str], list[str
     return tick_labels(step, show=o.show, label_chars=o.label_chars or MASK_LABEL_CHARS, verified=o.phase == "verified")
 
 
+@dataclass(frozen=True)
+class GridParts:
+    grid: Any  # render.grid_view.GridData
+    fills: dict  # (depth, rank) -> '#RRGGBB' over the grid's own log-prob range, on the scheme's scale
+    cmin: float
+    cmax: float
+    title: str | None
+    note: str
+
+
+def grid_parts(trace: Trace, k: int, o: ExportOptions) -> GridParts:
+    """The drafter's grid of round k as every backend draws it; InputError when the round has none recorded."""
+    from plotly.colors import get_colorscale, sample_colorscale
+
+    from .grid_view import default_title, grid_data, stop_note
+
+    try:
+        g = grid_data(trace.steps[k], token_text_of(trace), o.label_chars or 6)
+    except ValueError as exc:
+        raise InputError(f"{exc}: export the tree instead") from None
+    lo, hi = g.logprob_range
+    scale = get_colorscale(get_scheme(o.colors).colorscale)
+    fills = {(c.depth, c.rank): hex_color(sample_colorscale(
+        scale, [0.5 if hi <= lo else min(max((c.logprob - lo) / (hi - lo), 0.0), 1.0)])[0]) for c in g.cells}
+    return GridParts(g, fills, lo, hi, _title(o, default_title(g)), stop_note(g))
+
+
 def _comment(trace: Trace, k: int, o: ExportOptions) -> str:
     s = trace.settings
     lines = [
@@ -290,6 +317,12 @@ def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
             page = _page(o, mpl.mask_size(len(step.nodes), title=bool(title), caption=_caption(o)), title, _caption(o), fmt)
             fig = mpl.mask_figure_mpl(verify_mask(step).tolist(), rows, cols, accepted, scheme, page)
             meta = title or f"ddtree-viz verify mask, round {k + 1}"
+        elif o.figure == "grid":
+            gp = grid_parts(trace, k, o)
+            size = mpl.grid_size(gp.grid.depths, gp.grid.k, title=bool(gp.title), caption=_caption(o))
+            page = _page(o, size, gp.title, _caption(o), fmt)
+            fig = mpl.grid_figure_mpl(gp.grid, scheme, page, cmin=gp.cmin, cmax=gp.cmax, note=gp.note)
+            meta = gp.title or f"ddtree-viz drafter's grid, round {k + 1}"
         else:
             steps = trace.steps[: k + 1]
             title = _title(o, ACCEPTANCE_TITLE)
@@ -345,6 +378,10 @@ def _tikz(trace: Trace, k: int, o: ExportOptions) -> str:
                               ranks=o.ranks, path_label=o.path_label, legend=o.legend, standalone=o.standalone,
                               comment=comment)
     scheme = get_scheme(o.colors)
+    if o.figure == "grid":
+        gp = grid_parts(trace, k, o)
+        return tikz.grid_tikz(gp.grid, gp.fills, scheme, note=gp.note, title=gp.title, caption=_caption(o),
+                              standalone=o.standalone, comment=comment)
     if o.figure == "mask":
         rows, cols, accepted = mask_labels(step, o)
         return tikz.mask_tikz(verify_mask(step).tolist(), rows, cols, accepted, scheme,
@@ -375,6 +412,11 @@ def plotly_figure(trace: Trace, k: int, o: ExportOptions):
         p = tree_parts(trace, k, o)
         fig = tree_figure(p.layout, title=p.title or "", scheme=scheme, phase=o.phase, token_text=token_text_of(trace),
                           cmin=p.cmin, cmax=p.cmax, ranks=o.ranks, path_label=o.path_label, legend=o.legend)
+    elif o.figure == "grid":
+        from .grid_view import grid_figure
+
+        gp = grid_parts(trace, k, o)
+        fig = grid_figure(gp.grid, scheme=scheme, title=gp.title or "", legend=o.legend)
     elif o.figure == "mask":
         fig = mask_figure(step, scheme=scheme, show_accepted=o.phase == "verified",
                           title=_title(o, _mask_title(step)) or "", label_chars=o.label_chars or MASK_LABEL_CHARS,
@@ -428,7 +470,8 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
     step = trace.steps[k]
     text = token_text_of(trace)
     ids = sorted({n.token_id for n in step.nodes} | set(step.target_argmax) | set(step.target_choice)
-                 | set(step.new_token_ids) | {step.bonus_token_id, step.root_token_id})
+                 | set(step.new_token_ids) | {step.bonus_token_id, step.root_token_id}
+                 | {t for row in step.target_top_ids + step.draft_top_ids for t in row})
     tokens = {str(i): trace.token_texts.get(str(i), next((n.token for n in step.nodes if n.token_id == i), text(i)))
               for i in ids}
     options = {f.name: getattr(o, f.name) for f in dataclasses.fields(ExportOptions)}
@@ -465,7 +508,30 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
                        "visible": verify_mask(step).tolist()}
     if o.figure == "acceptance":
         out["acceptance"] = [{"round": s.index + 1, "tokens": s.acceptance} for s in trace.steps[: k + 1]]
+    if o.figure == "grid":
+        gp = grid_parts(trace, k, o)
+        out["grid"] = {"title": gp.title, "note": gp.note, "depths": gp.grid.depths, "k": gp.grid.k,
+                       "color_range": [gp.cmin, gp.cmax],
+                       "cells": [{"depth": c.depth, "rank": c.rank, "token_id": c.token_id, "token": c.token,
+                                  "label": c.label, "logprob": c.logprob, "taken": list(c.taken), "on_path": c.on_path,
+                                  "fill": gp.fills[(c.depth, c.rank)]} for c in gp.grid.cells],
+                       "path": [list(p) for p in gp.grid.path],
+                       "stop": {"depth": gp.grid.stop_depth, "rank": gp.grid.stop_rank}}
+    out["analysis"] = round_analysis(step)
     return out
+
+
+def round_analysis(step: StepRecord) -> dict:
+    """Why the round stopped there (ddtree_viz.analysis): stop_info, the budget curve, and every node as the page's
+    inspector shows it (JSON-ready: budget keys as strings, lists for tuples)."""
+    from .. import analysis
+
+    return to_plain({
+        "stop": analysis.stop_info(step),
+        "budget_curve": {str(b): v for b, v in analysis.recorded_curve(step).items()},
+        "budget_curve_exact": analysis.curve_is_exact(step),
+        "nodes": [analysis.node_info(step, n.id) for n in step.nodes],
+    })
 
 
 def step_from_export(data: dict | str) -> StepRecord:

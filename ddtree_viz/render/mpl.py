@@ -402,3 +402,69 @@ def acceptance_figure_mpl(rounds: list[int], values: list[int], scheme: Scheme, 
 def acceptance_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
     w = min(max(0.28 * n + 1.8, 4.5), 30.0)
     return w, 2.8 + (0.3 if title else 0) + (0.16 * len(caption_lines(caption, w)) + 0.12 if caption else 0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The drafter's grid
+# ------------------------------------------------------------------------------------------------------------
+
+
+def grid_size(depths: int, k: int, *, title: bool, caption: str | None) -> tuple[float, float]:
+    """0.62 in per depth column (room for a 6-character label), 0.26 in per rank row."""
+    w = min(max(0.62 * depths + 2.0, 5.0), 40.0)
+    h = 0.26 * k + 1.3 + (0.35 if title else 0)
+    if caption:
+        h += 0.16 * len(caption_lines(caption, w)) + 0.12
+    return w, min(max(h, 2.4), 60.0)
+
+
+def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, note: str) -> Figure:
+    """The grid (render.grid_view.GridData): cells coloured by log-prob on the scheme's scale, token labels in
+    them (white on dark cells), taken cells ringed (×n when several parents took one), the accepted path as a
+    line through its cells, an X on the target's token at the stop depth; `note` (where the walk stopped) under
+    the axes."""
+    import numpy as np
+
+    fig, host = _figure(page)
+    ax = host.add_subplot()
+    z = np.array([[g.cell(d, r).logprob for d in range(1, g.depths + 1)] for r in range(g.k)])
+    cmap = ListedColormap(scale_samples(scheme.colorscale, 256))
+    norm = Normalize(cmin, cmax if cmax > cmin else cmin + 1e-6)
+    ax.imshow(z, cmap=cmap, norm=norm, interpolation="none", aspect="auto",
+              extent=(0.5, g.depths + 0.5, g.k - 0.5, -0.5))
+    for c in g.cells:
+        shade = (norm(c.logprob) - 0.5) * (1 if scheme.colorscale == "Greys" else -1)
+        ax.text(c.depth, c.rank, c.label, ha="center", va="center", fontsize=5.5, family=MONO,
+                color="white" if shade > 0 else "black", gid=f"ddt-cell-{c.depth}-{c.rank}")
+        if c.taken:
+            ax.add_patch(Rectangle((c.depth - 0.47, c.rank - 0.45), 0.94, 0.9, fill=False, ec=scheme.rejected,
+                                   lw=0.9, zorder=3, gid=f"ddt-taken-{c.depth}-{c.rank}"))
+            if len(c.taken) > 1:
+                ax.text(c.depth + 0.45, c.rank - 0.42, f"×{len(c.taken)}", ha="right", va="top", fontsize=4.5,
+                        color="white" if norm(c.logprob) < 0.5 else "black", zorder=4)
+    if g.path:
+        ax.plot([d for d, _ in g.path], [r for _, r in g.path], color=scheme.path, lw=2.0, marker="o", ms=3,
+                zorder=4, gid="ddt-grid-path")
+    if g.stop_rank is not None:
+        ax.plot([g.stop_depth], [g.stop_rank], marker="x", ms=11, mew=1.6, color=scheme.path, alpha=0.85, zorder=5,
+                gid="ddt-grid-stop")
+    ax.set_xticks(range(1, g.depths + 1))
+    ax.set_yticks(range(g.k))
+    ax.set_xlabel(f"depth\n{_plain(note)}", fontsize=7.5)
+    ax.set_ylabel("drafter rank", fontsize=8)
+    ax.tick_params(labelsize=7, length=2)
+    if page.legend:
+        sm = ScalarMappable(norm=norm, cmap=cmap)
+        cb = host.colorbar(sm, ax=ax, fraction=0.035, pad=0.01)
+        if cb.solids is not None:
+            cb.solids.set_rasterized(False)
+            cb.solids.set_edgecolor("face")
+        cb.set_label("drafter log-prob", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+        cb.outline.set_linewidth(0.4)
+        handles = [Rectangle((0, 0), 1, 1, fill=False, ec=scheme.rejected, lw=0.9, label="taken by the tree"),
+                   Line2D([], [], color=scheme.path, lw=2.0, marker="o", ms=3, label="accepted path"),
+                   Line2D([], [], color=scheme.path, ls="", marker="x", ms=7, mew=2, label="target's token at the stop")]
+        host.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=6.5, frameon=False)
+    _finish(ax, page)
+    return fig

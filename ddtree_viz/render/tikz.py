@@ -355,3 +355,57 @@ def acceptance_tikz(rounds: list[int], values: list[int], scheme: Scheme, *, tit
     body += _caption_node(caption, "0,0", ", yshift=-22pt")
     return _end(body, header, standalone)
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The drafter's grid
+# ------------------------------------------------------------------------------------------------------------
+
+
+def grid_tikz(g, fills: dict[tuple[int, int], str], scheme: Scheme, *, note: str, title: str | None = None,
+              caption: str | None = None, standalone: bool = False, comment: str = "") -> str:
+    """The drafter's grid (render.grid_view.GridData): one filled cell per (depth, rank) in `fills` colours, its
+    token label inside (node ddtcell-D-R), taken cells framed, the accepted path through its cells, a cross on the
+    target's token at the stop depth; `note` (where the walk stopped) below."""
+    cell_x, cell_y = 1.3, 0.5
+    opts = [f"x={_num(cell_x)}cm", f"y=-{_num(cell_y)}cm",
+            r"ddt cell/.style={font=\ttfamily\tiny, inner sep=0.5pt}",
+            r"ddt tick/.style={font=\sffamily\tiny, inner sep=1pt}", *_text_styles(max(g.depths, 6) * cell_x)]
+    header = _header(opts, comment)
+    colors = {"ddtpath": scheme.path, "ddtrejected": scheme.rejected, "ddtmuted": scheme.text_muted}
+    names = {}
+    for c in g.cells:
+        names[(c.depth, c.rank)] = f"ddtg{c.depth}x{c.rank}"
+        colors[names[(c.depth, c.rank)]] = fills[(c.depth, c.rank)]
+    body = _color_defs(colors)
+    body.append("% cells: x = depth, y = rank (rank 0 on top)")
+    for c in g.cells:
+        x0, y0 = c.depth - 0.5, c.rank - 0.5
+        body.append(rf"\fill[{names[(c.depth, c.rank)]}] ({_num(x0)},{_num(y0)}) rectangle ({_num(x0 + 1)},{_num(y0 + 1)});")
+        r, gg, b = (int(fills[(c.depth, c.rank)][i:i + 2], 16) for i in (1, 3, 5))
+        text = "white" if 0.299 * r + 0.587 * gg + 0.114 * b < 128 else "black"
+        body.append(rf"\node[ddt cell, text={text}] (ddtcell-{c.depth}-{c.rank}) at ({c.depth},{c.rank}) "
+                    rf"{{{latex_label(c.label)}}};")
+        if c.taken:
+            times = rf" node[ddt tick, anchor=north east, text=ddtrejected] {{$\times${len(c.taken)}}}" if len(c.taken) > 1 else ""
+            body.append(rf"\draw[ddtrejected, line width=0.6pt] ({_num(x0 + 0.04)},{_num(y0 + 0.06)}) rectangle "
+                        rf"({_num(x0 + 0.96)},{_num(y0 + 0.94)}){times};")
+    if g.path:
+        body.append(r"\draw[ddtpath, line width=1.6pt] " + " -- ".join(f"({d},{r})" for d, r in g.path) + ";")
+        for d, r in g.path:
+            body.append(rf"\fill[ddtpath] ({d},{r}) circle (1.6pt);")
+    if g.stop_rank is not None:
+        d, r = g.stop_depth, g.stop_rank
+        body.append(rf"\draw[ddtpath, line width=1.6pt] ({_num(d - 0.2)},{_num(r - 0.3)}) -- ({_num(d + 0.2)},{_num(r + 0.3)}) "
+                    rf"({_num(d - 0.2)},{_num(r + 0.3)}) -- ({_num(d + 0.2)},{_num(r - 0.3)});")
+    for d in range(1, g.depths + 1):
+        body.append(rf"\path ({d},{_num(g.k - 0.5)}) node[ddt tick, anchor=north] {{{d}}};")
+    for r in range(g.k):
+        body.append(rf"\path (0.5,{r}) node[ddt tick, anchor=east] {{{r}}};")
+    body.append(rf"\path ({_num((g.depths + 1) / 2)},{_num(g.k + 0.4)}) node[ddt tick, anchor=north] {{depth}};")
+    body.append(rf"\path (0,{_num((g.k - 1) / 2)}) node[ddt tick, anchor=south, rotate=90, xshift=0pt, yshift=4pt] "
+                r"{drafter rank};")
+    body.append(rf"\node[ddt caption, anchor=north west, text=ddtmuted] at (0.5,{_num(g.k + 1.2)}) {{{latex_text(note)}}};")
+    body += _title_node(title, f"{_num((g.depths + 1) / 2)},-0.9")
+    body += _caption_node(caption, f"0.5,{_num(g.k + 2.2)}")
+    return _end(body, header, standalone)
