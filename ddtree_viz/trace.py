@@ -122,7 +122,7 @@ class Trace:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
+        return dumps(to_plain(self), indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
@@ -155,7 +155,7 @@ class CompareTrace:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
+        return dumps(to_plain(self), indent)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
@@ -191,6 +191,45 @@ def _read(path: str | Path) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read trace file {path}: {exc}") from None
+
+
+def dumps(data: Any, indent: int | None = None) -> str:
+    """JSON text (UTF-8 kept). With an indent, objects and lists of objects are laid out one entry a line, but a
+    list of plain values (ids, probabilities, a top-k row) and an object of such (a node, a tensor, the timings)
+    stay on one line: a line per number would make the file several times larger."""
+    if indent is None:
+        return json.dumps(data, ensure_ascii=False)
+    return _dumps(data, indent, 0)
+
+
+def _flat(value: Any) -> bool:
+    """A plain value, a list of plain values, or an object of those: written on one line."""
+    if isinstance(value, dict):
+        return all(not isinstance(v, dict) and (not isinstance(v, list) or _flat(v)) for v in value.values())
+    if isinstance(value, list):
+        return not any(isinstance(v, (dict, list)) for v in value)
+    return True
+
+
+def _dumps(value: Any, indent: int, level: int) -> str:
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(value, dict) and level > 0 and _flat(value):  # a node, a tensor, the timings: one line
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_dumps(v, indent, level + 1)}"
+                 for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        if all(isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value):
+            rows = [inner + json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in value]
+        else:
+            rows = [inner + _dumps(v, indent, level + 1) for v in value]
+        return "[\n" + ",\n".join(rows) + "\n" + pad + "]"
+    if isinstance(value, list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
 
 
 def to_plain(obj: Any) -> Any:

@@ -168,14 +168,15 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                                 elem_id="ddv-tree")
             tree_b = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
         compare_html = gr.HTML(visible=False, elem_id="ddv-compare")
+        # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
+        stop_html = gr.HTML(elem_id="ddv-stop")
         with gr.Row():
-            with gr.Column(scale=2):
-                inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
-                                         elem_id="ddv-inspect")
-                inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
-                stop_html = gr.HTML(elem_id="ddv-stop")
+            inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
+                                     elem_id="ddv-inspect", scale=1)
+            with gr.Column(scale=5):
                 inspector = gr.HTML(elem_id="ddv-inspector")
-            grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
+        inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
+        grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
         with gr.Row():
             mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
             cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
@@ -311,7 +312,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
         inspect_dd.input(on_inspect, [tab, inspect_dd], [tab, inspector, inspect_dd], api_name="inspect")
-        inspect_click.input(on_click_node, [tab, inspect_click], [tab, inspector, inspect_dd], api_name="inspect_click")
+        inspect_click.change(on_click_node, [tab, inspect_click], [tab, inspector, inspect_dd], api_name="inspect_click")
         trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
         ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
                         [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))

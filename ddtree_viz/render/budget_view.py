@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from .. import analysis
 from ..trace import StepRecord
 from .scheme import PAGE_SCHEME, Scheme
-from .text import esc
+from .text import esc_plotly as esc
 
 
 def budget_figure(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,

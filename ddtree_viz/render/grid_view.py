@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from .. import analysis
 from ..trace import StepRecord
 from .scheme import PAGE_SCHEME, Scheme
-from .text import TokenText, esc, lookup, shorten, token_texts_from_steps, visible
+from .text import TokenText, esc_plotly as esc, lookup, shorten, token_texts_from_steps, visible
 
 GRID_LABEL_CHARS = 6
 
