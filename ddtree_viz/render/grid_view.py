@@ -130,7 +130,7 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
     fig.update_layout(
         title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
         xaxis=dict(title="depth", dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
-        yaxis=dict(title="drafter rank", autorange="reversed", dtick=1 if g.k <= 20 else None, zeroline=False,
+        yaxis=dict(title="drafter rank", range=[g.k - 0.5, -0.5], dtick=1 if g.k <= 20 else None, zeroline=False,
                    showgrid=False),
         height=height or int(min(max(300, 120 + 26 * g.k), 900)), margin=dict(l=20, r=20, t=50, b=40),
         plot_bgcolor="white", hovermode="closest", showlegend=legend,
