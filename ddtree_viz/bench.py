@@ -10,6 +10,10 @@ once, untimed, before any measurement. Per prompt and repeat the three methods r
 tokens/s = generated tokens / seconds, summed over every prompt and repeat.
 mean acceptance = tokens gained per target forward (accepted drafts + the bonus), pooled over all rounds.
 
+Sampling (a Sampler with T > 0, engine/sampling.py): every method samples with the same seed and position-keyed
+noise, so "greedy" is then plain sampled decoding (one token per forward) and the speculative outputs must still
+equal it token for token. `run_sweep` measures several temperatures on the same prompts in one run.
+
 No printing here: the CLI prints, tests and scripts read the result.
 """
 
@@ -23,6 +27,7 @@ import torch
 
 from .errors import InputError
 from .engine.models import ModelPair
+from .engine.sampling import GREEDY, Sampler
 from .engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
 from .engine.verify import device_sync
 
@@ -156,10 +161,10 @@ def _sync(pair: ModelPair):
     return device_sync(pair.target, pair.drafter)
 
 
-def _greedy(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, sync) -> MethodRun:
+def _greedy(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, sync, sampler: Sampler = GREEDY) -> MethodRun:
     sync()
     start = time.perf_counter()
-    result = greedy_decode(pair.target, prompt_ids, max_new_tokens, pair.eos_token_ids)
+    result = greedy_decode(pair.target, prompt_ids, max_new_tokens, pair.eos_token_ids, sampler)
     sync()
     return MethodRun(list(result.ids), time.perf_counter() - start)
 
@@ -178,7 +183,8 @@ def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> Metho
     """Greedy decoding through the session's target engine (one-node trees), timed like the others."""
     sync()
     start = time.perf_counter()
-    reference = EngineGreedy(session.target_engine, prompt_ids, session.eos_ids, with_margins=False)
+    reference = EngineGreedy(session.target_engine, prompt_ids, session.eos_ids, with_margins=False,
+                             sampler=session.sampler)
     ids = reference.extend_to(session.max_new_tokens).ids
     sync()
     return MethodRun(list(ids), time.perf_counter() - start)
@@ -187,8 +193,10 @@ def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> Metho
 def run_bench(
     pair: ModelPair, prompts: list[str] | tuple[str, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
     block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None, runner: bool = False,
+    sampler: Sampler = GREEDY,
 ) -> BenchResult:
-    """Measure greedy, DFlash chain and DDTree (exact) on each prompt. `progress(text)` is called between runs."""
+    """Measure greedy, DFlash chain and DDTree (exact) on each prompt, all choosing with `sampler` (greedy by
+    default). `progress(text)` is called between runs."""
     prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
     if not prompts:
         raise InputError("bench needs at least one prompt")
@@ -200,11 +208,11 @@ def run_bench(
     say = progress or (lambda text: None)
     # Sessions validate budget / max new tokens / block size before anything runs. The runner's DDTree records
     # only what decoding needs (its greedy runs through the same engine, so they share one static runner).
-    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m)
-                for m in ("dflash", "ddtree")}
+    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m,
+                                 sampler=sampler) for m in ("dflash", "ddtree")}
     if runner:
         sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
-                                                  block_size=block_size, engine="runner", record=False)
+                                                  block_size=block_size, engine="runner", record=False, sampler=sampler)
     tokenizer = pair.tokenizer
     encoded = [[int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
     sync = _sync(pair)
@@ -212,7 +220,7 @@ def run_bench(
 
     def timed(method: str, ids: list[int]) -> MethodRun:
         if method == "greedy":
-            return _greedy(pair, ids, max_new_tokens, sync)
+            return _greedy(pair, ids, max_new_tokens, sync, sampler)
         if method == "runner-greedy":
             return _engine_greedy(sessions["runner-ddtree"], ids, sync)
         return _speculative(sessions[method], ids, sync)
@@ -220,13 +228,14 @@ def run_bench(
     if warmup:
         say("warming up")
         warm = min(max_new_tokens, WARMUP_TOKENS)
-        _greedy(pair, encoded[0], warm, sync)
+        _greedy(pair, encoded[0], warm, sync, sampler)
         for m in ("dflash", "ddtree"):
-            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m)
+            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m,
+                              sampler=sampler)
             _speculative(s, encoded[0], sync)
         if runner:  # on the benchmarked session itself: that is where the graphs are captured
             fast = sessions["runner-ddtree"]
-            EngineGreedy(fast.target_engine, encoded[0], fast.eos_ids, with_margins=False).extend_to(warm)
+            EngineGreedy(fast.target_engine, encoded[0], fast.eos_ids, with_margins=False, sampler=sampler).extend_to(warm)
             fast.prefill(prompt_ids=encoded[0])
             fast.run(max_steps=2)
 
@@ -244,8 +253,34 @@ def run_bench(
     settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
                     repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
                     warmup=warmup, torch_threads=torch.get_num_threads(), runner=runner,
-                    cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs))
+                    cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs), **sampler.settings)
     return BenchResult(settings, pair.describe(), results)
 
 
-__all__ = ["DEFAULT_PROMPTS", "RUNNER_METHODS", "BenchResult", "MethodRun", "PromptResult", "run_bench"]
+def run_sweep(pair: ModelPair, prompts=None, temperatures=(0.0,), *, top_k: int = 0, top_p: float = 1.0,
+              seed: int = 0, progress=None, **options) -> list[BenchResult]:
+    """run_bench at each temperature (same prompts, filters and seed), one BenchResult per temperature. Every
+    sampler is made before anything runs, so a bad setting stops the sweep at once."""
+    samplers = [Sampler(t, top_k, top_p, seed) for t in temperatures]
+    if not samplers:
+        raise InputError("bench needs at least one temperature")
+    say = progress or (lambda text: None)
+    results = []
+    for sampler in samplers:
+        label = f"T {sampler.temperature:g}: "
+        results.append(run_bench(pair, prompts, sampler=sampler, progress=lambda text, label=label: say(label + text),
+                                 **options))
+    return results
+
+
+def sweep_dict(results: list[BenchResult]) -> dict:
+    """The bench JSON of a sweep: the first temperature's figures (the seven keys first), and with several
+    temperatures `by_temperature`, each one's whole figures in the order measured."""
+    out = results[0].to_dict()
+    if len(results) > 1:
+        out["by_temperature"] = [r.to_dict() for r in results]
+    return out
+
+
+__all__ = ["DEFAULT_PROMPTS", "RUNNER_METHODS", "BenchResult", "MethodRun", "PromptResult", "run_bench", "run_sweep",
+           "sweep_dict"]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .errors import DDTreeVizError, InputError
+from .trace import is_sampled, sampling_flags, sampling_label
 
 EXIT_USER_ERROR = 2
 
@@ -45,6 +46,30 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="drafter block: root + drafted depths (default: the drafter's own)")
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    g = p.add_argument_group("sampling", "the target's choice at each position: greedy (temperature 0) or a sample "
+                                         "drawn with noise keyed by (seed, position), so plain decoding and the tree "
+                                         "walk still agree token for token (docs/SAMPLING.md)")
+    if several:
+        g.add_argument("--temperature", type=_number, nargs="+", default=[0.0], metavar="T",
+                       help="one or more temperatures, each measured on the same prompts (e.g. 0 0.7 1.0); "
+                            "0 = greedy (default)")
+    else:
+        g.add_argument("--temperature", type=_number, default=0.0, metavar="T", help="0 = greedy (default)")
+    g.add_argument("--top-k", type=_whole_number, default=0, metavar="K",
+                   help="sample among the K most likely tokens only (default: 0, off)")
+    g.add_argument("--top-p", type=_number, default=1.0, metavar="P",
+                   help="sample among the most likely tokens holding probability P (default: 1, off)")
+    g.add_argument("--seed", type=_whole_number, default=0, metavar="S", help="noise seed, 0..2^32-1 (default: 0)")
+
+
 def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -54,7 +79,8 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="decode one prompt and compare with the target's greedy output",
                          description="Decode one prompt with DDTree (or DFlash), print the text, tokens per round, "
-                                     "mean acceptance and whether the output equals the target's greedy decoding.")
+                                     "mean acceptance and whether the output equals the target's own decoding "
+                                     "(greedy, or sampled with the same seed).")
     run.add_argument("--prompt", required=True, help="text to continue")
     _add_model_args(run)
     _add_decode_args(run)
@@ -66,13 +92,16 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                      help="transformers (the target's own forward with the tree-exact GDN swapped in) or runner (the "
                           "static runner: preallocated state, CUDA graphs on a GPU; exact only); default: transformers")
     run.add_argument("--trace", metavar="FILE.json", help="write the whole session as a trace JSON file")
-    run.add_argument("--no-greedy", action="store_true", help="skip the greedy reference decoding (and the comparison)")
+    run.add_argument("--no-greedy", action="store_true",
+                     help="skip the reference decoding (greedy, or sampled with the same seed) and the comparison")
+    _add_sampling_args(run)
     run.set_defaults(handler=cmd_run)
 
     bench = sub.add_parser("bench", help="tokens/s of greedy, DFlash and DDTree on the same prompts",
                            description="Measure plain greedy decoding, DFlash (chain) and DDTree (exact) side by side. "
                                        "Each method is timed from the start of prefill to the last generated token, "
-                                       "after one untimed warm-up.")
+                                       "after one untimed warm-up. With --temperature T1 T2 ... every method samples "
+                                       "(same seed) at each temperature in turn, on the same prompts.")
     bench.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                        help="a prompt (repeat for several; default: a few Python code openings)")
     _add_model_args(bench)
@@ -82,6 +111,7 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     bench.add_argument("--runner", action="store_true",
                        help="also time greedy and DDTree through the static runner (preallocated state; CUDA graphs on a "
                             "GPU), Qwen3.5 hybrid targets on one device")
+    _add_sampling_args(bench, several=True)
     bench.set_defaults(handler=cmd_bench)
 
     _add_export_parser(sub)
@@ -194,6 +224,14 @@ def _check_settings(args) -> None:
     _check_int("max new tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
     if args.block_size is not None and args.block_size < 2:
         raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {args.block_size}")
+    for t in args.temperature if isinstance(args.temperature, list) else [args.temperature]:
+        _sampler(args, t)
+
+
+def _sampler(args, temperature: float):
+    from .engine.sampling import Sampler
+
+    return Sampler(temperature, args.top_k, args.top_p, args.seed)
 
 
 def _load(args):
@@ -222,12 +260,16 @@ def cmd_run(args) -> int:
         raise InputError("the prompt is empty: type some text to continue")
     pair = _load(args)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
-                            method=args.method, block_size=args.block_size, engine=args.engine)
+                            method=args.method, block_size=args.block_size, engine=args.engine,
+                            sampler=_sampler(args, args.temperature))
     print(pair.describe())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
           f"engine {args.engine}")
+    if not session.sampler.greedy:
+        print(f"{sampling_label(session.settings)}: position-keyed noise {session.sampler.settings['noise']} "
+              "(docs/SAMPLING.md); compared with the target's own sampling, same seed")
     if args.verify == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (GDN layers run the tree as one chain; "
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")
@@ -264,16 +306,25 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _reference(settings: dict) -> tuple[str, str, str]:
+    """How the CLI names the reference: (what the output is compared with, its short name, its margin)."""
+    if not is_sampled(settings):
+        return "greedy", "greedy", "greedy top-2 logit margin"
+    return ("the target's own sampling (same seed)", "sampling",
+            "sampling decision margin (top-2 gap of logits/T + noise)")
+
+
 def _greedy_line(session, verify: str) -> str:
     label = " (naive verification, known-wrong)" if verify == "naive" else ""
+    what, who, gap = _reference(session.settings)
     greedy = session.greedy()
     index, margin = session.divergence()
     if index is None:
-        return f"output identical to greedy for {len(session.generated)} tokens{label}"
+        return f"output identical to {what} for {len(session.generated)} tokens{label}"
     ours = _token(session, session.generated[index]) if index < len(session.generated) else "(ended)"
     theirs = _token(session, greedy.ids[index]) if index < len(greedy.ids) else "(ended)"
-    where = f"DIVERGES from greedy at generated token {index}{label}: {session.method} {ours} vs greedy {theirs}"
-    return where + (f", greedy top-2 logit margin {margin:.4g}" if margin is not None else "")
+    where = f"DIVERGES from {what} at generated token {index}{label}: {session.method} {ours} vs {who} {theirs}"
+    return where + (f", {gap} {margin:.4g}" if margin is not None else "")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -282,53 +333,76 @@ def _greedy_line(session, verify: str) -> str:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_bench
+    from .bench import run_sweep, sweep_dict
 
     if args.prompts is not None and any(p == "" for p in args.prompts):
         raise InputError("a --prompt is empty: every prompt needs some text")
     pair = _load(args)
     print(pair.describe())
-    result = run_bench(pair, args.prompts, budget=args.budget, max_new_tokens=args.max_new_tokens,
-                       block_size=args.block_size, repeats=args.repeats, runner=args.runner,
-                       progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
-    s = result.settings
+    results = run_sweep(pair, args.prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                        budget=args.budget, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                        repeats=args.repeats, runner=args.runner,
+                        progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
+    s = results[0].settings
     print(f"budget {s['budget']}, block size {s['block_size']}, max new tokens {s['max_new_tokens']}, repeats {s['repeats']}, "
           f"{s['torch_threads']} torch threads")
     print("timed: start of prefill to last generated token, after one untimed warm-up per method")
-    print()
-    for i, p in enumerate(result.prompts):
-        head = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
-        print(f"prompt {i + 1}: {head!r} ({p.prompt_tokens} tokens)")
-        for m in p.runs:
-            line = f"  {m:<13} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
-            if m != "greedy":
-                div = p.divergence(m)
-                same = "identical to greedy" if div is None else f"DIVERGES from greedy at token {div}"
-                acc = "" if m.endswith("greedy") else f"  acceptance {p.mean_acceptance(m):.2f}"
-                line += f"  x{_ratio(p.tok_s(m), p.tok_s('greedy')):.2f}{acc}  {same}"
-            print(line)
-    print()
-    print(f"{'overall':<14} {'tok/s':>9}  {'vs greedy':>9}  {'mean acceptance':>15}  identical to greedy")
-    for m in result.prompts[0].runs:
-        same = "yes" if result.identical_to_greedy(m) else "NO"
-        if m == "greedy":
-            print(f"{m:<14} {result.tok_s(m):>9.1f}  {'1.00x':>9}  {'-':>15}  -")
-        elif m == "runner-greedy":
-            print(f"{m:<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>8.2f}x  {'-':>15}  {same}")
-        else:
-            print(f"{m:<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>8.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
-    if args.runner:
-        ratio = _ratio(result.tok_s("runner-ddtree"), result.tok_s("runner-greedy"))
-        print(f"runner-ddtree vs runner-greedy: {ratio:.2f}x (both through the static runner)")
+    for result in results:
+        _print_bench(result, args.runner, several=len(results) > 1)
+    if len(results) > 1:
+        _print_sweep(results)
 
     if args.json:
         path = Path(args.json)
         try:
-            path.write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            path.write_text(json.dumps(sweep_dict(results), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as exc:
             raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
         print(f"figures written to {path}")
     return 0
+
+
+def _print_bench(result, runner: bool, several: bool) -> None:
+    """One temperature's figures. At T > 0 plain decoding samples (same seed): its rows read "sampling"."""
+    _, who, _ = _reference(result.settings)
+    name = lambda m: m.replace("greedy", who)  # noqa: E731
+    print()
+    if several or who != "greedy":
+        print(f"== {sampling_label(result.settings)} ==")
+    for i, p in enumerate(result.prompts):
+        head = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
+        print(f"prompt {i + 1}: {head!r} ({p.prompt_tokens} tokens)")
+        for m in p.runs:
+            line = f"  {name(m):<13} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
+            if m != "greedy":
+                div = p.divergence(m)
+                same = f"identical to {who}" if div is None else f"DIVERGES from {who} at token {div}"
+                acc = "" if m.endswith("greedy") else f"  acceptance {p.mean_acceptance(m):.2f}"
+                line += f"  x{_ratio(p.tok_s(m), p.tok_s('greedy')):.2f}{acc}  {same}"
+            print(line)
+    print()
+    print(f"{'overall':<14} {'tok/s':>9}  {'vs ' + who:>11}  {'mean acceptance':>15}  identical to {who}")
+    for m in result.prompts[0].runs:
+        same = "yes" if result.identical_to_greedy(m) else "NO"
+        if m == "greedy":
+            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {'1.00x':>11}  {'-':>15}  -")
+        elif m == "runner-greedy":
+            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {'-':>15}  {same}")
+        else:
+            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
+    if runner:
+        ratio = _ratio(result.tok_s("runner-ddtree"), result.tok_s("runner-greedy"))
+        print(f"{name('runner-ddtree')} vs {name('runner-greedy')}: {ratio:.2f}x (both through the static runner)")
+
+
+def _print_sweep(results) -> None:
+    """The temperatures side by side: acceptance drops as the target's choices get less predictable."""
+    print()
+    print(f"{'temperature':>11}  {'ddtree acceptance':>17}  {'dflash acceptance':>17}  {'ddtree speedup':>14}  identical")
+    for r in results:
+        same = "yes" if r.identical_to_greedy("dflash") and r.identical_to_greedy("ddtree") else "NO"
+        print(f"{r.settings['temperature']:>11g}  {r.mean_acceptance('ddtree'):>17.2f}  {r.mean_acceptance('dflash'):>17.2f}  "
+              f"{r.speedup('ddtree'):>13.2f}x  {same}")
 
 
 def _ratio(a: float, b: float) -> float:
@@ -415,8 +489,9 @@ def _texts(trace, ids) -> str:
 
 
 def print_trace_summary(trace, path) -> None:
-    """The rounds of a trace as text: per round the tokens gained, the tree, the text added; then the output and
-    whether it equals the target's greedy decoding."""
+    """The rounds of a trace as text: the settings (sampling ones with the `run` options that reproduce them), per
+    round the tokens gained, the tree, the text added; then the output and whether it equals the target's own
+    decoding (greedy, or sampled with the same seed)."""
     from .render.stats_view import stats_summary
 
     s = trace.settings
@@ -425,6 +500,11 @@ def print_trace_summary(trace, path) -> None:
     print(f"target {_printable(trace.target)}, draft {_printable(trace.draft)}")
     print("settings: " + ", ".join(f"{k.replace('_', ' ')} {s[k]}" for k in
                                    ("method", "verify", "budget", "block_size", "max_new_tokens", "dtype", "device") if k in s))
+    if is_sampled(s):
+        print(f"target's choice: {sampling_label(s)}, noise {s.get('noise')}; reproduce with "
+              f"`run {sampling_flags(s)}` and the settings above")
+    else:
+        print("target's choice: greedy")
     if s.get("verify") == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (shown to reproduce the bug)")
     print(f"prompt: {trace.prompt!r}")
@@ -438,18 +518,19 @@ def print_trace_summary(trace, path) -> None:
               f"{st.committed_len:>9}  {_texts(trace, added)!r}")
     text = trace.output_text or _texts(trace, trace.output_ids)
     print(f"output: {text!r}")
+    what, who, gap = _reference(s)
     if trace.greedy_ids is None:
-        print("greedy reference not recorded (--no-greedy)")
+        print(f"{who} reference not recorded (--no-greedy)")
     elif trace.first_divergence is None:
-        print(f"output identical to greedy for {len(trace.output_ids)} tokens")
+        print(f"output identical to {what} for {len(trace.output_ids)} tokens")
     else:
         i = trace.first_divergence
         ours = trace.output_ids[i] if i < len(trace.output_ids) else None
         theirs = trace.greedy_ids[i] if i < len(trace.greedy_ids) else None
         a = "(ended)" if ours is None else f"{_texts(trace, [ours])!r} ({ours})"
         b = "(ended)" if theirs is None else f"{_texts(trace, [theirs])!r} ({theirs})"
-        margin = f", greedy top-2 logit margin {trace.divergence_margin:.4g}" if trace.divergence_margin is not None else ""
-        print(f"DIVERGES from greedy at generated token {i}: {a} vs greedy {b}{margin}")
+        margin = f", {gap} {trace.divergence_margin:.4g}" if trace.divergence_margin is not None else ""
+        print(f"DIVERGES from {what} at generated token {i}: {a} vs {who} {b}{margin}")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ class StepRecord:
     nodes: tuple[TreeNode, ...]
     target_argmax: tuple[int, ...]  # one per tree position, root first
     accepted: tuple[int, ...]  # tree positions on the accepted path, root first
-    bonus_token_id: int
+    bonus_token_id: int  # the target's choice at the last accepted position
     timings_ms: dict[str, float]  # draft, tree, verify, commit
     cache: tuple[LayerCache, ...]  # after commit
     cache_before_commit: tuple[LayerCache, ...] = ()  # after the verify pass, before compaction
@@ -74,6 +74,15 @@ class StepRecord:
     # its rank and log-prob in the drafter's distribution (None when the depth is past the drafted block)
     bonus_draft_rank: int | None = None
     bonus_draft_logprob: float | None = None
+    # sampling (T > 0) only, one per tree position: the target's position-keyed sample (the walk follows it, not
+    # the argmax) and its probability under the filtered, tempered distribution. Empty when greedy.
+    target_choice: tuple[int, ...] = ()
+    target_prob: tuple[float, ...] = ()
+
+    @property
+    def choices(self) -> tuple[int, ...]:
+        """The target's choice at each tree position: its sample when sampling, else its argmax."""
+        return self.target_choice or self.target_argmax
 
     @property
     def acceptance(self) -> int:
@@ -245,12 +254,46 @@ def _check_step(step: StepRecord, where: str) -> None:
             raise TraceError(f"{where}: node ids must be 0..{n - 1} in order")
         if i > 0 and not 0 <= node.parent < i:
             raise TraceError(f"{where}: node {i} has parent {node.parent}, which does not precede it")
-    if len(step.target_argmax) != n:
-        raise TraceError(f"{where}: target_argmax has {len(step.target_argmax)} entries for {n} nodes")
+    for name in ("target_argmax", "target_choice", "target_prob"):
+        values = getattr(step, name)
+        if len(values) != n and (name == "target_argmax" or values):
+            raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not isinstance(step.timings_ms, dict):
         raise TraceError(f"{where}: timings_ms must be an object")
+
+
+# Sampling settings (docs/SAMPLING.md): a trace without them (older, or greedy) was decoded greedily.
+GREEDY_SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "noise": None}
+
+
+def sampling_of(settings: dict[str, Any]) -> dict[str, Any]:
+    """temperature, top_k, top_p, seed and noise scheme from a trace's settings (greedy where absent)."""
+    return {key: settings.get(key, default) for key, default in GREEDY_SAMPLING.items()}
+
+
+def is_sampled(settings: dict[str, Any]) -> bool:
+    return bool(sampling_of(settings)["temperature"])
+
+
+def sampling_label(settings: dict[str, Any]) -> str:
+    """'greedy', or e.g. 'sampling (T 0.7, top-k 50, top-p 0.9, seed 5)' (filters that are off are left out)."""
+    s = sampling_of(settings)
+    if not s["temperature"]:
+        return "greedy"
+    parts = [f"T {s['temperature']:g}"]
+    parts += [f"top-k {s['top_k']}"] if s["top_k"] else []
+    parts += [f"top-p {s['top_p']:g}"] if s["top_p"] < 1 else []
+    parts.append(f"seed {s['seed']}")
+    return f"sampling ({', '.join(parts)})"
+
+
+def sampling_flags(settings: dict[str, Any]) -> str:
+    """The `run` options that reproduce the trace's choices, e.g. '--temperature 0.7 --top-p 0.9 --seed 5'."""
+    s = sampling_of(settings)
+    return (f"--temperature {s['temperature']:g} --top-k {s['top_k']} --top-p {s['top_p']:g} --seed {s['seed']}"
+            if s["temperature"] else "--temperature 0")
 
 
 def trace_from_dict(data: Any) -> Trace:

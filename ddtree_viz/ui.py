@@ -7,27 +7,28 @@ everything the page shows. ddtree_viz/web.py (the page app.py serves) wires thes
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
-from .engine.session import DecodeSession
+from .engine.sampling import MAX_SEED, Sampler
+from .engine.session import DecodeSession, _check_int
 from .engine.engines import engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
-from .render.layout import tree_layout
+from .render.layout import PHASES, tree_layout
 from .render.mask_plot import mask_figure
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
-from .trace import Trace
+from .trace import Trace, is_sampled, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
-PHASES = ("drafted", "verified")
 
 
 class ModelHost:
@@ -98,6 +99,7 @@ class Settings:
     max_new_tokens: int
     verify: str
     method: str
+    sampler: Sampler
 
 
 @dataclass
@@ -112,10 +114,17 @@ class TabState:
     greedy_s: float = 0.0
 
 
-def _settings(prompt, budget, block_size, max_new_tokens, verify, method) -> Settings:
+def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
+              seed=0) -> Settings:
     if verify not in VERIFY_CHOICES:
         raise InputError(f"unknown verification mode {verify!r}")
-    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method)
+    sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
+    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method, sampler)
+
+
+def new_seed() -> int:
+    """A fresh seed for the page's 'New seed' button."""
+    return secrets.randbelow(MAX_SEED + 1)
 
 
 def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
@@ -125,7 +134,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
     pair = host.require()
     engine = engine_for(host.engine, s.verify)
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
-                            method=s.method, block_size=s.block_size, engine=engine)
+                            method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
     session.prefill(s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
 
@@ -136,9 +145,10 @@ def _refresh(tab: TabState) -> None:
     tab.greedy_s = tab.session.greedy_seconds
 
 
-def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method) -> TabState:
-    """One round. A new prompt or changed settings start a new session first."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
+def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
+         top_p=1.0, top_k=0, seed=0) -> TabState:
+    """One round. A new prompt or changed settings (a new seed included) start a new session first."""
+    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
     with host.lock:
         _ensure_session(host, tab, s)
         if tab.session.done:
@@ -149,9 +159,10 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
     return tab
 
 
-def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method):
+def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
+               temperature=0.0, top_p=1.0, top_k=0, seed=0):
     """Run to the end, yielding the tab after every round (the page updates live)."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method)
+    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
     with host.lock:
         _ensure_session(host, tab, s)
     while not tab.session.done:
@@ -226,6 +237,9 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
     status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
               f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+    if is_sampled(trace.settings):
+        status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
+                   f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
     return Views(

@@ -116,6 +116,14 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                 with gr.Row():
                     verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
                     method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
+                with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
+                    temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                            elem_id="ddv-temperature")
+                    top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
+                    top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
+                    seed = gr.Number(value=0, precision=0, minimum=0, maximum=ui.MAX_SEED, label="Seed",
+                                     elem_id="ddv-seed")
+                    seed_btn = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
         with gr.Row():
             step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
             run_btn = gr.Button("Run", elem_id="ddv-run")
@@ -132,7 +140,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
         cache_df = gr.Dataframe(label="Per-layer cache this round", interactive=False, wrap=True, max_height=400,
                                 elem_id="ddv-cache")
-        diff_html = gr.HTML(label="Output vs greedy", elem_id="ddv-diff")
+        diff_html = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
+                            elem_id="ddv-diff")
         with gr.Row():
             accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
             stats_md = gr.Markdown(elem_id="ddv-stats")
@@ -156,7 +165,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
         tab = gr.State(ui.TabState(), time_to_live=3600)
-        settings = [prompt, budget, block, max_new, verify, method]
+        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed]
         views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
 
         def show(t: ui.TabState, ph: str):
@@ -231,6 +240,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
         run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
         reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
+        seed_btn.click(ui.new_seed, None, [seed], api_name="new_seed")
         back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")
         fwd_btn.click(lambda t, ph: on_move(t, ph, +1), [tab, phase], [tab] + views, api_name="forward")
         round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")

@@ -222,3 +222,54 @@ def test_runner_engine_for_exact_rounds(model_dirs, host):
     assert "identical to greedy" in ui.render_views(fast, tab).diff_html
     naive = ui.step(fast, ui.TabState(), *args(verify="naive (known-wrong: flattened tree)"))
     assert naive.session.engine == "transformers"
+
+
+SAMPLING = dict(temperature=1.0, top_p=0.9, top_k=20, seed=4)
+
+
+def sampled_args(**over):
+    s = {**SETTINGS, **SAMPLING, **over}
+    return args(**s) + [s[k] for k in ("temperature", "top_p", "top_k", "seed")]
+
+
+def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
+    """Temperature / top-p / top-k / seed on the page: the rounds equal the target's own position-keyed sampling,
+    the status names the settings and how to reproduce them, the hover shows the sample and its probability, a
+    new seed starts over, and the saved trace replays with the same words."""
+    from ddtree_viz.engine.sampling import Sampler
+    from ddtree_viz.engine.session import greedy_decode
+
+    tab = ui.TabState()
+    for tab in ui.run_rounds(host, tab, *sampled_args(max_new_tokens=16)):
+        pass
+    pair = host.pair
+    ids = pair.tokenizer(SETTINGS["prompt"], add_special_tokens=False)["input_ids"]
+    reference = greedy_decode(pair.target, ids, 16, pair.eos_token_ids, Sampler(1.0, 20, 0.9, 4)).ids
+    assert tuple(tab.session.generated) == reference
+    v = ui.render_views(host, tab)
+    assert "sampling (T 1, top-k 20, top-p 0.9, seed 4)" in v.status
+    assert "--temperature 1 --top-k 20 --top-p 0.9 --seed 4" in v.status
+    assert "identical to sampled reference for 16 tokens" in v.diff_html
+    hover = " ".join(str(h) for trace in v.tree.data for h in (trace.hovertext or ()))
+    assert "target sample: id" in hover and "(p 0." in hover and "its sample, p" in hover
+    first = tab.session
+    tab = ui.step(host, tab, *sampled_args(max_new_tokens=16, seed=5))
+    assert tab.session is not first and tab.session.sampler.seed == 5 and tab.view == 0
+    path = tmp_path / "sampled.json"
+    tab.trace.save(path)
+    replay = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), ui.load_replay(ui.TabState(), str(path)))
+    assert "replay" in replay.status and "seed 5" in replay.status and "--seed 5" in replay.status
+    seeds = {ui.new_seed() for _ in range(20)}
+    assert len(seeds) > 1 and all(0 <= s <= ui.MAX_SEED for s in seeds)
+
+
+@pytest.mark.parametrize("over, words", [
+    (dict(temperature=-1), "temperature"),
+    (dict(top_p=0), "top-p"),
+    (dict(top_k=-3), "top-k"),
+    (dict(top_k=2.5), "top-k"),
+    (dict(seed=2**32), "seed"),
+])
+def test_bad_sampling_inputs_are_clear_errors(host, over, words):
+    with pytest.raises(InputError, match=words):
+        ui.step(host, ui.TabState(), *sampled_args(**over))

@@ -104,3 +104,26 @@ def test_html_in_the_prompt_renders_as_text(page):
     assert page.dialogs == []
     assert page.locator("#ddv-diff img, #ddv-divergence img, #ddv-diff b, #ddv-stats img").count() == 0
     assert page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
+
+
+def test_sampling_controls_new_seed_and_step(page):
+    """Temperature and seed are settable, 'New seed' draws one (shown in the seed field), and a sampled round
+    says so, compared with the target's own sampling."""
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    temperature = page.locator("#ddv-temperature input[type=number]")
+    temperature.fill("0.7")
+    temperature.press("Enter")
+    seed = page.locator("#ddv-seed input")
+    seed.fill("12345")
+    seed.press("Tab")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "seed 12345")
+    assert "sampling (T 0.7" in page.locator("#ddv-status").inner_text()
+    assert "identical to sampled reference" in page.locator("#ddv-diff").inner_text()
+    page.get_by_role("button", name="New seed").click()
+    page.wait_for_function("document.querySelector('#ddv-seed input').value !== '12345'", timeout=30_000)
+    drawn = page.locator("#ddv-seed input").input_value()
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, f"seed {drawn}")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-sampling.png"), full_page=True)

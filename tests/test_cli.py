@@ -191,3 +191,60 @@ def test_run_on_the_runner_engine(tmp_path):
     assert Trace.load(path).settings["engine"] == "runner"
     bad = _python("-m", "ddtree_viz", "run", "--prompt", "x", "--engine", "runner", "--verify", "naive")
     assert bad.returncode == 2 and "naive" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_run_sampled_writes_a_reproducible_trace_and_replay_prints_it(model_args, capsys, tmp_path):
+    path = tmp_path / "sampled.json"
+    flags = ["--temperature", "0.8", "--top-k", "50", "--top-p", "0.95", "--seed", "8"]  # a sample that runs 12 tokens
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8", *flags,
+                   "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "sampling (T 0.8, top-k 50, top-p 0.95, seed 8): position-keyed noise gumbel-lowbias32-v1" in out
+    assert "output identical to the target's own sampling (same seed) for 12 tokens" in out
+    trace = Trace.load(path)
+    assert {k: trace.settings[k] for k in ("temperature", "top_k", "top_p", "seed", "noise")} == dict(
+        temperature=0.8, top_k=50, top_p=0.95, seed=8, noise="gumbel-lowbias32-v1")
+    assert trace.greedy_ids == trace.output_ids and all(len(s.target_choice) == len(s.nodes) for s in trace.steps)
+    assert cli.main(["replay", "--print", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "target's choice: sampling (T 0.8, top-k 50, top-p 0.95, seed 8), noise gumbel-lowbias32-v1" in printed
+    assert f"`run {' '.join(flags)}`" in printed
+    assert "output identical to the target's own sampling (same seed) for 12 tokens" in printed
+    # the same options again: the same tokens
+    again = tmp_path / "again.json"
+    assert cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "3", *flags,
+                     "--trace", str(again)]) == 0
+    assert Trace.load(again).output_ids == trace.output_ids
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--seed", "-2"], "seed"),
+    (["--seed", str(2**32)], "seed"),
+])
+def test_bad_sampling_options_are_refused_before_loading(extra, words, capsys):
+    rc = cli.main(["run", "--target", "/nonexistent/dir", "--draft", "/nonexistent/d", "--prompt", "hi", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and words in err and "Traceback" not in err
+    rc = cli.main(["bench", "--target", "/nonexistent/dir", "--draft", "/nonexistent/d", "--temperature", "0", *extra])
+    assert rc == 2 and words in capsys.readouterr().err
+
+
+def test_bench_measures_several_temperatures_in_one_run(model_args, tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = cli.main(["bench", *model_args, "--prompt", "def f(x):", "--max-new-tokens", "8", "--budget", "4",
+                   "--temperature", "0", "0.7", "1.0", "--seed", "3", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads(path.read_text())
+    assert list(data)[:7] == list(BENCH_KEYS) and data["settings"]["temperature"] == 0.0
+    sweep = data["by_temperature"]
+    assert [r["settings"]["temperature"] for r in sweep] == [0.0, 0.7, 1.0]
+    assert all(r["settings"]["seed"] == 3 and r["identical_to_greedy"] is True for r in sweep)
+    assert sweep[0]["ddtree_mean_acceptance"] == data["ddtree_mean_acceptance"]
+    assert "== sampling (T 0.7, seed 3) ==" in out and "identical to sampling" in out
+    table = out.split("temperature  ddtree acceptance")[1].splitlines()[1:4]
+    assert [line.split()[0] for line in table] == ["0", "0.7", "1"] and all(line.endswith("yes") for line in table)

@@ -4,12 +4,14 @@ A round, top to bottom:
     draft   the drafter proposes B-1 per-depth distributions for the block [root, MASK, ...]
     tree    best-first tree under the node budget (or DFlash's top-1 chain); positions + ancestor mask
     verify  one target pass over [root, nodes...] (exact: tree-exact GDN; naive: the flattened-tree bug)
-    accept  walk the tree along the target's argmax; the argmax at the last accepted node is the bonus token
+    accept  walk the tree along the target's choice (its argmax, or its position-keyed sample: sampling.py); the
+            choice at the last accepted node is the bonus token
     commit  KV rows of prefix + accepted path; GDN state of the accepted path; drafter context = their features
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +23,7 @@ from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
 from .engines import ENGINES, TargetEngine, make_engine
 from .models import ModelPair
+from .sampling import GREEDY, Sampler, margin
 from .tree import DraftTree, follow_tree, one_node
 from .verify import EXACT, NAIVE, device_sync, input_device
 
@@ -75,25 +78,30 @@ class DFlashProposer:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The greedy reference: transformers' own forward, one token at a time, no tree code involved
+# The reference: transformers' own forward, one token at a time, no tree code involved
 # ----------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class GreedyResult:
     ids: tuple[int, ...]
-    margins: tuple[float, ...]  # top-1 minus top-2 logit at each generated token
+    # the decision margin at each generated token: top-1 minus top-2 logit (greedy), or top-1 minus top-2 of
+    # the sampler's scores (sampling; inf where the filters leave one token)
+    margins: tuple[float, ...]
 
 
 class GreedyReference:
-    """The target's own greedy decoding of a prompt, extended on demand (the UI asks for it token by token).
+    """The target's own decoding of a prompt, extended on demand (the UI asks for it token by token): greedy,
+    or with a sampler at T > 0 the same position-keyed sampling a session uses (same seed, same noise).
 
     This one runs transformers' own forward, one token at a time, no tree code involved: the independent check.
     EngineGreedy below runs the same loop through a target engine (one-node trees)."""
 
-    def __init__(self, target, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True):
+    def __init__(self, target, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True,
+                 sampler: Sampler = GREEDY):
         self.target, self.prompt_ids, self.eos_ids = target, list(prompt_ids), set(eos_ids)
-        self.with_margins = with_margins  # False: no top-2 margins (a benchmark's plain decoding)
+        self.with_margins = with_margins  # False: no decision margins (a benchmark's plain decoding)
+        self.sampler = sampler
         self.ids: list[int] = []
         self.margins: list[float] = []
         self.finished = False  # end of text reached
@@ -121,11 +129,11 @@ class GreedyReference:
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
             logits = (self._first() if not self.ids else self._next(self.ids[-1])).float()
-            token = int(logits.argmax())
+            scores = self.sampler.scores(logits[None], [len(self.prompt_ids) + len(self.ids)])[0]
+            token = int(scores.argmax())
             self.ids.append(token)
             if self.with_margins:
-                top = torch.topk(logits, 2).values
-                self.margins.append(float(top[0] - top[1]))
+                self.margins.append(margin(scores))
             self.finished = token in self.eos_ids
         self._sync()
         self.seconds += time.perf_counter() - start
@@ -135,9 +143,10 @@ class GreedyReference:
 class EngineGreedy(GreedyReference):
     """Greedy decoding through a target engine: every step is a one-node tree (forward, then commit it)."""
 
-    def __init__(self, engine: TargetEngine, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True):
+    def __init__(self, engine: TargetEngine, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True,
+                 sampler: Sampler = GREEDY):
         self.engine = engine
-        super().__init__(engine.target, prompt_ids, eos_ids, with_margins)
+        super().__init__(engine.target, prompt_ids, eos_ids, with_margins, sampler)
         self._sync = engine.sync
 
     def _first(self) -> torch.Tensor:
@@ -150,8 +159,10 @@ class EngineGreedy(GreedyReference):
         return logits
 
 
-def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int]) -> GreedyResult:
-    return GreedyReference(target, prompt_ids, eos_ids).extend_to(max_new_tokens)
+def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int],
+                  sampler: Sampler = GREEDY) -> GreedyResult:
+    """The target's own decoding: greedy, or position-keyed sampling with `sampler`."""
+    return GreedyReference(target, prompt_ids, eos_ids, sampler=sampler).extend_to(max_new_tokens)
 
 
 def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
@@ -172,13 +183,16 @@ class DecodeSession:
     `record=False` keeps only what decoding needs (tree, accepted path, bonus) in each StepRecord: no node texts,
     margins or cache snapshots (what a benchmark of the method itself wants). `time_phases` (default: as
     `record`) waits for the devices after each phase to time it; without it a round has no device waits but the
-    one its acceptance walk needs."""
+    one its acceptance walk needs.
+
+    `sampler` (sampling.py) says how the target chooses its tokens: greedy (the default) or position-keyed
+    sampling; the reference (`greedy()`) decodes with the same sampler, so the two still match token for token."""
 
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
         reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
-        time_phases: bool | None = None,
+        time_phases: bool | None = None, sampler: Sampler = GREEDY,
     ):
         """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
         made by the caller."""
@@ -197,6 +211,9 @@ class DecodeSession:
             raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
         self.verify, self.method, self.record = verify, method, record
         self.time_phases = record if time_phases is None else time_phases
+        if not isinstance(sampler, Sampler):
+            raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
+        self.sampler = sampler
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
         tree_size = self.budget + 1 if method == "ddtree" else self.block_size
@@ -236,6 +253,7 @@ class DecodeSession:
         return dict(
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
             max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
+            **self.sampler.settings,
         )
 
     def token_text(self, token_id: int) -> str:
@@ -253,7 +271,8 @@ class DecodeSession:
 
     @torch.no_grad()
     def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> int:
-        """Run the prompt through the target; its argmax becomes the first generated token (the first root)."""
+        """Run the prompt through the target; its choice (argmax or sample) becomes the first generated token
+        (the first root)."""
         if prompt_ids is None:
             if not isinstance(prompt, str) or prompt == "":
                 raise InputError("the prompt is empty: type some text to continue")
@@ -277,7 +296,7 @@ class DecodeSession:
         self.started = True
         self.prefill_cache = self.target_engine.snapshot()
         self.committed_len = len(self.prompt_ids)
-        first = int(logits.argmax())
+        first = int(self.sampler.choose(logits[None], [self.committed_len])[0])
         self.generated = [first]
         self.done = first in self.eos_ids or self.max_new_tokens <= 1
         return first
@@ -318,7 +337,13 @@ class DecodeSession:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
         target_argmax = logits.argmax(-1).tolist()
-        accepted, bonus = follow_tree(tree, target_argmax)
+        choice, probs = target_argmax, ()
+        if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
+            positions = torch.tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
+            chosen = self.sampler.choose(logits, positions)
+            choice = chosen.tolist()
+            probs = tuple(self.sampler.probs(logits, chosen).tolist()) if record else ()
+        accepted, bonus = follow_tree(tree, choice)
         lap("verify")
         bonus_rank, bonus_logprob = None, None
         if record and len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
@@ -335,6 +360,7 @@ class DecodeSession:
         step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
+            target_choice=() if self.sampler.greedy else tuple(choice), target_prob=probs,
             bonus_token_id=bonus, timings_ms=timings, cache=engine.snapshot() if record else (),
             cache_before_commit=before, new_token_ids=new_tokens,
             target_margin=margins if record else (), method=self.method, verify=self.verify,
@@ -372,14 +398,15 @@ class DecodeSession:
             records.append(self.step())
         return records
 
-    # -- comparison with greedy ----------------------------------------------------------------------------
+    # -- comparison with the target's own decoding -----------------------------------------------------------
 
     def greedy(self, upto: int | None = None) -> GreedyResult:
-        """The target's greedy tokens for this prompt: the first `upto` (default: all max_new_tokens)."""
+        """The reference: the target's own tokens for this prompt, greedy or sampled with this session's
+        sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
         if not self.started:
             raise InputError("prefill a prompt first")
         if self._greedy is None:
-            self._greedy = GreedyReference(self.target, self.prompt_ids, self.eos_ids)
+            self._greedy = GreedyReference(self.target, self.prompt_ids, self.eos_ids, sampler=self.sampler)
         return self._greedy.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens))
 
     @property
@@ -388,13 +415,15 @@ class DecodeSession:
         return self._greedy.seconds if self._greedy is not None else 0.0
 
     def divergence(self) -> tuple[int | None, float | None]:
-        """(index of the first generated token that differs from greedy, greedy's logit margin there).
-        While running, only the tokens generated so far are compared."""
+        """(index of the first generated token that differs from the reference, the reference's decision margin
+        there: greedy's top-1 minus top-2 logit, or the sampled scores' top-2 gap; None where only one token
+        survived the filters). While running, only the tokens generated so far are compared."""
         greedy = self.greedy(None if self.done else len(self.generated))
         idx = first_divergence(self.generated, greedy.ids)
         if idx is None:
             return None, None
-        return idx, (greedy.margins[idx] if idx < len(greedy.margins) else None)
+        gap = greedy.margins[idx] if idx < len(greedy.margins) else None
+        return idx, (gap if gap is not None and math.isfinite(gap) else None)
 
     @property
     def mean_acceptance(self) -> float:
@@ -416,6 +445,7 @@ class DecodeSession:
         ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
         for r in self.history:
             ids.update(r.target_argmax)
+            ids.update(r.target_choice)
             ids.update(n.token_id for n in r.nodes)
         return {str(i): self.token_text(i) for i in sorted(ids)}
 

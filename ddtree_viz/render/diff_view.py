@@ -1,4 +1,5 @@
-"""Output vs the target's own greedy output, token by token, as escaped HTML.
+"""Output vs the target's own greedy output (or, at T > 0, its own position-keyed sampling with the same seed:
+the "sampled reference"), token by token, as escaped HTML.
 
 Live use (app): `output_vs_greedy_html(session.to_trace(), session.token_text, upto_step=k)` -- a Trace is
 cheap to make at any time and carries everything needed: the steps (where each token came from), the
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..trace import StepRecord, Trace
+from ..trace import StepRecord, Trace, is_sampled, sampling_label
 from . import style
 from .text import TokenText, esc, lookup, token_texts_from_steps, visible
 
@@ -20,6 +21,13 @@ NAIVE_NOTE = ("naive verification: the known-wrong flattened-tree behaviour (the
               "flattened tree as one sequence, so sibling branches leak into each other's state); a divergence "
               "from greedy is expected")
 EXACT_NOTE = "exact verification (tree-exact Gated DeltaNet): the output must equal the target's greedy output"
+SAMPLED_NOTE = ("exact verification (tree-exact Gated DeltaNet), {label}: the output must equal the target's own "
+                "sampling with the same seed, token for token (the noise depends only on seed and position)")
+
+
+def reference_name(trace: Trace) -> str:
+    """What the output is compared with: 'greedy', or 'sampled reference' when the trace was sampled (T > 0)."""
+    return "sampled reference" if is_sampled(trace.settings) else "greedy"
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class GreedyComparison:
     shown: int  # generated tokens compared
     has_greedy: bool
     first_divergence: int | None  # index into the generated tokens, within the shown ones
-    margin: float | None  # greedy's top-1 minus top-2 logit at the first divergence, when known
+    margin: float | None  # the reference's decision margin at the first divergence, when known (greedy: top-1 - top-2 logit)
     naive: bool
     summary: str
 
@@ -69,14 +77,15 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None) -> GreedyCom
     sources = _shown_sources(trace, upto_step)
     shown = len(sources)
     naive = trace.settings.get("verify") == "naive" or any(s.verify == "naive" for s in trace.steps)
-    greedy = trace.greedy_ids
+    greedy, ref = trace.greedy_ids, reference_name(trace)
     if greedy is None:
-        return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no greedy reference)")
+        missing = "greedy reference" if ref == "greedy" else ref
+        return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no {missing})")
     first = next((i for i in range(shown) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
     if first is None:
-        return GreedyComparison(shown, True, None, None, naive, f"identical to greedy for {shown} tokens")
+        return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {shown} tokens")
     margin = trace.divergence_margin if trace.first_divergence == first else None
-    m = f"greedy margin {margin:.3f}" if margin is not None else "greedy margin unknown"
+    m = f"{ref} margin {margin:.3f}" if margin is not None else f"{ref} margin unknown"
     return GreedyComparison(shown, True, first, margin, naive, f"diverges at token {first} ({m})")
 
 
@@ -87,24 +96,26 @@ def _shown_sources(trace: Trace, upto_step: int | None) -> list[TokenSource]:
     return [s for s in sources if s.step is None or s.step <= upto_step]
 
 
-def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, margin: float | None) -> str:
+def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, margin: float | None,
+          ref: str = "greedy") -> str:
     bg = {"prefill": "#e8e8e8", "draft": "#d9f0e3", "bonus": "#fdf3c4"}.get(src.kind, "#ffffff")
-    what = {"prefill": "prefill token (the prefill pass's argmax)", "draft": f"accepted draft, depth {src.depth}",
-            "bonus": f"bonus token (target's argmax), depth {src.depth}"}.get(src.kind, "unknown origin")
+    choice = "argmax" if ref == "greedy" else "sample"
+    what = {"prefill": f"prefill token (the prefill pass's {choice})", "draft": f"accepted draft, depth {src.depth}",
+            "bonus": f"bonus token (target's {choice}), depth {src.depth}"}.get(src.kind, "unknown origin")
     where = f", round {src.step + 1}" if src.step is not None else ""
     title = f"#{src.index} id {src.token_id}: {what}{where}"
     border = "1px solid #bbb"
     color = "inherit"
     extra = ""
     if greedy_text is not None:
-        title += f"; greedy has {greedy_text}"
+        title += f"; {ref} has {greedy_text}"
         border, color = f"2px solid {style.DIVERGE_COLOR}", style.DIVERGE_COLOR
         extra = (f'<span style="color:{style.DIVERGE_COLOR};font-size:80%" class="ddv-greedy">'
-                 f"[greedy: {esc(greedy_text)}]</span>")
+                 f"[{esc(ref)}: {esc(greedy_text)}]</span>")
         if first:
             m = f"{margin:.3f}" if margin is not None else "unknown"
             extra += (f'<span style="color:#fff;background:{style.DIVERGE_COLOR};font-size:80%;padding:0 3px" '
-                      f'class="ddv-first">first divergence, greedy margin {esc(m)}</span>')
+                      f'class="ddv-first">first divergence, {esc(ref)} margin {esc(m)}</span>')
     sub = {"draft": f"d{src.depth}", "bonus": "★", "prefill": "P"}.get(src.kind, "?")
     return (f'<span class="ddv-tok ddv-{src.kind}" title="{esc(title)}" style="background:{bg};border:{border};'
             f'color:{color};border-radius:3px;padding:0 2px;margin:1px;font-family:monospace;white-space:pre">'
@@ -122,18 +133,18 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
     token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'."""
     text = lookup(token_text, token_texts_from_steps(trace.steps))
     cmp = compare_with_greedy(trace, upto_step)
-    greedy = trace.greedy_ids
+    greedy, ref = trace.greedy_ids, reference_name(trace)
     spans = []
     last_step: int | None = -1
     for src in _shown_sources(trace, upto_step):
         g_text = None
         if cmp.has_greedy and (src.index >= len(greedy) or greedy[src.index] != src.token_id):
-            g_text = visible(text(greedy[src.index])) if src.index < len(greedy) else "(greedy ended)"
+            g_text = visible(text(greedy[src.index])) if src.index < len(greedy) else f"({ref} ended)"
         if src.step != last_step and src.step is not None:
             spans.append(f'<span class="ddv-round" title="round {src.step}" style="color:#bbb">│</span>')
         last_step = src.step
-        spans.append(_span(src, visible(text(src.token_id)), g_text, src.index == cmp.first_divergence, cmp.margin))
-    note = NAIVE_NOTE if cmp.naive else EXACT_NOTE
+        spans.append(_span(src, visible(text(src.token_id)), g_text, src.index == cmp.first_divergence, cmp.margin, ref))
+    note = NAIVE_NOTE if cmp.naive else (EXACT_NOTE if ref == "greedy" else SAMPLED_NOTE.format(label=sampling_label(trace.settings)))
     note_style = f"color:{style.DIVERGE_COLOR};font-weight:bold" if cmp.naive else "color:#555"
     ok = cmp.has_greedy and cmp.first_divergence is None
     summary_style = "color:#1a7f37" if ok else (f"color:{style.DIVERGE_COLOR}" if cmp.has_greedy else "")
@@ -143,6 +154,6 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
         f'<div class="ddv-summary" style="font-weight:bold;{summary_style}">{esc(cmp.summary)}</div>'
         f'<div class="ddv-tokens" style="line-height:2">{"".join(spans)}</div>'
         '<div class="ddv-legend" style="color:#777;font-size:85%">P = prefill token · d<i>n</i> = accepted draft at '
-        'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from greedy · │ = round boundary</div>'
+        f'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from {esc(ref)} · │ = round boundary</div>'
         "</div>"
     )

@@ -15,8 +15,9 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
     round; depth (of the first mismatch = len(accepted)); last_accepted (tree position); candidates: the
     drafter's candidates there (children of the last accepted node, by rank, at most top_k) as dicts
     {token_id, token (visible text), rank, logprob}; n_candidates (all of them); target_token_id /
-    target_token (the target's choice = the bonus token); target_margin (target's top-1 - top-2 logit
-    there, when recorded); mismatch (False when the last accepted node is a leaf: the tree simply ended);
+    target_token (the target's choice = the bonus token: its argmax, or its sample at T > 0); target_margin
+    (target's top-1 - top-2 logit there, when recorded); target_prob (sampling: the probability of the sampled
+    token under the filtered tempered distribution, else None); mismatch (False when the last accepted node is a leaf: the tree simply ended);
     target_in_candidates (always False for an exact walk: the walk would have gone on); target_in_tree_at_depth:
     rank of the target's token at that depth anywhere in the tree (the drafter proposed it under another
     parent), or None."""
@@ -29,12 +30,13 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
         target = step.bonus_token_id
         at_depth = {n.token_id: n.rank for n in step.nodes if n.depth == depth}
         margin = step.target_margin[last] if len(step.target_margin) == len(step.nodes) else None
+        prob = step.target_prob[last] if len(step.target_prob) == len(step.nodes) else None
         rows.append({
             "round": step.index + 1, "depth": depth, "last_accepted": last,
             "candidates": [{"token_id": n.token_id, "token": visible(n.token), "rank": n.rank, "logprob": n.logprob}
                            for n in kids[:top_k]],
             "n_candidates": len(kids), "target_token_id": target, "target_token": visible(text(target)),
-            "target_margin": margin, "mismatch": bool(kids),
+            "target_margin": margin, "target_prob": prob, "mismatch": bool(kids),
             "target_in_candidates": any(n.token_id == target for n in kids),
             "target_in_tree_at_depth": at_depth.get(target),
         })
@@ -60,6 +62,10 @@ def _verdict(row: dict) -> str:
     return "not drafted at this depth"
 
 
+def _prob(row: dict) -> str:
+    return "" if row.get("target_prob") is None else f", sampled at p {row['target_prob']:.3f}"
+
+
 def divergence_html(rows: Sequence[dict]) -> str:
     """An HTML table of divergence_rows (all text escaped)."""
     head = ("<tr><th>round</th><th>depth of first mismatch</th><th>drafter's candidates there (rank, log-prob)</th>"
@@ -70,7 +76,7 @@ def divergence_html(rows: Sequence[dict]) -> str:
         color = style.DIVERGE_COLOR if r["mismatch"] and r["target_in_tree_at_depth"] is None else "inherit"
         body.append(
             f"<tr><td>{r['round']}</td><td>{r['depth']}</td><td>{_candidates_html(r)}</td>"
-            f'<td><code>{esc(r["target_token"])}</code> <small>id {r["target_token_id"]}</small></td>'
+            f'<td><code>{esc(r["target_token"])}</code> <small>id {r["target_token_id"]}{_prob(r)}</small></td>'
             f'<td>{margin}</td><td style="color:{color}">{esc(_verdict(r))}</td></tr>'
         )
     return ('<table class="ddv-divergence" style="border-collapse:collapse;font-size:90%">'
