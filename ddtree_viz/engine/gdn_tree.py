@@ -202,12 +202,13 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents,
-               projections=None):
+               projections=None, repeat_heads: bool = True):
     """Projections + tree conv + the per-token q, k, v, g, beta exactly as transformers computes them.
 
     hidden: [T, D] (batch of one, already normed). `projections`: (u, z, b, a) already computed (the static
     runner's fused GEMM, engine/fused.py), else the layer's four projections run here. Returns (u [T, C],
-    z [T, H, V], q, k [T, H, K], v [T, H, V], g, beta [T, H]) with q/k/v/g/beta fp32."""
+    z [T, H, V], q, k [T, H, K], v [T, H, V], g, beta [T, H]) with q/k/v/g/beta fp32; with repeat_heads=False
+    q and k keep their Hk key heads ([T, Hk, K], for a consumer that reads grouped heads in place)."""
     n = hidden.shape[0]
     if projections is None:
         projections = (layer.in_proj_qkv(hidden), layer.in_proj_z(hidden), layer.in_proj_b(hidden),
@@ -226,7 +227,7 @@ def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: Tre
     beta = b.sigmoid()
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
     rep = layer.num_v_heads // layer.num_k_heads
-    if rep > 1:  # grouped value heads: each key head serves `rep` consecutive value heads
+    if rep > 1 and repeat_heads:  # grouped value heads: each key head serves `rep` consecutive value heads
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
     return u, z, q, k, value.float(), g.float(), beta.float()

@@ -257,9 +257,11 @@ class StaticRunner:
             if i in self.conv:
                 gdn = layer.linear_attn
                 fused = self._fused.get((i, "mixer"))
+                kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
+                # the kernel reads grouped q/k heads in place (the commit repeats the stashed keys, all layers at once)
                 u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None,
-                                                    fused(h[0]) if fused is not None else None)
-                if self._tree_kernel is not None and (T > 1 or self._step_kernel):
+                                                    fused(h[0]) if fused is not None else None, repeat_heads=not kernel)
+                if kernel:
                     core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
                 elif T == 1:  # a decode step: the recurrence itself, one step
                     core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
@@ -322,7 +324,10 @@ class StaticRunner:
         G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
         last = G[:, -1]
         w = (last[:, None] - G).exp() * valid
-        kp = k.index_select(1, slot.path) * w[..., None]
+        kp = k.index_select(1, slot.path)
+        if kp.shape[2] != w.shape[2]:  # keys stashed with their Hk key heads (the kernel's): each serves H / Hk
+            kp = kp.repeat_interleave(w.shape[2] // kp.shape[2], dim=2)
+        kp = kp * w[..., None]
         grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, slot.path))
         self.rec_all.copy_(last.exp()[..., None, None] * self.rec_all + grown)
         ext = torch.cat([self.conv_all, u.to(self.conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]
