@@ -368,7 +368,8 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
         graphs_error = f"{type(exc).__name__}: {exc}"
         runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
                               graphs=False, options=options)
-    out: dict = {"options": asdict(runner.options), "graphs": runner.graphs, "graphs_error": graphs_error}
+    out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
+                 "graphs_error": graphs_error}
     out["prefill"] = runner_prefill(runner, prompt, sync, lengths=(len(prompt), 2048))
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
@@ -492,6 +493,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
         except ValueError as exc:
             rows.append({**row, "error": str(exc)})
             continue
+        row.update(options=asdict(runner.options), kernel_error=runner.kernel_error)  # as it ran
         runner.prefill(prompt)
         engine = RunnerEngine(target, None, tree_size=129, block_size=16, max_new_tokens=256, runner=runner)
         token = root
@@ -575,7 +577,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
-                "runner_options": asdict(runner.options), "identical": idx is None, "first_divergence": idx,
+                "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
     print(json.dumps(results[-1]), flush=True)
     for budget in budgets:

@@ -126,11 +126,12 @@ class StaticRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
+        self.kernel_error: str | None = None  # why the Triton delta rule was refused here (the torch form runs)
         self._tree_kernel = None
         if self.options.gdn_kernel != "torch":
-            from .kernels.tree_gdn import tree_delta_rule_triton
-
-            self._tree_kernel = tree_delta_rule_triton
+            self._tree_kernel = self._checked_kernel(next(iter(gdn.values())))
+            if self._tree_kernel is None:
+                self.options = RunnerOptions("torch", self.options.fused, self.options.attention)
         self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
@@ -173,6 +174,33 @@ class StaticRunner:
         self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
         self.sizes = sorted(set(int(s) for s in sizes))
         self._slots: dict[tuple[int, int], _Slot] = {}
+
+    def _checked_kernel(self, gdn):
+        """The Triton delta rule, once it has compiled and matched the torch form on this device at this layer's
+        head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does not."""
+        try:
+            import random
+
+            from ..treeops import ancestor_matrix
+            from .kernels.tree_gdn import tree_delta_rule_triton
+
+            rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+            parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
+            anc = torch.from_numpy(ancestor_matrix(parents)).to(self.device)
+            K, V, n = gdn.head_k_dim, gdn.head_v_dim, len(parents)
+            q, k = (F.normalize(torch.randn(n, 2, K, generator=gen), dim=-1) for _ in range(2))
+            v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
+            g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
+            args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
+            got = tree_delta_rule_triton(*args, anc)
+            args[:2] = [x.repeat_interleave(2, dim=1) for x in args[:2]]
+            want = tree_delta_rule(*args, anc)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            return tree_delta_rule_triton
+        except Exception as exc:  # a kernel that cannot run here must not stop the runner
+            self.kernel_error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            return None
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 
