@@ -37,6 +37,7 @@ bitwise what they were):
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ from .cache import layer_types
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
 from .kernels import interpreting, triton_available
 from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
-from ..treeops import conv_gather
+from ..treeops import ancestor_matrix, conv_gather
 from .tree import DraftTree
 from .verify import decoder_layers, gdn_modules
 
@@ -179,9 +180,6 @@ class StaticRunner:
         """The Triton delta rule, once it has compiled and matched the torch form on this device at this layer's
         head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does not."""
         try:
-            import random
-
-            from ..treeops import ancestor_matrix
             from .kernels.tree_gdn import tree_delta_rule_triton
 
             rng, gen = random.Random(0), torch.Generator().manual_seed(0)
