@@ -285,7 +285,8 @@ def node_info(step: StepRecord, position: int) -> dict[str, Any]:
     walk wanted here); node_is_choice; choice_sibling_rank: the rank (by drafter) of the target's choice among
     this node's siblings and itself, or None when the tree holds no sibling with it ('not drafted' under this
     parent); choice_draft_rank (its rank among the drafter's candidates at this depth, or 'not drafted');
-    target_top_here / target_choice_here: the same at the node itself (what the target wants next)."""
+    target_margin_at_parent (the target's top-1 minus top-2 logit there, when recorded); target_top_here /
+    target_choice_here / target_margin_here: the same at the node itself (what the target wants next)."""
     n = tree_size(step)
     if not 0 <= position < len(step.nodes):
         raise ValueError(f"node {position} is not in this round's tree (0..{len(step.nodes) - 1})")
@@ -299,8 +300,9 @@ def node_info(step: StepRecord, position: int) -> dict[str, Any]:
         "draft_top": draft_row(step, node.depth) if node.depth else [],
         "target_top_here": target_top(step, position),
         "target_choice_here": choices[position] if position < n else None,
+        "target_margin_here": _margin(step, position),
         "target_top": [], "target_prob_of_node": None, "target_choice_at_parent": None, "node_is_choice": None,
-        "choice_sibling_rank": None, "choice_draft_rank": None,
+        "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None,
     }
     if node.parent < 0:
         return info
@@ -314,9 +316,13 @@ def node_info(step: StepRecord, position: int) -> dict[str, Any]:
         target_top=top, target_prob_of_node=dict(top).get(node.token_id), target_choice_at_parent=want,
         node_is_choice=want == node.token_id,
         choice_sibling_rank=sib_tokens.index(want) if want in sib_tokens else None,
-        choice_draft_rank=NOT_DRAFTED if rank is None else rank,
+        choice_draft_rank=NOT_DRAFTED if rank is None else rank, target_margin_at_parent=_margin(step, parent),
     )
     return info
+
+
+def _margin(step: StepRecord, position: int) -> float | None:
+    return step.target_margin[position] if len(step.target_margin) == tree_size(step) else None
 
 
 # ----------------------------------------------------------------------------------------------------------

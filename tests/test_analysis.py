@@ -215,6 +215,7 @@ def test_target_top_k_is_the_targets_distribution_at_each_node(hybrid):
     assert acc["target_choice_at_parent"] == acc["token_id"] == acc["target_top"][0][0]
     assert acc["choice_sibling_rank"] == 1  # ranks [1, 0]: depth 1 holds the true token at rank 1
     assert acc["choice_draft_rank"] == 1 and acc["draft_rank"] == 1
+    assert acc["target_margin_at_parent"] == step.target_margin[0] > 0
     other = analysis.node_info(step, next(n.id for n in step.nodes if n.depth == 1 and n.rank == 0))
     assert not other["node_is_choice"] and other["choice_sibling_rank"] == 1
     assert other["target_prob_of_node"] is None or other["target_prob_of_node"] < acc["target_top"][0][1]

@@ -555,3 +555,15 @@ def test_render_is_pure_no_torch_gradio_or_engine():
     root = Path(__file__).resolve().parents[1]  # the checkout's package, installed or not
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_stats_carry_the_session_analysis(oracle):
+    summary = stats_summary(oracle)
+    block = oracle.settings["block_size"]
+    assert summary["acceptance_histogram"] == analysis.acceptance_histogram(oracle.steps, block)
+    assert summary["per_depth_acceptance"] == analysis.per_depth_acceptance(oracle.steps, block)
+    assert summary["budget_curve"]["32"] == sum(s.acceptance for s in oracle.steps)
+    md = stats_markdown(summary)
+    rows = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert all(ln.count("|") == 3 for ln in rows), rows  # no stray pipe splits a row
+    assert "rounds by accepted drafts" in md and "tokens by budget" in md

@@ -59,6 +59,8 @@ def inspector_html(step: StepRecord | None, position: int | None, token_text: To
         verdict = ("yes: this is the target's choice here" if info["node_is_choice"]
                    else f"no: it chose {_tok(text, want)}")
         prob = (f"p {p:.4f}" if p is not None else f"outside its top-{k}") if k else "not recorded"
+        if info["target_margin_at_parent"] is not None:
+            prob += f" (its top-1 − top-2 logit margin there {info['target_margin_at_parent']:.3f})"
         sib = info["choice_sibling_rank"]
         sib_text = (f"among this node's siblings at sibling rank {sib} (drafter {_rank(info['choice_draft_rank'])})"
                     if sib is not None else

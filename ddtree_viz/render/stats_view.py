@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from .. import analysis
 from ..trace import StepRecord, Trace, sampling_label
+from .budget_view import budget_line, rates_line
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
@@ -79,6 +81,8 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
+        # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
+        **analysis.session_analysis(steps, trace.settings.get("block_size")),
     }
     return out
 
@@ -116,6 +120,12 @@ def stats_markdown(summary: dict) -> str:
         rows += [("greedy tokens/s", _num(summary.get("greedy_tok_s"), 1)),
                  ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+    if summary.get("acceptance_histogram"):
+        unit = "chain length" if summary.get("method") == "dflash" else "budget"
+        rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
+                 ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
+                 (f"tokens by {unit} (same rounds; exact per round)",
+                  budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
     rows.append((f"identical to {ref}", "–" if same is None else
