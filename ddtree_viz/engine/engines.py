@@ -29,6 +29,7 @@ import torch
 
 from ..errors import InputError
 from ..trace import LayerCache
+from .backends import sdpa_backends
 from .cache import layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .tree import DraftTree
@@ -85,8 +86,9 @@ class TransformersEngine:
         self.cache = new_cache(self.target)
         self._shadow, self._prompt_ids = None, list(prompt_ids)
         ids = torch.tensor([self._prompt_ids], device=input_device(self.target))
-        out = self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1,
-                          output_hidden_states=self.feature_layer_ids is not None)
+        with sdpa_backends(ids.device):
+            out = self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1,
+                              output_hidden_states=self.feature_layer_ids is not None)
         self.committed = len(self._prompt_ids)
         return out.logits[0, -1].float(), self._features(out.hidden_states, None)
 

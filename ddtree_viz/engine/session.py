@@ -21,9 +21,11 @@ import torch
 
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
+from .backends import sdpa_backends
 from .engines import ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .sampling import GREEDY, Sampler, margin
+from .timing import PhaseClock, single_cuda_device
 from .tree import DraftTree, follow_tree, one_node
 from .verify import EXACT, NAIVE, device_sync, input_device
 
@@ -122,7 +124,8 @@ class GreedyReference:
 
     def _forward(self, inputs: list[int]) -> torch.Tensor:
         ids = torch.tensor([inputs], device=input_device(self.target))
-        return self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        with sdpa_backends(ids.device):
+            return self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @torch.no_grad()
     def extend_to(self, n: int) -> GreedyResult:
@@ -226,6 +229,8 @@ class DecodeSession:
         self._token_texts_seen: dict[int, str] = {}
         self.eos_ids = pair.eos_token_ids
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
+        # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
+        self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -309,18 +314,12 @@ class DecodeSession:
             raise InputError("nothing to step: prefill a prompt first")
         if self.done:
             raise InputError("this session has finished (end of text or max new tokens); reset to start again")
-        timings = {}
-        clock = time.perf_counter()
-        record, time_phases = self.record, self.time_phases
+        record = self.record
+        clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases else None
 
         def lap(name):
-            nonlocal clock
-            if not time_phases:
-                return
-            self._sync()
-            now = time.perf_counter()
-            timings[name] = (now - clock) * 1e3
-            clock = now
+            if clock is not None:
+                clock.lap(name)
 
         engine = self.target_engine
         root = self.generated[-1]
@@ -354,6 +353,7 @@ class DecodeSession:
         before = engine.snapshot(pending=len(tree)) if record else ()
         self._features = engine.commit(tree_pass, accepted)
         lap("commit")
+        timings = clock.times() if clock is not None else {}
 
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         state_error = engine.state_error(tree, accepted)
