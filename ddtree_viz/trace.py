@@ -280,20 +280,26 @@ def _check_step(step: StepRecord, where: str) -> None:
 
 
 VERDICT_NOISE, VERDICT_MISMATCH = "noise", "mismatch"
-REFERENCE_NAMES = {"runner": "one-node trees on a second static runner",
-                   "transformers": "transformers' own forward, one token at a time"}
+REFERENCE_NAMES = {"runner": "the runner (one-node trees on a second static runner)",
+                   "transformers": "transformers' own forward (one token at a time)"}
 
 
 def verdict_text(trace: Trace) -> str | None:
-    """The verdict on the first divergence in words, with its evidence; None when nothing diverges."""
+    """The verdict on a trace's first divergence in words, with its evidence; None when nothing diverges."""
     if trace.first_divergence is None or trace.greedy_ids is None:
         return None
-    m, n, k = trace.divergence_margin, trace.numerical_noise, trace.noise_positions
-    if trace.divergence_verdict == VERDICT_NOISE:
-        return f"within numerical noise (margin {m:.3g} <= noise {n:.3g}, measured over {k} positions)"
-    if trace.divergence_verdict == VERDICT_MISMATCH:
-        return f"beyond numerical noise: mismatch (margin {m:.3g} > noise {n:.3g}, measured over {k} positions)"
-    if m is None:
+    return verdict_words(trace.divergence_verdict, trace.divergence_margin, trace.numerical_noise, trace.noise_positions)
+
+
+def verdict_words(verdict: str | None, margin: float | None, noise: float | None, positions: int) -> str:
+    """'within numerical noise (margin m <= noise n, ...)', 'beyond numerical noise: mismatch (...)', or why
+    there is no verdict."""
+    if verdict == VERDICT_NOISE:
+        return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
+    if verdict == VERDICT_MISMATCH:
+        return (f"beyond numerical noise: mismatch (margin {margin:.3g} > noise {noise:.3g}, measured over "
+                f"{positions} positions)")
+    if margin is None:
         return "no verdict: no reference margin there (the reference ended, or one token was left to choose)"
     return "no verdict yet: no numerical noise measured so far (it needs stretches of two or more tokens)"
 
