@@ -402,6 +402,15 @@ def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: 
     return out
 
 
+def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int):
+    """The exactness checks' target (real widths, random weights), its pair (no drafter: oracle drafts) and a
+    seeded random prompt."""
+    target = build_target(bench, layers, dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    return target, pair_of(bench, target, None, dtype), prompt
+
+
 @torch.no_grad()
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
@@ -411,10 +420,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     from .engine.runner import StaticRunner
     from .engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
-    target = build_target(bench, layers, dtype)
-    pair = pair_of(bench, target, None, dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)])
 
     def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
@@ -478,10 +484,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     from .engine.oracle import OracleProposer
     from .engine.session import DecodeSession, GreedyReference, first_divergence
 
-    target = build_target(bench, layers, dtype)
-    pair = pair_of(bench, target, None, dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
     results = []
     for budget in budgets:

@@ -21,7 +21,7 @@ from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
-from .render.layout import tree_layout
+from .render.layout import PHASES, tree_layout
 from .render.mask_plot import mask_figure
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
@@ -29,7 +29,6 @@ from .render.tree_plot import tree_figure
 from .trace import Trace, is_sampled, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
-PHASES = ("drafted", "verified")
 
 
 class ModelHost:

@@ -241,6 +241,12 @@ def test_cli_choices_are_the_exporters():
     assert cli.SCHEME_NAMES == tuple(SCHEMES) and cli.PHASES == ("drafted", "verified")
 
 
+def test_cli_phases_are_the_layouts():
+    from ddtree_viz.render.layout import PHASES
+
+    assert cli.PHASES == PHASES  # spelled out in cli.py so that parsing imports no renderer
+
+
 def test_step_is_the_pages_round_number_or_last(trace):
     n = len(trace.steps)
     assert ex.resolve_round(trace, 1) == 0 and ex.resolve_round(trace, "1") == 0

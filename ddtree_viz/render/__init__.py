@@ -1,6 +1,8 @@
 """Pure renderers: records (ddtree_viz.trace) in, figures / text out. No gradio, torch or engine imports.
 
-One layout (layout.tree_layout) feeds every tree backend; style.py holds the shared colours and markers."""
+One layout (layout.tree_layout) feeds every tree backend, and layout.py holds the rules they share (which edges
+are the accepted path, where the path label goes, legend entries, draw order); every renderer takes a colour
+Scheme (scheme.py; the page's is the colour-blind one) and style.py holds the page's colours and markers."""
 
 from .cache_view import cache_figure, cache_layout_table, cache_table
 from .diff_view import compare_with_greedy, output_vs_greedy_html, token_sources

@@ -1,6 +1,9 @@
 """THE tree layout: one StepRecord in, positions + labels + roles + colour values out.
 
-Every backend draws from this (the page's plotly figure, and the TikZ/SVG/PDF exporters), so they agree.
+Every backend draws from this (the page's plotly figure, and the TikZ/SVG/PDF exporters), so they agree; the
+rules they share about what a layout means live here too: which edges are drawn as the accepted path
+(edge_kind), where the path's label goes (path_label_at), the legend's entries and names (legend_entries),
+and the order nodes are drawn in (DRAW_ORDER).
 
 Coordinates: x = depth (root 0). y = row, growing downward (rank 0 on top): a tidy layered layout where
 each leaf gets its own row in depth-first order (children by rank, the synthetic bonus node last), and
@@ -28,10 +31,15 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ..trace import StepRecord
+from . import style
 from .text import TokenText, lookup, shorten, visible
 
 PHASES = ("drafted", "verified")
-ROLES = ("root", "accepted", "first_rejected", "bonus", "other")
+ROLES = ("root", "accepted", "first_rejected", "bonus", "other")  # also the legend's order
+DRAW_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # nodes drawn in this order: path on top
+EDGE_KINDS = ("edge", "path", "bonus")  # see edge_kind; plotly draws them in this order
+EDGE_NAME = {"edge": "", "path": "accepted path", "bonus": "bonus edge"}  # legend names of edge kinds
+PATH_LABEL = {"path": "accepted path", "bonus": "bonus"}  # the label written along the path's first edge
 DEFAULT_LABEL_CHARS = 12
 
 
@@ -113,6 +121,56 @@ class TreeLayout:
 
     def by_role(self, role: str) -> tuple[LayoutNode, ...]:
         return tuple(n for n in self.nodes if n.role == role)
+
+
+def edge_kind(edge: LayoutEdge) -> str:
+    """'bonus' for the edge to the bonus node, 'path' for an accepted-path edge, 'edge' for any other."""
+    if edge.synthetic:
+        return "bonus"
+    return "path" if edge.on_path else "edge"
+
+
+def edges_of(layout: TreeLayout, kind: str) -> list[LayoutEdge]:
+    """The layout's edges of one edge_kind, in layout order."""
+    return [e for e in layout.edges if edge_kind(e) == kind]
+
+
+def path_label_at(layout: TreeLayout) -> tuple[LayoutNode, LayoutNode, str] | None:
+    """Where the path's label goes and what it says: the two ends of the first accepted-path edge and 'accepted
+    path', else those of the bonus edge and 'bonus'; None in the drafted phase."""
+    if layout.phase != "verified":
+        return None
+    for kind in ("path", "bonus"):
+        edges = edges_of(layout, kind)
+        if edges:
+            return layout.node(edges[0].parent), layout.node(edges[0].child), PATH_LABEL[kind]
+    return None
+
+
+def path_outlined(role: str, on_path: bool) -> bool:
+    """Whether a node's marker wears the path's outline: on the accepted path, or the bonus."""
+    return on_path or role == "bonus"
+
+
+def legend_name(role: str, phase: str) -> str:
+    """A role's name in legends: style.ROLE_NAME once verified; before that every drafted node is 'drafted'."""
+    if phase == "verified":
+        return style.ROLE_NAME[role]
+    return "root" if role == "root" else "drafted"
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    role: str
+    name: str
+    on_path: bool  # its marker wears the path's outline (the accepted nodes, and the root once verified)
+
+
+def legend_entries(layout: TreeLayout) -> tuple[LegendEntry, ...]:
+    """One marker legend entry per role the layout shows, in ROLES order."""
+    verified = layout.phase == "verified"
+    return tuple(LegendEntry(role, legend_name(role, layout.phase), role == "accepted" or (role == "root" and verified))
+                 for role in ROLES if layout.by_role(role))
 
 
 def _shown(step: StepRecord, on_path: set[int], max_depth: int | None, min_logprob: float | None) -> list[bool]:
@@ -249,8 +307,6 @@ def node_colors(layout: TreeLayout, colorscale: str = "Viridis", cmin: float | N
                 cmax: float | None = None, neutral: str | None = None, bonus: str | None = None) -> dict[int, str]:
     """id -> 'rgb(r, g, b)' fill colour, the same mapping plotly's colour axis applies (for vector backends)."""
     from plotly.colors import get_colorscale, sample_colorscale
-
-    from . import style
 
     lo, hi = layout.logprob_range
     lo = lo if cmin is None else cmin

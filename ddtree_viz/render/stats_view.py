@@ -7,32 +7,35 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from ..trace import StepRecord, Trace, sampling_label
-from . import style
+from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
-PHASES = ("draft", "tree", "verify", "commit")
+TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
+ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
 
 
-def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None) -> go.Figure:
+def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
+                      legend: bool = True) -> go.Figure:
     """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=style.ATTENTION_COLOR, hovertext=hover, hoverinfo="text",
+    fig = go.Figure(go.Bar(x=x, y=y, marker_color=scheme.bar, hovertext=hover, hoverinfo="text",
                            name="tokens per round"))
     if steps:
         mean = sum(y) / len(y)
         fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
-                        line=dict(color=style.PATH_COLOR, dash="dash", width=2), hoverinfo="name")
+                        line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name")
     fig.update_layout(
-        title=dict(text=esc(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
-                   font=dict(size=14)),
+        title=dict(text=esc(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
         yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
     )
+    if not legend:
+        fig.update_layout(showlegend=False)
     return fig
 
 
@@ -53,7 +56,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
     steps = trace.steps
     added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
     acc = [s.acceptance for s in steps]
-    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in PHASES}
+    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in TIMING_PHASES}
     round_ms = [sum(float(v) for v in s.timings_ms.values()) for s in steps]
     total_s = sum(round_ms) / 1e3
     out = {
@@ -106,7 +109,7 @@ def stats_markdown(summary: dict) -> str:
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
         ("mean time per round", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
+        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
