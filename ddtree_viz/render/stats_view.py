@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from ..trace import StepRecord, Trace, sampling_label
+from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
@@ -79,6 +79,9 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
+        "reference": reference_of(trace.settings) if trace.greedy_ids is not None else None,
+        "reference_ms": trace.reference_ms or None,
+        "verdict": verdict_text(trace),
     }
     return out
 
@@ -112,12 +115,18 @@ def stats_markdown(summary: dict) -> str:
         ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
+    where = summary.get("reference")
+    if where is not None:
+        rows.append(("reference decoded on (its time is not in the rounds')",
+                     _num(REFERENCE_NAMES.get(where, where)) + (f", {_num(summary['reference_ms'], 0)} ms"
+                                                                if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        rows += [("greedy tokens/s", _num(summary.get("greedy_tok_s"), 1)),
+        rows += [("greedy tokens/s (the reference)", _num(summary.get("greedy_tok_s"), 1)),
                  ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
+    verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
     rows.append((f"identical to {ref}", "–" if same is None else
-                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))})")))
+                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
