@@ -160,6 +160,8 @@ class GreedyReference:
     def extend_to(self, n: int, candidates=()) -> GreedyResult:
         """The first n tokens. `candidates`: the tokens a session generated (its own guesses of these tokens),
         used only to measure the numerical noise (class docstring); they never decide a token."""
+        if len(self.ids) >= n or self.finished:  # nothing to decode: no time spent
+            return self.result(n)
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
             if not self.ids:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
+from .fastfig import figure
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
@@ -21,19 +22,19 @@ def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, 
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=scheme.bar, hovertext=hover, hoverinfo="text",
-                           name="tokens per round"))
+    data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
+                 name="tokens per round")]
     if steps:
         mean = sum(y) / len(y)
-        fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
-                        line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name")
-    fig.update_layout(
+        data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
+                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name"))
+    fig = figure(data, dict(
         title=dict(text=esc(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
         yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
-    )
+    ))
     if not legend:
         fig.update_layout(showlegend=False)
     return fig
