@@ -646,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the web page's Step at these shapes on the runner (ui.step + ui.render_views, then the check "
                         "against the reference), the first Step after a new prompt, the bare round (issue #13's targets)")
     p.add_argument("--ui-prompt-tokens", type=int, default=600, help="--ui: prompt length (default: 600)")
+    p.add_argument("--ui-steps", type=int, default=12, help="--ui: Steps measured (medians; default: 12)")
     p.add_argument("--fast-only", action="store_true", help="with --exactness: check the runner only")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
@@ -661,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
     if a.ui:
-        report["ui"] = ui_speed(bench, a.layers, getattr(torch, a.dtype), prompt_len=a.ui_prompt_tokens)
+        report["ui"] = ui_speed(bench, a.layers, getattr(torch, a.dtype), prompt_len=a.ui_prompt_tokens,
+                                steps=a.ui_steps)
         print(json.dumps(report["ui"], indent=1), flush=True)
     checks = []  # transformers' forward (DecodeSession), then the static runner
     if a.exactness and not a.fast_only:
