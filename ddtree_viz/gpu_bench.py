@@ -672,6 +672,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
         samples["check"].append(ui_check(tab))
     records = tab.session.history[1:]  # the first round's draft ran the drafter at a new shape first
     out["round_phases_ms"] = {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms}
+    out["draft_ms_per_round"] = [r.timings_ms["draft"] for r in tab.session.history]  # steady, or a spike per shape?
     out["mean_acceptance"] = tab.session.mean_acceptance
     out["reference_ms_per_token"] = tab.session.greedy_seconds * 1e3 / max(1, len(tab.session.generated))
     out["reference"] = tab.session.reference
