@@ -300,8 +300,9 @@ class DecodeSession:
 
     `record=False` keeps only what decoding needs (tree, accepted path, bonus) in each StepRecord: no node texts,
     margins or cache snapshots (what a benchmark of the method itself wants). `time_phases` (default: as
-    `record`) waits for the devices after each phase to time it; without it a round has no device waits but the
-    one its acceptance walk needs.
+    `record`) times each phase (timing.PhaseClock: CUDA events on one GPU, read once after the round; elsewhere
+    the wall clock after waiting for the devices); without it a round has no device waits but the one its
+    acceptance walk needs.
 
     `sampler` (sampling.py) says how the target chooses its tokens: greedy (the default) or position-keyed
     sampling; the reference (`greedy()`) decodes with the same sampler, so the two still match token for token.
