@@ -108,6 +108,12 @@ class Trace:
     token_texts: dict[str, str] = dataclasses.field(default_factory=dict)  # str(token id) -> text, every id named
     prefill_ms: float = 0.0
     prefill_cache: tuple[LayerCache, ...] = ()  # the target cache right after prefill (the layout before step 1)
+    # how the prompt was given (engine/prompts.py): with the chat template on, `prompt` is the templated text and
+    # `messages` the conversation as given ({role, content}, the system prompt first); `thinking` is the template's
+    # thinking switch as asked (None: the template's default). Raw-text prompts leave these at their defaults.
+    messages: tuple[dict[str, str], ...] = ()
+    chat_template: bool = False
+    thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
@@ -162,6 +168,10 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
                 pass
         raise TraceError(f"{where}: expected {annotation}, got {json.dumps(value)[:40]}")
     if annotation == "Any":
+        return value
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}: expected true or false, got {json.dumps(value)[:40]}")
         return value
     if annotation == "int":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -309,4 +319,8 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    trace = _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    for i, m in enumerate(trace.messages):
+        if set(m) != {"role", "content"}:
+            raise TraceError(f"trace.messages[{i}]: expected an object with 'role' and 'content' only")
+    return trace
