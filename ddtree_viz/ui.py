@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
+from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
 from .engine.sampling import MAX_SEED, Sampler
 from .engine.session import DecodeSession, _check_int
 from .engine.engines import engine_for
@@ -23,6 +24,7 @@ from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
 from .render.layout import PHASES, tree_layout
 from .render.mask_plot import mask_figure
+from .render.prompt_view import prompt_html
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
@@ -80,10 +82,27 @@ class ModelHost:
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
             return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
-                    f"exact rounds on the {esc(self.engine)} engine")
+                    f"exact rounds on the {esc(self.engine)} engine; {esc(self.chat_note())}")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.pair is not None and has_chat_template(self.pair.tokenizer)
+
+    @property
+    def takes_thinking(self) -> bool:
+        return self.pair is not None and takes_thinking(self.pair.tokenizer)
+
+    def chat_note(self) -> str:
+        """What the page says about the tokenizer's chat template (the 'Chat template' switch follows it)."""
+        if self.pair is None:
+            return ""
+        if not self.has_chat_template:
+            return ("its tokenizer has no chat template: prompts go in as raw text (the embedded pair has none; a "
+                    "target that ships one, e.g. Qwen3.6-27B, switches 'Chat template' on)")
+        return "chat template: yes" + (", with a thinking switch" if self.takes_thinking else ", no thinking switch")
 
     def require(self) -> ModelPair:
         if self.pair is None:
@@ -93,7 +112,7 @@ class ModelHost:
 
 @dataclass
 class Settings:
-    prompt: str
+    prompt: PromptSpec  # the prompt box (the user's message with the chat template on), system prompt, thinking
     budget: int
     block_size: int
     max_new_tokens: int
@@ -114,12 +133,27 @@ class TabState:
     greedy_s: float = 0.0
 
 
-def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
-              seed=0) -> Settings:
+def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -> PromptSpec:
+    """The page's prompt controls as a PromptSpec. With the chat template off the system box is not used; the
+    thinking switch is passed only to a template that has one (else the template's default, None)."""
+    if not isinstance(prompt, str):
+        raise InputError("the prompt must be text")
+    if not chat:
+        return check_spec(PromptSpec(text=prompt))
+    if host.pair is not None and not host.has_chat_template:
+        raise InputError("this target's tokenizer has no chat template: switch 'Chat template' off")
+    system = system if isinstance(system, str) and system.strip() else None
+    return check_spec(PromptSpec(text=prompt, chat=True, system=system,
+                                 thinking=bool(thinking) if host.takes_thinking else None))
+
+
+def _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
+              seed=0, chat=False, system="", thinking=True) -> Settings:
     if verify not in VERIFY_CHOICES:
         raise InputError(f"unknown verification mode {verify!r}")
     sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
-    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method, sampler)
+    return Settings(prompt_spec(host, prompt, chat, system, thinking), budget, block_size, max_new_tokens,
+                    VERIFY_CHOICES[verify], method, sampler)
 
 
 def new_seed() -> int:
@@ -135,7 +169,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
     engine = engine_for(host.engine, s.verify)
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
                             method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
-    session.prefill(s.prompt)
+    session.prefill(spec=s.prompt)
     tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
 
 
@@ -146,9 +180,11 @@ def _refresh(tab: TabState) -> None:
 
 
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
-         top_p=1.0, top_k=0, seed=0) -> TabState:
-    """One round. A new prompt or changed settings (a new seed included) start a new session first."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+         top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True) -> TabState:
+    """One round. A new prompt or changed settings (a new seed, the chat template, system prompt or thinking
+    switch included) start a new session first."""
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
     with host.lock:
         _ensure_session(host, tab, s)
         if tab.session.done:
@@ -160,9 +196,10 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
 
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
-               temperature=0.0, top_p=1.0, top_k=0, seed=0):
+               temperature=0.0, top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True):
     """Run to the end, yielding the tab after every round (the page updates live)."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
     with host.lock:
         _ensure_session(host, tab, s)
     while not tab.session.done:
@@ -208,6 +245,7 @@ class Views:
     divergence: str
     rounds: int
     view: int
+    prompt: str = ""  # the prompt as prefilled (templated, special tokens marked), escaped HTML
 
 
 def _token_text(tab: TabState):
@@ -246,5 +284,5 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
         status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
         diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
         stats=stats_markdown(summary), divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
-        rounds=len(trace.steps), view=k,
+        rounds=len(trace.steps), view=k, prompt=prompt_html(trace),
     )

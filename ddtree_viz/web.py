@@ -49,7 +49,8 @@ CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes 
                  "naive state error")
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
-CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
+CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
+       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; }")  # prompt view: template markers, whitespace
 
 
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
@@ -107,7 +108,18 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
                                  max_height=260, elem_id="ddv-layout")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
+                                    info="raw text to continue; with the chat template on, the user's message")
+                # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the
+                # switches follow the target's tokenizer once it has loaded (on_timer)
+                with gr.Row(elem_id="ddv-chat-row"):
+                    chat = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
+                                       info="waiting for the model's tokenizer")
+                    thinking = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+                                           info="the template's thinking switch (enable_thinking)")
+                system = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
+                                    elem_id="ddv-system")
             with gr.Column(scale=2):
                 with gr.Row():
                     budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
@@ -134,6 +146,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
         status = gr.Markdown(elem_id="ddv-status")
+        prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
         tree_plot = gr.Plot(label="Draft tree (accepted path highlighted)", elem_id="ddv-tree")
         with gr.Row():
             mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
@@ -165,8 +178,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
         tab = gr.State(ui.TabState(), time_to_live=3600)
-        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed]
-        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
+        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed, chat, system, thinking]
+        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider,
+                 prompt_view]
 
         def show(t: ui.TabState, ph: str):
             v = ui.render_views(host, t, ph)
@@ -174,7 +188,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             cols = [c for c in CACHE_COLUMNS if rows and c in rows[0]] or (list(rows[0]) if rows else [])
             table = gr.Dataframe(value=[[r.get(c) for c in cols] for r in rows], headers=cols) if rows else None
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
-            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
+            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider,
+                    v.prompt]
 
         @_errors
         def on_step(t, ph, *s):
@@ -223,18 +238,33 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                 show_title=bool(title))
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
 
+        def chat_controls():
+            """The chat switches once the tokenizer is known: on by default when it has a template, disabled
+            with a note when it has none; thinking only where the template has the switch."""
+            if not host.ready:
+                return gr.Checkbox(info="no model loaded: prompts go in as raw text"), gr.Checkbox()
+            if not host.has_chat_template:
+                return (gr.Checkbox(value=False, interactive=False, info="this tokenizer has no chat template (the "
+                                    "embedded pair has none): prompts go in as raw text"),
+                        gr.Checkbox(interactive=False))
+            return (gr.Checkbox(value=True, interactive=True, info="the prompt is sent as the user's message"),
+                    gr.Checkbox(interactive=host.takes_thinking,
+                                info="the template's thinking switch (enable_thinking)" if host.takes_thinking
+                                else "this template has no thinking switch"))
+
         def on_timer():
             if host.ready or host.error:
                 rows = host.layout
                 table = [list(r.values()) for r in rows] if rows else None
                 return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
                         gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
-                        gr.Timer(active=False))
-            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Timer(active=True)
+                        *chat_controls(), gr.Timer(active=False))
+            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Checkbox(), gr.Checkbox(), gr.Timer(active=True)
 
         timer = gr.Timer(0.5)
-        timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
-        demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
+        timer_outputs = [model_md, layout_df, block, chat, thinking, timer]
+        timer.tick(on_timer, outputs=timer_outputs, concurrency_limit=None)
+        demo.load(on_timer, outputs=timer_outputs)
 
         model_events = dict(concurrency_id="model", concurrency_limit=1)
         step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)

@@ -273,3 +273,57 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
 def test_bad_sampling_inputs_are_clear_errors(host, over, words):
     with pytest.raises(InputError, match=words):
         ui.step(host, ui.TabState(), *sampled_args(**over))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chat template, system message, thinking
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_host(tmp_path_factory):
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
+    h = ui.ModelHost(str(target), str(draft), "float32", "cpu")
+    h.start(background=False)
+    assert h.ready, h.error
+    return h
+
+
+def chat_args(chat=True, system="", thinking=True, **over):
+    return sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0, **over) + [chat, system, thinking]
+
+
+def test_chat_template_switch_system_and_thinking(chat_host):
+    """The page's chat controls: the prefill is the templated conversation (apply_chat_template's ids), the
+    thinking switch and system message change it (a new session), the view shows the templated prompt with its
+    special tokens marked and the user's text escaped, and the trace records how the prompt was given."""
+    from ddtree_viz.engine.prompts import PromptSpec, encode
+
+    assert chat_host.has_chat_template and chat_host.takes_thinking
+    assert "chat template: yes, with a thinking switch" in chat_host.status_markdown()
+    hostile = "Say <script>alert(1)</script> & stop"
+    tab = ui.step(chat_host, ui.TabState(), *chat_args(prompt=hostile, system="Be brief.", thinking=False))
+    expected = encode(chat_host.pair.tokenizer, PromptSpec(text=hostile, chat=True, system="Be brief.", thinking=False))
+    assert tuple(tab.session.prompt_ids) == expected.ids
+    v = ui.render_views(chat_host, tab)
+    assert '<b class="ddv-special">&lt;|im_start|&gt;</b>' in v.prompt and "&lt;/think&gt;" in v.prompt
+    assert "<script" not in v.prompt and "&lt;script&gt;" in v.prompt
+    assert "chat template on: 2 messages (system, user), thinking off" in v.prompt
+    assert tab.trace.chat_template and tab.trace.thinking is False and tab.trace.messages[0]["content"] == "Be brief."
+    first = tab.session
+    tab = ui.step(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True))
+    assert tab.session is not first and tab.session.prompt_ids != list(expected.ids)
+    for tab in ui.run_rounds(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True)):
+        pass
+    assert "identical to greedy" in ui.render_views(chat_host, tab).diff_html
+    # chat off: the same box is raw text; the system message is not used
+    raw = ui.step(chat_host, ui.TabState(), *chat_args(chat=False, prompt="def f():", system="ignored"))
+    assert raw.session.prompt == "def f():" and "raw text (no chat template)" in ui.render_views(chat_host, raw).prompt
+
+
+def test_chat_template_off_and_refused_without_a_template(host):
+    assert not host.has_chat_template and "no chat template" in host.status_markdown()
+    with pytest.raises(InputError, match="no chat template"):
+        ui.step(host, ui.TabState(), *chat_args(chat=True))
+    tab = ui.step(host, ui.TabState(), *chat_args(chat=False, thinking=False))  # thinking unused without chat
+    assert tab.trace.chat_template is False and tab.trace.thinking is None
