@@ -307,6 +307,7 @@ def cmd_run(args) -> int:
                             method=args.method, block_size=args.block_size, engine=args.engine,
                             sampler=_sampler(args, args.temperature))
     print(pair.describe())
+    print(pair.parameters_line())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "

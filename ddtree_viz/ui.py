@@ -80,7 +80,7 @@ class ModelHost:
         if self.pair is not None:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
-            return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.engine)} engine; {esc(self.chat_note())}")
         if self.error is not None:
