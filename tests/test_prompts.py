@@ -162,3 +162,12 @@ def test_raw_trace_keeps_the_defaults_and_old_traces_load():
     for key in ("chat_template", "messages", "thinking"):  # a trace written before these fields
         data.pop(key)
     assert Trace.from_json(json.dumps(data)).chat_template is False
+
+
+def test_the_end_of_a_turn_ends_the_output():
+    """A chat model's generation_config names the end of its turn (Qwen: <|im_end|>): it ends the output too."""
+    pair = chat_pair(seed=1)
+    im_end = pair.tokenizer.convert_tokens_to_ids(IM_END)
+    assert im_end not in pair.eos_token_ids
+    pair.target.generation_config.eos_token_id = [256, im_end]
+    assert {256, im_end} <= pair.eos_token_ids

@@ -155,7 +155,9 @@ class ModelPair:
     def eos_token_ids(self) -> set[int]:
         ids = set()
         eos = getattr(self.target.config, "eos_token_id", None)
-        for value in (eos, getattr(self.tokenizer, "eos_token_id", None)):
+        # a chat model's generation_config names the end of its turn too (Qwen's <|im_end|> beside <|endoftext|>)
+        generation = getattr(getattr(self.target, "generation_config", None), "eos_token_id", None)
+        for value in (eos, generation, getattr(self.tokenizer, "eos_token_id", None)):
             if isinstance(value, int):
                 ids.add(value)
             elif isinstance(value, (list, tuple)):
