@@ -171,3 +171,21 @@ def test_the_end_of_a_turn_ends_the_output():
     assert im_end not in pair.eos_token_ids
     pair.target.generation_config.eos_token_id = [256, im_end]
     assert {256, im_end} <= pair.eos_token_ids
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("messages", [{"role": "user"}], "trace.messages\\[0\\]: expected an object with 'role' and 'content'"),
+    ("messages", [{"role": 1, "content": "x"}], "trace.messages\\[0\\].role: expected a string"),
+    ("chat_template", "yes", "trace.chat_template: expected true or false"),
+    ("thinking", 0, "trace.thinking: expected"),
+])
+def test_trace_load_refuses_malformed_prompt_fields(key, value, words):
+    from ddtree_viz.errors import TraceError
+
+    pair = chat_pair(seed=1)
+    session = DecodeSession(pair, budget=2, max_new_tokens=2)
+    session.prefill(spec=PromptSpec(text="a", chat=True))
+    data = json.loads(session.to_trace(with_greedy=False).to_json())
+    data[key] = value
+    with pytest.raises(TraceError, match=words):
+        Trace.from_json(json.dumps(data))
