@@ -550,6 +550,7 @@ def print_trace_summary(trace, path) -> None:
     """The rounds of a trace as text: the settings (sampling ones with the `run` options that reproduce them), per
     round the tokens gained, the tree, the text added; then the output and whether it equals the target's own
     decoding (greedy, or sampled with the same seed)."""
+    from .render.prompt_view import prompt_summary
     from .render.stats_view import stats_summary
 
     s = trace.settings
@@ -566,6 +567,7 @@ def print_trace_summary(trace, path) -> None:
     if s.get("verify") == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (shown to reproduce the bug)")
     print(f"prompt: {trace.prompt!r}")
+    print(f"prompt given as: {prompt_summary(trace)}")
     mean = summary["mean_acceptance"]
     print(f"rounds: {len(trace.steps)}  generated tokens: {len(trace.output_ids)}  mean acceptance: "
           f"{'-' if mean is None else f'{mean:.2f}'} tokens per target forward (bonus included)")

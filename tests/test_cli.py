@@ -277,6 +277,8 @@ def test_run_chat_from_a_messages_file(chat_model_args, capsys, tmp_path):
     expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)
     assert list(trace.prompt_ids) == list(expected["input_ids"])
     assert trace.chat_template is True and trace.thinking is False and list(trace.messages) == messages
+    assert cli.main(["replay", str(trace_path), "--print"]) == 0
+    assert "prompt given as: chat template on: 2 messages (system, user), thinking off" in capsys.readouterr().out
 
 
 def test_run_plain_text_prompt_file_and_system_prompt(chat_model_args, capsys, tmp_path):
