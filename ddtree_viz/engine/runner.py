@@ -72,10 +72,12 @@ ATTENTION_KINDS = ("eager", "sdpa")
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """How the runner computes on its device. "auto" / None pick the fast forms on CUDA and the torch forms
-    elsewhere; `resolve` says what a device gets."""
+    """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections on
+    CUDA, the torch tree delta rule everywhere (on an H200 at Qwen3.6-27B shapes the Triton kernel verified a
+    budget-64 tree in 33.5 ms against 29.3 ms for the torch form, docs/PERFORMANCE.md section 6); `resolve`
+    says what a device gets."""
 
-    gdn_kernel: str = "auto"  # auto | torch | triton (trees and the one-node step) | triton-tree (trees only)
+    gdn_kernel: str = "auto"  # auto (= torch) | torch | triton (trees and the one-node step) | triton-tree (trees only)
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
 
@@ -87,7 +89,7 @@ class RunnerOptions:
         cuda = device.type == "cuda"
         kernel = self.gdn_kernel
         if kernel == "auto":
-            kernel = "triton" if cuda and triton_available() else "torch"
+            kernel = "torch"
         elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
             raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention)
