@@ -65,6 +65,18 @@ def _compare_spec(text: str) -> dict:
     return out
 
 
+def _add_chat_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("chat", "chat models (Qwen3.6-27B among them) and their drafters were trained on "
+                                     "chat-formatted text: --chat sends the prompt through the tokenizer's chat template")
+    g.add_argument("--chat", action="store_true",
+                   help="apply the tokenizer's chat template: the prompt is the user's message (or the messages of a "
+                        "JSON --prompt-file), then the assistant's turn is opened")
+    g.add_argument("--system", metavar="TEXT", help="a system prompt, first in the conversation (with --chat)")
+    g.add_argument("--thinking", choices=("on", "off"),
+                   help="the template's thinking switch (enable_thinking, as in Qwen3/3.5/3.6 templates), with --chat; "
+                        "default: the template's own default")
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -100,7 +112,12 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                          description="Decode one prompt with DDTree (or DFlash), print the text, tokens per round, "
                                      "mean acceptance and whether the output equals the target's own decoding "
                                      "(greedy, or sampled with the same seed).")
-    run.add_argument("--prompt", required=True, help="text to continue")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="text to continue (with --chat: the user's message)")
+    source.add_argument("--prompt-file", metavar="FILE",
+                        help="the prompt from a UTF-8 file: plain text, or a JSON list of messages "
+                             "[{\"role\": \"user\", \"content\": \"...\"}, ...] (with --chat)")
+    _add_chat_args(run)
     _add_model_args(run)
     _add_decode_args(run)
     run.add_argument("--verify", default="exact", choices=("exact", "naive"),
@@ -135,6 +152,10 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                                        "(same seed) at each temperature in turn, on the same prompts.")
     bench.add_argument("--prompt", action="append", dest="prompts", metavar="TEXT",
                        help="a prompt (repeat for several; default: a few Python code openings)")
+    bench.add_argument("--prompt-file", action="append", dest="prompt_files", metavar="FILE",
+                       help="a prompt from a file: plain text or a JSON list of messages (repeat for several; after "
+                            "the --prompt ones)")
+    _add_chat_args(bench)
     _add_model_args(bench)
     _add_decode_args(bench)
     bench.add_argument("--repeats", type=_whole_number, default=1, help="timed runs per prompt and method (default: 1)")
@@ -280,6 +301,27 @@ def _load(args):
     return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device)
 
 
+def _spec(args, text: str | None = None, path: str | None = None):
+    """The PromptSpec of one prompt given on the command line (text or file) with the chat options; checked
+    before any model is loaded."""
+    from .engine.prompts import PromptSpec, check_spec, parse_thinking, spec_from_file
+
+    options = dict(chat=args.chat, system=args.system, thinking=parse_thinking(args.thinking))
+    if path is not None:
+        return spec_from_file(path, **options)
+    return check_spec(PromptSpec(text=text, **options))
+
+
+def _describe_prompt(spec, encoded) -> str:
+    """One line on how the prompt went in: raw text, or templated (system prompt, messages, thinking)."""
+    if not spec.chat:
+        return f"prompt: raw text, {len(encoded.ids)} tokens"
+    turns = spec.conversation()
+    thinking = "template default" if spec.thinking is None else ("on" if spec.thinking else "off")
+    return (f"prompt: chat template on, {len(turns)} message{'s' * (len(turns) != 1)} "
+            f"({', '.join(t['role'] for t in turns)}), thinking {thinking}, {len(encoded.ids)} tokens")
+
+
 def _token(session, token_id: int) -> str:
     return f"{session.token_text(token_id)!r} ({token_id})"
 
@@ -292,15 +334,18 @@ def _token(session, token_id: int) -> str:
 def cmd_run(args) -> int:
     from .engine.session import DecodeSession
 
-    if args.prompt == "":
-        raise InputError("the prompt is empty: type some text to continue")
+    from .engine.prompts import encode
+
+    spec = _spec(args, args.prompt, args.prompt_file)
     other = _other_config(args) if args.compare else None
     pair = _load(args)
+    encoded = encode(pair.tokenizer, spec)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
                             method=args.method, block_size=args.block_size, engine=args.engine,
                             sampler=_sampler(args, args.temperature), target_top_k=args.target_top_k,
                             draft_top_k=args.draft_top_k, reference=args.reference)
     print(pair.describe())
+    print(pair.parameters_line())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
@@ -312,7 +357,8 @@ def cmd_run(args) -> int:
         print("NAIVE verification: the known-wrong flattened-tree behaviour (GDN layers run the tree as one chain; "
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")
 
-    session.prefill(args.prompt)
+    print(_describe_prompt(spec, encoded))
+    session.prefill(spec=spec)
     records = session.run()
 
     print()
@@ -472,9 +518,17 @@ def cmd_bench(args) -> int:
 
     if args.prompts is not None and any(p == "" for p in args.prompts):
         raise InputError("a --prompt is empty: every prompt needs some text")
+    prompts = None
+    if args.prompts is not None or args.prompt_files is not None or args.chat:
+        from .bench import DEFAULT_PROMPTS
+
+        texts = args.prompts if args.prompts is not None else ([] if args.prompt_files else list(DEFAULT_PROMPTS))
+        prompts = [_spec(args, text=t) for t in texts] + [_spec(args, path=f) for f in args.prompt_files or ()]
+    else:
+        _spec(args, text="-")  # --system / --thinking without --chat: the same error as run's
     pair = _load(args)
     print(pair.describe())
-    results = run_sweep(pair, args.prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    results = run_sweep(pair, prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                         repeats=args.repeats, runner=args.runner,
                         progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
@@ -482,6 +536,10 @@ def cmd_bench(args) -> int:
     print(f"budget {s['budget']}, block size {s['block_size']}, max new tokens {s['max_new_tokens']}, repeats {s['repeats']}, "
           f"{s['torch_threads']} torch threads")
     print("timed: start of prefill to last generated token, after one untimed warm-up per method")
+    if args.chat:
+        thinking = "template default" if args.thinking is None else args.thinking
+        print(f"prompts: through the chat template as user messages, thinking {thinking}"
+              + (", with the system prompt" if args.system else ""))
     for result in results:
         _print_bench(result, args.runner, several=len(results) > 1)
     if len(results) > 1:
@@ -643,6 +701,7 @@ def print_trace_summary(trace, path) -> None:
     """The rounds of a trace as text: the settings (sampling ones with the `run` options that reproduce them), per
     round the tokens gained, the tree, the text added; then the output and whether it equals the target's own
     decoding (greedy, or sampled with the same seed)."""
+    from .render.prompt_view import prompt_summary
     from .render.stats_view import stats_summary
 
     s = trace.settings
@@ -659,6 +718,7 @@ def print_trace_summary(trace, path) -> None:
     if s.get("verify") == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (shown to reproduce the bug)")
     print(f"prompt: {trace.prompt!r}")
+    print(f"prompt given as: {prompt_summary(trace)}")
     mean = summary["mean_acceptance"]
     print(f"rounds: {len(trace.steps)}  generated tokens: {len(trace.output_ids)}  mean acceptance: "
           f"{'-' if mean is None else f'{mean:.2f}'} tokens per target forward (bonus included)")

@@ -130,6 +130,12 @@ class Trace:
     divergence_verdict: str | None = None
     reference_ms: float = 0.0  # time the reference has spent decoding (apart from the rounds')
     reference_pending: bool = False  # the reference has not reached the end of the output yet (live page)
+    # how the prompt was given (engine/prompts.py): with the chat template on, `prompt` is the templated text and
+    # `messages` the conversation as given ({role, content}, the system prompt first); `thinking` is the template's
+    # thinking switch as asked (None: the template's default). Raw-text prompts leave these at their defaults.
+    messages: tuple[dict[str, str], ...] = ()
+    chat_template: bool = False
+    thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
@@ -269,6 +275,10 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
                 pass
         raise TraceError(f"{where}: expected {annotation}, got {json.dumps(value)[:40]}")
     if annotation == "Any":
+        return value
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}: expected true or false, got {json.dumps(value)[:40]}")
         return value
     if annotation == "int":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -452,7 +462,11 @@ def trace_from_dict(data: Any) -> Trace:
     if data.get("kind") == COMPARE_KIND:
         raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
     _check_version(data)
-    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    trace = _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    for i, m in enumerate(trace.messages):
+        if set(m) != {"role", "content"}:
+            raise TraceError(f"trace.messages[{i}]: expected an object with 'role' and 'content' only")
+    return trace
 
 
 def _check_version(data: dict) -> None:

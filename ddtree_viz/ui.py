@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
+from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
 from .engine.sampling import MAX_SEED, Sampler
 from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
 from .engine.engines import ENGINES, engine_for
@@ -23,6 +24,7 @@ from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
 from .render.layout import PHASES, tree_layout
 from .render.mask_plot import mask_figure
+from .render.prompt_view import prompt_html
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
@@ -86,12 +88,29 @@ class ModelHost:
         if self.pair is not None:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
-            return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
-                    f"exact rounds on the {esc(self.engine)} engine")
+                    f"exact rounds on the {esc(self.engine)} engine; {esc(self.chat_note())}")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.pair is not None and has_chat_template(self.pair.tokenizer)
+
+    @property
+    def takes_thinking(self) -> bool:
+        return self.pair is not None and takes_thinking(self.pair.tokenizer)
+
+    def chat_note(self) -> str:
+        """What the page says about the tokenizer's chat template (the 'Chat template' switch follows it)."""
+        if self.pair is None:
+            return ""
+        if not self.has_chat_template:
+            return ("its tokenizer has no chat template: prompts go in as raw text (the embedded pair has none; a "
+                    "target that ships one, e.g. Qwen3.6-27B, switches 'Chat template' on)")
+        return "chat template: yes" + (", with a thinking switch" if self.takes_thinking else ", no thinking switch")
 
     def require(self) -> ModelPair:
         if self.pair is None:
@@ -113,7 +132,7 @@ class ModelHost:
 
 @dataclass
 class Settings:
-    prompt: str
+    prompt: PromptSpec  # the prompt box (the user's message with the chat template on), system prompt, thinking
     budget: int
     block_size: int
     max_new_tokens: int
@@ -152,12 +171,27 @@ class TabState:
     independent: str = ""  # the last check against transformers' forward, in words (Markdown)
 
 
-def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
-              seed=0) -> Settings:
+def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -> PromptSpec:
+    """The page's prompt controls as a PromptSpec. With the chat template off the system box is not used; the
+    thinking switch is passed only to a template that has one (else the template's default, None)."""
+    if not isinstance(prompt, str):
+        raise InputError("the prompt must be text")
+    if not chat:
+        return check_spec(PromptSpec(text=prompt))
+    if host.pair is not None and not host.has_chat_template:
+        raise InputError("this target's tokenizer has no chat template: switch 'Chat template' off")
+    system = system if isinstance(system, str) and system.strip() else None
+    return check_spec(PromptSpec(text=prompt, chat=True, system=system,
+                                 thinking=bool(thinking) if host.takes_thinking else None))
+
+
+def _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
+              seed=0, chat=False, system="", thinking=True) -> Settings:
     if verify not in VERIFY_CHOICES:
         raise InputError(f"unknown verification mode {verify!r}")
     sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
-    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method, sampler)
+    return Settings(prompt_spec(host, prompt, chat, system, thinking), budget, block_size, max_new_tokens,
+                    VERIFY_CHOICES[verify], method, sampler)
 
 
 def compare_settings(on, budget=32, block_size=16, method="ddtree", verify="exact", engine=SAME,
@@ -202,7 +236,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
                             method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler,
                             reference_engine=reference_engine)
     try:
-        session.prefill(s.prompt)
+        session.prefill(spec=s.prompt)
     except InputError:
         raise  # refused before any model work: the tab keeps its session
     except Exception:
@@ -227,7 +261,7 @@ def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> 
     engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify)
     other = DecodeSession(pair, budget=c.budget, max_new_tokens=s.max_new_tokens, verify=c.verify, method=c.method,
                           block_size=min(c.block_size, pair.drafter.block_size), engine=engine, sampler=s.sampler)
-    other.prefill(s.prompt)
+    other.prefill(spec=s.prompt)
     while len(other.history) < len(tab.session.history) and not other.done:
         other.step()
     tab.other, tab.other_settings = other, c
@@ -251,11 +285,13 @@ def _refresh(tab: TabState, check: bool = True) -> None:
 
 
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
-         top_p=1.0, top_k=0, seed=0, *compare, check: bool = True) -> TabState:
+         top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True, *compare, check: bool = True) -> TabState:
     """One round (of both configurations in compare mode: `compare` = compare_settings' arguments). A new prompt or
-    changed settings (a new seed included) start a new session first. check=False: the reference is not extended
-    to the new tokens here (the page calls `check` right after, so the round shows at the speed of the round)."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+    changed settings (a new seed, the chat template, system prompt or thinking switch included) start a new session
+    first. check=False: the reference is not extended to the new tokens here (the page calls `check` right after,
+    so the round shows at the speed of the round)."""
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
     c = compare_settings(*compare) if compare else None
     with host.lock:
         _ensure_session(host, tab, s)
@@ -270,10 +306,12 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
 
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
-               temperature=0.0, top_p=1.0, top_k=0, seed=0, *compare, check: bool = True):
+               temperature=0.0, top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True, *compare,
+               check: bool = True):
     """Run to the end (both configurations in compare mode, in lockstep), yielding the tab after every round (the
     page updates live). check=False: the reference is left for `check` after the last round."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
     c = compare_settings(*compare) if compare else None
     with host.lock:
         _ensure_session(host, tab, s)
@@ -401,6 +439,7 @@ class Views:
     inspect: int | None = None  # the node it shows
     tree_b: object = None  # compare mode: configuration B's tree of the round
     compare: str = ""  # compare mode: both outputs token by token, where they part, verdicts
+    prompt: str = ""  # the prompt as prefilled (templated, special tokens marked), escaped HTML
 
 
 def _shown_step(trace: Trace | None, k: int):
@@ -521,7 +560,7 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
         acceptance=acceptance_figure(trace.steps[: k + 1]), stats=_stats(tab),
         divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
         rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)),
-        **_analysis_views(tab, trace, k, text), **extra,
+        prompt=prompt_html(trace), **_analysis_views(tab, trace, k, text), **extra,
     )
 
 

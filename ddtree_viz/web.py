@@ -67,7 +67,8 @@ CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes 
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
 CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
-       ".ddv-hidden { display: none !important; }")
+       ".ddv-hidden { display: none !important; } "
+       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; }")  # prompt view: template markers, whitespace
 
 
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
@@ -125,7 +126,18 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
                                  max_height=260, elem_id="ddv-layout")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
+                                    info="raw text to continue; with the chat template on, the user's message")
+                # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the
+                # switches follow the target's tokenizer once it has loaded (on_timer)
+                with gr.Row(elem_id="ddv-chat-row"):
+                    chat = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
+                                       info="waiting for the model's tokenizer")
+                    thinking = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+                                           info="the template's thinking switch (enable_thinking)")
+                system = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
+                                    elem_id="ddv-system")
             with gr.Column(scale=2):
                 with gr.Row():
                     budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
@@ -164,6 +176,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                 c_engine = gr.Dropdown([ui.SAME, "transformers", "runner"], value=ui.SAME, label="B: engine")
                 c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
         status = gr.Markdown(elem_id="ddv-status")
+        prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
         with gr.Row():
             tree_plot = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
                                 elem_id="ddv-tree")
@@ -211,10 +224,10 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
         tab = gr.State(ui.TabState(), time_to_live=3600)
-        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
+        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed, chat, system, thinking,
                     compare_on, c_budget, c_block, c_method, c_verify, c_engine, c_dtype]
         views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider,
-                 tree_b, compare_html, grid_plot, budget_plot, depth_plot, stop_html, inspector, inspect_dd]
+                 tree_b, compare_html, grid_plot, budget_plot, depth_plot, stop_html, inspector, inspect_dd, prompt_view]
 
         def show(t: ui.TabState, ph: str):
             v = ui.render_views(host, t, ph)
@@ -226,7 +239,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider,
                     gr.Plot(value=v.tree_b, visible=compare), gr.HTML(value=v.compare, visible=compare), v.grid,
                     v.budget, v.depth, v.stop, v.inspector,
-                    gr.Dropdown(choices=v.node_choices, value=v.inspect)]
+                    gr.Dropdown(choices=v.node_choices, value=v.inspect), v.prompt]
 
         def inspector_only(t: ui.TabState):
             html, choices, node = ui.inspector_view(t)
@@ -303,18 +316,33 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                 show_title=bool(title))
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
 
+        def chat_controls():
+            """The chat switches once the tokenizer is known: on by default when it has a template, disabled
+            with a note when it has none; thinking only where the template has the switch."""
+            if not host.ready:
+                return gr.Checkbox(info="no model loaded: prompts go in as raw text"), gr.Checkbox()
+            if not host.has_chat_template:
+                return (gr.Checkbox(value=False, interactive=False, info="this tokenizer has no chat template (the "
+                                    "embedded pair has none): prompts go in as raw text"),
+                        gr.Checkbox(interactive=False))
+            return (gr.Checkbox(value=True, interactive=True, info="the prompt is sent as the user's message"),
+                    gr.Checkbox(interactive=host.takes_thinking,
+                                info="the template's thinking switch (enable_thinking)" if host.takes_thinking
+                                else "this template has no thinking switch"))
+
         def on_timer():
             if host.ready or host.error:
                 rows = host.layout
                 table = [list(r.values()) for r in rows] if rows else None
                 return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
                         gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
-                        gr.Timer(active=False))
-            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Timer(active=True)
+                        *chat_controls(), gr.Timer(active=False))
+            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Checkbox(), gr.Checkbox(), gr.Timer(active=True)
 
         timer = gr.Timer(0.5)
-        timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
-        demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
+        timer_outputs = [model_md, layout_df, block, chat, thinking, timer]
+        timer.tick(on_timer, outputs=timer_outputs, concurrency_limit=None)
+        demo.load(on_timer, outputs=timer_outputs)
 
         model_events = dict(concurrency_id="model", concurrency_limit=1)
         checked = [tab, status, diff_html, stats_md]

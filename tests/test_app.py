@@ -163,19 +163,20 @@ def test_node_inspector_grid_budget_and_depth_views(host):
     assert ui.inspector_view(tab)[2] == tab.trace.steps[0].accepted[-1]
 
 
+NO_CHAT = (False, "", True)  # chat template off, no system message, thinking default (the page's order)
 COMPARE = (True, 4, 8, "dflash", "exact", "same", "same")
 
 
 def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))  # A alone first
-    tab = ui.step(host, tab, *sampled_args(temperature=0), *COMPARE)  # B starts and catches up: lockstep
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE)  # B starts and catches up: lockstep
     assert len(tab.other.history) == len(tab.session.history) == 2
     assert tab.other.method == "dflash" and tab.other.budget == 4
     v = ui.render_views(host, tab)
     assert v.tree_b is not None and "Compare mode" in v.status and "DFlash chain" in v.status
     assert 'data-side="A"' in v.compare and 'data-side="B"' in v.compare
     assert "B: DFlash chain" in v.tree_b.layout.title.text
-    for tab in ui.run_rounds(host, tab, *sampled_args(temperature=0), *COMPARE):
+    for tab in ui.run_rounds(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE):
         pass
     assert tab.session.done and tab.other.done
     assert ui.rounds_shown(tab) == max(len(tab.trace.steps), len(tab.other_trace.steps))
@@ -188,20 +189,20 @@ def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     assert again.compare == v.compare and again.rounds == v.rounds and again.tree_b is not None
     # off again: B is dropped
     tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))
-    tab = ui.step(host, tab, *sampled_args(temperature=0), False, 4, 8, "dflash", "exact", "same", "same")
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, False, 4, 8, "dflash", "exact", "same", "same")
     assert tab.other is None and ui.render_views(host, tab).tree_b is None
 
 
 def test_compare_naive_and_another_dtype(host):
     tab = ui.TabState()
     naive = (True, 8, 8, "ddtree", "naive (known-wrong: flattened tree)", "same", "bfloat16")
-    tab = ui.step(host, tab, *sampled_args(temperature=0), *naive)
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *naive)
     assert tab.other.verify == "naive" and str(tab.other.pair.dtype) == "torch.bfloat16"
     assert tab.other.pair is host.pair_for("bfloat16")  # loaded once
     v = ui.render_views(host, tab)
     assert "NAIVE" in v.tree_b.layout.title.text and "bfloat16" in v.status
     with pytest.raises(InputError, match="dtype"):
-        ui.step(host, tab, *sampled_args(temperature=0), True, 8, 8, "ddtree", "exact", "same", "float64")
+        ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, True, 8, 8, "ddtree", "exact", "same", "float64")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -382,3 +383,57 @@ def test_a_divergence_on_the_page_carries_its_verdict(host):
     v = ui.render_check(host, ui.check(host, tab))
     assert tab.trace.divergence_verdict == "mismatch"
     assert "beyond numerical noise: mismatch (margin" in v.diff_html and "beyond numerical noise" in v.stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chat template, system message, thinking
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_host(tmp_path_factory):
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
+    h = ui.ModelHost(str(target), str(draft), "float32", "cpu")
+    h.start(background=False)
+    assert h.ready, h.error
+    return h
+
+
+def chat_args(chat=True, system="", thinking=True, **over):
+    return sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0, **over) + [chat, system, thinking]
+
+
+def test_chat_template_switch_system_and_thinking(chat_host):
+    """The page's chat controls: the prefill is the templated conversation (apply_chat_template's ids), the
+    thinking switch and system message change it (a new session), the view shows the templated prompt with its
+    special tokens marked and the user's text escaped, and the trace records how the prompt was given."""
+    from ddtree_viz.engine.prompts import PromptSpec, encode
+
+    assert chat_host.has_chat_template and chat_host.takes_thinking
+    assert "chat template: yes, with a thinking switch" in chat_host.status_markdown()
+    hostile = "Say <script>alert(1)</script> & stop"
+    tab = ui.step(chat_host, ui.TabState(), *chat_args(prompt=hostile, system="Be brief.", thinking=False))
+    expected = encode(chat_host.pair.tokenizer, PromptSpec(text=hostile, chat=True, system="Be brief.", thinking=False))
+    assert tuple(tab.session.prompt_ids) == expected.ids
+    v = ui.render_views(chat_host, tab)
+    assert '<b class="ddv-special">&lt;|im_start|&gt;</b>' in v.prompt and "&lt;/think&gt;" in v.prompt
+    assert "<script" not in v.prompt and "&lt;script&gt;" in v.prompt
+    assert "chat template on: 2 messages (system, user), thinking off" in v.prompt
+    assert tab.trace.chat_template and tab.trace.thinking is False and tab.trace.messages[0]["content"] == "Be brief."
+    first = tab.session
+    tab = ui.step(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True))
+    assert tab.session is not first and tab.session.prompt_ids != list(expected.ids)
+    for tab in ui.run_rounds(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True)):
+        pass
+    assert "identical to greedy" in ui.render_views(chat_host, tab).diff_html
+    # chat off: the same box is raw text; the system message is not used
+    raw = ui.step(chat_host, ui.TabState(), *chat_args(chat=False, prompt="def f():", system="ignored"))
+    assert raw.session.prompt == "def f():" and "raw text (no chat template)" in ui.render_views(chat_host, raw).prompt
+
+
+def test_chat_template_off_and_refused_without_a_template(host):
+    assert not host.has_chat_template and "no chat template" in host.status_markdown()
+    with pytest.raises(InputError, match="no chat template"):
+        ui.step(host, ui.TabState(), *chat_args(chat=True))
+    tab = ui.step(host, ui.TabState(), *chat_args(chat=False, thinking=False))  # thinking unused without chat
+    assert tab.trace.chat_template is False and tab.trace.thinking is None

@@ -183,3 +183,53 @@ def test_click_a_node_to_inspect_it_then_compare_two_configurations(page):
     assert "DDTree budget 32" in compare and "DFlash chain" in compare and compare.count("identical to greedy") == 2
     assert page.locator("#ddv-compare .ddv-compare-row").count() == 2
     page.screenshot(path=str(ARTIFACTS / "ui-compare.png"), full_page=True)
+
+
+def test_chat_switch_is_off_and_disabled_without_a_template(page):
+    """The embedded pair's tokenizer has no chat template: the switch is off and disabled, with a note, and the
+    prompt goes in as raw text (shown as prefilled)."""
+    chat = page.locator("#ddv-chat input[type=checkbox]")
+    page.wait_for_function("document.querySelector('#ddv-chat').innerText.includes('no chat template')", timeout=30_000)
+    assert chat.is_disabled() and not chat.is_checked()
+    page.get_by_label("Prompt").fill("import os\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+    assert "raw text (no chat template)" in page.locator("#ddv-prompt-view").inner_text()
+
+
+def test_chat_template_system_message_and_thinking(tmp_path_factory):
+    """A target whose tokenizer has a Qwen-style chat template: the switch is on by default, the system message
+    and thinking switch go into the templated prompt, which the page shows with its special tokens marked."""
+    from playwright.sync_api import sync_playwright
+
+    from tests import tiny
+
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
+    proc, url = serve("--target", str(target), "--draft", str(draft))
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 2200})
+            page.goto(url)
+            page.get_by_label("Prompt").wait_for(timeout=60_000)
+            page.wait_for_function("document.querySelector('#ddv-model').innerText.includes('chat template: yes')",
+                                   timeout=120_000)
+            chat, thinking = page.locator("#ddv-chat input[type=checkbox]"), page.locator("#ddv-thinking input[type=checkbox]")
+            page.wait_for_function("!document.querySelector('#ddv-chat input').disabled", timeout=30_000)
+            assert chat.is_checked() and thinking.is_enabled() and thinking.is_checked()
+            page.get_by_label("Prompt").fill("Name a <colour>.")
+            page.get_by_label("System message").fill("Be brief.")
+            thinking.uncheck()
+            page.get_by_role("button", name="Step", exact=True).click()
+            wait_status(page, "Round 1 of 1")
+            view = page.locator("#ddv-prompt-view")
+            text = view.inner_text()
+            assert "chat template on: 2 messages (system, user), thinking off" in text
+            assert "<|im_start|>system" in text and "Name a <colour>." in text and "</think>" in text
+            assert view.locator("b.ddv-special").count() >= 6  # 3 x <|im_start|>, 2 x <|im_end|>, think tags
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "ui-chat.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

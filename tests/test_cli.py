@@ -328,3 +328,85 @@ def test_run_reports_the_reference_and_its_verdict(model_args, capsys, tmp_path)
     out = capsys.readouterr().out
     assert rc == 0 and "reference: the runner (one-node trees on a second static runner)" in out
     assert "numerical noise " in out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# chat prompts: --chat, --system, --thinking, --prompt-file
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_model_args(tmp_path_factory) -> list[str]:
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=2), tmp_path_factory.mktemp("chat-models"))
+    return ["--target", str(target), "--draft", str(draft)]
+
+
+def test_run_chat_from_a_messages_file(chat_model_args, capsys, tmp_path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List <three> colours."}]
+    prompt_file, trace_path = tmp_path / "chat.json", tmp_path / "t.json"
+    prompt_file.write_text(json.dumps(messages), encoding="utf-8")
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--chat", "--thinking", "off",
+                   "--max-new-tokens", "10", "--budget", "6", "--trace", str(trace_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "prompt: chat template on, 2 messages (system, user), thinking off" in out
+    assert "<|im_start|>user\nList <three> colours.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" in out
+    assert "identical to greedy for 10 tokens" in out
+    trace = Trace.load(trace_path)
+    tok = tiny.chat_tokenizer()
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)
+    assert list(trace.prompt_ids) == list(expected["input_ids"])
+    assert trace.chat_template is True and trace.thinking is False and list(trace.messages) == messages
+    assert cli.main(["replay", str(trace_path), "--print"]) == 0
+    assert "prompt given as: chat template on: 2 messages (system, user), thinking off" in capsys.readouterr().out
+
+
+def test_run_plain_text_prompt_file_and_system_prompt(chat_model_args, capsys, tmp_path):
+    prompt_file = tmp_path / "p.txt"
+    prompt_file.write_text("[not json] just text", encoding="utf-8")  # a '[' that is not JSON is refused
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--max-new-tokens", "2"])
+    assert rc == 2 and "not valid JSON" in capsys.readouterr().err
+    prompt_file.write_text("def f(x):\n", encoding="utf-8")
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--max-new-tokens", "3", "--budget", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "prompt: raw text" in out and "<|im_start|>" not in out
+    rc = cli.main(["run", *chat_model_args, "--prompt", "hi", "--chat", "--system", "Answer in French.",
+                   "--max-new-tokens", "3", "--budget", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "<|im_start|>system\nAnswer in French.<|im_end|>" in out and "thinking template default" in out
+
+
+def test_chat_errors(model_args, chat_model_args, capsys, tmp_path):
+    rc = cli.main(["run", *model_args, "--prompt", "hi", "--chat"])  # the byte tokenizer has no chat template
+    assert rc == 2 and "no chat template" in capsys.readouterr().err
+    # refused before any model is loaded (the target does not exist)
+    nowhere = ["--target", "/nonexistent/dir", "--draft", "/nonexistent/d"]
+    for extra, words in ((["--thinking", "off"], "add --chat"), (["--system", "S"], "add --chat")):
+        for command in ("run", "bench"):
+            assert cli.main([command, *nowhere, "--prompt", "hi", *extra]) == 2
+            assert words in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"role": "user", "content": {"text": "hi"}}]), encoding="utf-8")
+    assert cli.main(["run", *nowhere, "--prompt-file", str(bad), "--chat"]) == 2
+    assert "message 1 of prompt file" in capsys.readouterr().err
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    assert cli.main(["run", *nowhere, "--prompt-file", str(good)]) == 2
+    assert "needs the chat template: add --chat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--prompt", "a", "--prompt-file", str(good)])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_bench_chat(chat_model_args, capsys, tmp_path):
+    path, prompt_file = tmp_path / "bench.json", tmp_path / "m.json"
+    prompt_file.write_text(json.dumps([{"role": "user", "content": "hello"}]), encoding="utf-8")
+    rc = cli.main(["bench", *chat_model_args, "--chat", "--thinking", "off", "--prompt", "hi", "--prompt-file",
+                   str(prompt_file), "--max-new-tokens", "4", "--budget", "2", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "through the chat template" in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["chat_template"] is True and data["settings"]["thinking"] is False
+    assert [p["prompt"] for p in data["prompts"]] == [
+        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" for text in ("hi", "hello")]
+    assert data["identical_to_greedy"] is True

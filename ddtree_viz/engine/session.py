@@ -27,6 +27,7 @@ from .backends import sdpa_backends
 from .cache import compact_kv
 from .engines import ENGINES, TargetEngine, make_engine
 from .models import ModelPair
+from .prompts import PromptSpec, encode
 from .sampling import GREEDY, Sampler, margin
 from .timing import PhaseClock, single_cuda_device
 from .tree import DraftTree, build_chain, follow_tree, one_node
@@ -372,6 +373,7 @@ class DecodeSession:
     def reset(self) -> None:
         self.prompt: str = ""
         self.prompt_ids: list[int] = []
+        self.prompt_spec: PromptSpec | None = None  # how the prompt was given (chat template, thinking), if known
         self.generated: list[int] = []
         self.history: list[StepRecord] = []
         self.started = False
@@ -410,9 +412,14 @@ class DecodeSession:
     # -- prefill -------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> int:
+    def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None, *,
+                spec: PromptSpec | None = None) -> int:
         """Run the prompt through the target; its choice (argmax or sample) becomes the first generated token
-        (the first root)."""
+        (the first root). `spec` (prompts.py): the prompt as text or messages, through the chat template or not;
+        it is encoded here and recorded in the trace."""
+        if spec is not None:
+            encoded = encode(self.tokenizer, spec)
+            prompt, prompt_ids = encoded.text, list(encoded.ids)
         if prompt_ids is None:
             if not isinstance(prompt, str) or prompt == "":
                 raise InputError("the prompt is empty: type some text to continue")
@@ -427,6 +434,7 @@ class DecodeSession:
             )
         self.reset()
         self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)
+        self.prompt_spec = spec
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.proposer.reset()
         start = time.perf_counter()
@@ -686,7 +694,16 @@ class DecodeSession:
             steps=tuple(self.history), divergence_margin=margin, output_text=self.output_text,
             token_texts=self._token_texts(greedy_ids), prefill_ms=self.prefill_ms, prefill_cache=self.prefill_cache,
             **extra,
+            **self._prompt_fields(),
         )
+
+    def _prompt_fields(self) -> dict:
+        """The trace's record of how the prompt was given: the raw messages (system prompt first), the chat
+        template switch and the thinking flag (None: the template's default, or no chat template)."""
+        spec = self.prompt_spec
+        if spec is None or not spec.chat:
+            return {}
+        return dict(messages=tuple(spec.conversation()), chat_template=True, thinking=spec.thinking)
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
         ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
