@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .errors import DDTreeVizError, InputError
-from .trace import is_sampled, sampling_flags, sampling_label
+from .trace import REFERENCE_NAMES, is_sampled, reference_of, sampling_flags, sampling_label, verdict_text, verdict_words
 
 EXIT_USER_ERROR = 2
 
@@ -110,6 +110,10 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     run.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
                      help="transformers (the target's own forward with the tree-exact GDN swapped in) or runner (the "
                           "static runner: preallocated state, CUDA graphs on a GPU; exact only); default: transformers")
+    run.add_argument("--reference", default="engine", choices=("engine", "transformers"),
+                     help="where the reference decodes: engine (default: the session's engine; the runner decodes "
+                          "one-node trees on a second static runner) or transformers (transformers' own forward, one "
+                          "token at a time: the independent check, slow at real sizes)")
     run.add_argument("--trace", metavar="FILE.json", help="write the whole session as a trace JSON file")
     run.add_argument("--no-greedy", action="store_true",
                      help="skip the reference decoding (greedy, or sampled with the same seed) and the comparison")
@@ -326,7 +330,7 @@ def cmd_run(args) -> int:
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
                             method=args.method, block_size=args.block_size, engine=args.engine,
                             sampler=_sampler(args, args.temperature), target_top_k=args.target_top_k,
-                            draft_top_k=args.draft_top_k)
+                            draft_top_k=args.draft_top_k, reference=args.reference)
     print(pair.describe())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
@@ -361,6 +365,7 @@ def cmd_run(args) -> int:
         print("greedy comparison skipped (--no-greedy)")
     else:
         print(_greedy_line(session, args.verify))
+        print(_reference_line(session))
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
     if other is not None:
@@ -472,7 +477,20 @@ def _greedy_line(session, verify: str) -> str:
     ours = _token(session, session.generated[index]) if index < len(session.generated) else "(ended)"
     theirs = _token(session, greedy.ids[index]) if index < len(greedy.ids) else "(ended)"
     where = f"DIVERGES from {what} at generated token {index}{label}: {session.method} {ours} vs {who} {theirs}"
-    return where + (f", {gap} {margin:.4g}" if margin is not None else "")
+    where += f", {gap} {margin:.4g}" if margin is not None else ""
+    check = session.divergence_check()
+    return where + f"\nverdict: {verdict_words(check.verdict, check.margin, check.noise, check.noise_positions)}"
+
+
+def _reference_line(session) -> str:
+    """Where the reference ran, its time (apart from the rounds'), and the noise it measured."""
+    check = session.divergence_check()
+    noise = ("no numerical noise measured (no stretch of two or more tokens)" if check.noise is None else
+             f"numerical noise {check.noise:.3g} (max |multi-position - one-token margin| over {check.noise_positions} "
+             "positions)")
+    drift = "" if check.drift is None else f"; tree-pass drift {check.drift:.3g} over {check.drift_positions} positions"
+    return (f"reference: {REFERENCE_NAMES.get(session.reference, session.reference)}, "
+            f"{session.greedy_seconds * 1e3:.0f} ms (not in the rounds' time); {noise}{drift}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -696,6 +714,10 @@ def print_trace_summary(trace, path) -> None:
         b = "(ended)" if theirs is None else f"{_texts(trace, [theirs])!r} ({theirs})"
         margin = f", {gap} {trace.divergence_margin:.4g}" if trace.divergence_margin is not None else ""
         print(f"DIVERGES from {what} at generated token {i}: {a} vs {who} {b}{margin}")
+        print(f"verdict: {verdict_text(trace)}")
+    if trace.greedy_ids is not None:
+        print(f"reference: {REFERENCE_NAMES.get(reference_of(s), reference_of(s))}"
+              + (f", {trace.reference_ms:.0f} ms" if trace.reference_ms else ""))
 
 
 def _tok(trace, token_id) -> str:

@@ -184,8 +184,11 @@ def build_drafter(bench: BenchConfig, target, dtype: torch.dtype):
 def pair_of(bench: BenchConfig, target, drafter, dtype):
     from .engine.models import ModelPair
 
-    class _Ids:  # the bench feeds token ids; decoding shows ids
+    class _Ids:  # the bench feeds token ids (or text as its bytes, for the page: --ui); decoding shows ids
         eos_token_id = None
+
+        def __call__(self, text, **_):
+            return {"input_ids": list(text.encode("utf-8"))}
 
         def decode(self, ids, **_):
             return " ".join(f"<{i}>" for i in ids)
@@ -601,6 +604,126 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     return results
 
 
+UI_TEXT = "def area(r):\n    return 3.14159 * r * r\n\n"
+
+
+def ui_prompt(tokens: int, salt: int = 0) -> str:
+    """A text of exactly `tokens` bytes (the bench tokenizer's tokens), different for each salt."""
+    text = f"# prompt {salt}\n" + UI_TEXT * (tokens // len(UI_TEXT) + 1)
+    return text[:tokens]
+
+
+@torch.no_grad()
+def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 64, prompt_len: int = 600,
+             steps: int = 12) -> dict:
+    """The web page's Step at real shapes: ui.step (the round, records, trace) + ui.render_views (every view)
+    through a ModelHost on the runner engine, as `app.py --engine runner` runs it; the page then checks the
+    round against the reference (ui.check + ui.render_check), timed apart. Next to them: the first Step after a
+    new prompt (in a fresh tab: engines built and CUDA graphs captured; and in a tab that has run: its engines
+    kept) against that session's prefill, and the bare round (DecodeSession.step alone, no records, as
+    `--fast` times it). Targets (issue #13): a Step <= 1.3x the bare round + 10 ms; the first Step after a new
+    prompt <= 2x its prefill."""
+    from . import ui
+    from .engine.cache import cache_layout
+    from .engine.session import DecodeSession
+    from .engine.verify import device_sync
+    from .render.cache_view import cache_layout_table
+
+    t0 = time.perf_counter()
+    target = build_target(bench, layers, dtype)
+    drafter = build_drafter(bench, target, dtype)
+    build_s = time.perf_counter() - t0
+    sync = device_sync(target, drafter)
+    pair = pair_of(bench, target, drafter, dtype)
+    host = ui.ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
+    host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"
+    block = drafter.block_size
+    max_new = (steps + 4) * block  # room for every round below, however much they accept
+    settings = lambda prompt: [prompt, budget, block, max_new, "exact", "ddtree"]  # noqa: E731
+
+    def ui_step(tab, prompt):
+        """(step ms, render ms) of one page Step: the round shown, the check left for after."""
+        s = time.perf_counter()
+        ui.step(host, tab, *settings(prompt), check=False)
+        sync()
+        m = time.perf_counter()
+        ui.render_views(host, tab)
+        return (m - s) * 1e3, (time.perf_counter() - m) * 1e3
+
+    def ui_check(tab):
+        s = time.perf_counter()
+        ui.render_check(host, ui.check(host, tab))
+        sync()
+        return (time.perf_counter() - s) * 1e3
+
+    out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "budget": budget,
+                 "prompt_tokens": prompt_len, "steps": steps, "build_s": build_s}
+    tab = ui.TabState()
+    step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 0))  # a fresh tab: engines made, graphs captured
+    out["first_step_cold_ms"] = step_ms + render_ms
+    out["first_step_cold_prefill_ms"] = tab.session.prefill_ms
+    out["first_check_cold_ms"] = ui_check(tab)
+    samples: dict[str, list[float]] = {"step": [], "render": [], "ui_step": [], "check": []}
+    for _ in range(steps):
+        step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 0))
+        samples["step"].append(step_ms)
+        samples["render"].append(render_ms)
+        samples["ui_step"].append(step_ms + render_ms)
+        samples["check"].append(ui_check(tab))
+    records = tab.session.history[1:]  # the first round's draft ran the drafter at a new shape first
+    out["round_phases_ms"] = {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms}
+    out["draft_ms_per_round"] = [r.timings_ms["draft"] for r in tab.session.history]  # steady, or a spike per shape?
+    out["mean_acceptance"] = tab.session.mean_acceptance
+    out["reference_ms_per_token"] = tab.session.greedy_seconds * 1e3 / max(1, len(tab.session.generated))
+    out["reference"] = tab.session.reference
+    out["runner_options"] = asdict(tab.session.target_engine.runner.options)
+    for key, values in samples.items():
+        out[f"{key}_ms"] = statistics.median(values)
+
+    # a new prompt in the same tab: its engines are kept
+    step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 1))
+    out["first_step_ms"] = step_ms + render_ms
+    out["prefill_ms"] = tab.session.prefill_ms
+    out["first_check_ms"] = ui_check(tab)
+    checked = tab.trace.first_divergence is None and not tab.trace.reference_pending
+    out["output_identical_to_reference"] = checked
+
+    # the independent check (transformers' forward) over the tokens shown, its own time
+    s = time.perf_counter()
+    ui.check_transformers(host, tab)
+    result, seconds = tab.session.check_transformers()
+    out["independent_check"] = {"tokens": len(result.ids), "ms": seconds * 1e3,
+                                "agrees": tuple(result.ids) == tuple(tab.session.generated[:len(result.ids)]),
+                                "wall_ms": (time.perf_counter() - s) * 1e3}
+
+    # the bare round: DecodeSession.step alone on the runner, no records (phases timed), and with records
+    for key, record in (("bare_round_ms", False), ("bare_round_recorded_ms", True)):
+        session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
+                                time_phases=True)
+        session.prefill(prompt_ids=list(ui_prompt(prompt_len, 2).encode()))
+        times = []
+        for r in range(steps + 2):
+            s = time.perf_counter()
+            session.step()
+            sync()
+            if r >= 2:  # warm-up rounds (graph capture, the drafter's first shapes)
+                times.append((time.perf_counter() - s) * 1e3)
+        out[key] = statistics.median(times)
+        del session
+
+    out["ui_step_target_ms"] = 1.3 * out["bare_round_ms"] + 10
+    out["ui_step_per_bare_round"] = out["ui_step_ms"] / out["bare_round_ms"]
+    out["ui_step_target_met"] = out["ui_step_ms"] <= out["ui_step_target_ms"]
+    out["first_step_per_prefill"] = out["first_step_ms"] / out["prefill_ms"]
+    out["first_step_target_met"] = out["first_step_per_prefill"] <= 2
+    out["first_step_cold_per_prefill"] = out["first_step_cold_ms"] / out["first_step_cold_prefill_ms"]
+    if bench.cuda:
+        out["peak_memory_GiB"] = peak_memory_gib(bench)
+        del target, drafter, pair, host, tab
+        torch.cuda.empty_cache()
+    return out
+
+
 def peak_memory_gib(bench: BenchConfig) -> dict[str, float] | None:
     if not bench.cuda:
         return None
@@ -667,6 +790,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-map", choices=("none", "auto"), default="none",
                    help="auto: split the target's layers over every visible GPU with accelerate (drafter on the first)")
     p.add_argument("--fast", action="store_true", help="also measure the static runner (CUDA graphs), and check its exactness")
+    p.add_argument("--ui", action="store_true",
+                   help="the web page's Step at these shapes on the runner (ui.step + ui.render_views, then the check "
+                        "against the reference), the first Step after a new prompt, the bare round (issue #13's targets)")
+    p.add_argument("--ui-prompt-tokens", type=int, default=600, help="--ui: prompt length (default: 600)")
+    p.add_argument("--ui-steps", type=int, default=12, help="--ui: Steps measured (medians; default: 12)")
     p.add_argument("--fast-only", action="store_true",
                    help="the runner only: of transformers' forward just the bound, prefill, greedy step and drafter pass; "
                         "with --exactness, check the runner only")
@@ -692,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skip_speed:
         report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
+        save()
+    if a.ui:
+        report["ui"] = ui_speed(bench, a.layers, getattr(torch, a.dtype), prompt_len=a.ui_prompt_tokens,
+                                steps=a.ui_steps)
+        print(json.dumps(report["ui"], indent=1), flush=True)
         save()
     checks = []  # transformers' forward (DecodeSession), then the static runner
     if a.exactness and not a.fast_only:

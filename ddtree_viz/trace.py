@@ -119,6 +119,17 @@ class Trace:
     token_texts: dict[str, str] = dataclasses.field(default_factory=dict)  # str(token id) -> text, every id named
     prefill_ms: float = 0.0
     prefill_cache: tuple[LayerCache, ...] = ()  # the target cache right after prefill (the layout before step 1)
+    # noise or bug (docs/EXACTNESS.md): the reference's own numerical noise (max |margin of a multi-position pass
+    # - margin of the one-token pass| over noise_positions compared positions), the tree passes' drift from the
+    # reference before the divergence (max |margin difference| over drift_positions agreeing accepted
+    # positions), and the verdict on the first divergence: "noise" (margin <= noise), "mismatch" or null
+    numerical_noise: float | None = None
+    noise_positions: int = 0
+    tree_drift: float | None = None
+    drift_positions: int = 0
+    divergence_verdict: str | None = None
+    reference_ms: float = 0.0  # time the reference has spent decoding (apart from the rounds')
+    reference_pending: bool = False  # the reference has not reached the end of the output yet (live page)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
@@ -267,6 +278,10 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TraceError(f"{where}: expected a number, got {json.dumps(value)[:40]}")
         return float(value)
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}: expected true or false, got {json.dumps(value)[:40]}")
+        return value
     if annotation == "str":
         if not isinstance(value, str):
             raise TraceError(f"{where}: expected a string, got {json.dumps(value)[:40]}")
@@ -367,6 +382,36 @@ def _check_step(step: StepRecord, where: str) -> None:
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not isinstance(step.timings_ms, dict):
         raise TraceError(f"{where}: timings_ms must be an object")
+
+
+VERDICT_NOISE, VERDICT_MISMATCH = "noise", "mismatch"
+REFERENCE_NAMES = {"runner": "the runner (one-node trees on a second static runner)",
+                   "transformers": "transformers' own forward (one token at a time)"}
+
+
+def verdict_text(trace: Trace) -> str | None:
+    """The verdict on a trace's first divergence in words, with its evidence; None when nothing diverges."""
+    if trace.first_divergence is None or trace.greedy_ids is None:
+        return None
+    return verdict_words(trace.divergence_verdict, trace.divergence_margin, trace.numerical_noise, trace.noise_positions)
+
+
+def verdict_words(verdict: str | None, margin: float | None, noise: float | None, positions: int) -> str:
+    """'within numerical noise (margin m <= noise n, ...)', 'beyond numerical noise: mismatch (...)', or why
+    there is no verdict."""
+    if verdict == VERDICT_NOISE:
+        return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
+    if verdict == VERDICT_MISMATCH:
+        return (f"beyond numerical noise: mismatch (margin {margin:.3g} > noise {noise:.3g}, measured over "
+                f"{positions} positions)")
+    if margin is None:
+        return "no verdict: no reference margin there (the reference ended, or one token was left to choose)"
+    return "no verdict yet: no numerical noise measured so far (it needs stretches of two or more tokens)"
+
+
+def reference_of(settings: dict[str, Any]) -> str:
+    """What a trace's reference ran on: 'runner' or 'transformers' (older traces: transformers' forward)."""
+    return settings.get("reference", "transformers")
 
 
 # Sampling settings (docs/SAMPLING.md): a trace without them (older, or greedy) was decoded greedily.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
 from .engine.sampling import MAX_SEED, Sampler
-from .engine.session import MAX_BUDGET, DecodeSession, _check_int
+from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
 from .engine.engines import ENGINES, engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
@@ -31,7 +31,7 @@ from .render.compare_view import compare_html
 from .render.grid_view import grid_data, grid_figure
 from .render.inspect_view import inspector_html, node_choices, stop_html
 from .analysis import config_label
-from .trace import CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
+from .trace import REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
 SAME = "same"  # compare mode: the engine / dtype of the first configuration
@@ -149,6 +149,7 @@ class TabState:
     other_settings: CompareSettings | None = None
     other_trace: Trace | None = None  # B's records (live snapshot, or the replayed compare trace's)
     inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
+    independent: str = ""  # the last check against transformers' forward, in words (Markdown)
 
 
 def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
@@ -180,16 +181,35 @@ def new_seed() -> int:
     return secrets.randbelow(MAX_SEED + 1)
 
 
+def _same_shape(a: Settings | None, b: Settings) -> bool:
+    """Settings that size the engines alike (only the prompt or the sampler differs)."""
+    return a is not None and (a.budget, a.block_size, a.max_new_tokens, a.verify, a.method) == (
+        b.budget, b.block_size, b.max_new_tokens, b.verify, b.method)
+
+
 def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
-    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay."""
+    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay. A new
+    prompt with the same settings keeps the tab's engines (the runner's preallocated state and CUDA graphs; the
+    reference's too): the first Step after it costs the prefill and one round, no graph capture."""
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
-    engine = engine_for(host.engine, s.verify)
+    engine, reference_engine = engine_for(host.engine, s.verify), None
+    old = tab.session if tab.session is not None and not tab.replay and _same_shape(tab.settings, s) else None
+    if old is not None and old.engine == engine:
+        engine, reference_engine = old.target_engine, old.reference_engine
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
-                            method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
-    session.prefill(s.prompt)
-    tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
+                            method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler,
+                            reference_engine=reference_engine)
+    try:
+        session.prefill(s.prompt)
+    except InputError:
+        raise  # refused before any model work: the tab keeps its session
+    except Exception:
+        if old is not None:  # the shared engines may hold half of this prefill: the old session cannot go on
+            tab.session, tab.settings = None, None
+        raise
+    tab.session, tab.settings, tab.replay, tab.view, tab.independent = session, s, False, -1, ""
     tab.other = tab.other_settings = tab.other_trace = None
     tab.inspect = None
 
@@ -221,18 +241,20 @@ def _step_both(tab: TabState) -> None:
         tab.other.step()
 
 
-def _refresh(tab: TabState) -> None:
-    """Re-read the live sessions' records (greedy reference extended to the tokens generated so far)."""
-    tab.trace = tab.session.to_trace()
+def _refresh(tab: TabState, check: bool = True) -> None:
+    """Re-read the live sessions' records: with `check`, A's reference extended to the tokens generated so far;
+    without, as far as it has decoded (the page shows the round first and checks it next: `check`)."""
+    tab.trace = tab.session.to_trace(extend=check)
     tab.greedy_s = tab.session.greedy_seconds
     if tab.other is not None:
         tab.other_trace = tab.other.to_trace()
 
 
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
-         top_p=1.0, top_k=0, seed=0, *compare) -> TabState:
+         top_p=1.0, top_k=0, seed=0, *compare, check: bool = True) -> TabState:
     """One round (of both configurations in compare mode: `compare` = compare_settings' arguments). A new prompt or
-    changed settings (a new seed included) start a new session first."""
+    changed settings (a new seed included) start a new session first. check=False: the reference is not extended
+    to the new tokens here (the page calls `check` right after, so the round shows at the speed of the round)."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
     c = compare_settings(*compare) if compare else None
     with host.lock:
@@ -241,16 +263,16 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
         if tab.session.done:
             raise InputError("this session has finished (end of text or max new tokens): press Reset or change the prompt")
         _step_both(tab)
-        _refresh(tab)
+        _refresh(tab, check)
     tab.view = len(tab.trace.steps) - 1
     tab.inspect = None
     return tab
 
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
-               temperature=0.0, top_p=1.0, top_k=0, seed=0, *compare):
+               temperature=0.0, top_p=1.0, top_k=0, seed=0, *compare, check: bool = True):
     """Run to the end (both configurations in compare mode, in lockstep), yielding the tab after every round (the
-    page updates live)."""
+    page updates live). check=False: the reference is left for `check` after the last round."""
     s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
     c = compare_settings(*compare) if compare else None
     with host.lock:
@@ -262,10 +284,44 @@ def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_n
                 tab.other.step()
             else:
                 _step_both(tab)
-            _refresh(tab)
+            _refresh(tab, check)
         tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
         tab.inspect = None
         yield tab
+
+
+def check(host: ModelHost, tab: TabState) -> TabState:
+    """Extend the reference to the tokens generated so far and compare (what Step does with check=True)."""
+    if tab.session is None or tab.replay or not tab.session.started:
+        return tab
+    with host.lock:
+        _refresh(tab, True)
+    return tab
+
+
+def check_transformers(host: ModelHost, tab: TabState) -> TabState:
+    """The independent check: transformers' own forward, one token at a time, up to the tokens generated so far;
+    its agreement with the output (and with the session's reference) and its own time go to tab.independent."""
+    if tab.session is None or tab.replay:
+        raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
+    session = tab.session
+    with host.lock:
+        result, seconds = session.check_transformers()
+        reference = session.greedy(len(session.generated)).ids
+    n = len(result.ids)
+    index = first_divergence(session.generated[:n], result.ids)
+    same_ref = tuple(reference[:n]) == tuple(result.ids)
+    if index is None:
+        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+    else:
+        verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
+    if session.reference != "transformers":
+        verdict += (f"; the session's reference ({esc(REFERENCE_NAMES.get(session.reference, session.reference))}) "
+                    + ("agrees with it" if same_ref else "**differs from it**"))
+    tab.independent = (f"Check against transformers' forward, one token at a time: {verdict}. "
+                       f"It took {seconds * 1e3:.0f} ms in all ({n / seconds if seconds else 0:.1f} tokens/s), "
+                       "apart from the rounds and the reference.")
+    return tab
 
 
 def reset(tab: TabState) -> TabState:
@@ -393,22 +449,42 @@ def _token_text(tab: TabState):
     return lambda i: texts.get(str(i), f"⟨{i}⟩")
 
 
-def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
+@dataclass
+class CheckViews:
+    """What a check changes on the page: the status line, the output-vs-reference view and the statistics."""
+
+    status: str
+    diff_html: str
+    stats: str
+
+
+def render_check(host: ModelHost, tab: TabState, phase: str = "verified") -> CheckViews:
+    """The views a reference check changes, without redrawing the figures."""
     if tab.trace is None or not tab.trace.steps:
-        status = "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
-        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
-    trace, k = tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))
-    step = _shown_step(trace, k)
+        return CheckViews(_empty_status(), "", "")
+    k = _shown_step(tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))).index
     text = _token_text(tab)
-    compare = tab.other_trace is not None and bool(tab.other_trace.steps)
-    tree = _tree_of(trace, k, phase, text, title=_side_title("A", trace, k) if compare else None)
-    k = step.index
+    return CheckViews(_status(tab, k), output_vs_greedy_html(tab.trace, text, upto_step=k), _stats(tab))
+
+
+def _empty_status() -> str:
+    return "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
+
+
+def _stats(tab: TabState) -> str:
+    trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
     if tab.session is not None and not tab.replay and tab.greedy_s > 0:
         greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
         round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
         ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
+    return stats_markdown(summary) + (f"\n{tab.independent}\n" if tab.independent else "")
+
+
+def _status(tab: TabState, k: int) -> str:
+    trace = tab.trace
+    step = trace.steps[k]
     mode = "replay of a saved trace (no model)" if tab.replay else "live"
     naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
     status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
@@ -418,17 +494,32 @@ def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
+    if trace.reference_pending:
+        status += f" Checking against the reference ({len(trace.greedy_ids or ())} of {len(trace.output_ids)} tokens so far)…"
+    if tab.other_trace is not None and tab.other_trace.steps:
+        status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
+    return status
+
+
+def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
+    if tab.trace is None or not tab.trace.steps:
+        return Views(_empty_status(), None, None, host.layout, None, "", None, "", "", 0, 0)
+    trace, k = tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))
+    step = _shown_step(trace, k)
+    text = _token_text(tab)
+    compare = tab.other_trace is not None and bool(tab.other_trace.steps)
+    tree = _tree_of(trace, k, phase, text, title=_side_title("A", trace, k) if compare else None)
+    k = step.index
     extra = {}
     if compare:
-        other_text = _other_text(tab)
         kb = max(0, min(tab.view, len(tab.other_trace.steps) - 1))
-        extra = dict(tree_b=_tree_of(tab.other_trace, kb, phase, other_text, _side_title("B", tab.other_trace, kb)),
+        extra = dict(tree_b=_tree_of(tab.other_trace, kb, phase, _other_text(tab), _side_title("B", tab.other_trace, kb)),
                      compare=compare_html(trace, tab.other_trace, text, view=tab.view))
-        status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
     return Views(
-        status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
-        diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
-        stats=stats_markdown(summary), divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
+        status=_status(tab, k), tree=tree, mask=mask_figure(step), cache_rows=cache_table(step),
+        cache_chart=cache_figure(step), diff_html=output_vs_greedy_html(trace, text, upto_step=k),
+        acceptance=acceptance_figure(trace.steps[: k + 1]), stats=_stats(tab),
+        divergence=divergence_html(divergence_rows(trace.steps[: k + 1], text)),
         rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)),
         **_analysis_views(tab, trace, k, text), **extra,
     )

@@ -145,6 +145,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         with gr.Row():
             step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
             run_btn = gr.Button("Run", elem_id="ddv-run")
+            independent_btn = gr.Button("Check against transformers' forward", elem_id="ddv-check-transformers")
             reset_btn = gr.Button("Reset", elem_id="ddv-reset")
             back_btn = gr.Button("Back", elem_id="ddv-back")
             fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
@@ -240,13 +241,27 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             # '3:nonce' from the page's plotly_click hook (the bonus star's position is past the tree: ignored)
             return [ui.inspect(t, (value or "").partition(":")[0])] + inspector_only(t)
 
+        # Step and Run show each round at once (check=False) and check it against the reference next (on_check,
+        # chained with .then): the page answers at the round's speed, the comparison follows
         @_errors
         def on_step(t, ph, *s):
-            return [ui.step(host, t, *s)] + show(t, ph)
+            return [ui.step(host, t, *s, check=False)] + show(t, ph)
+
+        def show_check(t: ui.TabState, ph: str):
+            v = ui.render_check(host, t, ph)
+            return [t, v.status, v.diff_html, v.stats]
+
+        @_errors
+        def on_check(t, ph):
+            return show_check(ui.check(host, t), ph)
+
+        @_errors
+        def on_independent(t, ph):
+            return show_check(ui.check_transformers(host, t), ph)
 
         @_errors
         def on_run(t, ph, *s, progress=gr.Progress()):
-            for t in ui.run_rounds(host, t, *s):
+            for t in ui.run_rounds(host, t, *s, check=False):
                 progress((len(t.session.generated), t.session.max_new_tokens), desc="decoding", unit="tokens")
                 yield [t] + show(t, ph)
 
@@ -302,8 +317,12 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
 
         model_events = dict(concurrency_id="model", concurrency_limit=1)
-        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
-        run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
+        checked = [tab, status, diff_html, stats_md]
+        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events).then(
+            on_check, [tab, phase], checked, api_name="check", **model_events)
+        run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events).then(
+            on_check, [tab, phase], checked, api_name="check_run", **model_events)
+        independent_btn.click(on_independent, [tab, phase], checked, api_name="check_transformers", **model_events)
         reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
         seed_btn.click(ui.new_seed, None, [seed], api_name="new_seed")
         back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")

@@ -337,3 +337,48 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
 def test_bad_sampling_inputs_are_clear_errors(host, over, words):
     with pytest.raises(InputError, match=words):
         ui.step(host, ui.TabState(), *sampled_args(**over))
+
+
+def test_step_shows_the_round_first_and_the_check_follows(model_dirs):
+    """The page's Step: the round without extending the reference (check=False), then `check`: the comparison
+    covers only what the reference has reached until then, and everything after. A new prompt with the same
+    settings keeps the tab's engines (the runner and the reference's runner: no new state, no graph capture).
+    The check against transformers' forward reports agreement and its own time."""
+    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast.start(background=False)
+    tab = ui.step(fast, ui.TabState(), *args(), check=False)
+    tab = ui.step(fast, tab, *args(), check=False)
+    trace = tab.trace
+    assert trace.reference_pending and len(trace.greedy_ids) < len(trace.output_ids)
+    v = ui.render_views(fast, tab)
+    assert "Checking against the reference" in v.status and "checked so far" in v.diff_html
+    assert "not checked against the greedy reference yet" in v.diff_html
+    checked = ui.render_check(fast, ui.check(fast, tab))
+    assert not tab.trace.reference_pending and tab.trace.greedy_ids == tab.trace.output_ids
+    assert "identical to greedy for" in checked.diff_html and "Checking" not in checked.status
+    assert "the runner (one-node trees on a second static runner)" in checked.stats
+    assert "reference: the runner" in checked.diff_html and "numerical noise" in checked.diff_html
+    engine, reference, runners = (tab.session.target_engine, tab.session.reference_engine,
+                                  (tab.session.target_engine.runner, tab.session.reference_engine.runner))
+    first = tab.session
+    tab = ui.step(fast, tab, *args(prompt="class Point:\n"), check=False)
+    assert tab.session is not first and tab.session.target_engine is engine
+    assert tab.session.reference_engine is reference
+    assert (engine.runner, reference.runner) == runners
+    tab = ui.check_transformers(fast, tab)
+    assert "**agrees**" in tab.independent and "ms in all" in tab.independent
+    assert "agrees with it" in tab.independent and tab.independent in ui.render_check(fast, tab).stats
+    tab = ui.step(fast, tab, *args(prompt="class Point:\n", budget=4))  # other settings: new engines
+    assert tab.session.target_engine is not engine and tab.independent == ""
+
+
+def test_a_divergence_on_the_page_carries_its_verdict(host):
+    """Naive verification on the hybrid: the comparison names the first divergence and its verdict (the run's
+    measured noise is far below greedy's margin there), and the statistics say so too."""
+    tab = ui.TabState()
+    naive = args(prompt="def f(x):\n", verify="naive (known-wrong: flattened tree)", max_new_tokens=40, budget=16)
+    for tab in ui.run_rounds(host, tab, *naive, check=False):
+        pass
+    v = ui.render_check(host, ui.check(host, tab))
+    assert tab.trace.divergence_verdict == "mismatch"
+    assert "beyond numerical noise: mismatch (margin" in v.diff_html and "beyond numerical noise" in v.stats

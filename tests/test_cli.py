@@ -305,3 +305,26 @@ def test_replay_round_needs_print(model_args, capsys, tmp_path):
     assert "--round goes with --print" in capsys.readouterr().err
     assert cli.main(["replay", str(path), "--print", "--round", "99"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_run_reports_the_reference_and_its_verdict(model_args, capsys, tmp_path):
+    """`run` says where the reference decoded and its time apart from the rounds'; a divergence of the known-wrong
+    naive mode gets 'beyond numerical noise: mismatch' with its evidence, in the output and in the trace."""
+    path = tmp_path / "naive.json"
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "40", "--budget", "16",
+                   "--verify", "naive", "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "reference: transformers' own forward" in out and "not in the rounds' time" in out
+    trace = Trace.load(path)
+    assert trace.first_divergence == 3  # this tiny random pair leaves greedy there in naive mode
+    assert "verdict: beyond numerical noise: mismatch (margin " in out
+    assert trace.divergence_verdict == "mismatch" and trace.numerical_noise < 1e-3 < trace.divergence_margin
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8",
+                   "--engine", "runner", "--reference", "transformers"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "identical to greedy for 12 tokens" in out and "reference: transformers' own forward" in out
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8",
+                   "--engine", "runner"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "reference: the runner (one-node trees on a second static runner)" in out
+    assert "numerical noise " in out

@@ -321,3 +321,25 @@ def test_validate_pairing():
     bad_mask = tiny_config(dflash_config={"block_size": 4, "mask_token_id": 97, "target_layer_ids": [1, 4, 6]})
     with pytest.raises(PairingError, match="mask_token_id 97"):
         validate_pairing(bad_mask, Qwen3Config(**base))
+
+
+# ------------------------------------------------------------------------------ attention backend
+def test_cuda_sdpa_leaves_cudnn_out_and_the_cpu_path_alone():
+    """engine/backends.py: on CUDA the drafter's (and transformers') SDPA may use flash / memory-efficient / math
+    but not cuDNN (a plan built per new context length: 18 ms of host time a call on an H200); on the CPU the
+    context changes nothing, so CPU outputs stay bit for bit what they were."""
+    from ddtree_viz.engine.backends import sdpa_backends
+
+    flags = lambda: (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),  # noqa: E731
+                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    before = flags()
+    with sdpa_backends("cuda"):
+        assert flags() == (False, True, True, True)
+    assert flags() == before
+    with sdpa_backends(torch.device("cpu")):
+        assert flags() == before
+    # the flags do reach CPU SDPA (its own flash kernel), hence a no-op off CUDA rather than the CUDA choice
+    drafter = random_drafter(tiny_config())
+    noise, ctx = torch.randn(1, 4, 32), torch.randn(1, 5, 96)
+    with torch.no_grad(), sdpa_backends(noise.device):
+        assert torch.equal(drafter(noise, ctx, torch.arange(9)), drafter(noise, ctx, torch.arange(9)))

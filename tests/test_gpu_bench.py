@@ -57,6 +57,24 @@ def test_gpu_bench_smoke_split(tmp_path):
     assert all(r["identical"] for r in report["exactness_fp32_8_layers"])
 
 
+def test_gpu_bench_smoke_ui(tmp_path):
+    """--ui: the page's Step through ui.step + ui.render_views on the runner, its check against the reference,
+    the first Step after a new prompt against the prefill, and the bare round, with the issue #13 targets."""
+    report = _bench(tmp_path, "--ui", "--skip-speed", "--dtype", "float32", "--ui-prompt-tokens", "200",
+                    "--ui-steps", "4")
+    ui = report["ui"]
+    for key in ("first_step_cold_ms", "first_step_ms", "prefill_ms", "step_ms", "render_ms", "ui_step_ms", "check_ms",
+                "bare_round_ms", "bare_round_recorded_ms", "reference_ms_per_token"):
+        assert ui[key] > 0, key
+    assert ui["ui_step_ms"] >= ui["render_ms"] and ui["ui_step_target_ms"] == 1.3 * ui["bare_round_ms"] + 10
+    assert ui["ui_step_target_met"] == (ui["ui_step_ms"] <= ui["ui_step_target_ms"])
+    assert ui["first_step_per_prefill"] == ui["first_step_ms"] / ui["prefill_ms"]
+    assert set(ui["round_phases_ms"]) == {"draft", "tree", "verify", "commit"}
+    assert ui["reference"] == "runner" and ui["prompt_tokens"] == 200 and ui["budget"] == 64
+    assert ui["output_identical_to_reference"] and ui["independent_check"]["agrees"]
+    assert ui["independent_check"]["tokens"] >= 2 and ui["independent_check"]["ms"] > 0
+
+
 def test_gpu_bench_smoke_fast_only(tmp_path):
     """The lead's one command for issue #18 (--fast --fast-only --exactness): transformers' forward gives only the
     bound, prefill, greedy step and drafter pass; the runner everything, its targets and its exactness."""

@@ -567,3 +567,30 @@ def test_stats_carry_the_session_analysis(oracle):
     rows = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert all(ln.count("|") == 3 for ln in rows), rows  # no stray pipe splits a row
     assert "rounds by accepted drafts" in md and "tokens by budget" in md
+
+
+def test_page_figures_are_valid_plotly_though_built_unvalidated(oracle, naive):
+    """render/fastfig.py builds the page's figures from plain dicts without plotly's validation (most of a Step's
+    render time); validated afterwards, every one of them is accepted as it is, property for property."""
+    import plotly.graph_objects as go
+
+    from ddtree_viz.render.cache_view import cache_figure
+    from ddtree_viz.render.layout import tree_layout
+    from ddtree_viz.render.mask_plot import mask_figure
+    from ddtree_viz.render.stats_view import acceptance_figure
+    from ddtree_viz.render.tree_plot import tree_figure
+
+    for trace in (oracle, naive):
+        step = rich_steps(trace)[0] if rich_steps(trace) else trace.steps[-1]
+        figures = [mask_figure(step), mask_figure(step, show_accepted=False, legend=False), cache_figure(step),
+                   acceptance_figure(trace.steps), acceptance_figure(trace.steps, legend=False)]
+        for phase in ("drafted", "verified"):
+            layout = tree_layout(step, phase=phase)
+            figures += [tree_figure(layout, phase=phase), tree_figure(layout, phase=phase, legend=False, path_label=True)]
+        for fig in figures:
+            go.Figure(fig.to_plotly_json())  # validates every property; raises on any plotly does not know
+    from ddtree_viz.render.fastfig import figure
+
+    with pytest.raises(ValueError, match="colr"):  # what the check above would catch
+        go.Figure(figure([dict(type="bar", x=[1], colr="red")], {}).to_plotly_json())
+    assert any(t.get("yaxis") == "y2" for t in cache_figure(naive.steps[-1]).to_plotly_json()["data"])

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_viz.engine.backends import sdpa_backends
 from ddtree_viz.errors import ModelLoadError, PairingError
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -370,8 +371,9 @@ class DFlashDrafter(nn.Module):
                 masks["sliding_attention"] = attention_mask.masked_fill(~window, float("-inf"))
 
         x = noise_embedding
-        for layer, kind in zip(self.layers, self.config.layer_types):
-            x = layer(x, x_ctx, rope, masks[kind], cache)
+        with sdpa_backends(x.device):  # on CUDA: no cuDNN plan per context length (engine/backends.py)
+            for layer, kind in zip(self.layers, self.config.layer_types):
+                x = layer(x, x_ctx, rope, masks[kind], cache)
         if cache is not None:
             cache.positions = ctx_pos
         return self.norm(x)

@@ -48,6 +48,7 @@ from transformers import DynamicCache
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
 from ..errors import ModelLoadError
+from .backends import sdpa_backends
 from .cache import layer_types
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
 from .kernels import interpreting, triton_available
@@ -372,8 +373,9 @@ class StaticRunner:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
-        out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
-                          output_hidden_states=bool(self.feature_layer_ids))
+        with sdpa_backends(self.device):
+            out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
+                              output_hidden_states=bool(self.feature_layer_ids))
         n = len(prompt_ids)
         for i, layer in enumerate(cache.layers):
             if i in self.conv:

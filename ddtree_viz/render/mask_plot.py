@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from ..trace import StepRecord
 from ..treeops import ancestor_matrix
 from . import style
+from .fastfig import figure
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, shorten, visible
 
@@ -62,17 +63,16 @@ def mask_figure(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted
         xgap=1 if n <= 64 else 0, ygap=1 if n <= 64 else 0, colorscale=[[0.0, scheme.mask_off], [1.0, scheme.mask_on]],
         hovertemplate="query %{y}<br>key %{x}<br>visible: %{z}<extra></extra>",
     )
-    fig = go.Figure(data=[heat])
-    fig.update_layout(
+    shapes = [dict(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=scheme.path, width=2))
+              for r in sorted(accepted)]
+    fig = figure([heat], dict(
         title=dict(text=esc(title) if title is not None else default_title(step), font=dict(size=14)),
         xaxis=dict(type="category", tickangle=-60, side="top", title="keys", showgrid=False, nticks=MAX_TICKS),
         yaxis=dict(type="category", autorange="reversed", title="queries (tree positions)", showgrid=False,
                    nticks=MAX_TICKS),
         height=height or int(min(max(360, 140 + 16 * n), 1600)), margin=dict(l=20, r=20, t=120, b=20),
-        plot_bgcolor="white",
-    )
-    for r in sorted(accepted):
-        fig.add_shape(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=scheme.path, width=2))
+        plot_bgcolor="white", shapes=shapes,
+    ))
     if not legend:
         fig.update_layout(showlegend=False)
     return fig

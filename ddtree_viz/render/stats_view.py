@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from .. import analysis
-from ..trace import StepRecord, Trace, sampling_label
+from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
+from .fastfig import figure
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
@@ -23,19 +24,19 @@ def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, 
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=scheme.bar, hovertext=hover, hoverinfo="text",
-                           name="tokens per round"))
+    data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
+                 name="tokens per round")]
     if steps:
         mean = sum(y) / len(y)
-        fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
-                        line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name")
-    fig.update_layout(
+        data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
+                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name"))
+    fig = figure(data, dict(
         title=dict(text=esc(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
         yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
-    )
+    ))
     if not legend:
         fig.update_layout(showlegend=False)
     return fig
@@ -83,6 +84,9 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "first_divergence": trace.first_divergence,
         # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
         **analysis.session_analysis(steps, trace.settings.get("block_size")),
+        "reference": reference_of(trace.settings) if trace.greedy_ids is not None else None,
+        "reference_ms": trace.reference_ms or None,
+        "verdict": verdict_text(trace),
     }
     return out
 
@@ -116,8 +120,13 @@ def stats_markdown(summary: dict) -> str:
         ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
+    where = summary.get("reference")
+    if where is not None:
+        rows.append(("reference decoded on (its time is not in the rounds')",
+                     _num(REFERENCE_NAMES.get(where, where)) + (f", {_num(summary['reference_ms'], 0)} ms"
+                                                                if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        rows += [("greedy tokens/s", _num(summary.get("greedy_tok_s"), 1)),
+        rows += [("greedy tokens/s (the reference)", _num(summary.get("greedy_tok_s"), 1)),
                  ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     if summary.get("acceptance_histogram"):
@@ -128,6 +137,7 @@ def stats_markdown(summary: dict) -> str:
                   budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
+    verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
     rows.append((f"identical to {ref}", "–" if same is None else
-                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))})")))
+                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import style
+from .fastfig import colorscale as fastfig_colorscale
+from .fastfig import figure
 from .layout import (
     DRAW_ORDER, EDGE_KINDS, EDGE_NAME, PHASES, LayoutNode, TreeLayout, edges_of, for_phase, legend_name, path_label_at,
     path_outlined,
@@ -79,7 +81,7 @@ def _edge_trace(layout: TreeLayout, kind: str, scheme: Scheme) -> dict:
                 hoverinfo="skip", name=name, showlegend=name != "", legendgroup=name)
 
 
-# traces are plain dicts, validated once by go.Figure (go.Scatter objects would be validated twice)
+# traces are plain dicts, put in the figure unvalidated (fastfig.py)
 def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, show_text: bool, scheme: Scheme,
                 ranks: bool) -> dict:
     fill = fixed_fill(scheme, role)
@@ -135,10 +137,9 @@ def tree_figure(
 
     lo, hi = layout.logprob_range
     rows = layout.height
-    fig = go.Figure(data=traces)
-    fig.update_layout(
+    fig = figure(traces, dict(
         title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
-        coloraxis=dict(colorscale=colorscale or scheme.colorscale, cmin=lo if cmin is None else cmin,
+        coloraxis=dict(colorscale=fastfig_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
                        cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
         xaxis=dict(title="depth", dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
@@ -146,7 +147,7 @@ def tree_figure(
         height=height or int(min(max(360, 60 + 30 * rows), 2400)),
         margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.08, x=0),
-    )
+    ))
     if path_label:
         _add_path_label(fig, layout, scheme)
     if not legend:
