@@ -168,6 +168,7 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
 
     _add_export_parser(sub)
     _add_replay_parser(sub)
+    _add_analyze_parser(sub)
 
     # The web UI parses its own options (ddtree_viz/web.py: build_parser, the options of app.py, defined once):
     # main() hands it every argument after `app`, `--help` included.
@@ -175,6 +176,36 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                          help="the web UI: step through DDTree in the browser (the options of app.py; `app --help`)")
     app.set_defaults(handler=cmd_app)
     return parser
+
+
+def _add_analyze_parser(sub) -> None:
+    an = sub.add_parser(
+        "analyze", help="decode a prompt set; one summary and one self-contained report of where drafts diverge",
+        description="Decode every prompt of FILE (plain text, one prompt per blank-line-separated block; or JSONL with "
+                    "{'prompt': ...} per line; or a shipped set: heldout-code, docstring-first, instructions), write "
+                    "one trace per prompt (DIR/traces/NNNN.json), DIR/summary.json, DIR/report.html and its figures. "
+                    "Several processes: accelerate launch --num_processes N -m ddtree_viz analyze ... splits the "
+                    "prompts; the main process merges.")
+    an.add_argument("--prompts", required=True, metavar="FILE", help="the prompt file (or a shipped set's name)")
+    an.add_argument("--out", required=True, metavar="DIR", help="the output directory")
+    mode = an.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="DIR exists: skip the prompts whose traces exist")
+    mode.add_argument("--force", action="store_true", help="DIR exists: start again (its traces and report are removed)")
+    an.add_argument("--chat", action="store_true", help="apply the target's chat template (not in this version: refused)")
+    an.add_argument("--thinking", choices=("on", "off"), help="chat template thinking switch (not in this version)")
+    an.add_argument("--budgets", type=_whole_number, nargs="+", metavar="B",
+                    help="the budget curve at these budgets (default: every budget up to --budget)")
+    an.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"), help="default: ddtree")
+    _add_model_args(an)
+    _add_decode_args(an)
+    _add_sampling_args(an)
+    an.set_defaults(handler=cmd_analyze)
+
+
+def cmd_analyze(args) -> int:
+    from .analyze import cmd_analyze as run
+
+    return run(args)
 
 
 # The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
