@@ -37,8 +37,7 @@ SUMMARY_VERSION = 1
 TOP_MISSES = 20
 EXAMPLES_PER_MISS = 5
 POSITION_BINS = 4  # acceptance by position in the generation: the generation cut in this many equal parts
-CHAT_MISSING = ("chat prompts ({'messages': [...]}) and --chat / --thinking need the chat-template support of the "
-                "real-model issue, which is not in this version of ddtree-viz; give plain-text prompts")
+CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -142,16 +141,24 @@ def prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
     (out / "traces").mkdir(parents=True, exist_ok=True)
 
 
+def prompt_spec(item: dict, args):
+    """One prompt of the set as the engine takes it: raw text, or (--chat) the text as the user's message or the
+    item's messages, through the tokenizer's chat template (engine/prompts.py)."""
+    from .engine.prompts import PromptSpec, check_spec, parse_thinking
+
+    messages = tuple((m.get("role"), m.get("content")) for m in item.get("messages", ()))
+    return check_spec(PromptSpec(text=item.get("prompt", ""), messages=messages, chat=bool(args.chat),
+                                 system=getattr(args, "system", None), thinking=parse_thinking(args.thinking)))
+
+
 def decode_one(pair, item: dict, args) -> Trace:
     from .engine.sampling import Sampler
     from .engine.session import DecodeSession
 
-    if "messages" in item:
-        raise InputError(CHAT_MISSING)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, method=args.method,
                             block_size=args.block_size, engine=getattr(args, "engine", "transformers"),
                             sampler=Sampler(args.temperature, args.top_k, args.top_p, args.seed))
-    session.prefill(item["prompt"])
+    session.prefill(spec=prompt_spec(item, args))
     session.run()
     return session.to_trace(with_greedy=True)
 
@@ -202,11 +209,11 @@ def cmd_analyze(args) -> int:
     """The `analyze` command (cli.py parses). One process, or one of N under `accelerate launch`."""
     from .cli import _check_settings, _quiet_transformers
 
-    if args.chat or args.thinking is not None:
-        raise InputError(CHAT_MISSING)
     items = read_prompts(args.prompts)
-    if any("messages" in it for it in items):
-        raise InputError(CHAT_MISSING)
+    if not args.chat and any("messages" in it for it in items):
+        raise InputError(CHAT_NEEDED)
+    for item in items[:1]:  # the chat options themselves (--thinking without --chat, ...), before any model work
+        prompt_spec({"prompt": "x"} if "messages" in item else item, args)
     if args.budgets and any(b < 1 for b in args.budgets):
         raise InputError("--budgets must be whole numbers of at least 1")
     _check_settings(args)
@@ -227,6 +234,11 @@ def cmd_analyze(args) -> int:
             mine = list(share)
         rank, label = state.process_index, f"[{state.process_index}/{state.num_processes}] "
     pair = _load_pair(args, state)
+    if args.chat:
+        from .engine.prompts import has_chat_template
+
+        if not has_chat_template(pair.tokenizer):
+            raise InputError("--chat: the target's tokenizer has no chat template (the embedded pair has none)")
     interrupted = False
     try:
         _, interrupted = run_prompts(pair, mine, out, args, rank, label)

@@ -191,8 +191,11 @@ def _add_analyze_parser(sub) -> None:
     mode = an.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="DIR exists: skip the prompts whose traces exist")
     mode.add_argument("--force", action="store_true", help="DIR exists: start again (its traces and report are removed)")
-    an.add_argument("--chat", action="store_true", help="apply the target's chat template (not in this version: refused)")
-    an.add_argument("--thinking", choices=("on", "off"), help="chat template thinking switch (not in this version)")
+    an.add_argument("--chat", action="store_true",
+                    help="apply the target's chat template: a text prompt is the user's message, JSONL 'messages' the "
+                         "conversation")
+    an.add_argument("--system", metavar="TEXT", help="a system prompt, first in every conversation (with --chat)")
+    an.add_argument("--thinking", choices=("on", "off"), help="the template's thinking switch, with --chat")
     an.add_argument("--budgets", type=_whole_number, nargs="+", metavar="B",
                     help="the budget curve at these budgets (default: every budget up to --budget)")
     an.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"), help="default: ddtree")

@@ -52,9 +52,28 @@ def test_prompt_files(tmp_path):
         read_prompts(tmp_path / "c.jsonl")
     for name in ("heldout-code", "docstring-first", "instructions"):  # the shipped sets, by name
         assert 8 <= len(read_prompts(name)) <= 32
-    # chat prompts are accepted by the reader and refused clearly by the command (no chat template support yet)
+    # chat prompts are accepted by the reader and refused clearly by the command without --chat
     assert analyze("--prompts", tmp_path / "b.jsonl", "--out", tmp_path / "o") == 2
     assert not (tmp_path / "o").exists()
+    # --chat on a tokenizer without a template (the embedded pair): a clear refusal, no report
+    assert analyze("--prompts", tmp_path / "b.jsonl", "--out", tmp_path / "o2", "--chat", *SETTINGS) == 2
+
+
+def test_chat_prompt_sets_decode_through_the_template(tmp_path):
+    """--chat on a target with a Qwen-style template: text and messages prompts go through apply_chat_template
+    and decode exactly as its greedy; the traces record the conversation."""
+    from tests import tiny
+
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path / "models")
+    (tmp_path / "c.jsonl").write_text('{"prompt": "hi"}\n{"messages": [{"role": "user", "content": "x = 1"}]}\n')
+    out = tmp_path / "out"
+    assert analyze("--prompts", tmp_path / "c.jsonl", "--out", out, "--target", target, "--draft", draft, "--chat",
+                   "--thinking", "off", *SETTINGS) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 2 and summary["identical_to_greedy"] == 1.0
+    traces = [Trace.load(out / "traces" / f"{i:04d}.json") for i in (0, 1)]
+    assert all(t.chat_template and t.thinking is False for t in traces)
+    assert traces[1].messages[0]["content"] == "x = 1" and all(t.first_divergence is None for t in traces)
 
 
 def test_summary_agrees_with_the_traces(run_dir):
