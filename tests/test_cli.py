@@ -319,6 +319,10 @@ def test_run_reports_the_reference_and_its_verdict(model_args, capsys, tmp_path)
     assert trace.first_divergence == 3  # this tiny random pair leaves greedy there in naive mode
     assert "verdict: beyond numerical noise: mismatch (margin " in out
     assert trace.divergence_verdict == "mismatch" and trace.numerical_noise < 1e-3 < trace.divergence_margin
+    assert cli.main(["replay", str(path), "--print"]) == 0  # the saved trace says the same with no model
+    replayed = capsys.readouterr().out
+    assert "verdict: beyond numerical noise: mismatch (margin " in replayed
+    assert "reference: transformers' own forward (one token at a time)" in replayed
     rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8",
                    "--engine", "runner", "--reference", "transformers"])
     out = capsys.readouterr().out

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from .. import analysis
 from ..trace import StepRecord
+from .fastfig import figure, two_panels
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc_plotly as esc
 
@@ -28,26 +28,25 @@ def budget_figure(steps: Sequence[StepRecord], k: int | None = None, *, scheme: 
     unit = "chain length" if step.method == "dflash" else "budget"
     curve = analysis.recorded_curve(step)
     total = analysis.session_budget_curve(steps[: k + 1])
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"round {k + 1}", f"rounds 1..{k + 1} summed"),
-                        horizontal_spacing=0.12)
+    layout = two_panels((f"round {k + 1}", f"rounds 1..{k + 1} summed"))
+    data = []
     for col, c, name in ((1, curve, f"round {k + 1}"), (2, total, "session")):
         xs = sorted(c)
-        fig.add_trace(go.Scatter(x=xs, y=[c[b] for b in xs], mode="lines+markers" if len(xs) <= 64 else "lines",
-                                 line=dict(color=scheme.path if col == 1 else scheme.bar, width=2, shape="hv"),
-                                 marker=dict(size=4), name=name,
-                                 hovertemplate=f"{unit} %{{x}}: %{{y}} tokens<extra>{esc(name)}</extra>"),
-                      row=1, col=col)
-        fig.update_xaxes(title_text=unit, row=1, col=col, type="log" if max(xs, default=1) > 64 else "linear")
-        fig.update_yaxes(title_text="tokens gained", rangemode="tozero", row=1, col=col)
+        axis = "" if col == 1 else "2"
+        data.append(dict(type="scatter", x=xs, y=[c[b] for b in xs], mode="lines+markers" if len(xs) <= 64 else "lines",
+                         line=dict(color=scheme.path if col == 1 else scheme.bar, width=2, shape="hv"),
+                         marker=dict(size=4), name=name, xaxis=f"x{axis}", yaxis=f"y{axis}",
+                         hovertemplate=f"{unit} %{{x}}: %{{y}} tokens<extra>{esc(name)}</extra>"))
+        layout[f"xaxis{axis}"].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
+        layout[f"yaxis{axis}"].update(title=dict(text="tokens gained"), rangemode="tozero")
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
-    fig.update_layout(
-        title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
+    layout["annotations"].append(dict(
+        text=esc(analysis.curve_caveat(step.method) + exact), xref="paper", yref="paper", x=0, y=-0.32,
+        showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted)))
+    return figure(data, dict(
+        layout, title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
         height=300, margin=dict(l=20, r=20, t=60, b=70), plot_bgcolor="white", showlegend=False,
-        annotations=list(fig.layout.annotations) + [dict(
-            text=esc(analysis.curve_caveat(step.method) + exact), xref="paper", yref="paper", x=0, y=-0.32,
-            showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
-    )
-    return fig
+    ))
 
 
 def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
@@ -55,23 +54,21 @@ def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, *, 
     """Left: rounds by accepted drafts; right: per-depth conditional acceptance (bars, with n/m in the hover)."""
     hist = analysis.acceptance_histogram(steps, block_size)
     counts = analysis.per_depth_counts(steps, block_size)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("rounds by accepted drafts",
-                                                        "P(accepted ≥ d | accepted ≥ d−1, tree depth ≥ d)"),
-                        horizontal_spacing=0.12)
-    fig.add_trace(go.Bar(x=list(range(len(hist))), y=hist, marker_color=scheme.bar, name="rounds",
-                         hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>"), row=1, col=1)
+    layout = two_panels(("rounds by accepted drafts", "P(accepted ≥ d | accepted ≥ d−1, tree depth ≥ d)"))
     depths = list(range(1, len(counts) + 1))
-    fig.add_trace(go.Bar(x=depths, y=[p / r if r else None for p, r in counts], marker_color=scheme.path,
-                         customdata=[[p, r] for p, r in counts], name="conditional acceptance",
-                         hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds = %{y:.2f}"
-                                       "<extra></extra>"), row=1, col=2)
-    fig.update_xaxes(title_text="accepted drafts", dtick=1 if len(hist) <= 20 else None, row=1, col=1)
-    fig.update_xaxes(title_text="depth d", dtick=1 if len(counts) <= 20 else None, row=1, col=2)
-    fig.update_yaxes(title_text="rounds", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="probability", range=[0, 1.05], row=1, col=2)
-    fig.update_layout(title=dict(text=esc(title) if title is not None else "Acceptance by depth", font=dict(size=14)),
-                      height=300, margin=dict(l=20, r=20, t=60, b=40), plot_bgcolor="white", showlegend=False)
-    return fig
+    data = [dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
+                 hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>", xaxis="x", yaxis="y"),
+            dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
+                 customdata=[[p, r] for p, r in counts], name="conditional acceptance", xaxis="x2", yaxis="y2",
+                 hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds = %{y:.2f}<extra></extra>")]
+    layout["xaxis"].update(title=dict(text="accepted drafts"), **({"dtick": 1} if len(hist) <= 20 else {}))
+    layout["xaxis2"].update(title=dict(text="depth d"), **({"dtick": 1} if len(counts) <= 20 else {}))
+    layout["yaxis"].update(title=dict(text="rounds"), rangemode="tozero")
+    layout["yaxis2"].update(title=dict(text="probability"), range=[0, 1.05])
+    return figure(data, dict(
+        layout, title=dict(text=esc(title) if title is not None else "Acceptance by depth", font=dict(size=14)),
+        height=300, margin=dict(l=20, r=20, t=60, b=40), plot_bgcolor="white", showlegend=False,
+    ))
 
 
 def budget_line(curve: dict[int, int]) -> str:

@@ -28,3 +28,18 @@ def colorscale(value):
 
         return [[float(p), c] for p, c in get_colorscale(value)]
     return value
+
+
+def two_panels(titles: tuple[str, str], spacing: float = 0.12) -> dict:
+    """Layout entries for two plots side by side, as `make_subplots(rows=1, cols=2, subplot_titles=titles,
+    horizontal_spacing=spacing)` lays them out: axes x/y and x2/y2 on their domains, the titles as annotations
+    (a dict to merge into the layout; put further annotations after its "annotations")."""
+    width = (1 - spacing) / 2
+    domains = ([0.0, width], [1 - width, 1.0])
+    return dict(
+        xaxis=dict(domain=domains[0], anchor="y"), yaxis=dict(domain=[0.0, 1.0], anchor="x"),
+        xaxis2=dict(domain=domains[1], anchor="y2"), yaxis2=dict(domain=[0.0, 1.0], anchor="x2"),
+        annotations=[dict(text=t, x=sum(d) / 2, y=1.0, xref="paper", yref="paper", xanchor="center", yanchor="bottom",
+                          showarrow=False, font=dict(size=16)) for t, d in zip(titles, domains)],
+    )
+

@@ -15,6 +15,8 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..trace import StepRecord
+from .fastfig import colorscale as fastfig_colorscale
+from .fastfig import figure
 from .scheme import PAGE_SCHEME, Scheme
 from .text import TokenText, esc_plotly as esc, lookup, shorten, token_texts_from_steps, visible
 
@@ -104,7 +106,8 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
     xs = list(range(1, g.depths + 1))
     data: list[dict] = [dict(
         type="heatmap", z=z, x=xs, y=list(range(g.k)), text=labels, texttemplate="%{text}", textfont=dict(size=9),
-        hovertext=hover, hoverinfo="text", colorscale=scheme.colorscale, zmin=lo if cmin is None else cmin,
+        hovertext=hover, hoverinfo="text", colorscale=fastfig_colorscale(scheme.colorscale),
+        zmin=lo if cmin is None else cmin,
         zmax=hi if cmax is None else cmax, xgap=1, ygap=1, showscale=legend,
         colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=12), name="grid",
     )]
@@ -126,8 +129,7 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
             type="scatter", x=[g.stop_depth], y=[g.stop_rank], mode="markers",
             marker=dict(symbol="x-thin-open", size=20, color=scheme.path, line=dict(width=3)),
             hovertext=[esc(stop_note(g))], hoverinfo="text", name="target's token where the walk stopped"))
-    fig = go.Figure(data=data)
-    fig.update_layout(
+    fig = figure(data, dict(
         title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
         xaxis=dict(title="depth", dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
         yaxis=dict(title="drafter rank", range=[g.k - 0.5, -0.5], dtick=1 if g.k <= 20 else None, zeroline=False,
@@ -137,7 +139,7 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
         legend=dict(orientation="h", yanchor="top", y=-0.15, x=0),
         annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
                           showarrow=False, font=dict(size=10, color=scheme.text_muted))],
-    )
+    ))
     return fig
 
 
