@@ -27,6 +27,7 @@ import torch
 
 from .errors import InputError
 from .engine.models import ModelPair
+from .engine.prompts import PromptSpec, check_spec, encode
 from .engine.sampling import GREEDY, Sampler
 from .engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
 from .engine.verify import device_sync
@@ -191,18 +192,25 @@ def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> Metho
 
 
 def run_bench(
-    pair: ModelPair, prompts: list[str] | tuple[str, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
+    pair: ModelPair, prompts: list[str | PromptSpec] | tuple[str | PromptSpec, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
     block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None, runner: bool = False,
     sampler: Sampler = GREEDY,
 ) -> BenchResult:
     """Measure greedy, DFlash chain and DDTree (exact) on each prompt, all choosing with `sampler` (greedy by
-    default). `progress(text)` is called between runs."""
+    default). A prompt is raw text or a PromptSpec (engine/prompts.py: the chat template, a system prompt,
+    thinking); each result's `prompt` is the text that went into the prefill (templated, with --chat).
+    `progress(text)` is called between runs."""
     prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
     if not prompts:
         raise InputError("bench needs at least one prompt")
+    specs = []
     for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, str) or prompt == "":
+        if isinstance(prompt, PromptSpec):
+            specs.append(check_spec(prompt))
+        elif not isinstance(prompt, str) or prompt == "":
             raise InputError(f"bench prompt {i + 1} is empty: every prompt needs some text")
+        else:
+            specs.append(PromptSpec(text=prompt))
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise InputError(f"repeats must be a whole number between 1 and {MAX_REPEATS}, not {repeats!r}")
     say = progress or (lambda text: None)
@@ -213,8 +221,9 @@ def run_bench(
     if runner:
         sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
                                                   block_size=block_size, engine="runner", record=False, sampler=sampler)
-    tokenizer = pair.tokenizer
-    encoded = [[int(t) for t in tokenizer(p, add_special_tokens=False)["input_ids"]] for p in prompts]
+    prompted = [encode(pair.tokenizer, spec) for spec in specs]  # the chat template applied where asked
+    prompts = [p.text for p in prompted]
+    encoded = [list(p.ids) for p in prompted]
     sync = _sync(pair)
     methods = METHODS + (RUNNER_METHODS if runner else ())
 
@@ -253,8 +262,18 @@ def run_bench(
     settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
                     repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
                     warmup=warmup, torch_threads=torch.get_num_threads(), runner=runner,
-                    cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs), **sampler.settings)
+                    cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs), **sampler.settings,
+                    **_chat_settings(specs))
     return BenchResult(settings, pair.describe(), results)
+
+
+def _chat_settings(specs: list[PromptSpec]) -> dict:
+    """How the prompts went in: chat_template (bool) and thinking (None: the template's default), when every
+    prompt was given the same way (the CLI's --chat / --thinking apply to all), else per prompt as lists."""
+    chat = [s.chat for s in specs]
+    thinking = [s.thinking for s in specs]
+    return dict(chat_template=chat[0] if len(set(chat)) == 1 else chat,
+                thinking=thinking[0] if len(set(thinking)) == 1 else thinking)
 
 
 def run_sweep(pair: ModelPair, prompts=None, temperatures=(0.0,), *, top_k: int = 0, top_p: float = 1.0,

@@ -37,7 +37,10 @@ MAX_TOKEN_ID = 2**31 - 1  # token ids are 0..MAX_TOKEN_ID
 MAX_TOKEN_CHARS = 1024  # one token's text (nodes, token_texts)
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # prompt, output text, model names and any other string
 MAX_LAYERS = 1024  # entries of a cache list
+MAX_TOP_K = 256  # entries of a top-k row (draft_top_ids, target_top_ids; the engine's cap)
 MAX_INT = 2**53  # any number in the file is within +-MAX_INT (integers: exact in every JSON reader)
+
+
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,17 @@ class StepRecord:
     # the argmax) and its probability under the filtered, tempered distribution. Empty when greedy.
     target_choice: tuple[int, ...] = ()
     target_prob: tuple[float, ...] = ()
+    # {str(b): tokens the round would have gained under budget b}, b = 1..the round's own (for the DFlash chain:
+    # chain length b); exact, see ddtree_viz/analysis.py. JSON keys are strings.
+    budget_curve: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the drafter's grid the tree was built from: row d-1 = its top-k candidates at depth d (ids, log-probs
+    # rounded to 3 decimals), best first; k = min(budget, the session's cap) (DFlash: the cap)
+    draft_top_ids: tuple[tuple[int, ...], ...] = ()
+    draft_top_logprobs: tuple[tuple[float, ...], ...] = ()
+    # the target's top-k at each tree position, root first (ids, probabilities rounded to 4 decimals): under
+    # softmax(logits) when greedy, under the filtered tempered distribution when sampling
+    target_top_ids: tuple[tuple[int, ...], ...] = ()
+    target_top_probs: tuple[tuple[float, ...], ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -130,10 +144,27 @@ class Trace:
     token_texts: dict[str, str] = dataclasses.field(default_factory=dict)  # str(token id) -> text, every id named
     prefill_ms: float = 0.0
     prefill_cache: tuple[LayerCache, ...] = ()  # the target cache right after prefill (the layout before step 1)
+    # noise or bug (docs/EXACTNESS.md): the reference's own numerical noise (max |margin of a multi-position pass
+    # - margin of the one-token pass| over noise_positions compared positions), the tree passes' drift from the
+    # reference before the divergence (max |margin difference| over drift_positions agreeing accepted
+    # positions), and the verdict on the first divergence: "noise" (margin <= noise), "mismatch" or null
+    numerical_noise: float | None = None
+    noise_positions: int = 0
+    tree_drift: float | None = None
+    drift_positions: int = 0
+    divergence_verdict: str | None = None
+    reference_ms: float = 0.0  # time the reference has spent decoding (apart from the rounds')
+    reference_pending: bool = False  # the reference has not reached the end of the output yet (live page)
+    # how the prompt was given (engine/prompts.py): with the chat template on, `prompt` is the templated text and
+    # `messages` the conversation as given ({role, content}, the system prompt first); `thinking` is the template's
+    # thinking switch as asked (None: the template's default). Raw-text prompts leave these at their defaults.
+    messages: tuple[dict[str, str], ...] = ()
+    chat_template: bool = False
+    thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
+        return dumps(to_plain(self), indent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Trace":
@@ -147,22 +178,106 @@ class Trace:
     def load(cls, path: str | Path, name: str | None = None) -> "Trace":
         """Read, check and validate a trace file. `name`: how messages call the file (default: its path; the page
         passes the uploaded file's own name, never the server's temporary path)."""
-        path = Path(path)
-        shown = name if name is not None else str(path)
-        if not path.is_file():
-            raise TraceError(f"trace file not found: {shown}")
+        return cls.from_json(_read(path, name))
+
+
+COMPARE_KIND = "compare"
+
+
+@dataclass(frozen=True)
+class CompareTrace:
+    """Two sessions on the same prompt with different configurations, stepped in lockstep (the page's compare
+    mode, `run --compare`): both recorded in full, so the comparison replays with no model. JSON: `{"schema_version",
+    "kind": "compare", "a": <trace>, "b": <trace>}`."""
+
+    a: Trace
+    b: Trace
+    kind: str = COMPARE_KIND
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self, indent: int | None = None) -> str:
+        return dumps(to_plain(self), indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
+
+
+def load_any(path: str | Path, name: str | None = None) -> Trace | CompareTrace:
+    """A trace file or a compare trace file, checked and validated (TraceError naming the problem). `name`: how
+    messages call the file (Trace.load)."""
+    return any_from_json(_read(path, name))
+
+
+def any_from_json(text: str | bytes) -> Trace | CompareTrace:
+    data = parse_json(text, "trace")
+    if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
+        _check_version(data)
+        for side in ("a", "b"):
+            if side not in data:
+                raise TraceError(f"the compare trace has no '{side}' trace")
         try:
-            size = path.stat().st_size
-            if size > MAX_TRACE_BYTES:
-                raise TraceError(f"trace file {shown} is {size:,} bytes; a trace may be at most "
-                                 f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
-            with path.open("rb") as f:
-                data = f.read(MAX_TRACE_BYTES + 1)
-            text = data.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise TraceError(f"cannot read trace file {shown}: {reason}") from None
-        return cls.from_json(text)
+            return CompareTrace(trace_from_dict(data["a"]), trace_from_dict(data["b"]))
+        except TraceError as exc:
+            raise TraceError(f"compare trace: {exc}") from None
+    return trace_from_dict(data)
+
+
+def _read(path: str | Path, name: str | None = None) -> str:
+    """A trace file's text: at most MAX_TRACE_BYTES, UTF-8; messages call it `name` (default: its path)."""
+    path = Path(path)
+    shown = name if name is not None else str(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {shown}")
+    try:
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(f"trace file {shown} is {size:,} bytes; a trace may be at most "
+                             f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
+        with path.open("rb") as f:
+            data = f.read(MAX_TRACE_BYTES + 1)
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise TraceError(f"cannot read trace file {shown}: {reason}") from None
+
+
+def dumps(data: Any, indent: int | None = None) -> str:
+    """JSON text (UTF-8 kept). With an indent, objects and lists of objects are laid out one entry a line, but a
+    list of plain values (ids, probabilities, a top-k row) and an object of such (a node, a tensor, the timings)
+    stay on one line: a line per number would make the file several times larger."""
+    if indent is None:
+        return json.dumps(data, ensure_ascii=False)
+    return _dumps(data, indent, 0)
+
+
+def _flat(value: Any) -> bool:
+    """A plain value, a list of plain values, or an object of those: written on one line."""
+    if isinstance(value, dict):
+        return all(not isinstance(v, dict) and (not isinstance(v, list) or _flat(v)) for v in value.values())
+    if isinstance(value, list):
+        return not any(isinstance(v, (dict, list)) for v in value)
+    return True
+
+
+def _dumps(value: Any, indent: int, level: int) -> str:
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(value, dict) and level > 0 and _flat(value):  # a node, a tensor, the timings: one line
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_dumps(v, indent, level + 1)}"
+                 for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        if all(isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value):
+            rows = [inner + json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in value]
+        else:
+            rows = [inner + _dumps(v, indent, level + 1) for v in value]
+        return "[\n" + ",\n".join(rows) + "\n" + pad + "]"
+    if isinstance(value, list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
 
 
 def parse_json(text: str | bytes, what: str = "trace") -> Any:
@@ -248,6 +363,10 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         raise TraceError(f"{where}: expected {annotation}, got {_show(value)}")
     if annotation == "Any":
         return value
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise TraceError(f"{where}: expected true or false, got {_show(value)}")
+        return value
     if annotation == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise TraceError(f"{where}: expected an integer, got {_show(value)}")
@@ -324,6 +443,8 @@ LIST_LIMITS = {
     "output_ids": MAX_OUTPUT_TOKENS, "greedy_ids": MAX_OUTPUT_TOKENS, "new_token_ids": MAX_OUTPUT_TOKENS,
     "cache": MAX_LAYERS, "cache_before_commit": MAX_LAYERS, "prefill_cache": MAX_LAYERS, "naive_state_error": MAX_LAYERS,
     "tensors": 16, "shape": 8, "token_texts": 2 * MAX_PROMPT_TOKENS, "timings_ms": 64, "settings": 256,
+    "draft_top_ids": MAX_DEPTH, "draft_top_logprobs": MAX_DEPTH, "target_top_ids": MAX_NODES,
+    "target_top_probs": MAX_NODES, "budget_curve": MAX_NODES, "messages": 4096,
 }
 
 
@@ -454,6 +575,27 @@ def validate_step(step: StepRecord, where: str = "step") -> None:
             raise TraceError(f"{where}.target_prob[{i}]: a probability is in [0, 1], not {prob}")
     if step.target_prob and not step.target_choice:
         raise TraceError(f"{where}: target_prob without target_choice")
+    for ids_name, values_name, rows in (("draft_top_ids", "draft_top_logprobs", None),
+                                        ("target_top_ids", "target_top_probs", n)):
+        ids, values = getattr(step, ids_name), getattr(step, values_name)
+        if rows is not None and ids and len(ids) != rows:
+            raise TraceError(f"{where}: {ids_name} has {len(ids)} rows for {n} nodes")
+        if len(values) != len(ids) or any(len(a) != len(b) for a, b in zip(ids, values)):
+            raise TraceError(f"{where}: {values_name} does not match {ids_name} entry for entry")
+        for r, row in enumerate(ids):
+            if len(row) > MAX_TOP_K:
+                raise TraceError(f"{where}.{ids_name}[{r}]: {len(row)} entries; a trace may hold at most {MAX_TOP_K}")
+            _token_ids(row, f"{where}.{ids_name}[{r}]")
+    for r, row in enumerate(step.draft_top_logprobs):
+        if any(v > LOGPROB_SLACK for v in row):
+            raise TraceError(f"{where}.draft_top_logprobs[{r}]: a log-prob is at most 0")
+    for r, row in enumerate(step.target_top_probs):
+        if any(not -LOGPROB_SLACK <= v <= 1 + LOGPROB_SLACK for v in row):
+            raise TraceError(f"{where}.target_top_probs[{r}]: a probability is in [0, 1]")
+    if any(not k.isdigit() or not isinstance(v, int) or v < 0 for k, v in step.budget_curve.items()):
+        raise TraceError(f"{where}: budget_curve must map budgets (whole numbers as strings) to token counts")
+    if step.budget_curve and sorted(int(k) for k in step.budget_curve) != list(range(1, len(step.budget_curve) + 1)):
+        raise TraceError(f"{where}.budget_curve: the budgets must be 1, 2, ..., {len(step.budget_curve)}, none missing")
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not is_parent_chain(parents, step.accepted):
@@ -530,7 +672,7 @@ def _check_settings(settings: dict[str, Any], where: str) -> None:
     need("max_new_tokens", whole(1), "a whole number >= 1")
     need("method", lambda v: v in METHODS, " or ".join(METHODS))
     need("verify", lambda v: v in VERIFY_MODES, " or ".join(VERIFY_MODES))
-    for key in ("dtype", "device", "engine"):
+    for key in ("dtype", "device", "engine", "reference"):
         need(key, lambda v: isinstance(v, str), "a string")
     need("temperature", number(0.0, 1e6), "a number >= 0")
     need("top_k", whole(0), "a whole number >= 0")
@@ -556,6 +698,15 @@ def validate(trace: Trace) -> Trace:
     for key, text in trace.token_texts.items():
         check_text(text, f"{where}.token_texts.{key}", MAX_TOKEN_CHARS)
     _at_least(trace.prefill_ms, 0.0, f"{where}.prefill_ms", "a time")
+    _at_least(trace.reference_ms, 0.0, f"{where}.reference_ms", "a time")
+    for name in ("numerical_noise", "tree_drift"):
+        if getattr(trace, name) is not None:
+            _at_least(getattr(trace, name), 0.0, f"{where}.{name}", "a distance")
+    for name in ("noise_positions", "drift_positions"):
+        _at_least(getattr(trace, name), 0, f"{where}.{name}", "a count")
+    if trace.divergence_verdict not in (None, VERDICT_NOISE, VERDICT_MISMATCH):
+        raise TraceError(f"{where}.divergence_verdict: {_show(trace.divergence_verdict)} (one of null, "
+                         f"{VERDICT_NOISE}, {VERDICT_MISMATCH})")
     total = sum(len(s.nodes) for s in trace.steps)
     if total > MAX_TOTAL_NODES:
         raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
@@ -625,11 +776,19 @@ def validate(trace: Trace) -> Trace:
 
 
 def _check_divergence(trace: Trace, where: str) -> None:
+    """first_divergence (and the margin and verdict on it) where output and reference first differ. A reference
+    still decoding (reference_pending: the live page) is compared as far as it goes."""
     out, ref, recorded = trace.output_ids, trace.greedy_ids, trace.first_divergence
     if ref is None:
         if recorded is not None:
             raise TraceError(f"{where}.first_divergence: {recorded}, but there is no reference (greedy_ids is null)")
+        if trace.divergence_verdict is not None:
+            raise TraceError(f"{where}.divergence_verdict: given, but there is no reference (greedy_ids is null)")
         return
+    if trace.reference_pending:
+        if len(ref) >= len(out):
+            raise TraceError(f"{where}.reference_pending: true, but greedy_ids already covers the output")
+        out = out[:len(ref)]
     common = min(len(out), len(ref))
     actual = next((i for i in range(common) if out[i] != ref[i]), None)
     if actual is None and len(out) != len(ref):
@@ -640,10 +799,42 @@ def _check_divergence(trace: Trace, where: str) -> None:
     if actual is not None and actual == len(ref) < len(out):
         raise TraceError(f"{where}.greedy_ids: {len(ref)} tokens, all equal to the output's first ones, yet the output "
                          "goes on (the reference stops early only at end of text, where the output stops too)")
+    if actual is None:
+        for name in ("divergence_margin", "divergence_verdict"):
+            if getattr(trace, name) is not None:
+                raise TraceError(f"{where}.{name}: given, but the output is identical to its reference")
     if trace.divergence_margin is not None:
-        if actual is None:
-            raise TraceError(f"{where}.divergence_margin: given, but the output is identical to its reference")
         _at_least(trace.divergence_margin, 0.0, f"{where}.divergence_margin", "a margin")
+
+
+VERDICT_NOISE, VERDICT_MISMATCH = "noise", "mismatch"
+REFERENCE_NAMES = {"runner": "the runner (one-node trees on a second static runner)",
+                   "transformers": "transformers' own forward (one token at a time)"}
+
+
+def verdict_text(trace: Trace) -> str | None:
+    """The verdict on a trace's first divergence in words, with its evidence; None when nothing diverges."""
+    if trace.first_divergence is None or trace.greedy_ids is None:
+        return None
+    return verdict_words(trace.divergence_verdict, trace.divergence_margin, trace.numerical_noise, trace.noise_positions)
+
+
+def verdict_words(verdict: str | None, margin: float | None, noise: float | None, positions: int) -> str:
+    """'within numerical noise (margin m <= noise n, ...)', 'beyond numerical noise: mismatch (...)', or why
+    there is no verdict."""
+    if verdict == VERDICT_NOISE:
+        return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
+    if verdict == VERDICT_MISMATCH:
+        return (f"beyond numerical noise: mismatch (margin {margin:.3g} > noise {noise:.3g}, measured over "
+                f"{positions} positions)")
+    if margin is None:
+        return "no verdict: no reference margin there (the reference ended, or one token was left to choose)"
+    return "no verdict yet: no numerical noise measured so far (it needs stretches of two or more tokens)"
+
+
+def reference_of(settings: dict[str, Any]) -> str:
+    """What a trace's reference ran on: 'runner' or 'transformers' (older traces: transformers' forward)."""
+    return settings.get("reference", "transformers")
 
 
 # Sampling settings (docs/SAMPLING.md): a trace without them (older, or greedy) was decoded greedily.
@@ -681,6 +872,17 @@ def sampling_flags(settings: dict[str, Any]) -> str:
 def trace_from_dict(data: Any) -> Trace:
     if not isinstance(data, dict):
         raise TraceError("the trace must be a JSON object")
+    if data.get("kind") == COMPARE_KIND:
+        raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
+    _check_version(data)
+    trace = _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+    for i, m in enumerate(trace.messages):
+        if set(m) != {"role", "content"}:
+            raise TraceError(f"trace.messages[{i}]: expected an object with 'role' and 'content' only")
+    return validate(trace)
+
+
+def _check_version(data: dict) -> None:
     version = data.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise TraceError("the trace has no integer 'schema_version': not a ddtree-viz trace")
@@ -691,4 +893,3 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return validate(_build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer}))

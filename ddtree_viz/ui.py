@@ -9,34 +9,41 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import os
 import secrets
 import shutil
 import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
+from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
 from .engine.sampling import MAX_SEED, Sampler
-from .engine.session import DecodeSession, _check_int
-from .engine.engines import engine_for
+from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
+from .engine.engines import ENGINES, engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_figure, cache_layout_table, cache_table
 from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
-from .render.layout import tree_layout
+from .render.layout import PHASES, tree_layout
 from .render.mask_plot import mask_figure
+from .render.prompt_view import prompt_html
 from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
 from .render.text import esc
 from .render.tree_plot import tree_figure
-from .trace import MAX_TRACE_BYTES, Trace, is_sampled, sampling_flags, sampling_label
+from .render.budget_view import budget_figure, depth_figure
+from .render.compare_view import compare_html
+from .render.grid_view import grid_data, grid_figure
+from .render.inspect_view import inspector_html, node_choices, stop_html
+from .analysis import config_label
+from .trace import REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
-PHASES = ("drafted", "verified")
+SAME = "same"  # compare mode: the engine / dtype of the first configuration
+DTYPES = ("float32", "bfloat16", "float16")
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page says so; `replay FILE` takes up to
 #                                      trace.MAX_TRACE_BYTES)
 DIVERGENCE_ROUNDS = 100  # the page's divergence table shows the last this many rounds up to the one on screen
@@ -69,6 +76,7 @@ class ModelHost:
     """Loads the target + drafter once, shared by every tab; one fair lock so model work never interleaves and tabs
     take turns round by round."""
 
+
     def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = "transformers"):
         self.args = (target, draft, dtype, device)
         self.engine = engine  # exact sessions run on it; naive sessions always on transformers' forward
@@ -80,6 +88,7 @@ class ModelHost:
         self.lock = FairLock()
         self.replay_only = False  # `replay FILE` / app.py --replay without --target: no model, by design
         self._thread: threading.Thread | None = None
+        self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -114,15 +123,32 @@ class ModelHost:
         if self.pair is not None:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
-            return (f"**Model:** {esc(p.describe())} — {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
-                    f"exact rounds on the {esc(self.engine)} engine")
+                    f"exact rounds on the {esc(self.engine)} engine; {esc(self.chat_note())}")
         if self.replay_only:
             return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
                     "or load another; Step and Run need a model (start the app without --replay, or with --target).")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.pair is not None and has_chat_template(self.pair.tokenizer)
+
+    @property
+    def takes_thinking(self) -> bool:
+        return self.pair is not None and takes_thinking(self.pair.tokenizer)
+
+    def chat_note(self) -> str:
+        """What the page says about the tokenizer's chat template (the 'Chat template' switch follows it)."""
+        if self.pair is None:
+            return ""
+        if not self.has_chat_template:
+            return ("its tokenizer has no chat template: prompts go in as raw text (the embedded pair has none; a "
+                    "target that ships one, e.g. Qwen3.6-27B, switches 'Chat template' on)")
+        return "chat template: yes" + (", with a thinking switch" if self.takes_thinking else ", no thinking switch")
 
     def require(self) -> ModelPair:
         if self.pair is None:
@@ -132,16 +158,40 @@ class ModelHost:
             raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
         return self.pair
 
+    def pair_for(self, dtype: str | None) -> ModelPair:
+        """The loaded pair, or (compare mode) the same models in another dtype, loaded once on first use."""
+        pair = self.require()
+        if dtype in (None, "", SAME) or dtype == self.args[2]:
+            return pair
+        if dtype not in DTYPES:
+            raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        if dtype not in self._pairs:
+            target, draft, _, device = self.args
+            self._pairs[dtype] = load_pair(target, draft, dtype=dtype, device=device)
+        return self._pairs[dtype]
+
 
 @dataclass
 class Settings:
-    prompt: str
+    prompt: PromptSpec  # the prompt box (the user's message with the chat template on), system prompt, thinking
     budget: int
     block_size: int
     max_new_tokens: int
     verify: str
     method: str
     sampler: Sampler
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """Compare mode: the second configuration (same prompt, max new tokens and sampler as the first)."""
+
+    budget: int
+    block_size: int
+    method: str
+    verify: str
+    engine: str  # an engine name, or SAME
+    dtype: str  # a dtype, or SAME
 
 
 # Files the page writes for a tab to download (a trace, an export) live in one folder per server process, one
@@ -161,7 +211,8 @@ def files_root() -> Path:
 
 @dataclass
 class TabState:
-    """One browser tab: its live session (or a replayed trace) and the round it shows.
+    """One browser tab: its live session (or a replayed trace) and the round it shows; in compare mode a second
+    session (B) on the same prompt, stepped in lockstep.
 
     Every change happens in place under `lock` (the page's handlers all hold the same object, and a Run going on in
     one handler must see a Reset made in another); `epoch` counts the changes that end a Run: a reset, a replay, a
@@ -173,6 +224,11 @@ class TabState:
     view: int = -1  # round index shown
     replay: bool = False
     greedy_s: float = 0.0
+    other: DecodeSession | None = None  # compare mode: configuration B's live session
+    other_settings: CompareSettings | None = None
+    other_trace: Trace | None = None  # B's records (live snapshot, or the replayed compare trace's)
+    inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
+    independent: str = ""  # the last check against transformers' forward, in words (Markdown)
     epoch: int = 0
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
@@ -185,7 +241,9 @@ class TabState:
     def clear(self) -> None:
         """Back to an empty tab (a Reset); a Run going on stops at its next round."""
         with self.lock:
-            self.session, self.settings, self.trace, self.view, self.replay, self.greedy_s = None, None, None, -1, False, 0.0
+            for f in dataclasses.fields(self):
+                if f.name != "epoch":
+                    setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
             self.epoch += 1
 
     def free(self) -> None:
@@ -240,12 +298,45 @@ def free_tab(tab: object) -> None:
         tab.free()
 
 
-def _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
-              seed=0) -> Settings:
+
+
+def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -> PromptSpec:
+    """The page's prompt controls as a PromptSpec. With the chat template off the system box is not used; the
+    thinking switch is passed only to a template that has one (else the template's default, None)."""
+    if not isinstance(prompt, str):
+        raise InputError("the prompt must be text")
+    if not chat:
+        return check_spec(PromptSpec(text=prompt))
+    if host.pair is not None and not host.has_chat_template:
+        raise InputError("this target's tokenizer has no chat template: switch 'Chat template' off")
+    system = system if isinstance(system, str) and system.strip() else None
+    return check_spec(PromptSpec(text=prompt, chat=True, system=system,
+                                 thinking=bool(thinking) if host.takes_thinking else None))
+
+
+def _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
+              seed=0, chat=False, system="", thinking=True) -> Settings:
     if verify not in VERIFY_CHOICES:
         raise InputError(f"unknown verification mode {verify!r}")
     sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
-    return Settings(prompt, budget, block_size, max_new_tokens, VERIFY_CHOICES[verify], method, sampler)
+    return Settings(prompt_spec(host, prompt, chat, system, thinking), budget, block_size, max_new_tokens,
+                    VERIFY_CHOICES[verify], method, sampler)
+
+
+def compare_settings(on, budget=32, block_size=16, method="ddtree", verify="exact", engine=SAME,
+                     dtype=SAME) -> CompareSettings | None:
+    """The compare controls as settings (None when compare mode is off)."""
+    if not on:
+        return None
+    if verify not in VERIFY_CHOICES:
+        raise InputError(f"unknown verification mode {verify!r}")
+    if engine not in (SAME, *ENGINES):
+        raise InputError(f"engine must be one of {SAME}, {', '.join(ENGINES)}, not {engine!r}")
+    if dtype not in (SAME, *DTYPES):
+        raise InputError(f"dtype must be one of {SAME}, {', '.join(DTYPES)}, not {dtype!r}")
+    return CompareSettings(_check_int("compare budget", budget, 1, MAX_BUDGET),
+                           _check_int("compare block size", block_size, 2, 4096), method, VERIFY_CHOICES[verify],
+                           engine, dtype)
 
 
 def new_seed() -> int:
@@ -253,68 +344,181 @@ def new_seed() -> int:
     return secrets.randbelow(MAX_SEED + 1)
 
 
+def _same_shape(a: Settings | None, b: Settings) -> bool:
+    """Settings that size the engines alike (only the prompt or the sampler differs)."""
+    return a is not None and (a.budget, a.block_size, a.max_new_tokens, a.verify, a.method) == (
+        b.budget, b.block_size, b.max_new_tokens, b.verify, b.method)
+
+
 def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
-    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay (which
-    ends a Run going on in this tab). Call with host.lock and tab.lock held."""
+    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay. A new
+    prompt with the same settings keeps the tab's engines (the runner's preallocated state and CUDA graphs; the
+    reference's too): the first Step after it costs the prefill and one round, no graph capture."""
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
-    engine = engine_for(host.engine, s.verify)
+    engine, reference_engine = engine_for(host.engine, s.verify), None
+    old = tab.session if tab.session is not None and not tab.replay and _same_shape(tab.settings, s) else None
+    if old is not None and old.engine == engine:
+        engine, reference_engine = old.target_engine, old.reference_engine
     session = DecodeSession(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify,
-                            method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler)
-    session.prefill(s.prompt)
-    tab.session, tab.settings, tab.replay, tab.view = session, s, False, -1
-    tab.epoch += 1
+                            method=s.method, block_size=s.block_size, engine=engine, sampler=s.sampler,
+                            reference_engine=reference_engine)
+    try:
+        session.prefill(spec=s.prompt)
+    except InputError:
+        raise  # refused before any model work: the tab keeps its session
+    except Exception:
+        if old is not None:  # the shared engines may hold half of this prefill: the old session cannot go on
+            tab.session, tab.settings = None, None
+        raise
+    tab.session, tab.settings, tab.replay, tab.view, tab.independent = session, s, False, -1, ""
+    tab.other = tab.other_settings = tab.other_trace = None
+    tab.inspect = None
+    tab.epoch += 1  # a Run of the old session in this tab ends
 
 
-def _refresh(tab: TabState) -> None:
-    """Re-read the live session's records (greedy reference extended to the tokens generated so far)."""
-    tab.trace = tab.session.to_trace()
+def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> None:
+    """Compare mode: keep B's session, or start it for new compare settings and catch it up with A's rounds (the
+    two step in lockstep). Off: drop it."""
+    if c is None:
+        tab.other = tab.other_settings = tab.other_trace = None
+        return
+    if tab.other is not None and tab.other_settings == c:
+        return
+    s = tab.settings
+    pair = host.pair_for(None if c.dtype == SAME else c.dtype)
+    engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify)
+    other = DecodeSession(pair, budget=c.budget, max_new_tokens=s.max_new_tokens, verify=c.verify, method=c.method,
+                          block_size=min(c.block_size, pair.drafter.block_size), engine=engine, sampler=s.sampler)
+    other.prefill(spec=s.prompt)
+    while len(other.history) < len(tab.session.history) and not other.done:
+        other.step()
+    tab.other, tab.other_settings = other, c
+    tab.other_trace = other.to_trace()
+
+
+def _step_both(tab: TabState) -> None:
+    """One round of A and (compare mode) of B, unless B has finished."""
+    tab.session.step()
+    if tab.other is not None and not tab.other.done:
+        tab.other.step()
+
+
+def _refresh(tab: TabState, check: bool = True) -> None:
+    """Re-read the live sessions' records: with `check`, A's reference extended to the tokens generated so far;
+    without, as far as it has decoded (the page shows the round first and checks it next: `check`)."""
+    tab.trace = tab.session.to_trace(extend=check)
     tab.greedy_s = tab.session.greedy_seconds
+    if tab.other is not None:
+        tab.other_trace = tab.other.to_trace()
+
+
+def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
+         top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True, *compare, check: bool = True) -> TabState:
+    """One round (of both configurations in compare mode: `compare` = compare_settings' arguments). A new prompt or
+    changed settings (a new seed, the chat template, system prompt or thinking switch included) start a new session
+    first. check=False: the reference is not extended to the new tokens here (the page calls `check` right after,
+    so the round shows at the speed of the round)."""
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
+    c = compare_settings(*compare) if compare else None
+    with host.lock, tab.lock:
+        _ensure_session(host, tab, s)
+        _ensure_other(host, tab, c)
+        if tab.session.done:
+            raise InputError(FINISHED)
+        _step_both(tab)
+        _refresh(tab, check)
+        tab.view = len(tab.trace.steps) - 1
+        tab.inspect = None
+    return tab
 
 
 FINISHED = "this session has finished (end of text or max new tokens): press Reset or change the prompt"
 
 
-def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
-         top_p=1.0, top_k=0, seed=0) -> TabState:
-    """One round. A new prompt or changed settings (a new seed included) start a new session first."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
+def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
+               temperature=0.0, top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True, *compare,
+               check: bool = True, views=None):
+    """Run to the end (both configurations in compare mode, in lockstep), yielding the tab after every round (the
+    page updates live). check=False: the reference is left for `check` after the last round. The model is released
+    between rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends
+    the Run at its next round. A finished session is an InputError before anything changes. `views(tab)`: yield
+    what it returns instead of the tab, made under the tab's lock once the Run is known to be still current (so a
+    Reset is never followed by a round it ended)."""
+    s = _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed,
+                  chat, system, thinking)
+    c = compare_settings(*compare) if compare else None
     with host.lock, tab.lock:
         _ensure_session(host, tab, s)
-        if tab.session.done:
+        _ensure_other(host, tab, c)
+        if tab.session.done and (tab.other is None or tab.other.done):
             raise InputError(FINISHED)
-        tab.session.step()
-        _refresh(tab)
-        tab.view = len(tab.trace.steps) - 1
+        tab.epoch += 1
+        mine, session, other = tab.epoch, tab.session, tab.other
+    while True:
+        with host.lock, tab.lock:
+            current = tab.epoch == mine
+            going = current and not (session.done and (other is None or other.done))
+            if going:
+                if session.done:  # A finished first: B goes on alone
+                    other.step()
+                else:
+                    _step_both(tab)
+                _refresh(tab, check)
+                tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
+                tab.inspect = None
+        if not current:  # ended by a Reset, a replay, a new prompt or another Run
+            if views is not None:  # its last output is the tab as that left it (gradio shows a generator's last
+                with tab.lock:  # output again when it completes)
+                    shown = views(tab)
+                yield shown
+            return
+        if not going:  # finished
+            return
+        if views is None:
+            yield tab
+            continue
+        with tab.lock:
+            if tab.epoch != mine:
+                continue  # the next pass ends it
+            shown = views(tab)
+        yield shown
+
+
+def check(host: ModelHost, tab: TabState) -> TabState:
+    """Extend the reference to the tokens generated so far and compare (what Step does with check=True)."""
+    with host.lock, tab.lock:
+        if tab.session is None or tab.replay or not tab.session.started:
+            return tab
+        _refresh(tab, True)
     return tab
 
 
-def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
-               temperature=0.0, top_p=1.0, top_k=0, seed=0):
-    """Run to the end, yielding the tab after every round (the page updates live). The model is released between
-    rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends the Run
-    at its next round. A finished session is an InputError before anything changes."""
-    s = _settings(prompt, budget, block_size, max_new_tokens, verify, method, temperature, top_p, top_k, seed)
-    with host.lock, tab.lock:
-        _ensure_session(host, tab, s)
-        if tab.session.done:
-            raise InputError(FINISHED)
-        tab.epoch += 1
-        mine, session = tab.epoch, tab.session
-    while True:
-        with host.lock, tab.lock:
-            if tab.epoch != mine or session.done:
-                return
-            session.step()
-            _refresh(tab)
-            tab.view = len(tab.trace.steps) - 1
-        yield tab
-
-
-def still_running(tab: TabState, epoch: int) -> bool:
-    """Is the Run that started at `epoch` still this tab's current work?"""
-    return tab.epoch == epoch
+def check_transformers(host: ModelHost, tab: TabState) -> TabState:
+    """The independent check: transformers' own forward, one token at a time, up to the tokens generated so far;
+    its agreement with the output (and with the session's reference) and its own time go to tab.independent."""
+    if tab.session is None or tab.replay:
+        raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
+    session = tab.session
+    with host.lock:
+        result, seconds = session.check_transformers()
+        reference = session.greedy(len(session.generated)).ids
+    n = len(result.ids)
+    index = first_divergence(session.generated[:n], result.ids)
+    same_ref = tuple(reference[:n]) == tuple(result.ids)
+    if index is None:
+        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+    else:
+        verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
+    if session.reference != "transformers":
+        verdict += (f"; the session's reference ({esc(REFERENCE_NAMES.get(session.reference, session.reference))}) "
+                    + ("agrees with it" if same_ref else "**differs from it**"))
+    tab.independent = (f"Check against transformers' forward, one token at a time: {verdict}. "
+                       f"It took {seconds * 1e3:.0f} ms in all ({n / seconds if seconds else 0:.1f} tokens/s), "
+                       "apart from the rounds and the reference.")
+    return tab
 
 
 def reset(tab: TabState) -> TabState:
@@ -324,21 +528,56 @@ def reset(tab: TabState) -> TabState:
 
 
 def load_replay(tab: TabState, path: str, name: str | None = None) -> TabState:
-    """Show a saved trace (in place; a Run going on in this tab stops). `name`: how messages call the file (the
-    page passes the uploaded file's name, never the server's temporary path)."""
-    trace = Trace.load(path, name=name)
+    """A saved trace, or a compare trace (both configurations), to replay with no model; in place (a Run going on
+    in this tab stops). `name`: how messages call the file (the page passes the uploaded file's name, never the
+    server's temporary path)."""
+    loaded = load_any(path, name=name)
     with tab.lock:
         tab.clear()
-        tab.trace, tab.view, tab.replay = trace, len(trace.steps) - 1, True
+        if isinstance(loaded, CompareTrace):
+            tab.trace, tab.other_trace = loaded.a, loaded.b
+            tab.view = max(len(loaded.a.steps), len(loaded.b.steps)) - 1
+        else:
+            tab.trace, tab.view = loaded, len(loaded.steps) - 1
+        tab.replay = True
     return tab
+
+
+def saved_trace(tab: TabState) -> Trace | CompareTrace:
+    """What 'Download trace' writes: the session's trace, or in compare mode both (a compare trace)."""
+    if tab.trace is None:
+        raise InputError("nothing to download yet: step or replay first")
+    return CompareTrace(tab.trace, tab.other_trace) if tab.other_trace is not None else tab.trace
+
+
+def rounds_shown(tab: TabState) -> int:
+    """Rounds the round slider spans: the longer of the two sessions in compare mode."""
+    n = len(tab.trace.steps) if tab.trace is not None else 0
+    return max(n, len(tab.other_trace.steps) if tab.other_trace is not None else 0)
 
 
 def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:
     with tab.lock:
-        if tab.trace is None or not tab.trace.steps:
+        if tab.trace is None or not rounds_shown(tab):
             return tab
-        last = len(tab.trace.steps) - 1
+        last = rounds_shown(tab) - 1
         tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
+        tab.inspect = None
+    return tab
+
+
+def inspect(tab: TabState, node) -> TabState:
+    """Point the node inspector at tree position `node` of the round shown (a number, its text, or a selector
+    label '3 · ...'); blank or unknown leaves it as it was."""
+    if node is None or (isinstance(node, str) and not node.strip()):
+        return tab
+    try:
+        pos = int(str(node).split("·")[0].strip())
+    except ValueError:
+        raise InputError(f"not a tree position: {node!r}") from None
+    step = _shown_step(tab.trace, tab.view)
+    if step is not None and 0 <= pos < len(step.nodes):
+        tab.inspect = pos
     return tab
 
 
@@ -360,6 +599,55 @@ class Views:
     divergence: str
     rounds: int
     view: int
+    grid: object = None  # the drafter's grid of the round (None: not recorded)
+    budget: object = None  # the budget that would have done: the round's curve and the session's
+    depth: object = None  # acceptance histogram and per-depth conditional acceptance
+    stop: str = ""  # where and why the round's walk stopped
+    inspector: str = ""  # the node inspector
+    node_choices: list = field(default_factory=list)  # the inspector's selector: (label, tree position)
+    inspect: int | None = None  # the node it shows
+    tree_b: object = None  # compare mode: configuration B's tree of the round
+    compare: str = ""  # compare mode: both outputs token by token, where they part, verdicts
+    prompt: str = ""  # the prompt as prefilled (templated, special tokens marked), escaped HTML
+
+
+def _shown_step(trace: Trace | None, k: int):
+    """Round k of a trace (its last one when it has fewer: compare mode's shorter side), or None."""
+    if trace is None or not trace.steps:
+        return None
+    return trace.steps[max(0, min(k, len(trace.steps) - 1))]
+
+
+def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None):
+    step = _shown_step(trace, k)
+    layout = tree_layout(step, phase=phase, token_text=text)
+    lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
+          if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
+    return tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title)
+
+
+def _analysis_views(tab: TabState, trace: Trace, k: int, text) -> dict:
+    """The 'why did this round stop there' views of round k (grid, budget curve, acceptance by depth, the stop and
+    the node inspector)."""
+    step = _shown_step(trace, k)
+    steps = trace.steps[: step.index + 1]
+    html, choices, node = inspector_view(tab)
+    return dict(
+        grid=grid_figure(grid_data(step, text)) if step.draft_top_ids else None, budget=budget_figure(steps),
+        depth=depth_figure(steps, trace.settings.get("block_size")), stop=stop_html(step, text) if step.nodes else "",
+        inspector=html, node_choices=choices, inspect=node,
+    )
+
+
+def inspector_view(tab: TabState) -> tuple[str, list, int | None]:
+    """The node inspector for the round shown: (its HTML, the selector's choices, the node shown). With no node
+    picked it shows the last accepted one, where the walk stopped."""
+    step = _shown_step(tab.trace, tab.view)
+    if step is None or not step.nodes:
+        return inspector_html(None, None), [], None
+    node = tab.inspect if tab.inspect is not None and tab.inspect < len(step.nodes) else step.accepted[-1]
+    text = _token_text(tab)
+    return inspector_html(step, node, text), node_choices(step, text), node
 
 
 def _token_text(tab: TabState):
@@ -367,6 +655,65 @@ def _token_text(tab: TabState):
         return tab.session.token_text
     texts = tab.trace.token_texts if tab.trace is not None else {}
     return lambda i: texts.get(str(i), f"⟨{i}⟩")
+
+
+@dataclass
+class CheckViews:
+    """What a check changes on the page: the status line, the output-vs-reference view and the statistics."""
+
+    status: str
+    diff_html: str
+    stats: str
+
+
+def snapshot(tab: TabState) -> TabState:
+    """A consistent copy of the tab to draw from (a Run in another handler may be changing the tab itself)."""
+    with tab.lock:
+        return dataclasses.replace(tab)
+
+
+def render_check(host: ModelHost, tab: TabState, phase: str = "verified") -> CheckViews:
+    """The views a reference check changes, without redrawing the figures."""
+    tab = snapshot(tab)
+    if tab.trace is None or not tab.trace.steps:
+        return CheckViews(_empty_status(), "", "")
+    k = _shown_step(tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))).index
+    text = _token_text(tab)
+    return CheckViews(_status(tab, k), output_vs_greedy_html(tab.trace, text, upto_step=k), _stats(tab))
+
+
+def _empty_status() -> str:
+    return "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
+
+
+def _stats(tab: TabState) -> str:
+    trace = tab.trace
+    greedy_tok_s = ddtree_tok_s = None
+    if tab.session is not None and not tab.replay and tab.greedy_s > 0:
+        greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
+        round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
+        ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
+    summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
+    return stats_markdown(summary) + (f"\n{tab.independent}\n" if tab.independent else "")
+
+
+def _status(tab: TabState, k: int) -> str:
+    trace = tab.trace
+    step = trace.steps[k]
+    mode = "replay of a saved trace (no model)" if tab.replay else "live"
+    naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
+    status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
+              f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+    if is_sampled(trace.settings):
+        status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
+                   f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
+    if tab.session is not None and not tab.replay and tab.session.done:
+        status += " Finished."
+    if trace.reference_pending:
+        status += f" Checking against the reference ({len(trace.greedy_ids or ())} of {len(trace.output_ids)} tokens so far)…"
+    if tab.other_trace is not None and tab.other_trace.steps:
+        status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
+    return status
 
 
 def _divergence(trace: Trace, k: int, text) -> str:
@@ -381,41 +728,43 @@ def _divergence(trace: Trace, k: int, text) -> str:
 
 
 def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
-    with tab.lock:  # one consistent snapshot of the tab (a Run may be changing it)
-        trace, view, replay, session, greedy_s = tab.trace, tab.view, tab.replay, tab.session, tab.greedy_s
-        done = session is not None and session.done
-    if trace is not None and not trace.steps and replay:
+    tab = snapshot(tab)
+    if tab.trace is not None and not tab.trace.steps and tab.replay:
         status = ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
-                  f"show. Its output so far: {len(trace.output_ids)} token(s). Load another trace, or type a prompt.")
+                  f"show. Its output so far: {len(tab.trace.output_ids)} token(s). Load another trace, or type a prompt.")
         return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
-    if trace is None or not trace.steps:
-        status = "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
-        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
-    tab = dataclasses.replace(tab, trace=trace, view=view, replay=replay, session=session, greedy_s=greedy_s)
-    k = max(0, min(view, len(trace.steps) - 1))
-    step = trace.steps[k]
+    if tab.trace is None or not tab.trace.steps:
+        return Views(_empty_status(), None, None, host.layout, None, "", None, "", "", 0, 0)
+    trace, k = tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))
+    step = _shown_step(trace, k)
     text = _token_text(tab)
-    layout = tree_layout(step, phase=phase, token_text=text)
-    lo = min(n.logprob for s in trace.steps for n in s.nodes[1:]) if any(len(s.nodes) > 1 for s in trace.steps) else -1.0
-    tree = tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0)
-    greedy_tok_s = ddtree_tok_s = None
-    if tab.session is not None and not tab.replay and tab.greedy_s > 0:
-        greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
-        round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
-        ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
-    summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
-    mode = "replay of a saved trace (no model)" if tab.replay else "live"
-    naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
-    status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
-              f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
-    if is_sampled(trace.settings):
-        status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
-                   f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
-    if session is not None and not replay and done:
-        status += " Finished."
+    compare = tab.other_trace is not None and bool(tab.other_trace.steps)
+    tree = _tree_of(trace, k, phase, text, title=_side_title("A", trace, k) if compare else None)
+    k = step.index
+    extra = {}
+    if compare:
+        kb = max(0, min(tab.view, len(tab.other_trace.steps) - 1))
+        extra = dict(tree_b=_tree_of(tab.other_trace, kb, phase, _other_text(tab), _side_title("B", tab.other_trace, kb)),
+                     compare=compare_html(trace, tab.other_trace, text, view=tab.view))
     return Views(
-        status=status, tree=tree, mask=mask_figure(step), cache_rows=cache_table(step), cache_chart=cache_figure(step),
-        diff_html=output_vs_greedy_html(trace, text, upto_step=k), acceptance=acceptance_figure(trace.steps[: k + 1]),
-        stats=stats_markdown(summary), divergence=_divergence(trace, k, text),
-        rounds=len(trace.steps), view=k,
+        status=_status(tab, k), tree=tree, mask=mask_figure(step), cache_rows=cache_table(step),
+        cache_chart=cache_figure(step), diff_html=output_vs_greedy_html(trace, text, upto_step=k),
+        acceptance=acceptance_figure(trace.steps[: k + 1]), stats=_stats(tab),
+        divergence=_divergence(trace, k, text),
+        rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)),
+        prompt=prompt_html(trace), **_analysis_views(tab, trace, k, text), **extra,
     )
+
+
+def _side_title(side: str, trace: Trace, k: int) -> str:
+    step = _shown_step(trace, k)
+    note = "" if step.index == k else " (finished)"
+    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.acceptance} token(s)"
+            + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
+
+
+def _other_text(tab: TabState):
+    if tab.other is not None and not tab.replay:
+        return tab.other.token_text
+    texts = tab.other_trace.token_texts
+    return lambda i: texts.get(str(i), f"⟨{i}⟩")

@@ -24,6 +24,23 @@ from .render import export as exporter
 
 KEYS_JS = """
 () => {
+  // the node inspector: a click on a tree node writes its tree position into the hidden #ddv-inspect-click box
+  // (gr.Plot forwards no plotly events); a nonce makes a second click on the same node count too
+  const hook = () => {
+    document.querySelectorAll('#ddv-tree .js-plotly-plot').forEach((plot) => {
+      if (plot._ddvHooked || !plot.on) return;
+      plot._ddvHooked = true;
+      plot.on('plotly_click', (ev) => {
+        const pt = ev && ev.points && ev.points[0];
+        if (!pt || pt.customdata === undefined || pt.customdata === null) return;
+        const box = document.querySelector('#ddv-inspect-click textarea, #ddv-inspect-click input');
+        if (!box) return;
+        box.value = pt.customdata + ':' + Date.now();
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
+  };
+  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
   document.addEventListener('keydown', (e) => {
     const t = e.target;
     if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
@@ -52,7 +69,9 @@ CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes 
                  "naive state error")
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
-CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
+CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
+       ".ddv-hidden { display: none !important; } "
+       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; }")  # prompt view: template markers, whitespace
 
 
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
@@ -81,6 +100,8 @@ def _seconds(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 1, not {text!r}")
     return value
+
+
 
 
 def _page_error(exc: Exception) -> gr.Error:
@@ -163,6 +184,42 @@ def _forget_session(demo: gr.Blocks, session: str | None) -> None:
         getattr(holder, "time_last_used", {}).pop(session, None)
 
 
+def _with_request(n_inputs: int, progress: bool = False):
+    """For a handler `fn(*inputs, request=None[, progress=None])`: the signature gradio reads says n_inputs
+    positional inputs, then `request: gr.Request` (and a gr.Progress) — gradio hands the request to the parameter
+    annotated with it, which a *inputs signature would hide."""
+    def wrap(fn):
+        P = inspect.Parameter
+        params = [P(f"input_{i}", P.POSITIONAL_OR_KEYWORD) for i in range(n_inputs)]
+        params.append(P("request", P.POSITIONAL_OR_KEYWORD, annotation=gr.Request))
+        if progress:
+            params.append(P("progress", P.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
+        if inspect.isgeneratorfunction(fn):
+            def call(*args, **kwargs):
+                positional, named = _split(args, kwargs, n_inputs, progress)
+                yield from fn(*positional, **named)
+        else:
+            def call(*args, **kwargs):
+                positional, named = _split(args, kwargs, n_inputs, progress)
+                return fn(*positional, **named)
+        call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+        call.__signature__ = inspect.Signature(params)
+        call.__annotations__ = {"request": gr.Request}  # gradio reads the type hints too
+        return call
+    return wrap
+
+
+def _split(args, kwargs, n_inputs: int, progress: bool):
+    """gradio's positional call (inputs, request[, progress]) as fn's (*inputs, request=, progress=)."""
+    named = dict(kwargs)
+    rest = list(args[n_inputs:])
+    if rest:
+        named["request"] = rest.pop(0)
+    if progress and rest:
+        named["progress"] = rest.pop(0)
+    return args[:n_inputs], named
+
+
 def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S) -> gr.Blocks:
     block_max = 16
 
@@ -173,7 +230,18 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
                                  max_height=260, elem_id="ddv-layout")
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
+                                    info="raw text to continue; with the chat template on, the user's message")
+                # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the
+                # switches follow the target's tokenizer once it has loaded (on_timer)
+                with gr.Row(elem_id="ddv-chat-row"):
+                    chat = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
+                                       info="waiting for the model's tokenizer")
+                    thinking = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+                                           info="the template's thinking switch (enable_thinking)")
+                system = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
+                                    elem_id="ddv-system")
             with gr.Column(scale=2):
                 with gr.Row():
                     budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
@@ -193,14 +261,40 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         with gr.Row():
             step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
             run_btn = gr.Button("Run", elem_id="ddv-run")
+            independent_btn = gr.Button("Check against transformers' forward", elem_id="ddv-check-transformers")
             reset_btn = gr.Button("Reset", elem_id="ddv-reset")
             back_btn = gr.Button("Back", elem_id="ddv-back")
             fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
         with gr.Row():
             round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
+        with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
+                          elem_id="ddv-compare-controls"):
+            with gr.Row():
+                compare_on = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
+                c_budget = gr.Slider(1, 512, value=16, step=1, label="B: budget", elem_id="ddv-compare-budget")
+                c_block = gr.Slider(2, block_max, value=block_max, step=1, label="B: block size")
+                c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
+                c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
+                                    elem_id="ddv-compare-verify")
+                c_engine = gr.Dropdown([ui.SAME, "transformers", "runner"], value=ui.SAME, label="B: engine")
+                c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
         status = gr.Markdown(elem_id="ddv-status")
-        tree_plot = gr.Plot(label="Draft tree (accepted path highlighted)", elem_id="ddv-tree")
+        prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
+        with gr.Row():
+            tree_plot = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
+                                elem_id="ddv-tree")
+            tree_b = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
+        compare_html = gr.HTML(visible=False, elem_id="ddv-compare")
+        # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
+        stop_html = gr.HTML(elem_id="ddv-stop")
+        with gr.Row():
+            inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
+                                     elem_id="ddv-inspect", scale=1)
+            with gr.Column(scale=5):
+                inspector = gr.HTML(elem_id="ddv-inspector")
+        inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
+        grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
         with gr.Row():
             mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
             cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
@@ -210,6 +304,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                             elem_id="ddv-diff")
         with gr.Row():
             accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+            depth_plot = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
+        with gr.Row():
+            budget_plot = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
             stats_md = gr.Markdown(elem_id="ddv-stats")
         divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
         with gr.Row():
@@ -235,8 +332,10 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         # that closes is freed at once (demo.unload below). Handlers change it in place (ui.TabState).
         tab = gr.State(lambda: ui.TabState(), time_to_live=STATE_TTL_S, delete_callback=ui.free_tab)  # a new one per tab
         tabs = ui.Tabs()
-        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed]
-        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
+        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed, chat, system, thinking,
+                    compare_on, c_budget, c_block, c_method, c_verify, c_engine, c_dtype]
+        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider,
+                 tree_b, compare_html, grid_plot, budget_plot, depth_plot, stop_html, inspector, inspect_dd, prompt_view]
 
         def show(t: ui.TabState, ph: str):
             v = ui.render_views(host, t, ph)
@@ -244,26 +343,56 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
             cols = [c for c in CACHE_COLUMNS if rows and c in rows[0]] or (list(rows[0]) if rows else [])
             table = gr.Dataframe(value=[[r.get(c) for c in cols] for r in rows], headers=cols) if rows else None
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
-            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider]
+            compare = v.tree_b is not None
+            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider,
+                    gr.Plot(value=v.tree_b, visible=compare), gr.HTML(value=v.compare, visible=compare), v.grid,
+                    v.budget, v.depth, v.stop, v.inspector,
+                    gr.Dropdown(choices=v.node_choices, value=v.inspect), v.prompt]
 
-        # explicit parameters (not *settings): gradio passes gr.Request to the parameter annotated with it
-        @_errors
-        def on_step(t, ph, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
-                    request: gr.Request):
-            tabs.add(request.session_hash, t)
-            t = ui.step(host, t, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed)
-            return [t] + show(t, ph)
+        def inspector_only(t: ui.TabState):
+            html, choices, node = ui.inspector_view(t)
+            return [html, gr.Dropdown(choices=choices, value=node)]
 
         @_errors
-        def on_run(t, ph, prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
-                   request: gr.Request, progress=gr.Progress()):
+        def on_inspect(t, node):
+            return [ui.inspect(t, node)] + inspector_only(t)
+
+        @_errors
+        def on_click_node(t, value):
+            # '3:nonce' from the page's plotly_click hook (the bonus star's position is past the tree: ignored)
+            return [ui.inspect(t, (value or "").partition(":")[0])] + inspector_only(t)
+
+        # Step and Run show each round at once (check=False) and check it against the reference next (on_check,
+        # chained with .then): the page answers at the round's speed, the comparison follows
+        @_errors
+        @_with_request(len(settings) + 2)
+        def on_step(t, ph, *s, request=None):
             tabs.add(request.session_hash, t)
-            for t in ui.run_rounds(host, t, prompt, budget, block, max_new, verify, method, temperature, top_p,
-                                   top_k, seed):
-                session = t.session
+            return [ui.step(host, t, *s, check=False)] + show(t, ph)
+
+        def show_check(t: ui.TabState, ph: str):
+            v = ui.render_check(host, t, ph)
+            return [t, v.status, v.diff_html, v.stats]
+
+        @_errors
+        def on_check(t, ph):
+            return show_check(ui.check(host, t), ph)
+
+        @_errors
+        def on_independent(t, ph):
+            return show_check(ui.check_transformers(host, t), ph)
+
+        @_errors
+        @_with_request(len(settings) + 2, progress=True)
+        def on_run(t, ph, *s, request=None, progress=None):
+            tabs.add(request.session_hash, t)
+            # each round's views are made only while this Run is still the tab's (ui.run_rounds): a Reset is never
+            # followed by a round it ended
+            for out in ui.run_rounds(host, t, *s, check=False, views=lambda tab: [tab] + show(tab, ph)):
+                session = t.session  # None once a Reset has cleared the tab
                 if session is not None:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
-                yield [t] + show(t, ph)
+                yield out
 
         def on_reset(t, ph):
             t = ui.reset(t)
@@ -296,11 +425,11 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
 
         @_errors
         def on_download(t):
-            if t.trace is None:
-                raise ui.InputError("nothing to download yet: step or replay first")
-            path = t.new_folder("trace") / f"ddtree-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
+            saved = ui.saved_trace(t)  # InputError when there is nothing yet
+            kind = "compare" if t.other_trace is not None else "trace"
+            path = t.new_folder("trace") / f"ddtree-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
             try:
-                t.trace.save(path)
+                saved.save(path)
             except (OSError, UnicodeError) as exc:
                 raise ui.InputError(f"cannot write the trace: {exc}") from None
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
@@ -310,11 +439,25 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
             if t.trace is None or not t.trace.steps:
                 raise ui.InputError("nothing to export yet: step, run or replay a trace first")
             path = exporter.export_round_file(
-                t.trace, t.view, fmt, directory=t.new_folder("export"), phase=ph, figure=figure, show=show,
-                colors=colors, min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
+                t.trace, t.view, fmt, directory=t.new_folder("export"), phase=ph, figure=figure, show=show, colors=colors,
+                min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
                 max_depth=exporter.optional_number(depth, "max depth", integer=True),
                 show_title=bool(title))
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
+
+        def chat_controls():
+            """The chat switches once the tokenizer is known: on by default when it has a template, disabled
+            with a note when it has none; thinking only where the template has the switch."""
+            if not host.ready:
+                return gr.Checkbox(info="no model loaded: prompts go in as raw text"), gr.Checkbox()
+            if not host.has_chat_template:
+                return (gr.Checkbox(value=False, interactive=False, info="this tokenizer has no chat template (the "
+                                    "embedded pair has none): prompts go in as raw text"),
+                        gr.Checkbox(interactive=False))
+            return (gr.Checkbox(value=True, interactive=True, info="the prompt is sent as the user's message"),
+                    gr.Checkbox(interactive=host.takes_thinking,
+                                info="the template's thinking switch (enable_thinking)" if host.takes_thinking
+                                else "this template has no thinking switch"))
 
         def on_unload(request: gr.Request):  # the browser tab closed (its heartbeat stopped)
             tabs.close(request.session_hash)
@@ -326,26 +469,33 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                 table = [list(r.values()) for r in rows] if rows else None
                 return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
                         gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
-                        gr.Timer(active=False))
-            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Timer(active=True)
+                        *chat_controls(), gr.Timer(active=False))
+            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Checkbox(), gr.Checkbox(), gr.Timer(active=True)
 
         timer = gr.Timer(0.5)
-        timer.tick(on_timer, outputs=[model_md, layout_df, block, timer], concurrency_limit=None)
-        demo.load(on_timer, outputs=[model_md, layout_df, block, timer])
+        timer_outputs = [model_md, layout_df, block, chat, thinking, timer]
+        timer.tick(on_timer, outputs=timer_outputs, concurrency_limit=None)
+        demo.load(on_timer, outputs=timer_outputs)
 
         # Model work from several tabs may be in flight at once: they take turns on the model round by round
         # (ui.ModelHost.lock, granted in order), so one tab's Run does not hold up another tab's Step.
         model_events = dict(concurrency_id="model", concurrency_limit=MODEL_EVENTS)
-        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events)
+        checked = [tab, status, diff_html, stats_md]
+        step_btn.click(on_step, [tab, phase] + settings, [tab] + views, api_name="step", **model_events).then(
+            on_check, [tab, phase], checked, api_name="check", **model_events)
         run_event = run_btn.click(on_run, [tab, phase] + settings, [tab] + views, api_name="run", **model_events)
-        # Reset stops this tab's Run (ui.reset ends it at its next round; cancelling drops what it would still send)
-        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset", cancels=[run_event])
+        run_event.then(on_check, [tab, phase], checked, api_name="check_run", **model_events)
+        independent_btn.click(on_independent, [tab, phase], checked, api_name="check_transformers", **model_events)
+        # Reset stops this tab's Run: ui.reset ends it at its next round, and the Run's last output is the reset tab
+        reset_btn.click(on_reset, [tab, phase], [tab] + views, api_name="reset")
         seed_btn.click(ui.new_seed, None, [seed], api_name="new_seed")
         back_btn.click(lambda t, ph: on_move(t, ph, -1), [tab, phase], [tab] + views, api_name="back")
         fwd_btn.click(lambda t, ph: on_move(t, ph, +1), [tab, phase], [tab] + views, api_name="forward")
         round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
+        inspect_dd.input(on_inspect, [tab, inspect_dd], [tab, inspector, inspect_dd], api_name="inspect")
+        inspect_click.change(on_click_node, [tab, inspect_click], [tab, inspector, inspect_dd], api_name="inspect_click")
         trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
         ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
                         [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))

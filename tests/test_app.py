@@ -140,6 +140,71 @@ def test_token_text_is_escaped_in_every_html_view(host):
         assert "<script" not in html and "<img" not in html
 
 
+def test_node_inspector_grid_budget_and_depth_views(host):
+    tab = ui.TabState()
+    for _ in range(2):
+        tab = ui.step(host, tab, *args(budget=8))
+    step = tab.trace.steps[-1]
+    v = ui.render_views(host, tab)
+    assert v.inspect == step.accepted[-1]  # by default: where the walk stopped
+    assert f'data-node="{v.inspect}"' in v.inspector and "target&#x27;s top-5" in v.inspector
+    assert [c[1] for c in v.node_choices] == list(range(len(step.nodes)))
+    assert "stopped at depth" in v.stop and v.grid is not None and v.budget is not None and v.depth is not None
+    assert list(v.budget.data[0].x) == list(range(1, 9)) and v.budget.data[0].y[-1] == step.acceptance
+    other = next(n.id for n in step.nodes if n.parent == step.accepted[-1])  # rejected there: not the choice
+    tab = ui.inspect(tab, v.node_choices[other][0])  # the selector's label
+    html, _, shown = ui.inspector_view(tab)
+    assert shown == other and f'data-node="{other}"' in html and "Did the target want this token? no" in html
+    tab = ui.inspect(tab, str(len(step.nodes) + 5))  # past the tree (the bonus star): ignored
+    assert ui.inspector_view(tab)[2] == other
+    with pytest.raises(InputError, match="not a tree position"):
+        ui.inspect(tab, "abc")
+    tab = ui.move(tab, delta=-1)  # another round: back to its stopping node
+    assert ui.inspector_view(tab)[2] == tab.trace.steps[0].accepted[-1]
+
+
+NO_CHAT = (False, "", True)  # chat template off, no system message, thinking default (the page's order)
+COMPARE = (True, 4, 8, "dflash", "exact", "same", "same")
+
+
+def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
+    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))  # A alone first
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE)  # B starts and catches up: lockstep
+    assert len(tab.other.history) == len(tab.session.history) == 2
+    assert tab.other.method == "dflash" and tab.other.budget == 4
+    v = ui.render_views(host, tab)
+    assert v.tree_b is not None and "Compare mode" in v.status and "DFlash chain" in v.status
+    assert 'data-side="A"' in v.compare and 'data-side="B"' in v.compare
+    assert "B: DFlash chain" in v.tree_b.layout.title.text
+    for tab in ui.run_rounds(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE):
+        pass
+    assert tab.session.done and tab.other.done
+    assert ui.rounds_shown(tab) == max(len(tab.trace.steps), len(tab.other_trace.steps))
+    v = ui.render_views(host, tab)
+    assert "identical to greedy" in v.compare and v.compare.count("identical to greedy") == 2
+    path = tmp_path / "compare.json"
+    ui.saved_trace(tab).save(path)
+    replay = ui.load_replay(ui.TabState(), str(path))
+    again = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), replay)  # no model
+    assert again.compare == v.compare and again.rounds == v.rounds and again.tree_b is not None
+    # off again: B is dropped
+    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, False, 4, 8, "dflash", "exact", "same", "same")
+    assert tab.other is None and ui.render_views(host, tab).tree_b is None
+
+
+def test_compare_naive_and_another_dtype(host):
+    tab = ui.TabState()
+    naive = (True, 8, 8, "ddtree", "naive (known-wrong: flattened tree)", "same", "bfloat16")
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *naive)
+    assert tab.other.verify == "naive" and str(tab.other.pair.dtype) == "torch.bfloat16"
+    assert tab.other.pair is host.pair_for("bfloat16")  # loaded once
+    v = ui.render_views(host, tab)
+    assert "NAIVE" in v.tree_b.layout.title.text and "bfloat16" in v.status
+    with pytest.raises(InputError, match="dtype"):
+        ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, True, 8, 8, "ddtree", "exact", "same", "float64")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The real app over HTTP (gradio_client)
 # ---------------------------------------------------------------------------------------------------------
@@ -499,3 +564,102 @@ def test_fifty_abandoned_tabs_leave_memory_and_temp_files_bounded(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_step_shows_the_round_first_and_the_check_follows(model_dirs):
+    """The page's Step: the round without extending the reference (check=False), then `check`: the comparison
+    covers only what the reference has reached until then, and everything after. A new prompt with the same
+    settings keeps the tab's engines (the runner and the reference's runner: no new state, no graph capture).
+    The check against transformers' forward reports agreement and its own time."""
+    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast.start(background=False)
+    tab = ui.step(fast, ui.TabState(), *args(), check=False)
+    tab = ui.step(fast, tab, *args(), check=False)
+    trace = tab.trace
+    assert trace.reference_pending and len(trace.greedy_ids) < len(trace.output_ids)
+    v = ui.render_views(fast, tab)
+    assert "Checking against the reference" in v.status and "checked so far" in v.diff_html
+    assert "not checked against the greedy reference yet" in v.diff_html
+    checked = ui.render_check(fast, ui.check(fast, tab))
+    assert not tab.trace.reference_pending and tab.trace.greedy_ids == tab.trace.output_ids
+    assert "identical to greedy for" in checked.diff_html and "Checking" not in checked.status
+    assert "the runner (one-node trees on a second static runner)" in checked.stats
+    assert "reference: the runner" in checked.diff_html and "numerical noise" in checked.diff_html
+    engine, reference, runners = (tab.session.target_engine, tab.session.reference_engine,
+                                  (tab.session.target_engine.runner, tab.session.reference_engine.runner))
+    first = tab.session
+    tab = ui.step(fast, tab, *args(prompt="class Point:\n"), check=False)
+    assert tab.session is not first and tab.session.target_engine is engine
+    assert tab.session.reference_engine is reference
+    assert (engine.runner, reference.runner) == runners
+    tab = ui.check_transformers(fast, tab)
+    assert "**agrees**" in tab.independent and "ms in all" in tab.independent
+    assert "agrees with it" in tab.independent and tab.independent in ui.render_check(fast, tab).stats
+    tab = ui.step(fast, tab, *args(prompt="class Point:\n", budget=4))  # other settings: new engines
+    assert tab.session.target_engine is not engine and tab.independent == ""
+
+
+def test_a_divergence_on_the_page_carries_its_verdict(host):
+    """Naive verification on the hybrid: the comparison names the first divergence and its verdict (the run's
+    measured noise is far below greedy's margin there), and the statistics say so too."""
+    tab = ui.TabState()
+    naive = args(prompt="def f(x):\n", verify="naive (known-wrong: flattened tree)", max_new_tokens=40, budget=16)
+    for tab in ui.run_rounds(host, tab, *naive, check=False):
+        pass
+    v = ui.render_check(host, ui.check(host, tab))
+    assert tab.trace.divergence_verdict == "mismatch"
+    assert "beyond numerical noise: mismatch (margin" in v.diff_html and "beyond numerical noise" in v.stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Chat template, system message, thinking
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_host(tmp_path_factory):
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
+    h = ui.ModelHost(str(target), str(draft), "float32", "cpu")
+    h.start(background=False)
+    assert h.ready, h.error
+    return h
+
+
+def chat_args(chat=True, system="", thinking=True, **over):
+    return sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0, **over) + [chat, system, thinking]
+
+
+def test_chat_template_switch_system_and_thinking(chat_host):
+    """The page's chat controls: the prefill is the templated conversation (apply_chat_template's ids), the
+    thinking switch and system message change it (a new session), the view shows the templated prompt with its
+    special tokens marked and the user's text escaped, and the trace records how the prompt was given."""
+    from ddtree_viz.engine.prompts import PromptSpec, encode
+
+    assert chat_host.has_chat_template and chat_host.takes_thinking
+    assert "chat template: yes, with a thinking switch" in chat_host.status_markdown()
+    hostile = "Say <script>alert(1)</script> & stop"
+    tab = ui.step(chat_host, ui.TabState(), *chat_args(prompt=hostile, system="Be brief.", thinking=False))
+    expected = encode(chat_host.pair.tokenizer, PromptSpec(text=hostile, chat=True, system="Be brief.", thinking=False))
+    assert tuple(tab.session.prompt_ids) == expected.ids
+    v = ui.render_views(chat_host, tab)
+    assert '<b class="ddv-special">&lt;|im_start|&gt;</b>' in v.prompt and "&lt;/think&gt;" in v.prompt
+    assert "<script" not in v.prompt and "&lt;script&gt;" in v.prompt
+    assert "chat template on: 2 messages (system, user), thinking off" in v.prompt
+    assert tab.trace.chat_template and tab.trace.thinking is False and tab.trace.messages[0]["content"] == "Be brief."
+    first = tab.session
+    tab = ui.step(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True))
+    assert tab.session is not first and tab.session.prompt_ids != list(expected.ids)
+    for tab in ui.run_rounds(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True)):
+        pass
+    assert "identical to greedy" in ui.render_views(chat_host, tab).diff_html
+    # chat off: the same box is raw text; the system message is not used
+    raw = ui.step(chat_host, ui.TabState(), *chat_args(chat=False, prompt="def f():", system="ignored"))
+    assert raw.session.prompt == "def f():" and "raw text (no chat template)" in ui.render_views(chat_host, raw).prompt
+
+
+def test_chat_template_off_and_refused_without_a_template(host):
+    assert not host.has_chat_template and "no chat template" in host.status_markdown()
+    with pytest.raises(InputError, match="no chat template"):
+        ui.step(host, ui.TabState(), *chat_args(chat=True))
+    tab = ui.step(host, ui.TabState(), *chat_args(chat=False, thinking=False))  # thinking unused without chat
+    assert tab.trace.chat_template is False and tab.trace.thinking is None

@@ -155,6 +155,7 @@ def test_reset_during_run_stays_reset_and_run_on_a_finished_session_keeps_the_pa
     tokens.press("Enter")
     page.get_by_role("button", name="Run", exact=True).click()
     wait_status(page, "Finished")
+    page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
     shown = page.locator("#ddv-status").inner_text()
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("this session has finished").first.wait_for(timeout=30_000)
@@ -190,6 +191,112 @@ def replay_page(tmp_path):
             pg.get_by_label("Prompt").wait_for(timeout=60_000)
             wait_status(pg, "Round")
             yield pg
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# the page position of every node marker of the tree plot with its tree position (the traces' customdata)
+NODE_POINTS_JS = """
+() => {
+  const out = [];
+  document.querySelectorAll('#ddv-tree .scatterlayer g.trace').forEach((g) => {
+    const trace = g.__data__ && g.__data__[0] && g.__data__[0].trace;  // plotly binds each trace to its group
+    if (!trace || !trace.customdata) return;
+    g.querySelectorAll('path.point').forEach((p, j) => {
+      const r = p.getBoundingClientRect();
+      out.push({node: trace.customdata[j], name: trace.name, x: r.x + r.width / 2, y: r.y + r.height / 2});
+    });
+  });
+  return out;
+}
+"""
+
+
+def test_click_a_node_to_inspect_it_then_compare_two_configurations(page):
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+    # by default the inspector shows where the walk stopped; the grid and the budget curve are drawn
+    page.wait_for_selector("#ddv-inspector .ddv-inspector", timeout=30_000)
+    for view in ("#ddv-tree", "#ddv-grid", "#ddv-budget", "#ddv-depth"):
+        page.wait_for_selector(f"{view} .js-plotly-plot", timeout=30_000)
+    assert "stopped at depth" in page.locator("#ddv-stop").inner_text()
+    # click a drafted node the walk rejected: the inspector follows
+    points = page.evaluate(NODE_POINTS_JS)
+    target = next(p for p in points if p["name"].startswith("first rejected") or p["name"] == "drafted")
+    page.locator("#ddv-tree").scroll_into_view_if_needed()
+    points = {p["node"]: p for p in page.evaluate(NODE_POINTS_JS)}
+    spot = points[target["node"]]
+    page.mouse.move(spot["x"], spot["y"])
+    page.mouse.click(spot["x"], spot["y"])
+    page.wait_for_function(
+        f"document.querySelector('#ddv-inspector .ddv-inspector').dataset.node === '{target['node']}'", timeout=30_000)
+    text = page.locator("#ddv-inspector").inner_text()
+    assert f"Node {target['node']}" in text and "Did the target want this token? no" in text
+    assert "target's top-5 at the parent" in text and "drafter's top-" in text
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#ddv-inspector").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "ui-inspector.png"), full_page=True)
+    # compare mode: B = the DFlash chain, stepped in lockstep; two trees side by side
+    page.get_by_text("Compare with a second configuration").click()
+    page.locator("#ddv-compare-on input").check()
+    page.locator("#ddv-compare-method").get_by_text("dflash").click()
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Compare mode")
+    page.wait_for_selector("#ddv-tree-b .js-plotly-plot", timeout=30_000)
+    assert "B: DFlash chain" in page.locator("#ddv-tree-b").inner_text()
+    compare = page.locator("#ddv-compare").inner_text()
+    assert "DDTree budget 32" in compare and "DFlash chain" in compare and compare.count("identical to greedy") == 2
+    assert page.locator("#ddv-compare .ddv-compare-row").count() == 2
+    page.screenshot(path=str(ARTIFACTS / "ui-compare.png"), full_page=True)
+
+
+def test_chat_switch_is_off_and_disabled_without_a_template(page):
+    """The embedded pair's tokenizer has no chat template: the switch is off and disabled, with a note, and the
+    prompt goes in as raw text (shown as prefilled)."""
+    chat = page.locator("#ddv-chat input[type=checkbox]")
+    page.wait_for_function("document.querySelector('#ddv-chat').innerText.includes('no chat template')", timeout=30_000)
+    assert chat.is_disabled() and not chat.is_checked()
+    page.get_by_label("Prompt").fill("import os\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+    assert "raw text (no chat template)" in page.locator("#ddv-prompt-view").inner_text()
+
+
+def test_chat_template_system_message_and_thinking(tmp_path_factory):
+    """A target whose tokenizer has a Qwen-style chat template: the switch is on by default, the system message
+    and thinking switch go into the templated prompt, which the page shows with its special tokens marked."""
+    from playwright.sync_api import sync_playwright
+
+    from tests import tiny
+
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
+    proc, url = serve("--target", str(target), "--draft", str(draft))
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 2200})
+            page.goto(url)
+            page.get_by_label("Prompt").wait_for(timeout=60_000)
+            page.wait_for_function("document.querySelector('#ddv-model').innerText.includes('chat template: yes')",
+                                   timeout=120_000)
+            chat, thinking = page.locator("#ddv-chat input[type=checkbox]"), page.locator("#ddv-thinking input[type=checkbox]")
+            page.wait_for_function("!document.querySelector('#ddv-chat input').disabled", timeout=30_000)
+            assert chat.is_checked() and thinking.is_enabled() and thinking.is_checked()
+            page.get_by_label("Prompt").fill("Name a <colour>.")
+            page.get_by_label("System message").fill("Be brief.")
+            thinking.uncheck()
+            page.get_by_role("button", name="Step", exact=True).click()
+            wait_status(page, "Round 1 of 1")
+            view = page.locator("#ddv-prompt-view")
+            text = view.inner_text()
+            assert "chat template on: 2 messages (system, user), thinking off" in text
+            assert "<|im_start|>system" in text and "Name a <colour>." in text and "</think>" in text
+            assert view.locator("b.ddv-special").count() >= 6  # 3 x <|im_start|>, 2 x <|im_end|>, think tags
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "ui-chat.png"), full_page=True)
             browser.close()
     finally:
         proc.terminate()

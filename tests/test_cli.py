@@ -365,3 +365,169 @@ def test_hub_id_offline_fails_fast_and_says_how_to_use_a_directory(env, monkeypa
     err = capsys.readouterr().err
     assert "not in the local hub cache" in err and "--target /path/to/model" in err
     assert elapsed < 20, elapsed
+
+
+def test_run_prints_the_session_analysis_and_compare_writes_both(model_args, capsys, tmp_path):
+    path = tmp_path / "cmp.json"
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "6",
+                   "--compare", "method=dflash,block-size=4", "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " in out
+    assert "per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): d1:" in out
+    assert "session budget curve (budget:tokens gained" in out and "later rounds elsewhere" in out
+    assert "B: DFlash chain, block 4, exact" in out and "session chain length curve" in out
+    assert "compare: A = DDTree budget 6, block 8, exact; B = DFlash chain, block 4, exact" in out
+    assert "outputs identical for 12 tokens" in out and out.count("identical to its reference") == 2
+    assert "compare trace written to" in out
+    from ddtree_viz.trace import CompareTrace, load_any
+
+    both = load_any(path)
+    assert isinstance(both, CompareTrace) and both.b.settings["method"] == "dflash" and both.b.settings["block_size"] == 4
+    hist = out.split("accepted drafts): ")[1].splitlines()[0].split()
+    assert sum(map(int, hist)) == len(both.a.steps)
+    with pytest.raises(Exception, match="compare trace"):
+        Trace.load(path)
+    # replay --print reads it (both sides and the comparison) with one round in full
+    rc = cli.main(["replay", str(path), "--print", "--round", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "== A ==" in out and "== B ==" in out and "outputs identical for 12 tokens" in out
+    assert "round 1 of" in out and "stopped at depth" in out and "drafter's grid (top 6 per depth" in out
+    assert "drafter's grid (top 16 per depth" in out  # B, the chain: the cap
+    first = both.a.steps[0]
+    assert f"accepted path {list(first.accepted)}" in out
+    table = out.split("== B ==")[0].split("top after\n")[1]
+    node_lines = [ln for ln in table.splitlines() if ln.strip()]
+    assert len(node_lines) == len(first.nodes)
+    assert sum(ln.startswith(" ✓") for ln in node_lines) == first.acceptance - 1
+
+
+@pytest.mark.parametrize("spec, words", [("budget", "KEY=VALUE"), ("colour=red", "KEY=VALUE"),
+                                          ("budget=x", "whole number"), ("method=beam", "method must be one of")])
+def test_bad_compare_specs_are_refused_before_loading(spec, words, capsys):
+    try:
+        rc = cli.main(["run", "--prompt", "x", "--compare", spec])
+    except SystemExit as exc:  # argparse's own refusal
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and "Traceback" not in err
+
+
+def test_replay_round_needs_print(model_args, capsys, tmp_path):
+    path = tmp_path / "t.json"
+    assert cli.main(["run", *model_args, "--prompt", "x = 1", "--max-new-tokens", "4", "--budget", "3",
+                     "--trace", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["replay", str(path), "--round", "1"]) == 2
+    assert "--round goes with --print" in capsys.readouterr().err
+    assert cli.main(["replay", str(path), "--print", "--round", "99"]) == 2
+    assert "out of range" in capsys.readouterr().err
+
+
+def test_run_reports_the_reference_and_its_verdict(model_args, capsys, tmp_path):
+    """`run` says where the reference decoded and its time apart from the rounds'; a divergence of the known-wrong
+    naive mode gets 'beyond numerical noise: mismatch' with its evidence, in the output and in the trace."""
+    path = tmp_path / "naive.json"
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "40", "--budget", "16",
+                   "--verify", "naive", "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "reference: transformers' own forward" in out and "not in the rounds' time" in out
+    trace = Trace.load(path)
+    assert trace.first_divergence == 3  # this tiny random pair leaves greedy there in naive mode
+    assert "verdict: beyond numerical noise: mismatch (margin " in out
+    assert trace.divergence_verdict == "mismatch" and trace.numerical_noise < 1e-3 < trace.divergence_margin
+    assert cli.main(["replay", str(path), "--print"]) == 0  # the saved trace says the same with no model
+    replayed = capsys.readouterr().out
+    assert "verdict: beyond numerical noise: mismatch (margin " in replayed
+    assert "reference: transformers' own forward (one token at a time)" in replayed
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8",
+                   "--engine", "runner", "--reference", "transformers"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "identical to greedy for 12 tokens" in out and "reference: transformers' own forward" in out
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "8",
+                   "--engine", "runner"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "reference: the runner (one-node trees on a second static runner)" in out
+    assert "numerical noise " in out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# chat prompts: --chat, --system, --thinking, --prompt-file
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_model_args(tmp_path_factory) -> list[str]:
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=2), tmp_path_factory.mktemp("chat-models"))
+    return ["--target", str(target), "--draft", str(draft)]
+
+
+def test_run_chat_from_a_messages_file(chat_model_args, capsys, tmp_path):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List <three> colours."}]
+    prompt_file, trace_path = tmp_path / "chat.json", tmp_path / "t.json"
+    prompt_file.write_text(json.dumps(messages), encoding="utf-8")
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--chat", "--thinking", "off",
+                   "--max-new-tokens", "10", "--budget", "6", "--trace", str(trace_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "prompt: chat template on, 2 messages (system, user), thinking off" in out
+    assert "<|im_start|>user\nList <three> colours.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" in out
+    assert "identical to greedy for 10 tokens" in out
+    trace = Trace.load(trace_path)
+    tok = tiny.chat_tokenizer()
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, enable_thinking=False)
+    assert list(trace.prompt_ids) == list(expected["input_ids"])
+    assert trace.chat_template is True and trace.thinking is False and list(trace.messages) == messages
+    assert cli.main(["replay", str(trace_path), "--print"]) == 0
+    assert "prompt given as: chat template on: 2 messages (system, user), thinking off" in capsys.readouterr().out
+
+
+def test_run_plain_text_prompt_file_and_system_prompt(chat_model_args, capsys, tmp_path):
+    prompt_file = tmp_path / "p.txt"
+    prompt_file.write_text("[not json] just text", encoding="utf-8")  # a '[' that is not JSON is refused
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--max-new-tokens", "2"])
+    assert rc == 2 and "not valid JSON" in capsys.readouterr().err
+    prompt_file.write_text("def f(x):\n", encoding="utf-8")
+    rc = cli.main(["run", *chat_model_args, "--prompt-file", str(prompt_file), "--max-new-tokens", "3", "--budget", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "prompt: raw text" in out and "<|im_start|>" not in out
+    rc = cli.main(["run", *chat_model_args, "--prompt", "hi", "--chat", "--system", "Answer in French.",
+                   "--max-new-tokens", "3", "--budget", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "<|im_start|>system\nAnswer in French.<|im_end|>" in out and "thinking template default" in out
+
+
+def test_chat_errors(model_args, chat_model_args, capsys, tmp_path):
+    rc = cli.main(["run", *model_args, "--prompt", "hi", "--chat"])  # the byte tokenizer has no chat template
+    assert rc == 2 and "no chat template" in capsys.readouterr().err
+    # refused before any model is loaded (the target does not exist)
+    nowhere = ["--target", "/nonexistent/dir", "--draft", "/nonexistent/d"]
+    for extra, words in ((["--thinking", "off"], "add --chat"), (["--system", "S"], "add --chat")):
+        for command in ("run", "bench"):
+            assert cli.main([command, *nowhere, "--prompt", "hi", *extra]) == 2
+            assert words in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"role": "user", "content": {"text": "hi"}}]), encoding="utf-8")
+    assert cli.main(["run", *nowhere, "--prompt-file", str(bad), "--chat"]) == 2
+    assert "message 1 of prompt file" in capsys.readouterr().err
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    assert cli.main(["run", *nowhere, "--prompt-file", str(good)]) == 2
+    assert "needs the chat template: add --chat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--prompt", "a", "--prompt-file", str(good)])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_bench_chat(chat_model_args, capsys, tmp_path):
+    path, prompt_file = tmp_path / "bench.json", tmp_path / "m.json"
+    prompt_file.write_text(json.dumps([{"role": "user", "content": "hello"}]), encoding="utf-8")
+    rc = cli.main(["bench", *chat_model_args, "--chat", "--thinking", "off", "--prompt", "hi", "--prompt-file",
+                   str(prompt_file), "--max-new-tokens", "4", "--budget", "2", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "through the chat template" in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["chat_template"] is True and data["settings"]["thinking"] is False
+    assert [p["prompt"] for p in data["prompts"]] == [
+        f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" for text in ("hi", "hello")]
+    assert data["identical_to_greedy"] is True

@@ -79,10 +79,16 @@ def reference_forward(model: DFlashDrafter, noise, target_hidden, position_ids):
         g = c.num_attention_heads // c.num_key_value_heads
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)
-        if kind == "sliding_attention" and c.sliding_window is not None:
-            is_ctx = torch.arange(C + L) < C
-            far = k_pos[:, None, :] <= q_pos[:, :, None] - c.sliding_window
-            scores = scores.masked_fill((far & is_ctx)[:, None], float("-inf"))
+        # z-lab's mask: causal layers (sliding ones unless is_causal says otherwise) hide later keys; a sliding
+        # window hides keys `window` or more positions back (and ahead, for a bidirectional layer)
+        back = q_pos[:, :, None] - k_pos[:, None, :]
+        causal = c.is_causal if c.is_causal is not None else kind == "sliding_attention"
+        hidden = (back < 0) if causal else torch.zeros_like(back, dtype=torch.bool)
+        if kind == "sliding_attention":
+            hidden |= back >= c.sliding_window
+            if not causal:
+                hidden |= -back >= c.sliding_window
+        scores = scores.masked_fill(hidden[:, None], float("-inf"))
         attn = scores.softmax(-1) @ v
         h = h + attn.transpose(1, 2).reshape(B, L, -1) @ p("self_attn.o_proj.weight").T
         x = rms(h, p("post_attention_layernorm.weight"))
@@ -151,9 +157,19 @@ def test_incremental_cache_matches_full_context(kind):
         assert cache.seq_length == committed
         tensors = cache.layer_tensors()
         assert len(tensors) == config.num_hidden_layers
-        assert all(k.shape == (1, config.num_key_value_heads, committed, config.head_dim) for k, _ in tensors)
-    cache.crop(5)
-    assert cache.seq_length == 5 and all(k.shape[2] == 5 == v.shape[2] for k, v in cache.layer_tensors())
+        # a full layer holds every context row, a sliding one the window - 1 newest (no later block sees older)
+        rows = [committed if w is None else min(committed, w - 1) for w in config.layer_windows]
+        assert [k.shape for k, _ in tensors] == [(1, config.num_key_value_heads, r, config.head_dim) for r in rows]
+    if kind == "full":
+        cache.crop(5)
+        assert cache.seq_length == 5 and all(k.shape[2] == 5 == v.shape[2] for k, v in cache.layer_tensors())
+    else:  # its sliding layers keep rows 7..10 (window 5), exactly what a block at 11 sees: a block at 10 would
+        # also see row 6, dropped, so no crop back is possible; cropping to nothing is
+        for length in (5, 10):
+            with pytest.raises(ValueError, match="cannot crop draft layer 0"):
+                cache.crop(length)
+        cache.crop(0)
+        assert cache.seq_length == 0 and all(k.shape[2] == 0 for k, _ in cache.layer_tensors())
 
 
 def test_empty_new_context_and_attention_mask():
@@ -321,3 +337,118 @@ def test_validate_pairing():
     bad_mask = tiny_config(dflash_config={"block_size": 4, "mask_token_id": 97, "target_layer_ids": [1, 4, 6]})
     with pytest.raises(PairingError, match="mask_token_id 97"):
         validate_pairing(bad_mask, Qwen3Config(**base))
+
+
+# ------------------------------------------------------------------------------ attention backend
+def test_cuda_sdpa_leaves_cudnn_out_and_the_cpu_path_alone():
+    """engine/backends.py: on CUDA the drafter's (and transformers') SDPA may use flash / memory-efficient / math
+    but not cuDNN (a plan built per new context length: 18 ms of host time a call on an H200); on the CPU the
+    context changes nothing, so CPU outputs stay bit for bit what they were."""
+    from ddtree_viz.engine.backends import sdpa_backends
+
+    flags = lambda: (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),  # noqa: E731
+                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    before = flags()
+    with sdpa_backends("cuda"):
+        assert flags() == (False, True, True, True)
+    assert flags() == before
+    with sdpa_backends(torch.device("cpu")):
+        assert flags() == before
+    # the flags do reach CPU SDPA (its own flash kernel), hence a no-op off CUDA rather than the CUDA choice
+    drafter = random_drafter(tiny_config())
+    noise, ctx = torch.randn(1, 4, 32), torch.randn(1, 5, 96)
+    with torch.no_grad(), sdpa_backends(noise.device):
+        assert torch.equal(drafter(noise, ctx, torch.arange(9)), drafter(noise, ctx, torch.arange(9)))
+
+
+# ------------------------------------------------------------- the published sliding-window drafter
+def published_layout(tmp_path, window: int = 6, **over):
+    """The Qwen3.6-27B-DFlash config.json as published (every field kept: architectures, model_type, top-level
+    block_size, layer_types with four sliding layers + one full, sliding_window, dflash_config) at toy widths and
+    a toy window, saved with random weights and loaded back the way `--draft DIR` loads it."""
+    d = json.loads(REAL_CONFIG.read_text())
+    d.update(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             vocab_size=97, num_target_layers=8, block_size=4, sliding_window=window,
+             dflash_config={"block_size": 4, "mask_token_id": 96, "target_layer_ids": [1, 4, 6]}, **over)
+    random_drafter(DFlashConfig.from_dict(d)).save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(d))  # the file as published, not our to_dict's
+    return DFlashDrafter.from_pretrained(tmp_path)
+
+
+def with_config(model: DFlashDrafter, **changes) -> DFlashDrafter:
+    """The same weights under another attention layout."""
+    other = DFlashDrafter(DFlashConfig.from_dict({**model.config.to_dict(), **changes})).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def test_published_config_loads_with_its_sliding_window_layers(tmp_path):
+    model = published_layout(tmp_path)
+    c = model.config
+    assert json.loads(REAL_CONFIG.read_text())["layer_types"] == list(c.layer_types)
+    assert c.layer_types == ("sliding_attention",) * 4 + ("full_attention",) and c.sliding_window == 6
+    assert c.layer_causal == (True,) * 4 + (False,)  # causal SWA layers, a bidirectional full layer
+    assert c.layer_windows == (6,) * 4 + (None,)
+    # Qwen3Config's gate (use_sliding_window false drops the window) is not ours: the layers keep their window
+    assert published_layout(tmp_path / "gate", use_sliding_window=False).config.layer_windows == (6,) * 4 + (None,)
+    with pytest.raises(ModelLoadError, match="sliding_window"):
+        published_layout(tmp_path / "none", window=None)
+
+
+def test_the_window_is_applied_beyond_its_length(tmp_path):
+    """A context longer than the window changes the drafter's output against the same layers without a window;
+    one that fits in the window does not. Running the sliding layers as full attention (no window, bidirectional)
+    changes it even on a short context."""
+    model = published_layout(tmp_path, window=6)  # block 4: a block at position p sees context back to p - 5
+    no_window = with_config(model, sliding_window=10**6)
+    as_full = with_config(model, layer_types=["full_attention"] * 5, sliding_window=None)
+    with torch.no_grad():
+        noise, ctx, pos = inputs(model.config, B=1, C=2, start=0)  # 2 context rows + the block: all within 6
+        torch.testing.assert_close(model(noise, ctx, pos), no_window(noise, ctx, pos), atol=1e-6, rtol=1e-6)
+        assert (model(noise, ctx, pos) - as_full(noise, ctx, pos)).abs().max() > 1e-3
+        noise, ctx, pos = inputs(model.config, B=1, C=12, start=0)  # 12 context rows: the window cuts
+        assert (model(noise, ctx, pos) - no_window(noise, ctx, pos)).abs().max() > 1e-3
+        assert (model(noise, ctx, pos) - as_full(noise, ctx, pos)).abs().max() > 1e-3
+        torch.testing.assert_close(model(noise, ctx, pos), reference_forward(model, noise, ctx, pos),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_the_cache_across_rounds_respects_the_window(tmp_path):
+    """Rounds of a decode (prefill, then the accepted rows each round): the cached drafter equals the drafter
+    run on the whole context every round, and its sliding layers hold only window - 1 rows."""
+    model = published_layout(tmp_path, window=6)
+    c, L = model.config, model.config.block_size
+    g = torch.Generator().manual_seed(3)
+    n = len(c.target_layer_ids) * c.hidden_size
+    cache, all_ctx = model.new_cache(), torch.zeros(1, 0, n)
+    for new_rows in (9, 2, 4, 1, 3):
+        new_ctx = torch.randn(1, new_rows, n, generator=g)
+        all_ctx = torch.cat([all_ctx, new_ctx], dim=1)
+        committed = all_ctx.shape[1]
+        noise = torch.randn(1, L, c.hidden_size, generator=g)
+        with torch.no_grad():
+            out = model(noise, new_ctx, torch.arange(committed - new_rows, committed + L)[None], cache=cache)
+            whole = model(noise, all_ctx, torch.arange(committed + L)[None])
+        torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-5)
+        assert [cache.rows(i) for i in range(5)] == [min(committed, 5)] * 4 + [committed]
+
+
+def test_a_session_with_a_sliding_drafter_stays_exact():
+    """DecodeSession with a sliding-window drafter on a prompt longer than its window: exact (output == greedy),
+    and the proposer's cache holds window - 1 rows in its sliding layers."""
+    from ddtree_viz.engine.models import ModelPair
+    from ddtree_viz.engine.session import DecodeSession
+    from tests import tiny
+
+    target = tiny.target_model("hybrid", seed=0)
+    d = tiny.drafter_config(target.config, block_size=4, layers=3).to_dict()
+    d.update(layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=8)
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(DFlashConfig.from_dict(d)).eval()
+    pair = ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-swa", torch.float32, "cpu")
+    session = DecodeSession(pair, budget=6, max_new_tokens=12)
+    session.prefill("def window(longer_than_eight):\n")
+    session.run()
+    assert tuple(session.generated) == session.greedy().ids
+    cache = session.proposer.cache
+    assert cache.seq_length > 8 and [cache.rows(i) for i in range(3)] == [7, 7, cache.seq_length]

@@ -386,6 +386,13 @@ INVARIANTS = {
     "settings: top_p a string": (lambda d: d["settings"].update(top_p="high"), "top_p"),
     "settings: temperature negative": (lambda d: d["settings"].update(temperature=-1), "temperature"),
     "settings: block size below the tree": (lambda d: d["settings"].update(block_size=2), "block size"),
+    "budget_curve with a gap": (lambda d: d["steps"][0].update(budget_curve={"1": 1, "3": 2}), "budget_curve"),
+    "a drafter top-k row past the cap": (lambda d: d["steps"][0].update(draft_top_ids=[list(range(300))],
+                                                                        draft_top_logprobs=[[-1.0] * 300]), "at most"),
+    "divergence verdict where identical": (lambda d: d.update(divergence_verdict="noise"), "divergence_verdict"),
+    "unknown divergence verdict": (lambda d: d.update(greedy_ids=d["greedy_ids"][:1] + [d["greedy_ids"][1] + 1]
+                                                      + d["greedy_ids"][2:], first_divergence=1,
+                                                      divergence_verdict="maybe"), "divergence_verdict"),
 }
 
 
@@ -518,17 +525,17 @@ def test_nesting_and_number_literals(real):
     cases = {
         "2,000 nested lists": ("[" * 2000 + "]" * 2000, "nested too deeply"),
         "100,000 nested lists": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-        "2,000 nested objects in settings": (mutated(real, lambda d: d["settings"].update(x="@")).replace(
-            '"@"', '{"a":' * 2000 + "1" + "}" * 2000), "nested too deeply"),
+        "2,000 nested objects in settings": (mutated(real, lambda d: d["settings"].update(x="@@hostile@@")).replace(
+            '"@@hostile@@"', '{"a":' * 2000 + "1" + "}" * 2000), "nested too deeply"),
         f"{T.MAX_NESTING + 1} levels in settings": (mutated(real, lambda d: d["settings"].update(x=_nest(T.MAX_NESTING))),
                                                     "nested too deeply"),
         "5,000-digit integer": ('{"big": ' + "9" * 5000 + ", " + body, "cannot be read"),
-        "5,000-digit token id": (mutated(real, lambda d: d["output_ids"].__setitem__(0, "@")).replace('"@"', "9" * 5000),
+        "5,000-digit token id": (mutated(real, lambda d: d["output_ids"].__setitem__(0, "@@hostile@@")).replace('"@@hostile@@"', "9" * 5000),
                                  "cannot be read"),
-        "401-digit integer where a number goes": (mutated(real, lambda d: d.update(prefill_ms="@")).replace('"@"', "9" * 401),
+        "401-digit integer where a number goes": (mutated(real, lambda d: d.update(prefill_ms="@@hostile@@")).replace('"@@hostile@@"', "9" * 401),
                                                   "prefill_ms"),
-        "1e400 (infinite) log-prob": (mutated(real, lambda d: d["steps"][0]["nodes"][1].update(logprob="@")).replace(
-            '"@"', "-1e400"), "finite"),
+        "1e400 (infinite) log-prob": (mutated(real, lambda d: d["steps"][0]["nodes"][1].update(logprob="@@hostile@@")).replace(
+            '"@@hostile@@"', "-1e400"), "finite"),
         "NaN literal": (mutated(real, lambda d: d["steps"][0]["nodes"][1].update(logprob=math.nan)), "finite"),
         "Infinity literal in settings": (mutated(real, lambda d: d["settings"].update(extra=math.inf)), "finite"),
         "duplicate keys (the last wins)": ('{"schema_version": 1, ' + body.replace('"schema_version": 1', '"schema_version": 7'),
@@ -654,6 +661,7 @@ def test_sizes_at_the_limits_render_in_bounded_time(real):
         f"{n} positions, 4-ary tree": one_round_trace(real, [-1] + [(i - 1) // 4 for i in range(1, n)],
                                                       [0] + [(i % 4) + 2 for i in range(1, n)], [0, 1, 5, 21]),
         f"{n} positions, all children of the root": one_round_trace(real, [-1] + [0] * (n - 1), list(range(n)), [0, 1]),
+        "1,000 rounds (a long session: every view over all rounds stays linear)": many_rounds_trace(real, 1000, 16),
     }
     for name, data in cases.items():
         run_case("sizes", name, dumps(data), expect="rendered", level="big")

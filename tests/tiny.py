@@ -31,6 +31,28 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 VOCAB = 258
 EOS_ID, MASK_ID = 256, 257
 
+# A Qwen-style chat template (the markers and the thinking switch of Qwen3 / Qwen3.5 / Qwen3.6's templates, in
+# Jinja string literals as theirs are): thinking off closes an empty think block, on (or unset) opens one.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+QWEN_STYLE_TEMPLATE = (
+    r"{%- for m in messages %}"
+    r"{%- if m.role == 'system' and not loop.first %}{{- raise_exception('System message must be at the beginning.') }}{%- endif %}"
+    r"{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    r"{%- endfor %}"
+    r"{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    r"{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}"
+    r"{%- else %}{{- '<think>\n' }}{%- endif %}{%- endif %}"
+)
+CHAT_VOCAB = 260  # the byte tokenizer's 258 + <|im_start|> + <|im_end|>
+
+
+def chat_tokenizer(template: str | None = QWEN_STYLE_TEMPLATE) -> PreTrainedTokenizerFast:
+    """The byte tokenizer + <|im_start|> / <|im_end|> as special tokens (ids 258, 259) + a chat template."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    tok.chat_template = template
+    return tok
+
 
 def hybrid_config(layers: int = 4, hidden: int = 64, **over) -> Qwen3_5TextConfig:
     cfg = dict(
@@ -74,11 +96,12 @@ def target_model(kind: str = "hybrid", seed: int = 0, **over) -> torch.nn.Module
 
 
 def drafter_config(target_config, block_size: int = 8, layers: int = 1, layer_ids=None) -> DFlashConfig:
+    vocab = target_config.vocab_size
     n = target_config.num_hidden_layers
     return DFlashConfig.from_dict({
         "hidden_size": target_config.hidden_size, "intermediate_size": 2 * target_config.hidden_size,
         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "vocab_size": VOCAB, "num_target_layers": n, "block_size": block_size,
+        "vocab_size": vocab, "num_target_layers": n, "block_size": block_size,
         "dflash_config": {"block_size": block_size, "mask_token_id": MASK_ID,
                           "target_layer_ids": layer_ids if layer_ids is not None else [1, n - 2]},
     })
@@ -92,6 +115,13 @@ def drafter_model(target, seed: int = 1, block_size: int = 8) -> DFlashDrafter:
 def tiny_pair(kind: str = "hybrid", seed: int = 0, block_size: int = 8, **over) -> ModelPair:
     target = target_model(kind, seed, **over)
     return ModelPair(target, byte_tokenizer(), drafter_model(target, seed + 1, block_size), f"tiny-{kind}", "tiny-dflash",
+                     torch.float32, "cpu")
+
+
+def chat_pair(seed: int = 0, block_size: int = 8) -> ModelPair:
+    """A hybrid pair whose tokenizer carries the Qwen-style chat template (vocabulary CHAT_VOCAB)."""
+    target = target_model("hybrid", seed, vocab_size=CHAT_VOCAB)
+    return ModelPair(target, chat_tokenizer(), drafter_model(target, seed + 1, block_size), "tiny-chat", "tiny-dflash",
                      torch.float32, "cpu")
 
 

@@ -3,7 +3,16 @@
 The drafter is a few Qwen3-style decoder layers with no embedding and no lm_head of its own: the
 caller embeds the block with the target's embeddings and applies the target's lm_head to our output.
 Queries come from the block ("noise") states only; keys/values come from the projected target
-context features *and* the block, attention is non-causal. Only context K/V are ever cached.
+context features *and* the block. Only context K/V are ever cached.
+
+Per layer (`layer_types`): a `full_attention` layer sees every context row and the whole block (bidirectional);
+a `sliding_attention` layer sees only keys less than `sliding_window` positions back, and is causal inside the
+block (a block position sees itself and the positions before it). That is how the published Qwen3.6 drafters
+were trained ("causal SWA layers": z-lab/dflash's model.py, vLLM's and SGLang's DFlash layers resolve it the same
+way); an explicit `is_causal` (top level) or `dflash_config.causal` makes every layer causal or bidirectional
+instead. Running sliding layers as full attention, or bidirectional, gives another drafter, whose acceptance
+collapses. The cache keeps only the `sliding_window - 1` newest context rows of a sliding layer: older ones can
+never be seen again by a later block (its positions only grow).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_viz.engine.backends import sdpa_backends
 from ddtree_viz.errors import ModelLoadError, PairingError
 from ddtree_viz.trace import MAX_DEPTH
 
@@ -63,6 +73,22 @@ class DFlashConfig:
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
+    # every layer causal (True) or bidirectional (False) over the block, from `is_causal` or `dflash_config.causal`;
+    # None: by layer type (sliding layers causal, full layers bidirectional): see layer_causal
+    is_causal: bool | None = None
+
+    @property
+    def layer_causal(self) -> tuple[bool, ...]:
+        """Per layer: causal inside the block? An explicit is_causal decides for all layers; else sliding layers are
+        causal and full-attention layers bidirectional (z-lab's, vLLM's and SGLang's DFlash defaults)."""
+        if self.is_causal is not None:
+            return (self.is_causal,) * self.num_hidden_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer: its sliding window (None: full attention)."""
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
 
     @classmethod
     def from_dict(cls, d: dict) -> "DFlashConfig":
@@ -121,6 +147,15 @@ class DFlashConfig:
         if block_size < 2:
             raise ModelLoadError(f"Drafter block_size must be at least 2, got {block_size}.")
         window = d.get("sliding_window")
+        if "sliding_attention" in layer_types:
+            # Never ask use_sliding_window: Qwen3Config's gate that drops the window unless it is set would turn
+            # these layers into full attention without a word.
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ModelLoadError(f"Drafter layer_types has sliding_attention layers but sliding_window is "
+                                     f"{window!r}; it must be a positive whole number.")
+        is_causal = d.get("is_causal", dflash.get("is_causal", dflash.get("causal")))
+        if is_causal is not None and not isinstance(is_causal, bool):
+            raise ModelLoadError(f"Drafter is_causal must be true, false or absent, not {is_causal!r}.")
         return cls(
             hidden_size=int(need("hidden_size")), intermediate_size=int(need("intermediate_size")),
             num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv,
@@ -130,7 +165,7 @@ class DFlashConfig:
             attention_bias=bool(d.get("attention_bias", False)), hidden_act=hidden_act,
             layer_types=layer_types, sliding_window=None if window is None else int(window),
             num_target_layers=num_target_layers, block_size=block_size, mask_token_id=mask_token_id,
-            target_layer_ids=tuple(int(i) for i in layer_ids),
+            target_layer_ids=tuple(int(i) for i in layer_ids), is_causal=is_causal,
         )
 
     @classmethod
@@ -151,6 +186,8 @@ class DFlashConfig:
         dflash = {k: d.pop(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
         dflash["target_layer_ids"] = list(dflash["target_layer_ids"])
         d["layer_types"] = list(self.layer_types)
+        if d.pop("is_causal") is not None:
+            d["is_causal"] = self.is_causal
         # Qwen3Config drops sliding_window unless use_sliding_window is set.
         d["use_sliding_window"] = "sliding_attention" in self.layer_types
         d["rope_parameters"] = {"rope_theta": self.rope_theta, "rope_type": "default"}
@@ -160,23 +197,69 @@ class DFlashConfig:
 
 # ------------------------------------------------------------------------------------ cache
 class DraftKVCache:
-    """Per draft layer K/V of the *context features* only (never the block), post-norm, post-RoPE."""
+    """Per draft layer K/V of the *context features* only (never the block), post-norm, post-RoPE.
 
-    def __init__(self, num_layers: int):
+    `positions` [B, seq_length] holds every context position seen so far (what `seq_length` counts); each layer
+    holds the newest rows of that sequence: all of them for a full-attention layer, at most `window - 1` for a
+    sliding layer (`evict`, after each forward: a later block sits at higher positions and can see no older row)."""
+
+    def __init__(self, num_layers: int, windows: Sequence[int | None] | None = None):
         self._kv: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-        self.positions: Tensor | None = None  # [B, seq_length] positions of the stored rows
+        self.windows = tuple(windows) if windows is not None else (None,) * num_layers
+        self.positions: Tensor | None = None  # [B, seq_length] positions of the context rows seen
 
     @property
     def seq_length(self) -> int:
         return 0 if self.positions is None else self.positions.shape[-1]
 
+    def rows(self, idx: int) -> int:
+        """Context rows layer `idx` holds (the newest ones)."""
+        kv = self._kv[idx]
+        return 0 if kv is None else kv[0].shape[2]
+
+    def layer_positions(self, idx: int) -> Tensor | None:
+        """[B, rows(idx)] positions of layer idx's rows."""
+        return None if self.positions is None else self.positions[:, self.seq_length - self.rows(idx):]
+
+    def evict(self) -> None:
+        """Drop the rows of sliding layers that no later block can see: a block starts after the newest context
+        position p, so a row is visible only if its position > p + 1 - window. Positions that do not increase
+        (no caller of the drafter makes such) are left alone."""
+        if self.positions is None or self.seq_length == 0:
+            return
+        pos = self.positions
+        if pos.shape[-1] > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
+            return
+        newest = pos[:, -1:]
+        for idx, window in enumerate(self.windows):
+            if window is None or self._kv[idx] is None:
+                continue
+            held = self.layer_positions(idx)
+            keep = int((held > newest + 1 - window).all(0).sum())  # a suffix, as positions increase
+            if keep < held.shape[-1]:
+                k, v = self._kv[idx]
+                self._kv[idx] = (k[:, :, k.shape[2] - keep:], v[:, :, v.shape[2] - keep:])
+
     def crop(self, length: int) -> None:
-        """Keep the first ``length`` context positions."""
+        """Keep the first ``length`` context positions. A sliding layer that has already dropped rows a block
+        after ``length`` could see cannot be cropped back there (ValueError)."""
         if length < 0:
             raise ValueError(f"crop length must be >= 0, got {length}")
-        self._kv = [None if kv is None else (kv[0][:, :, :length], kv[1][:, :, :length]) for kv in self._kv]
-        if self.positions is not None:
-            self.positions = self.positions[:, :length]
+        if length >= self.seq_length:
+            return
+        for idx, window in enumerate(self.windows):
+            kv = self._kv[idx]
+            if kv is None:
+                continue
+            first = self.seq_length - self.rows(idx)  # index of the layer's oldest row in the whole sequence
+            if window is not None and 0 < first and length > 0:
+                newest = self.positions[:, length - 1]
+                if bool((self.positions[:, first - 1] > newest + 1 - window).any()):
+                    raise ValueError(f"cannot crop draft layer {idx} to {length} positions: it has dropped rows "
+                                     f"older than its window of {window} that a block there could see")
+            keep = max(0, length - first)
+            self._kv[idx] = (kv[0][:, :, :keep], kv[1][:, :, :keep])
+        self.positions = self.positions[:, :length]
 
     def layer_tensors(self) -> list[tuple[Tensor, Tensor]]:
         return [kv for kv in self._kv if kv is not None]
@@ -351,14 +434,25 @@ class DFlashDrafter(nn.Module):
                   str(path / "model.safetensors"), metadata={"format": "pt"})
 
     def new_cache(self) -> DraftKVCache:
-        return DraftKVCache(self.config.num_hidden_layers)
+        return DraftKVCache(self.config.num_hidden_layers, self.config.layer_windows)
 
     # ---- forward
-    def _sliding_mask(self, q_pos: Tensor, ctx_pos: Tensor, L: int) -> Tensor:
-        """Bool mask [B,1,L,ctx+L], True = visible: context keys more than a window back are hidden."""
-        visible_ctx = ctx_pos[:, None, :] > q_pos[:, :, None] - self.config.sliding_window
-        block = torch.ones(q_pos.shape[0], L, L, dtype=torch.bool, device=q_pos.device)
-        return torch.cat([visible_ctx, block], dim=-1)[:, None]
+    @staticmethod
+    def _layer_mask(q_pos: Tensor, key_pos: Tensor, causal: bool, window: int | None) -> Tensor | None:
+        """Bool mask [B,1,L,K] (True = visible) for queries at q_pos [B,L] over keys at key_pos [B,K] (context
+        rows, then the block itself), or None when everything is visible. Causal: a key at a later position is
+        hidden. Window: a key `window` or more positions away is hidden (back; and ahead when not causal)."""
+        if not causal and window is None:
+            return None
+        ahead = q_pos[:, :, None] - key_pos[:, None, :]  # [B, L, K]: how far back each key is
+        visible = torch.ones_like(ahead, dtype=torch.bool)
+        if causal:
+            visible &= ahead >= 0
+        if window is not None:
+            visible &= ahead < window
+            if not causal:
+                visible &= -ahead < window
+        return visible[:, None]
 
     def forward(self, noise_embedding: Tensor, target_hidden: Tensor, position_ids: Tensor,
                 cache: DraftKVCache | None = None, attention_mask: Tensor | None = None) -> Tensor:
@@ -375,25 +469,38 @@ class DFlashDrafter(nn.Module):
         x_ctx = self.hidden_norm(self.fc(target_hidden))
         rope = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, noise_embedding.dtype)
 
-        ctx_pos = position_ids[:, :C]
-        if cache is not None and cache.positions is not None:
-            ctx_pos = torch.cat([cache.positions.expand(B, -1), ctx_pos], dim=1)
-        masks = {"full_attention": attention_mask, "sliding_attention": attention_mask}
-        if self.config.sliding_window is not None and "sliding_attention" in self.config.layer_types:
-            window = self._sliding_mask(position_ids[:, C:], ctx_pos, L)
-            if attention_mask is None:
-                masks["sliding_attention"] = window
-            elif attention_mask.dtype == torch.bool:
-                masks["sliding_attention"] = attention_mask & window
-            else:
-                masks["sliding_attention"] = attention_mask.masked_fill(~window, float("-inf"))
-
+        new_pos, q_pos = position_ids[:, :C], position_ids[:, C:]
+        masks = {}  # one per (causal, window, cached rows): layers of one kind share theirs
         x = noise_embedding
-        for layer, kind in zip(self.layers, self.config.layer_types):
-            x = layer(x, x_ctx, rope, masks[kind], cache)
+        with sdpa_backends(x.device):  # on CUDA: no cuDNN plan per context length (engine/backends.py)
+            for i, layer in enumerate(self.layers):
+                causal, window = self.config.layer_causal[i], self.config.layer_windows[i]
+                past = cache.layer_positions(i) if cache is not None else None
+                key = (causal, window, 0 if past is None else past.shape[-1])
+                if key not in masks:
+                    key_pos = torch.cat(([] if past is None else [past.expand(B, -1)]) + [new_pos, q_pos], dim=1)
+                    masks[key] = self._combine(attention_mask, self._layer_mask(q_pos, key_pos, causal, window),
+                                               key_pos.shape[-1])
+                x = layer(x, x_ctx, rope, masks[key], cache)
         if cache is not None:
-            cache.positions = ctx_pos
+            seen = new_pos if cache.positions is None else torch.cat([cache.positions.expand(B, -1), new_pos], dim=1)
+            cache.positions = seen
+            cache.evict()
         return self.norm(x)
+
+    @staticmethod
+    def _combine(attention_mask: Tensor | None, layer_mask: Tensor | None, keys: int) -> Tensor | None:
+        """The caller's mask (bool or additive, over the whole context + block) cut to this layer's last `keys`
+        key columns (a sliding layer's cache holds only the newest rows), combined with the layer's own."""
+        if attention_mask is not None:
+            attention_mask = attention_mask[..., attention_mask.shape[-1] - keys:]
+        if layer_mask is None:
+            return attention_mask
+        if attention_mask is None:
+            return layer_mask
+        if attention_mask.dtype == torch.bool:
+            return attention_mask & layer_mask
+        return attention_mask.masked_fill(~layer_mask, float("-inf"))
 
 
 def validate_pairing(drafter: DFlashConfig, target_config: Any) -> None:

@@ -7,9 +7,12 @@ A target engine owns the target's committed state (its cache) and does four thin
     commit(tree_pass, path)  -> context features [P, F] of the accepted path (or None); the state moves past it
     snapshot(pending)        -> per-layer LayerCache records of what the cache holds now
 
-plus `sync()` (wait for the devices it runs on) and `state_error(tree, path)` (naive mode's per-layer distance
-from the exact state; None elsewhere). DecodeSession drives rounds through it with no engine branches;
-`EngineGreedy` decodes greedily through it (one-node trees).
+plus `sync()` (wait for the devices it runs on), `state_error(tree, path)` (naive mode's per-layer distance
+from the exact state; None elsewhere), `discard(tree_pass)` (forget an exact pass, commit nothing: the state is
+as before it) and `load_state(other)` (take a copy of another engine's committed state: same target, same kind).
+DecodeSession drives rounds through it with no engine branches; `EngineGreedy` decodes greedily through it
+(one-node trees), and the session's reference runs on a second engine of the session's kind that starts from a
+copy of the session's state after the prefill (no second prefill).
 
 - TransformersEngine: the target's own forward over a DynamicCache. verify="exact" swaps the tree-exact GDN in
   for the pass; verify="naive" is the known-wrong flattened tree through transformers' own layers (the bug of
@@ -22,6 +25,7 @@ F = concatenated hidden size of the drafter's feature layers, T = tree positions
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +33,8 @@ import torch
 
 from ..errors import InputError
 from ..trace import LayerCache
-from .cache import layer_types, new_cache, snapshot, state_distance
+from .backends import sdpa_backends
+from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .tree import DraftTree
 from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
@@ -61,6 +66,10 @@ class TargetEngine(Protocol):
 
     def state_error(self, tree: DraftTree, accepted: list[int]) -> tuple[float | None, ...] | None: ...
 
+    def discard(self, tree_pass: TreePass) -> None: ...
+
+    def load_state(self, other: "TargetEngine") -> None: ...
+
     def sync(self) -> None: ...
 
 
@@ -85,8 +94,9 @@ class TransformersEngine:
         self.cache = new_cache(self.target)
         self._shadow, self._prompt_ids = None, list(prompt_ids)
         ids = torch.tensor([self._prompt_ids], device=input_device(self.target))
-        out = self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1,
-                          output_hidden_states=self.feature_layer_ids is not None)
+        with sdpa_backends(ids.device):
+            out = self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1,
+                              output_hidden_states=self.feature_layer_ids is not None)
         self.committed = len(self._prompt_ids)
         return out.logits[0, -1].float(), self._features(out.hidden_states, None)
 
@@ -101,6 +111,18 @@ class TransformersEngine:
         commit(self.cache, tree_pass.tree, accepted, tree_pass.handle)
         self.committed += len(accepted)
         return self._features(tree_pass.handle.hidden_states, accepted)
+
+    @torch.no_grad()
+    def discard(self, tree_pass):
+        """Drop an exact pass's tree rows from the attention layers (its GDN layers never touched the cache)."""
+        if self.verify != EXACT:
+            raise ValueError("only an exact pass can be discarded: a naive pass has already moved the GDN state")
+        compact_kv(self.cache, len(tree_pass.tree), [])
+
+    def load_state(self, other):
+        """This engine's committed state becomes a copy of `other`'s (a TransformersEngine on the same target)."""
+        self.cache = copy.deepcopy(other.cache)
+        self.committed, self._prompt_ids, self._shadow = other.committed, list(other._prompt_ids), None
 
     def snapshot(self, pending: int = 0):
         """The cache holds a pass's tree rows itself until the commit, so `pending` needs no adding here."""
@@ -190,6 +212,31 @@ class RunnerEngine:
 
     def state_error(self, tree, accepted):
         return None
+
+    def discard(self, tree_pass):
+        """Nothing to undo: a pass writes attention rows past `committed` only (scratch until a commit) and leaves
+        the GDN state alone."""
+
+    @torch.no_grad()
+    def load_state(self, other):
+        """This engine's committed state becomes a copy of `other`'s (a RunnerEngine on the same target): a few
+        device copies, where a prefill of its own would run transformers' forward over the whole prompt again."""
+        from .runner import StaticRunner
+
+        src = other.runner
+        n = src.committed
+        need = self.room(n)
+        if self.runner is None or self.runner.max_len < need:
+            self.runner = StaticRunner(self.target, max_len=need, sizes=(1, self.tree_size),
+                                       feature_layer_ids=self.feature_layer_ids, max_path=self.block_size,
+                                       graphs=self.graphs)
+        dst = self.runner
+        dst.keys_all[:, :, :n].copy_(src.keys_all[:, :, :n])
+        dst.values_all[:, :, :n].copy_(src.values_all[:, :, :n])
+        dst.conv_all.copy_(src.conv_all)
+        dst.rec_all.copy_(src.rec_all)
+        dst.committed = n
+        dst.committed_t.fill_(n)
 
 
 def engine_for(preferred: str, verify: str) -> str:

@@ -6,6 +6,7 @@ Never `trust_remote_code`. The embedded default loads from assets/ with no netwo
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import urllib.parse
@@ -65,6 +66,61 @@ def _check_local(name: str, what: str) -> Path | None:
     return None  # a hub id
 
 
+# Checkpoint tensors a text-only load leaves on disk, by name prefix: the vision tower of a Qwen3.5/3.6
+# `*ForConditionalGeneration` checkpoint (Qwen3.6-27B is one) and its multi-token-prediction head.
+SKIPPED_PARTS = {"model.visual.": "vision tower", "mtp.": "MTP head"}
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a local checkpoint holds, read from config.json and the safetensors headers (no tensor is read)."""
+
+    architectures: tuple[str, ...]
+    parameters: int  # every tensor in the checkpoint's safetensors files
+    parts: dict[str, int]  # SKIPPED_PARTS name -> parameters under that prefix
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from one safetensors file's header (8-byte length, then JSON)."""
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n <= 100 << 20:
+            raise ValueError(f"{path.name} has no safetensors header")
+        header = json.loads(f.read(n))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def checkpoint_info(path: Path) -> CheckpointInfo | None:
+    """The checkpoint's architecture and parameter counts (None when it has no readable safetensors files)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        counts: dict[str, int] = {}
+        for f in sorted(path.glob("*.safetensors")):
+            for name, shape in _safetensors_shapes(f).items():
+                counts[name] = math.prod(shape)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not counts:
+        return None
+    parts = {label: sum(n for k, n in counts.items() if k.startswith(prefix)) for prefix, label in SKIPPED_PARTS.items()}
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    return CheckpointInfo(tuple(a for a in archs or () if isinstance(a, str)), sum(counts.values()),
+                          {k: v for k, v in parts.items() if v})
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Parameters the loaded model holds (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def _billions(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _amount(n: int) -> str:
+    return f"{n:,}" + (f" ({_billions(n)})" if n >= 1e6 else "")
+
+
 @dataclass
 class ModelPair:
     """The target (+ tokenizer) and its drafter, loaded once and shared by every session."""
@@ -76,6 +132,23 @@ class ModelPair:
     draft_name: str
     dtype: torch.dtype
     device: str
+    checkpoint: CheckpointInfo | None = None  # the target's checkpoint on disk, when it is a local directory
+
+    @property
+    def target_parameters(self) -> int:
+        """Parameters actually loaded for the target (a text-only load leaves a vision tower on disk)."""
+        return count_parameters(self.target)
+
+    def parameters_line(self) -> str:
+        """How much of the target's checkpoint is in memory, e.g. 'target parameters loaded: 175,248 of the
+        checkpoint's 294,000; not loaded: vision tower 118,752' (large counts also in millions / billions)."""
+        loaded = self.target_parameters
+        line = f"target parameters loaded: {_amount(loaded)}"
+        ck = self.checkpoint
+        if ck is not None and ck.parameters != loaded:
+            skipped = ", ".join(f"{name} {_amount(n)}" for name, n in ck.parts.items())
+            line += f" of the checkpoint's {_amount(ck.parameters)}" + (f"; not loaded: {skipped}" if skipped else "")
+        return line
 
     @property
     def layer_types(self) -> list[str]:
@@ -85,7 +158,9 @@ class ModelPair:
     def eos_token_ids(self) -> set[int]:
         ids = set()
         eos = getattr(self.target.config, "eos_token_id", None)
-        for value in (eos, getattr(self.tokenizer, "eos_token_id", None)):
+        # a chat model's generation_config names the end of its turn too (Qwen's <|im_end|> beside <|endoftext|>)
+        generation = getattr(getattr(self.target, "generation_config", None), "eos_token_id", None)
+        for value in (eos, generation, getattr(self.tokenizer, "eos_token_id", None)):
             if isinstance(value, int):
                 ids.add(value)
             elif isinstance(value, (list, tuple)):
@@ -98,7 +173,8 @@ class ModelPair:
         return int(getattr(cfg, "max_position_embeddings", 1 << 20))
 
     def describe(self) -> str:
-        return f"target {self.target_name} | drafter {self.draft_name} | {str(self.dtype).removeprefix('torch.')} on {self.device}"
+        return (f"target {self.target_name} ({_billions(self.target_parameters)} parameters) | drafter {self.draft_name} | "
+                f"{str(self.dtype).removeprefix('torch.')} on {self.device}")
 
 
 # sizes a model config must give as whole numbers >= 1 when it gives them (at the top level or in text_config)
@@ -151,6 +227,11 @@ def _offline_hint(name: str, what: str) -> str:
 
 
 def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False):
+    """The target as a causal LM + its tokenizer. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
+    vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
+    published) loads as its text model only: transformers' AutoModelForCausalLM maps model_type qwen3_5 to
+    Qwen3_5ForCausalLM, renames model.language_model.* to model.* and never reads model.visual.* or mtp.* (their
+    tensors stay on disk). tests/test_checkpoints.py holds it to that."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = _check_local(name, "target")
@@ -220,7 +301,9 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
     drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device)
     validate_pairing(drafter.config, model.config)
-    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device)
+    local = Path(target).expanduser()
+    info = checkpoint_info(local) if local.is_dir() else None
+    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info)
 
 
 def _display(name: str) -> str:

@@ -19,18 +19,29 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .. import analysis
+from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
-from ..trace import StepRecord, Trace, TreeNode
+from ..trace import VERDICT_MISMATCH, VERDICT_NOISE, StepRecord, Trace, TreeNode
+from .backends import sdpa_backends
+from .cache import compact_kv
 from .engines import ENGINES, TargetEngine, make_engine
 from .models import ModelPair
+from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, margin
-from .tree import DraftTree, follow_tree, one_node
-from .verify import EXACT, NAIVE, device_sync, input_device
+from .timing import PhaseClock, single_cuda_device
+from .tree import DraftTree, build_chain, follow_tree, one_node
+from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 METHODS = ("ddtree", "dflash")
+REFERENCES = ("engine", "transformers")  # where the reference decodes (DecodeSession's `reference`)
+TRANSFORMERS_REFERENCE = "transformers"
 VERIFY_MODES = (EXACT, NAIVE)
 MAX_BUDGET = 4096
 MAX_NEW_TOKENS = 8192
+TARGET_TOP_K = 5  # the target's top-k recorded at each tree position
+DRAFT_TOP_K = 16  # cap on the drafter's candidates recorded per depth (the grid)
+MAX_TOP_K = 256
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -88,6 +99,10 @@ class GreedyResult:
     # the decision margin at each generated token: top-1 minus top-2 logit (greedy), or top-1 minus top-2 of
     # the sampler's scores (sampling; inf where the filters leave one token)
     margins: tuple[float, ...]
+    # the reference's own numerical noise (docs/EXACTNESS.md, "Noise or bug"): max |margin of a multi-position
+    # pass - margin of the one-token pass| over the positions compared so far (None: none compared yet)
+    noise: float | None = None
+    noise_positions: int = 0
 
 
 class GreedyReference:
@@ -95,15 +110,28 @@ class GreedyReference:
     or with a sampler at T > 0 the same position-keyed sampling a session uses (same seed, same noise).
 
     This one runs transformers' own forward, one token at a time, no tree code involved: the independent check.
-    EngineGreedy below runs the same loop through a target engine (one-node trees)."""
+    EngineGreedy below runs the same loop through a target engine (one-node trees).
+
+    Numerical noise (`control`, on with the margins): before stepping through the next tokens one at a time,
+    the reference runs one multi-position pass (a chain of up to `chain` positions, the exact tree pass's
+    arithmetic) over the tokens a session proposes there (`extend_to(n, candidates)`), keeps its top-2 margins
+    and forgets the pass (the state is untouched). Where the one-token steps then choose the same token after
+    the same prefix, |chain margin - one-token margin| is one sample of what this run's numerics alone move a
+    margin by. Nothing a session does (its tree, walk, commit or state) enters those samples."""
+
+    name = "transformers"  # what the reference runs on (trace settings["reference"])
 
     def __init__(self, target, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True,
-                 sampler: Sampler = GREEDY):
+                 sampler: Sampler = GREEDY, control: bool | None = None, chain: int = 16):
         self.target, self.prompt_ids, self.eos_ids = target, list(prompt_ids), set(eos_ids)
         self.with_margins = with_margins  # False: no decision margins (a benchmark's plain decoding)
         self.sampler = sampler
+        self.control = with_margins if control is None else control
+        self.chain = max(2, int(chain))
         self.ids: list[int] = []
         self.margins: list[float] = []
+        self.noise_deltas: list[float] = []  # |chain margin - one-token margin| per compared position
+        self._pending: dict[int, tuple[tuple[int, ...], int, float, int]] = {}
         self.finished = False  # end of text reached
         self.seconds = 0.0  # time spent decoding so far (prefill included)
         self._sync = device_sync(target)
@@ -122,40 +150,112 @@ class GreedyReference:
 
     def _forward(self, inputs: list[int]) -> torch.Tensor:
         ids = torch.tensor([inputs], device=input_device(self.target))
-        return self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        with sdpa_backends(ids.device):
+            return self.target(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    def _chain(self, tokens: list[int]) -> torch.Tensor:
+        """Logits [len(tokens), vocab] of one exact pass over `tokens` as a chain after the tokens fed so far;
+        the cache is left as it was (the tree-exact GDN only reads it; the chain's KV rows are dropped)."""
+        committed = len(self.prompt_ids) + len(self.ids) - 1
+        chain = build_chain(tokens[0], tokens[1:], [0.0] * (len(tokens) - 1))
+        result = verify_tree(self.target, self.cache, chain, committed, EXACT, want_hidden=False)
+        compact_kv(self.cache, len(chain), [])
+        return result.logits
 
     @torch.no_grad()
-    def extend_to(self, n: int) -> GreedyResult:
+    def extend_to(self, n: int, candidates=()) -> GreedyResult:
+        """The first n tokens. `candidates`: the tokens a session generated (its own guesses of these tokens),
+        used only to measure the numerical noise (class docstring); they never decide a token."""
+        if len(self.ids) >= n or self.finished:  # nothing to decode: no time spent
+            return self.result(n)
         start = time.perf_counter()
         while len(self.ids) < n and not self.finished:
-            logits = (self._first() if not self.ids else self._next(self.ids[-1])).float()
+            if not self.ids:
+                logits = self._first()
+            else:
+                if self.control:
+                    self._control(n, candidates)
+                logits = self._next(self.ids[-1])
+            logits = logits.float()
             scores = self.sampler.scores(logits[None], [len(self.prompt_ids) + len(self.ids)])[0]
             token = int(scores.argmax())
             self.ids.append(token)
             if self.with_margins:
                 self.margins.append(margin(scores))
+                self._compare(len(self.ids) - 1, token, self.margins[-1])
             self.finished = token in self.eos_ids
         self._sync()
         self.seconds += time.perf_counter() - start
-        return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]))
+        return self.result(n)
+
+    def result(self, n: int | None = None) -> GreedyResult:
+        """The first n tokens decoded so far (all of them: None), with the noise measured so far."""
+        n = len(self.ids) if n is None else n
+        noise = max(self.noise_deltas) if self.noise_deltas else None
+        return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]), noise, len(self.noise_deltas))
+
+    def _control(self, n: int, candidates) -> None:
+        """One chain pass over [the last token, candidates...] predicting the next tokens up to n (not already
+        predicted by an earlier chain); its choices and margins wait in _pending for the one-token steps."""
+        j = len(self.ids) - 1  # ids[j] is the last token, not fed yet
+        if j + 1 in self._pending:
+            return
+        k = min(self.chain, n - 1 - j, len(candidates) - j)
+        if k < 2:  # a one-position chain is the one-token pass itself: nothing to learn
+            return
+        tokens = [self.ids[j]] + [int(t) for t in candidates[j + 1:j + k]]
+        logits = self._chain(tokens).float()
+        positions = [len(self.prompt_ids) + j + 1 + t for t in range(k)]
+        scores = self.sampler.scores(logits, positions)
+        for t in range(k):
+            self._pending[j + 1 + t] = (tuple(tokens[1:t + 1]), int(scores[t].argmax()), margin(scores[t]), j)
+
+    def _compare(self, i: int, token: int, one_token_margin: float) -> None:
+        """Token i was just chosen by a one-token pass: compare it with the chain that predicted it, if that
+        chain assumed the same prefix and chose the same token."""
+        pending = self._pending.pop(i, None)
+        if pending is None:
+            return
+        assumed, chain_token, chain_margin, j = pending
+        if chain_token == token and tuple(self.ids[j + 1:i]) == assumed:
+            delta = abs(chain_margin - one_token_margin)
+            if math.isfinite(delta):
+                self.noise_deltas.append(delta)
 
 
 class EngineGreedy(GreedyReference):
-    """Greedy decoding through a target engine: every step is a one-node tree (forward, then commit it)."""
+    """Greedy decoding through a target engine: every step is a one-node tree (forward, then commit it).
+
+    `start_from(logits)`: the engine already holds the prompt (a copy of a session's state after its prefill,
+    engine.load_state) and these are the prefill's last logits: no prefill of its own."""
 
     def __init__(self, engine: TargetEngine, prompt_ids: list[int], eos_ids: set[int], with_margins: bool = True,
-                 sampler: Sampler = GREEDY):
+                 sampler: Sampler = GREEDY, control: bool | None = None, chain: int = 16):
         self.engine = engine
-        super().__init__(engine.target, prompt_ids, eos_ids, with_margins, sampler)
+        super().__init__(engine.target, prompt_ids, eos_ids, with_margins, sampler, control, chain)
+        self.name = engine.name
         self._sync = engine.sync
+        self._start: torch.Tensor | None = None
+
+    def start_from(self, logits: torch.Tensor) -> None:
+        self._start = logits
 
     def _first(self) -> torch.Tensor:
+        if self._start is not None:
+            logits, self._start = self._start, None
+            return logits
         return self.engine.prefill(self.prompt_ids)[0]
 
     def _next(self, token: int) -> torch.Tensor:
         tree_pass = self.engine.forward(one_node(token))
         logits = tree_pass.logits[0]
         self.engine.commit(tree_pass, [0])
+        return logits
+
+    def _chain(self, tokens: list[int]) -> torch.Tensor:
+        tree_pass = self.engine.forward(build_chain(tokens[0], tokens[1:], [0.0] * (len(tokens) - 1)))
+        logits = tree_pass.logits.clone()  # the runner's output buffers are reused by the next pass
+        self.engine.discard(tree_pass)
         return logits
 
 
@@ -165,11 +265,28 @@ def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: s
     return GreedyReference(target, prompt_ids, eos_ids, sampler=sampler).extend_to(max_new_tokens)
 
 
-def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
-    for i, (a, b) in enumerate(zip(output, greedy)):
-        if a != b:
-            return i
-    return None if len(output) == len(greedy) else min(len(output), len(greedy))
+@dataclass(frozen=True)
+class DivergenceCheck:
+    """The output against the reference, and the verdict on where they part (docs/EXACTNESS.md)."""
+
+    index: int | None  # first generated token that differs from the reference (None: identical so far)
+    margin: float | None  # the reference's decision margin there
+    noise: float | None  # the reference's own numerical noise (GreedyResult.noise)
+    noise_positions: int
+    drift: float | None  # max |tree pass margin - reference margin| over agreeing accepted positions before it
+    drift_positions: int
+    verdict: str | None  # VERDICT_NOISE, VERDICT_MISMATCH, or None (no divergence, or nothing to judge it by)
+    reference: str  # what the reference ran on: "runner" or "transformers"
+    pending: bool  # the reference has not reached the end of the output yet (compared as far as it has)
+    result: GreedyResult
+
+
+def verdict(margin: float | None, noise: float | None) -> str | None:
+    """A divergence whose reference margin is at most the measured noise is a numerical tie; one beyond it is a
+    mismatch. None when either is unknown."""
+    if margin is None or noise is None:
+        return None
+    return VERDICT_NOISE if margin <= noise else VERDICT_MISMATCH
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,20 +299,33 @@ class DecodeSession:
 
     `record=False` keeps only what decoding needs (tree, accepted path, bonus) in each StepRecord: no node texts,
     margins or cache snapshots (what a benchmark of the method itself wants). `time_phases` (default: as
-    `record`) waits for the devices after each phase to time it; without it a round has no device waits but the
-    one its acceptance walk needs.
+    `record`) times each phase (timing.PhaseClock: CUDA events on one GPU, read once after the round; elsewhere
+    the wall clock after waiting for the devices); without it a round has no device waits but the one its
+    acceptance walk needs.
 
     `sampler` (sampling.py) says how the target chooses its tokens: greedy (the default) or position-keyed
-    sampling; the reference (`greedy()`) decodes with the same sampler, so the two still match token for token."""
+    sampling; the reference (`greedy()`) decodes with the same sampler, so the two still match token for token.
+
+    `reference` says where the reference decodes: "engine" (default) on the session's kind of engine (the
+    runner: one-node trees on a second static runner that starts from a copy of the session's state after the
+    prefill; the transformers engine: transformers' own one-token forward, which is that engine's greedy), or
+    "transformers" (transformers' own forward whatever the engine: the independent check, slow at real sizes).
+    `check_transformers()` runs that independent check beside an engine reference. `reference_engine`: an
+    engine made by the caller for an engine reference (a page reuses its engines from prompt to prompt)."""
 
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
         reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
-        time_phases: bool | None = None, sampler: Sampler = GREEDY,
+        time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
+        draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
     ):
         """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
-        made by the caller."""
+        made by the caller. When recording, each round keeps the target's top `target_top_k` tokens at every tree
+        position and the drafter's top min(budget, `draft_top_k`) candidates at every depth (DFlash chain:
+        `draft_top_k`); 0 records none. `reference`: "engine" checks the output against the target's own decoding on
+        a second engine of the session's kind (`reference_engine`, if given), "transformers" on transformers' own
+        forward (docs/EXACTNESS.md, "The reference")."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -214,6 +344,8 @@ class DecodeSession:
         if not isinstance(sampler, Sampler):
             raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
         self.sampler = sampler
+        self.target_top_k = _check_int("target top-k", target_top_k, 0, MAX_TOP_K)
+        self.draft_top_k = _check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
         tree_size = self.budget + 1 if method == "ddtree" else self.block_size
@@ -223,9 +355,17 @@ class DecodeSession:
                                  max_new_tokens=self.max_new_tokens)
         self.target_engine = engine
         self.engine = self.target_engine.name
+        if reference not in REFERENCES:
+            raise InputError(f"reference must be one of {', '.join(REFERENCES)}, not {reference!r}")
+        # what the reference runs on: a second engine of this kind, or transformers' own forward
+        self.reference = (self.engine if reference == "engine" and self.engine != TRANSFORMERS_REFERENCE
+                          else TRANSFORMERS_REFERENCE)
+        self._reference_engine = reference_engine
         self._token_texts_seen: dict[int, str] = {}
         self.eos_ids = pair.eos_token_ids
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
+        # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
+        self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.reset()
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -233,6 +373,7 @@ class DecodeSession:
     def reset(self) -> None:
         self.prompt: str = ""
         self.prompt_ids: list[int] = []
+        self.prompt_spec: PromptSpec | None = None  # how the prompt was given (chat template, thinking), if known
         self.generated: list[int] = []
         self.history: list[StepRecord] = []
         self.started = False
@@ -240,6 +381,7 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._greedy: GreedyReference | None = None
+        self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
         self.prefill_ms = 0.0
 
@@ -253,7 +395,7 @@ class DecodeSession:
         return dict(
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
             max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
-            **self.sampler.settings,
+            reference=self.reference, **self.sampler.settings,
         )
 
     def token_text(self, token_id: int) -> str:
@@ -270,9 +412,14 @@ class DecodeSession:
     # -- prefill -------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> int:
+    def prefill(self, prompt: str | None = None, prompt_ids: list[int] | None = None, *,
+                spec: PromptSpec | None = None) -> int:
         """Run the prompt through the target; its choice (argmax or sample) becomes the first generated token
-        (the first root)."""
+        (the first root). `spec` (prompts.py): the prompt as text or messages, through the chat template or not;
+        it is encoded here and recorded in the trace."""
+        if spec is not None:
+            encoded = encode(self.tokenizer, spec)
+            prompt, prompt_ids = encoded.text, list(encoded.ids)
         if prompt_ids is None:
             if not isinstance(prompt, str) or prompt == "":
                 raise InputError("the prompt is empty: type some text to continue")
@@ -297,6 +444,7 @@ class DecodeSession:
             )
         self.reset()
         self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)
+        self.prompt_spec = spec
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.proposer.reset()
         start = time.perf_counter()
@@ -308,6 +456,13 @@ class DecodeSession:
         self.committed_len = len(self.prompt_ids)
         first = int(self.sampler.choose(logits[None], [self.committed_len])[0])
         self.generated = [first]
+        if self.record and self.reference != TRANSFORMERS_REFERENCE:  # the reference starts from this state
+            start = time.perf_counter()
+            self._greedy = self._engine_reference()
+            self._greedy.engine.load_state(self.target_engine)
+            self._greedy.start_from(logits)
+            self._greedy.engine.sync()
+            self._greedy.seconds += time.perf_counter() - start
         self.done = first in self.eos_ids or self.max_new_tokens <= 1
         return first
 
@@ -319,18 +474,12 @@ class DecodeSession:
             raise InputError("nothing to step: prefill a prompt first")
         if self.done:
             raise InputError("this session has finished (end of text or max new tokens); reset to start again")
-        timings = {}
-        clock = time.perf_counter()
-        record, time_phases = self.record, self.time_phases
+        record = self.record
+        clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases else None
 
         def lap(name):
-            nonlocal clock
-            if not time_phases:
-                return
-            self._sync()
-            now = time.perf_counter()
-            timings[name] = (now - clock) * 1e3
-            clock = now
+            if clock is not None:
+                clock.lap(name)
 
         engine = self.target_engine
         root = self.generated[-1]
@@ -346,6 +495,7 @@ class DecodeSession:
         if record:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
+            target_top = self._target_top(logits)
         target_argmax = logits.argmax(-1).tolist()
         choice, probs = target_argmax, ()
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
@@ -364,9 +514,11 @@ class DecodeSession:
         before = engine.snapshot(pending=len(tree)) if record else ()
         self._features = engine.commit(tree_pass, accepted)
         lap("commit")
+        timings = clock.times() if clock is not None else {}
 
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         state_error = engine.state_error(tree, accepted)
+        own = len(tree) - 1 if self.method == "dflash" else self.budget
         step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
@@ -376,10 +528,37 @@ class DecodeSession:
             target_margin=margins if record else (), method=self.method, verify=self.verify,
             bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
             naive_state_error=state_error if state_error is not None else (),
+            budget_curve={str(b): v for b, v in analysis.budget_curve_of(accepted, own).items()} if record else {},
+            **(target_top if record else {}), **(self._draft_grid(logprobs) if record else {}),
         )
         self.committed_len += len(accepted)
         self.history.append(step)
         return step
+
+    def _target_top(self, logits: torch.Tensor) -> dict:
+        """The target's top-k ids and probabilities [T, k] (the distribution it chooses from: softmax of the
+        logits, or of the filtered tempered logits when sampling); filtered-out tokens are left out."""
+        k = min(self.target_top_k, logits.shape[-1])
+        if k == 0:
+            return {}
+        z = logits.float() if self.sampler.greedy else self.sampler.tempered(logits)
+        top = torch.topk(z, k, dim=-1)
+        probs = torch.exp(top.values - torch.logsumexp(z, dim=-1, keepdim=True)).cpu().tolist()
+        ids = top.indices.cpu().tolist()
+        keep = [[j for j, p in enumerate(row) if p > 0] for row in probs]
+        return dict(target_top_ids=tuple(tuple(ids[i][j] for j in kj) for i, kj in enumerate(keep)),
+                    target_top_probs=tuple(tuple(round(probs[i][j], 4) for j in kj) for i, kj in enumerate(keep)))
+
+    def _draft_grid(self, logprobs: torch.Tensor) -> dict:
+        """The drafter's top candidates per depth: what the tree was built from (k = min(budget, cap); the chain:
+        the cap). Log-probs rounded to 3 decimals (floored at -999: JSON has no infinity)."""
+        k = min(self.draft_top_k if self.method == "dflash" else min(self.budget, self.draft_top_k), logprobs.shape[-1])
+        if k == 0:
+            return {}
+        top = torch.topk(logprobs, k, dim=-1)
+        values = top.values.float().clamp(min=-999.0).cpu().tolist()
+        return dict(draft_top_ids=tuple(tuple(r) for r in top.indices.cpu().tolist()),
+                    draft_top_logprobs=tuple(tuple(round(v, 3) for v in r) for r in values))
 
     def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
         return tuple(
@@ -410,66 +589,141 @@ class DecodeSession:
 
     # -- comparison with the target's own decoding -----------------------------------------------------------
 
-    def greedy(self, upto: int | None = None) -> GreedyResult:
-        """The reference: the target's own tokens for this prompt, greedy or sampled with this session's
-        sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
+    def _engine_reference(self) -> EngineGreedy:
+        if self._reference_engine is None:
+            self._reference_engine = make_engine(self.engine, self.target, None, tree_size=self.block_size,
+                                                 block_size=self.block_size, max_new_tokens=self.max_new_tokens)
+        return EngineGreedy(self._reference_engine, self.prompt_ids, self.eos_ids, sampler=self.sampler,
+                            chain=self.block_size)
+
+    @property
+    def reference_engine(self) -> TargetEngine | None:
+        """The engine the reference decodes on (None: transformers' own forward)."""
+        return self._reference_engine if self.reference != TRANSFORMERS_REFERENCE else None
+
+    def _reference(self) -> GreedyReference:
         if not self.started:
             raise InputError("prefill a prompt first")
         if self._greedy is None:
-            self._greedy = GreedyReference(self.target, self.prompt_ids, self.eos_ids, sampler=self.sampler)
-        return self._greedy.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens))
+            self._greedy = (GreedyReference(self.target, self.prompt_ids, self.eos_ids, sampler=self.sampler,
+                                            chain=self.block_size)
+                            if self.reference == TRANSFORMERS_REFERENCE else self._engine_reference())
+        return self._greedy
+
+    def greedy(self, upto: int | None = None) -> GreedyResult:
+        """The reference: the target's own tokens for this prompt, greedy or sampled with this session's
+        sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
+        ref = self._reference()
+        return ref.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens), self.generated)
 
     @property
     def greedy_seconds(self) -> float:
-        """Time the greedy reference has spent so far (for tokens/s side by side with the rounds)."""
+        """Time the reference has spent so far (for tokens/s side by side with the rounds)."""
         return self._greedy.seconds if self._greedy is not None else 0.0
+
+    def check_transformers(self, upto: int | None = None) -> tuple[GreedyResult, float]:
+        """The independent check: transformers' own forward, one token at a time, over the first `upto` tokens
+        (default: those generated so far). Returns its tokens and the seconds it has spent in all."""
+        if not self.started:
+            raise InputError("prefill a prompt first")
+        if self.reference == TRANSFORMERS_REFERENCE:
+            ref = self._reference()
+        else:
+            if self._independent is None:
+                self._independent = GreedyReference(self.target, self.prompt_ids, self.eos_ids, sampler=self.sampler,
+                                                    chain=self.block_size)
+            ref = self._independent
+        n = len(self.generated) if upto is None else upto
+        return ref.extend_to(min(n, self.max_new_tokens), self.generated), ref.seconds
 
     def divergence(self) -> tuple[int | None, float | None]:
         """(index of the first generated token that differs from the reference, the reference's decision margin
         there: greedy's top-1 minus top-2 logit, or the sampled scores' top-2 gap; None where only one token
         survived the filters). While running, only the tokens generated so far are compared."""
-        greedy = self.greedy(None if self.done else len(self.generated))
-        idx = first_divergence(self.generated, greedy.ids)
-        if idx is None:
-            return None, None
-        gap = greedy.margins[idx] if idx < len(greedy.margins) else None
-        return idx, (gap if gap is not None and math.isfinite(gap) else None)
+        check = self.divergence_check()
+        return check.index, check.margin
+
+    def divergence_check(self, extend: bool = True) -> DivergenceCheck:
+        """The first divergence from the reference, its margin, and the verdict on it (noise or mismatch) with
+        its evidence. extend=False: compare with the reference only as far as it has decoded (pending = True
+        when that is short of the output)."""
+        ref = self._reference()
+        if extend:
+            result = self.greedy(None if self.done else len(self.generated))
+        else:
+            result = ref.result()
+        pending = (not extend and len(result.ids) < len(self.generated) and not ref.finished
+                   and len(result.ids) < self.max_new_tokens)
+        output = self.generated[:len(result.ids)] if pending else self.generated
+        idx = first_divergence(output, result.ids)
+        gap = result.margins[idx] if idx is not None and idx < len(result.margins) else None
+        gap = gap if gap is not None and math.isfinite(gap) else None
+        drift, drift_n = self._drift(result, len(output) if idx is None else idx)
+        return DivergenceCheck(idx, gap, result.noise, result.noise_positions, drift, drift_n,
+                               verdict(gap, result.noise) if idx is not None else None, self.reference, pending, result)
+
+    def _drift(self, ref: GreedyResult, upto: int) -> tuple[float | None, int]:
+        """max |tree pass margin - reference margin| over the output tokens before `upto` that the rounds chose
+        at an accepted position (greedy only: a sampled round records logit margins, the reference score gaps)."""
+        if not self.sampler.greedy or not self.record:
+            return None, 0
+        deltas = []
+        offset = len(self.prompt_ids)
+        for r in self.history:
+            if not r.target_margin:
+                continue
+            first = r.committed_len - offset + 1  # the output index the root's choice decides
+            for j, a in enumerate(r.accepted):
+                i = first + j
+                if i >= upto or i >= len(ref.ids) or i >= len(ref.margins):
+                    break
+                if r.choices[a] == ref.ids[i]:
+                    delta = abs(r.target_margin[a] - ref.margins[i])
+                    if math.isfinite(delta):
+                        deltas.append(delta)
+        return (max(deltas) if deltas else None), len(deltas)
 
     @property
     def mean_acceptance(self) -> float:
         return float(np.mean([r.acceptance for r in self.history])) if self.history else 0.0
 
-    def to_trace(self, with_greedy: bool = True) -> Trace:
-        greedy_ids, div, margin = None, None, None
+    def to_trace(self, with_greedy: bool = True, extend: bool = True) -> Trace:
+        """The session as a Trace. extend=False: the reference only as far as it has decoded (a page shows the
+        round at once and checks it next; reference_pending says the comparison is not complete yet)."""
+        greedy_ids, div, margin, check = None, None, None, None
         if with_greedy and self.started:
-            greedy_ids = self.greedy(None if self.done else len(self.generated)).ids
-            div, margin = self.divergence()
+            check = self.divergence_check(extend)
+            greedy_ids, div, margin = check.result.ids, check.index, check.margin
+        extra = {} if check is None else dict(
+            numerical_noise=check.noise, noise_positions=check.noise_positions, tree_drift=check.drift,
+            drift_positions=check.drift_positions, divergence_verdict=check.verdict, reference_pending=check.pending,
+            reference_ms=self.greedy_seconds * 1e3)
         return Trace(
             target=self.pair.target_name, draft=self.pair.draft_name, prompt=self.prompt, prompt_ids=tuple(self.prompt_ids),
             output_ids=tuple(self.generated), greedy_ids=greedy_ids, first_divergence=div, settings=self.settings,
             steps=tuple(self.history), divergence_margin=margin, output_text=self.output_text,
             token_texts=self._token_texts(greedy_ids), prefill_ms=self.prefill_ms, prefill_cache=self.prefill_cache,
+            **extra,
+            **self._prompt_fields(),
         )
+
+    def _prompt_fields(self) -> dict:
+        """The trace's record of how the prompt was given: the raw messages (system prompt first), the chat
+        template switch and the thinking flag (None: the template's default, or no chat template)."""
+        spec = self.prompt_spec
+        if spec is None or not spec.chat:
+            return {}
+        return dict(messages=tuple(spec.conversation()), chat_template=True, thinking=spec.thinking)
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
         ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
         for r in self.history:
             ids.update(r.target_argmax)
             ids.update(r.target_choice)
+            ids.update(t for row in r.target_top_ids for t in row)
+            ids.update(t for row in r.draft_top_ids for t in row)
             ids.update(n.token_id for n in r.nodes)
         return {str(i): self.token_text(i) for i in sorted(ids)}
-
-
-def check_prompt_text(prompt: str) -> None:
-    """A prompt must be valid Unicode: bytes that are not UTF-8 (they reach Python as lone surrogates, e.g. from a
-    command line) or an unpaired surrogate would make the tokenizer fail with a TypeError."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        code = ord(prompt[exc.start])
-        what = (f"the byte 0x{code - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= code <= 0xDCFF
-                else f"an unpaired surrogate (U+{code:04X})")
-        raise InputError(f"the prompt is not valid text: character {exc.start} is {what}") from None
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError
+from .backends import sdpa_backends
 from .cache import commit_gdn, compact_kv
 from .gdn_tree import GDNTreeStash, TreeIndex, tree_gdn_forward, tree_gdn_forward_reference
 from .tree import DraftTree, verify_inputs
@@ -163,10 +164,11 @@ def verify_tree(
         gdn = gdn_modules(target)
         kernel = next(iter(gdn.values())).conv_kernel_size if gdn else 1
         tree_pass = TreePass(tree, kernel, reference=reference_gdn)
-        with tree_exact_gdn(target, tree_pass):
+        with tree_exact_gdn(target, tree_pass), sdpa_backends(device):
             out = target(**kwargs)
     elif mode == NAIVE:
-        out = target(**kwargs)
+        with sdpa_backends(device):
+            out = target(**kwargs)
     else:
         raise ValueError(f"unknown verify mode {mode!r}")
     return VerifyResult(out.logits[0].float(), out.hidden_states if want_hidden else None, tree_pass)

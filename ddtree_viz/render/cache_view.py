@@ -6,8 +6,9 @@ import plotly.graph_objects as go
 
 from ..trace import LayerCache, StepRecord
 from . import style
+from .fastfig import figure
 from .style import layer_type_name
-from .text import plotly_text
+from .text import plotly_text as esc
 
 
 def tensors_text(layer: LayerCache) -> str:
@@ -73,42 +74,43 @@ def cache_figure(step: StepRecord, *, title: str | None = None) -> go.Figure:
     """Bytes per layer after the commit (bars coloured by layer type) over ghost bars for the bytes right
     after the verify pass (before compaction); in naive mode, the GDN state error on a second axis."""
     rows = cache_table(step)
-    fig = go.Figure()
+    data = []
     if step.cache_before_commit:
-        fig.add_bar(x=[r["layer"] for r in rows], y=[r["bytes before commit"] for r in rows],
-                    name="after verify (before commit)",
-                    marker=dict(color="rgba(0,0,0,0)", line=dict(color="#777777", width=1)), hoverinfo="skip")
+        data.append(dict(type="bar", x=[r["layer"] for r in rows], y=[r["bytes before commit"] for r in rows],
+                         name="after verify (before commit)",
+                         marker=dict(color="rgba(0,0,0,0)", line=dict(color="#777777", width=1)), hoverinfo="skip"))
     for kind in dict.fromkeys(r["type"] for r in rows):
         sel = [r for r in rows if r["type"] == kind]
-        fig.add_bar(
-            x=[r["layer"] for r in sel], y=[r["bytes after commit"] for r in sel], name=f"{kind} (after commit)",
-            marker_color=style.GDN_COLOR if kind == "GDN" else style.ATTENTION_COLOR,
+        data.append(dict(
+            type="bar", x=[r["layer"] for r in sel], y=[r["bytes after commit"] for r in sel],
+            name=f"{kind} (after commit)", marker=dict(color=style.GDN_COLOR if kind == "GDN" else style.ATTENTION_COLOR),
             hovertext=[_hover(r) for r in sel], hoverinfo="text",
-        )
+        ))
     errors = [(r["layer"], r["naive state error"]) for r in rows if r["naive state error"] is not None]
+    extra = {}
     if errors:
-        fig.add_scatter(x=[e[0] for e in errors], y=[e[1] for e in errors], yaxis="y2", mode="markers",
-                        marker=dict(symbol="x", size=11, color=style.DIVERGE_COLOR),
-                        name="naive: max |state − exact state|")
-        fig.update_layout(yaxis2=dict(title="state error", overlaying="y", side="right", type="log", showgrid=False))
-    fig.update_layout(
-        title=dict(text=plotly_text(title) if title is not None else f"Cache per layer, round {step.index + 1}",
+        data.append(dict(type="scatter", x=[e[0] for e in errors], y=[e[1] for e in errors], yaxis="y2", mode="markers",
+                         marker=dict(symbol="x", size=11, color=style.DIVERGE_COLOR),
+                         name="naive: max |state − exact state|"))
+        extra["yaxis2"] = dict(title="state error", overlaying="y", side="right", type="log", showgrid=False)
+    fig = figure(data, dict(
+        title=dict(text=esc(title) if title is not None else f"Cache per layer, round {step.index + 1}",
                    font=dict(size=14)),
         barmode="overlay", xaxis=dict(title="layer", dtick=1), yaxis=dict(title="bytes"), height=360,
         margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
-        plot_bgcolor="white",
-    )
+        plot_bgcolor="white", **extra,
+    ))
     return fig
 
 
 def _hover(row: dict) -> str:
-    parts = [f"layer {row['layer']} · {plotly_text(row['type'])} · {plotly_text(row['cache class'])}", plotly_text(row["tensors"]),
+    parts = [f"layer {row['layer']} · {esc(row['type'])} · {esc(row['cache class'])}", esc(row["tensors"]),
              f"bytes: {human_bytes(row['bytes after commit'])}"]
     if row["bytes before commit"] is not None:
         parts[-1] += f" (after verify {human_bytes(row['bytes before commit'])})"
     if row["KV length"]:
         parts.append(f"KV length {row['KV length']}")
-    parts.append(plotly_text(row["what changed"]))
+    parts.append(esc(row["what changed"]))
     if row["naive state error"] is not None:
         parts.append(f"naive state error {row['naive state error']:.3g}")
     return "<br>".join(parts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..trace import StepRecord, Trace, is_sampled, sampling_label
+from ..trace import REFERENCE_NAMES, StepRecord, Trace, is_sampled, reference_of, sampling_label, verdict_text
 from . import style
 from .text import TokenText, esc, lookup, token_texts_from_steps, visible
 
@@ -70,10 +70,13 @@ class GreedyComparison:
     margin: float | None  # the reference's decision margin at the first divergence, when known (greedy: top-1 - top-2 logit)
     naive: bool
     summary: str
+    checked: int | None = None  # tokens the reference has reached (live page, check pending); None: all
+    verdict: str | None = None  # the verdict on the first divergence in words (trace.verdict_text)
 
 
 def compare_with_greedy(trace: Trace, upto_step: int | None = None) -> GreedyComparison:
-    """Compare the output (up to and including round `upto_step`, or all of it) with greedy."""
+    """Compare the output (up to and including round `upto_step`, or all of it) with greedy. While the reference
+    is still being decoded (trace.reference_pending), only the tokens it has reached are compared."""
     sources = _shown_sources(trace, upto_step)
     shown = len(sources)
     naive = trace.settings.get("verify") == "naive" or any(s.verify == "naive" for s in trace.steps)
@@ -81,12 +84,19 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None) -> GreedyCom
     if greedy is None:
         missing = "greedy reference" if ref == "greedy" else ref
         return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no {missing})")
-    first = next((i for i in range(shown) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
+    checked = min(shown, len(greedy)) if trace.reference_pending else None
+    compared = shown if checked is None else checked
+    first = next((i for i in range(compared) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
     if first is None:
-        return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {shown} tokens")
+        if checked is not None and checked < shown:
+            return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for the {checked} tokens checked "
+                                    f"so far; checking the other {shown - checked}…", checked)
+        return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {shown} tokens", checked)
     margin = trace.divergence_margin if trace.first_divergence == first else None
+    verdict = verdict_text(trace) if trace.first_divergence == first else None
     m = f"{ref} margin {margin:.3f}" if margin is not None else f"{ref} margin unknown"
-    return GreedyComparison(shown, True, first, margin, naive, f"diverges at token {first} ({m})")
+    return GreedyComparison(shown, True, first, margin, naive,
+                            f"diverges at token {first} ({m})" + (f": {verdict}" if verdict else ""), checked, verdict)
 
 
 def _shown_sources(trace: Trace, upto_step: int | None) -> list[TokenSource]:
@@ -97,16 +107,18 @@ def _shown_sources(trace: Trace, upto_step: int | None) -> list[TokenSource]:
 
 
 def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, margin: float | None,
-          ref: str = "greedy") -> str:
+          ref: str = "greedy", unchecked: bool = False, verdict: str | None = None) -> str:
     bg = {"prefill": "#e8e8e8", "draft": "#d9f0e3", "bonus": "#fdf3c4"}.get(src.kind, "#ffffff")
     choice = "argmax" if ref == "greedy" else "sample"
     what = {"prefill": f"prefill token (the prefill pass's {choice})", "draft": f"accepted draft, depth {src.depth}",
             "bonus": f"bonus token (target's {choice}), depth {src.depth}"}.get(src.kind, "unknown origin")
     where = f", round {src.step + 1}" if src.step is not None else ""
     title = f"#{src.index} id {src.token_id}: {what}{where}"
-    border = "1px solid #bbb"
+    border = "1px dotted #999" if unchecked else "1px solid #bbb"
     color = "inherit"
     extra = ""
+    if unchecked:
+        title += f"; not checked against the {ref} reference yet"
     if greedy_text is not None:
         title += f"; {ref} has {greedy_text}"
         border, color = f"2px solid {style.DIVERGE_COLOR}", style.DIVERGE_COLOR
@@ -116,6 +128,8 @@ def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, mar
             m = f"{margin:.3f}" if margin is not None else "unknown"
             extra += (f'<span style="color:#fff;background:{style.DIVERGE_COLOR};font-size:80%;padding:0 3px" '
                       f'class="ddv-first">first divergence, {esc(ref)} margin {esc(m)}</span>')
+            if verdict:
+                extra += f'<span style="font-size:80%;padding:0 3px" class="ddv-verdict">{esc(verdict)}</span>'
     sub = {"draft": f"d{src.depth}", "bonus": "★", "prefill": "P"}.get(src.kind, "?")
     return (f'<span class="ddv-tok ddv-{src.kind}" title="{esc(title)}" style="background:{bg};border:{border};'
             f'color:{color};border-radius:3px;padding:0 2px;margin:1px;font-family:monospace;white-space:pre">'
@@ -138,12 +152,14 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
     last_step: int | None = -1
     for src in _shown_sources(trace, upto_step):
         g_text = None
-        if cmp.has_greedy and (src.index >= len(greedy) or greedy[src.index] != src.token_id):
+        unchecked = cmp.checked is not None and src.index >= cmp.checked
+        if cmp.has_greedy and not unchecked and (src.index >= len(greedy) or greedy[src.index] != src.token_id):
             g_text = visible(text(greedy[src.index])) if src.index < len(greedy) else f"({ref} ended)"
         if src.step != last_step and src.step is not None:
             spans.append(f'<span class="ddv-round" title="round {src.step}" style="color:#bbb">│</span>')
         last_step = src.step
-        spans.append(_span(src, visible(text(src.token_id)), g_text, src.index == cmp.first_divergence, cmp.margin, ref))
+        spans.append(_span(src, visible(text(src.token_id)), g_text, src.index == cmp.first_divergence, cmp.margin, ref,
+                           unchecked, cmp.verdict))
     note = NAIVE_NOTE if cmp.naive else (EXACT_NOTE if ref == "greedy" else SAMPLED_NOTE.format(label=sampling_label(trace.settings)))
     note_style = f"color:{style.DIVERGE_COLOR};font-weight:bold" if cmp.naive else "color:#555"
     ok = cmp.has_greedy and cmp.first_divergence is None
@@ -153,7 +169,21 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
         f'<div class="ddv-mode" style="{note_style}">{"⚠ " if cmp.naive else ""}{esc(note)}</div>'
         f'<div class="ddv-summary" style="font-weight:bold;{summary_style}">{esc(cmp.summary)}</div>'
         f'<div class="ddv-tokens" style="line-height:2">{"".join(spans)}</div>'
+        f'{_evidence(trace) if cmp.has_greedy else ""}'
         '<div class="ddv-legend" style="color:#777;font-size:85%">P = prefill token · d<i>n</i> = accepted draft at '
-        f'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from {esc(ref)} · │ = round boundary</div>'
+        f'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from {esc(ref)} · │ = round boundary'
+        f'{" · dotted = not checked yet" if cmp.checked is not None else ""}</div>'
         "</div>"
     )
+
+
+def _evidence(trace: Trace) -> str:
+    """Where the reference ran, and the numerical evidence a verdict rests on (docs/EXACTNESS.md)."""
+    where = reference_of(trace.settings)
+    parts = [f"reference: {REFERENCE_NAMES.get(where, where)}"]
+    if trace.numerical_noise is not None:
+        parts.append(f"its numerical noise {trace.numerical_noise:.3g} (max |multi-position - one-token margin| over "
+                     f"{trace.noise_positions} positions)")
+    if trace.tree_drift is not None:
+        parts.append(f"tree passes' drift from it {trace.tree_drift:.3g} over {trace.drift_positions} positions")
+    return f'<div class="ddv-evidence" style="color:#555;font-size:85%">{esc("; ".join(parts))}</div>'

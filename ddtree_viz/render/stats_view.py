@@ -6,33 +6,39 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from ..trace import StepRecord, Trace, sampling_label
-from . import style
+from .. import analysis
+from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
+from .budget_view import budget_line, rates_line
+from .fastfig import figure
+from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, plotly_text
 
-PHASES = ("draft", "tree", "verify", "commit")
+TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
+ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
 
 
-def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None) -> go.Figure:
+def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
+                      legend: bool = True) -> go.Figure:
     """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=style.ATTENTION_COLOR, hovertext=hover, hoverinfo="text",
-                           name="tokens per round"))
+    data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
+                 name="tokens per round")]
     if steps:
         mean = sum(y) / len(y)
-        fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
-                        line=dict(color=style.PATH_COLOR, dash="dash", width=2), hoverinfo="name")
-    fig.update_layout(
-        title=dict(text=plotly_text(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
-                   font=dict(size=14)),
+        data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
+                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name"))
+    fig = figure(data, dict(
+        title=dict(text=plotly_text(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
         yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
-    )
+    ))
+    if not legend:
+        fig.update_layout(showlegend=False)
     return fig
 
 
@@ -53,7 +59,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
     steps = trace.steps
     added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
     acc = [s.acceptance for s in steps]
-    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in PHASES}
+    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in TIMING_PHASES}
     round_ms = [sum(float(v) for v in s.timings_ms.values()) for s in steps]
     total_s = sum(round_ms) / 1e3
     out = {
@@ -76,6 +82,11 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
+        # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
+        **analysis.session_analysis(steps, trace.settings.get("block_size")),
+        "reference": reference_of(trace.settings) if trace.greedy_ids is not None else None,
+        "reference_ms": trace.reference_ms or None,
+        "verdict": verdict_text(trace),
     }
     return out
 
@@ -106,15 +117,27 @@ def stats_markdown(summary: dict) -> str:
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
         ("mean time per round", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
+        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
+    where = summary.get("reference")
+    if where is not None:
+        rows.append(("reference decoded on (its time is not in the rounds')",
+                     _num(REFERENCE_NAMES.get(where, where)) + (f", {_num(summary['reference_ms'], 0)} ms"
+                                                                if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        rows += [("greedy tokens/s", _num(summary.get("greedy_tok_s"), 1)),
+        rows += [("greedy tokens/s (the reference)", _num(summary.get("greedy_tok_s"), 1)),
                  ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+    if summary.get("acceptance_histogram"):
+        unit = "chain length" if summary.get("method") == "dflash" else "budget"
+        rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
+                 ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
+                 (f"tokens by {unit} (same rounds; exact per round)",
+                  budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
+    verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
     rows.append((f"identical to {ref}", "–" if same is None else
-                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))})")))
+                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"

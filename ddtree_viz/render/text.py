@@ -3,7 +3,8 @@
 Token text is untrusted (it comes from a tokenizer and from whatever the model generated): every
 renderer passes it through `visible` (so whitespace and control characters can be seen) and then escapes it
 for its medium: `esc` for real HTML, `plotly_text` for plotly's labels, hover text and titles (plotly draws a
-small HTML subset of its own), `xml_text` for text matplotlib writes into SVG; TikZ has render.tikz.latex_text.
+small HTML subset of its own); matplotlib (render.mpl) draws titles without control characters, so SVG stays XML;
+TikZ has render.tikz.latex_text.
 """
 
 from __future__ import annotations
@@ -52,21 +53,9 @@ def esc(s: object) -> str:
 def plotly_text(s: object) -> str:
     """Text for plotly (labels, hover text, titles, tick labels): plotly reads `<br>`, `<b>`, `<sub>`, ... as
     markup and decodes only `&amp;` `&lt;` `&gt;` (and numeric references) among entities, drawing any other
-    (`&quot;`) literally. So exactly `&`, `<` and `>` are escaped here; quotes stay as they are."""
+    (`&quot;`) literally. So exactly `&`, `<` and `>` are escaped here; quotes stay as they are. The one helper
+    for the plotly medium: every plotly figure's text goes through it."""
     return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def xml_text(s: object) -> str:
-    """Text that can go into an XML (SVG) document: characters XML 1.0 forbids (C0 controls other than tab,
-    newline and carriage return; lone surrogates; U+FFFE, U+FFFF) shown as visible escapes instead."""
-    out = []
-    for ch in str(s):
-        code = ord(ch)
-        if (code < 0x20 and ch not in "\t\n\r") or 0xD800 <= code <= 0xDFFF or code in (0xFFFE, 0xFFFF):
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def shorten(s: str, limit: int) -> str:

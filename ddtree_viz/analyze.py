@@ -1,0 +1,436 @@
+"""`analyze`: many prompts, one report. Decode every prompt of a prompt file, write one ordinary trace per prompt
+(DIR/traces/NNNN.json, replayable), then DIR/summary.json and DIR/report.html (+ its figures as SVG and PDF).
+
+The summary is computed ONLY from the traces written in DIR (`summarize(DIR)`), so a resumed run, an interrupted
+run and a run split over several processes (`accelerate launch --num_processes N -m ddtree_viz analyze ...`: each
+process decodes its share of the prompts, the main process merges) all give their figures one way. Every figure
+comes from ddtree_viz/analysis.py.
+
+Files in DIR:
+  prompts.json            the prompt set as read (index, source, prompt or messages) and the run's settings
+  traces/NNNN.json        prompt NNNN's trace (trace.py's contract)
+  traces/NNNN.error.json  prompt NNNN failed: {index, error, kind}
+  traces/NNNN.meta.json   prompt NNNN's wall time and the process that decoded it (not part of the figures)
+  summary.json            the figures (the contract in docs/ARCHITECTURE.md)
+  report.html             self-contained (no network), figures inline
+  figures/*.svg, *.pdf    the report's figures
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from . import analysis
+from .errors import DDTreeVizError, InputError
+from .trace import Trace
+
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+SUMMARY_VERSION = 1
+TOP_MISSES = 20
+EXAMPLES_PER_MISS = 5
+POSITION_BINS = 4  # acceptance by position in the generation: the generation cut in this many equal parts
+CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The prompt file
+# ----------------------------------------------------------------------------------------------------------
+
+
+def read_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """[{index, prompt | messages, source}] from a prompt file: JSONL (one object a line with 'prompt': str or
+    'messages': [...]; a file named *.jsonl, or whose first non-blank character is '{') or plain text (one prompt
+    per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
+    ddtree_viz/prompts/."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and len(p.parts) == 1:
+        for cand in (PROMPTS_DIR / p.name, *sorted(PROMPTS_DIR.glob(p.name + ".*"))):
+            if cand.is_file() and cand.suffix in (".txt", ".jsonl"):
+                p = cand
+                break
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"prompt file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read prompt file {path}: {exc}") from None
+    items: list[dict[str, Any]] = []
+    if p.suffix == ".jsonl" or text.lstrip().startswith("{"):
+        for no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path} line {no}: not JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path} line {no}: expected an object with 'prompt' or 'messages'")
+            source = obj.get("source") if isinstance(obj.get("source"), str) else f"{p.name}:{no}"
+            if isinstance(obj.get("prompt"), str) and obj["prompt"]:
+                items.append({"index": len(items), "prompt": obj["prompt"], "source": source})
+            elif isinstance(obj.get("messages"), list) and obj["messages"]:
+                items.append({"index": len(items), "messages": obj["messages"], "source": source})
+            else:
+                raise InputError(f"{path} line {no}: expected a non-empty 'prompt' (text) or 'messages' (list)")
+    else:
+        for block in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
+            block = block.strip("\n")
+            if block.strip():
+                items.append({"index": len(items), "prompt": block, "source": f"{p.name} block {len(items) + 1}"})
+    if not items:
+        raise InputError(f"prompt file {path} holds no prompts")
+    return items
+
+
+def trace_path(out: Path, index: int, kind: str = "") -> Path:
+    return out / "traces" / (f"{index:04d}{'.' + kind if kind else ''}.json")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """One line on stderr, redrawn: prompts done, tokens/s, ETA."""
+
+    def __init__(self, total: int, label: str = "", stream=sys.stderr):
+        self.total, self.label, self.stream = total, label, stream
+        self.done = self.tokens = 0
+        self.start = time.perf_counter()
+        self.tty = getattr(stream, "isatty", lambda: False)()
+
+    def update(self, tokens: int = 0) -> None:
+        self.done += 1
+        self.tokens += tokens
+        elapsed = time.perf_counter() - self.start
+        rate = self.tokens / elapsed if elapsed > 0 else 0.0
+        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        line = (f"{self.label}[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} prompts  "
+                f"{rate:.1f} tok/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        self.stream.write(("\r" + line) if self.tty else (line + "\n"))
+        if self.tty and self.done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
+    """An existing non-empty DIR is refused unless --resume (keep its traces) or --force (start afresh)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (resume or force):
+        raise InputError(f"{out} already exists: give --resume to skip the prompts whose traces exist, or --force "
+                         "to start again")
+    if main and force and not resume and out.exists():
+        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json"):
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+
+
+def prompt_spec(item: dict, args):
+    """One prompt of the set as the engine takes it: raw text, or (--chat) the text as the user's message or the
+    item's messages, through the tokenizer's chat template (engine/prompts.py)."""
+    from .engine.prompts import PromptSpec, check_spec, parse_thinking
+
+    messages = tuple((m.get("role"), m.get("content")) for m in item.get("messages", ()))
+    return check_spec(PromptSpec(text=item.get("prompt", ""), messages=messages, chat=bool(args.chat),
+                                 system=getattr(args, "system", None), thinking=parse_thinking(args.thinking)))
+
+
+def decode_one(pair, item: dict, args) -> Trace:
+    from .engine.sampling import Sampler
+    from .engine.session import DecodeSession
+
+    session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, method=args.method,
+                            block_size=args.block_size, engine=getattr(args, "engine", "transformers"),
+                            sampler=Sampler(args.temperature, args.top_k, args.top_p, args.seed))
+    session.prefill(spec=prompt_spec(item, args))
+    session.run()
+    return session.to_trace(with_greedy=True)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_prompts(pair, items: list[dict], out: Path, args, rank: int = 0, label: str = "") -> tuple[int, bool]:
+    """Decode `items` into out/traces/ (skipping those whose trace exists when args.resume). A prompt that fails
+    is recorded with its error and the run goes on. Returns (prompts decoded now, interrupted)."""
+    progress = Progress(len(items), label)
+    done, interrupted = 0, False
+    for item in items:
+        i = item["index"]
+        dest = trace_path(out, i)
+        if getattr(args, "resume", False) and dest.exists():
+            progress.update()
+            continue
+        trace_path(out, i, "error").unlink(missing_ok=True)
+        start = time.perf_counter()
+        try:
+            trace = decode_one(pair, item, args)
+            tmp = dest.with_name(dest.name + ".tmp")
+            trace.save(tmp)
+            os.replace(tmp, dest)
+            tokens = len(trace.output_ids)
+        except KeyboardInterrupt:
+            interrupted = True
+            break
+        except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the run goes on
+            if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
+                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            else:
+                message = f"{type(exc).__name__}: {exc}"
+            _write_json(trace_path(out, i, "error"), {"index": i, "error": message, "kind": type(exc).__name__})
+            tokens = 0
+        _write_json(trace_path(out, i, "meta"), {"index": i, "wall_s": round(time.perf_counter() - start, 3),
+                                                 "process": rank})
+        done += 1
+        progress.update(tokens)
+    return done, interrupted
+
+
+def cmd_analyze(args) -> int:
+    """The `analyze` command (cli.py parses). One process, or one of N under `accelerate launch`."""
+    from .cli import _check_settings, _quiet_transformers
+
+    items = read_prompts(args.prompts)
+    if not args.chat and any("messages" in it for it in items):
+        raise InputError(CHAT_NEEDED)
+    for item in items[:1]:  # the chat options themselves (--thinking without --chat, ...), before any model work
+        prompt_spec({"prompt": "x"} if "messages" in item else item, args)
+    if args.budgets and any(b < 1 for b in args.budgets):
+        raise InputError("--budgets must be whole numbers of at least 1")
+    _check_settings(args)
+    out = Path(args.out)
+    state = _distributed_state(args.device)
+    main = state is None or state.is_main_process
+    if main:
+        prepare_dir(out, args.resume, args.force, main=True)
+        _write_json(out / "prompts.json", {"file": str(args.prompts), "prompts": items, "settings": _settings(args)})
+    if state is not None:
+        state.wait_for_everyone()
+        if not main:
+            (out / "traces").mkdir(parents=True, exist_ok=True)
+    _quiet_transformers(args.verbose)
+    mine, label, rank = items, "", 0
+    if state is not None:
+        with state.split_between_processes(items) as share:
+            mine = list(share)
+        rank, label = state.process_index, f"[{state.process_index}/{state.num_processes}] "
+    pair = _load_pair(args, state)
+    if args.chat:
+        from .engine.prompts import has_chat_template
+
+        if not has_chat_template(pair.tokenizer):
+            raise InputError("--chat: the target's tokenizer has no chat template (the embedded pair has none)")
+    interrupted = False
+    try:
+        _, interrupted = run_prompts(pair, mine, out, args, rank, label)
+    except KeyboardInterrupt:
+        interrupted = True
+    if state is not None:
+        state.wait_for_everyone()
+    if not main:
+        return 130 if interrupted else 0
+    summary = write_outputs(out, budgets=args.budgets)
+    n, total = summary["prompts"], summary["prompts_total"]
+    print(f"{n} of {total} prompts decoded ({len(summary['failed'])} failed); mean acceptance "
+          f"{_fmt(summary['mean_acceptance'])} tokens per round over {summary['rounds']} rounds; identical to greedy "
+          f"{summary['identical_prompts']}/{n}")
+    print(f"summary: {out / 'summary.json'}\nreport: {out / 'report.html'}")
+    if interrupted:
+        print(f"interrupted: the report covers the {n} prompts done; --resume goes on", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _settings(args) -> dict:
+    return {"budget": args.budget, "budgets": list(args.budgets or []), "max_new_tokens": args.max_new_tokens,
+            "method": args.method, "block_size": args.block_size, "dtype": args.dtype, "device": args.device,
+            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+
+
+def _distributed_state(device: str = "cpu"):
+    """accelerate's PartialState when launched as several processes (accelerate launch / torchrun), else None.
+    On the CPU (--device cpu, or no GPU) the processes talk through gloo."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+
+
+def _load_pair(args, state):
+    from .engine.models import check_embedded, load_pair
+
+    if args.target is None:
+        check_embedded(draft_too=args.draft is None)
+    if state is not None and args.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(state.local_process_index)  # each process on its own GPU
+    return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The summary: from the written traces only
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_dir(out: str | Path) -> tuple[list[dict], dict[int, Trace], dict[int, dict], dict[int, dict]]:
+    """(prompt items, {index: trace}, {index: error record}, {index: meta}) as written in DIR."""
+    out = Path(out)
+    meta_file = out / "prompts.json"
+    items = json.loads(meta_file.read_text(encoding="utf-8"))["prompts"] if meta_file.exists() else []
+    traces, errors, metas = {}, {}, {}
+    for f in sorted((out / "traces").glob("*.json")):
+        m = re.fullmatch(r"(\d+)(?:\.(error|meta))?\.json", f.name)
+        if not m:
+            continue
+        i = int(m.group(1))
+        if m.group(2) == "error":
+            errors[i] = json.loads(f.read_text(encoding="utf-8"))
+        elif m.group(2) == "meta":
+            metas[i] = json.loads(f.read_text(encoding="utf-8"))
+        else:
+            traces[i] = Trace.load(f)
+    return items, traces, errors, metas
+
+
+def _text(trace: Trace, token_id: int | None) -> str | None:
+    if token_id is None:
+        return None
+    return trace.token_texts.get(str(token_id), f"<{token_id}>")
+
+
+def _out_index(trace: Trace, step, depth: int) -> int:
+    """Index into output_ids of the token the round chose at `depth` (0 = its root)."""
+    return step.committed_len - len(trace.prompt_ids) + depth
+
+
+def summarize(out: str | Path, budgets: list[int] | None = None) -> dict[str, Any]:
+    """summary.json's figures from the traces in DIR (analysis.py's functions over all rounds pooled)."""
+    items, traces, errors, _ = load_dir(out)
+    order = sorted(traces)
+    steps = [s for i in order for s in traces[i].steps]
+    first = traces[order[0]] if order else None
+    block = first.settings.get("block_size") if first else None
+    budget = first.settings.get("budget") if first else None
+    method = first.settings.get("method", "ddtree") if first else "ddtree"
+    rounds = len(steps)
+    hist = analysis.acceptance_histogram(steps, block) if steps else []
+    curve = analysis.session_budget_curve(steps) if steps else {}
+    wanted = sorted(set(budgets)) if budgets else sorted(curve)
+    budget_curve = {str(b): curve[min(b, max(curve))] / rounds for b in wanted} if curve else {}
+    identical = sum(1 for i in order if traces[i].greedy_ids is not None and traces[i].first_divergence is None)
+
+    per_prompt, misses, examples, ranks = [], Counter(), {}, Counter()
+    by_pos: list[list[int]] = [[] for _ in range(POSITION_BINS)]
+    for i in order:
+        t = traces[i]
+        name = trace_path(Path("."), i).as_posix()
+        acc = [s.acceptance for s in t.steps]
+        per_prompt.append({"index": i, "file": name, "source": _source(items, i), "rounds": len(t.steps),
+                           "tokens": len(t.output_ids),
+                           "mean_acceptance": sum(acc) / len(acc) if acc else None,
+                           "first_divergence": t.first_divergence,
+                           "identical_to_greedy": None if t.greedy_ids is None else t.first_divergence is None})
+        max_new = max(int(t.settings.get("max_new_tokens") or 1), 1)
+        for k, s in enumerate(t.steps):
+            where = min(POSITION_BINS - 1, max(0, _out_index(t, s, 0)) * POSITION_BINS // max_new)
+            by_pos[where].append(s.acceptance)
+            stop = analysis.stop_info(s, block)
+            rank = stop["target_draft_rank"]
+            ranks["block end" if rank is None else str(rank)] += 1
+            if stop["reason"] == analysis.STOP_BLOCK_END:
+                continue
+            key = (stop["drafter_top_id"], stop["target_token_id"])
+            misses[key] += 1
+            ex = examples.setdefault(key, [])
+            if len(ex) < EXAMPLES_PER_MISS:
+                at = _out_index(t, s, stop["depth"])
+                ex.append({"file": name, "index": i, "round": k, "depth": stop["depth"], "reason": stop["reason"],
+                           "before": "".join(_text(t, x) for x in t.output_ids[max(0, at - 12):at]),
+                           "after": "".join(_text(t, x) for x in t.output_ids[at + 1:at + 6])})
+            misses_texts = examples.setdefault(("texts",) + key, [])
+            if not misses_texts:
+                misses_texts.append((_text(t, key[0]), _text(t, key[1])))
+    top = []
+    for (draft_id, target_id), n in sorted(misses.items(), key=lambda kv: (-kv[1], str(kv[0])))[:TOP_MISSES]:
+        dt, tt = examples[("texts", draft_id, target_id)][0]
+        top.append({"drafter_token_id": draft_id, "drafter_token": dt, "target_token_id": target_id,
+                    "target_token": tt, "count": n, "examples": examples[(draft_id, target_id)]})
+    width = None
+    if first:
+        width = max(int(first.settings.get("max_new_tokens") or 1), 1) / POSITION_BINS
+    positions = []
+    for b, vals in enumerate(by_pos):
+        lo = int(b * width) if width else b
+        hi = int((b + 1) * width) - 1 if width else b
+        positions.append({"from": lo, "to": hi, "rounds": len(vals),
+                          "mean_acceptance": sum(vals) / len(vals) if vals else None})
+    n = len(order)
+    return {
+        "summary_version": SUMMARY_VERSION,
+        "prompts": n,
+        "prompts_total": max(len(items), n + len(errors)),
+        "rounds": rounds,
+        "generated_tokens": sum(len(traces[i].output_ids) for i in order),
+        "mean_acceptance": sum(s.acceptance for s in steps) / rounds if rounds else None,
+        "acceptance_histogram": {str(k + 1): v for k, v in enumerate(hist)},
+        "per_depth_acceptance": analysis.per_depth_acceptance(steps, block) if steps else [],
+        "per_depth_counts": [list(c) for c in analysis.per_depth_counts(steps, block)] if steps else [],
+        "budget_curve": budget_curve,
+        "budget_curve_caveat": analysis.curve_caveat(method),
+        "identical_to_greedy": identical / n if n else None,
+        "identical_prompts": identical,
+        "stop_rank_histogram": dict(sorted(ranks.items(), key=lambda kv: _rank_key(kv[0]))),
+        "acceptance_by_position": positions,
+        "per_prompt": per_prompt,
+        "failed": [{"index": i, "source": _source(items, i), "error": errors[i].get("error")}
+                   for i in sorted(errors) if i not in traces],
+        "top_misses": top,
+        "settings": dict(first.settings) if first else {},
+        "model": {"target": first.target, "draft": first.draft} if first else {},
+    }
+
+
+def _rank_key(k: str):
+    return (0, int(k)) if k.isdigit() else (1, k)
+
+
+def _source(items: list[dict], i: int) -> str | None:
+    return items[i].get("source") if 0 <= i < len(items) else None
+
+
+def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str, Any]:
+    """summary.json, report.html and figures/ from the traces in DIR; returns the summary."""
+    from .render.report import write_report
+
+    out = Path(out)
+    summary = summarize(out, budgets)
+    _write_json(out / "summary.json", summary)
+    items, traces, _, metas = load_dir(out)
+    write_report(out, summary, items, traces, metas)
+    return summary

@@ -1,0 +1,222 @@
+"""`analyze` on the embedded pair (issue #15): the prompt file, summary.json recomputed from the written traces,
+resume / force / a failed prompt / Ctrl-C, the report offline in Chromium, and two CPU processes (gloo, through
+accelerate launch) giving the same summary as one. Tiny settings: a few prompts, a few tokens."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ddtree_viz import analysis
+from ddtree_viz.analyze import read_prompts, summarize
+from ddtree_viz.cli import main
+from ddtree_viz.errors import InputError
+from ddtree_viz.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+SETTINGS = ["--max-new-tokens", "6", "--budget", "8"]
+PROMPTS = "def add(a, b):\n\nclass Point:\n    def __init__(self, x, y):\n\n" + "x = 1\n" * 1200 + "\n"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def analyze(*args) -> int:
+    return main(["analyze", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """Three prompts: two decode, the third is too long for the target and fails; the run goes on."""
+    base = tmp_path_factory.mktemp("analyze")
+    (base / "p.txt").write_text(PROMPTS, encoding="utf-8")
+    assert analyze("--prompts", base / "p.txt", "--out", base / "out", *SETTINGS, "--budgets", 1, 2, 4, 8) == 0
+    return base
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "a.txt").write_text("one\nline two\n\n\n  \nthree\n", encoding="utf-8")
+    assert [p["prompt"] for p in read_prompts(tmp_path / "a.txt")] == ["one\nline two", "three"]
+    (tmp_path / "b.jsonl").write_text('{"prompt": "x = "}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    got = read_prompts(tmp_path / "b.jsonl")
+    assert got[0]["prompt"] == "x = " and got[1]["messages"][0]["content"] == "hi"
+    (tmp_path / "c.jsonl").write_text('{"prompt": "x"}\n{"text": "y"}\n')
+    with pytest.raises(InputError, match="line 2"):
+        read_prompts(tmp_path / "c.jsonl")
+    for name in ("heldout-code", "docstring-first", "instructions"):  # the shipped sets, by name
+        assert 8 <= len(read_prompts(name)) <= 32
+    # chat prompts are accepted by the reader and refused clearly by the command without --chat
+    assert analyze("--prompts", tmp_path / "b.jsonl", "--out", tmp_path / "o") == 2
+    assert not (tmp_path / "o").exists()
+    # --chat on a tokenizer without a template (the embedded pair): a clear refusal, no report
+    assert analyze("--prompts", tmp_path / "b.jsonl", "--out", tmp_path / "o2", "--chat", *SETTINGS) == 2
+
+
+def test_chat_prompt_sets_decode_through_the_template(tmp_path):
+    """--chat on a target with a Qwen-style template: text and messages prompts go through apply_chat_template
+    and decode exactly as its greedy; the traces record the conversation."""
+    from tests import tiny
+
+    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path / "models")
+    (tmp_path / "c.jsonl").write_text('{"prompt": "hi"}\n{"messages": [{"role": "user", "content": "x = 1"}]}\n')
+    out = tmp_path / "out"
+    assert analyze("--prompts", tmp_path / "c.jsonl", "--out", out, "--target", target, "--draft", draft, "--chat",
+                   "--thinking", "off", *SETTINGS) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 2 and summary["identical_to_greedy"] == 1.0
+    traces = [Trace.load(out / "traces" / f"{i:04d}.json") for i in (0, 1)]
+    assert all(t.chat_template and t.thinking is False for t in traces)
+    assert traces[1].messages[0]["content"] == "x = 1" and all(t.first_divergence is None for t in traces)
+
+
+def test_summary_agrees_with_the_traces(run_dir):
+    out = run_dir / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    traces = [Trace.load(out / "traces" / f"{i:04d}.json") for i in (0, 1)]
+    steps = [s for t in traces for s in t.steps]
+    assert summary["prompts"] == 2 and summary["prompts_total"] == 3
+    assert summary["rounds"] == len(steps) > 0
+    assert summary["generated_tokens"] == sum(len(t.output_ids) for t in traces) == 12
+    gained = [len(s.accepted) for s in steps]
+    assert summary["mean_acceptance"] == pytest.approx(sum(gained) / len(gained))
+    counts = Counter(gained)
+    assert {int(k): v for k, v in summary["acceptance_histogram"].items() if v} == dict(counts)
+    # per depth: rounds past depth d over rounds that reached it with a tree that deep
+    for d, p in enumerate(summary["per_depth_acceptance"], 1):
+        reached = [s for s in steps if len(s.accepted) - 1 >= d - 1 and max(n.depth for n in s.nodes) >= d]
+        passed = [s for s in reached if len(s.accepted) - 1 >= d]
+        assert p == (pytest.approx(len(passed) / len(reached)) if reached else None)
+    # the budget curve at the asked budgets, from each round's recorded counterfactual
+    for b in (1, 2, 4, 8):
+        want = sum(analysis.recorded_curve(s)[min(b, max(analysis.recorded_curve(s)))] for s in steps) / len(steps)
+        assert summary["budget_curve"][str(b)] == pytest.approx(want)
+    assert set(summary["budget_curve"]) == {"1", "2", "4", "8"}
+    assert summary["budget_curve"]["8"] == pytest.approx(summary["mean_acceptance"])  # the run's own budget
+    ident = [t.first_divergence is None for t in traces]
+    assert summary["identical_to_greedy"] == sum(ident) / 2 and all(ident)  # invariant 1
+    rows = summary["per_prompt"]
+    assert [r["file"] for r in rows] == ["traces/0000.json", "traces/0001.json"]
+    for r, t in zip(rows, traces):
+        assert r["rounds"] == len(t.steps)
+        assert r["mean_acceptance"] == pytest.approx(sum(len(s.accepted) for s in t.steps) / len(t.steps))
+    assert sum(summary["stop_rank_histogram"].values()) == len(steps)
+    assert sum(m["count"] for m in summary["top_misses"]) == sum(
+        1 for s in steps if analysis.stop_info(s, 16)["reason"] != analysis.STOP_BLOCK_END)
+    for m in summary["top_misses"]:
+        for ex in m["examples"]:  # each example names a round whose walk stopped on that pair
+            step = Trace.load(out / ex["file"]).steps[ex["round"]]
+            stop = analysis.stop_info(step, 16)
+            assert (stop["drafter_top_id"], stop["target_token_id"]) == (m["drafter_token_id"], m["target_token_id"])
+    # the failed prompt is recorded with its error
+    assert summary["failed"][0]["index"] == 2 and "tokens" in summary["failed"][0]["error"]
+    assert summarize(out, [1, 2, 4, 8]) == summary  # the same function, again from the files
+    for name in ("acceptance_histogram", "per_depth_acceptance", "budget_curve", "stop_rank", "acceptance_by_position"):
+        assert (out / "figures" / f"{name}.svg").read_bytes().lstrip().startswith(b"<?xml")
+        assert (out / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_existing_dir_resume_and_force(run_dir, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(run_dir / "out", out)
+    # refused without --resume / --force, nothing touched
+    before = (out / "summary.json").read_bytes()
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS) == 2
+    assert (out / "summary.json").read_bytes() == before
+    # --resume: the kept trace is not decoded again, the missing one is
+    (out / "traces" / "0001.json").unlink()
+    kept = (out / "traces" / "0000.meta.json").read_bytes()
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume", "--budgets", 1, 2, 4, 8) == 0
+    assert (out / "traces" / "0000.meta.json").read_bytes() == kept
+    assert (out / "traces" / "0001.json").exists()
+    assert json.loads((out / "summary.json").read_text()) == json.loads(before)  # same traces, same figures
+    # --force: starts again (a stale file in traces/ is gone)
+    (out / "traces" / "0007.json").write_text("{}")
+    p1 = tmp_path / "one.txt"
+    p1.write_text("def add(a, b):\n")
+    assert analyze("--prompts", p1, "--out", out, "--max-new-tokens", 3, "--budget", 4, "--force") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == summary["prompts_total"] == 1 and not (out / "traces" / "0007.json").exists()
+
+
+def test_ctrl_c_keeps_what_is_done(tmp_path):
+    (tmp_path / "p.txt").write_text("def add(a, b):\n\ndef sub(a, b):\n\ndef mul(a, b):\n\ndef div(a, b):\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([PY, "-m", "ddtree_viz", "analyze", "--prompts", str(tmp_path / "p.txt"), "--out",
+                             str(out), "--max-new-tokens", "12", "--budget", "8"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "traces" / "0000.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert 1 <= summary["prompts"] < 4 and summary["prompts_total"] == 4
+    assert (out / "report.html").exists()
+
+
+def test_report_opens_offline_in_chromium(run_dir):
+    from tests.test_browser import ARGS, CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    report = run_dir / "out" / "report.html"
+    text = report.read_text()
+    assert not re.search(r"(src|href|url)\s*[=(]\s*[\"']?\s*(https?:)?//", text)  # namespaces only, nothing to fetch
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(offline=True)
+        requests = []
+        context.on("request", lambda r: requests.append(r.url))
+        page = context.new_page()
+        page.goto(report.as_uri())
+        assert page.locator("figure svg").count() == 5
+        box = page.locator("#fig-acceptance_histogram svg").bounding_box()
+        assert box["width"] > 200 and box["height"] > 100
+        assert page.locator("#prompts tbody tr").count() == 2
+        assert page.locator("#failed tr").count() == 2
+        # sortable: by mean acceptance, twice reverses
+        page.locator("#prompts th", has_text="mean acceptance").click()
+        first = page.locator("#prompts tbody tr td").first.inner_text()
+        page.locator("#prompts th", has_text="mean acceptance").click()
+        assert page.locator("#prompts tbody tr td").first.inner_text() != first or len(set(
+            page.locator("#prompts tbody tr td:nth-child(6)").all_inner_texts())) == 1
+        links = page.locator("a.round")
+        assert links.count() >= 2 and links.first.get_attribute("href").startswith("traces/")
+        browser.close()
+    assert [u for u in requests if not u.startswith("file://")] == []
+
+
+def test_two_processes_merge_to_the_single_process_summary(run_dir, tmp_path):
+    """accelerate launch, 2 CPU processes (gloo): each decodes its share; the merged summary equals one process's.
+    (accelerate's --cpu launcher starts one process and leaves more to MPI; its torchrun launcher, --multi_gpu,
+    starts N, and analyze's PartialState(cpu=True) joins them through gloo.)"""
+    shutil.copy(run_dir / "p.txt", tmp_path / "p.txt")
+    cmd = [PY, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "ddtree_viz", "analyze",
+           "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), *SETTINGS,
+           "--budgets", "1", "2", "4", "8"]
+    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    merged = json.loads((tmp_path / "out" / "summary.json").read_text())
+    single = json.loads((run_dir / "out" / "summary.json").read_text())
+    assert merged == single
+    procs = {json.loads((tmp_path / "out" / "traces" / f"{i:04d}.meta.json").read_text())["process"] for i in range(3)}
+    assert procs == {0, 1}  # the prompts really were split
+
+
+def test_report_renderer_is_pure():
+    code = ("import sys, ddtree_viz.render.report; "
+            "print([m for m in ('torch', 'gradio', 'transformers', 'ddtree_viz.engine') if m in sys.modules])")
+    out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
