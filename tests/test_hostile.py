@@ -314,6 +314,12 @@ def _drop_greedy_tail(d) -> None:
     d["greedy_ids"] = d["output_ids"][:-3]
 
 
+def _cut_short(d) -> None:
+    """The first round's added tokens cut to one (as when the output ends), yet more rounds follow."""
+    step = d["steps"][0]
+    step["new_token_ids"] = step["new_token_ids"][:1] if len(step["new_token_ids"]) > 1 else [7, 7]
+
+
 INVARIANTS = {
     # first_divergence (the CLI printed 'DIVERGES at token -1' where the page said identical)
     "first_divergence -1": (lambda d: d.update(first_divergence=-1), "first_divergence"),
@@ -337,9 +343,7 @@ INVARIANTS = {
     "greedy_ids shorter than the rounds produced": (_drop_greedy_tail, "greedy_ids"),
     "more output than max_new_tokens": (lambda d: d["settings"].update(max_new_tokens=2), "max_new_tokens"),
     "new_token_ids not from the path": (lambda d: d["steps"][0].update(new_token_ids=[999]), "new_token_ids"),
-    "new_token_ids cut short mid-trace": (lambda d: d["steps"][0].update(new_token_ids=d["steps"][0]["new_token_ids"][:0] or [d["steps"][0]["new_token_ids"][0]])
-                                          if len(d["steps"][0]["new_token_ids"]) > 1 else d["steps"][0].update(new_token_ids=[7, 7]),
-                                          "new_token_ids"),
+    "new_token_ids cut short mid-trace": (_cut_short, "new_token_ids"),
     # negative ids, indices, lengths
     "negative token id": (lambda d: d["steps"][0]["nodes"][1].update(token_id=-1), "token id"),
     "token id past 2^31": (lambda d: d["steps"][0]["nodes"][1].update(token_id=2**31), "token id"),
@@ -530,9 +534,9 @@ def test_nesting_and_number_literals(real):
         f"{T.MAX_NESTING + 1} levels in settings": (mutated(real, lambda d: d["settings"].update(x=_nest(T.MAX_NESTING))),
                                                     "nested too deeply"),
         "5,000-digit integer": ('{"big": ' + "9" * 5000 + ", " + body, "cannot be read"),
-        "5,000-digit token id": (mutated(real, lambda d: d["output_ids"].__setitem__(0, "@@hostile@@")).replace('"@@hostile@@"', "9" * 5000),
+        "5,000-digit token id": (_literal(real, lambda d, x: d["output_ids"].__setitem__(0, x), "9" * 5000),
                                  "cannot be read"),
-        "401-digit integer where a number goes": (mutated(real, lambda d: d.update(prefill_ms="@@hostile@@")).replace('"@@hostile@@"', "9" * 401),
+        "401-digit integer where a number goes": (_literal(real, lambda d, x: d.update(prefill_ms=x), "9" * 401),
                                                   "prefill_ms"),
         "1e400 (infinite) log-prob": (mutated(real, lambda d: d["steps"][0]["nodes"][1].update(logprob="@@hostile@@")).replace(
             '"@@hostile@@"', "-1e400"), "finite"),
@@ -545,6 +549,11 @@ def test_nesting_and_number_literals(real):
         run_case("nesting", name, text, expect="refused" if words else "either", words=words)
     run_case("nesting", f"{T.MAX_NESTING - 2} levels in settings (allowed)",
              mutated(real, lambda d: d["settings"].update(x=_nest(T.MAX_NESTING - 3))), expect="rendered")
+
+
+def _literal(real: dict, put_at, literal: str) -> str:
+    """The trace's JSON with `literal` written as is (a number no encoder would write) where put_at puts it."""
+    return mutated(real, lambda d: put_at(d, "@@hostile@@")).replace('"@@hostile@@"', literal)
 
 
 def _nest(levels: int):
@@ -668,12 +677,46 @@ def test_sizes_at_the_limits_render_in_bounded_time(real):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The limits are the engine's own: every trace a session can write fits them
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_trace_limits_match_what_the_engine_can_record():
+    from ddtree_viz.engine import drafter, session
+    from ddtree_viz.render import mask_plot
+
+    assert T.MAX_NODES == session.MAX_BUDGET + 1  # a round's tree: the largest budget + the root
+    assert T.MAX_OUTPUT_TOKENS == session.MAX_NEW_TOKENS and T.MAX_ROUNDS >= session.MAX_NEW_TOKENS - 1
+    assert T.MAX_TOP_K >= session.MAX_TOP_K
+    assert drafter.MAX_BLOCK_SIZE == T.MAX_DEPTH + 1  # a tree is at most block_size - 1 deep
+    assert mask_plot.MAX_POSITIONS == 512 + 1  # the page's largest budget: its rounds' masks show whole
+    assert ex.MAX_FIGURE_POSITIONS >= 512 + 2  # ... and its trees export (the bonus node included)
+
+
+def test_compare_traces_are_validated_side_by_side(real, tmp_path):
+    """A compare trace (two sessions) is two traces: each side is validated, the message says which."""
+    good = {"schema_version": 1, "kind": "compare", "a": real, "b": real}
+    path = tmp_path / "compare.json"
+    path.write_text(dumps(good))
+    assert T.load_any(path).a == T.load_any(path).b
+    bad = copy.deepcopy(good)
+    bad["b"]["first_divergence"] = -1
+    path.write_text(dumps(bad))
+    base = memory_mark()
+    start = time.perf_counter()
+    with pytest.raises(TraceError, match="compare trace: trace.first_divergence: -1"):
+        T.load_any(path, name="compare.json")
+    TALLY.add("invariants", "compare trace, side b inconsistent", "refused", time.perf_counter() - start,
+              memory_growth(base))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The figures
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def test_zz_the_suite_covers_every_kind_of_case():
-    """Runs last (name order): the figures the issue's closing note asks for."""
+    """Runs last (the last test of the file): the figures the issue's closing note asks for."""
     if len(TALLY.cases) < 100:
         pytest.skip("run with the whole file for the figures")
     s = summarise(TALLY.cases)
