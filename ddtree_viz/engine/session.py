@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
-from .engines import ENGINES, TargetEngine, make_engine
+from .engines import AUTO, ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .sampling import GREEDY, Sampler, margin
 from .tree import DraftTree, follow_tree, one_node
@@ -191,11 +191,12 @@ class DecodeSession:
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
-        reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
+        reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY,
     ):
-        """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
-        made by the caller."""
+        """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
+        for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
+        engines.ENGINES (the engine is made here, sized for these settings) or an engine made by the caller."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
