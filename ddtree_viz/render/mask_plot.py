@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from ..trace import StepRecord
 from . import style
+from .figure import FigureSpec
 from .text import esc, shorten, visible
 
 MAX_TICKS = 64  # beyond this many tree positions, label every k-th one
@@ -37,9 +38,14 @@ def _tick_labels(step: StepRecord, accepted: set[int], mark: bool, label_chars: 
     return out
 
 
-def mask_figure(step: StepRecord, *, show_accepted: bool = True, label_chars: int = 8,
-                title: str | None = None, height: int | None = None) -> go.Figure:
-    """Heatmap of the verify mask: rows = tree positions (queries), columns = ["prefix (N tokens)"] + tree
+def mask_figure(step: StepRecord, **options) -> go.Figure:
+    """mask_spec(step, **options) as a checked plotly go.Figure."""
+    return mask_spec(step, **options).figure()
+
+
+def mask_spec(step: StepRecord, *, show_accepted: bool = True, label_chars: int = 8,
+              title: str | None = None, height: int | None = None) -> FigureSpec:
+    """Heatmap (as plain data: figure.FigureSpec) of the verify mask: rows = tree positions (queries), columns = ["prefix (N tokens)"] + tree
     positions (keys); 1 = visible (dark), 0 = masked. Axis labels 'position:token' (visible whitespace,
     escaped; the position makes every label unique, so they serve as categories). Accepted rows are outlined
     in vermillion and their labels start with '✓' (show_accepted=False for the drafted phase)."""
@@ -53,18 +59,16 @@ def mask_figure(step: StepRecord, *, show_accepted: bool = True, label_chars: in
         ygap=1 if n <= 64 else 0, colorscale=[[0.0, style.MASK_HIDDEN], [1.0, style.MASK_VISIBLE]],
         hovertemplate="query %{y}<br>key %{x}<br>visible: %{z}<extra></extra>",
     )
-    fig = go.Figure(data=[heat])
-    fig.update_layout(
+    shapes = [dict(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=style.PATH_COLOR, width=2))
+              for r in sorted(accepted)]
+    return FigureSpec([heat], dict(
         title=dict(text=esc(title) if title is not None else
                    f"Verify mask, round {step.index + 1}: each tree position sees the prefix + its ancestors",
                    font=dict(size=14)),
-        xaxis=dict(type="category", tickangle=-60, side="top", title="keys", showgrid=False, nticks=MAX_TICKS),
-        yaxis=dict(type="category", autorange="reversed", title="queries (tree positions)", showgrid=False,
+        xaxis=dict(type="category", tickangle=-60, side="top", title=dict(text="keys"), showgrid=False,
+                   nticks=MAX_TICKS),
+        yaxis=dict(type="category", autorange="reversed", title=dict(text="queries (tree positions)"), showgrid=False,
                    nticks=MAX_TICKS),
         height=height or int(min(max(360, 140 + 16 * n), 1600)), margin=dict(l=20, r=20, t=120, b=20),
-        plot_bgcolor="white",
-    )
-    for r in sorted(accepted):
-        fig.add_shape(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5,
-                      line=dict(color=style.PATH_COLOR, width=2))
-    return fig
+        plot_bgcolor="white", **({"shapes": shapes} if shapes else {}),
+    ))

@@ -8,32 +8,44 @@ import plotly.graph_objects as go
 
 from ..trace import StepRecord, Trace, sampling_label
 from . import style
+from .figure import FigureSpec
 from .text import esc
 
 PHASES = ("draft", "tree", "verify", "commit")
 
 
-def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None) -> go.Figure:
-    """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line."""
+def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
+    """acceptance_spec(steps, **options) as a checked plotly go.Figure."""
+    return acceptance_spec(steps, **options).figure()
+
+
+def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None) -> FigureSpec:
+    """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line. Plain data
+    (figure.FigureSpec)."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    fig = go.Figure(go.Bar(x=x, y=y, marker_color=style.ATTENTION_COLOR, hovertext=hover, hoverinfo="text",
-                           name="tokens per round"))
+    data = [dict(type="bar", x=x, y=y, marker=dict(color=style.ATTENTION_COLOR), hovertext=hover, hoverinfo="text",
+                 name="tokens per round")]
     if steps:
         mean = sum(y) / len(y)
-        fig.add_scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines", name=f"mean {mean:.2f}",
-                        line=dict(color=style.PATH_COLOR, dash="dash", width=2), hoverinfo="name")
-    fig.update_layout(
+        data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
+                         name=f"mean {mean:.2f}", line=dict(color=style.PATH_COLOR, dash="dash", width=2),
+                         hoverinfo="name"))
+    xaxis = dict(title=dict(text="round"))
+    if len(steps) <= 40:
+        xaxis["dtick"] = 1
+    yaxis = dict(title=dict(text="tokens"), rangemode="tozero")
+    if max(y, default=0) <= 16:
+        yaxis["dtick"] = 1
+    return FigureSpec(data, dict(
         title=dict(text=esc(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
                    font=dict(size=14)),
-        xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
-        yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
+        xaxis=xaxis, yaxis=yaxis,
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
-    )
-    return fig
+    ))
 
 
 def _mean(xs: Sequence[float]) -> float | None:

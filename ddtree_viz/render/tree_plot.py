@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import style
+from .figure import FigureSpec
+from .figure import colorscale as figure_colorscale
 from .layout import PHASES, LayoutNode, TreeLayout, for_phase
 from .text import TokenText, esc, lookup, visible
 
@@ -57,7 +59,7 @@ def _edge_trace(layout: TreeLayout, edges, name: str, color: str, width: float, 
                 hoverinfo="skip", name=name, showlegend=name != "", legendgroup=name)
 
 
-# traces are plain dicts, validated once by go.Figure (go.Scatter objects would be validated twice)
+# traces are plain dicts (figure.FigureSpec): the page sends them as they are, go.Figure validates them once
 def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, show_text: bool) -> dict:
     on_path = [n.on_path for n in nodes]
     if role in ("root", "bonus"):
@@ -90,12 +92,17 @@ def default_title(layout: TreeLayout) -> str:
     return f"{head} · accepted {gained - 1} draft(s) + bonus = {gained} token(s){mode}"
 
 
-def tree_figure(
+def tree_figure(layout: TreeLayout, **options) -> go.Figure:
+    """tree_spec(layout, **options) as a checked plotly go.Figure."""
+    return tree_spec(layout, **options).figure()
+
+
+def tree_spec(
     layout: TreeLayout, *, title: str | None = None, colorscale: str = style.DEFAULT_COLORSCALE,
     phase: str | None = None, token_text: TokenText | None = None, show_text: bool = True,
     cmin: float | None = None, cmax: float | None = None, height: int | None = None,
-) -> go.Figure:
-    """Plotly figure of a TreeLayout: token text on each node (rank as a small 'rN'), fill = drafter
+) -> FigureSpec:
+    """Plotly figure (as plain data: figure.FigureSpec) of a TreeLayout: token text on each node (rank as a small 'rN'), fill = drafter
     log-prob (colour bar), accepted path as thick vermillion edges and node outlines, the first rejected
     candidates as diamonds with black outlines, the bonus token as a star on a dashed edge. phase
     "drafted" shows the tree as the drafter built it (no verification marks); default: the layout's phase.
@@ -121,15 +128,13 @@ def tree_figure(
 
     lo, hi = layout.logprob_range
     rows = layout.height
-    fig = go.Figure(data=traces)
-    fig.update_layout(
+    return FigureSpec(traces, dict(
         title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
-        coloraxis=dict(colorscale=colorscale, cmin=lo if cmin is None else cmin, cmax=hi if cmax is None else cmax,
+        coloraxis=dict(colorscale=figure_colorscale(colorscale), cmin=lo if cmin is None else cmin, cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
-        xaxis=dict(title="depth", dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
+        xaxis=dict(title=dict(text="depth"), dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
         yaxis=dict(autorange="reversed", showticklabels=False, zeroline=False, showgrid=False),
         height=height or int(min(max(360, 60 + 30 * rows), 2400)),
         margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.08, x=0),
-    )
-    return fig
+    ))
