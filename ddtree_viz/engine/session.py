@@ -243,6 +243,7 @@ class DecodeSession:
         self._greedy: GreedyReference | None = None
         self.prefill_cache: tuple = ()
         self.prefill_ms = 0.0
+        self._record_ids: set[int] = set()  # token ids the records name (trees, argmaxes, choices): to_trace's texts
 
     @property
     def cache(self):
@@ -370,6 +371,7 @@ class DecodeSession:
         )
         self.committed_len += len(accepted)
         self.history.append(step)
+        self._record_ids.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes))
         return step
 
     def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
@@ -443,11 +445,9 @@ class DecodeSession:
         )
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
-        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
-        for r in self.history:
-            ids.update(r.target_argmax)
-            ids.update(r.target_choice)
-            ids.update(n.token_id for n in r.nodes)
+        """Text of every id the trace names; the records' ids are gathered as each round is made (a long session's
+        to_trace does not walk every tree again)."""
+        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ()) | self._record_ids
         return {str(i): self.token_text(i) for i in sorted(ids)}
 
 

@@ -102,8 +102,9 @@ def _num(v, nd: int = 2) -> str:
     return esc(str(v)).replace("|", "&#124;")
 
 
-def stats_markdown(summary: dict) -> str:
-    """A Markdown table of a stats_summary (values escaped)."""
+def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
+    """A Markdown table of a stats_summary (values escaped), then the `extra` (label, Markdown) rows. Each time
+    says what it measures: engine time (the model work of the rounds, as the records time it) or wall time."""
     ms = summary.get("mean_ms") or {}
     naive = summary.get("verify") == "naive"
     rows = [
@@ -117,16 +118,19 @@ def stats_markdown(summary: dict) -> str:
         ("tokens per target forward", _num(summary.get("tokens_per_target_forward"))),
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
-        ("mean time per round", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
-        ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
+        ("engine time per round, mean (draft + tree + verify + commit)", f"{_num(summary.get('mean_round_ms'))} ms"),
+        ("engine time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
+        ("decode tokens/s (engine time of the rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        rows += [("greedy tokens/s", _num(summary.get("greedy_tok_s"), 1)),
-                 ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
-                 ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+        method = "DFlash" if summary.get("method") == "dflash" else "DDTree"
+        rows += [("greedy tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
+                 (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
+                 ("speedup over greedy (both model time only, none of the page's own work)",
+                  _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
     rows.append((f"identical to {ref}", "–" if same is None else
                  ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))})")))
+    rows += list(extra)
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
