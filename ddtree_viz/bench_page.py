@@ -36,17 +36,23 @@ DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (web.DEFAULT_PR
 def _payload_ms(views: ui.Views) -> tuple[float, int]:
     """Serialise the views as gradio sends them: figures through to_json, text as is. (ms, bytes)."""
     start = time.perf_counter()
-    parts = [s.to_json() for s in (views.tree_spec, views.mask_spec, views.cache_spec, views.acceptance_spec) if s]
-    parts += [views.status, views.cache_html, views.diff_html, views.stats, views.divergence]
+    parts = [s.to_json() for s in _specs(views) if s]
+    parts += [views.status, views.cache_html, views.diff_html, views.stats, views.divergence, views.stop,
+              views.inspector, views.compare]
     return (time.perf_counter() - start) * 1e3, sum(len(p) for p in parts)
 
 
+def _specs(views: ui.Views) -> tuple:
+    return (views.tree_spec, views.mask_spec, views.cache_spec, views.acceptance_spec, views.grid_spec,
+            views.budget_spec, views.depth_spec, views.tree_b_spec)
+
+
 def _checked_ms(views: ui.Views) -> float:
-    """The same four figures as checked plotly go.Figures, serialised by plotly (the path before issue #17)."""
+    """The same figures as checked plotly go.Figures, serialised by plotly (the path before issue #17)."""
     start = time.perf_counter()
-    for fig in (views.tree, views.mask, views.cache_chart, views.acceptance):
-        if fig is not None:
-            fig.to_json()
+    for spec in _specs(views):
+        if spec is not None:
+            spec.figure().to_json()
     return (time.perf_counter() - start) * 1e3
 
 

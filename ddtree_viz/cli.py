@@ -46,6 +46,25 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="drafter block: root + drafted depths (default: the drafter's own)")
 
 
+COMPARE_KEYS = ("budget", "block_size", "method", "verify", "engine", "dtype")
+
+
+def _compare_spec(text: str) -> dict:
+    """'budget=16,method=dflash' -> {'budget': 16, 'method': 'dflash'} (keys as in COMPARE_KEYS; - or _ alike)."""
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in COMPARE_KEYS or not value.strip():
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(COMPARE_KEYS)}")
+        value = value.strip()
+        out[key] = _whole_number(value) if key in ("budget", "block_size") else value
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one KEY=VALUE")
+    return out
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -96,6 +115,14 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     run.add_argument("--trace", metavar="FILE.json", help="write the whole session as a trace JSON file")
     run.add_argument("--no-greedy", action="store_true",
                      help="skip the reference decoding (greedy, or sampled with the same seed) and the comparison")
+    run.add_argument("--compare", metavar="KEY=VALUE[,...]", type=_compare_spec,
+                     help="also decode the prompt with a second configuration B, the first one's settings changed as "
+                          "given (keys: " + ", ".join(COMPARE_KEYS) + "; e.g. verify=naive, method=dflash, "
+                          "budget=16); print both outputs, where they part and each verdict; --trace writes both")
+    run.add_argument("--target-top-k", type=_whole_number, default=5, metavar="K",
+                     help="the target's top-K tokens recorded at every tree node (default: 5; 0: none)")
+    run.add_argument("--draft-top-k", type=_whole_number, default=16, metavar="K",
+                     help="the drafter's candidates recorded per depth, at most the budget (default: 16; 0: none)")
     _add_sampling_args(run)
     run.set_defaults(handler=cmd_run)
 
@@ -136,7 +163,7 @@ ENGINE_CHOICES = ("auto", "transformers", "runner")
 # The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
 # stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
 FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
-FIGURES = ("tree", "mask", "acceptance")
+FIGURES = ("tree", "mask", "acceptance", "grid")
 SHOW_CHOICES = ("text", "ids", "both")
 SCHEME_NAMES = ("colorblind", "grayscale")
 COLOR_RANGES = ("trace", "round")
@@ -157,7 +184,8 @@ def _add_export_parser(sub) -> None:
     ex.add_argument("--out", required=True, metavar="FILE", help="the file to write ('-': standard output)")
     g = ex.add_argument_group("what to draw")
     g.add_argument("--figure", default="tree", choices=FIGURES,
-                   help="tree (default), mask (the verify pass's attention mask) or acceptance (tokens per round, rounds 1..K)")
+                   help="tree (default), mask (the verify pass's attention mask), acceptance (tokens per round, rounds "
+                        "1..K) or grid (the drafter's depth x rank log-probs the tree was built from)")
     g.add_argument("--phase", default="verified", choices=PHASES,
                    help="verified (default: accepted path, bonus) or drafted (the tree before verification)")
     g.add_argument("--show", default="text", choices=SHOW_CHOICES, help="node labels: token text (default), ids, or both")
@@ -199,6 +227,10 @@ def _add_replay_parser(sub) -> None:
     rp.add_argument("trace", metavar="FILE.json", help="a trace written by `run --trace` or the page's download button")
     rp.add_argument("--print", "--summary", dest="print_only", action="store_true",
                     help="print the rounds (tokens per round, text, identical to greedy) and exit; no server")
+    rp.add_argument("--round", dest="round_detail", metavar="K|last",
+                    help="with --print: also every node of round K (the target's top-k at the parent and after the "
+                         "node, the drafter's rank), where and why its walk stopped, its budget curve and the "
+                         "drafter's grid")
     rp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     rp.add_argument("--port", type=_whole_number, default=7860, help="default: 7860")
     rp.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
@@ -266,10 +298,12 @@ def cmd_run(args) -> int:
 
     if args.prompt == "":
         raise InputError("the prompt is empty: type some text to continue")
+    other = _other_config(args) if args.compare else None
     pair = _load(args)
     session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, verify=args.verify,
                             method=args.method, block_size=args.block_size, engine=args.engine,
-                            sampler=_sampler(args, args.temperature))
+                            sampler=_sampler(args, args.temperature), target_top_k=args.target_top_k,
+                            draft_top_k=args.draft_top_k)
     print(pair.describe())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
@@ -299,20 +333,103 @@ def cmd_run(args) -> int:
     if errors:
         print(f"naive: committed GDN recurrent state is off from the exact one by up to {max(errors):.3g} "
               "(max |difference| over layers and rounds)")
+    _print_session_analysis(records, session.block_size, session.method)
 
     if args.no_greedy:
         print("greedy comparison skipped (--no-greedy)")
     else:
         print(_greedy_line(session, args.verify))
 
+    saved = session.to_trace(with_greedy=not args.no_greedy)
+    if other is not None:
+        saved = _run_compare(args, pair, session, saved, other)
     if args.trace:
         path = Path(args.trace)
         try:
-            session.to_trace(with_greedy=not args.no_greedy).save(path)
+            saved.save(path)
         except OSError as exc:
             raise InputError(f"cannot write trace file {path}: {exc.strerror or exc}") from None
-        print(f"trace written to {path}")
+        print(f"{'compare trace' if other is not None else 'trace'} written to {path}")
     return 0
+
+
+def _other_config(args) -> dict:
+    """Configuration B of `run --compare`: A's settings with the given changes, checked before any model loads."""
+    from .engine.session import METHODS, VERIFY_MODES
+
+    c = {"budget": args.budget, "block_size": args.block_size, "method": args.method, "verify": args.verify,
+         "engine": args.engine, "dtype": args.dtype, **args.compare}
+    for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ("transformers", "runner")),
+                         ("dtype", ("float32", "bfloat16", "float16"))):
+        if c[key] not in allowed:
+            raise InputError(f"--compare {key} must be one of {', '.join(allowed)}, not {c[key]!r}")
+    if c["verify"] == "naive" and "engine" not in args.compare:
+        c["engine"] = "transformers"  # naive rounds run on transformers' forward only
+    return c
+
+
+def _run_compare(args, pair, session, trace_a, c: dict):
+    """`run --compare`: decode the prompt again with configuration B, print it beside A, return both recorded."""
+    from .analysis import config_label
+    from .engine.models import load_pair
+    from .engine.session import DecodeSession
+    from .trace import CompareTrace
+
+    pair_b = pair if c["dtype"] == args.dtype else load_pair(args.target, args.draft, dtype=c["dtype"],
+                                                              device=args.device)
+    other = DecodeSession(pair_b, budget=c["budget"], max_new_tokens=args.max_new_tokens, verify=c["verify"],
+                          method=c["method"], block_size=c["block_size"], engine=c["engine"], sampler=session.sampler,
+                          target_top_k=args.target_top_k, draft_top_k=args.draft_top_k)
+    other.prefill(args.prompt)
+    records = other.run()
+    trace_b = other.to_trace(with_greedy=not args.no_greedy)
+    print()
+    print(f"B: {config_label(trace_b.settings)}")
+    print(_printable(other.prompt) + _printable(other.output_text))
+    print(f"rounds: {len(records)}  tokens per round: {' '.join(str(r.acceptance) for r in records) or '-'}")
+    print(f"mean acceptance: {other.mean_acceptance:.2f} tokens per target forward (bonus included)")
+    _print_session_analysis(records, other.block_size, other.method)
+    if not args.no_greedy:
+        print(_greedy_line(other, c["verify"]))
+    print()
+    _print_compare(trace_a, trace_b)
+    return CompareTrace(trace_a, trace_b)
+
+
+def _print_compare(a, b) -> None:
+    from .analysis import compare_outputs, config_label
+
+    c = compare_outputs(a, b)
+    print(f"compare: A = {config_label(a.settings)}; B = {config_label(b.settings)}")
+    if c["part_at"] is None:
+        print(f"outputs identical for {c['agree_upto']} tokens")
+    else:
+        i = c["part_at"]
+        print(f"outputs part at generated token {i}: A {_texts(a, [c['a_token_id']])!r} ({c['a_token_id']}) vs "
+              f"B {_texts(b, [c['b_token_id']])!r} ({c['b_token_id']})")
+    for name, side in (("A", c["a"]), ("B", c["b"])):
+        verdict = ("reference not recorded" if side["identical"] is None else "identical to its reference"
+                   if side["identical"] else f"DIVERGES from its reference at token {side['first_divergence']}")
+        mean = "-" if side["mean_acceptance"] is None else f"{side['mean_acceptance']:.2f}"
+        print(f"  {name}: {side['rounds']} rounds, {side['tokens']} tokens, mean acceptance {mean}: {verdict}")
+
+
+def _print_session_analysis(steps, block_size, method: str) -> None:
+    """The session's acceptance by depth and the budget that would have done (ddtree_viz.analysis)."""
+    from . import analysis
+    from .render.budget_view import budget_line, rates_line
+
+    if not steps:
+        return
+    hist = analysis.acceptance_histogram(steps, block_size)
+    print("acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " + " ".join(map(str, hist)))
+    print("per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): "
+          + rates_line(analysis.per_depth_acceptance(steps, block_size)))
+    unit = "chain length" if method == "dflash" else "budget"
+    exact = "" if all(analysis.curve_is_exact(s) for s in steps) else " [naive verify: the same choices only]"
+    print(f"session {unit} curve ({unit}:tokens gained, where it steps up){exact}: "
+          + budget_line(analysis.session_budget_curve(steps)))
+    print("  " + analysis.curve_caveat(method))
 
 
 def _reference(settings: dict) -> tuple[str, str, str]:
@@ -472,9 +589,25 @@ def png_size(data: bytes) -> tuple[int, int]:
 
 
 def cmd_replay(args) -> int:
-    trace = _load_trace(args.trace)
+    from .trace import CompareTrace, load_any
+
+    loaded = load_any(args.trace)  # TraceError (missing, corrupt, newer schema) -> `error: ...`, exit 2
+    if args.round_detail is not None and not args.print_only:
+        raise InputError("--round goes with --print")
     if args.print_only:
-        print_trace_summary(trace, args.trace)
+        sides = [("A", loaded.a), ("B", loaded.b)] if isinstance(loaded, CompareTrace) else [(None, loaded)]
+        for name, trace in sides:
+            if name is not None:
+                print(f"== {name} ==")
+            print_trace_summary(trace, args.trace)
+            if args.round_detail is not None:
+                from .render.export import resolve_round
+
+                print_round(trace, resolve_round(trace, args.round_detail))
+            if name is not None:
+                print()
+        if isinstance(loaded, CompareTrace):
+            _print_compare(loaded.a, loaded.b)
         return 0
     from . import web  # imports gradio: only here, so the other commands start quickly
 
@@ -525,6 +658,7 @@ def print_trace_summary(trace, path) -> None:
         added = st.new_token_ids or tuple(st.nodes[i].token_id for i in st.accepted[1:]) + (st.bonus_token_id,)
         print(f"{st.index + 1:>5}  {st.acceptance:>6}  {f'{st.acceptance - 1}+bonus':>8}  {len(st.nodes):>4}  "
               f"{st.committed_len:>9}  {_texts(trace, added)!r}")
+    _print_session_analysis(trace.steps, s.get("block_size"), s.get("method", "ddtree"))
     text = trace.output_text or _texts(trace, trace.output_ids)
     print(f"output: {text!r}")
     what, who, gap = _reference(s)
@@ -540,6 +674,56 @@ def print_trace_summary(trace, path) -> None:
         b = "(ended)" if theirs is None else f"{_texts(trace, [theirs])!r} ({theirs})"
         margin = f", {gap} {trace.divergence_margin:.4g}" if trace.divergence_margin is not None else ""
         print(f"DIVERGES from {what} at generated token {i}: {a} vs {who} {b}{margin}")
+
+
+def _tok(trace, token_id) -> str:
+    return f"{_texts(trace, [token_id])!r}({token_id})"
+
+
+def print_round(trace, k: int) -> None:
+    """One round in full: where and why the walk stopped, the budget curve, the drafter's grid and every node
+    with the target's view (ddtree_viz.analysis: stop_info, node_info), as `replay --print --round K` shows it."""
+    from . import analysis
+    from .render.budget_view import budget_line
+
+    st = trace.steps[k]
+    print()
+    print(f"round {k + 1} of {len(trace.steps)}: committed length {st.committed_len}, {len(st.nodes)} tree positions, "
+          f"accepted path {list(st.accepted)} = {st.acceptance - 1} drafts + bonus")
+    stop = analysis.stop_info(st)
+    top = ("-" if stop["drafter_top_id"] is None
+           else f"{_tok(trace, stop['drafter_top_id'])} {stop['drafter_top_logprob']:.3f}")
+    prob = "" if stop["target_prob"] is None else f" p {stop['target_prob']:.4f}"
+    rank = stop["target_draft_rank"]
+    vocab = ("" if stop["target_vocab_rank"] is None or isinstance(rank, int)
+             else f" (rank {stop['target_vocab_rank']} in its whole distribution)")
+    print(f"stopped at depth {stop['depth']} after node {stop['last_accepted']}: target's token "
+          f"{_tok(trace, stop['target_token_id'])}{prob}; drafter's rank for it: "
+          f"{'-' if rank is None else rank}{vocab}; drafter's top there: {top}; reason: {stop['reason']}")
+    unit = "chain length" if st.method == "dflash" else "budget"
+    print(f"{unit} curve ({unit}:tokens gained, where it steps up): {budget_line(analysis.recorded_curve(st))}")
+    if st.draft_top_ids:
+        taken = {(n.depth, n.rank) for n in st.nodes[1:]}
+        print(f"drafter's grid (top {len(st.draft_top_ids[0])} per depth, log-prob; * taken by the tree, "
+              "> on the accepted path):")
+        path = {(st.nodes[a].depth, st.nodes[a].rank) for a in st.accepted[1:]}
+        for d, (ids, lps) in enumerate(zip(st.draft_top_ids, st.draft_top_logprobs), start=1):
+            cells = [f"{'>' if (d, r) in path else '*' if (d, r) in taken else ' '}{_tok(trace, t)} {lp:.2f}"
+                     for r, (t, lp) in enumerate(zip(ids, lps))]
+            print(f"  d{d:<2} " + "  ".join(cells))
+    print("nodes (p@parent: the target's probability of the node's token after its parent; choice@parent: what it "
+          "chose there; top after: its top-k after the node):")
+    print(f"  {'pos':>4} {'par':>4} {'d':>2} {'r':>3} {'token':<20} {'draft lp':>8} {'p@parent':>9}  choice@parent"
+          "          top after")
+    for n in st.nodes:
+        info = analysis.node_info(st, n.id)
+        p = info["target_prob_of_node"]
+        pp = "-" if n.parent < 0 else (f"{p:.4f}" if p is not None else "<top-k")
+        choice = "" if n.parent < 0 else ("= node" if info["node_is_choice"] else _tok(trace, info["target_choice_at_parent"]))
+        after = " ".join(f"{_tok(trace, t)}:{q:.3f}" for t, q in info["target_top_here"])
+        mark = "✓" if info["accepted"] and n.id else " "
+        print(f" {mark}{n.id:>4} {n.parent:>4} {n.depth:>2} {n.rank:>3} {_tok(trace, n.token_id)[:20]:<20} "
+              f"{n.logprob:>8.3f} {pp:>9}  {choice[:22]:<22} {after}")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
     python -m ddtree_viz.gpu_bench [--layers 64] [--dtype bfloat16] [--budgets 16 32 64 128] [--json OUT]
     python -m ddtree_viz.gpu_bench --exactness          # fp32 at real widths (8 layers) + bf16 at full depth
+    python -m ddtree_viz.gpu_bench --fast --fast-only --exactness --json gpu.json   # issue #18: the runner only,
+                                                        # its figures against their targets (speed.fast.targets)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
 weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.
@@ -15,7 +17,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -44,10 +46,21 @@ class BenchConfig:
     device: str = "cuda"  # "cpu" with --smoke
     split: bool = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
     fast: bool = False  # --fast: also measure the static runner (engine/runner.py)
+    fast_only: bool = False  # --fast-only: of transformers' forward only the bound, prefill and greedy step
+    gdn_kernel: str = "auto"  # the runner's options (RunnerOptions): --gdn-kernel, --no-fused, --attention
+    fused: bool | None = None
+    attention: str = "eager"
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
-        return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast)
+        return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
+                   fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
+                   attention=a.attention)
+
+    def runner_options(self):
+        from .engine.runner import RunnerOptions
+
+        return RunnerOptions(self.gdn_kernel, self.fused, self.attention)
 
     @property
     def cuda(self) -> bool:
@@ -250,6 +263,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     prefill = target(input_ids=prompt, cache=base, use_cache=True, output_hidden_states=True, logits_to_keep=1)
     sync()
     out["prefill_ms"] = (time.perf_counter() - start) * 1e3
+    out["prefill_kernels"] = prefill_kernels()
 
     def fresh_cache():
         import copy
@@ -275,7 +289,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     logprobs = draft()
 
     rows = []
-    for budget in budgets:
+    for budget in [] if bench.fast_only else budgets:
         k = min(budget, logprobs.shape[-1])
         values, ids = torch.topk(logprobs, k, dim=-1)
         v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
@@ -308,14 +322,16 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     def chain_verify():
         verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
 
-    out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
-    out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
+    if not bench.fast_only:
+        out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
+        out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
     if bench.fast and not bench.split:
-        out["fast"] = fast_speed(pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs, bound_ms,
-                                 out["greedy_step_ms"], sync)
+        out["fast"] = fast_speed(bench, pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs,
+                                 bound_ms, out["greedy_step_ms"], out["draft_ms"], sync)
     out["peak_memory_GiB"] = peak_memory_gib(bench)
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
-        out[f"{key}_per_bound"] = out[key] / bound_ms
+        if key in out:
+            out[f"{key}_per_bound"] = out[key] / bound_ms
     for row in rows:
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
@@ -326,10 +342,12 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
 
 
 @torch.no_grad()
-def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: float, hf_greedy_ms: float,
-               sync) -> dict:
-    """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs.
-    ``sync`` waits for the models' devices (``engine.verify.device_sync``)."""
+def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: float,
+               hf_greedy_ms: float, draft_ms: float, sync) -> dict:
+    """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs, its
+    prefill at 512 and 2,048 tokens, the same passes with each of its options switched (``variants``) and every
+    figure against issue #18's target (``targets``). ``sync`` waits for the models' devices
+    (``engine.verify.device_sync``); ``draft_ms`` is the isolated drafter pass measured before."""
     from .engine.engines import RunnerEngine
     from .engine.runner import StaticRunner
     from .engine.session import DecodeSession
@@ -339,19 +357,24 @@ def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: 
     timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
+    options = bench.runner_options()
+    max_len = len(prompt) + 2048
     start = time.perf_counter()
     try:
-        runner = StaticRunner(target, max_len=len(prompt) + 2048, sizes=sizes, feature_layer_ids=drafter.target_layer_ids)
+        runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
+                              options=options)
         graphs_error = None
     except Exception as exc:  # report what broke, measure without graphs
         graphs_error = f"{type(exc).__name__}: {exc}"
-        runner = StaticRunner(target, max_len=len(prompt) + 2048, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
-                              graphs=False)
+        runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
+                              graphs=False, options=options)
+    out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
+                 "graphs_error": graphs_error}
+    out["prefill"] = runner_prefill(runner, prompt, sync, lengths=(len(prompt), 2048))
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
         runner.slot_for(size)
-    out: dict = {"graphs": runner.graphs, "graphs_error": graphs_error, "capture_s": time.perf_counter() - start,
-                 "sizes": sizes, "buckets": runner.buckets}
+    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets)
     token = int(logits.argmax())
     rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
@@ -399,7 +422,138 @@ def fast_speed(pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: 
     out["round_budget_64"]["round_ms"] = sum(out["round_budget_64"][k] for k in ("draft", "tree", "verify_commit"))
     out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
     out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
+    del session, engine, runner
+    if bench.cuda:
+        torch.cuda.empty_cache()
+    out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
+    out["targets"] = fast_targets(out, bound_ms, draft_ms)
     return out
+
+
+def runner_prefill(runner, prompt: list[int], sync, lengths=(512, 2048), repeats: int = 3) -> dict:
+    """The runner's prefill (transformers' forward + the copy into the static state) at each prompt length: the
+    first (cold: kernel compilation and autotuning) and the median of `repeats` more."""
+    out = {"kernels": prefill_kernels()}
+    for n in lengths:
+        ids = (prompt * (n // len(prompt) + 1))[:n]
+        times = []
+        for _ in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            runner.prefill(ids)
+            sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        out[f"prefill_{n}_cold_ms"], out[f"prefill_{n}_ms"] = times[0], statistics.median(times[1:])
+    return out
+
+
+def prefill_kernels() -> dict:
+    """Which implementation transformers' Qwen3.5 layers run in the prefill: fla's chunked delta rule (and
+    causal-conv1d's conv) when those packages import, else transformers' own torch fallbacks."""
+    import inspect
+
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    out = {}
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn"):
+        fn = getattr(qwen, name, None)
+        impl = None
+        while fn is not None and impl is None:  # the hub-kernel wrappers keep the chosen one in a closure
+            impl = inspect.getclosurevars(fn).nonlocals.get("implementation") if inspect.isfunction(fn) else None
+            fn = getattr(fn, "__wrapped__", None)
+        out[name] = f"{impl.__module__}.{impl.__qualname__}" if impl is not None else "unknown"
+    out["fla_active"] = out["torch_chunk_gated_delta_rule"].startswith("fla.")
+    return out
+
+
+def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, main, sync, bound_ms: float) -> list[dict]:
+    """The runner's greedy step and budget-64 / 128 verify with one option switched at a time (the Triton delta
+    rule, fused projections, the attention form), each on a runner of its own; a variant that cannot run here
+    (no Triton, no GPU) reports why."""
+    from dataclasses import replace
+
+    from .engine.engines import RunnerEngine
+    from .engine.runner import StaticRunner
+    from .engine.tree import DraftTree, one_node
+
+    timed = timer(sync)
+    resolved = main.resolve(torch.device(bench.device))
+    switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-tree"), ("gdn_kernel", "triton"), ("fused", False),
+                ("fused", True), ("attention", "sdpa"), ("attention", "eager")]
+    rows = []
+    for field, value in switched:
+        options = replace(resolved, **{field: value})
+        if options == resolved:
+            continue
+        row = {"options": asdict(options)}
+        trees = {b: DraftTree.from_logprobs(root, logprobs, b) for b in (64, 128)}
+        try:
+            runner = StaticRunner(target, max_len=len(prompt) + 512, sizes=[1, *(len(t) for t in trees.values())],
+                                  options=options)
+        except ValueError as exc:
+            rows.append({**row, "error": str(exc)})
+            continue
+        row.update(options=asdict(runner.options), kernel_error=runner.kernel_error)  # as it ran
+        runner.prefill(prompt)
+        engine = RunnerEngine(target, None, tree_size=129, block_size=16, max_new_tokens=256, runner=runner)
+        token = root
+
+        def greedy_step():
+            nonlocal token
+            tree_pass = engine.forward(one_node(token))
+            token = int(tree_pass.logits[0].argmax())
+            engine.commit(tree_pass, [0])
+
+        row["greedy_step_ms"] = timed(greedy_step, repeats=20)
+        row["greedy_step_per_bound"] = row["greedy_step_ms"] / bound_ms
+        for budget, tree in trees.items():
+            row[f"verify_{budget}_ms"] = timed(lambda: runner.forward(tree), repeats=10)
+            row[f"verify_{budget}_per_greedy_step"] = row[f"verify_{budget}_ms"] / row["greedy_step_ms"]
+        rows.append(row)
+        del engine, runner
+        if bench.cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _target(ms: float, of: float, limit: float, of_name: str) -> dict:
+    return {"ms": ms, "ratio": ms / of, "of": of_name, "target": f"<= {limit}x", "met": ms <= limit * of}
+
+
+def fast_targets(fast: dict, bound_ms: float, draft_ms: float) -> dict:
+    """Issue #18's targets, each figure with its ratio and whether it is met (exactness is added by main())."""
+    step = fast["greedy_step_ms"]
+    verify = {row["budget"]: row["verify_ms"] for row in fast["budgets"]}
+    rnd = fast["round_budget_64"]
+    out = {"greedy_step": _target(step, bound_ms, 1.3, "weight-read bound")}
+    for budget, limit in ((64, 1.15), (128, 1.4)):
+        if budget in verify:
+            out[f"verify_{budget}"] = _target(verify[budget], step, limit, "runner greedy step")
+    out["draft_in_round"] = {"ms": rnd["draft"], "ratio": rnd["draft"] / step, "of": "runner greedy step",
+                             "target": "<= 3 ms", "met": rnd["draft"] <= 3.0, "isolated_draft_ms": draft_ms}
+    out["round_64"] = _target(rnd["round_ms"], step, 1.5, "runner greedy step")
+    out["host_per_round"] = {"ms": rnd["host"], "target": "< 0.5 ms", "met": rnd["host"] < 0.5}
+    prefill = fast["prefill"].get("prefill_2048_ms")
+    if prefill is not None:
+        out["prefill_2048"] = {"ms": prefill, "target": "<= 400 ms", "met": prefill <= 400.0,
+                               "fla_active": fast["prefill"]["kernels"]["fla_active"]}
+    return out
+
+
+def exactness_target(results: list[dict]) -> dict:
+    """Issue #18's exactness target: the runner's DDTree == its greedy (and its greedy == transformers') in every
+    float32 run at real widths."""
+    return {"runs": len(results), "identical": sum(r["identical"] for r in results),
+            "target": "every fp32 run identical", "met": bool(results) and all(r["identical"] for r in results)}
+
+
+def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int):
+    """The exactness checks' target (real widths, random weights), its pair (no drafter: oracle drafts) and a
+    seeded random prompt."""
+    target = build_target(bench, layers, dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    return target, pair_of(bench, target, None, dtype), prompt
 
 
 @torch.no_grad()
@@ -411,11 +565,9 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     from .engine.runner import StaticRunner
     from .engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
-    target = build_target(bench, layers, dtype)
-    pair = pair_of(bench, target, None, dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
-    runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)])
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
+    runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
+                          options=bench.runner_options())
 
     def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
         return RunnerEngine(target, None, tree_size=tree_size, block_size=16, max_new_tokens=new_tokens, runner=runner)
@@ -425,7 +577,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
-                "identical": idx is None, "first_divergence": idx,
+                "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
     print(json.dumps(results[-1]), flush=True)
     for budget in budgets:
@@ -479,10 +631,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     from .engine.oracle import OracleProposer
     from .engine.session import DecodeSession, GreedyReference, first_divergence
 
-    target = build_target(bench, layers, dtype)
-    pair = pair_of(bench, target, None, dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
     results = []
     for budget in budgets:
@@ -520,7 +669,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-map", choices=("none", "auto"), default="none",
                    help="auto: split the target's layers over every visible GPU with accelerate (drafter on the first)")
     p.add_argument("--fast", action="store_true", help="also measure the static runner (CUDA graphs), and check its exactness")
-    p.add_argument("--fast-only", action="store_true", help="with --exactness: check the runner only")
+    p.add_argument("--fast-only", action="store_true",
+                   help="the runner only: of transformers' forward just the bound, prefill, greedy step and drafter pass; "
+                        "with --exactness, check the runner only")
+    p.add_argument("--gdn-kernel", choices=("auto", "torch", "triton", "triton-tree"), default="auto",
+                   help="the runner's delta rule: auto = the Triton kernel on CUDA when Triton imports, else torch")
+    p.add_argument("--no-fused", action="store_true", help="the runner without fused projections")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="eager", help="the runner's attention form")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
     bench = BenchConfig.from_args(a)
@@ -531,9 +686,15 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     report["transformers"] = transformers.__version__
+
+    def save():  # after every part, so that a run stopped midway keeps what it measured
+        if a.json:
+            Path(a.json).write_text(json.dumps(report, indent=1))
+
     if not a.skip_speed:
         report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
+        save()
     checks = []  # transformers' forward (DecodeSession), then the static runner
     if a.exactness and not a.fast_only:
         checks.append(("exactness", exactness))
@@ -541,10 +702,16 @@ def main(argv: list[str] | None = None) -> int:
         checks.append(("fast_exactness", fast_exactness))
     for name, check in checks:
         report[f"{name}_fp32_8_layers"] = check(bench, 8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens)
+        save()
         report[f"{name}_bf16_full_depth"] = check(bench, a.layers, torch.bfloat16, [32], a.new_tokens,
                                                   ranks_list=((0,), (1,)))
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
+        save()
+    fast = report.get("speed", {}).get("fast")
+    if fast is not None and "fast_exactness_fp32_8_layers" in report:
+        fast["targets"]["exactness_fp32"] = exactness_target(report["fast_exactness_fp32_8_layers"])
+    if fast is not None:
+        print(json.dumps({"targets": fast["targets"]}, indent=1), flush=True)
+    save()
     return 0
 
 

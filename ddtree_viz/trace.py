@@ -78,6 +78,17 @@ class StepRecord:
     # the argmax) and its probability under the filtered, tempered distribution. Empty when greedy.
     target_choice: tuple[int, ...] = ()
     target_prob: tuple[float, ...] = ()
+    # {str(b): tokens the round would have gained under budget b}, b = 1..the round's own (for the DFlash chain:
+    # chain length b); exact, see ddtree_viz/analysis.py. JSON keys are strings.
+    budget_curve: dict[str, int] = dataclasses.field(default_factory=dict)
+    # the drafter's grid the tree was built from: row d-1 = its top-k candidates at depth d (ids, log-probs
+    # rounded to 3 decimals), best first; k = min(budget, the session's cap) (DFlash: the cap)
+    draft_top_ids: tuple[tuple[int, ...], ...] = ()
+    draft_top_logprobs: tuple[tuple[float, ...], ...] = ()
+    # the target's top-k at each tree position, root first (ids, probabilities rounded to 4 decimals): under
+    # softmax(logits) when greedy, under the filtered tempered distribution when sampling
+    target_top_ids: tuple[tuple[int, ...], ...] = ()
+    target_top_probs: tuple[tuple[float, ...], ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -111,7 +122,7 @@ class Trace:
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(to_plain(self), indent=indent, ensure_ascii=False)
+        return dumps(to_plain(self), indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
@@ -126,14 +137,99 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        path = Path(path)
-        if not path.is_file():
-            raise TraceError(f"trace file not found: {path}")
+        return cls.from_json(_read(path))
+
+
+COMPARE_KIND = "compare"
+
+
+@dataclass(frozen=True)
+class CompareTrace:
+    """Two sessions on the same prompt with different configurations, stepped in lockstep (the page's compare
+    mode, `run --compare`): both recorded in full, so the comparison replays with no model. JSON: `{"schema_version",
+    "kind": "compare", "a": <trace>, "b": <trace>}`."""
+
+    a: Trace
+    b: Trace
+    kind: str = COMPARE_KIND
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self, indent: int | None = None) -> str:
+        return dumps(to_plain(self), indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(indent=1), encoding="utf-8")
+
+
+def load_any(path: str | Path) -> Trace | CompareTrace:
+    """A trace file or a compare trace file, checked (TraceError naming the problem)."""
+    return any_from_json(_read(path))
+
+
+def any_from_json(text: str) -> Trace | CompareTrace:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"the trace is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("kind") == COMPARE_KIND:
+        _check_version(data)
+        for side in ("a", "b"):
+            if side not in data:
+                raise TraceError(f"the compare trace has no '{side}' trace")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TraceError(f"cannot read trace file {path}: {exc}") from None
-        return cls.from_json(text)
+            return CompareTrace(trace_from_dict(data["a"]), trace_from_dict(data["b"]))
+        except TraceError as exc:
+            raise TraceError(f"compare trace: {exc}") from None
+    return trace_from_dict(data)
+
+
+def _read(path: str | Path) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read trace file {path}: {exc}") from None
+
+
+def dumps(data: Any, indent: int | None = None) -> str:
+    """JSON text (UTF-8 kept). With an indent, objects and lists of objects are laid out one entry a line, but a
+    list of plain values (ids, probabilities, a top-k row) and an object of such (a node, a tensor, the timings)
+    stay on one line: a line per number would make the file several times larger."""
+    if indent is None:
+        return json.dumps(data, ensure_ascii=False)
+    return _dumps(data, indent, 0)
+
+
+def _flat(value: Any) -> bool:
+    """A plain value, a list of plain values, or an object of those: written on one line."""
+    if isinstance(value, dict):
+        return all(not isinstance(v, dict) and (not isinstance(v, list) or _flat(v)) for v in value.values())
+    if isinstance(value, list):
+        return not any(isinstance(v, (dict, list)) for v in value)
+    return True
+
+
+def _dumps(value: Any, indent: int, level: int) -> str:
+    pad, inner = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(value, dict) and level > 0 and _flat(value):  # a node, a tensor, the timings: one line
+        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {_dumps(v, indent, level + 1)}"
+                 for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        if all(isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v) for v in value):
+            rows = [inner + json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in value]
+        else:
+            rows = [inner + _dumps(v, indent, level + 1) for v in value]
+        return "[\n" + ",\n".join(rows) + "\n" + pad + "]"
+    if isinstance(value, list):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
 
 
 def to_plain(obj: Any) -> Any:
@@ -258,6 +354,15 @@ def _check_step(step: StepRecord, where: str) -> None:
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
             raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
+    for ids_name, values_name, rows in (("draft_top_ids", "draft_top_logprobs", None),
+                                        ("target_top_ids", "target_top_probs", n)):
+        ids, values = getattr(step, ids_name), getattr(step, values_name)
+        if rows is not None and ids and len(ids) != rows:
+            raise TraceError(f"{where}: {ids_name} has {len(ids)} rows for {n} nodes")
+        if len(values) != len(ids) or any(len(a) != len(b) for a, b in zip(ids, values)):
+            raise TraceError(f"{where}: {values_name} does not match {ids_name} entry for entry")
+    if any(not k.isdigit() or not isinstance(v, int) for k, v in step.budget_curve.items()):
+        raise TraceError(f"{where}: budget_curve must map budgets (whole numbers as strings) to token counts")
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not isinstance(step.timings_ms, dict):
@@ -299,6 +404,13 @@ def sampling_flags(settings: dict[str, Any]) -> str:
 def trace_from_dict(data: Any) -> Trace:
     if not isinstance(data, dict):
         raise TraceError("the trace must be a JSON object")
+    if data.get("kind") == COMPARE_KIND:
+        raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
+    _check_version(data)
+    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
+
+
+def _check_version(data: dict) -> None:
     version = data.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise TraceError("the trace has no integer 'schema_version': not a ddtree-viz trace")
@@ -309,4 +421,3 @@ def trace_from_dict(data: Any) -> Trace:
         )
     if version < 1:
         raise TraceError(f"unsupported schema_version {version}")
-    return _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})

@@ -21,6 +21,23 @@ from .render import export as exporter
 
 KEYS_JS = """
 () => {
+  // the node inspector: a click on a tree node writes its tree position into the hidden #ddv-inspect-click box
+  // (gr.Plot forwards no plotly events); a nonce makes a second click on the same node count too
+  const hook = () => {
+    document.querySelectorAll('#ddv-tree .js-plotly-plot').forEach((plot) => {
+      if (plot._ddvHooked || !plot.on) return;
+      plot._ddvHooked = true;
+      plot.on('plotly_click', (ev) => {
+        const pt = ev && ev.points && ev.points[0];
+        if (!pt || pt.customdata === undefined || pt.customdata === null) return;
+        const box = document.querySelector('#ddv-inspect-click textarea, #ddv-inspect-click input');
+        if (!box) return;
+        box.value = pt.customdata + ':' + Date.now();
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
+  };
+  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
   document.addEventListener('keydown', (e) => {
     const t = e.target;
     if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
@@ -45,7 +62,8 @@ def click_js(elem_id: str) -> str:
 
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
-CSS = ".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; }"
+CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
+       ".ddv-hidden { display: none !important; }")
 
 
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
@@ -134,8 +152,32 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         with gr.Row():
             round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
+        with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
+                          elem_id="ddv-compare-controls"):
+            with gr.Row():
+                compare_on = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
+                c_budget = gr.Slider(1, 512, value=16, step=1, label="B: budget", elem_id="ddv-compare-budget")
+                c_block = gr.Slider(2, block_max, value=block_max, step=1, label="B: block size")
+                c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
+                c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
+                                    elem_id="ddv-compare-verify")
+                c_engine = gr.Dropdown([ui.SAME, "auto", "transformers", "runner"], value=ui.SAME, label="B: engine")
+                c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
         status = gr.Markdown(elem_id="ddv-status")
-        tree_plot = gr.Plot(label="Draft tree (accepted path highlighted)", elem_id="ddv-tree")
+        with gr.Row():
+            tree_plot = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
+                                elem_id="ddv-tree")
+            tree_b = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
+        compare_html = gr.HTML(visible=False, elem_id="ddv-compare")
+        # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
+        stop_html = gr.HTML(elem_id="ddv-stop")
+        with gr.Row():
+            inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
+                                     elem_id="ddv-inspect", scale=1)
+            with gr.Column(scale=5):
+                inspector = gr.HTML(elem_id="ddv-inspector")
+        inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
+        grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
         with gr.Row():
             mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
             cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
@@ -145,6 +187,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
                             elem_id="ddv-diff")
         with gr.Row():
             accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+            depth_plot = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
+        with gr.Row():
+            budget_plot = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
             stats_md = gr.Markdown(elem_id="ddv-stats")
         divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
         with gr.Row():
@@ -166,16 +211,35 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
 
         tab = gr.State(ui.TabState(), time_to_live=3600)
-        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed]
-        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider]
+        settings = [prompt, budget, block, max_new, verify, method, temperature, top_p, top_k, seed,
+                    compare_on, c_budget, c_block, c_method, c_verify, c_engine, c_dtype]
+        views = [status, tree_plot, mask_plot, cache_df, cache_plot, diff_html, accept_plot, stats_md, divergence, round_slider,
+                 tree_b, compare_html, grid_plot, budget_plot, depth_plot, stop_html, inspector, inspect_dd]
 
         def show(t: ui.TabState, ph: str):
             # figures go out as FigureSpecs: gr.Plot sends their to_json(), no plotly validation on the way
             v = ui.render_views(host, t, ph)
             table = v.cache_html or v.layout_html
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
+            compare = v.tree_b_spec is not None
             return [v.status, v.tree_spec, v.mask_spec, table, v.cache_spec, v.diff_html, v.acceptance_spec, v.stats,
-                    v.divergence, slider]
+                    v.divergence, slider, gr.Plot(value=v.tree_b_spec, visible=compare),
+                    gr.HTML(value=v.compare, visible=compare), v.grid_spec,
+                    v.budget_spec, v.depth_spec, v.stop, v.inspector,
+                    gr.Dropdown(choices=v.node_choices, value=v.inspect)]
+
+        def inspector_only(t: ui.TabState):
+            html, choices, node = ui.inspector_view(t)
+            return [html, gr.Dropdown(choices=choices, value=node)]
+
+        @_errors
+        def on_inspect(t, node):
+            return [ui.inspect(t, node)] + inspector_only(t)
+
+        @_errors
+        def on_click_node(t, value):
+            # '3:nonce' from the page's plotly_click hook (the bonus star's position is past the tree: ignored)
+            return [ui.inspect(t, (value or "").partition(":")[0])] + inspector_only(t)
 
         @_errors
         def on_step(t, ph, *s):
@@ -210,9 +274,10 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         def on_download(t):
             if t.trace is None:
                 raise ui.InputError("nothing to download yet: step or replay first")
-            fd, path = tempfile.mkstemp(prefix="ddtree-trace-", suffix=".json")
+            fd, path = tempfile.mkstemp(prefix="ddtree-compare-" if t.other_trace is not None else "ddtree-trace-",
+                                        suffix=".json")
             os.close(fd)
-            t.trace.save(path)
+            ui.saved_trace(t).save(path)
             return gr.DownloadButton(f"Download {os.path.basename(path)}", value=path, visible=True)
 
         @_errors
@@ -245,6 +310,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
         round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
+        inspect_dd.input(on_inspect, [tab, inspect_dd], [tab, inspector, inspect_dd], api_name="inspect")
+        inspect_click.change(on_click_node, [tab, inspect_click], [tab, inspector, inspect_dd], api_name="inspect_click")
         trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
         ex_button.click(on_export, [tab, phase, ex_format, ex_figure, ex_show, ex_colors, ex_min_lp, ex_depth, ex_title],
                         [ex_file], api_name="export").success(None, js=click_js("ddv-export-file"))

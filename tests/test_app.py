@@ -142,6 +142,70 @@ def test_token_text_is_escaped_in_every_html_view(host):
         assert "<script" not in html and "<img" not in html
 
 
+def test_node_inspector_grid_budget_and_depth_views(host):
+    tab = ui.TabState()
+    for _ in range(2):
+        tab = ui.step(host, tab, *args(budget=8))
+    step = tab.trace.steps[-1]
+    v = ui.render_views(host, tab)
+    assert v.inspect == step.accepted[-1]  # by default: where the walk stopped
+    assert f'data-node="{v.inspect}"' in v.inspector and "target&#x27;s top-5" in v.inspector
+    assert [c[1] for c in v.node_choices] == list(range(len(step.nodes)))
+    assert "stopped at depth" in v.stop and v.grid is not None and v.budget is not None and v.depth is not None
+    assert list(v.budget.data[0].x) == list(range(1, 9)) and v.budget.data[0].y[-1] == step.acceptance
+    other = next(n.id for n in step.nodes if n.parent == step.accepted[-1])  # rejected there: not the choice
+    tab = ui.inspect(tab, v.node_choices[other][0])  # the selector's label
+    html, _, shown = ui.inspector_view(tab)
+    assert shown == other and f'data-node="{other}"' in html and "Did the target want this token? no" in html
+    tab = ui.inspect(tab, str(len(step.nodes) + 5))  # past the tree (the bonus star): ignored
+    assert ui.inspector_view(tab)[2] == other
+    with pytest.raises(InputError, match="not a tree position"):
+        ui.inspect(tab, "abc")
+    tab = ui.move(tab, delta=-1)  # another round: back to its stopping node
+    assert ui.inspector_view(tab)[2] == tab.trace.steps[0].accepted[-1]
+
+
+COMPARE = (True, 4, 8, "dflash", "exact", "same", "same")
+
+
+def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
+    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))  # A alone first
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *COMPARE)  # B starts and catches up: lockstep
+    assert len(tab.other.history) == len(tab.session.history) == 2
+    assert tab.other.method == "dflash" and tab.other.budget == 4
+    v = ui.render_views(host, tab)
+    assert v.tree_b is not None and "Compare mode" in v.status and "DFlash chain" in v.status
+    assert 'data-side="A"' in v.compare and 'data-side="B"' in v.compare
+    assert "B: DFlash chain" in v.tree_b.layout.title.text
+    for tab in ui.run_rounds(host, tab, *sampled_args(temperature=0), *COMPARE):
+        pass
+    assert tab.session.done and tab.other.done
+    assert ui.rounds_shown(tab) == max(len(tab.trace.steps), len(tab.other_trace.steps))
+    v = ui.render_views(host, tab)
+    assert "identical to greedy" in v.compare and v.compare.count("identical to greedy") == 2
+    path = tmp_path / "compare.json"
+    ui.saved_trace(tab).save(path)
+    replay = ui.load_replay(ui.TabState(), str(path))
+    again = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), replay)  # no model
+    assert again.compare == v.compare and again.rounds == v.rounds and again.tree_b is not None
+    # off again: B is dropped
+    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))
+    tab = ui.step(host, tab, *sampled_args(temperature=0), False, 4, 8, "dflash", "exact", "same", "same")
+    assert tab.other is None and ui.render_views(host, tab).tree_b is None
+
+
+def test_compare_naive_and_another_dtype(host):
+    tab = ui.TabState()
+    naive = (True, 8, 8, "ddtree", "naive (known-wrong: flattened tree)", "same", "bfloat16")
+    tab = ui.step(host, tab, *sampled_args(temperature=0), *naive)
+    assert tab.other.verify == "naive" and str(tab.other.pair.dtype) == "torch.bfloat16"
+    assert tab.other.pair is host.pair_for("bfloat16")  # loaded once
+    v = ui.render_views(host, tab)
+    assert "NAIVE" in v.tree_b.layout.title.text and "bfloat16" in v.status
+    with pytest.raises(InputError, match="dtype"):
+        ui.step(host, tab, *sampled_args(temperature=0), True, 8, 8, "ddtree", "exact", "same", "float64")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The real app over HTTP (gradio_client)
 # ---------------------------------------------------------------------------------------------------------
@@ -357,4 +421,5 @@ def test_long_session_views_are_cached_per_round_and_bounded(host):
     ids = set(s.prompt_ids) | set(s.generated) | set(tab.trace.greedy_ids)
     for r in s.history:
         ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
+        ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
     assert set(map(int, tab.trace.token_texts)) == ids

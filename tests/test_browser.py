@@ -129,6 +129,62 @@ def test_sampling_controls_new_seed_and_step(page):
     page.screenshot(path=str(ARTIFACTS / "ui-sampling.png"), full_page=True)
 
 
+# the page position of every node marker of the tree plot with its tree position (the traces' customdata)
+NODE_POINTS_JS = """
+() => {
+  const out = [];
+  document.querySelectorAll('#ddv-tree .scatterlayer g.trace').forEach((g) => {
+    const trace = g.__data__ && g.__data__[0] && g.__data__[0].trace;  // plotly binds each trace to its group
+    if (!trace || !trace.customdata) return;
+    g.querySelectorAll('path.point').forEach((p, j) => {
+      const r = p.getBoundingClientRect();
+      out.push({node: trace.customdata[j], name: trace.name, x: r.x + r.width / 2, y: r.y + r.height / 2});
+    });
+  });
+  return out;
+}
+"""
+
+
+def test_click_a_node_to_inspect_it_then_compare_two_configurations(page):
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+    # by default the inspector shows where the walk stopped; the grid and the budget curve are drawn
+    page.wait_for_selector("#ddv-inspector .ddv-inspector", timeout=30_000)
+    for view in ("#ddv-tree", "#ddv-grid", "#ddv-budget", "#ddv-depth"):
+        page.wait_for_selector(f"{view} .js-plotly-plot", timeout=30_000)
+    assert "stopped at depth" in page.locator("#ddv-stop").inner_text()
+    # click a drafted node the walk rejected: the inspector follows
+    points = page.evaluate(NODE_POINTS_JS)
+    target = next(p for p in points if p["name"].startswith("first rejected") or p["name"] == "drafted")
+    page.locator("#ddv-tree").scroll_into_view_if_needed()
+    points = {p["node"]: p for p in page.evaluate(NODE_POINTS_JS)}
+    spot = points[target["node"]]
+    page.mouse.move(spot["x"], spot["y"])
+    page.mouse.click(spot["x"], spot["y"])
+    page.wait_for_function(
+        f"document.querySelector('#ddv-inspector .ddv-inspector').dataset.node === '{target['node']}'", timeout=30_000)
+    text = page.locator("#ddv-inspector").inner_text()
+    assert f"Node {target['node']}" in text and "Did the target want this token? no" in text
+    assert "target's top-5 at the parent" in text and "drafter's top-" in text
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#ddv-inspector").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "ui-inspector.png"), full_page=True)
+    # compare mode: B = the DFlash chain, stepped in lockstep; two trees side by side
+    page.get_by_text("Compare with a second configuration").click()
+    page.locator("#ddv-compare-on input").check()
+    page.locator("#ddv-compare-method").get_by_text("dflash").click()
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Compare mode")
+    page.wait_for_selector("#ddv-tree-b .js-plotly-plot", timeout=30_000)
+    assert "B: DFlash chain" in page.locator("#ddv-tree-b").inner_text()
+    compare = page.locator("#ddv-compare").inner_text()
+    assert "DDTree budget 32" in compare and "DFlash chain" in compare and compare.count("identical to greedy") == 2
+    assert page.locator("#ddv-compare .ddv-compare-row").count() == 2
+    page.screenshot(path=str(ARTIFACTS / "ui-compare.png"), full_page=True)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Issue #17: bar widths, compact cache tables (8 and 64 layers), labelled speed figures, long sessions
 # ---------------------------------------------------------------------------------------------------------

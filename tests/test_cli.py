@@ -248,3 +248,60 @@ def test_bench_measures_several_temperatures_in_one_run(model_args, tmp_path, ca
     assert "== sampling (T 0.7, seed 3) ==" in out and "identical to sampling" in out
     table = out.split("temperature  ddtree acceptance")[1].splitlines()[1:4]
     assert [line.split()[0] for line in table] == ["0", "0.7", "1"] and all(line.endswith("yes") for line in table)
+
+
+def test_run_prints_the_session_analysis_and_compare_writes_both(model_args, capsys, tmp_path):
+    path = tmp_path / "cmp.json"
+    rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "6",
+                   "--compare", "method=dflash,block-size=4", "--trace", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " in out
+    assert "per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): d1:" in out
+    assert "session budget curve (budget:tokens gained" in out and "later rounds elsewhere" in out
+    assert "B: DFlash chain, block 4, exact" in out and "session chain length curve" in out
+    assert "compare: A = DDTree budget 6, block 8, exact; B = DFlash chain, block 4, exact" in out
+    assert "outputs identical for 12 tokens" in out and out.count("identical to its reference") == 2
+    assert "compare trace written to" in out
+    from ddtree_viz.trace import CompareTrace, load_any
+
+    both = load_any(path)
+    assert isinstance(both, CompareTrace) and both.b.settings["method"] == "dflash" and both.b.settings["block_size"] == 4
+    hist = out.split("accepted drafts): ")[1].splitlines()[0].split()
+    assert sum(map(int, hist)) == len(both.a.steps)
+    with pytest.raises(Exception, match="compare trace"):
+        Trace.load(path)
+    # replay --print reads it (both sides and the comparison) with one round in full
+    rc = cli.main(["replay", str(path), "--print", "--round", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "== A ==" in out and "== B ==" in out and "outputs identical for 12 tokens" in out
+    assert "round 1 of" in out and "stopped at depth" in out and "drafter's grid (top 6 per depth" in out
+    assert "drafter's grid (top 16 per depth" in out  # B, the chain: the cap
+    first = both.a.steps[0]
+    assert f"accepted path {list(first.accepted)}" in out
+    table = out.split("== B ==")[0].split("top after\n")[1]
+    node_lines = [ln for ln in table.splitlines() if ln.strip()]
+    assert len(node_lines) == len(first.nodes)
+    assert sum(ln.startswith(" ✓") for ln in node_lines) == first.acceptance - 1
+
+
+@pytest.mark.parametrize("spec, words", [("budget", "KEY=VALUE"), ("colour=red", "KEY=VALUE"),
+                                          ("budget=x", "whole number"), ("method=beam", "method must be one of")])
+def test_bad_compare_specs_are_refused_before_loading(spec, words, capsys):
+    try:
+        rc = cli.main(["run", "--prompt", "x", "--compare", spec])
+    except SystemExit as exc:  # argparse's own refusal
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and "Traceback" not in err
+
+
+def test_replay_round_needs_print(model_args, capsys, tmp_path):
+    path = tmp_path / "t.json"
+    assert cli.main(["run", *model_args, "--prompt", "x = 1", "--max-new-tokens", "4", "--budget", "3",
+                     "--trace", str(path)]) == 0
+    capsys.readouterr()
+    assert cli.main(["replay", str(path), "--round", "1"]) == 2
+    assert "--round goes with --print" in capsys.readouterr().err
+    assert cli.main(["replay", str(path), "--print", "--round", "99"]) == 2
+    assert "out of range" in capsys.readouterr().err

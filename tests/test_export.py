@@ -241,6 +241,12 @@ def test_cli_choices_are_the_exporters():
     assert cli.SCHEME_NAMES == tuple(SCHEMES) and cli.PHASES == ("drafted", "verified")
 
 
+def test_cli_phases_are_the_layouts():
+    from ddtree_viz.render.layout import PHASES
+
+    assert cli.PHASES == PHASES  # spelled out in cli.py so that parsing imports no renderer
+
+
 def test_step_is_the_pages_round_number_or_last(trace):
     n = len(trace.steps)
     assert ex.resolve_round(trace, 1) == 0 and ex.resolve_round(trace, "1") == 0
@@ -815,3 +821,62 @@ def test_html_export_renders_offline_in_a_browser(trace, k, tmp_path):
         finally:
             browser.close()
     assert requests == [path.as_uri()] and errors == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The drafter's grid, and the round's analysis in the JSON export
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_grid_in_every_format(trace, k):
+    st = trace.steps[k - 1]
+    depths, kk = len(st.draft_top_ids), len(st.draft_top_ids[0])
+    taken = {(n.depth, n.rank) for n in st.nodes[1:] if n.rank < kk}
+    root, texts = svg_texts(ex.export_figure(trace, k, "svg", figure="grid"))
+    assert len(by_id(root, "ddt-cell-")) == depths * kk
+    assert {el.get("id") for el in by_id(root, "ddt-taken-")} == {f"ddt-taken-{d}-{r}" for d, r in taken}
+    assert by_id(root, "ddt-grid-path") and any("walk stopped at depth" in t or "walk accepted" in t for t in texts)
+    assert pdf_pages(ex.export_figure(trace, k, "pdf", figure="grid")) == 1
+    assert png_size(ex.export_figure(trace, k, "png", figure="grid", width=6, height=4, dpi=50)) == (300, 200)
+    tikz = ex.export_figure(trace, k, "tikz", figure="grid").decode()
+    assert tikz.count(r"\node[ddt cell") == depths * kk and tikz.count(r"\draw[ddtrejected") == len(taken)
+    page = ex.export_figure(trace, k, "html", figure="grid").decode()
+    assert external_loads(page) == [] and "Drafter" in page
+    data = json.loads(ex.export_figure(trace, k, "json", figure="grid"))
+    cells = data["grid"]["cells"]
+    assert len(cells) == depths * kk and data["grid"]["path"] == [[st.nodes[a].depth, st.nodes[a].rank]
+                                                                   for a in st.accepted[1:]]
+    assert {(c["depth"], c["rank"]) for c in cells if c["taken"]} == taken
+    gray = ex.export_figure(trace, k, "tikz", figure="grid", colors="grayscale").decode()
+    for hexa in re.findall(r"\{HTML\}\{([0-9A-F]{6})\}", gray):
+        if hexa != ex.get_scheme("grayscale").path[1:].upper():
+            assert hexa[0:2] == hexa[2:4] == hexa[4:6], hexa
+
+
+def test_the_json_export_carries_the_rounds_analysis(trace, k):
+    st = trace.steps[k - 1]
+    data = json.loads(ex.export_figure(trace, k, "json"))
+    a = data["analysis"]
+    assert a["stop"]["depth"] == st.acceptance and a["stop"]["target_token_id"] == st.bonus_token_id
+    assert a["budget_curve"] == st.budget_curve and a["budget_curve"][str(len(st.nodes) - 1)] == st.acceptance
+    assert len(a["nodes"]) == len(st.nodes)
+    node = a["nodes"][st.accepted[1]]
+    assert node["node_is_choice"] and node["target_top"][0][0] == node["token_id"]
+    assert data["step"]["target_top_ids"] == [list(r) for r in st.target_top_ids]
+    assert all(str(t) in data["token_texts"] for row in st.target_top_ids for t in row)
+
+
+def test_hostile_text_in_the_grid_and_a_round_without_one(trace, k):
+    evil = dataclasses.replace(trace, token_texts={i: EVIL[int(i) % len(EVIL)] for i in trace.token_texts})
+    svg = ex.export_figure(evil, k, "svg", figure="grid")
+    root, texts = svg_texts(svg)
+    assert b"<script>" not in svg and not any(el.tag.endswith("script") for el in root.iter())
+    tikz = ex.export_figure(evil, k, "tikz", figure="grid").decode()
+    for label in re.findall(r"\(ddtcell-\d+-\d+\) at \(\d+,\d+\) \{(.*)\};", tikz):
+        Tex.check(label)
+    page = ex.export_figure(evil, k, "html", figure="grid").decode()
+    assert "<script>alert(1)" not in page and "<img src=x" not in page
+    bare = dataclasses.replace(trace, steps=tuple(dataclasses.replace(s, draft_top_ids=(), draft_top_logprobs=())
+                                                  for s in trace.steps))
+    with pytest.raises(InputError, match="no drafter grid"):
+        ex.export_figure(bare, k, "svg", figure="grid")

@@ -33,6 +33,21 @@ def test_gpu_bench_smoke_with_the_runner(tmp_path):
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
     assert fp32 and all(r["identical"] for r in fp32)
+    # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager"}  # the CPU defaults
+    prefill = fast["prefill"]
+    assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
+    measured = [v for v in fast["variants"] if "error" not in v]
+    options = [v["options"] for v in measured]
+    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager"} in options
+    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa"} in options
+    assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
+    assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
+    targets = fast["targets"]
+    for name in ("greedy_step", "draft_in_round", "round_64", "host_per_round", "prefill_2048", "exactness_fp32"):
+        assert isinstance(targets[name]["met"], bool), name
+    assert targets["greedy_step"]["ratio"] == fast["greedy_step_ms"] / speed["weight_read_bound_ms"]
+    assert targets["exactness_fp32"]["met"] and targets["exactness_fp32"]["runs"] == len(report["fast_exactness_fp32_8_layers"])
 
 
 def test_gpu_bench_smoke_split(tmp_path):
@@ -40,3 +55,17 @@ def test_gpu_bench_smoke_split(tmp_path):
     report = _bench(tmp_path, "--device-map", "auto", "--skip-speed", "--exactness")
     assert report["device_map"] == "auto"
     assert all(r["identical"] for r in report["exactness_fp32_8_layers"])
+
+
+def test_gpu_bench_smoke_fast_only(tmp_path):
+    """The lead's one command for issue #18 (--fast --fast-only --exactness): transformers' forward gives only the
+    bound, prefill, greedy step and drafter pass; the runner everything, its targets and its exactness."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--exactness", "--no-fused", "--attention", "sdpa")
+    speed = report["speed"]
+    assert speed["budgets"] == [] and "rounds" not in speed and speed["greedy_step_ms"] > 0
+    assert "exactness_fp32_8_layers" not in report
+    fast = speed["fast"]
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa"}
+    assert [row["budget"] for row in fast["budgets"]] == [4, 8]
+    assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
+    assert fast["targets"]["exactness_fp32"]["met"]

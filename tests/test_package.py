@@ -25,6 +25,7 @@ def _pins(path: Path) -> list[str]:
 def test_pyproject_dependencies_are_the_requirements_pins():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["dependencies"] == _pins(ROOT / "requirements.txt")
+    assert project["optional-dependencies"] == {"gpu": _pins(ROOT / "requirements-gpu.txt")}
     assert project["name"] == "ddtree-viz" and project["requires-python"] == ">=3.11"
     assert project["scripts"] == {"ddtree-viz": "ddtree_viz.cli:main"}
 

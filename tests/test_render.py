@@ -14,7 +14,13 @@ from ddtree_viz.render import (
 )
 from ddtree_viz.render import style
 from ddtree_viz.render.layout import DEFAULT_LABEL_CHARS
+from ddtree_viz import analysis
+from ddtree_viz.render.budget_view import budget_figure, depth_figure
+from ddtree_viz.render.compare_view import compare_html
+from ddtree_viz.render.grid_view import grid_data, grid_figure
+from ddtree_viz.render.inspect_view import inspector_html, node_choices, stop_html
 from ddtree_viz.render.text import esc, shorten, token_texts_from_steps, visible
+from ddtree_viz.render.tree_plot import node_hover
 from ddtree_viz.trace import Trace
 from ddtree_viz.engine.oracle import OracleProposer
 from tests.test_exactness import greedy_ids, sibling_oracle
@@ -352,10 +358,13 @@ def test_cache_table_html_is_compact_grouped_and_escaped(oracle, naive):
 
 def test_page_figures_as_plain_data_equal_the_checked_figures(oracle, naive):
     """Issue #17, point 3: the page sends FigureSpecs (plain plotly JSON, no validation); each one's JSON is what
-    plotly's own go.Figure gives for the same figure, so plotly checks everything the page draws, here."""
+    plotly's own go.Figure gives for the same figure (make_subplots' layout for the two-panel charts included), so
+    plotly checks everything the page draws, here."""
     import json
 
+    from ddtree_viz.render.budget_view import budget_spec, depth_spec
     from ddtree_viz.render.cache_view import cache_spec
+    from ddtree_viz.render.grid_view import grid_data, grid_spec
     from ddtree_viz.render.mask_plot import mask_spec
     from ddtree_viz.render.stats_view import acceptance_spec
     from ddtree_viz.render.tree_plot import tree_spec
@@ -364,9 +373,21 @@ def test_page_figures_as_plain_data_equal_the_checked_figures(oracle, naive):
         step = rich_steps(trace)[0] if rich_steps(trace) else trace.steps[-1]
         specs = [tree_spec(tree_layout(step, phase=ph), phase=ph, cmin=-12.0, cmax=0.0) for ph in ("drafted", "verified")]
         specs += [mask_spec(step), mask_spec(step, show_accepted=False), cache_spec(step),
-                  acceptance_spec(trace.steps), acceptance_spec([])]
+                  acceptance_spec(trace.steps), acceptance_spec([]), acceptance_spec(trace.steps, legend=False),
+                  tree_spec(tree_layout(step), path_label=True, legend=False), mask_spec(step, legend=False),
+                  budget_spec(trace.steps), budget_spec(trace.steps, 0), depth_spec(trace.steps),
+                  depth_spec(trace.steps, 8)]
+        if step.draft_top_ids:
+            specs += [grid_spec(grid_data(step)), grid_spec(grid_data(step), legend=False, cmin=-9.0, cmax=0.0)]
         for spec in specs:
             assert json.loads(spec.to_json()) == json.loads(spec.figure().to_json())
+    from plotly.subplots import make_subplots
+
+    from ddtree_viz.render.budget_view import _two_panels
+
+    grid = json.loads(make_subplots(rows=1, cols=2, subplot_titles=("a", "b"), horizontal_spacing=0.12).to_json())
+    grid["layout"].pop("template")
+    assert grid["layout"] == json.loads(json.dumps(_two_panels("a", "b")))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -529,6 +550,85 @@ def test_divergence_rows_report_where_the_walk_stopped(oracle, naive):
     assert html.count("<tr>") == len(oracle.steps) + 1
 
 
+# ---------------------------------------------------------------------------------------------------------
+# why did this round stop there: inspector, grid, budget curve, acceptance by depth, compare
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_hover_gives_the_inspectors_short_form(oracle):
+    step = rich_steps(oracle)[0]
+    lay = tree_layout(step)
+    accepted = lay.node(step.accepted[1])
+    assert accepted.parent_choice == accepted.token_id and accepted.parent_top_k == 5
+    assert "target at the parent: p " in node_hover(accepted, "verified") and "its choice" in node_hover(accepted, "verified")
+    rejected = next(n for n in lay.nodes if n.role == "first_rejected")
+    hover = node_hover(rejected, "verified")
+    assert "it chose" in hover and f"(id {rejected.parent_choice})" in hover
+    assert rejected.parent_choice == step.bonus_token_id
+    assert "target at the parent" not in node_hover(lay.node(0), "verified")
+    assert all(n.parent_top_k == 0 for n in tree_layout(step, phase="drafted").nodes)
+
+
+def test_grid_figure_marks_taken_cells_the_path_and_the_stop(oracle):
+    step = rich_steps(oracle)[0]
+    g = grid_data(step)
+    assert g.depths == len(step.draft_top_ids) and g.k == len(step.draft_top_ids[0])
+    assert g.path == tuple((step.nodes[a].depth, step.nodes[a].rank) for a in step.accepted[1:])
+    assert {(c.depth, c.rank) for c in g.cells if c.taken} == {(n.depth, n.rank) for n in step.nodes[1:]}
+    fig = grid_figure(g)
+    heat = fig.data[0]
+    assert heat.type == "heatmap" and len(heat.z) == g.k and len(heat.z[0]) == g.depths
+    names = [t.name for t in fig.data]
+    assert "accepted path" in names and any(n.startswith("taken") for n in names)
+    stop = analysis.stop_info(step)
+    if isinstance(stop["target_draft_rank"], int) and stop["target_draft_rank"] < g.k:
+        assert "target's token where the walk stopped" in names and g.stop_rank == stop["target_draft_rank"]
+    with pytest.raises(ValueError, match="no drafter grid"):
+        grid_data(dataclasses.replace(step, draft_top_ids=(), draft_top_logprobs=()))
+
+
+def test_budget_and_depth_figures_are_the_analysis(oracle):
+    steps = oracle.steps
+    fig = budget_figure(steps, 2)
+    assert list(fig.data[0].y) == [analysis.recorded_curve(steps[2])[b] for b in fig.data[0].x]
+    total = analysis.session_budget_curve(steps[:3])
+    assert list(fig.data[1].y) == [total[b] for b in fig.data[1].x]
+    assert "later rounds elsewhere" in fig.layout.annotations[-1].text
+    fig = depth_figure(steps, oracle.settings["block_size"])
+    assert list(fig.data[0].y) == analysis.acceptance_histogram(steps, oracle.settings["block_size"])
+    rates = analysis.per_depth_acceptance(steps, oracle.settings["block_size"])
+    assert list(fig.data[1].y) == rates and len(rates) == oracle.settings["block_size"] - 1
+
+
+def test_inspector_stop_and_compare_escape_hostile_text(naive, oracle):
+    for trace in (naive, oracle):
+        evil, text = evil_trace(trace)
+        for step in evil.steps[:3]:
+            for node in (0, step.accepted[-1], len(step.nodes) - 1):
+                html = inspector_html(step, node, text)
+                assert_no_raw_html([html])
+                assert_only_our_tags(html.replace("<p", "<div").replace("</p>", "</div>").replace("<caption", "<div"))
+            assert_no_raw_html([stop_html(step, text)])
+            assert_no_raw_html(all_strings(grid_figure(grid_data(step, text)).to_plotly_json()))
+            assert [i for _, i in node_choices(step, text)] == list(range(len(step.nodes)))  # plain text: a selector
+        html = compare_html(evil, dataclasses.replace(evil, settings={**evil.settings, "verify": "naive"}), text)
+        assert_no_raw_html([html])
+    assert "not in round" in inspector_html(oracle.steps[0], 999)
+
+
+def test_compare_html_says_where_two_outputs_part(oracle, naive):
+    html = compare_html(oracle, oracle)
+    assert "identical" in html and html.count("identical to greedy") == 2
+    other = dataclasses.replace(oracle, output_ids=oracle.output_ids[:3] + (oracle.output_ids[3] + 1,)
+                                + oracle.output_ids[4:], first_divergence=3)
+    html = compare_html(oracle, other)
+    assert "part at token 3" in html and "DIVERGES from greedy at token 3" in html
+    c = analysis.compare_outputs(oracle, other)
+    assert c["part_at"] == 3 and c["b"]["identical"] is False and c["a"]["identical"] is True
+    behind = dataclasses.replace(oracle, output_ids=oracle.output_ids[:5])
+    assert analysis.compare_outputs(oracle, behind)["part_at"] is None  # a live side that is behind has not parted
+
+
 def test_render_is_pure_no_torch_gradio_or_engine():
     import subprocess
     import sys
@@ -538,3 +638,15 @@ def test_render_is_pure_no_torch_gradio_or_engine():
     root = Path(__file__).resolve().parents[1]  # the checkout's package, installed or not
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_stats_carry_the_session_analysis(oracle):
+    summary = stats_summary(oracle)
+    block = oracle.settings["block_size"]
+    assert summary["acceptance_histogram"] == analysis.acceptance_histogram(oracle.steps, block)
+    assert summary["per_depth_acceptance"] == analysis.per_depth_acceptance(oracle.steps, block)
+    assert summary["budget_curve"]["32"] == sum(s.acceptance for s in oracle.steps)
+    md = stats_markdown(summary)
+    rows = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert all(ln.count("|") == 3 for ln in rows), rows  # no stray pipe splits a row
+    assert "rounds by accepted drafts" in md and "tokens by budget" in md

@@ -255,3 +255,74 @@ def test_default_engine_is_the_fastest_exact_engine_that_applies(pair):
     session.prefill(PROMPT)
     session.run()
     assert session.divergence() == (None, None)
+
+
+def test_fused_projections_share_storage_and_change_nothing():
+    """Fused projections (engine/fused.py): each original weight becomes a view of the fused matrix (no byte
+    duplicated), transformers' own forward is bitwise unchanged, and fusing twice reuses the first."""
+    from ddtree_viz.engine.fused import GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
+
+    target = tiny_pair("hybrid", seed=2).target
+    ids = torch.tensor([list(range(3, 20))])
+    before = target(input_ids=ids).logits
+    gdn = target.model.layers[0].linear_attn
+    params = sum(p.numel() for p in target.parameters())
+    weights = [getattr(gdn, n).weight.detach().clone() for n in GDN_PROJECTIONS]
+    fused = fuse_linears(gdn, GDN_PROJECTIONS)
+    assert fused.weight.shape[0] == sum(w.shape[0] for w in weights) and fused.sizes == tuple(w.shape[0] for w in weights)
+    torch.testing.assert_close(fused.weight, torch.cat(weights), rtol=0, atol=0)
+    offset = 0
+    for name, w in zip(GDN_PROJECTIONS, weights):
+        assert getattr(gdn, name).weight.data_ptr() == fused.weight[offset].data_ptr()
+        offset += w.shape[0]
+    assert fuse_linears(gdn, GDN_PROJECTIONS) is fused
+    assert fuse_linears(target.model.layers[0].mlp, ("gate_proj", "down_proj")) is None  # different input widths
+    for layer in target.model.layers:
+        fuse_linears(layer.mlp, MLP_PROJECTIONS)
+    assert sum(p.numel() for p in target.parameters()) == params
+    assert torch.equal(target(input_ids=ids).logits, before)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_runner_with_fused_projections_equals_greedy(attention):
+    """The runner's GPU-side forms on the CPU (fused projections; SDPA over the bucket with a boolean mask):
+    greedy == transformers' greedy, DDTree == greedy token for token, a tree pass == the engine's verify."""
+    from ddtree_viz.engine.runner import RunnerOptions
+
+    pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
+    options = RunnerOptions("torch", True, attention)
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
+                          options=options)
+    assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
+    assert all(f is not None for f in runner._fused.values())
+    assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
+    oracle = OracleProposer(ref.ids, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
+    out, rounds = runner_ddtree(pair, runner, oracle, prompt, NEW, 16)
+    assert out == list(ref.ids) and max(rounds) > 2
+    rng = random.Random(1)
+    tree = tree_from_parents(random_tree(17, 6, rng), rng)
+    runner.prefill(prompt)
+    logits, _, _ = runner.forward(tree)
+    cache = DynamicCache(config=pair.target.config)
+    pair.target(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True)
+    result = verify_tree(pair.target, cache, tree, len(prompt), EXACT, want_hidden=False)
+    torch.testing.assert_close(logits, result.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_runner_options_on_the_cpu():
+    """The defaults resolve to the torch forms on a CPU (bitwise what the runner computed before them); a Triton
+    kernel asked for where it cannot run is a clear error."""
+    from ddtree_viz.engine.kernels import interpreting, triton_available
+    from ddtree_viz.engine.runner import RunnerOptions
+
+    cpu = torch.device("cpu")
+    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager")
+    with pytest.raises(ValueError, match="attention"):
+        RunnerOptions(attention="flash").resolve(cpu)
+    with pytest.raises(ValueError, match="gdn_kernel"):
+        RunnerOptions(gdn_kernel="cuda").resolve(cpu)
+    if not (triton_available() and interpreting()):
+        with pytest.raises(ValueError, match="Triton"):
+            RunnerOptions(gdn_kernel="triton").resolve(cpu)

@@ -34,3 +34,19 @@ def test_trace_round_trips_and_follows_the_contract(tmp_path):
     assert loaded == trace
     assert loaded.to_json() == trace.to_json()
     assert loaded.steps[0].acceptance == len(loaded.steps[0].accepted)
+
+
+def test_saved_traces_keep_lists_and_small_objects_on_one_line(tmp_path):
+    pair = tiny_pair("hybrid", seed=2)
+    session = DecodeSession(pair, budget=12, max_new_tokens=8)
+    session.prefill('x = "[1,\\n 2]"  # a string that looks like a list')
+    session.run()
+    trace = session.to_trace()
+    path = tmp_path / "t.json"
+    trace.save(path)
+    text = path.read_text()
+    assert Trace.load(path) == trace and json.loads(text) == json.loads(trace.to_json())
+    assert len(text) < 0.8 * len(json.dumps(json.loads(text), indent=1, ensure_ascii=False))
+    lines = text.splitlines()
+    assert any(line.strip().startswith('{"id": 1, "parent": 0') for line in lines)  # a node: one line
+    assert any(line.strip().startswith('"target_argmax": [') and line.rstrip().endswith("],") for line in lines)

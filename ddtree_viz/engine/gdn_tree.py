@@ -201,16 +201,20 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents):
+def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents,
+               projections=None, repeat_heads: bool = True):
     """Projections + tree conv + the per-token q, k, v, g, beta exactly as transformers computes them.
 
-    hidden: [T, D] (batch of one, already normed). Returns (u [T, C], z [T, H, V], q, k [T, H, K], v [T, H, V],
-    g, beta [T, H]) with q/k/v/g/beta fp32."""
+    hidden: [T, D] (batch of one, already normed). `projections`: (u, z, b, a) already computed (the static
+    runner's fused GEMM, engine/fused.py), else the layer's four projections run here. Returns (u [T, C],
+    z [T, H, V], q, k [T, H, K], v [T, H, V], g, beta [T, H]) with q/k/v/g/beta fp32; with repeat_heads=False
+    q and k keep their Hk key heads ([T, Hk, K], for a consumer that reads grouped heads in place)."""
     n = hidden.shape[0]
-    u = layer.in_proj_qkv(hidden)  # [T, C]
-    z = layer.in_proj_z(hidden).reshape(n, -1, layer.head_v_dim)
-    b = layer.in_proj_b(hidden)
-    a = layer.in_proj_a(hidden)
+    if projections is None:
+        projections = (layer.in_proj_qkv(hidden), layer.in_proj_z(hidden), layer.in_proj_b(hidden),
+                       layer.in_proj_a(hidden))
+    u, z, b, a = projections  # u: [T, C]
+    z = z.reshape(n, -1, layer.head_v_dim)
     weight = layer.conv1d.weight.squeeze(1)
     if index is not None:
         mixed = tree_conv(u, conv_state, weight, index.conv_gather)
@@ -223,7 +227,7 @@ def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: Tre
     beta = b.sigmoid()
     g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias)
     rep = layer.num_v_heads // layer.num_k_heads
-    if rep > 1:  # grouped value heads: each key head serves `rep` consecutive value heads
+    if rep > 1 and repeat_heads:  # grouped value heads: each key head serves `rep` consecutive value heads
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
     return u, z, q, k, value.float(), g.float(), beta.float()

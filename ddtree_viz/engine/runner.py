@@ -25,10 +25,19 @@ Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run
 driven through engines.RunnerEngine (DecodeSession, EngineGreedy), which also sizes it. The prefill
 runs transformers' own forward once and copies its cache in. The tree size T is padded up to the nearest
 captured size with inert nodes (children of the root that nothing descends from).
+
+Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
+bitwise what they were):
+    gdn_kernel  the delta rule in one Triton kernel per GDN layer (kernels/tree_gdn.py) instead of ~25 torch
+                kernels and two triangular solves; "triton-tree" keeps the torch one-step form for T = 1
+    fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
+    attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
+                the bucket's boolean mask), to measure both in one run
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -40,8 +49,10 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
 from ..errors import ModelLoadError
 from .cache import layer_types
+from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
+from .kernels import interpreting, triton_available
 from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
-from ..treeops import conv_gather
+from ..treeops import ancestor_matrix, conv_gather
 from .tree import DraftTree
 from .verify import decoder_layers, gdn_modules
 
@@ -53,6 +64,35 @@ def delta_rule_step(q, k, v, g, beta, state):
     delta = beta[0][:, None] * (v[0] - torch.einsum("hkv,hk->hv", decayed, k[0]))
     out = torch.einsum("hkv,hk->hv", decayed, q[0]) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
     return out[None], delta[None]
+
+
+GDN_KERNELS = ("auto", "torch", "triton", "triton-tree")
+ATTENTION_KINDS = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections on
+    CUDA, the torch tree delta rule everywhere (on an H200 at Qwen3.6-27B shapes the Triton kernel verified a
+    budget-64 tree in 33.5 ms against 29.3 ms for the torch form, docs/PERFORMANCE.md section 6); `resolve`
+    says what a device gets."""
+
+    gdn_kernel: str = "auto"  # auto (= torch) | torch | triton (trees and the one-node step) | triton-tree (trees only)
+    fused: bool | None = None  # fused projections (None: on CUDA)
+    attention: str = "eager"  # eager | sdpa
+
+    def resolve(self, device: torch.device) -> "RunnerOptions":
+        if self.gdn_kernel not in GDN_KERNELS:
+            raise ValueError(f"gdn_kernel must be one of {', '.join(GDN_KERNELS)}, not {self.gdn_kernel!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, not {self.attention!r}")
+        cuda = device.type == "cuda"
+        kernel = self.gdn_kernel
+        if kernel == "auto":
+            kernel = "torch"
+        elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
+            raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
+        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention)
 
 
 @dataclass
@@ -76,7 +116,7 @@ class _Slot:
 
 class StaticRunner:
     def __init__(self, target, *, max_len: int, sizes=(1,), feature_layer_ids=None, max_path: int = 16,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, options: RunnerOptions | None = None):
         self.target = target
         self.layers = decoder_layers(target)
         self.types = layer_types(target.config)
@@ -88,6 +128,14 @@ class StaticRunner:
         weight = target.get_input_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
+        self.options = (options or RunnerOptions()).resolve(self.device)
+        self.kernel_error: str | None = None  # why the Triton delta rule was refused here (the torch form runs)
+        self._tree_kernel = None
+        if self.options.gdn_kernel != "torch":
+            self._tree_kernel = self._checked_kernel(next(iter(gdn.values())))
+            if self._tree_kernel is None:
+                self.options = RunnerOptions("torch", self.options.fused, self.options.attention)
+        self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
@@ -110,6 +158,13 @@ class StaticRunner:
         # Qwen3.5's zero-centred RMSNorm scales by (1 + w): precomputed in fp32 once
         self._norm_scale = {id(mod): (1.0 + mod.weight.detach().float()) for mod in target.modules()
                             if type(mod).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")}
+        # fused projections per layer (None where a group is not fusable, e.g. a MoE block's MLP)
+        self._fused: dict[tuple[int, str], object] = {}
+        if self.options.fused:
+            for i, layer in enumerate(self.layers):
+                mixer = (layer.linear_attn, GDN_PROJECTIONS) if i in gdn else (layer.self_attn, ATTENTION_PROJECTIONS)
+                self._fused[i, "mixer"] = fuse_linears(*mixer)
+                self._fused[i, "mlp"] = fuse_linears(layer.mlp, MLP_PROJECTIONS)
         self.committed = 0
         self.committed_t = torch.zeros((), dtype=torch.long, device=self.device)
         self._cols = torch.arange(self.max_len, device=self.device)
@@ -122,6 +177,30 @@ class StaticRunner:
         self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
         self.sizes = sorted(set(int(s) for s in sizes))
         self._slots: dict[tuple[int, int], _Slot] = {}
+
+    def _checked_kernel(self, gdn):
+        """The Triton delta rule, once it has compiled and matched the torch form on this device at this layer's
+        head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does not."""
+        try:
+            from .kernels.tree_gdn import tree_delta_rule_triton
+
+            rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+            parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
+            anc = torch.from_numpy(ancestor_matrix(parents)).to(self.device)
+            K, V, n = gdn.head_k_dim, gdn.head_v_dim, len(parents)
+            q, k = (F.normalize(torch.randn(n, 2, K, generator=gen), dim=-1) for _ in range(2))
+            v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
+            g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
+            args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
+            got = tree_delta_rule_triton(*args, anc)
+            args[:2] = [x.repeat_interleave(2, dim=1) for x in args[:2]]
+            want = tree_delta_rule(*args, anc)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            return tree_delta_rule_triton
+        except Exception as exc:  # a kernel that cannot run here must not stop the runner
+            self.kernel_error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            return None
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 
@@ -195,24 +274,33 @@ class StaticRunner:
         tree_cols = self.committed_t + cols[:T]
         visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
-        masked_out = (~visible).repeat(self._rep, 1)[None, None]  # [1, 1, rep*T, cols]: True = not attended
-        index = TreeIndex((), slot.anc, slot.gather, TreeMasks.of(slot.anc) if T > 1 else None)  # shared by the layers
+        # [1, 1, rep*T, cols], one row per (query head of a KV group, node): eager wants True = not attended,
+        # SDPA True = attended
+        mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
+        torch_tree = T > 1 and self._tree_kernel is None
+        index = TreeIndex((), slot.anc, slot.gather, TreeMasks.of(slot.anc) if torch_tree else None)  # shared by layers
         feats, stash = {}, []
         for i, layer in enumerate(self.layers):
             h = self._norm(layer.input_layernorm, x)
             if i in self.conv:
                 gdn = layer.linear_attn
-                u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None)
-                if T == 1:  # a decode step: the recurrence itself, one step
+                fused = self._fused.get((i, "mixer"))
+                kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
+                # the kernel reads grouped q/k heads in place (the commit repeats the stashed keys, all layers at once)
+                u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None,
+                                                    fused(h[0]) if fused is not None else None, repeat_heads=not kernel)
+                if kernel:
+                    core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
+                elif T == 1:  # a decode step: the recurrence itself, one step
                     core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
                 else:
                     core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc, index.masks)
                 out = gdn_output(gdn, core, z, h.dtype)[None]
                 stash.append((u, k, g, delta))
             else:
-                out = self._attention(i, layer.self_attn, h, cos, sin, masked_out, tree_cols, slot.cols)
+                out = self._attention(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
             x = x + out
-            x = x + layer.mlp(self._norm(layer.post_attention_layernorm, x))
+            x = x + self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, x))
             if i in self.feature_layer_ids:
                 feats[i] = x[0]
         logits = self.target.get_output_embeddings()(self._norm(self.target.model.norm, x))[0].float()
@@ -220,13 +308,23 @@ class StaticRunner:
         stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
         return logits, features, stacked
 
-    def _attention(self, i, attn, h, cos, sin, masked_out, tree_cols, n_cols):
+    def _mlp(self, i, mlp, x):
+        fused = self._fused.get((i, "mlp"))
+        if fused is None:
+            return mlp(x)
+        gate, up = fused(x)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+
+    def _attention(self, i, attn, h, cos, sin, mask, tree_cols, n_cols):
+        """mask: [1, 1, rep*T, n_cols] bool, True = not attended (eager) or attended (sdpa)."""
         T, hd = h.shape[1], attn.head_dim
-        q, gate = torch.chunk(attn.q_proj(h).view(1, T, -1, hd * 2), 2, dim=-1)
+        fused = self._fused.get((i, "mixer"))
+        qg, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
+        q, gate = torch.chunk(qg.view(1, T, -1, hd * 2), 2, dim=-1)
         gate = gate.reshape(1, T, -1)
         q = self._norm(attn.q_norm, q).transpose(1, 2)
-        k = self._norm(attn.k_norm, attn.k_proj(h).view(1, T, -1, hd)).transpose(1, 2)
-        v = attn.v_proj(h).view(1, T, -1, hd).transpose(1, 2)
+        k = self._norm(attn.k_norm, k.view(1, T, -1, hd)).transpose(1, 2)
+        v = v.view(1, T, -1, hd).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         keys, values = self.keys[i], self.values[i]
         keys.index_copy_(2, tree_cols, k.to(keys.dtype))
@@ -236,8 +334,11 @@ class StaticRunner:
         # an fp32 softmax over the static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here.
         qg = q.reshape(1, kvh, rep * T, hd)
         keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
-        scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(masked_out, float("-inf"))
-        o = scores.softmax(-1).to(values.dtype) @ values
+        if self.options.attention == "sdpa":
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=attn.scaling)
+        else:
+            scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(mask, float("-inf"))
+            o = scores.softmax(-1).to(values.dtype) @ values
         o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
         return attn.o_proj(o * torch.sigmoid(gate))
 
@@ -251,7 +352,10 @@ class StaticRunner:
         G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
         last = G[:, -1]
         w = (last[:, None] - G).exp() * valid
-        kp = k.index_select(1, slot.path) * w[..., None]
+        kp = k.index_select(1, slot.path)
+        if kp.shape[2] != w.shape[2]:  # keys stashed with their Hk key heads (the kernel's): each serves H / Hk
+            kp = kp.repeat_interleave(w.shape[2] // kp.shape[2], dim=2)
+        kp = kp * w[..., None]
         grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, slot.path))
         self.rec_all.copy_(last.exp()[..., None, None] * self.rec_all + grown)
         ext = torch.cat([self.conv_all, u.to(self.conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]

@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .. import analysis
+from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
 from ..trace import StepRecord, Trace, TreeNode
 from .engines import AUTO, ENGINES, TargetEngine, make_engine
@@ -31,6 +33,9 @@ METHODS = ("ddtree", "dflash")
 VERIFY_MODES = (EXACT, NAIVE)
 MAX_BUDGET = 4096
 MAX_NEW_TOKENS = 8192
+TARGET_TOP_K = 5  # the target's top-k recorded at each tree position
+DRAFT_TOP_K = 16  # cap on the drafter's candidates recorded per depth (the grid)
+MAX_TOP_K = 256
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -165,13 +170,6 @@ def greedy_decode(target, prompt_ids: list[int], max_new_tokens: int, eos_ids: s
     return GreedyReference(target, prompt_ids, eos_ids, sampler=sampler).extend_to(max_new_tokens)
 
 
-def first_divergence(output: list[int] | tuple[int, ...], greedy: tuple[int, ...]) -> int | None:
-    for i, (a, b) in enumerate(zip(output, greedy)):
-        if a != b:
-            return i
-    return None if len(output) == len(greedy) else min(len(output), len(greedy))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The session
 # ----------------------------------------------------------------------------------------------------------
@@ -192,11 +190,15 @@ class DecodeSession:
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
         reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
-        time_phases: bool | None = None, sampler: Sampler = GREEDY,
+        time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
+        draft_top_k: int = DRAFT_TOP_K,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
-        engines.ENGINES (the engine is made here, sized for these settings) or an engine made by the caller."""
+        engines.ENGINES (the engine is made here, sized for these settings) or an engine made by the caller. When
+        recording, each round keeps the target's top `target_top_k` tokens at every tree position and the
+        drafter's top min(budget, `draft_top_k`) candidates at every depth (DFlash chain: `draft_top_k`); 0 records
+        none."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -215,6 +217,8 @@ class DecodeSession:
         if not isinstance(sampler, Sampler):
             raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
         self.sampler = sampler
+        self.target_top_k = _check_int("target top-k", target_top_k, 0, MAX_TOP_K)
+        self.draft_top_k = _check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
         self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
         tree_size = self.budget + 1 if method == "ddtree" else self.block_size
@@ -338,6 +342,7 @@ class DecodeSession:
         if record:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
+            target_top = self._target_top(logits)
         target_argmax = logits.argmax(-1).tolist()
         choice, probs = target_argmax, ()
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
@@ -359,6 +364,7 @@ class DecodeSession:
 
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         state_error = engine.state_error(tree, accepted)
+        own = len(tree) - 1 if self.method == "dflash" else self.budget
         step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
@@ -368,11 +374,40 @@ class DecodeSession:
             target_margin=margins if record else (), method=self.method, verify=self.verify,
             bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
             naive_state_error=state_error if state_error is not None else (),
+            budget_curve={str(b): v for b, v in analysis.budget_curve_of(accepted, own).items()} if record else {},
+            **(target_top if record else {}), **(self._draft_grid(logprobs) if record else {}),
         )
         self.committed_len += len(accepted)
         self.history.append(step)
-        self._record_ids.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes))
+        self._record_ids.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes),
+                                (t for row in step.target_top_ids for t in row),
+                                (t for row in step.draft_top_ids for t in row))
         return step
+
+    def _target_top(self, logits: torch.Tensor) -> dict:
+        """The target's top-k ids and probabilities [T, k] (the distribution it chooses from: softmax of the
+        logits, or of the filtered tempered logits when sampling); filtered-out tokens are left out."""
+        k = min(self.target_top_k, logits.shape[-1])
+        if k == 0:
+            return {}
+        z = logits.float() if self.sampler.greedy else self.sampler.tempered(logits)
+        top = torch.topk(z, k, dim=-1)
+        probs = torch.exp(top.values - torch.logsumexp(z, dim=-1, keepdim=True)).cpu().tolist()
+        ids = top.indices.cpu().tolist()
+        keep = [[j for j, p in enumerate(row) if p > 0] for row in probs]
+        return dict(target_top_ids=tuple(tuple(ids[i][j] for j in kj) for i, kj in enumerate(keep)),
+                    target_top_probs=tuple(tuple(round(probs[i][j], 4) for j in kj) for i, kj in enumerate(keep)))
+
+    def _draft_grid(self, logprobs: torch.Tensor) -> dict:
+        """The drafter's top candidates per depth: what the tree was built from (k = min(budget, cap); the chain:
+        the cap). Log-probs rounded to 3 decimals (floored at -999: JSON has no infinity)."""
+        k = min(self.draft_top_k if self.method == "dflash" else min(self.budget, self.draft_top_k), logprobs.shape[-1])
+        if k == 0:
+            return {}
+        top = torch.topk(logprobs, k, dim=-1)
+        values = top.values.float().clamp(min=-999.0).cpu().tolist()
+        return dict(draft_top_ids=tuple(tuple(r) for r in top.indices.cpu().tolist()),
+                    draft_top_logprobs=tuple(tuple(round(v, 3) for v in r) for r in values))
 
     def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
         return tuple(
@@ -446,7 +481,7 @@ class DecodeSession:
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
         """Text of every id the trace names; the records' ids are gathered as each round is made (a long session's
-        to_trace does not walk every tree again)."""
+        to_trace does not walk every tree and grid again)."""
         ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ()) | self._record_ids
         return {str(i): self.token_text(i) for i in sorted(ids)}
 

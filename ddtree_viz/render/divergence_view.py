@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .. import analysis
 from ..trace import StepRecord
 from . import style
 from .text import TokenText, esc, lookup, token_texts_from_steps, visible
@@ -20,15 +21,14 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
     token under the filtered tempered distribution, else None); mismatch (False when the last accepted node is a leaf: the tree simply ended);
     target_in_candidates (always False for an exact walk: the walk would have gone on); target_in_tree_at_depth:
     rank of the target's token at that depth anywhere in the tree (the drafter proposed it under another
-    parent), or None."""
+    parent), or None; reason (analysis.stop_info's)."""
     text = lookup(token_text, token_texts_from_steps(steps))
     rows = []
     for step in steps:
-        last = step.accepted[-1]
-        depth = len(step.accepted)
-        kids = sorted((n for n in step.nodes if n.parent == last), key=lambda n: n.rank)
-        target = step.bonus_token_id
-        at_depth = {n.token_id: n.rank for n in step.nodes if n.depth == depth}
+        stop = analysis.stop_info(step)
+        last, depth, target = stop["last_accepted"], stop["depth"], stop["target_token_id"]
+        kids = [step.nodes[k] for k in stop["siblings"]]
+        elsewhere = stop["elsewhere"]
         margin = step.target_margin[last] if len(step.target_margin) == len(step.nodes) else None
         prob = step.target_prob[last] if len(step.target_prob) == len(step.nodes) else None
         rows.append({
@@ -37,8 +37,9 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
                            for n in kids[:top_k]],
             "n_candidates": len(kids), "target_token_id": target, "target_token": visible(text(target)),
             "target_margin": margin, "target_prob": prob, "mismatch": bool(kids),
-            "target_in_candidates": any(n.token_id == target for n in kids),
-            "target_in_tree_at_depth": at_depth.get(target),
+            "target_in_candidates": stop["sibling_rank"] is not None,
+            "target_in_tree_at_depth": step.nodes[elsewhere].rank if elsewhere is not None else None,
+            "reason": stop["reason"],
         })
     return rows
 

@@ -1,6 +1,9 @@
 """THE tree layout: one StepRecord in, positions + labels + roles + colour values out.
 
-Every backend draws from this (the page's plotly figure, and the TikZ/SVG/PDF exporters), so they agree.
+Every backend draws from this (the page's plotly figure, and the TikZ/SVG/PDF exporters), so they agree; the
+rules they share about what a layout means live here too: which edges are drawn as the accepted path
+(edge_kind), where the path's label goes (path_label_at), the legend's entries and names (legend_entries),
+and the order nodes are drawn in (DRAW_ORDER).
 
 Coordinates: x = depth (root 0). y = row, growing downward (rank 0 on top): a tidy layered layout where
 each leaf gets its own row in depth-first order (children by rank, the synthetic bonus node last), and
@@ -27,11 +30,17 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from .. import analysis
 from ..trace import StepRecord
+from . import style
 from .text import TokenText, lookup, shorten, visible
 
 PHASES = ("drafted", "verified")
-ROLES = ("root", "accepted", "first_rejected", "bonus", "other")
+ROLES = ("root", "accepted", "first_rejected", "bonus", "other")  # also the legend's order
+DRAW_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # nodes drawn in this order: path on top
+EDGE_KINDS = ("edge", "path", "bonus")  # see edge_kind; plotly draws them in this order
+EDGE_NAME = {"edge": "", "path": "accepted path", "bonus": "bonus edge"}  # legend names of edge kinds
+PATH_LABEL = {"path": "accepted path", "bonus": "bonus"}  # the label written along the path's first edge
 DEFAULT_LABEL_CHARS = 12
 
 
@@ -59,6 +68,12 @@ class LayoutNode:
     choice: int | None = None
     choice_token: str | None = None
     choice_prob: float | None = None
+    # the target at this node's parent (its recorded top-k): this token's probability there (None: outside the
+    # top-k, or not recorded: parent_top_k 0) and the target's choice there (what the walk wanted at this depth)
+    parent_prob: float | None = None
+    parent_top_k: int = 0
+    parent_choice: int | None = None
+    parent_choice_token: str | None = None
 
     @property
     def color_value(self) -> float | None:
@@ -113,6 +128,56 @@ class TreeLayout:
 
     def by_role(self, role: str) -> tuple[LayoutNode, ...]:
         return tuple(n for n in self.nodes if n.role == role)
+
+
+def edge_kind(edge: LayoutEdge) -> str:
+    """'bonus' for the edge to the bonus node, 'path' for an accepted-path edge, 'edge' for any other."""
+    if edge.synthetic:
+        return "bonus"
+    return "path" if edge.on_path else "edge"
+
+
+def edges_of(layout: TreeLayout, kind: str) -> list[LayoutEdge]:
+    """The layout's edges of one edge_kind, in layout order."""
+    return [e for e in layout.edges if edge_kind(e) == kind]
+
+
+def path_label_at(layout: TreeLayout) -> tuple[LayoutNode, LayoutNode, str] | None:
+    """Where the path's label goes and what it says: the two ends of the first accepted-path edge and 'accepted
+    path', else those of the bonus edge and 'bonus'; None in the drafted phase."""
+    if layout.phase != "verified":
+        return None
+    for kind in ("path", "bonus"):
+        edges = edges_of(layout, kind)
+        if edges:
+            return layout.node(edges[0].parent), layout.node(edges[0].child), PATH_LABEL[kind]
+    return None
+
+
+def path_outlined(role: str, on_path: bool) -> bool:
+    """Whether a node's marker wears the path's outline: on the accepted path, or the bonus."""
+    return on_path or role == "bonus"
+
+
+def legend_name(role: str, phase: str) -> str:
+    """A role's name in legends: style.ROLE_NAME once verified; before that every drafted node is 'drafted'."""
+    if phase == "verified":
+        return style.ROLE_NAME[role]
+    return "root" if role == "root" else "drafted"
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    role: str
+    name: str
+    on_path: bool  # its marker wears the path's outline (the accepted nodes, and the root once verified)
+
+
+def legend_entries(layout: TreeLayout) -> tuple[LegendEntry, ...]:
+    """One marker legend entry per role the layout shows, in ROLES order."""
+    verified = layout.phase == "verified"
+    return tuple(LegendEntry(role, legend_name(role, layout.phase), role == "accepted" or (role == "root" and verified))
+                 for role in ROLES if layout.by_role(role))
 
 
 def _shown(step: StepRecord, on_path: set[int], max_depth: int | None, min_logprob: float | None) -> list[bool]:
@@ -183,6 +248,8 @@ def tree_layout(
     margins = step.target_margin if len(step.target_margin) == n_tree else None
     sampled = len(step.target_choice) == n_tree
     probs = step.target_prob if len(step.target_prob) == n_tree else None
+    tops = [dict(analysis.target_top(step, i)) for i in range(n_tree)] if step.target_top_ids else None
+    choices = step.choices
 
     out: list[LayoutNode] = []
     for n in nodes:
@@ -205,6 +272,7 @@ def tree_layout(
             choice=step.target_choice[n.id] if sampled else None,
             choice_token=text(step.target_choice[n.id]) if sampled else None,
             choice_prob=probs[n.id] if probs else None,
+            **_parent_view(n, tops, choices, text),
         ))
     bonus_text = text(step.bonus_token_id)
     out.append(LayoutNode(
@@ -212,6 +280,7 @@ def tree_layout(
         token_id=step.bonus_token_id, token=bonus_text, label=shorten(visible(bonus_text), label_chars), rank=-1,
         logprob=None, score=None, argmax=None, argmax_token=None, target_margin=None, role="bonus", on_path=False,
         synthetic=True, choice_prob=probs[last] if probs else None,
+        **_parent_view(dataclasses.replace(nodes[last], parent=last, token_id=step.bonus_token_id), tops, choices, text),
     ))
     edges = [LayoutEdge(n.parent, n.id, n.on_path) for n in out if n.parent >= 0 and not n.synthetic]
     edges.append(LayoutEdge(last, bonus_id, False, synthetic=True))
@@ -226,6 +295,16 @@ def tree_layout(
     return for_phase(layout, phase)
 
 
+def _parent_view(node, tops, choices, text) -> dict:
+    """LayoutNode fields for what the target thought at the node's parent (none for the root, or unrecorded)."""
+    if node.parent < 0 or tops is None:
+        return {}
+    top = tops[node.parent]
+    choice = choices[node.parent]
+    return dict(parent_prob=top.get(node.token_id), parent_top_k=len(top), parent_choice=choice,
+                parent_choice_token=text(choice))
+
+
 def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
     """The same layout as seen in `phase`: "drafted" strips everything verification decided (roles other
     than root/other, the path, the bonus node, the target's argmax); positions are unchanged."""
@@ -237,7 +316,8 @@ def for_phase(layout: TreeLayout, phase: str) -> TreeLayout:
         raise ValueError("a drafted-phase layout has no verification data: lay out with phase='verified'")
     nodes = tuple(
         dataclasses.replace(n, role="root" if n.id == 0 else "other", on_path=False, argmax=None, argmax_token=None,
-                            target_margin=None, choice=None, choice_token=None, choice_prob=None)
+                            target_margin=None, choice=None, choice_token=None, choice_prob=None, parent_prob=None,
+                            parent_top_k=0, parent_choice=None, parent_choice_token=None)
         for n in layout.nodes if not n.synthetic
     )
     edges = tuple(dataclasses.replace(e, on_path=False) for e in layout.edges if not e.synthetic)
@@ -249,8 +329,6 @@ def node_colors(layout: TreeLayout, colorscale: str = "Viridis", cmin: float | N
                 cmax: float | None = None, neutral: str | None = None, bonus: str | None = None) -> dict[int, str]:
     """id -> 'rgb(r, g, b)' fill colour, the same mapping plotly's colour axis applies (for vector backends)."""
     from plotly.colors import get_colorscale, sample_colorscale
-
-    from . import style
 
     lo, hi = layout.logprob_range
     lo = lo if cmin is None else cmin

@@ -32,8 +32,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from . import style
-from .layout import TreeLayout
-from .scheme import Scheme, scale_samples
+from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_at, path_outlined
+from .scheme import Scheme, edge_color, fixed_fill, outline_color, scale_samples
 
 SANS = ["DejaVu Sans"]
 MONO = ["DejaVu Sans Mono", "DejaVu Sans"]  # per-glyph fallback: Mono lacks a few symbols
@@ -44,7 +44,6 @@ RC = {
 }
 MARKER = {"root": "s", "accepted": "o", "first_rejected": "D", "bonus": "*", "other": "o"}
 MARKER_SIZE = {"root": 7.5, "accepted": 8.5, "first_rejected": 7.0, "bonus": 14.0, "other": 8.5}  # points
-ROLE_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # drawing order: path on top
 _LOCK = threading.Lock()  # rc_context is process-global: one export at a time (the page serves many tabs)
 
 
@@ -219,52 +218,14 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     fig, host = _figure(page)
     ax = host.add_subplot()
     cols, rows = layout.width, layout.height
-    verified = layout.phase == "verified"
 
-    normal = [e for e in layout.edges if not e.on_path and not e.synthetic]
-    segs = [[(layout.node(e.parent).x, layout.node(e.parent).y), (layout.node(e.child).x, layout.node(e.child).y)]
-            for e in normal]
-    if segs:
-        lc = LineCollection(segs, colors=scheme.edge, linewidths=0.8, zorder=1)
-        lc.set_gid("ddt-edges")
-        ax.add_collection(lc)
-    for e in layout.edges:
-        if not (e.on_path or e.synthetic):
-            continue
-        a, b = layout.node(e.parent), layout.node(e.child)
-        if e.synthetic:
-            line = Line2D([a.x, b.x], [a.y, b.y], color=scheme.path, lw=1.3, ls=(0, (4, 2.5)), zorder=2,
-                          gid="ddt-bonus-edge")
-        else:
-            line = Line2D([a.x, b.x], [a.y, b.y], color=scheme.path, lw=2.6, solid_capstyle="round", zorder=2,
-                          gid=f"ddt-path-edge-{e.parent}-{e.child}")
-        ax.add_line(line)
-    if path_label and verified:
-        path_edges = [e for e in layout.edges if e.on_path] or [e for e in layout.edges if e.synthetic]
-        if path_edges:
-            e = path_edges[0]
-            a, b = layout.node(e.parent), layout.node(e.child)
-            ax.annotate("accepted path" if e.on_path else "bonus", ((a.x + b.x) / 2, (a.y + b.y) / 2),
-                        xytext=(0, -3), textcoords="offset points", ha="center", va="top", fontsize=6.5,
-                        style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
-
-    for role in ROLE_ORDER:
-        nodes = [n for n in layout.nodes if n.role == role]
-        if not nodes:
-            continue
-        face = [scheme.bonus if role == "bonus" else scheme.neutral if role == "root" else fills[n.id] for n in nodes]
-        edge = [scheme.path if (n.on_path or role == "bonus") else
-                (scheme.rejected if role == "first_rejected" else scheme.outline) for n in nodes]
-        lw = [1.6 if (n.on_path or role == "bonus") else (0.9 if role == "first_rejected" else 0.5) for n in nodes]
-        sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=MARKER_SIZE[role] ** 2, marker=MARKER[role],
-                        c=face, edgecolors=edge, linewidths=lw, zorder=3)
-        sc.set_gid(f"ddt-nodes-{role}")
-    for n in layout.nodes:
-        ax.annotate(n.label, (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=7.5, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
-        if ranks and n.rank >= 0:
-            ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
-                        va="top", fontsize=5.5, color=scheme.text_muted, gid=f"ddt-rank-{n.id}", zorder=5)
+    _draw_edges(ax, layout, scheme)
+    spot = path_label_at(layout) if path_label else None
+    if spot is not None:
+        a, b, text = spot
+        ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(0, -3), textcoords="offset points", ha="center",
+                    va="top", fontsize=6.5, style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
+    _draw_nodes(ax, layout, fills, scheme, ranks)
 
     ax.set_xlim(-0.5, cols - 0.5 + 0.25)
     ax.set_ylim(rows - 1 + 0.55, -0.85)  # rows grow downward, as on the page
@@ -289,30 +250,74 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
         cb.ax.tick_params(labelsize=6)
         cb.outline.set_linewidth(0.4)
     if page.legend:
-        handles = []
-        for role in ("root", "accepted", "first_rejected", "bonus", "other"):
-            if not layout.by_role(role):
-                continue
-            on_path = role == "accepted" or (role == "root" and verified)
-            face = scheme.bonus if role == "bonus" else scheme.neutral if role == "root" else "white"
-            edge = scheme.path if on_path or role == "bonus" else (scheme.rejected if role == "first_rejected" else scheme.outline)
-            name = style.ROLE_NAME[role] if verified else ("root" if role == "root" else "drafted")
-            line = dict(color=scheme.path, lw=2.6) if role == "accepted" else dict(ls="")  # the path: marker on its edge
-            handles.append(Line2D([], [], marker=MARKER[role], ms=MARKER_SIZE[role] * 0.8, mfc=face, mec=edge,
-                                  mew=1.2 if on_path or role == "bonus" else 0.6, label=name, **line))
-        if verified:
-            handles.append(Line2D([], [], color=scheme.path, lw=1.3, ls=(0, (4, 2.5)), label="bonus edge"))
-        host.legend(handles=handles, loc="outside lower center", ncol=min(legend_columns(page.width), len(handles)),
-                    fontsize=6.5, frameon=False, handlelength=1.6, columnspacing=1.2)
+        _tree_legend(host, layout, scheme, page.width)
     _finish(ax, page)
     return fig
+
+
+def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
+    """Thin grey edges in one collection, then the accepted path's edges and the dashed bonus edge on top."""
+    segs = [[(layout.node(e.parent).x, layout.node(e.parent).y), (layout.node(e.child).x, layout.node(e.child).y)]
+            for e in edges_of(layout, "edge")]
+    if segs:
+        lc = LineCollection(segs, colors=edge_color(scheme, "edge"), linewidths=0.8, zorder=1)
+        lc.set_gid("ddt-edges")
+        ax.add_collection(lc)
+    for e in layout.edges:
+        kind = edge_kind(e)
+        if kind == "edge":
+            continue
+        a, b = layout.node(e.parent), layout.node(e.child)
+        if kind == "bonus":
+            line = Line2D([a.x, b.x], [a.y, b.y], color=edge_color(scheme, kind), lw=1.3, ls=(0, (4, 2.5)), zorder=2,
+                          gid="ddt-bonus-edge")
+        else:
+            line = Line2D([a.x, b.x], [a.y, b.y], color=edge_color(scheme, kind), lw=2.6, solid_capstyle="round",
+                          zorder=2, gid=f"ddt-path-edge-{e.parent}-{e.child}")
+        ax.add_line(line)
+
+
+def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, ranks: bool) -> None:
+    """One scatter per role in DRAW_ORDER, then each node's label above it and its rank below."""
+    for role in DRAW_ORDER:
+        nodes = [n for n in layout.nodes if n.role == role]
+        if not nodes:
+            continue
+        face = [fixed_fill(scheme, role) or fills[n.id] for n in nodes]
+        edge = [outline_color(scheme, role, n.on_path) for n in nodes]
+        lw = [1.6 if path_outlined(role, n.on_path) else (0.9 if role == "first_rejected" else 0.5) for n in nodes]
+        sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=MARKER_SIZE[role] ** 2, marker=MARKER[role],
+                        c=face, edgecolors=edge, linewidths=lw, zorder=3)
+        sc.set_gid(f"ddt-nodes-{role}")
+    for n in layout.nodes:
+        ax.annotate(n.label, (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
+                    fontsize=7.5, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
+        if ranks and n.rank >= 0:
+            ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
+                        va="top", fontsize=5.5, color=scheme.text_muted, gid=f"ddt-rank-{n.id}", zorder=5)
+
+
+def _tree_legend(host, layout: TreeLayout, scheme: Scheme, width: float) -> None:
+    """The marker legend below the tree (the accepted entry drawn on a path edge), plus the bonus edge."""
+    handles = []
+    for entry in legend_entries(layout):
+        role = entry.role
+        face = fixed_fill(scheme, role) or "white"
+        line = dict(color=scheme.path, lw=2.6) if role == "accepted" else dict(ls="")  # the path: marker on its edge
+        handles.append(Line2D([], [], marker=MARKER[role], ms=MARKER_SIZE[role] * 0.8, mfc=face,
+                              mec=outline_color(scheme, role, entry.on_path),
+                              mew=1.2 if path_outlined(role, entry.on_path) else 0.6, label=entry.name, **line))
+    if layout.phase == "verified":
+        handles.append(Line2D([], [], color=scheme.path, lw=1.3, ls=(0, (4, 2.5)), label=EDGE_NAME["bonus"]))
+    host.legend(handles=handles, loc="outside lower center", ncol=min(legend_columns(width), len(handles)),
+                fontsize=6.5, frameon=False, handlelength=1.6, columnspacing=1.2)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Mask
 # ------------------------------------------------------------------------------------------------------------
 
-MAX_TICKS = 64
+MAX_TICKS = style.MASK_MAX_TICKS
 
 
 def mask_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
@@ -397,3 +402,69 @@ def acceptance_figure_mpl(rounds: list[int], values: list[int], scheme: Scheme, 
 def acceptance_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
     w = min(max(0.28 * n + 1.8, 4.5), 30.0)
     return w, 2.8 + (0.3 if title else 0) + (0.16 * len(caption_lines(caption, w)) + 0.12 if caption else 0)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The drafter's grid
+# ------------------------------------------------------------------------------------------------------------
+
+
+def grid_size(depths: int, k: int, *, title: bool, caption: str | None) -> tuple[float, float]:
+    """0.62 in per depth column (room for a 6-character label), 0.26 in per rank row."""
+    w = min(max(0.62 * depths + 2.0, 5.0), 40.0)
+    h = 0.26 * k + 1.3 + (0.35 if title else 0)
+    if caption:
+        h += 0.16 * len(caption_lines(caption, w)) + 0.12
+    return w, min(max(h, 2.4), 60.0)
+
+
+def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, note: str) -> Figure:
+    """The grid (render.grid_view.GridData): cells coloured by log-prob on the scheme's scale, token labels in
+    them (white on dark cells), taken cells ringed (×n when several parents took one), the accepted path as a
+    line through its cells, an X on the target's token at the stop depth; `note` (where the walk stopped) under
+    the axes."""
+    import numpy as np
+
+    fig, host = _figure(page)
+    ax = host.add_subplot()
+    z = np.array([[g.cell(d, r).logprob for d in range(1, g.depths + 1)] for r in range(g.k)])
+    cmap = ListedColormap(scale_samples(scheme.colorscale, 256))
+    norm = Normalize(cmin, cmax if cmax > cmin else cmin + 1e-6)
+    ax.imshow(z, cmap=cmap, norm=norm, interpolation="none", aspect="auto",
+              extent=(0.5, g.depths + 0.5, g.k - 0.5, -0.5))
+    for c in g.cells:
+        shade = (norm(c.logprob) - 0.5) * (1 if scheme.colorscale == "Greys" else -1)
+        ax.text(c.depth, c.rank, c.label, ha="center", va="center", fontsize=5.5, family=MONO,
+                color="white" if shade > 0 else "black", gid=f"ddt-cell-{c.depth}-{c.rank}")
+        if c.taken:
+            ax.add_patch(Rectangle((c.depth - 0.47, c.rank - 0.45), 0.94, 0.9, fill=False, ec=scheme.rejected,
+                                   lw=0.9, zorder=3, gid=f"ddt-taken-{c.depth}-{c.rank}"))
+            if len(c.taken) > 1:
+                ax.text(c.depth + 0.45, c.rank - 0.42, f"×{len(c.taken)}", ha="right", va="top", fontsize=4.5,
+                        color="white" if norm(c.logprob) < 0.5 else "black", zorder=4)
+    if g.path:
+        ax.plot([d for d, _ in g.path], [r for _, r in g.path], color=scheme.path, lw=2.0, marker="o", ms=3,
+                zorder=4, gid="ddt-grid-path")
+    if g.stop_rank is not None:
+        ax.plot([g.stop_depth], [g.stop_rank], marker="x", ms=11, mew=1.6, color=scheme.path, alpha=0.85, zorder=5,
+                gid="ddt-grid-stop")
+    ax.set_xticks(range(1, g.depths + 1))
+    ax.set_yticks(range(g.k))
+    ax.set_xlabel(f"depth\n{_plain(note)}", fontsize=7.5)
+    ax.set_ylabel("drafter rank", fontsize=8)
+    ax.tick_params(labelsize=7, length=2)
+    if page.legend:
+        sm = ScalarMappable(norm=norm, cmap=cmap)
+        cb = host.colorbar(sm, ax=ax, fraction=0.035, pad=0.01)
+        if cb.solids is not None:
+            cb.solids.set_rasterized(False)
+            cb.solids.set_edgecolor("face")
+        cb.set_label("drafter log-prob", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+        cb.outline.set_linewidth(0.4)
+        handles = [Rectangle((0, 0), 1, 1, fill=False, ec=scheme.rejected, lw=0.9, label="taken by the tree"),
+                   Line2D([], [], color=scheme.path, lw=2.0, marker="o", ms=3, label="accepted path"),
+                   Line2D([], [], color=scheme.path, ls="", marker="x", ms=7, mew=2, label="target's token at the stop")]
+        host.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=6.5, frameon=False)
+    _finish(ax, page)
+    return fig

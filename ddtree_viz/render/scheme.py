@@ -1,7 +1,8 @@
-"""Colour schemes for exported figures: the page's colour-blind-safe colours (style.py), or grayscale for
-print. Every export backend (matplotlib SVG/PDF/PNG, TikZ, HTML) reads its colours from one Scheme, and the
-log-prob fill of each node always comes from layout.node_colors with the scheme's colour scale, so a node
-has the same fill in every format and on the page."""
+"""Colour schemes: the page's colour-blind-safe colours (style.py; PAGE_SCHEME), or grayscale for print.
+Every backend (the page's plotly figures, matplotlib SVG/PDF/PNG, TikZ, HTML) reads its colours from one
+Scheme, and the log-prob fill of each node always comes from layout.node_colors with the scheme's colour
+scale, so a node has the same fill in every format and on the page. Which colour a node's outline, a fixed
+fill or an edge takes is decided here, once, for every backend."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from . import style
+from .layout import path_outlined
 
 SCHEME_NAMES = ("colorblind", "grayscale")
 
@@ -45,12 +47,33 @@ SCHEMES = {
     ),
 }
 
+PAGE_SCHEME = SCHEMES["colorblind"]  # what the page shows
+
 
 def get_scheme(name: str) -> Scheme:
     try:
         return SCHEMES[name]
     except KeyError:
         raise ValueError(f"colour scheme must be one of {', '.join(SCHEME_NAMES)}, not {name!r}") from None
+
+
+def outline_color(scheme: Scheme, role: str, on_path: bool) -> str:
+    """A node marker's outline: the path colour on the accepted path and the bonus, black-ish for the first
+    rejected candidates, grey otherwise."""
+    if path_outlined(role, on_path):
+        return scheme.path
+    return scheme.rejected if role == "first_rejected" else scheme.outline
+
+
+def fixed_fill(scheme: Scheme, role: str) -> str | None:
+    """The fill of a role not coloured by drafter log-prob (root: neutral, bonus: the bonus colour); None for
+    drafted nodes, whose fill is their log-prob's colour."""
+    return {"root": scheme.neutral, "bonus": scheme.bonus}.get(role)
+
+
+def edge_color(scheme: Scheme, kind: str) -> str:
+    """An edge's colour by its layout.edge_kind: the path colour for accepted-path and bonus edges."""
+    return scheme.edge if kind == "edge" else scheme.path
 
 
 _RGB = re.compile(r"rgba?\(\s*([\d.]+)\s*,\s*([\d.]+)\s*,\s*([\d.]+)")

@@ -6,12 +6,15 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from .. import analysis
 from ..trace import StepRecord, Trace, sampling_label
-from . import style
+from .budget_view import budget_line, rates_line
 from .figure import FigureSpec
+from .scheme import PAGE_SCHEME, Scheme
 from .text import esc
 
-PHASES = ("draft", "tree", "verify", "commit")
+TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
+ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
 
 
 def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
@@ -19,19 +22,20 @@ def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
     return acceptance_spec(steps, **options).figure()
 
 
-def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None) -> FigureSpec:
+def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
+                    legend: bool = True) -> FigureSpec:
     """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line. Plain data
     (figure.FigureSpec)."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
-    data = [dict(type="bar", x=x, y=y, marker=dict(color=style.ATTENTION_COLOR), hovertext=hover, hoverinfo="text",
+    data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
                  name="tokens per round")]
     if steps:
         mean = sum(y) / len(y)
         data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
-                         name=f"mean {mean:.2f}", line=dict(color=style.PATH_COLOR, dash="dash", width=2),
+                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2),
                          hoverinfo="name"))
     xaxis = dict(title=dict(text="round"))
     if len(steps) <= 40:
@@ -40,11 +44,11 @@ def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None) ->
     if max(y, default=0) <= 16:
         yaxis["dtick"] = 1
     return FigureSpec(data, dict(
-        title=dict(text=esc(title) if title is not None else "Tokens gained per round (accepted drafts + bonus)",
-                   font=dict(size=14)),
+        title=dict(text=esc(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=xaxis, yaxis=yaxis,
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
+        **({} if legend else {"showlegend": False}),
     ))
 
 
@@ -65,7 +69,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
     steps = trace.steps
     added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
     acc = [s.acceptance for s in steps]
-    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in PHASES}
+    mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in TIMING_PHASES}
     round_ms = [sum(float(v) for v in s.timings_ms.values()) for s in steps]
     total_s = sum(round_ms) / 1e3
     out = {
@@ -88,6 +92,8 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
+        # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
+        **analysis.session_analysis(steps, trace.settings.get("block_size")),
     }
     return out
 
@@ -119,7 +125,8 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
         ("engine time per round, mean (draft + tree + verify + commit)", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("engine time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in PHASES) + " ms"),
+        ("engine time per phase: draft / tree / verify / commit",
+         " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
         ("decode tokens/s (engine time of the rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
@@ -128,6 +135,12 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                  (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
                  ("speedup over greedy (both model time only, none of the page's own work)",
                   _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+    if summary.get("acceptance_histogram"):
+        unit = "chain length" if summary.get("method") == "dflash" else "budget"
+        rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
+                 ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
+                 (f"tokens by {unit} (same rounds; exact per round)",
+                  budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
     rows.append((f"identical to {ref}", "–" if same is None else

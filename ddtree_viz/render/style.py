@@ -19,6 +19,8 @@ GDN_COLOR = "#009E73"  # green: Gated DeltaNet layers
 DIVERGE_COLOR = "#C0392B"  # red: differs from greedy
 MASK_VISIBLE = "#31688e"
 MASK_HIDDEN = "#f2f2f2"
+MASK_MAX_TICKS = 64  # beyond this many tree positions, a mask labels every k-th one
+MASK_LABEL_CHARS = 8  # a mask's token labels are cut to this many characters
 
 ROLE_SYMBOL = {
     "root": "square",

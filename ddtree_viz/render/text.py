@@ -46,6 +46,12 @@ def esc(s: object) -> str:
     return html.escape(str(s), quote=True)
 
 
+def esc_plotly(s: object) -> str:
+    """esc for plotly labels and hover text: plotly decodes numeric entities and &amp; &lt; &gt; but shows &quot;
+    literally, so the double quote is written as &#34;."""
+    return esc(s).replace("&quot;", "&#34;")
+
+
 def shorten(s: str, limit: int) -> str:
     """Cut to at most `limit` characters, ending in '…' when cut."""
     if limit <= 0 or len(s) <= limit:

@@ -21,8 +21,8 @@ backslash) in OT1, T1 and TU alike.
 
 from __future__ import annotations
 
-from .layout import TreeLayout
-from .scheme import Scheme, hex_color, scale_samples
+from .layout import TreeLayout, edge_kind, legend_entries, path_label_at
+from .scheme import Scheme, fixed_fill, hex_color, scale_samples
 
 # ------------------------------------------------------------------------------------------------------------
 # Escaping
@@ -139,6 +139,35 @@ def _color_defs(colors: dict[str, str]) -> list[str]:
     return [rf"\definecolor{{{name}}}{{HTML}}{{{hex_color(c)[1:]}}}" for name, c in colors.items()]
 
 
+def _header(opts: list[str], comment: str) -> list[str]:
+    """The comment's lines, the preamble note and the picture's opening with its options."""
+    header = [f"% {line}" for line in comment.splitlines()] if comment else []
+    return header + [PREAMBLE_NOTE.rstrip("\n"), r"\begin{tikzpicture}[", "  " + ",\n  ".join(opts) + "]", DDTUNI]
+
+
+def _text_styles(width_cm: float) -> list[str]:
+    """The styles of the (title) and (caption) nodes; captions wrap at width_cm."""
+    return [r"ddt title/.style={font=\sffamily\small, align=center}",
+            r"ddt caption/.style={font=\sffamily\footnotesize, align=left, text width=" + _num(width_cm) + "cm}"]
+
+
+def _title_node(title: str | None, at: str) -> list[str]:
+    """The (title) node, its bottom centred on `at` ('x,y'); nothing without a title."""
+    return [rf"\node[ddt title, anchor=south] (title) at ({at}) {{{latex_text(title)}}};"] if title else []
+
+
+def _caption_node(caption: str | None, at: str, shift: str = "") -> list[str]:
+    """The (caption) node, its top left corner at `at` ('x,y'); nothing without a caption."""
+    if not caption:
+        return []
+    return [rf"\node[ddt caption, anchor=north west{shift}] (caption) at ({at}) {{{latex_text(caption)}}};"]
+
+
+def _end(body: list[str], header: list[str], standalone: bool) -> str:
+    """The picture closed and wrapped (a whole document when standalone)."""
+    return _wrap([b for b in body if b] + [r"\end{tikzpicture}"], header, standalone)
+
+
 def _wrap(body: list[str], header: list[str], standalone: bool) -> str:
     text = "\n".join(header + body) + "\n"
     if standalone:
@@ -152,9 +181,7 @@ def _wrap(body: list[str], header: list[str], standalone: bool) -> str:
 
 ROLE_STYLE = {"root": "ddt root", "accepted": "ddt accepted", "first_rejected": "ddt first rejected",
               "bonus": "ddt bonus", "other": "ddt other"}
-LEGEND_NAMES = {"root": "root (last committed token)", "accepted": "accepted path",
-                "first_rejected": "first rejected (drafter's candidates)", "bonus": "bonus (target's token)",
-                "other": "drafted"}
+EDGE_STYLE = {"edge": "ddt edge", "path": "ddt path edge", "bonus": "ddt bonus edge"}  # by layout.edge_kind
 
 
 def tree_tikz(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, *, cmin: float, cmax: float,
@@ -169,7 +196,7 @@ def tree_tikz(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, *, cmin
               "ddtmuted": scheme.text_muted}
     fill_names = {}
     for n in layout.nodes:
-        if n.role not in ("root", "bonus"):
+        if fixed_fill(scheme, n.role) is None:  # filled by its log-prob
             fill_names[n.id] = f"ddtfill{n.id}"
             colors[fill_names[n.id]] = fills[n.id]
     cols, rows = layout.width, layout.height
@@ -191,29 +218,21 @@ def tree_tikz(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, *, cmin
         "ddt path edge/.style={draw=ddtpath, line width=2pt}",
         "ddt bonus edge/.style={draw=ddtpath, line width=1pt, dashed}",
         r"ddt path label/.style={font=\sffamily\tiny\itshape, text=ddtpath, inner sep=1pt}",
-        r"ddt title/.style={font=\sffamily\small, align=center}",
-        r"ddt caption/.style={font=\sffamily\footnotesize, align=left, text width=" + _num(max(cols, 3) * x_unit_cm) + "cm}",
+        *_text_styles(max(cols, 3) * x_unit_cm),
         r"ddt legend/.style={font=\sffamily\tiny, anchor=west, inner sep=1pt}",
     ]
-    header = []
-    if comment:
-        header += [f"% {line}" for line in comment.splitlines()]
-    header += [PREAMBLE_NOTE.rstrip("\n"), r"\begin{tikzpicture}[", "  " + ",\n  ".join(opts) + "]", DDTUNI]
+    header = _header(opts, comment)
     body = _color_defs(colors)
 
     body.append("% edges first, so the nodes are drawn over their ends")
     for e in layout.edges:
         a, b = layout.node(e.parent), layout.node(e.child)
-        style = "ddt bonus edge" if e.synthetic else ("ddt path edge" if e.on_path else "ddt edge")
-        body.append(rf"\draw[{style}] ({_num(a.x)},{_num(a.y)}) -- ({_num(b.x)},{_num(b.y)});")
-    if path_label and layout.phase == "verified":
-        path_edges = [e for e in layout.edges if e.on_path] or [e for e in layout.edges if e.synthetic]
-        if path_edges:
-            e = path_edges[0]
-            a, b = layout.node(e.parent), layout.node(e.child)
-            what = "accepted path" if e.on_path else "bonus"
-            body.append(rf"\path ({_num(a.x)},{_num(a.y)}) -- ({_num(b.x)},{_num(b.y)}) "
-                        rf"node[midway, below=2pt, sloped, ddt path label] {{{what}}};")
+        body.append(rf"\draw[{EDGE_STYLE[edge_kind(e)]}] ({_num(a.x)},{_num(a.y)}) -- ({_num(b.x)},{_num(b.y)});")
+    spot = path_label_at(layout) if path_label else None
+    if spot is not None:
+        a, b, what = spot
+        body.append(rf"\path ({_num(a.x)},{_num(a.y)}) -- ({_num(b.x)},{_num(b.y)}) "
+                    rf"node[midway, below=2pt, sloped, ddt path label] {{{what}}};")
 
     bonus = f"; the bonus node is (n{layout.bonus_id})" if layout.bonus_id is not None else ""
     body.append(f"% tree nodes, one per shown node, named (n<tree position>){bonus}")
@@ -228,30 +247,25 @@ def tree_tikz(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, *, cmin
             style.append(f"label={{[ddt rank]below:r{n.rank}}}")
         body.append(rf"\node[{', '.join(style)}] (n{n.id}) at ({_num(n.x)},{_num(n.y)}) {{}};")
 
-    if title:
-        body.append(rf"\node[ddt title, anchor=south] (title) at ({_num((cols - 1) / 2)},-0.9) {{{latex_text(title)}}};")
+    body += _title_node(title, f"{_num((cols - 1) / 2)},-0.9")
     bottom = rows - 1 + 0.8
     if legend:
         body.extend(_tree_legend(layout, bottom, cmin, cmax, scheme))
         bottom += 1.0 if layout.phase == "drafted" else 1.6
-    if caption:
-        body.append(rf"\node[ddt caption, anchor=north west] (caption) at (-0.2,{_num(bottom)}) {{{latex_text(caption)}}};")
-    body.append(r"\end{tikzpicture}")
-    return _wrap(body, header, standalone)
+    body += _caption_node(caption, f"-0.2,{_num(bottom)}")
+    return _end(body, header, standalone)
 
 
 def _tree_legend(layout: TreeLayout, top: float, cmin: float, cmax: float, scheme: Scheme) -> list[str]:
     out = ["% legend and colour key"]
-    roles = [r for r in ("root", "accepted", "first_rejected", "bonus", "other") if layout.by_role(r)]
     x, y = -0.2, top
-    for i, role in enumerate(roles):
+    for i, entry in enumerate(legend_entries(layout)):
         if i == 3:
             x, y = -0.2, y + 0.6
-        on_path = role in ("accepted",) or (role == "root" and layout.phase == "verified")
-        style = ROLE_STYLE[role] + (", ddt on path" if on_path else "") + (", fill=white" if role in ("accepted", "other", "first_rejected") else "")
-        name = LEGEND_NAMES[role] if layout.phase == "verified" else ("root" if role == "root" else "drafted")
-        out.append(rf"\path ({_num(x)},{_num(y)}) node[{style}] {{}} ++(0.17,0) node[ddt legend] {{{latex_text(name)}}};")
-        x += 1.45 if role != "first_rejected" else 2.1
+        style = (ROLE_STYLE[entry.role] + (", ddt on path" if entry.on_path else "")
+                 + (", fill=white" if fixed_fill(scheme, entry.role) is None else ""))
+        out.append(rf"\path ({_num(x)},{_num(y)}) node[{style}] {{}} ++(0.17,0) node[ddt legend] {{{latex_text(entry.name)}}};")
+        x += 1.45 if entry.role != "first_rejected" else 2.1
     # colour key: five swatches of the colour scale, low log-prob left
     samples = scale_samples(scheme.colorscale, 5)
     y += 0.6
@@ -278,11 +292,8 @@ def mask_tikz(mask, row_labels: list[str], col_labels: list[str], accepted: list
     accepted rows outlined in the path colour. Labels are layout-style (visible) token labels."""
     n_rows, n_cols = len(row_labels), len(col_labels)
     opts = [f"x={_num(cell_cm)}cm", f"y=-{_num(cell_cm)}cm",
-            r"ddt tick/.style={font=\ttfamily\tiny, inner sep=1pt}",
-            r"ddt title/.style={font=\sffamily\small, align=center}",
-            r"ddt caption/.style={font=\sffamily\footnotesize, align=left, text width=" + _num(max(n_cols, 12) * cell_cm) + "cm}"]
-    header = [f"% {line}" for line in comment.splitlines()] if comment else []
-    header += [PREAMBLE_NOTE.rstrip("\n"), r"\begin{tikzpicture}[", "  " + ",\n  ".join(opts) + "]", DDTUNI]
+            r"ddt tick/.style={font=\ttfamily\tiny, inner sep=1pt}", *_text_styles(max(n_cols, 12) * cell_cm)]
+    header = _header(opts, comment)
     body = _color_defs({"ddtmaskon": scheme.mask_on, "ddtmaskoff": scheme.mask_off, "ddtpath": scheme.path})
     body.append(rf"\fill[ddtmaskoff] (0,0) rectangle ({n_cols},{n_rows});")
     for i in range(n_rows):
@@ -308,13 +319,10 @@ def mask_tikz(mask, row_labels: list[str], col_labels: list[str], accepted: list
     for j, lab in enumerate(col_labels):
         text = latex_text(lab) if j == 0 else latex_label(lab)
         body.append(rf"\path ({_num(j + 0.5)},0) node[ddt tick, anchor=west, rotate=60] {{{text}}};")
-    if title:
-        above = max([len(c) for c in col_labels] + [4]) * 0.1 * 0.87 / cell_cm + 1.0
-        body.append(rf"\node[ddt title, anchor=south] (title) at ({_num(n_cols / 2)},{_num(-above)}) {{{latex_text(title)}}};")
-    if caption:
-        body.append(rf"\node[ddt caption, anchor=north west] (caption) at (0,{n_rows + 0.8}) {{{latex_text(caption)}}};")
-    body.append(r"\end{tikzpicture}")
-    return _wrap([b for b in body if b], header, standalone)
+    above = max([len(c) for c in col_labels] + [4]) * 0.1 * 0.87 / cell_cm + 1.0  # clears the rotated column labels
+    body += _title_node(title, f"{_num(n_cols / 2)},{_num(-above)}")
+    body += _caption_node(caption, f"0,{n_rows + 0.8}")
+    return _end(body, header, standalone)
 
 
 def acceptance_tikz(rounds: list[int], values: list[int], scheme: Scheme, *, title: str | None = None,
@@ -323,11 +331,8 @@ def acceptance_tikz(rounds: list[int], values: list[int], scheme: Scheme, *, tit
     top = max(values, default=1)
     bar_w = max(0.12, min(0.6, 12.0 / max(len(values), 1)))
     opts = [f"x={_num(bar_w)}cm", f"y={_num(min(0.6, 4.0 / max(top, 1)))}cm",
-            r"ddt tick/.style={font=\sffamily\tiny, inner sep=1pt}",
-            r"ddt title/.style={font=\sffamily\small, align=center}",
-            r"ddt caption/.style={font=\sffamily\footnotesize, align=left, text width=" + _num(max(len(values), 10) * bar_w) + "cm}"]
-    header = [f"% {line}" for line in comment.splitlines()] if comment else []
-    header += [PREAMBLE_NOTE.rstrip("\n"), r"\begin{tikzpicture}[", "  " + ",\n  ".join(opts) + "]", DDTUNI]
+            r"ddt tick/.style={font=\sffamily\tiny, inner sep=1pt}", *_text_styles(max(len(values), 10) * bar_w)]
+    header = _header(opts, comment)
     body = _color_defs({"ddtbar": scheme.bar, "ddtmean": scheme.mean})
     n = len(values)
     body.append(rf"\draw[gray, line width=0.4pt] (0,0) -- ({n},0);")
@@ -346,10 +351,61 @@ def acceptance_tikz(rounds: list[int], values: list[int], scheme: Scheme, *, tit
                     rf"node[ddt tick, anchor=west, text=ddtmean] {{mean {mean:.2f}}};")
     body.append(rf"\path ({_num(n / 2)},0) node[ddt tick, anchor=north, yshift=-8pt] {{round}};")
     body.append(rf"\path (0,{_num(top / 2)}) node[ddt tick, anchor=south, rotate=90, yshift=12pt] {{tokens}};")
-    if title:
-        body.append(rf"\node[ddt title, anchor=south] (title) at ({_num(n / 2)},{top + 0.7}) {{{latex_text(title)}}};")
-    if caption:
-        body.append(rf"\node[ddt caption, anchor=north west, yshift=-22pt] (caption) at (0,0) {{{latex_text(caption)}}};")
-    body.append(r"\end{tikzpicture}")
-    return _wrap(body, header, standalone)
+    body += _title_node(title, f"{_num(n / 2)},{top + 0.7}")
+    body += _caption_node(caption, "0,0", ", yshift=-22pt")
+    return _end(body, header, standalone)
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The drafter's grid
+# ------------------------------------------------------------------------------------------------------------
+
+
+def grid_tikz(g, fills: dict[tuple[int, int], str], scheme: Scheme, *, note: str, title: str | None = None,
+              caption: str | None = None, standalone: bool = False, comment: str = "") -> str:
+    """The drafter's grid (render.grid_view.GridData): one filled cell per (depth, rank) in `fills` colours, its
+    token label inside (node ddtcell-D-R), taken cells framed, the accepted path through its cells, a cross on the
+    target's token at the stop depth; `note` (where the walk stopped) below."""
+    cell_x, cell_y = 1.3, 0.5
+    opts = [f"x={_num(cell_x)}cm", f"y=-{_num(cell_y)}cm",
+            r"ddt cell/.style={font=\ttfamily\tiny, inner sep=0.5pt}",
+            r"ddt tick/.style={font=\sffamily\tiny, inner sep=1pt}", *_text_styles(max(g.depths, 6) * cell_x)]
+    header = _header(opts, comment)
+    colors = {"ddtpath": scheme.path, "ddtrejected": scheme.rejected, "ddtmuted": scheme.text_muted}
+    names = {}
+    for c in g.cells:
+        names[(c.depth, c.rank)] = f"ddtg{c.depth}x{c.rank}"
+        colors[names[(c.depth, c.rank)]] = fills[(c.depth, c.rank)]
+    body = _color_defs(colors)
+    body.append("% cells: x = depth, y = rank (rank 0 on top)")
+    for c in g.cells:
+        x0, y0 = c.depth - 0.5, c.rank - 0.5
+        body.append(rf"\fill[{names[(c.depth, c.rank)]}] ({_num(x0)},{_num(y0)}) rectangle ({_num(x0 + 1)},{_num(y0 + 1)});")
+        r, gg, b = (int(fills[(c.depth, c.rank)][i:i + 2], 16) for i in (1, 3, 5))
+        text = "white" if 0.299 * r + 0.587 * gg + 0.114 * b < 128 else "black"
+        body.append(rf"\node[ddt cell, text={text}] (ddtcell-{c.depth}-{c.rank}) at ({c.depth},{c.rank}) "
+                    rf"{{{latex_label(c.label)}}};")
+        if c.taken:
+            times = rf" node[ddt tick, anchor=north east, text=ddtrejected] {{$\times${len(c.taken)}}}" if len(c.taken) > 1 else ""
+            body.append(rf"\draw[ddtrejected, line width=0.6pt] ({_num(x0 + 0.04)},{_num(y0 + 0.06)}) rectangle "
+                        rf"({_num(x0 + 0.96)},{_num(y0 + 0.94)}){times};")
+    if g.path:
+        body.append(r"\draw[ddtpath, line width=1.6pt] " + " -- ".join(f"({d},{r})" for d, r in g.path) + ";")
+        for d, r in g.path:
+            body.append(rf"\fill[ddtpath] ({d},{r}) circle (1.6pt);")
+    if g.stop_rank is not None:
+        d, r = g.stop_depth, g.stop_rank
+        body.append(rf"\draw[ddtpath, line width=1.6pt] ({_num(d - 0.2)},{_num(r - 0.3)}) -- ({_num(d + 0.2)},{_num(r + 0.3)}) "
+                    rf"({_num(d - 0.2)},{_num(r + 0.3)}) -- ({_num(d + 0.2)},{_num(r - 0.3)});")
+    for d in range(1, g.depths + 1):
+        body.append(rf"\path ({d},{_num(g.k - 0.5)}) node[ddt tick, anchor=north] {{{d}}};")
+    for r in range(g.k):
+        body.append(rf"\path (0.5,{r}) node[ddt tick, anchor=east] {{{r}}};")
+    body.append(rf"\path ({_num((g.depths + 1) / 2)},{_num(g.k + 0.4)}) node[ddt tick, anchor=north] {{depth}};")
+    body.append(rf"\path (0,{_num((g.k - 1) / 2)}) node[ddt tick, anchor=south, rotate=90, xshift=0pt, yshift=4pt] "
+                r"{drafter rank};")
+    body.append(rf"\node[ddt caption, anchor=north west, text=ddtmuted] at (0.5,{_num(g.k + 1.2)}) {{{latex_text(note)}}};")
+    body += _title_node(title, f"{_num((g.depths + 1) / 2)},-0.9")
+    body += _caption_node(caption, f"0.5,{_num(g.k + 2.2)}")
+    return _end(body, header, standalone)

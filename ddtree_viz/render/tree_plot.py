@@ -7,10 +7,14 @@ import plotly.graph_objects as go
 from . import style
 from .figure import FigureSpec
 from .figure import colorscale as figure_colorscale
-from .layout import PHASES, LayoutNode, TreeLayout, for_phase
+from .layout import (
+    DRAW_ORDER, EDGE_KINDS, EDGE_NAME, PHASES, LayoutNode, TreeLayout, edges_of, for_phase, legend_name, path_label_at,
+    path_outlined,
+)
+from .scheme import PAGE_SCHEME, Scheme, edge_color, fixed_fill, outline_color
 from .text import TokenText, esc, lookup, visible
 
-ROLE_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # drawing order: path on top
+EDGE_LINE = {"edge": (style.EDGE_WIDTH, "solid"), "path": (style.PATH_EDGE_WIDTH, "solid"), "bonus": (2, "dash")}
 
 
 def _fmt(v: float | None, nd: int = 3) -> str:
@@ -28,56 +32,69 @@ def node_hover(n: LayoutNode, phase: str, argmax_text=None) -> str:
         lines.append(f"position {n.id} · depth {n.depth} · rank {rank}")
         if n.logprob is not None:
             lines.append(f"drafter log-prob {_fmt(n.logprob)} · path {_fmt(n.score)}")
+    def target_line(what: str, token_id: int, stored_text, note: str) -> str:
+        text = argmax_text(token_id) if argmax_text is not None else stored_text
+        shown = f" {esc(visible(text))}" if text is not None else ""
+        return f"target {what}: id {token_id}{shown}{note}"
+
     if phase == "verified" and n.argmax is not None:
-        text = argmax_text(n.argmax) if argmax_text is not None else n.argmax_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
         margin = f" (margin {_fmt(n.target_margin, 2)})" if n.target_margin is not None else ""
-        lines.append(f"target argmax: id {n.argmax}{shown}{margin}")
+        lines.append(target_line("argmax", n.argmax, n.argmax_token, margin))
     if phase == "verified" and n.choice is not None:
-        text = argmax_text(n.choice) if argmax_text is not None else n.choice_token
-        shown = f" {esc(visible(text))}" if text is not None else ""
         prob = f" (p {_fmt(n.choice_prob)})" if n.choice_prob is not None else ""
-        lines.append(f"target sample: id {n.choice}{shown}{prob}")
+        lines.append(target_line("sample", n.choice, n.choice_token, prob))
+    if phase == "verified" and n.parent_top_k:
+        lines.append(parent_line(n, argmax_text))
     if phase == "verified" and n.role not in ("other", "root"):
         lines.append(style.ROLE_NAME[n.role])
     return "<br>".join(lines)
 
 
-def _node_text(n: LayoutNode) -> str:
-    rank = f" <sub>r{n.rank}</sub>" if n.rank >= 0 else ""
+def parent_line(n: LayoutNode, argmax_text=None) -> str:
+    """The node inspector's short form: how likely the target found this token at the parent, and what it chose
+    there (escaped)."""
+    if n.parent_choice == n.token_id:
+        where = "its choice"
+    else:
+        text = argmax_text(n.parent_choice) if argmax_text is not None else n.parent_choice_token
+        where = f"it chose {esc(visible(text or ''))} (id {n.parent_choice})"
+    p = f"p {_fmt(n.parent_prob)}" if n.parent_prob is not None else f"outside its top-{n.parent_top_k}"
+    return f"target at the parent: {p} · {where}"
+
+
+def _node_text(n: LayoutNode, ranks: bool = True) -> str:
+    rank = f" <sub>r{n.rank}</sub>" if ranks and n.rank >= 0 else ""
     return esc(n.label) + rank
 
 
-def _edge_trace(layout: TreeLayout, edges, name: str, color: str, width: float, dash: str = "solid") -> dict:
+def _edge_trace(layout: TreeLayout, kind: str, scheme: Scheme) -> dict:
+    """One line trace for every edge of one edge_kind (plotly breaks the line at each None)."""
     xs: list[float | None] = []
     ys: list[float | None] = []
-    for e in edges:
+    for e in edges_of(layout, kind):
         a, b = layout.node(e.parent), layout.node(e.child)
         xs += [a.x, b.x, None]
         ys += [a.y, b.y, None]
-    return dict(type="scatter", x=xs, y=ys, mode="lines", line=dict(color=color, width=width, dash=dash),
+    width, dash = EDGE_LINE[kind]
+    name = EDGE_NAME[kind]
+    return dict(type="scatter", x=xs, y=ys, mode="lines", line=dict(color=edge_color(scheme, kind), width=width, dash=dash),
                 hoverinfo="skip", name=name, showlegend=name != "", legendgroup=name)
 
 
 # traces are plain dicts (figure.FigureSpec): the page sends them as they are, go.Figure validates them once
-def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, show_text: bool) -> dict:
-    on_path = [n.on_path for n in nodes]
-    if role in ("root", "bonus"):
-        fill: object = style.BONUS_FILL if role == "bonus" else style.NEUTRAL_FILL
-        marker = dict(color=fill)
-    else:
-        marker = dict(color=[n.logprob for n in nodes], coloraxis="coloraxis")
-    line_color = [style.PATH_COLOR if p or role == "bonus" else
-                  (style.REJECTED_COLOR if role == "first_rejected" else "#444444") for p in on_path]
-    line_width = [style.PATH_OUTLINE_WIDTH if p or role == "bonus" else 1 for p in on_path]
+def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, show_text: bool, scheme: Scheme,
+                ranks: bool) -> dict:
+    fill = fixed_fill(scheme, role)
+    marker: dict = dict(color=fill) if fill is not None else dict(color=[n.logprob for n in nodes], coloraxis="coloraxis")
+    line_color = [outline_color(scheme, role, n.on_path) for n in nodes]
+    line_width = [style.PATH_OUTLINE_WIDTH if path_outlined(role, n.on_path) else 1 for n in nodes]
     marker.update(symbol=style.ROLE_SYMBOL[role], size=style.NODE_SIZE + (4 if role == "bonus" else 0),
                   line=dict(color=line_color, width=line_width))
-    name = style.ROLE_NAME[role] if phase == "verified" else ("root" if role == "root" else "drafted")
     return dict(
         type="scatter", x=[n.x for n in nodes], y=[n.y for n in nodes], mode="markers+text" if show_text else "markers",
-        text=[_node_text(n) for n in nodes], textposition="top center", textfont=dict(size=11),
+        text=[_node_text(n, ranks) for n in nodes], textposition="top center", textfont=dict(size=11),
         hovertext=[node_hover(n, phase, argmax_text) for n in nodes], hoverinfo="text",
-        customdata=[n.id for n in nodes], marker=marker, name=name, legendgroup=role,
+        customdata=[n.id for n in nodes], marker=marker, name=legend_name(role, phase), legendgroup=role,
     )
 
 
@@ -98,39 +115,37 @@ def tree_figure(layout: TreeLayout, **options) -> go.Figure:
 
 
 def tree_spec(
-    layout: TreeLayout, *, title: str | None = None, colorscale: str = style.DEFAULT_COLORSCALE,
+    layout: TreeLayout, *, title: str | None = None, scheme: Scheme = PAGE_SCHEME, colorscale: str | None = None,
     phase: str | None = None, token_text: TokenText | None = None, show_text: bool = True,
-    cmin: float | None = None, cmax: float | None = None, height: int | None = None,
+    cmin: float | None = None, cmax: float | None = None, height: int | None = None, ranks: bool = True,
+    path_label: bool = False, legend: bool = True,
 ) -> FigureSpec:
-    """Plotly figure (as plain data: figure.FigureSpec) of a TreeLayout: token text on each node (rank as a small 'rN'), fill = drafter
-    log-prob (colour bar), accepted path as thick vermillion edges and node outlines, the first rejected
-    candidates as diamonds with black outlines, the bonus token as a star on a dashed edge. phase
-    "drafted" shows the tree as the drafter built it (no verification marks); default: the layout's phase.
-    token_text (id -> text) names the target's argmax in the hover; cmin/cmax pin the colour range (e.g.
-    the same over all rounds)."""
+    """Plotly figure (as plain data: figure.FigureSpec) of a TreeLayout: token text on each node (rank as a small
+    'rN' unless ranks=False), fill = drafter log-prob (colour bar), accepted path as thick edges and node outlines
+    in the scheme's path colour, the first rejected candidates as diamonds with dark outlines, the bonus token as
+    a star on a dashed edge. phase "drafted" shows the tree as the drafter built it (no verification marks);
+    default: the layout's phase. token_text (id -> text) names the target's argmax in the hover; cmin/cmax pin the
+    colour range (e.g. the same over all rounds); colorscale overrides the scheme's. path_label writes "accepted
+    path" along the path's first edge; legend=False hides the legend and the colour bar."""
     phase = layout.phase if phase is None else phase
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
     layout = for_phase(layout, phase)
     argmax_text = lookup(token_text, {n.token_id: n.token for n in layout.nodes}) if token_text is not None else None
 
-    normal = [e for e in layout.edges if not e.on_path and not e.synthetic]
-    traces = [_edge_trace(layout, normal, "", style.EDGE_COLOR, style.EDGE_WIDTH)]
-    if phase == "verified":
-        path = [e for e in layout.edges if e.on_path]
-        bonus = [e for e in layout.edges if e.synthetic]
-        traces.append(_edge_trace(layout, path, "accepted path", style.PATH_COLOR, style.PATH_EDGE_WIDTH))
-        traces.append(_edge_trace(layout, bonus, "bonus edge", style.PATH_COLOR, 2, dash="dash"))
-    for role in ROLE_ORDER:
+    kinds = EDGE_KINDS if phase == "verified" else ("edge",)
+    traces = [_edge_trace(layout, kind, scheme) for kind in kinds]
+    for role in DRAW_ORDER:
         nodes = [n for n in layout.nodes if n.role == role]
         if nodes:
-            traces.append(_node_trace(nodes, role, phase, argmax_text, show_text))
+            traces.append(_node_trace(nodes, role, phase, argmax_text, show_text, scheme, ranks))
 
     lo, hi = layout.logprob_range
     rows = layout.height
-    return FigureSpec(traces, dict(
+    spec = FigureSpec(traces, dict(
         title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
-        coloraxis=dict(colorscale=figure_colorscale(colorscale), cmin=lo if cmin is None else cmin, cmax=hi if cmax is None else cmax,
+        coloraxis=dict(colorscale=figure_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
+                       cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
         xaxis=dict(title=dict(text="depth"), dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
         yaxis=dict(autorange="reversed", showticklabels=False, zeroline=False, showgrid=False),
@@ -138,3 +153,20 @@ def tree_spec(
         margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.08, x=0),
     ))
+    if path_label:
+        _add_path_label(spec, layout, scheme)
+    if not legend:
+        spec.layout["coloraxis"]["showscale"] = False
+        spec.layout["showlegend"] = False
+    return spec
+
+
+def _add_path_label(spec: FigureSpec, layout: TreeLayout, scheme: Scheme) -> None:
+    """'accepted path' (or 'bonus') in italics under the middle of the path's first edge."""
+    spot = path_label_at(layout)
+    if spot is None:
+        return
+    a, b, text = spot
+    spec.layout.setdefault("annotations", []).append(dict(
+        x=(a.x + b.x) / 2, y=(a.y + b.y) / 2, text=text, showarrow=False, yshift=-11,
+        font=dict(color=scheme.path, size=10, style="italic")))

@@ -1,0 +1,154 @@
+"""The drafter's grid: depth x rank log-probs the best-first tree was built from (one DFlash pass), with the cells
+the tree took, the accepted path and where the target's token sat at the depth the walk stopped.
+
+`grid_data` is the one description every backend draws (the page's plotly heatmap here, matplotlib and TikZ in
+mpl.py / tikz.py, the JSON export): x = depth 1..block-1, y = rank 0..k-1 (rank 0 on top), z = the drafter's
+log-prob, a cell's label its token (visible whitespace, shortened). DDTree's heap spends its budget on the
+highest path scores (sums of these log-probs), so the taken cells show where it went and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from .. import analysis
+from ..trace import StepRecord
+from .figure import FigureSpec
+from .figure import colorscale as figure_colorscale
+from .scheme import PAGE_SCHEME, Scheme
+from .text import TokenText, esc_plotly as esc, lookup, shorten, token_texts_from_steps, visible
+
+GRID_LABEL_CHARS = 6
+
+
+@dataclass(frozen=True)
+class GridCell:
+    depth: int  # 1-based
+    rank: int  # 0-based
+    token_id: int
+    token: str  # raw text (untrusted)
+    label: str  # visible, shortened
+    logprob: float
+    taken: tuple[int, ...]  # tree positions holding this candidate (under different parents)
+    on_path: bool  # the accepted path's node at this depth holds it
+
+
+@dataclass(frozen=True)
+class GridData:
+    step_index: int
+    depths: int  # rows of the drafter's distribution recorded (block - 1)
+    k: int  # candidates per depth
+    cells: tuple[GridCell, ...]  # depth-major
+    path: tuple[tuple[int, int], ...]  # (depth, rank) of the accepted drafts, root excluded
+    stop_depth: int  # len(accepted): where the target's token was not a child
+    stop_rank: int | None  # its rank in the grid there (None: not in the grid, or past the block)
+    stop_token: str  # the target's token there (raw text)
+    stop_reason: str  # analysis.stop_info's reason
+    logprob_range: tuple[float, float]
+
+    def cell(self, depth: int, rank: int) -> GridCell:
+        return self.cells[(depth - 1) * self.k + rank]
+
+
+def grid_data(step: StepRecord, token_text: TokenText | None = None, label_chars: int = GRID_LABEL_CHARS) -> GridData:
+    """The round's grid; ValueError when the round has none recorded (traces from before the grid existed, or
+    sessions run without recording)."""
+    if not step.draft_top_ids:
+        raise ValueError(f"round {step.index + 1} has no drafter grid recorded (an older trace, or recording off)")
+    text = lookup(token_text, token_texts_from_steps([step]))
+    k = len(step.draft_top_ids[0])
+    taken: dict[tuple[int, int], list[int]] = {}
+    for n in step.nodes[1:]:
+        taken.setdefault((n.depth, n.rank), []).append(n.id)
+    path = tuple((step.nodes[a].depth, step.nodes[a].rank) for a in step.accepted[1:])
+    cells = []
+    for d, (ids, lps) in enumerate(zip(step.draft_top_ids, step.draft_top_logprobs), start=1):
+        for r, (tid, lp) in enumerate(zip(ids, lps)):
+            raw = text(tid)
+            cells.append(GridCell(d, r, tid, raw, shorten(visible(raw), label_chars), float(lp),
+                                  tuple(taken.get((d, r), ())), (d, r) in path))
+    stop = analysis.stop_info(step)
+    rank = stop["target_draft_rank"]
+    in_grid = isinstance(rank, int) and rank < k and stop["depth"] <= len(step.draft_top_ids)
+    lps = [c.logprob for c in cells]
+    return GridData(step.index, len(step.draft_top_ids), k, tuple(cells), path, stop["depth"],
+                    rank if in_grid else None, text(step.bonus_token_id), stop["reason"],
+                    (min(lps), max(lps)) if lps else (-1.0, 0.0))
+
+
+def default_title(g: GridData) -> str:
+    return (f"Drafter's grid, round {g.step_index + 1}: log-prob by depth and rank (top {g.k}); "
+            f"taken cells ringed, accepted path linked")
+
+
+def stop_note(g: GridData) -> str:
+    """One line on where the walk stopped, as the grid shows it."""
+    where = f"depth {g.stop_depth}"
+    who = f"target's token {visible(g.stop_token)!s}"
+    if g.stop_depth > g.depths:
+        return f"walk accepted every drafted depth; the {who} is the bonus after the block"
+    if g.stop_rank is not None:
+        return f"walk stopped at {where}: the {who} is the drafter's rank {g.stop_rank} ({g.stop_reason})"
+    return f"walk stopped at {where}: the {who} is {g.stop_reason}"
+
+
+def grid_figure(g: GridData, **options) -> go.Figure:
+    """grid_spec(g, **options) as a checked plotly go.Figure."""
+    return grid_spec(g, **options).figure()
+
+
+def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = None, cmin: float | None = None,
+              cmax: float | None = None, height: int | None = None, legend: bool = True) -> FigureSpec:
+    """Heatmap (as plain data: figure.FigureSpec) of the grid (x = depth, y = rank, rank 0 on top), token labels in the cells (escaped), a ring on
+    every cell the tree took (its count when several parents took it), the accepted path as a line through its
+    cells, the target's token at the stop depth as an X when the drafter had it in the grid."""
+    lo, hi = g.logprob_range
+    z = [[g.cell(d, r).logprob for d in range(1, g.depths + 1)] for r in range(g.k)]
+    labels = [[esc(g.cell(d, r).label) for d in range(1, g.depths + 1)] for r in range(g.k)]
+    hover = [[_hover(g.cell(d, r)) for d in range(1, g.depths + 1)] for r in range(g.k)]
+    xs = list(range(1, g.depths + 1))
+    data: list[dict] = [dict(
+        type="heatmap", z=z, x=xs, y=list(range(g.k)), text=labels, texttemplate="%{text}", textfont=dict(size=9),
+        hovertext=hover, hoverinfo="text", colorscale=figure_colorscale(scheme.colorscale), zmin=lo if cmin is None else cmin,
+        zmax=hi if cmax is None else cmax, xgap=1, ygap=1, showscale=legend,
+        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=12), name="grid",
+    )]
+    taken = [c for c in g.cells if c.taken]
+    if taken:
+        data.append(dict(
+            type="scatter", x=[c.depth for c in taken], y=[c.rank for c in taken], mode="markers+text",
+            text=[str(len(c.taken)) if len(c.taken) > 1 else "" for c in taken], textposition="middle right",
+            textfont=dict(size=8, color=scheme.rejected),
+            marker=dict(symbol="circle-open", size=22, color=scheme.rejected, line=dict(width=1.5)),
+            hoverinfo="skip", name="taken by the tree (×n: under n parents)"))
+    if g.path:
+        data.append(dict(
+            type="scatter", x=[d for d, _ in g.path], y=[r for _, r in g.path], mode="lines+markers",
+            line=dict(color=scheme.path, width=3), marker=dict(size=7, color=scheme.path), hoverinfo="skip",
+            name="accepted path"))
+    if g.stop_rank is not None:
+        data.append(dict(
+            type="scatter", x=[g.stop_depth], y=[g.stop_rank], mode="markers",
+            marker=dict(symbol="x-thin-open", size=20, color=scheme.path, line=dict(width=3)),
+            hovertext=[esc(stop_note(g))], hoverinfo="text", name="target's token where the walk stopped"))
+    return FigureSpec(data, dict(
+        title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
+        xaxis=dict(title=dict(text="depth"), dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
+        yaxis=dict(title=dict(text="drafter rank"), range=[g.k - 0.5, -0.5], **({"dtick": 1} if g.k <= 20 else {}),
+                   zeroline=False, showgrid=False),
+        height=height or int(min(max(300, 120 + 26 * g.k), 900)), margin=dict(l=20, r=20, t=50, b=40),
+        plot_bgcolor="white", hovermode="closest", showlegend=legend,
+        legend=dict(orientation="h", yanchor="top", y=-0.15, x=0),
+        annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
+                          showarrow=False, font=dict(size=10, color=scheme.text_muted))],
+    ))
+
+
+def _hover(c: GridCell) -> str:
+    taken = f"taken by the tree at position{'s' if len(c.taken) > 1 else ''} {', '.join(map(str, c.taken))}" \
+        if c.taken else "not taken"
+    path = " · on the accepted path" if c.on_path else ""
+    return (f"<b>{esc(visible(c.token))}</b> (id {c.token_id})<br>depth {c.depth} · rank {c.rank} · log-prob "
+            f"{c.logprob:.3f}<br>{taken}{path}")
