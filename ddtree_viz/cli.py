@@ -359,7 +359,7 @@ def _other_config(args) -> dict:
 
     c = {"budget": args.budget, "block_size": args.block_size, "method": args.method, "verify": args.verify,
          "engine": args.engine, "dtype": args.dtype, **args.compare}
-    for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ("transformers", "runner")),
+    for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ENGINE_CHOICES),
                          ("dtype", ("float32", "bfloat16", "float16"))):
         if c[key] not in allowed:
             raise InputError(f"--compare {key} must be one of {', '.join(allowed)}, not {c[key]!r}")
