@@ -95,10 +95,11 @@ def session_budget_curve(steps: Sequence[StepRecord], budget: int | None = None)
     state it actually started in: later rounds would have started elsewhere). A round's curve is flat past its
     own end. `budget` defaults to the largest round's."""
     curves = [recorded_curve(s) for s in steps]
-    top = max((max(c, default=0) for c in curves), default=0) if budget is None else int(budget)
+    ends = [max(c, default=0) for c in curves]  # each round's own end, once (not once per budget)
+    top = max(ends, default=0) if budget is None else int(budget)
     total = {}
     for b in range(1, top + 1):
-        total[b] = sum(c[min(b, max(c))] if c else s.acceptance for c, s in zip(curves, steps))
+        total[b] = sum(c[min(b, end)] if c else s.acceptance for c, end, s in zip(curves, ends, steps))
     return total
 
 
