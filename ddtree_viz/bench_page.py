@@ -148,7 +148,7 @@ def browser_figures(args, chromium: str) -> dict:
 
             def settings(max_new: int, block: int):
                 page.locator("#ddv-prompt textarea").fill(args.prompt)
-                for elem, value in (("ddv-max-new", max_new), ("ddv-block", block), ("ddv-budget", args.budget)):
+                for elem, value in (("ddv-max-new", max_new), ("ddv-block", block), ("ddv-budget-nodes", args.budget)):
                     box = page.locator(f"#{elem} input[type=number]")
                     box.fill(str(value))
                     box.press("Enter")

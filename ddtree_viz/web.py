@@ -129,7 +129,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None) -> gr.Blocks:
             prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, scale=3, elem_id="ddv-prompt")
             with gr.Column(scale=2):
                 with gr.Row():
-                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget")
+                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget-nodes")
                     block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size", elem_id="ddv-block")
                     max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
                 with gr.Row():

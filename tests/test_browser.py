@@ -299,12 +299,14 @@ def test_cache_chart_and_tables_at_8_layers(app_url):
     p, browser, page = open_page(app_url)
     try:
         ARTIFACTS.mkdir(exist_ok=True)
+        ids = page.evaluate("() => [...document.querySelectorAll('[id^=ddv-]')].map((e) => e.id)")
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # one element per ddv- id
         check_table_fits(page, "#ddv-layout", 8)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "issue17-layout-8-layers.png"))
         for budget in (32, 128):
             page.get_by_role("button", name="Reset", exact=True).click()
-            set_number(page, "ddv-budget", budget)
+            set_number(page, "ddv-budget-nodes", budget)
             page.get_by_role("button", name="Step", exact=True).click()
             wait_status(page, "Round 1 of 1")
             check_bars(page, 8, {3, 7})
@@ -347,7 +349,7 @@ def test_cache_chart_and_tables_at_64_layers(app_64_layers):
         for budget in (32, 128):
             page.get_by_role("button", name="Reset", exact=True).click()
             page.get_by_label("Prompt").fill("def fibonacci(n):\n")
-            set_number(page, "ddv-budget", budget)
+            set_number(page, "ddv-budget-nodes", budget)
             page.get_by_role("button", name="Step", exact=True).click()
             wait_status(page, "Round 1 of 1")
             check_bars(page, 64, set(range(3, 64, 4)))
