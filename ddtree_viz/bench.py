@@ -3,7 +3,8 @@
 What is timed, the same way for all three methods: from the start of the prompt's prefill until
 `max_new_tokens` tokens have been generated (or end of text), with the prompt already tokenised. Plain
 greedy is `greedy_decode` (transformers' own forward, one token per step); DFlash and DDTree are
-`DecodeSession` runs (method "dflash" / "ddtree", exact verification), including the bookkeeping a session
+`DecodeSession` runs (method "dflash" / "ddtree", exact verification, on the default engine unless told: the
+static runner on a Qwen3.5 hybrid, engines.default_engine), including the bookkeeping a session
 does per round (tree records, cache snapshots), since that is what the tool runs. Each method is warmed up
 once, untimed, before any measurement. Per prompt and repeat the three methods run back to back.
 
@@ -26,11 +27,12 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import InputError
+from .engine.engines import AUTO, engine_for
 from .engine.models import ModelPair
 from .engine.prompts import PromptSpec, check_spec, encode
 from .engine.sampling import GREEDY, Sampler
 from .engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
-from .engine.verify import device_sync
+from .engine.verify import EXACT, device_sync
 
 # A few lines of everyday code each: the embedded 8M-parameter target degenerates into repeating one word on
 # a bare one-line prompt at a file's start ("def main(argv):" -> "main main main ..."), which drafts easily
@@ -194,12 +196,13 @@ def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> Metho
 def run_bench(
     pair: ModelPair, prompts: list[str | PromptSpec] | tuple[str | PromptSpec, ...] | None = None, *, budget: int = 32, max_new_tokens: int = 64,
     block_size: int | None = None, repeats: int = 1, warmup: bool = True, progress=None, runner: bool = False,
-    sampler: Sampler = GREEDY,
+    sampler: Sampler = GREEDY, engine: str = AUTO,
 ) -> BenchResult:
     """Measure greedy, DFlash chain and DDTree (exact) on each prompt, all choosing with `sampler` (greedy by
     default). A prompt is raw text or a PromptSpec (engine/prompts.py: the chat template, a system prompt,
-    thinking); each result's `prompt` is the text that went into the prefill (templated, with --chat).
-    `progress(text)` is called between runs."""
+    thinking); each result's `prompt` is the text that went into the prefill (templated, with --chat). DFlash and
+    DDTree run on `engine` ("auto": engines.default_engine, the fastest exact engine for the target, as `run` and
+    the page use; "transformers" for the reference path). `progress(text)` is called between runs."""
     prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
     if not prompts:
         raise InputError("bench needs at least one prompt")
@@ -216,8 +219,9 @@ def run_bench(
     say = progress or (lambda text: None)
     # Sessions validate budget / max new tokens / block size before anything runs. The runner's DDTree records
     # only what decoding needs (its greedy runs through the same engine, so they share one static runner).
+    engine = engine_for(engine, EXACT, pair.target)
     sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m,
-                                 sampler=sampler) for m in ("dflash", "ddtree")}
+                                 sampler=sampler, engine=engine) for m in ("dflash", "ddtree")}
     if runner:
         sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
                                                   block_size=block_size, engine="runner", record=False, sampler=sampler)
@@ -240,7 +244,7 @@ def run_bench(
         _greedy(pair, encoded[0], warm, sync, sampler)
         for m in ("dflash", "ddtree"):
             s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m,
-                              sampler=sampler)
+                              sampler=sampler, engine=engine)
             _speculative(s, encoded[0], sync)
         if runner:  # on the benchmarked session itself: that is where the graphs are captured
             fast = sessions["runner-ddtree"]
@@ -260,7 +264,7 @@ def run_bench(
 
     ddtree = sessions["ddtree"]
     settings = dict(budget=ddtree.budget, block_size=ddtree.block_size, max_new_tokens=ddtree.max_new_tokens,
-                    repeats=repeats, verify="exact", dtype=ddtree.settings["dtype"], device=pair.device,
+                    repeats=repeats, verify="exact", engine=engine, dtype=ddtree.settings["dtype"], device=pair.device,
                     warmup=warmup, torch_threads=torch.get_num_threads(), runner=runner,
                     cuda_graphs=bool(runner and sessions["runner-ddtree"].cache.graphs), **sampler.settings,
                     **_chat_settings(specs))

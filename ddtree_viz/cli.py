@@ -163,9 +163,11 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                      help="exact (tree-exact GDN) or naive (the known-wrong flattened-tree behaviour); default: exact")
     run.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"),
                      help="ddtree (draft tree) or dflash (top-1 chain); default: ddtree")
-    run.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
-                     help="transformers (the target's own forward with the tree-exact GDN swapped in) or runner (the "
-                          "static runner: preallocated state, CUDA graphs on a GPU; exact only); default: transformers")
+    run.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
+                     help="auto (default: the fastest exact engine that applies: runner for exact rounds on a Qwen3.5 "
+                          "hybrid target on one device, else transformers), transformers (the target's own forward with "
+                          "the tree-exact GDN swapped in: the reference path) or runner (the static runner: "
+                          "preallocated state, CUDA graphs on a GPU; exact only)")
     run.add_argument("--reference", default="engine", choices=("engine", "transformers"),
                      help="where the reference decodes: engine (default: the session's engine; the runner decodes "
                           "one-node trees on a second static runner) or transformers (transformers' own forward, one "
@@ -199,6 +201,9 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     _add_decode_args(bench)
     bench.add_argument("--repeats", type=_whole_number, default=1, help="timed runs per prompt and method (default: 1)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
+                       help="engine of the DFlash and DDTree runs: auto (default: the fastest exact engine that "
+                            "applies, as run and the page use), transformers (the reference path) or runner")
     bench.add_argument("--runner", action="store_true",
                        help="also time greedy and DDTree through the static runner (preallocated state; CUDA graphs on a "
                             "GPU), Qwen3.5 hybrid targets on one device")
@@ -249,6 +254,9 @@ def cmd_analyze(args) -> int:
 
     return run(args)
 
+
+# The engine choices (engines.ENGINE_CHOICES), spelled out so that parsing imports no torch; tests hold them equal.
+ENGINE_CHOICES = ("auto", "transformers", "runner")
 
 # The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
 # stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
@@ -423,8 +431,9 @@ def cmd_run(args) -> int:
     print(pair.parameters_line())
     method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
+    chosen = " (auto: the fastest exact engine for this target)" if args.engine == "auto" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
-          f"engine {args.engine}")
+          f"engine {session.engine}{chosen}")
     if not session.sampler.greedy:
         print(f"{sampling_label(session.settings)}: position-keyed noise {session.sampler.settings['noise']} "
               "(docs/SAMPLING.md); compared with the target's own sampling, same seed")
@@ -476,7 +485,7 @@ def _other_config(args) -> dict:
 
     c = {"budget": args.budget, "block_size": args.block_size, "method": args.method, "verify": args.verify,
          "engine": args.engine, "dtype": args.dtype, **args.compare}
-    for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ("transformers", "runner")),
+    for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ENGINE_CHOICES),
                          ("dtype", ("float32", "bfloat16", "float16"))):
         if c[key] not in allowed:
             raise InputError(f"--compare {key} must be one of {', '.join(allowed)}, not {c[key]!r}")
@@ -607,11 +616,11 @@ def cmd_bench(args) -> int:
     print(pair.describe())
     results = run_sweep(pair, prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                        repeats=args.repeats, runner=args.runner,
+                        repeats=args.repeats, runner=args.runner, engine=args.engine,
                         progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
     s = results[0].settings
     print(f"budget {s['budget']}, block size {s['block_size']}, max new tokens {s['max_new_tokens']}, repeats {s['repeats']}, "
-          f"{s['torch_threads']} torch threads")
+          f"{s['torch_threads']} torch threads; dflash and ddtree on the {s['engine']} engine")
     print("timed: start of prefill to last generated token, after one untimed warm-up per method")
     if args.chat:
         thinking = "template default" if args.thinking is None else args.thinking

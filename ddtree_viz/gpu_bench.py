@@ -737,7 +737,8 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
     per phase. Random weights accept little, so this measures cost per round, not speed-up."""
     from .engine.session import DecodeSession
 
-    session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048)
+    session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
+                            engine="transformers")  # section 3 measures transformers' forward; the runner has its own
     session.prefill(prompt_ids=prompt)
     session.step()  # warm-up
     records = [session.step() for _ in range(rounds)]
@@ -759,7 +760,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy.ids, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle)
+            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                    engine="transformers")  # the runner's exactness: fast_exactness
             session.prefill(prompt_ids=prompt)
             session.run()
             idx = first_divergence(session.generated, greedy.ids)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import secrets
 import shutil
 import tempfile
@@ -23,20 +24,21 @@ from .engine.models import ModelPair, load_pair
 from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
 from .engine.sampling import MAX_SEED, Sampler
 from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
-from .engine.engines import ENGINES, engine_for
+from .engine.engines import AUTO, ENGINES, default_engine, engine_for
 from .errors import DDTreeVizError, InputError, ModelLoadError
-from .render.cache_view import cache_figure, cache_layout_table, cache_table
+from .render.cache_view import cache_layout_table, cache_spec, cache_table, cache_table_html
 from .render.diff_view import output_vs_greedy_html
 from .render.divergence_view import divergence_html, divergence_rows
+from .render.figure import FigureSpec
 from .render.layout import PHASES, tree_layout
-from .render.mask_plot import mask_figure
+from .render.mask_plot import mask_spec
 from .render.prompt_view import prompt_html
-from .render.stats_view import acceptance_figure, stats_markdown, stats_summary
+from .render.stats_view import acceptance_spec, stats_markdown, stats_summary
 from .render.text import esc
-from .render.tree_plot import tree_figure
-from .render.budget_view import budget_figure, depth_figure
+from .render.tree_plot import tree_spec
+from .render.budget_view import budget_spec, depth_spec
 from .render.compare_view import compare_html
-from .render.grid_view import grid_data, grid_figure
+from .render.grid_view import grid_data, grid_spec
 from .render.inspect_view import inspector_html, node_choices, stop_html
 from .analysis import config_label
 from .trace import REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
@@ -46,7 +48,21 @@ SAME = "same"  # compare mode: the engine / dtype of the first configuration
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page says so; `replay FILE` takes up to
 #                                      trace.MAX_TRACE_BYTES)
-DIVERGENCE_ROUNDS = 100  # the page's divergence table shows the last this many rounds up to the one on screen
+DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
+RUN_REFRESH_S = 0.5  # Run redraws the page at most this often (and after the last round), not after every round
+ROUND_VIEW_CACHE = 64  # per tab: the views of this many (round, phase) pairs are kept (a round's never change)
+
+
+def cpu_threads(device: str = "cpu", cores: int | None = None) -> int:
+    """Torch threads for the page's model work: one core less than this process may use (at least one), leaving a
+    core to the server and the browser. On the CPU, two threads against a busy browser spin-wait in every
+    operation's barrier: on a 2-core machine a DDTree round went from ~25 ms to ~450 ms while the page drew
+    (docs/PERFORMANCE.md, the page). On a GPU the host needs one thread."""
+    if device != "cpu":
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
 
 
 class FairLock:
@@ -76,10 +92,11 @@ class ModelHost:
     """Loads the target + drafter once, shared by every tab; one fair lock so model work never interleaves and tabs
     take turns round by round."""
 
-
-    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = "transformers"):
+    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = AUTO):
         self.args = (target, draft, dtype, device)
-        self.engine = engine  # exact sessions run on it; naive sessions always on transformers' forward
+        # exact sessions run on it ("auto": engines.default_engine, the fastest exact engine for the target);
+        # naive sessions always on transformers' forward
+        self.engine = engine
         self.pair: ModelPair | None = None
         self.layout: list[dict] = []
         self.error: str | None = None
@@ -89,6 +106,7 @@ class ModelHost:
         self.replay_only = False  # `replay FILE` / app.py --replay without --target: no model, by design
         self._thread: threading.Thread | None = None
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
+        self._layout_html: str | None = None
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -125,13 +143,26 @@ class ModelHost:
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
             return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
-                    f"exact rounds on the {esc(self.engine)} engine; {esc(self.chat_note())}")
+                    f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
+                    f"transformers; {_threads()} torch thread(s); {esc(self.chat_note())}")
         if self.replay_only:
             return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
                     "or load another; Step and Run need a model (start the app without --replay, or with --target).")
         if self.error is not None:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    @property
+    def exact_engine(self) -> str:
+        """The engine exact rounds run on (the named one, or auto's choice for the loaded target)."""
+        if self.engine != AUTO or self.pair is None:
+            return self.engine
+        return default_engine(self.pair.target)
+
+    def _engine_why(self) -> str:
+        if self.engine != AUTO:
+            return " (chosen with --engine)"
+        return " (auto: the fastest exact engine for this target)"
 
     @property
     def has_chat_template(self) -> bool:
@@ -210,6 +241,36 @@ def files_root() -> Path:
 
 
 @dataclass
+class RoundViews:
+    """What one round shows (it never changes once recorded, so a tab keeps it: scrubbing redraws nothing)."""
+
+    tree: FigureSpec
+    mask: FigureSpec
+    cache_chart: FigureSpec
+    cache_rows: list[dict]
+    cache_html: str
+
+
+@dataclass
+class ViewCache:
+    """Per tab: views already built, for the records of one session or trace (`source`)."""
+
+    source: object = None
+    step_min: list[float] = field(default_factory=list)  # each round's lowest drafter log-prob (the colour range)
+    rounds: dict = field(default_factory=dict)  # (round, phase, colour range, title) -> RoundViews, oldest first
+    grids: dict = field(default_factory=dict)  # round -> the drafter's grid figure
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()  # two handlers of one tab may draw at once
+
+    def for_source(self, source: object) -> "ViewCache":
+        with self.lock:
+            if source is not self.source:
+                self.source, self.step_min, self.rounds, self.grids = source, [], {}, {}
+        return self
+
+
+@dataclass
 class TabState:
     """One browser tab: its live session (or a replayed trace) and the round it shows; in compare mode a second
     session (B) on the same prompt, stepped in lockstep.
@@ -230,6 +291,10 @@ class TabState:
     inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
     independent: str = ""  # the last check against transformers' forward, in words (Markdown)
     epoch: int = 0
+    views: ViewCache = field(default_factory=ViewCache)
+    # the last Step (or Run refresh) on the server, ms: "rounds" (engine time of its rounds), "reference" (the
+    # reference's model time), "step" (wall time of ui.step / the refresh), "views" (building the views)
+    timing: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
@@ -357,7 +422,7 @@ def _ensure_session(host: ModelHost, tab: TabState, s: Settings) -> None:
     if tab.session is not None and not tab.replay and tab.settings == s:
         return
     pair = host.require()
-    engine, reference_engine = engine_for(host.engine, s.verify), None
+    engine, reference_engine = engine_for(host.engine, s.verify, pair.target), None
     old = tab.session if tab.session is not None and not tab.replay and _same_shape(tab.settings, s) else None
     if old is not None and old.engine == engine:
         engine, reference_engine = old.target_engine, old.reference_engine
@@ -388,7 +453,7 @@ def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> 
         return
     s = tab.settings
     pair = host.pair_for(None if c.dtype == SAME else c.dtype)
-    engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify)
+    engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify, pair.target)
     other = DecodeSession(pair, budget=c.budget, max_new_tokens=s.max_new_tokens, verify=c.verify, method=c.method,
                           block_size=min(c.block_size, pair.drafter.block_size), engine=engine, sampler=s.sampler)
     other.prefill(spec=s.prompt)
@@ -405,13 +470,21 @@ def _step_both(tab: TabState) -> None:
         tab.other.step()
 
 
-def _refresh(tab: TabState, check: bool = True) -> None:
+def _refresh(tab: TabState, check: bool = True, started: float | None = None, rounds_before: int | None = None,
+             reference_before: float | None = None) -> None:
     """Re-read the live sessions' records: with `check`, A's reference extended to the tokens generated so far;
-    without, as far as it has decoded (the page shows the round first and checks it next: `check`)."""
+    without, as far as it has decoded (the page shows the round first and checks it next: `check`). With `started`
+    (perf_counter at the Step's start) and `rounds_before`, note what the Step cost in tab.timing: its rounds'
+    engine time (A's), the reference's model time, the wall time."""
+    before = tab.session.greedy_seconds if reference_before is None else reference_before
     tab.trace = tab.session.to_trace(extend=check)
     tab.greedy_s = tab.session.greedy_seconds
     if tab.other is not None:
         tab.other_trace = tab.other.to_trace()
+    if started is not None:
+        new = tab.session.history[rounds_before:]
+        tab.timing = {"rounds": sum(sum(r.timings_ms.values()) for r in new), "n_rounds": len(new),
+                      "reference": (tab.greedy_s - before) * 1e3, "step": (time.perf_counter() - started) * 1e3}
 
 
 def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0,
@@ -428,8 +501,9 @@ def step(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tok
         _ensure_other(host, tab, c)
         if tab.session.done:
             raise InputError(FINISHED)
+        started, before = time.perf_counter(), len(tab.session.history)
         _step_both(tab)
-        _refresh(tab, check)
+        _refresh(tab, check, started, before)
         tab.view = len(tab.trace.steps) - 1
         tab.inspect = None
     return tab
@@ -440,9 +514,11 @@ FINISHED = "this session has finished (end of text or max new tokens): press Res
 
 def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_new_tokens, verify, method,
                temperature=0.0, top_p=1.0, top_k=0, seed=0, chat=False, system="", thinking=True, *compare,
-               check: bool = True, views=None):
-    """Run to the end (both configurations in compare mode, in lockstep), yielding the tab after every round (the
-    page updates live). check=False: the reference is left for `check` after the last round. The model is released
+               check: bool = True, views=None, min_interval: float = 0.0):
+    """Run to the end (both configurations in compare mode, in lockstep), yielding the tab as the page should
+    redraw: after every round (min_interval 0), or at most every `min_interval` seconds and after the last round
+    (the page's Run: RUN_REFRESH_S); the reference keeps up round by round either way (a redraw never waits for a
+    backlog of it), unless check=False: then it is left for `check` after the last round. The model is released
     between rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends
     the Run at its next round. A finished session is an InputError before anything changes. `views(tab)`: yield
     what it returns instead of the tab, made under the tab's lock once the Run is known to be still current (so a
@@ -457,16 +533,21 @@ def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_n
             raise InputError(FINISHED)
         tab.epoch += 1
         mine, session, other = tab.epoch, tab.session, tab.other
+    started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
     while True:
         with host.lock, tab.lock:
             current = tab.epoch == mine
-            going = current and not (session.done and (other is None or other.done))
+            going = current and not _finished(session, other)
             if going:
                 if session.done:  # A finished first: B goes on alone
                     other.step()
                 else:
                     _step_both(tab)
-                _refresh(tab, check)
+                if not (_finished(session, other) or time.perf_counter() - started >= min_interval):
+                    if check:
+                        session.greedy(len(session.generated))  # the reference, keeping up
+                    continue
+                _refresh(tab, check, started, before, reference)
                 tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
                 tab.inspect = None
         if not current:  # ended by a Reset, a replay, a new prompt or another Run
@@ -479,12 +560,18 @@ def run_rounds(host: ModelHost, tab: TabState, prompt, budget, block_size, max_n
             return
         if views is None:
             yield tab
+            started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
             continue
         with tab.lock:
             if tab.epoch != mine:
                 continue  # the next pass ends it
             shown = views(tab)
         yield shown
+        started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
+
+
+def _finished(session: DecodeSession, other: DecodeSession | None) -> bool:
+    return session.done and (other is None or other.done)
 
 
 def check(host: ModelHost, tab: TabState) -> TabState:
@@ -586,29 +673,85 @@ def inspect(tab: TabState, node) -> TabState:
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _checked(fig):
+    """A FigureSpec as its checked go.Figure (other figures as they are)."""
+    return fig.figure() if isinstance(fig, FigureSpec) else fig
+
+
 @dataclass
 class Views:
+    """Everything the page shows. The main figures are FigureSpecs (plain plotly JSON: what the page sends, as
+    gr.Plot calls their to_json); the properties tree, mask, cache_chart, acceptance, tree_b, grid, budget and depth
+    give them as checked go.Figures (scripts, tests)."""
+
     status: str
-    tree: object
-    mask: object
+    tree_spec: FigureSpec | None
+    mask_spec: FigureSpec | None
     cache_rows: list[dict]
-    cache_chart: object
+    cache_spec: FigureSpec | None
     diff_html: str
-    acceptance: object
+    acceptance_spec: FigureSpec | None
     stats: str
     divergence: str
     rounds: int
     view: int
-    grid: object = None  # the drafter's grid of the round (None: not recorded)
-    budget: object = None  # the budget that would have done: the round's curve and the session's
-    depth: object = None  # acceptance histogram and per-depth conditional acceptance
+    grid_spec: FigureSpec | None = None  # the drafter's grid of the round (None: not recorded)
+    budget_spec: FigureSpec | None = None  # the budget that would have done: the round's curve and the session's
+    depth_spec: FigureSpec | None = None  # acceptance histogram and per-depth conditional acceptance
     stop: str = ""  # where and why the round's walk stopped
     inspector: str = ""  # the node inspector
     node_choices: list = field(default_factory=list)  # the inspector's selector: (label, tree position)
     inspect: int | None = None  # the node it shows
-    tree_b: object = None  # compare mode: configuration B's tree of the round
+    tree_b_spec: FigureSpec | None = None  # compare mode: configuration B's tree of the round
     compare: str = ""  # compare mode: both outputs token by token, where they part, verdicts
     prompt: str = ""  # the prompt as prefilled (templated, special tokens marked), escaped HTML
+    cache_html: str = ""  # the per-layer cache of the round as the page's compact table
+    layout_html: str = ""  # the cache layout measured at load, the same way
+
+    @property
+    def tree(self):
+        return _checked(self.tree_spec)
+
+    @property
+    def mask(self):
+        return _checked(self.mask_spec)
+
+    @property
+    def cache_chart(self):
+        return _checked(self.cache_spec)
+
+    @property
+    def acceptance(self):
+        return _checked(self.acceptance_spec)
+
+    @property
+    def tree_b(self):
+        return _checked(self.tree_b_spec)
+
+    @property
+    def grid(self):
+        return _checked(self.grid_spec)
+
+    @property
+    def budget(self):
+        return _checked(self.budget_spec)
+
+    @property
+    def depth(self):
+        return _checked(self.depth_spec)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def layout_html(host: ModelHost) -> str:
+    """The per-layer cache layout measured at load (before the first step), as the page's compact table."""
+    if host.layout and host._layout_html is None:
+        host._layout_html = cache_table_html(host.layout)
+    return host._layout_html or ""
 
 
 def _shown_step(trace: Trace | None, k: int):
@@ -618,12 +761,13 @@ def _shown_step(trace: Trace | None, k: int):
     return trace.steps[max(0, min(k, len(trace.steps) - 1))]
 
 
-def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None):
+def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None, lo: float | None = None) -> FigureSpec:
     step = _shown_step(trace, k)
     layout = tree_layout(step, phase=phase, token_text=text)
-    lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
-          if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
-    return tree_figure(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title)
+    if lo is None:
+        lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
+              if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
+    return tree_spec(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title)
 
 
 def _analysis_views(tab: TabState, trace: Trace, k: int, text) -> dict:
@@ -632,9 +776,19 @@ def _analysis_views(tab: TabState, trace: Trace, k: int, text) -> dict:
     step = _shown_step(trace, k)
     steps = trace.steps[: step.index + 1]
     html, choices, node = inspector_view(tab)
+    cache = tab.views
+    with cache.lock:
+        grid = cache.grids.get(step.index) if trace is tab.trace else None
+    if grid is None and step.draft_top_ids:
+        grid = grid_spec(grid_data(step, text))  # a round's grid never changes: built once per tab
+        if trace is tab.trace:
+            with cache.lock:
+                cache.grids[step.index] = grid
+                while len(cache.grids) > ROUND_VIEW_CACHE:
+                    cache.grids.pop(next(iter(cache.grids)))
     return dict(
-        grid=grid_figure(grid_data(step, text)) if step.draft_top_ids else None, budget=budget_figure(steps),
-        depth=depth_figure(steps, trace.settings.get("block_size")), stop=stop_html(step, text) if step.nodes else "",
+        grid_spec=grid, budget_spec=budget_spec(steps),
+        depth_spec=depth_spec(steps, trace.settings.get("block_size")), stop=stop_html(step, text) if step.nodes else "",
         inspector=html, node_choices=choices, inspect=node,
     )
 
@@ -690,11 +844,30 @@ def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
     if tab.session is not None and not tab.replay and tab.greedy_s > 0:
+        # the same clock for both: model time only (prefill included), none of the page's own work
         greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
         round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
         ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
-    return stats_markdown(summary) + (f"\n{tab.independent}\n" if tab.independent else "")
+    return (stats_markdown(summary, extra=_page_timing(tab, trace))
+            + (f"\n{tab.independent}\n" if tab.independent else ""))
+
+
+def _page_timing(tab: TabState, trace: Trace) -> list[tuple[str, str]]:
+    """Rows for the stats table saying what each time measures."""
+    rows = []
+    t = tab.timing
+    if "step" in t and tab.session is not None and not tab.replay:
+        n = t.get("n_rounds", 1)
+        what = "round" if n == 1 else f"{n} rounds"
+        rows.append(("last Step on the server, wall time (not the browser's drawing)",
+                     f"{t['step'] + t.get('views', 0):.0f} ms: {what} {t['rounds']:.0f} ms engine time + reference "
+                     f"{t['reference']:.0f} ms + bookkeeping {max(t['step'] - t['rounds'] - t['reference'], 0):.0f} ms "
+                     f"+ building the views {t.get('views', 0):.0f} ms"))
+    engine = trace.settings.get("engine")
+    if engine:
+        rows.insert(0, ("engine", esc(engine)))
+    return rows
 
 
 def _status(tab: TabState, k: int) -> str:
@@ -722,38 +895,74 @@ def _divergence(trace: Trace, k: int, text) -> str:
     first = max(0, k + 1 - DIVERGENCE_ROUNDS)
     table = divergence_html(divergence_rows(trace.steps[first: k + 1], text))
     if first:
-        table = (f"<div><i>Rounds {first + 1} to {k + 1} (the last {DIVERGENCE_ROUNDS}); earlier rounds: go back with "
-                 "the round slider, or export the trace.</i></div>") + table
+        table = (f'<div style="color:#777;font-size:85%">rounds {first + 1}–{k + 1} of {len(trace.steps)} (the '
+                 f"{DIVERGENCE_ROUNDS} up to the round shown; scrub back for earlier ones, or export the trace)</div>"
+                 + table)
     return table
 
 
+def _color_floor(tab: TabState) -> float:
+    """The lowest drafter log-prob over the session's rounds (the tree's colour range, the same for every round),
+    kept per round as rounds arrive."""
+    cache, steps = tab.views, tab.trace.steps
+    with cache.lock:
+        for s in steps[len(cache.step_min):]:
+            cache.step_min.append(min((n.logprob for n in s.nodes[1:]), default=float("inf")))
+        lo = min(cache.step_min, default=float("inf"))
+    return lo if lo != float("inf") else -1.0
+
+
+def _round_views(tab: TabState, k: int, phase: str, lo: float, title: str | None = None) -> RoundViews:
+    """Round k's tree, mask and cache views, built once per tab (the ROUND_VIEW_CACHE most recent are kept)."""
+    cache = tab.views
+    key = (k, phase, lo, title)
+    with cache.lock:
+        got = cache.rounds.pop(key, None)
+        if got is None:
+            step, text = tab.trace.steps[k], _token_text(tab)
+            rows = cache_table(step)
+            got = RoundViews(tree=_tree_of(tab.trace, k, phase, text, title, lo=lo), mask=mask_spec(step),
+                             cache_chart=cache_spec(step), cache_rows=rows, cache_html=cache_table_html(rows))
+        cache.rounds[key] = got  # most recent last
+        while len(cache.rounds) > ROUND_VIEW_CACHE:
+            cache.rounds.pop(next(iter(cache.rounds)))
+    return got
+
+
 def render_views(host: ModelHost, tab: TabState, phase: str = "verified") -> Views:
+    """Everything the page shows for the round on screen. A round's tree, mask, cache views and grid are built once
+    per tab (RoundViews); the rest is bounded (the disagreement table: the last DIVERGENCE_ROUNDS rounds)."""
+    started = time.perf_counter()
     tab = snapshot(tab)
     if tab.trace is not None and not tab.trace.steps and tab.replay:
         status = ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
                   f"show. Its output so far: {len(tab.trace.output_ids)} token(s). Load another trace, or type a prompt.")
-        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0)
+        return Views(status, None, None, host.layout, None, "", None, "", "", 0, 0, layout_html=layout_html(host))
     if tab.trace is None or not tab.trace.steps:
-        return Views(_empty_status(), None, None, host.layout, None, "", None, "", "", 0, 0)
+        return Views(_empty_status(), None, None, host.layout, None, "", None, "", "", 0, 0, layout_html=layout_html(host))
     trace, k = tab.trace, max(0, min(tab.view, rounds_shown(tab) - 1))
+    tab.views.for_source(tab.session if tab.session is not None and not tab.replay else trace)
     step = _shown_step(trace, k)
     text = _token_text(tab)
     compare = tab.other_trace is not None and bool(tab.other_trace.steps)
-    tree = _tree_of(trace, k, phase, text, title=_side_title("A", trace, k) if compare else None)
+    rv = _round_views(tab, step.index, phase, _color_floor(tab), _side_title("A", trace, k) if compare else None)
     k = step.index
     extra = {}
     if compare:
         kb = max(0, min(tab.view, len(tab.other_trace.steps) - 1))
-        extra = dict(tree_b=_tree_of(tab.other_trace, kb, phase, _other_text(tab), _side_title("B", tab.other_trace, kb)),
+        extra = dict(tree_b_spec=_tree_of(tab.other_trace, kb, phase, _other_text(tab),
+                                          _side_title("B", tab.other_trace, kb)),
                      compare=compare_html(trace, tab.other_trace, text, view=tab.view))
-    return Views(
-        status=_status(tab, k), tree=tree, mask=mask_figure(step), cache_rows=cache_table(step),
-        cache_chart=cache_figure(step), diff_html=output_vs_greedy_html(trace, text, upto_step=k),
-        acceptance=acceptance_figure(trace.steps[: k + 1]), stats=_stats(tab),
-        divergence=_divergence(trace, k, text),
-        rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)),
-        prompt=prompt_html(trace), **_analysis_views(tab, trace, k, text), **extra,
+    views = Views(
+        status=_status(tab, k), tree_spec=rv.tree, mask_spec=rv.mask, cache_rows=rv.cache_rows,
+        cache_spec=rv.cache_chart, diff_html=output_vs_greedy_html(trace, text, upto_step=k),
+        acceptance_spec=acceptance_spec(trace.steps[: k + 1]), stats="", divergence=_divergence(trace, k, text),
+        rounds=rounds_shown(tab), view=max(0, min(tab.view, rounds_shown(tab) - 1)), prompt=prompt_html(trace),
+        cache_html=rv.cache_html, layout_html=layout_html(host), **_analysis_views(tab, trace, k, text), **extra,
     )
+    tab.timing["views"] = (time.perf_counter() - started) * 1e3
+    views.stats = _stats(tab)
+    return views
 
 
 def _side_title(side: str, trace: Trace, k: int) -> str:

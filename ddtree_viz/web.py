@@ -64,10 +64,6 @@ def click_js(elem_id: str) -> str:
 """ % elem_id
 
 
-# the per-layer cache table on the page: the columns a reader needs at a glance (all of them are in the trace)
-CACHE_COLUMNS = ("layer", "type", "cache class", "tensors", "KV length", "bytes after commit", "what changed",
-                 "naive state error")
-
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
 CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
        ".ddv-hidden { display: none !important; } "
@@ -80,9 +76,14 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    p.add_argument("--engine", default="transformers", choices=("transformers", "runner"),
-                   help="engine for exact rounds: transformers' forward (default) or the static runner (CUDA graphs on "
-                        "a GPU; Qwen3.5 hybrid targets on one device); naive rounds always use transformers")
+    p.add_argument("--engine", default="auto", choices=("auto", "transformers", "runner"),
+                   help="engine for exact rounds: auto (default: the fastest exact engine that applies: the static "
+                        "runner on a Qwen3.5 hybrid target on one device, else transformers), transformers' forward "
+                        "(the reference path) or the static runner (CUDA graphs on a GPU); naive rounds always use "
+                        "transformers")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads for the model work (default: one core less than this machine has, at least "
+                        "one, leaving a core to the server and the browser)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
@@ -227,8 +228,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
     with gr.Blocks(title="ddtree-viz", delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         gr.Markdown("# ddtree-viz — DDTree speculative decoding, step by step, on a hybrid target")
         model_md = gr.Markdown(host.status_markdown(), elem_id="ddv-model")
-        layout_df = gr.Dataframe(label="Per-layer cache layout (before the first step)", interactive=False, wrap=True,
-                                 max_height=260, elem_id="ddv-layout")
+        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
+            layout_df = gr.HTML(ui.layout_html(host), elem_id="ddv-layout")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
@@ -244,9 +245,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                                     elem_id="ddv-system")
             with gr.Column(scale=2):
                 with gr.Row():
-                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)")
-                    block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size")
-                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget-nodes")
+                    block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size", elem_id="ddv-block")
+                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
                 with gr.Row():
                     verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
                     method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
@@ -277,7 +278,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                 c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
                 c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
                                     elem_id="ddv-compare-verify")
-                c_engine = gr.Dropdown([ui.SAME, "transformers", "runner"], value=ui.SAME, label="B: engine")
+                c_engine = gr.Dropdown([ui.SAME, "auto", "transformers", "runner"], value=ui.SAME, label="B: engine")
                 c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
         status = gr.Markdown(elem_id="ddv-status")
         prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
@@ -298,8 +299,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         with gr.Row():
             mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
             cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
-        cache_df = gr.Dataframe(label="Per-layer cache this round", interactive=False, wrap=True, max_height=400,
-                                elem_id="ddv-cache")
+        gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
+        cache_df = gr.HTML(elem_id="ddv-cache")
         diff_html = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
                             elem_id="ddv-diff")
         with gr.Row():
@@ -338,15 +339,15 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                  tree_b, compare_html, grid_plot, budget_plot, depth_plot, stop_html, inspector, inspect_dd, prompt_view]
 
         def show(t: ui.TabState, ph: str):
+            # figures go out as FigureSpecs: gr.Plot sends their to_json(), no plotly validation on the way
             v = ui.render_views(host, t, ph)
-            rows = v.cache_rows
-            cols = [c for c in CACHE_COLUMNS if rows and c in rows[0]] or (list(rows[0]) if rows else [])
-            table = gr.Dataframe(value=[[r.get(c) for c in cols] for r in rows], headers=cols) if rows else None
+            table = v.cache_html or v.layout_html
             slider = gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0, step=1)
-            compare = v.tree_b is not None
-            return [v.status, v.tree, v.mask, table, v.cache_chart, v.diff_html, v.acceptance, v.stats, v.divergence, slider,
-                    gr.Plot(value=v.tree_b, visible=compare), gr.HTML(value=v.compare, visible=compare), v.grid,
-                    v.budget, v.depth, v.stop, v.inspector,
+            compare = v.tree_b_spec is not None
+            return [v.status, v.tree_spec, v.mask_spec, table, v.cache_spec, v.diff_html, v.acceptance_spec, v.stats,
+                    v.divergence, slider, gr.Plot(value=v.tree_b_spec, visible=compare),
+                    gr.HTML(value=v.compare, visible=compare), v.grid_spec,
+                    v.budget_spec, v.depth_spec, v.stop, v.inspector,
                     gr.Dropdown(choices=v.node_choices, value=v.inspect), v.prompt]
 
         def inspector_only(t: ui.TabState):
@@ -388,7 +389,8 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
             tabs.add(request.session_hash, t)
             # each round's views are made only while this Run is still the tab's (ui.run_rounds): a Reset is never
             # followed by a round it ended
-            for out in ui.run_rounds(host, t, *s, check=False, views=lambda tab: [tab] + show(tab, ph)):
+            for out in ui.run_rounds(host, t, *s, check=False, min_interval=ui.RUN_REFRESH_S,
+                                      views=lambda tab: [tab] + show(tab, ph)):
                 session = t.session  # None once a Reset has cleared the tab
                 if session is not None:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
@@ -465,12 +467,10 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
 
         def on_timer():
             if host.ready or host.error or host.replay_only:
-                rows = host.layout
-                table = [list(r.values()) for r in rows] if rows else None
-                return (host.status_markdown(), gr.Dataframe(value=table, headers=list(rows[0]) if rows else None),
+                return (host.status_markdown(), ui.layout_html(host),
                         gr.Slider(maximum=host.pair.drafter.block_size, value=host.pair.drafter.block_size) if host.ready else gr.Slider(),
                         *chat_controls(), gr.Timer(active=False))
-            return host.status_markdown(), gr.Dataframe(), gr.Slider(), gr.Checkbox(), gr.Checkbox(), gr.Timer(active=True)
+            return host.status_markdown(), gr.HTML(), gr.Slider(), gr.Checkbox(), gr.Checkbox(), gr.Timer(active=True)
 
         timer = gr.Timer(0.5)
         timer_outputs = [model_md, layout_df, block, chat, thinking, timer]
@@ -510,7 +510,13 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
     """Serve the page. A user error (a port in use, a bad --replay file) prints `error: ...` and returns 2."""
     args = build_parser(prog).parse_args(argv)
     try:
+        import torch
+
+        if args.threads is not None and args.threads < 1:
+            raise ui.InputError(f"--threads must be at least 1, not {args.threads}")
         check_port(args.host, args.port)  # before the models load: a port in use is a clear error at once
+        on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+        torch.set_num_threads(args.threads or ui.cpu_threads("cpu" if on_cpu else "cuda"))
         host = ui.ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)
         if args.replay is None or args.target is not None:
             host.start(background=True)
@@ -522,9 +528,13 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
         print(f"ddtree-viz: serving on http://{args.host}:{args.port} "
               f"({'public share link on' if args.share else 'local only'})", flush=True)
         try:
+            # run_history off: Gradio 6 otherwise keeps every event's inputs and outputs (each Step's figures,
+            # ~85 KB) in the browser's localStorage and rewrites the whole list after every event, so each Step got
+            # slower with the session's length (0.5 s at round 1, 3 s at round 30); it would also keep prompts in
+            # the browser
             demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
                         show_error=True, footer_links=[], max_file_size=ui.MAX_UPLOAD_BYTES,
-                        state_session_capacity=STATE_SESSIONS)
+                        state_session_capacity=STATE_SESSIONS, run_history=False)
         except OSError as exc:  # the port was taken between the check and the launch
             raise ui.InputError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another with --port") from None
     except DDTreeVizError as exc:

@@ -29,7 +29,9 @@ def model_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def host(model_dirs):
-    h = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
+    # transformers' forward named: the page's default engine is now "auto" (the static runner on this hybrid), and
+    # these tests (test_runner_engine_for_exact_rounds compares the two) keep the reference path as their host
+    h = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
     h.start(background=False)
     assert h.ready, h.error
     return h
@@ -459,7 +461,9 @@ def test_served_page_interleaves_tabs_reset_stops_run_and_hides_server_paths(mod
     file, not the server's temporary path."""
     from gradio_client import Client, handle_file
 
-    proc, url = serve("--target", str(model_dirs[0]), "--draft", str(model_dirs[1]), log=tmp_path / "app.log")
+    # the transformers engine and a long Run: tab A's Run must still be going when tab B's Step is answered
+    proc, url = serve("--target", str(model_dirs[0]), "--draft", str(model_dirs[1]), "--engine", "transformers",
+                      log=tmp_path / "app.log")
     try:
         a, b = Client(url, verbose=False), Client(url, verbose=False)
         deadline = time.time() + 60
@@ -470,7 +474,8 @@ def test_served_page_interleaves_tabs_reset_stops_run_and_hides_server_paths(mod
             except Exception as exc:  # noqa: BLE001
                 assert "loading" in str(exc) and time.time() < deadline, exc
                 time.sleep(0.5)
-        run = a.submit("verified", *args(max_new_tokens=200, budget=1), api_name="/run")
+        # 'import sys' runs 500 tokens before the tiny target's end of text ('def f(x):' ends after 42)
+        run = a.submit("verified", *args(prompt="import sys\n", max_new_tokens=500, budget=1), api_name="/run")
         while not run.outputs():  # its first round is on screen
             assert not run.done(), run.exception()
             time.sleep(0.1)
@@ -663,3 +668,86 @@ def test_chat_template_off_and_refused_without_a_template(host):
         ui.step(host, ui.TabState(), *chat_args(chat=True))
     tab = ui.step(host, ui.TabState(), *chat_args(chat=False, thinking=False))  # thinking unused without chat
     assert tab.trace.chat_template is False and tab.trace.thinking is None
+
+
+# Issue #17: what the page costs, and what its figures say
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_page_threads_leave_a_core_to_the_server_and_browser():
+    assert ui.cpu_threads("cpu", cores=2) == 1 and ui.cpu_threads("cpu", cores=1) == 1
+    assert ui.cpu_threads("cpu", cores=16) == 15 and ui.cpu_threads("cuda", cores=16) == 1
+    from ddtree_viz import web
+
+    parsed = web.build_parser().parse_args([])
+    assert parsed.engine == "auto" and parsed.threads is None
+
+
+def test_default_engine_on_the_page_is_auto_and_named(model_dirs):
+    """Issue #17, point 4: the page runs exact rounds on the fastest exact engine (auto: the runner on a hybrid), says
+    so, and names the engine that ran in the stats; naive rounds stay on transformers."""
+    auto = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
+    auto.start(background=False)
+    assert auto.engine == "auto" and auto.exact_engine == "runner"
+    assert "exact rounds on the runner engine (auto: the fastest exact engine" in auto.status_markdown()
+    tab = ui.step(auto, ui.TabState(), *args())
+    assert tab.session.engine == "runner"
+    v = ui.render_views(auto, tab)
+    assert "| engine | runner |" in v.stats
+    assert ui.step(auto, ui.TabState(), *args(verify="naive (known-wrong: flattened tree)")).session.engine == "transformers"
+
+
+def test_stats_say_what_each_time_measures(host):
+    """Issue #17, point 3: engine time per round, the Step's wall time on the server split into its parts, and both
+    tokens/s measured the same way (model time only)."""
+    tab = ui.TabState()
+    for _ in range(2):
+        tab = ui.step(host, tab, *args())
+    stats = ui.render_views(host, tab).stats
+    for label in ("engine time per round, mean (draft + tree + verify + commit)",
+                  "greedy tokens/s (the reference's model time, prefill included)",
+                  "DDTree tokens/s (engine time, prefill included)",
+                  "speedup over greedy (both model time only, none of the page's own work)",
+                  "last Step on the server, wall time (not the browser's drawing)", "| engine | transformers |"):
+        assert label in stats, label
+    t = tab.timing
+    assert t["n_rounds"] == 1 and t["rounds"] == sum(tab.trace.steps[-1].timings_ms.values())
+    assert t["reference"] > 0 and t["step"] >= t["rounds"] + t["reference"] - 1e-6 and t["views"] > 0
+
+
+def test_run_redraws_at_a_bounded_rate_and_the_reference_keeps_up(host):
+    """Run with min_interval: fewer redraws than rounds, the last one finished, and every redraw's records carry
+    the greedy reference up to the tokens generated so far."""
+    every = list(t.view for t in ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=24)))
+    tab, seen = ui.TabState(), []
+    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=24), min_interval=3600):
+        seen.append(len(tab.trace.steps))
+        assert len(tab.trace.greedy_ids) == len(tab.trace.output_ids)
+    assert seen == [len(every)] and tab.session.done  # one redraw: at the end
+    assert tab.timing["n_rounds"] == len(every)
+
+
+def test_long_session_views_are_cached_per_round_and_bounded(host):
+    """Issue #17, point 5: a round's views are built once per tab (scrubbing back reuses them), the disagreement
+    table shows at most DIVERGENCE_ROUNDS rounds, and the session's records are not re-walked per Step."""
+    tab = ui.TabState()
+    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=48, budget=4, block_size=3)):
+        pass
+    n = len(tab.trace.steps)
+    assert n > ui.DIVERGENCE_ROUNDS + 2
+    v = ui.render_views(host, tab)
+    assert v.divergence.count("<tr>") == ui.DIVERGENCE_ROUNDS + 1  # header + the last 20 rounds
+    assert f"rounds {n - ui.DIVERGENCE_ROUNDS + 1}–{n} of {n}" in v.divergence
+    tab = ui.move(tab, to=3)
+    first = ui.render_views(host, tab)
+    assert first.divergence.count("<tr>") == 5 and "scrub back" not in first.divergence
+    again = ui.render_views(host, ui.move(tab, to=3))
+    assert again.tree_spec is first.tree_spec and again.cache_html is first.cache_html  # built once
+    assert ui.render_views(host, tab, "drafted").tree_spec is not first.tree_spec
+    assert len(tab.views.rounds) <= ui.ROUND_VIEW_CACHE
+    s = tab.session  # the trace's token texts, gathered round by round, name every id the records hold
+    ids = set(s.prompt_ids) | set(s.generated) | set(tab.trace.greedy_ids)
+    for r in s.history:
+        ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
+        ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
+    assert set(map(int, tab.trace.token_texts)) == ids

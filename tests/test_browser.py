@@ -320,3 +320,236 @@ def test_token_text_shows_as_typed_in_the_plots_and_replay_mode_says_no_model(re
     assert page.locator("#ddv-tree b, #ddv-mask b").count() == 0  # no token became markup
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui-hostile-text.png"), full_page=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #17: bar widths, compact cache tables (8 and 64 layers), labelled speed figures, long sessions
+# ---------------------------------------------------------------------------------------------------------
+
+VIEWPORT = {"width": 1500, "height": 1100}  # the window of the report
+
+BARS_JS = """
+() => {
+  // every bar of the per-layer cache chart, measured on the drawn SVG: trace name, x centre and width in pixels
+  const root = document.querySelector('#ddv-cache-chart .js-plotly-plot');
+  const bg = root.querySelector('.bglayer rect.bg') || root.querySelector('.nsewdrag');
+  const plot = bg.getBoundingClientRect();
+  const out = [];
+  root.querySelectorAll('.barlayer .trace').forEach((t, i) => {
+    const name = (root._fullData || [])[i] ? root._fullData[i].name : String(i);
+    t.querySelectorAll('.point path').forEach((p) => {
+      const r = p.getBoundingClientRect();
+      if (r.width > 0) out.push({name, x: r.left + r.width / 2 - plot.left, w: r.width});
+    });
+  });
+  const ticks = [...root.querySelectorAll('.xtick text')].map((t) => t.textContent);
+  return {bars: out, plotWidth: plot.width, ticks};
+}
+"""
+
+TABLE_JS = """
+(sel) => {
+  // the boxes of a table's header and rows, its container's scroll sizes, and the window
+  const el = document.querySelector(sel);
+  const table = el.querySelector('table');
+  table.scrollIntoView({block: 'start'});
+  const box = (e) => { const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, height: r.height}; };
+  let scrollers = [];
+  const stop = (el.closest('.block') || el).parentElement;  // the component's own boxes, not the page's scroller
+  for (let e = table.parentElement; e && e !== stop; e = e.parentElement) {
+    if (e.scrollHeight > e.clientHeight + 1 && getComputedStyle(e).overflowY !== 'visible') scrollers.push(e.id || e.className);
+    if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'visible') scrollers.push(e.id || e.className);
+  }
+  return {table: box(table), block: box(el.closest('.block') || el), head: [...table.querySelectorAll('th')].map(box),
+          headTexts: [...table.querySelectorAll('th')].map((t) => t.innerText),
+          rows: [...table.querySelectorAll('tbody tr')].map(box),
+          cells: [...table.querySelectorAll('td, th')].map(box),
+          strip: [...el.querySelectorAll('.ddv-layer')].map(box),
+          scrollers, innerWidth: window.innerWidth, innerHeight: window.innerHeight};
+}
+"""
+
+
+def open_page(url: str, viewport=VIEWPORT):
+    """(playwright, browser, page) on the app at `url`, models loaded."""
+    from playwright.sync_api import sync_playwright
+
+    p = sync_playwright().start()
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = browser.new_page(viewport=viewport)
+    page.goto(url)
+    page.get_by_label("Prompt").wait_for(timeout=60_000)
+    page.wait_for_function("(document.querySelector('#ddv-model')?.innerText || '').includes('Model:')", timeout=180_000)
+    return p, browser, page
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def check_bars(page, n_layers: int, attention: set[int]) -> dict:
+    """Every bar one layer wide (BAR_WIDTH of the spacing) and centred on its layer, whatever its type."""
+    from ddtree_viz.render.cache_view import BAR_WIDTH
+
+    page.wait_for_function("document.querySelectorAll('#ddv-cache-chart .barlayer .point path').length > 0")
+    got = page.evaluate(BARS_JS)
+    spacing = got["plotWidth"] / n_layers  # the axis spans exactly layers -0.5 .. n-0.5
+    by_name: dict[str, list] = {}
+    for b in got["bars"]:
+        by_name.setdefault(b["name"], []).append(b)
+    assert {"GDN (after commit)", "attention (after commit)"} <= set(by_name), by_name.keys()
+    widths = [b["w"] for b in got["bars"]]
+    assert max(widths) - min(widths) < 1.0, {k: sorted({round(b['w'], 1) for b in v}) for k, v in by_name.items()}
+    assert abs(widths[0] - BAR_WIDTH * spacing) < 1.0, (widths[0], spacing)
+    for name, bars in by_name.items():
+        layers = sorted(round(b["x"] / spacing - 0.5) for b in bars)
+        for b in bars:  # centred on a layer
+            assert abs(b["x"] - (round(b["x"] / spacing - 0.5) + 0.5) * spacing) < 1.0
+        if name.startswith("attention"):
+            assert set(layers) == attention
+        elif name.startswith("GDN"):
+            assert set(layers) == set(range(n_layers)) - attention
+    assert all(t.isdigit() and int(t) < n_layers for t in got["ticks"]), got["ticks"]  # existing layers only
+    return got
+
+
+def check_table_fits(page, selector: str, n_rows: int) -> dict:
+    """Every row and column of the table on screen at once: no inner scrolling, nothing cut on the right, a
+    one-line header (two lines at most), the whole table within the window's height."""
+    got = page.evaluate(TABLE_JS, selector)
+    assert len(got["rows"]) == n_rows, got["rows"]
+    assert got["scrollers"] == [], got["scrollers"]
+    right = min(got["innerWidth"], got["block"]["right"])  # inside the window and the component's own box
+    assert all(c["right"] <= right + 0.5 and c["left"] >= -0.5 for c in got["cells"]), (got["headTexts"], got["block"])
+    assert max(h["height"] for h in got["head"]) < 48, (got["headTexts"], [h["height"] for h in got["head"]])
+    assert got["table"]["height"] <= got["innerHeight"], got["table"]
+    assert all(r["bottom"] <= got["innerHeight"] + 0.5 for r in got["rows"])
+    assert all(s["right"] <= got["innerWidth"] + 0.5 for s in got["strip"])
+    return got
+
+
+def test_cache_chart_and_tables_at_8_layers(app_url):
+    """Issue #17, points 1-2 on the embedded target (8 layers, attention at 3 and 7), 1500x1100: bars equal and
+    one layer wide, the layout table and the per-round cache table whole on screen; budget 32 and 128."""
+    p, browser, page = open_page(app_url)
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        ids = page.evaluate("() => [...document.querySelectorAll('[id^=ddv-]')].map((e) => e.id)")
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # one element per ddv- id
+        check_table_fits(page, "#ddv-layout", 8)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(ARTIFACTS / "issue17-layout-8-layers.png"))
+        for budget in (32, 128):
+            page.get_by_role("button", name="Reset", exact=True).click()
+            set_number(page, "ddv-budget-nodes", budget)
+            page.get_by_role("button", name="Step", exact=True).click()
+            wait_status(page, "Round 1 of 1")
+            check_bars(page, 8, {3, 7})
+            got = check_table_fits(page, "#ddv-cache", 8)
+            assert len(got["strip"]) == 8
+            page.locator("#ddv-cache").evaluate("e => e.scrollIntoView({block: 'center'})")
+            page.screenshot(path=str(ARTIFACTS / f"issue17-cache-8-layers-budget{budget}.png"))
+            page.locator("#ddv-cache-chart").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"issue17-chart-8-layers-budget{budget}.png"))
+    finally:
+        browser.close()
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def app_64_layers(tmp_path_factory):
+    """The app on a tiny 64-layer hybrid (attention every 4th layer, as Qwen3.6-27B) built here."""
+    from tests import tiny
+    from tests.test_app import serve
+
+    target = tiny.target_model("hybrid", seed=0, layers=64)
+    pair = tiny.ModelPair(target, tiny.byte_tokenizer(), tiny.drafter_model(target, 1, block_size=8), "tiny-64",
+                          "tiny-dflash", tiny.torch.float32, "cpu")
+    dirs = tiny.save_pair(pair, tmp_path_factory.mktemp("models64"))
+    proc, url = serve("--target", str(dirs[0]), "--draft", str(dirs[1]))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_cache_chart_and_tables_at_64_layers(app_64_layers):
+    """The same at 64 layers (48 GDN + 16 attention): bars one layer wide, a strip of 64 layers in the window,
+    identical layers grouped so the table stays two rows; budget 32 and 128."""
+    p, browser, page = open_page(app_64_layers)
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        check_table_fits(page, "#ddv-layout", 2)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(ARTIFACTS / "issue17-layout-64-layers.png"))
+        for budget in (32, 128):
+            page.get_by_role("button", name="Reset", exact=True).click()
+            page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+            set_number(page, "ddv-budget-nodes", budget)
+            page.get_by_role("button", name="Step", exact=True).click()
+            wait_status(page, "Round 1 of 1")
+            check_bars(page, 64, set(range(3, 64, 4)))
+            got = check_table_fits(page, "#ddv-cache", 2)
+            assert len(got["strip"]) == 64
+            assert "48 layers" in page.locator("#ddv-cache").inner_text()
+            page.locator("#ddv-cache").evaluate("e => e.scrollIntoView({block: 'center'})")
+            page.screenshot(path=str(ARTIFACTS / f"issue17-cache-64-layers-budget{budget}.png"))
+            page.locator("#ddv-cache-chart").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"issue17-chart-64-layers-budget{budget}.png"))
+    finally:
+        browser.close()
+        p.stop()
+
+
+def test_run_labels_its_speed_figures_and_names_the_engine(app_url):
+    """Issue #17, points 3-4: after Run on the default prompt the stats say what each time measures (engine time
+    per round, the Step's wall time on the server, both tokens/s as model time) and which engine ran (the runner:
+    auto picks it for the embedded hybrid)."""
+    p, browser, page = open_page(app_url)
+    try:
+        assert "exact rounds on the runner engine (auto" in page.locator("#ddv-model").inner_text()
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('Finished')", timeout=180_000)
+        stats = page.locator("#ddv-stats").inner_text()
+        for label in ("engine time per round", "greedy tokens/s (the reference's model time",
+                      "DDTree tokens/s (engine time", "speedup over greedy (both model time only",
+                      "last Step on the server, wall time"):
+            assert label in stats, stats
+        assert "runner" in stats.split("engine\t")[-1].splitlines()[0] if "engine\t" in stats else "runner" in stats
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#ddv-stats").scroll_into_view_if_needed()
+        page.wait_for_function("document.querySelectorAll('#ddv-acceptance .js-plotly-plot .trace').length >= 2")
+        page.screenshot(path=str(ARTIFACTS / "issue17-run-stats.png"))
+        # Gradio's run history is off: no event's outputs pile up in the browser (each Step would rewrite them all)
+        assert page.evaluate("() => Object.keys(localStorage).filter((k) => k.includes('run-history')).length") == 0
+    finally:
+        browser.close()
+        p.stop()
+
+
+def test_long_session_keeps_per_round_views_bounded(app_url):
+    """Issue #17, point 5: 25 Steps of a 512-token session (block size 4): the disagreement table stays at its last
+    20 rounds, the slider spans every round, and Step keeps working; the Step times go to artifacts/ (read, not
+    asserted: tests carry no timings)."""
+    import json
+
+    p, browser, page = open_page(app_url)
+    try:
+        set_number(page, "ddv-max-new", 512)
+        set_number(page, "ddv-block", 4)
+        times = [page.evaluate(STEP_JS, k) for k in range(1, 26)]
+        wait_status(page, "Round 25 of 25")
+        rows = page.locator("#ddv-divergence table tbody tr")
+        assert rows.count() == 20
+        assert "rounds 6–25 of 25" in page.locator("#ddv-divergence").inner_text()
+        assert page.locator("#ddv-round input[type=number]").input_value() == "25"
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "issue17-step-times.json").write_text(json.dumps({"step_wall_ms": times}))
+        page.screenshot(path=str(ARTIFACTS / "issue17-long-session.png"))
+    finally:
+        browser.close()
+        p.stop()
+
+
+from ddtree_viz.bench_page import STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)

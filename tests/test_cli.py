@@ -41,6 +41,7 @@ def test_run_end_to_end_writes_trace(model_args, tmp_path):
     assert "rounds: " in out and "tokens per round: " in out
     assert "mean acceptance: " in out
     assert "DDTree, budget 8" in out
+    assert "engine runner (auto: the fastest exact engine for this target)" in out  # issue #17: the default engine
     assert "Traceback" not in proc.stderr
     trace = Trace.load(trace_path)
     assert trace.steps and len(trace.output_ids) == 16
@@ -56,6 +57,7 @@ def test_run_naive_is_labelled_known_wrong(model_args, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "naive" in out.lower() and "known-wrong" in out
+    assert "engine transformers (auto" in out  # naive rounds: transformers' forward, the only engine with the mode
     assert "greedy" in out  # identical or DIVERGES, either way it is reported
 
 
@@ -369,8 +371,9 @@ def test_hub_id_offline_fails_fast_and_says_how_to_use_a_directory(env, monkeypa
 
 def test_run_prints_the_session_analysis_and_compare_writes_both(model_args, capsys, tmp_path):
     path = tmp_path / "cmp.json"
+    # the engine named: run's default is now auto (the runner on this hybrid), which the labels below would name
     rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "6",
-                   "--compare", "method=dflash,block-size=4", "--trace", str(path)])
+                   "--engine", "transformers", "--compare", "method=dflash,block-size=4", "--trace", str(path)])
     out = capsys.readouterr().out
     assert rc == 0
     assert "acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " in out

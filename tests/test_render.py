@@ -307,6 +307,89 @@ def test_cache_table_rows_types_and_kv_lengths(oracle, naive, pair):
     assert layout_rows[3]["KV length"] == oracle.steps[0].cache[3].kv_length
 
 
+def test_cache_chart_bars_are_one_layer_wide_and_centred(oracle, naive):
+    """Issue #17, point 1: every bar of every trace (ghost, GDN, attention) is BAR_WIDTH of a layer wide at its
+    layer (plotly would infer a width from a trace's own x gaps: 4 layers for attention every 4th layer); the x
+    axis spans the existing layers only and ticks on them. At 8 and at 64 layers."""
+    from ddtree_viz.render.cache_view import BAR_WIDTH, layer_ticks
+
+    for step in (oracle.steps[0], naive.steps[0]):
+        fig = cache_figure(step)
+        bars = [t for t in fig.data if t.type == "bar"]
+        assert len(bars) == 3 and all(t.width == BAR_WIDTH for t in bars)
+        layers = [r["layer"] for r in cache_table(step)]
+        assert tuple(fig.layout.xaxis.range) == (-0.5, max(layers) + 0.5)
+        assert tuple(fig.layout.xaxis.tickvals) == tuple(layers)
+    deep = tiny_pair("hybrid", seed=0, layers=64)
+    s = DecodeSession(deep, budget=8, max_new_tokens=4)
+    s.prefill(PROMPT)
+    fig = cache_figure(s.step())
+    attention = [t for t in fig.data if t.name == "attention (after commit)"][0]
+    assert tuple(attention.x) == tuple(range(3, 64, 4)) and attention.width == BAR_WIDTH
+    assert tuple(fig.layout.xaxis.range) == (-0.5, 63.5)
+    assert tuple(fig.layout.xaxis.tickvals) == tuple(range(0, 64, 4))  # 16 labels, existing layers
+    assert layer_ticks(list(range(8)))["tickvals"] == list(range(8))
+
+
+def test_cache_table_html_is_compact_grouped_and_escaped(oracle, naive):
+    """Issue #17, point 2: the page's per-layer table is one row per layer at a few layers (header cells and short
+    columns never wrap), a strip with one cell per layer whose hover gives its details; at many layers identical
+    layers share a row; naive mode keeps its per-layer error (as a range when grouped); text escaped."""
+    from ddtree_viz.render.cache_view import cache_table_html, layer_ranges
+
+    assert layer_ranges([0, 1, 2, 4, 5, 6, 8]) == "0–2, 4–6, 8" and layer_ranges([]) == ""
+    rows = cache_table(oracle.steps[0])
+    html = cache_table_html(rows)
+    assert html.count('class="ddv-layer-row"') == len(rows) and html.count('class="ddv-layer"') == len(rows)
+    assert "white-space:nowrap;border-bottom:2px" in html  # headers on one line
+    assert "naive" not in html  # no error column in exact mode
+    naive_rows = cache_table(naive.steps[0])
+    assert "naive: max |state − exact|" in cache_table_html(naive_rows)
+    many = [dict(r, layer=i * len(naive_rows) + r["layer"]) for i in range(16) for r in naive_rows]  # 64 layers
+    grouped = cache_table_html(many)
+    assert grouped.count('class="ddv-layer-row"') == 2 and grouped.count('class="ddv-layer"') == 64
+    assert "48 layers: 0–2, 4–6" in grouped and "16 layers: 3, 7, 11" in grouped and " – " in grouped
+    evil = [dict(r, tensors=EVIL[0], **{"cache class": EVIL[1]}) for r in rows]
+    out = cache_table_html(evil)
+    assert "<script" not in out and "<img" not in out and "&lt;script&gt;" in out
+    layout = cache_table_html(cache_layout_table(oracle.steps[0].cache))
+    assert layout.count('class="ddv-layer-row"') == len(rows) and "bytes" in layout
+
+
+def test_page_figures_as_plain_data_equal_the_checked_figures(oracle, naive):
+    """Issue #17, point 3: the page sends FigureSpecs (plain plotly JSON, no validation); each one's JSON is what
+    plotly's own go.Figure gives for the same figure (make_subplots' layout for the two-panel charts included), so
+    plotly checks everything the page draws, here."""
+    import json
+
+    from ddtree_viz.render.budget_view import budget_spec, depth_spec
+    from ddtree_viz.render.cache_view import cache_spec
+    from ddtree_viz.render.grid_view import grid_data, grid_spec
+    from ddtree_viz.render.mask_plot import mask_spec
+    from ddtree_viz.render.stats_view import acceptance_spec
+    from ddtree_viz.render.tree_plot import tree_spec
+
+    for trace in (oracle, naive):
+        step = rich_steps(trace)[0] if rich_steps(trace) else trace.steps[-1]
+        specs = [tree_spec(tree_layout(step, phase=ph), phase=ph, cmin=-12.0, cmax=0.0) for ph in ("drafted", "verified")]
+        specs += [mask_spec(step), mask_spec(step, show_accepted=False), cache_spec(step),
+                  acceptance_spec(trace.steps), acceptance_spec([]), acceptance_spec(trace.steps, legend=False),
+                  tree_spec(tree_layout(step), path_label=True, legend=False), mask_spec(step, legend=False),
+                  budget_spec(trace.steps), budget_spec(trace.steps, 0), depth_spec(trace.steps),
+                  depth_spec(trace.steps, 8)]
+        if step.draft_top_ids:
+            specs += [grid_spec(grid_data(step)), grid_spec(grid_data(step), legend=False, cmin=-9.0, cmax=0.0)]
+        for spec in specs:
+            assert json.loads(spec.to_json()) == json.loads(spec.figure().to_json())
+    from plotly.subplots import make_subplots
+
+    from ddtree_viz.render.budget_view import _two_panels
+
+    grid = json.loads(make_subplots(rows=1, cols=2, subplot_titles=("a", "b"), horizontal_spacing=0.12).to_json())
+    grid["layout"].pop("template")
+    assert grid["layout"] == json.loads(json.dumps(_two_panels("a", "b")))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # output vs greedy
 # ---------------------------------------------------------------------------------------------------------
@@ -570,7 +653,7 @@ def test_stats_carry_the_session_analysis(oracle):
 
 
 def test_page_figures_are_valid_plotly_though_built_unvalidated(oracle, naive):
-    """render/fastfig.py builds the page's figures from plain dicts without plotly's validation (most of a Step's
+    """render/figure.py builds the page's figures as plain data without plotly's validation (most of a Step's
     render time); validated afterwards, every one of them is accepted as it is, property for property."""
     import plotly.graph_objects as go
 
@@ -589,8 +672,8 @@ def test_page_figures_are_valid_plotly_though_built_unvalidated(oracle, naive):
             figures += [tree_figure(layout, phase=phase), tree_figure(layout, phase=phase, legend=False, path_label=True)]
         for fig in figures:
             go.Figure(fig.to_plotly_json())  # validates every property; raises on any plotly does not know
-    from ddtree_viz.render.fastfig import figure
+    from ddtree_viz.render.figure import FigureSpec
 
     with pytest.raises(ValueError, match="colr"):  # what the check above would catch
-        go.Figure(figure([dict(type="bar", x=[1], colr="red")], {}).to_plotly_json())
+        FigureSpec([dict(type="bar", x=[1], colr="red")], {}).figure()
     assert any(t.get("yaxis") == "y2" for t in cache_figure(naive.steps[-1]).to_plotly_json()["data"])

@@ -229,6 +229,34 @@ def test_runner_crosses_attention_length_buckets(pair):
     assert {cols for _, cols in runner._slots} == {256, 512}
 
 
+def test_default_engine_is_the_fastest_exact_engine_that_applies(pair):
+    """Issue #17: one rule (engines.default_engine) picks the engine when none is named ("auto"): the runner for exact
+    rounds on a Qwen3.5 hybrid on one device; transformers' forward for naive rounds, the reference GDN, pure-attention
+    targets and targets split by a device_map. DecodeSession, run, bench and the page all default to it."""
+    from ddtree_viz import cli
+    from ddtree_viz.engine.engines import ENGINE_CHOICES, default_engine, engine_for, runner_blocker
+
+    assert default_engine(pair.target) == "runner" and runner_blocker(pair.target) is None
+    assert default_engine(pair.target, "naive") == "transformers"
+    assert default_engine(pair.target, EXACT, reference_gdn=True) == "transformers"
+    attention = tiny_pair("attention", seed=0)
+    assert default_engine(attention.target) == "transformers" and "Gated DeltaNet" in runner_blocker(attention.target)
+    split = tiny_pair("hybrid", seed=0, layers=8).target
+    dispatch_model(split, device_map={"model.embed_tokens": "cpu", "model.layers": "cpu", "model.norm": "cpu",
+                                      "model.rotary_emb": "cpu", "lm_head": "cpu"}, force_hooks=True)
+    assert default_engine(split) == "transformers" and "device_map" in runner_blocker(split)
+    assert engine_for("auto", "exact", pair.target) == "runner" and engine_for("auto", "naive", pair.target) == "transformers"
+    assert engine_for("runner", "naive") == "transformers" and engine_for("transformers", "exact") == "transformers"
+    assert cli.ENGINE_CHOICES == ENGINE_CHOICES  # spelled out in cli.py so that parsing imports no torch
+    session = DecodeSession(pair, budget=8, max_new_tokens=12)
+    assert session.engine == "runner" and session.settings["engine"] == "runner"
+    assert DecodeSession(pair, verify="naive").engine == "transformers"
+    assert DecodeSession(attention, budget=8).engine == "transformers"
+    session.prefill(PROMPT)
+    session.run()
+    assert session.divergence() == (None, None)
+
+
 def test_fused_projections_share_storage_and_change_nothing():
     """Fused projections (engine/fused.py): each original weight becomes a view of the fused matrix (no byte
     duplicated), transformers' own forward is bitwise unchanged, and fusing twice reuses the first."""

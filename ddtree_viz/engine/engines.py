@@ -20,6 +20,9 @@ copy of the session's state after the prefill (no second prefill).
 - RunnerEngine: the static runner (runner.py): preallocated state, CUDA graphs on a GPU; exact only, one device,
   Qwen3.5 hybrid targets. Sized here, in one place, from the session's prompt, budget and block.
 
+`default_engine(target, verify)` is the one rule for the engine that runs when none is named ("auto"): the runner
+where it applies (exact rounds, Qwen3.5 hybrid, one device), transformers' forward (the reference path) elsewhere.
+
 F = concatenated hidden size of the drafter's feature layers, T = tree positions, P = accepted path length.
 """
 
@@ -31,7 +34,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, ModelLoadError
 from ..trace import LayerCache
 from .backends import sdpa_backends
 from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
@@ -40,6 +43,8 @@ from .tree import DraftTree
 from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
 
 ENGINES = ("transformers", "runner")
+AUTO = "auto"  # the fastest exact engine that applies: default_engine()
+ENGINE_CHOICES = (AUTO,) + ENGINES
 
 
 @dataclass
@@ -239,16 +244,52 @@ class RunnerEngine:
         dst.committed_t.fill_(n)
 
 
-def engine_for(preferred: str, verify: str) -> str:
-    """The engine that runs `verify` rounds: the preferred one where it can, else transformers' forward (the
-    only engine with the naive mode)."""
+def runner_blocker(target) -> str | None:
+    """Why the static runner cannot run this target (None when it can): it is written for Qwen3.5 hybrid targets
+    (Gated DeltaNet + attention layers) held whole on one device."""
+    from .verify import gdn_modules
+
+    split = getattr(target, "hf_device_map", None)
+    if (split and len(split) > 1) or any(getattr(m, "_hf_hook", None) is not None for m in target.modules()):
+        return "the target is split or offloaded by a device_map (the runner needs it whole on one device)"
+    try:
+        gdn = gdn_modules(target)
+    except ModelLoadError as exc:
+        return str(exc)
+    if not gdn:
+        return "the target has no Gated DeltaNet layers (the runner is written for Qwen3.5 hybrid targets)"
+    return None
+
+
+def default_engine(target, verify: str = EXACT, reference_gdn: bool = False) -> str:
+    """THE rule for which engine runs when none is named (`auto`: the CLI's run and bench, the page, DecodeSession):
+    the fastest exact engine that applies. That is the static runner (same rounds, same records, faster on a CPU
+    too: PERFORMANCE.md section 1) for exact rounds on a Qwen3.5 hybrid target on one device; transformers' own
+    forward (the reference path) everywhere else: naive rounds, the reference GDN, pure-attention targets,
+    targets split by a device_map."""
+    if verify != EXACT or reference_gdn or runner_blocker(target) is not None:
+        return TransformersEngine.name
+    return RunnerEngine.name
+
+
+def engine_for(preferred: str, verify: str, target=None, reference_gdn: bool = False) -> str:
+    """The engine that runs `verify` rounds: `auto` is default_engine(target, verify); a named engine runs where it
+    can, else transformers' forward (the only engine with the naive mode)."""
+    if preferred == AUTO:
+        if target is None:
+            raise ValueError("engine 'auto' needs the target to choose for")
+        return default_engine(target, verify, reference_gdn)
+    if preferred not in _CLASSES:
+        raise InputError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {preferred!r}")
     return preferred if verify in _CLASSES[preferred].verify_modes else TransformersEngine.name
 
 
 def make_engine(name: str, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
                 tree_size: int = 1, block_size: int = 16, max_new_tokens: int = 64) -> TargetEngine:
+    if name == AUTO:
+        name = default_engine(target, verify, reference_gdn)
     if name not in ENGINES:
-        raise InputError(f"engine must be one of {', '.join(ENGINES)}, not {name!r}")
+        raise InputError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {name!r}")
     if name == RunnerEngine.name:
         if verify != EXACT or reference_gdn:
             raise InputError("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference "

@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..trace import VERDICT_MISMATCH, VERDICT_NOISE, StepRecord, Trace, TreeNode
 from .backends import sdpa_backends
 from .cache import compact_kv
-from .engines import ENGINES, TargetEngine, make_engine
+from .engines import AUTO, ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, margin
@@ -316,16 +316,18 @@ class DecodeSession:
     def __init__(
         self, pair: ModelPair, *, budget: int = 32, max_new_tokens: int = 64, verify: str = EXACT,
         method: str = "ddtree", block_size: int | None = None, proposer: Proposer | None = None,
-        reference_gdn: bool = False, engine: str | TargetEngine = "transformers", record: bool = True,
+        reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
     ):
-        """`engine`: a name from engines.ENGINES (the engine is made here, sized for these settings) or an engine
-        made by the caller. When recording, each round keeps the target's top `target_top_k` tokens at every tree
-        position and the drafter's top min(budget, `draft_top_k`) candidates at every depth (DFlash chain:
-        `draft_top_k`); 0 records none. `reference`: "engine" checks the output against the target's own decoding on
-        a second engine of the session's kind (`reference_engine`, if given), "transformers" on transformers' own
-        forward (docs/EXACTNESS.md, "The reference")."""
+        """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
+        for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
+        engines.ENGINES (the engine is made here, sized for these settings) or an engine made by the caller. When
+        recording, each round keeps the target's top `target_top_k` tokens at every tree position and the
+        drafter's top min(budget, `draft_top_k`) candidates at every depth (DFlash chain: `draft_top_k`); 0 records
+        none. `reference`: "engine" checks the output against the target's own decoding on a second engine of the
+        session's kind (`reference_engine`, if given), "transformers" on transformers' own forward
+        (docs/EXACTNESS.md, "The reference")."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -384,6 +386,7 @@ class DecodeSession:
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
         self.prefill_ms = 0.0
+        self._record_ids: set[int] = set()  # token ids the records name (trees, argmaxes, choices): to_trace's texts
 
     @property
     def cache(self):
@@ -533,6 +536,9 @@ class DecodeSession:
         )
         self.committed_len += len(accepted)
         self.history.append(step)
+        self._record_ids.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes),
+                                (t for row in step.target_top_ids for t in row),
+                                (t for row in step.draft_top_ids for t in row))
         return step
 
     def _target_top(self, logits: torch.Tensor) -> dict:
@@ -716,13 +722,9 @@ class DecodeSession:
         return dict(messages=tuple(spec.conversation()), chat_template=True, thinking=spec.thinking)
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
-        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ())
-        for r in self.history:
-            ids.update(r.target_argmax)
-            ids.update(r.target_choice)
-            ids.update(t for row in r.target_top_ids for t in row)
-            ids.update(t for row in r.draft_top_ids for t in row)
-            ids.update(n.token_id for n in r.nodes)
+        """Text of every id the trace names; the records' ids are gathered as each round is made (a long session's
+        to_trace does not walk every tree and grid again)."""
+        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ()) | self._record_ids
         return {str(i): self.token_text(i) for i in sorted(ids)}
 
 

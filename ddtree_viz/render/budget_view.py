@@ -14,61 +14,91 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..trace import StepRecord
-from .fastfig import figure, two_panels
+from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc
 
 
-def budget_figure(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
-                  title: str | None = None) -> go.Figure:
-    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k."""
+def _two_panels(left: str, right: str) -> dict:
+    """The layout of make_subplots(rows=1, cols=2, subplot_titles=(left, right), horizontal_spacing=0.12), written
+    out (make_subplots costs more than a DDTree round of the embedded pair; tests/test_render.py holds them equal)."""
+    def title(text: str, x: float) -> dict:
+        return dict(font=dict(size=16), showarrow=False, text=text, x=x, xanchor="center", xref="paper", y=1.0,
+                    yanchor="bottom", yref="paper")
+
+    return dict(xaxis=dict(anchor="y", domain=[0.0, 0.44]), yaxis=dict(anchor="x", domain=[0.0, 1.0]),
+                xaxis2=dict(anchor="y2", domain=[0.56, 1.0]), yaxis2=dict(anchor="x2", domain=[0.0, 1.0]),
+                annotations=[title(left, 0.22), title(right, 0.78)])
+
+
+def budget_figure(steps: Sequence[StepRecord], k: int | None = None, **options) -> go.Figure:
+    """budget_spec(steps, k, **options) as a checked plotly go.Figure."""
+    return budget_spec(steps, k, **options).figure()
+
+
+def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
+                title: str | None = None) -> FigureSpec:
+    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k. Plain data
+    (figure.FigureSpec)."""
     steps = list(steps)
     k = len(steps) - 1 if k is None else k
     step = steps[k]
     unit = "chain length" if step.method == "dflash" else "budget"
     curve = analysis.recorded_curve(step)
     total = analysis.session_budget_curve(steps[: k + 1])
-    layout = two_panels((f"round {k + 1}", f"rounds 1..{k + 1} summed"))
+    layout = _two_panels(f"round {k + 1}", f"rounds 1..{k + 1} summed")
     data = []
     for col, c, name in ((1, curve, f"round {k + 1}"), (2, total, "session")):
         xs = sorted(c)
-        axis = "" if col == 1 else "2"
-        data.append(dict(type="scatter", x=xs, y=[c[b] for b in xs], mode="lines+markers" if len(xs) <= 64 else "lines",
-                         line=dict(color=scheme.path if col == 1 else scheme.bar, width=2, shape="hv"),
-                         marker=dict(size=4), name=name, xaxis=f"x{axis}", yaxis=f"y{axis}",
-                         hovertemplate=f"{unit} %{{x}}: %{{y}} tokens<extra>{esc(name)}</extra>"))
-        layout[f"xaxis{axis}"].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
-        layout[f"yaxis{axis}"].update(title=dict(text="tokens gained"), rangemode="tozero")
+        trace = dict(type="scatter", x=xs, y=[c[b] for b in xs], mode="lines+markers" if len(xs) <= 64 else "lines",
+                     line=dict(color=scheme.path if col == 1 else scheme.bar, width=2, shape="hv"),
+                     marker=dict(size=4), name=name,
+                     hovertemplate=f"{unit} %{{x}}: %{{y}} tokens<extra>{esc(name)}</extra>")
+        if col == 2:
+            trace.update(xaxis="x2", yaxis="y2")
+        data.append(trace)
+        suffix = "" if col == 1 else "2"
+        layout["xaxis" + suffix].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
+        layout["yaxis" + suffix].update(title=dict(text="tokens gained"), rangemode="tozero")
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
-    layout["annotations"].append(dict(
-        text=esc(analysis.curve_caveat(step.method) + exact), xref="paper", yref="paper", x=0, y=-0.32,
-        showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted)))
-    return figure(data, dict(
-        layout, title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
+    layout.update(
+        title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
         height=300, margin=dict(l=20, r=20, t=60, b=70), plot_bgcolor="white", showlegend=False,
-    ))
+        annotations=layout["annotations"] + [dict(
+            text=esc(analysis.curve_caveat(step.method) + exact), xref="paper", yref="paper", x=0, y=-0.32,
+            showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
+    )
+    return FigureSpec(data, layout)
 
 
-def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
-                 title: str | None = None) -> go.Figure:
-    """Left: rounds by accepted drafts; right: per-depth conditional acceptance (bars, with n/m in the hover)."""
+def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, **options) -> go.Figure:
+    """depth_spec(steps, block_size, **options) as a checked plotly go.Figure."""
+    return depth_spec(steps, block_size, **options).figure()
+
+
+def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
+               title: str | None = None) -> FigureSpec:
+    """Left: rounds by accepted drafts; right: per-depth conditional acceptance (bars, with n/m in the hover).
+    Plain data (figure.FigureSpec)."""
     hist = analysis.acceptance_histogram(steps, block_size)
     counts = analysis.per_depth_counts(steps, block_size)
-    layout = two_panels(("rounds by accepted drafts", "P(accepted ≥ d | accepted ≥ d−1, tree depth ≥ d)"))
+    layout = _two_panels("rounds by accepted drafts", "P(accepted ≥ d | accepted ≥ d−1, tree depth ≥ d)")
     depths = list(range(1, len(counts) + 1))
-    data = [dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
-                 hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>", xaxis="x", yaxis="y"),
-            dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
-                 customdata=[[p, r] for p, r in counts], name="conditional acceptance", xaxis="x2", yaxis="y2",
-                 hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds = %{y:.2f}<extra></extra>")]
+    data = [
+        dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
+             hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>"),
+        dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
+             customdata=[[p, r] for p, r in counts], name="conditional acceptance",
+             hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds = %{y:.2f}<extra></extra>",
+             xaxis="x2", yaxis="y2"),
+    ]
     layout["xaxis"].update(title=dict(text="accepted drafts"), **({"dtick": 1} if len(hist) <= 20 else {}))
     layout["xaxis2"].update(title=dict(text="depth d"), **({"dtick": 1} if len(counts) <= 20 else {}))
     layout["yaxis"].update(title=dict(text="rounds"), rangemode="tozero")
     layout["yaxis2"].update(title=dict(text="probability"), range=[0, 1.05])
-    return figure(data, dict(
-        layout, title=dict(text=esc(title) if title is not None else "Acceptance by depth", font=dict(size=14)),
-        height=300, margin=dict(l=20, r=20, t=60, b=40), plot_bgcolor="white", showlegend=False,
-    ))
+    layout.update(title=dict(text=esc(title) if title is not None else "Acceptance by depth", font=dict(size=14)),
+                  height=300, margin=dict(l=20, r=20, t=60, b=40), plot_bgcolor="white", showlegend=False)
+    return FigureSpec(data, layout)
 
 
 def budget_line(curve: dict[int, int]) -> str:

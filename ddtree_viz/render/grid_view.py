@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..trace import StepRecord
-from .fastfig import colorscale as fastfig_colorscale
-from .fastfig import figure
+from .figure import FigureSpec
+from .figure import colorscale as figure_colorscale
 from .scheme import PAGE_SCHEME, Scheme
 from .text import TokenText, plotly_text as esc, lookup, shorten, token_texts_from_steps, visible
 
@@ -94,9 +94,14 @@ def stop_note(g: GridData) -> str:
     return f"walk stopped at {where}: the {who} is {g.stop_reason}"
 
 
-def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = None, cmin: float | None = None,
-                cmax: float | None = None, height: int | None = None, legend: bool = True) -> go.Figure:
-    """Heatmap of the grid (x = depth, y = rank, rank 0 on top), token labels in the cells (escaped), a ring on
+def grid_figure(g: GridData, **options) -> go.Figure:
+    """grid_spec(g, **options) as a checked plotly go.Figure."""
+    return grid_spec(g, **options).figure()
+
+
+def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = None, cmin: float | None = None,
+              cmax: float | None = None, height: int | None = None, legend: bool = True) -> FigureSpec:
+    """Heatmap (as plain data: figure.FigureSpec) of the grid (x = depth, y = rank, rank 0 on top), token labels in the cells (escaped), a ring on
     every cell the tree took (its count when several parents took it), the accepted path as a line through its
     cells, the target's token at the stop depth as an X when the drafter had it in the grid."""
     lo, hi = g.logprob_range
@@ -106,8 +111,7 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
     xs = list(range(1, g.depths + 1))
     data: list[dict] = [dict(
         type="heatmap", z=z, x=xs, y=list(range(g.k)), text=labels, texttemplate="%{text}", textfont=dict(size=9),
-        hovertext=hover, hoverinfo="text", colorscale=fastfig_colorscale(scheme.colorscale),
-        zmin=lo if cmin is None else cmin,
+        hovertext=hover, hoverinfo="text", colorscale=figure_colorscale(scheme.colorscale), zmin=lo if cmin is None else cmin,
         zmax=hi if cmax is None else cmax, xgap=1, ygap=1, showscale=legend,
         colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=12), name="grid",
     )]
@@ -129,18 +133,17 @@ def grid_figure(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None 
             type="scatter", x=[g.stop_depth], y=[g.stop_rank], mode="markers",
             marker=dict(symbol="x-thin-open", size=20, color=scheme.path, line=dict(width=3)),
             hovertext=[esc(stop_note(g))], hoverinfo="text", name="target's token where the walk stopped"))
-    fig = figure(data, dict(
+    return FigureSpec(data, dict(
         title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
-        xaxis=dict(title="depth", dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
-        yaxis=dict(title="drafter rank", range=[g.k - 0.5, -0.5], dtick=1 if g.k <= 20 else None, zeroline=False,
-                   showgrid=False),
+        xaxis=dict(title=dict(text="depth"), dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
+        yaxis=dict(title=dict(text="drafter rank"), range=[g.k - 0.5, -0.5], **({"dtick": 1} if g.k <= 20 else {}),
+                   zeroline=False, showgrid=False),
         height=height or int(min(max(300, 120 + 26 * g.k), 900)), margin=dict(l=20, r=20, t=50, b=40),
         plot_bgcolor="white", hovermode="closest", showlegend=legend,
         legend=dict(orientation="h", yanchor="top", y=-0.15, x=0),
         annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
                           showarrow=False, font=dict(size=10, color=scheme.text_muted))],
     ))
-    return fig
 
 
 def _hover(c: GridCell) -> str:

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from ..trace import StepRecord
 from ..treeops import ancestor_matrix
 from . import style
-from .fastfig import figure
+from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc, shorten, visible
 
@@ -67,10 +67,15 @@ def default_title(step: StepRecord) -> str:
             + cut_note(step, shown_positions(step)))
 
 
-def mask_figure(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted: bool = True,
-                label_chars: int = style.MASK_LABEL_CHARS, title: str | None = None, height: int | None = None,
-                legend: bool = True) -> go.Figure:
-    """Heatmap of the verify mask: rows = tree positions (queries), columns = ["prefix (N tokens)"] + tree
+def mask_figure(step: StepRecord, **options) -> go.Figure:
+    """mask_spec(step, **options) as a checked plotly go.Figure."""
+    return mask_spec(step, **options).figure()
+
+
+def mask_spec(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted: bool = True,
+              label_chars: int = style.MASK_LABEL_CHARS, title: str | None = None, height: int | None = None,
+              legend: bool = True) -> FigureSpec:
+    """Heatmap (as plain data: figure.FigureSpec) of the verify mask: rows = tree positions (queries), columns = ["prefix (N tokens)"] + tree
     positions (keys); 1 = visible (dark), 0 = masked. Axis labels 'position:token' (visible whitespace,
     escaped; the position makes every label unique, so they serve as categories). Accepted rows are outlined
     in the path colour (one update, so linear in the path) and their labels start with '✓' (show_accepted=False for
@@ -86,14 +91,12 @@ def mask_figure(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted
     )
     shapes = [dict(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=scheme.path, width=2))
               for r in sorted(accepted)]
-    fig = figure([heat], dict(
+    return FigureSpec([heat], dict(
         title=dict(text=esc(title) if title is not None else default_title(step), font=dict(size=14)),
-        xaxis=dict(type="category", tickangle=-60, side="top", title="keys", showgrid=False, nticks=MAX_TICKS),
-        yaxis=dict(type="category", autorange="reversed", title="queries (tree positions)", showgrid=False,
+        xaxis=dict(type="category", tickangle=-60, side="top", title=dict(text="keys"), showgrid=False,
+                   nticks=MAX_TICKS),
+        yaxis=dict(type="category", autorange="reversed", title=dict(text="queries (tree positions)"), showgrid=False,
                    nticks=MAX_TICKS),
         height=height or int(min(max(360, 140 + 16 * n), 1600)), margin=dict(l=20, r=20, t=120, b=20),
-        plot_bgcolor="white", shapes=shapes,
+        plot_bgcolor="white", **({"shapes": shapes} if shapes else {}), **({} if legend else {"showlegend": False}),
     ))
-    if not legend:
-        fig.update_layout(showlegend=False)
-    return fig

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from .. import analysis
 from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
-from .fastfig import figure
+from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, plotly_text
 
@@ -17,9 +17,15 @@ TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round th
 ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
 
 
-def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
-                      legend: bool = True) -> go.Figure:
-    """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line."""
+def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
+    """acceptance_spec(steps, **options) as a checked plotly go.Figure."""
+    return acceptance_spec(steps, **options).figure()
+
+
+def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
+                    legend: bool = True) -> FigureSpec:
+    """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line. Plain data
+    (figure.FigureSpec)."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.acceptance for s in steps]
     hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
@@ -29,17 +35,21 @@ def acceptance_figure(steps: Sequence[StepRecord], *, title: str | None = None, 
     if steps:
         mean = sum(y) / len(y)
         data.append(dict(type="scatter", x=[x[0] - 0.5, x[-1] + 0.5], y=[mean, mean], mode="lines",
-                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2), hoverinfo="name"))
-    fig = figure(data, dict(
+                         name=f"mean {mean:.2f}", line=dict(color=scheme.mean, dash="dash", width=2),
+                         hoverinfo="name"))
+    xaxis = dict(title=dict(text="round"))
+    if len(steps) <= 40:
+        xaxis["dtick"] = 1
+    yaxis = dict(title=dict(text="tokens"), rangemode="tozero")
+    if max(y, default=0) <= 16:
+        yaxis["dtick"] = 1
+    return FigureSpec(data, dict(
         title=dict(text=plotly_text(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
-        xaxis=dict(title="round", dtick=1 if len(steps) <= 40 else None),
-        yaxis=dict(title="tokens", rangemode="tozero", dtick=1 if max(y, default=0) <= 16 else None),
+        xaxis=xaxis, yaxis=yaxis,
         height=320, margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
+        **({} if legend else {"showlegend": False}),
     ))
-    if not legend:
-        fig.update_layout(showlegend=False)
-    return fig
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -101,8 +111,9 @@ def _num(v, nd: int = 2) -> str:
     return esc(str(v)).replace("|", "&#124;")
 
 
-def stats_markdown(summary: dict) -> str:
-    """A Markdown table of a stats_summary (values escaped)."""
+def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
+    """A Markdown table of a stats_summary (values escaped), then the `extra` (label, Markdown) rows. Each time
+    says what it measures: engine time (the model work of the rounds, as the records time it) or wall time."""
     ms = summary.get("mean_ms") or {}
     naive = summary.get("verify") == "naive"
     rows = [
@@ -116,9 +127,10 @@ def stats_markdown(summary: dict) -> str:
         ("tokens per target forward", _num(summary.get("tokens_per_target_forward"))),
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
-        ("mean time per round", f"{_num(summary.get('mean_round_ms'))} ms"),
-        ("time per phase: draft / tree / verify / commit", " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
-        ("decode tokens/s (rounds only)", _num(summary.get("round_tok_s"), 1)),
+        ("engine time per round, mean (draft + tree + verify + commit)", f"{_num(summary.get('mean_round_ms'))} ms"),
+        ("engine time per phase: draft / tree / verify / commit",
+         " / ".join(_num(ms.get(p)) for p in TIMING_PHASES) + " ms"),
+        ("decode tokens/s (engine time of the rounds only)", _num(summary.get("round_tok_s"), 1)),
     ]
     where = summary.get("reference")
     if where is not None:
@@ -126,9 +138,11 @@ def stats_markdown(summary: dict) -> str:
                      _num(REFERENCE_NAMES.get(where, where)) + (f", {_num(summary['reference_ms'], 0)} ms"
                                                                 if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        rows += [("greedy tokens/s (the reference)", _num(summary.get("greedy_tok_s"), 1)),
-                 ("DDTree tokens/s", _num(summary.get("ddtree_tok_s"), 1)),
-                 ("speedup", _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+        method = "DFlash" if summary.get("method") == "dflash" else "DDTree"
+        rows += [("greedy tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
+                 (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
+                 ("speedup over greedy (both model time only, none of the page's own work)",
+                  _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     if summary.get("acceptance_histogram"):
         unit = "chain length" if summary.get("method") == "dflash" else "budget"
         rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
@@ -140,4 +154,5 @@ def stats_markdown(summary: dict) -> str:
     verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
     rows.append((f"identical to {ref}", "–" if same is None else
                  ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
+    rows += list(extra)
     return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"

@@ -9,6 +9,7 @@ TikZ has render.tikz.latex_text.
 
 from __future__ import annotations
 
+import functools
 import html
 import unicodedata
 from collections.abc import Callable, Mapping
@@ -37,9 +38,11 @@ def _char(ch: str) -> str:
     return ch
 
 
+@functools.lru_cache(maxsize=65536)
 def visible(token: str) -> str:
     """Token text with whitespace made visible: space '·', newline '⏎', tab '⇥', control chars '\\xNN',
-    invisible format characters and unusual spaces '\\uNNNN'; an empty token is '∅'."""
+    invisible format characters and unusual spaces '\\uNNNN'; an empty token is '∅'. (Cached: the page shows
+    the same few thousand token texts on every Step.)"""
     if token == "":
         return EMPTY
     return "".join(_char(ch) for ch in token)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import style
-from .fastfig import colorscale as fastfig_colorscale
-from .fastfig import figure
+from .figure import FigureSpec
+from .figure import colorscale as figure_colorscale
 from .layout import (
     DRAW_ORDER, EDGE_KINDS, EDGE_NAME, PHASES, LayoutNode, TreeLayout, edges_of, for_phase, legend_name, path_label_at,
     path_outlined,
@@ -81,7 +81,7 @@ def _edge_trace(layout: TreeLayout, kind: str, scheme: Scheme) -> dict:
                 hoverinfo="skip", name=name, showlegend=name != "", legendgroup=name)
 
 
-# traces are plain dicts, put in the figure unvalidated (fastfig.py)
+# traces are plain dicts (figure.FigureSpec): the page sends them as they are, go.Figure validates them once
 def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, show_text: bool, scheme: Scheme,
                 ranks: bool) -> dict:
     fill = fixed_fill(scheme, role)
@@ -109,19 +109,24 @@ def default_title(layout: TreeLayout) -> str:
     return f"{head} · accepted {gained - 1} draft(s) + bonus = {gained} token(s){mode}"
 
 
-def tree_figure(
+def tree_figure(layout: TreeLayout, **options) -> go.Figure:
+    """tree_spec(layout, **options) as a checked plotly go.Figure."""
+    return tree_spec(layout, **options).figure()
+
+
+def tree_spec(
     layout: TreeLayout, *, title: str | None = None, scheme: Scheme = PAGE_SCHEME, colorscale: str | None = None,
     phase: str | None = None, token_text: TokenText | None = None, show_text: bool = True,
     cmin: float | None = None, cmax: float | None = None, height: int | None = None, ranks: bool = True,
     path_label: bool = False, legend: bool = True,
-) -> go.Figure:
-    """Plotly figure of a TreeLayout: token text on each node (rank as a small 'rN' unless ranks=False), fill =
-    drafter log-prob (colour bar), accepted path as thick edges and node outlines in the scheme's path colour,
-    the first rejected candidates as diamonds with dark outlines, the bonus token as a star on a dashed edge.
-    phase "drafted" shows the tree as the drafter built it (no verification marks); default: the layout's phase.
-    token_text (id -> text) names the target's argmax in the hover; cmin/cmax pin the colour range (e.g. the
-    same over all rounds); colorscale overrides the scheme's. path_label writes "accepted path" along the path's
-    first edge; legend=False hides the legend and the colour bar."""
+) -> FigureSpec:
+    """Plotly figure (as plain data: figure.FigureSpec) of a TreeLayout: token text on each node (rank as a small
+    'rN' unless ranks=False), fill = drafter log-prob (colour bar), accepted path as thick edges and node outlines
+    in the scheme's path colour, the first rejected candidates as diamonds with dark outlines, the bonus token as
+    a star on a dashed edge. phase "drafted" shows the tree as the drafter built it (no verification marks);
+    default: the layout's phase. token_text (id -> text) names the target's argmax in the hover; cmin/cmax pin the
+    colour range (e.g. the same over all rounds); colorscale overrides the scheme's. path_label writes "accepted
+    path" along the path's first edge; legend=False hides the legend and the colour bar."""
     phase = layout.phase if phase is None else phase
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
@@ -137,29 +142,31 @@ def tree_figure(
 
     lo, hi = layout.logprob_range
     rows = layout.height
-    fig = figure(traces, dict(
+    spec = FigureSpec(traces, dict(
         title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
-        coloraxis=dict(colorscale=fastfig_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
+        coloraxis=dict(colorscale=figure_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
                        cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
-        xaxis=dict(title="depth", dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
+        xaxis=dict(title=dict(text="depth"), dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
         yaxis=dict(autorange="reversed", showticklabels=False, zeroline=False, showgrid=False),
         height=height or int(min(max(360, 60 + 30 * rows), 2400)),
         margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=-0.08, x=0),
     ))
     if path_label:
-        _add_path_label(fig, layout, scheme)
+        _add_path_label(spec, layout, scheme)
     if not legend:
-        fig.update_layout(coloraxis_showscale=False, showlegend=False)
-    return fig
+        spec.layout["coloraxis"]["showscale"] = False
+        spec.layout["showlegend"] = False
+    return spec
 
 
-def _add_path_label(fig: go.Figure, layout: TreeLayout, scheme: Scheme) -> None:
+def _add_path_label(spec: FigureSpec, layout: TreeLayout, scheme: Scheme) -> None:
     """'accepted path' (or 'bonus') in italics under the middle of the path's first edge."""
     spot = path_label_at(layout)
     if spot is None:
         return
     a, b, text = spot
-    fig.add_annotation(x=(a.x + b.x) / 2, y=(a.y + b.y) / 2, text=text, showarrow=False, yshift=-11,
-                       font=dict(color=scheme.path, size=10, style="italic"))
+    spec.layout.setdefault("annotations", []).append(dict(
+        x=(a.x + b.x) / 2, y=(a.y + b.y) / 2, text=text, showarrow=False, yshift=-11,
+        font=dict(color=scheme.path, size=10, style="italic")))

@@ -1,0 +1,261 @@
+"""What the page costs, next to what the engine costs: `python -m ddtree_viz.bench_page [--browser] [--json FILE]`.
+
+Measured side by side in one process, on the page's own code path (ddtree_viz/ui.py, what web.py's callbacks call):
+
+- per round of a Step on the default prompt (64 new tokens): the round's **engine time** (draft + tree + verify +
+  commit, as the records time it), the **Step's server time** without the views (the round, the greedy reference
+  extended to the same tokens, the bookkeeping), **render_views** (every view of the new round, built for the
+  first time) and the views' **JSON** (what gradio sends: each figure's to_json, the HTML as is). For
+  comparison, the same figures built as checked plotly go.Figures and serialised by plotly (the page's path
+  before issue #17): the ratio is measured in the same run, round by round.
+- a long session (max new tokens 512, block size 4 by default so that it has over 100 rounds): the Step's
+  server time (ui.step + render_views + JSON) at round 5 and at round 100.
+- `--browser`: the page itself, served by `python app.py` and driven in headless Chromium (Playwright, Debian's
+  chromium): wall time from the click on Step until the status says the new round and the browser has drawn
+  two frames, medians of rounds 2-11 and 91-100 of a 512-token session; then Run on the default prompt and the
+  page's own stats table (engine time per round, greedy and DDTree tokens/s, speedup).
+
+No timed assertions anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
+page's torch threads (ui.cpu_threads) unless --threads says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from . import ui
+from .bench import DEFAULT_PROMPTS
+
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (web.DEFAULT_PROMPT)
+
+
+def _payload_ms(views: ui.Views) -> tuple[float, int]:
+    """Serialise the views as gradio sends them: figures through to_json, text as is. (ms, bytes)."""
+    start = time.perf_counter()
+    parts = [s.to_json() for s in _specs(views) if s]
+    parts += [views.status, views.cache_html, views.diff_html, views.stats, views.divergence, views.stop,
+              views.inspector, views.compare]
+    return (time.perf_counter() - start) * 1e3, sum(len(p) for p in parts)
+
+
+def _specs(views: ui.Views) -> tuple:
+    return (views.tree_spec, views.mask_spec, views.cache_spec, views.acceptance_spec, views.grid_spec,
+            views.budget_spec, views.depth_spec, views.tree_b_spec)
+
+
+def _checked_ms(views: ui.Views) -> float:
+    """The same figures as checked plotly go.Figures, serialised by plotly (the path before issue #17)."""
+    start = time.perf_counter()
+    for spec in _specs(views):
+        if spec is not None:
+            spec.figure().to_json()
+    return (time.perf_counter() - start) * 1e3
+
+
+def step_figures(host: ui.ModelHost, prompt: str, budget: int, block_size: int, max_new_tokens: int,
+                 checked: bool = True) -> list[dict]:
+    """One ui.step per round to the end; per round: engine, step, views, json and (checked) go.Figure ms."""
+    tab, out = ui.TabState(), []
+    settings = [prompt, budget, block_size, max_new_tokens, "exact", "ddtree"]
+    while tab.session is None or not tab.session.done:
+        start = time.perf_counter()
+        tab = ui.step(host, tab, *settings)
+        step_ms = (time.perf_counter() - start) * 1e3
+        start = time.perf_counter()
+        views = ui.render_views(host, tab)
+        views_ms = (time.perf_counter() - start) * 1e3
+        json_ms, nbytes = _payload_ms(views)
+        row = {"round": views.view + 1, "engine_ms": sum(tab.trace.steps[-1].timings_ms.values()),
+               "step_ms": step_ms, "reference_ms": tab.timing.get("reference"), "views_ms": views_ms,
+               "json_ms": json_ms, "json_bytes": nbytes, "server_ms": step_ms + views_ms + json_ms}
+        if checked:
+            row["checked_figures_ms"] = _checked_ms(views)
+        out.append(row)
+    return out
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _at(rows: list[dict], round_no: int) -> dict | None:
+    return next((r for r in rows if r["round"] == round_no), None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# In the browser
+# ------------------------------------------------------------------------------------------------------------
+
+STEP_JS = """
+async (k) => {
+  // click Step, wait until the status names round k of k, then two animation frames (the browser has drawn)
+  const status = document.querySelector('#ddv-status');
+  const want = `Round ${k} of ${k} `;
+  const t0 = performance.now();
+  document.getElementById('ddv-step').click();
+  await new Promise((done) => {
+    const check = () => { if (status.innerText.includes(want)) { obs.disconnect(); done(); } };
+    const obs = new MutationObserver(check);
+    obs.observe(status, {childList: true, subtree: true, characterData: true});
+  });
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return performance.now() - t0;
+}
+"""
+
+
+def browser_figures(args, chromium: str) -> dict:
+    """Serve the page (python app.py) and drive it in headless Chromium: Step wall times, then Run's stats."""
+    import os
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = [sys.executable, "-m", "ddtree_viz", "app", "--port", str(port), "--engine", args.engine]
+    if args.threads:
+        app += ["--threads", str(args.threads)]
+    for opt in ("target", "draft"):
+        if getattr(args, opt):
+            app += [f"--{opt}", getattr(args, opt)]
+    proc = subprocess.Popen(app, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the app did not start") from None
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_function("(document.querySelector('#ddv-model')?.innerText || '').includes('Model:')",
+                                   timeout=180_000)
+
+            def settings(max_new: int, block: int):
+                page.locator("#ddv-prompt textarea").fill(args.prompt)
+                for elem, value in (("ddv-max-new", max_new), ("ddv-block", block), ("ddv-budget-nodes", args.budget)):
+                    box = page.locator(f"#{elem} input[type=number]")
+                    box.fill(str(value))
+                    box.press("Enter")
+
+            settings(args.long_tokens, args.long_block_size)
+            steps = []
+            for k in range(1, args.long_rounds + 1):
+                steps.append(page.evaluate(STEP_JS, k))
+            early, late = steps[1:11], steps[-10:]  # round 1 also prefills: left out
+            page.get_by_role("button", name="Reset", exact=True).click()
+            page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('Type a prompt')",
+                                   timeout=60_000)
+            settings(args.max_new_tokens, args.block_size or 16)
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('Finished')",
+                                   timeout=300_000)
+            page.wait_for_timeout(500)
+            stats = page.locator("#ddv-stats").inner_text()
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"step_wall_ms": steps, "rounds_stepped": len(steps), "step_wall_ms_median_rounds_2_11": statistics.median(early),
+            "step_wall_ms_median_last_10": statistics.median(late), "run_stats_table": stats}
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddtree_viz.bench_page", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", help="target model (default: the embedded pair)")
+    p.add_argument("--draft", help="drafter (default: the embedded pair's)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--budget", type=int, default=32)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--long-tokens", type=int, default=512, help="max new tokens of the long session (default 512)")
+    p.add_argument("--long-block-size", type=int, default=4,
+                   help="block size of the long session (default 4: at most 4 tokens a round, over 100 rounds)")
+    p.add_argument("--long-rounds", type=int, default=100, help="rounds to step in the long session (default 100)")
+    p.add_argument("--engine", default="auto", choices=("auto", "transformers", "runner"))
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the page's, ui.cpu_threads)")
+    p.add_argument("--browser", action="store_true", help="also measure the served page in headless Chromium")
+    p.add_argument("--browser-only", action="store_true", help="only the browser's figures")
+    p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--json", metavar="FILE")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    if args.browser_only:
+        b = browser_figures(args, args.chromium)
+        b.pop("step_wall_ms")
+        print(json.dumps(b, indent=1))
+        return 0
+    torch.set_num_threads(args.threads or ui.cpu_threads("cpu"))
+    host = ui.ModelHost(args.target, args.draft, "float32", "cpu", args.engine)
+    host.start(background=False)
+    if not host.ready:
+        print(f"error: {host.error}", file=sys.stderr)
+        return 2
+    block = args.block_size or host.pair.drafter.block_size
+    print(f"{host.pair.describe()}; exact rounds on the {host.exact_engine} engine; {torch.get_num_threads()} torch "
+          f"thread(s)", flush=True)
+    step_figures(host, args.prompt, args.budget, block, 8)  # warm-up: first calls, caches
+    rows = step_figures(host, args.prompt, args.budget, block, args.max_new_tokens)
+    keys = ("engine_ms", "step_ms", "reference_ms", "views_ms", "json_ms", "checked_figures_ms", "server_ms")
+    med = {k: _median(rows, k) for k in keys}
+    print(f"\ndefault prompt, {args.max_new_tokens} new tokens, budget {args.budget}, block size {block}: "
+          f"{len(rows)} rounds (medians per round)")
+    for k in keys:
+        print(f"  {k:<20} {med[k]:8.1f} ms")
+    ratio = med["checked_figures_ms"] / max(med["views_ms"] + med["json_ms"], 1e-9)
+    print(f"  render_views + JSON vs checked go.Figures + plotly JSON of the same figures: 1 : {ratio:.1f}")
+
+    long = step_figures(host, args.prompt, args.budget, args.long_block_size, args.long_tokens, checked=False)
+    at5, at100 = _at(long, 5), _at(long, args.long_rounds) or long[-1]
+    print(f"\nlong session: {args.long_tokens} new tokens, block size {args.long_block_size}: {len(long)} rounds")
+    for label, r in (("round 5", at5), (f"round {at100['round']}", at100)):
+        print(f"  {label:<10} server time per Step {r['server_ms']:7.1f} ms (engine {r['engine_ms']:.1f}, step "
+              f"{r['step_ms']:.1f}, views {r['views_ms']:.1f}, json {r['json_ms']:.1f} ms, {r['json_bytes']} bytes)")
+    result = {"model": host.pair.describe(), "engine": host.exact_engine, "torch_threads": torch.get_num_threads(),
+              "settings": {"prompt": args.prompt, "budget": args.budget, "block_size": block,
+                           "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens,
+                           "long_block_size": args.long_block_size},
+              "per_round_median_ms": med, "rounds": rows, "long_rounds": len(long), "long_round_5": at5,
+              "long_round_last": at100}
+    if args.browser:
+        print("\nin the browser (python app.py + headless Chromium, 1500x1100) ...", flush=True)
+        b = browser_figures(args, args.chromium)
+        result["browser"] = b
+        n = b["rounds_stepped"]
+        print(f"  Step wall time (click to drawn), median of rounds 2-11: {b['step_wall_ms_median_rounds_2_11']:.0f} ms; "
+              f"of rounds {n - 9}-{n}: {b['step_wall_ms_median_last_10']:.0f} ms")
+        print("  after Run, the page's stats table:")
+        for line in b["run_stats_table"].splitlines():
+            print("    " + line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

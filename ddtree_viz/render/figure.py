@@ -1,0 +1,103 @@
+"""A plotly figure as plain data: the page's fast path.
+
+Every plotly renderer here builds its figure as a `FigureSpec` (the JSON plotly.js draws: a list of trace dicts and a
+layout dict) and its `*_figure` twin wraps it in `go.Figure` for exports, scripts and tests. Building a `go.Figure`
+runs plotly's validators over every property, which costs tens of milliseconds per figure (more than a whole
+DDTree round of the embedded pair on a CPU); the page needs none of it, so it sends the spec's JSON straight to
+the browser (`to_json`, which gradio's Plot calls). `tests/test_render.py` holds the two equal: the spec's JSON is
+what `figure().to_json()` gives, so plotly still checks every property the page draws, in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _template() -> Any:
+    """plotly.py's default template as JSON (what go.Figure puts in every figure's layout), made once."""
+    import plotly.io as pio
+
+    name = pio.templates.default
+    if name not in _TEMPLATES:
+        _TEMPLATES[name] = pio.templates[name].to_plotly_json() if name else None
+    return _TEMPLATES[name]
+
+
+_COLORSCALES: dict[str, list] = {}
+
+
+def colorscale(value: Any) -> Any:
+    """A named colorscale ('Viridis', 'viridis_r', ...) as the explicit [[position, colour], ...] list plotly.py
+    writes for it (plotly.js knows fewer names, and some with other stops); a list passes through."""
+    if not isinstance(value, str):
+        return value
+    if value not in _COLORSCALES:
+        from _plotly_utils.basevalidators import ColorscaleValidator  # what go.Figure coerces a name with
+
+        _COLORSCALES[value] = [list(pair) for pair in ColorscaleValidator("colorscale", "coloraxis").validate_coerce(value)]
+    return _COLORSCALES[value]
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays as plotly.js typed-array specs (base64, as plotly.py writes them), numpy scalars as numbers
+    (json.dumps' `default`)."""
+    if type(value).__name__ == "ndarray":
+        from _plotly_utils.utils import to_typed_array_spec
+
+        spec = to_typed_array_spec(value)
+        if isinstance(spec, dict):
+            return spec
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _finite(value: Any) -> Any:
+    """NaN and ±inf become null (as plotly's own JSON encoder writes them)."""
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple, dict, str)):
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclass
+class FigureSpec:
+    """`data`: plotly trace dicts; `layout`: a plotly layout dict. JSON values, and numpy arrays (the mask)."""
+
+    data: list[dict] = field(default_factory=list)
+    layout: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        layout = self.layout
+        if "template" not in layout:
+            template = _template()
+            if template is not None:
+                layout = {**layout, "template": template}
+        return {"data": self.data, "layout": layout}
+
+    def to_json(self) -> str:
+        """The figure's JSON for plotly.js (gradio's Plot sends what this returns)."""
+        d = self.to_dict()
+        try:
+            return json.dumps(d, allow_nan=False, separators=(",", ":"), default=_plain)
+        except ValueError:  # a NaN or an infinity somewhere: null, as plotly writes it
+            return json.dumps(_finite(d), separators=(",", ":"))
+
+    def figure(self):
+        """The same figure as a checked plotly go.Figure (every property validated)."""
+        import plotly.graph_objects as go
+
+        return go.Figure(data=self.data, layout=self.layout)
+
+
+__all__ = ["FigureSpec", "colorscale"]
