@@ -593,7 +593,7 @@ def test_budget_and_depth_figures_are_the_analysis(oracle):
     assert list(fig.data[0].y) == [analysis.recorded_curve(steps[2])[b] for b in fig.data[0].x]
     total = analysis.session_budget_curve(steps[:3])
     assert list(fig.data[1].y) == [total[b] for b in fig.data[1].x]
-    assert "later rounds elsewhere" in fig.layout.annotations[-1].text
+    assert "later rounds elsewhere" in fig.layout.annotations[-1].text.replace("<br>", " ")
     fig = depth_figure(steps, oracle.settings["block_size"])
     assert list(fig.data[0].y) == analysis.acceptance_histogram(steps, oracle.settings["block_size"])
     rates = analysis.per_depth_acceptance(steps, oracle.settings["block_size"])

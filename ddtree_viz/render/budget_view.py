@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -17,6 +18,9 @@ from ..trace import StepRecord
 from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc
+
+
+CAVEAT_CHARS = 80  # characters per line of the budget curve's caveat
 
 
 def _two_panels(left: str, right: str) -> dict:
@@ -61,12 +65,15 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
         layout["xaxis" + suffix].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
         layout["yaxis" + suffix].update(title=dict(text="tokens gained"), rangemode="tozero")
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
+    # plotly does not wrap text: the caveat in lines that fit a half-width panel, under the axis titles
+    lines = textwrap.wrap(analysis.curve_caveat(step.method) + exact, CAVEAT_CHARS)
     layout.update(
         title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
-        height=300, margin=dict(l=20, r=20, t=60, b=70), plot_bgcolor="white", showlegend=False,
+        height=250 + 13 * len(lines), margin=dict(l=20, r=20, t=60, b=50 + 13 * len(lines)), plot_bgcolor="white",
+        showlegend=False,
         annotations=layout["annotations"] + [dict(
-            text=esc(analysis.curve_caveat(step.method) + exact), xref="paper", yref="paper", x=0, y=-0.32,
-            showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
+            text="<br>".join(esc(line) for line in lines), xref="paper", yref="paper", x=0, y=0, yshift=-42,
+            yanchor="top", align="left", showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
     )
     return FigureSpec(data, layout)
 
@@ -82,14 +89,17 @@ def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, sc
     Plain data (figure.FigureSpec)."""
     hist = analysis.acceptance_histogram(steps, block_size)
     counts = analysis.per_depth_counts(steps, block_size)
-    layout = _two_panels("rounds by accepted drafts", "P(accepted ≥ d | accepted ≥ d−1, tree depth ≥ d)")
+    # the right panel's full definition is in its hover text and docs/INSPECTOR.md: P(accepted ≥ d | accepted ≥ d−1,
+    # tree depth ≥ d); the title stays short enough not to run into the left one at half the page's width
+    layout = _two_panels("rounds by accepted drafts", "P(≥ d accepted | ≥ d−1)")
     depths = list(range(1, len(counts) + 1))
     data = [
         dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
              hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>"),
         dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
              customdata=[[p, r] for p, r in counts], name="conditional acceptance",
-             hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds = %{y:.2f}<extra></extra>",
+             hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds (accepted ≥ d−1, tree depth ≥ d) = "
+                           "%{y:.2f}<extra></extra>",
              xaxis="x2", yaxis="y2"),
     ]
     layout["xaxis"].update(title=dict(text="accepted drafts"), **({"dtick": 1} if len(hist) <= 20 else {}))
