@@ -292,7 +292,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention)
+    options = RunnerOptions("torch", True, attention, False)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -318,7 +318,8 @@ def test_runner_options_on_the_cpu():
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")
-    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager")
+    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False)
+    assert RunnerOptions(compile=True).resolve(cpu).compile  # asked for: inductor's C++ backend (the compile tests)
     with pytest.raises(ValueError, match="attention"):
         RunnerOptions(attention="flash").resolve(cpu)
     with pytest.raises(ValueError, match="gdn_kernel"):
@@ -326,3 +327,71 @@ def test_runner_options_on_the_cpu():
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
+
+
+def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60):
+    """The runner with its compiled pieces (RunnerOptions.compile) against the same runner without them, on one
+    target: a tree pass's logits and features, the state after a commit, greedy == transformers' greedy and DDTree ==
+    greedy across tree sizes and length buckets (no graph compiled after the runner's construction)."""
+    from torch._dynamo.utils import counters
+
+    from ddtree_viz.engine.runner import RunnerOptions
+
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
+    ref = GreedyReference(pair.target, prompt, set()).extend_to(new)
+    kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False), **kw)
+    graphs = counters["stats"]["unique_graphs"]
+    runner = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", True), **kw)
+    assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
+    # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
+    made = counters["stats"]["unique_graphs"] - graphs
+    assert made <= 16, made
+    rng = random.Random(1)
+    tree = tree_from_parents(random_tree(23, 6, rng), rng)  # 23 nodes: a size the warm-up did not see (it ran 17)
+    accepted = tree.path_to(len(tree) - 1)[:8]
+    got = []
+    for r in (eager, runner):
+        r.prefill(prompt[:40])
+        logits, feats, slot = r.forward(tree)
+        logits, feats = logits.clone(), feats.clone()
+        r.commit(slot, accepted)
+        step, _, slot = r.forward(one_node(7))
+        step = step.clone()
+        r.commit(slot, [0])
+        got.append((logits, feats, step, r.rec_all.clone(), r.conv_all.clone(), r.keys_all[:, :, : r.committed].clone()))
+    for a, b in zip(*got):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    assert runner_greedy(runner, prompt, new) == list(ref.ids)
+    for budget, ranks in [(16, [0, 2, 1]), (40, [0])]:  # 40: a tree size (and graph) added on demand
+        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+        out, rounds = runner_ddtree(pair, runner, oracle, prompt, new, budget)
+        assert out == list(ref.ids) and max(rounds) > 2
+    assert {cols for _, cols in runner._slots} >= {256, 512}  # the length buckets were crossed
+    assert counters["stats"]["unique_graphs"] - graphs == made  # nothing compiled after the construction
+
+
+def _cxx() -> str | None:
+    import shutil
+
+    return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+
+
+@pytest.mark.skipif(_cxx() is None, reason="torch.compile's CPU backend (inductor) needs a C++ compiler: none on PATH")
+def test_compiled_runner_equals_the_eager_runner():
+    """Issue #18: RunnerOptions(compile=True) (inductor's C++ backend on the CPU) computes what the eager runner
+    computes (fp32, 1e-5) and decodes the same tokens; greedy and DDTree == transformers' greedy."""
+    _compiled_against_eager(tiny_pair("hybrid", seed=0, layers=8), "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs, Triton)")
+def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
+    """The compiled pieces inside the captured CUDA graphs (the default on CUDA): the same checks."""
+    from ddtree_viz.engine.runner import RunnerOptions
+
+    pair = tiny_pair("hybrid", seed=0, layers=8)
+    pair.target.to("cuda")
+    pair.drafter.to("cuda")
+    assert RunnerOptions().resolve(torch.device("cuda")).compile
+    _compiled_against_eager(pair, "cuda")

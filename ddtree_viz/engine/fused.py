@@ -13,6 +13,14 @@ the fused matrix, so the model (transformers' own forward, the prefill, the tran
 the same numbers and no byte is duplicated; building it copies one group at a time, so the transient cost is
 one layer's projections, not a second model (+~50 GB at 27B). Fusing is idempotent: a group already fused (its
 weights still view one fused matrix) is reused, so several runners on one target share it.
+
+Fewer elementwise kernels: between its GEMMs a layer ran ~60 small kernels per token in eager PyTorch (norms
+with their fp32 round trips, the GDN conv, l2 norms, gates, the one-step delta rule, rope, the softmax, SiLU, the
+residual adds). The second half of this module holds those pieces as pure functions of tensors and numbers
+(weights and state are arguments, never closures over modules), so that `compiled(fn)` (torch.compile, inductor,
+no CUDA graphs of its own: the runner captures its own) fuses each into a few kernels and one compiled graph
+serves every layer of a kind. The GEMMs stay outside them (cuBLAS, as before). The static runner calls them when
+`RunnerOptions.compile` is on; its eager forms, unchanged, are the reference they are tested against.
 """
 
 from __future__ import annotations
@@ -20,7 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
+
+from .gdn_tree import _l2norm, tree_conv, tree_delta_rule_masked
 
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -79,3 +91,130 @@ def fuse_linears(owner: nn.Module, names: tuple[str, ...]) -> FusedLinear | None
     fused = FusedLinear(weight, sizes)
     owner.__dict__.setdefault("_ddtree_fused", {})[names] = fused  # not a submodule or buffer: no state_dict entry
     return fused
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Fused elementwise pieces (torch.compile): pure functions, one compiled graph per kind of layer
+# ------------------------------------------------------------------------------------------------------------
+
+_COMPILED: dict = {}
+
+
+def compiled(fn):
+    """`fn` through torch.compile (inductor; fullgraph; no CUDA graphs of its own: the static runner captures
+    its own), made once per process and shared by every runner and layer. Dynamo keeps a function's graphs
+    guarded on its inputs' shapes, dtypes and strides, so every layer of a kind hits one graph; `dynamic` marks
+    (`mark_tree_dims`) make the tree size and the attention length symbolic, so one graph serves every tree size
+    and length bucket (and one, specialised, the one-node greedy step)."""
+    c = _COMPILED.get(fn)
+    if c is None:
+        # split_reductions off: a norm or softmax of a few rows stays one kernel (not a split pass + a combine pass);
+        # emulate_precision_casts: bf16 / fp16 intermediates rounded where eager rounds them (no kernel added), so
+        # that the compiled forms stay as close to the eager ones as eager is to transformers' own forward
+        c = _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=None,
+                                          options={"split_reductions": False, "emulate_precision_casts": True})
+    return c
+
+
+def mark_dynamic(*dims) -> None:
+    """(tensor, dim, ...) pairs: compile these dims symbolic (a tree's size, an attention length bucket), not one
+    graph per value. Dims of size 1 stay static (the one-node step gets a graph of its own)."""
+    for t, d in zip(dims[::2], dims[1::2]):
+        if t is not None and t.shape[d] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, d)
+
+
+def rms_norm(x, scale, eps: float):
+    """Qwen3.5's zero-centred RMSNorm (fp32 normalise, scale by 1 + w, cast back) with `scale` = 1 + w in fp32."""
+    return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * scale).type_as(x)
+
+
+def add_rms_norm(x, y, scale, eps: float):
+    """A residual add and the norm after it: (x + y, rms_norm(x + y))."""
+    x = x + y
+    return x, rms_norm(x, scale, eps)
+
+
+def silu_mul(gate, up):
+    """The MLP between its two GEMMs: SiLU(gate) * up."""
+    return F.silu(gate) * up
+
+
+def _delta_step(q, k, v, g, beta, state):
+    """runner.delta_rule_step with its two matrix-vector products written as reductions (fused with the decay)."""
+    decayed = state * g[0].exp()[:, None, None]  # [H, K, V]
+    delta = beta[0][:, None] * (v[0] - (decayed * k[0][:, :, None]).sum(1))
+    out = (decayed * q[0][:, :, None]).sum(1) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
+    return out[None], delta[None]
+
+
+def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, norm_weight, anc_float, off_path,
+             key_dim: int, head_k: int, head_v: int, rep: int, eps: float):
+    """A GDN layer between its projections and its out_proj: gdn_tree.gdn_inputs (tree conv, l2 norms, gates),
+    the delta rule (one step when T = 1, else the parallel tree form on the pass's masks) and gdn_tree.gdn_output's
+    gated RMSNorm. u [T, C], z [T, H*V], b, a [T, H] (projections); conv_state [C, kernel]; conv_weight
+    [C, kernel]; gather [T, kernel]; state [H, K, V] fp32; anc_float, off_path [T, T] (None when T = 1).
+    Returns (o [T, H*V] for out_proj, k [T, H, K], g [T, H], delta [T, H, V]); the state is not touched."""
+    n = u.shape[0]
+    mixed = tree_conv(u, conv_state, conv_weight, gather)
+    qk = _l2norm(mixed[:, : 2 * key_dim].reshape(n, 2, -1, head_k).float())  # queries, keys: [T, 2, Hk, K]
+    v = mixed[:, 2 * key_dim :].reshape(n, -1, head_v).float()
+    q, k = qk[:, 0] / (head_k**0.5), qk[:, 1]
+    beta = b.sigmoid().float()
+    g = (-A_log.float().exp() * F.softplus(a.float() + dt_bias)).float()
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    if n == 1:
+        core, delta = _delta_step(q, k, v, g, beta, state)
+    else:
+        core, delta = tree_delta_rule_masked(q, k, v, g, beta, state, anc_float, off_path)
+    # transformers' Qwen3_5RMSNormGated: normalise in fp32, scale in the model's dtype, gate by SiLU(z) in fp32
+    x = core.to(z.dtype).reshape(-1, head_v).float()
+    x = norm_weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(z.dtype)
+    out = (x * F.silu(z.reshape(-1, head_v).float())).to(z.dtype).reshape(n, -1)
+    return out, k, g, delta
+
+
+def attention_prep(qg, k, v, q_scale, k_scale, q_eps: float, k_eps: float, cos, sin, head_dim: int, kv_heads: int):
+    """Gated attention between its q/k/v projections and the cache write: the query/gate split, the q and k norms,
+    rope. qg [1, T, heads*2*head_dim]; k, v [1, T, kv_heads*head_dim]. Returns (q [1, kv_heads, rep*T, head_dim]
+    (query heads of a KV group as rows), k, v [1, kv_heads, T, head_dim], gate [1, T, heads*head_dim])."""
+    T = qg.shape[1]
+    q, gate = torch.chunk(qg.view(1, T, -1, head_dim * 2), 2, dim=-1)
+    gate = gate.reshape(1, T, -1)
+    q = rms_norm(q, q_scale, q_eps).transpose(1, 2)
+    k = rms_norm(k.view(1, T, -1, head_dim), k_scale, k_eps).transpose(1, 2)
+    v = v.view(1, T, -1, head_dim).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q.reshape(1, kv_heads, -1, head_dim), k, v, gate
+
+
+def masked_softmax(scores, mask, scale: float):
+    """The eager attention's softmax: fp32, scaled, True in `mask` = not attended; back to the scores' dtype."""
+    return (scores.float() * scale).masked_fill(mask, float("-inf")).softmax(-1).to(scores.dtype)
+
+
+def gate_heads(o, gate, heads: int):
+    """Attention's output heads back to [1, T, heads*head_dim], gated by sigmoid(gate) (before o_proj)."""
+    T = gate.shape[1]
+    return o.reshape(1, heads, T, o.shape[-1]).transpose(1, 2).reshape(1, T, -1) * torch.sigmoid(gate)
+
+
+def commit_state(rec_all, conv_all, u, k, g, delta, path, valid, gather, last) -> None:
+    """The static runner's GDN commit for every layer at once, in place: the recurrent states advanced along the
+    accepted path (closed form of gdn_tree.state_after: one batched matmul, then decay and add in one pass) and
+    the conv windows taken at the path's last node. rec_all [Lg, H, K, V] fp32; conv_all [Lg, C, kernel];
+    u [Lg, T, C]; k [Lg, T, H, K]; g [Lg, T, H]; delta [Lg, T, H, V]; path, valid [P]; gather [T, kernel]; last [1]."""
+    valid = valid[None, :, None]
+    G = torch.cumsum(g.index_select(1, path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
+    end = G[:, -1]
+    w = (end[:, None] - G).exp() * valid
+    kp = k.index_select(1, path)
+    if kp.shape[2] != w.shape[2]:  # keys stashed with their Hk key heads (the Triton kernel's): each serves H / Hk
+        kp = kp.repeat_interleave(w.shape[2] // kp.shape[2], dim=2)
+    kp = kp * w[..., None]  # [Lg, P, H, K]
+    # sum_j k_j delta_j^T: a batched matmul (a reduction over P fused into one kernel reads its operands P times)
+    grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, path))  # [Lg, H, K, V]
+    rec_all.copy_(end.exp()[..., None, None] * rec_all + grown)  # one pass over the states, in place
+    ext = torch.cat([conv_all, u.to(conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]
+    conv_all.copy_(ext.index_select(2, gather.index_select(0, last)[0]))

@@ -125,12 +125,17 @@ def tree_delta_rule(q, k, v, g, beta, state, ancestors, masks: TreeMasks | None 
     `masks` (TreeMasks.of(ancestors)) may be passed in to share it between layers.
 
     Returns the outputs o [T, H, V] and delta [T, H, V] (enough to rebuild the state after any node)."""
-    n = q.shape[0]
     m = masks if masks is not None else TreeMasks.of(ancestors)
-    G = (m.anc_float @ g).t()  # [H, T] path sums
+    return tree_delta_rule_masked(q, k, v, g, beta, state, m.anc_float, m.off_path)
+
+
+def tree_delta_rule_masked(q, k, v, g, beta, state, anc_float, off_path):
+    """`tree_delta_rule` on the two mask tensors of TreeMasks (tensors only: the form torch.compile takes)."""
+    n = q.shape[0]
+    G = (anc_float @ g).t()  # [H, T] path sums
     qk = torch.cat([q, k], dim=0).transpose(0, 1)  # [H, 2T, K] head-major: queries then keys
     kh, vh, bh = qk[:, n:], v.transpose(0, 1), beta.t()
-    decay = (G[:, :, None] - G[:, None, :] + m.off_path).exp()  # [H, T, T] exp(G_i - G_j) on the path, 0 off it
+    decay = (G[:, :, None] - G[:, None, :] + off_path).exp()  # [H, T, T] exp(G_i - G_j) on the path, 0 off it
     dots = qk @ kh.transpose(1, 2)  # [H, 2T, T]: q.k and k.k
     proj = qk @ state  # [H, 2T, V]: q S_c and k S_c
     # [H, T, T] lower triangular (decay is 0 off the path); the solve reads the strict lower part only

@@ -33,13 +33,17 @@ bitwise what they were):
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
+    compile     the elementwise work between the GEMMs (norms, residual adds, the GDN conv / gates / one-step delta
+                rule / gated norm, q/k norms + rope, the softmax, SiLU * up, the GDN commit) through torch.compile,
+                a few fused kernels per layer instead of ~60 (engine/fused.py's pure pieces; compiled once per
+                process at the first runner's construction, `compile_s`); on by default on CUDA, off on a CPU
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -50,6 +54,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
+from . import fused as fz
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
 from .kernels import interpreting, triton_available
 from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
@@ -81,6 +86,7 @@ class RunnerOptions:
     gdn_kernel: str = "auto"  # auto (= torch) | torch | triton (trees and the one-node step) | triton-tree (trees only)
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
+    compile: bool | None = None  # fused elementwise pieces through torch.compile (None: on CUDA where Triton imports)
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -93,7 +99,8 @@ class RunnerOptions:
             kernel = "torch"
         elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
             raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
-        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention)
+        compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
+        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles)
 
 
 @dataclass
@@ -113,6 +120,9 @@ class _Slot:
     out: tuple | None = None  # (logits, feats, stash) of the forward
     graph: object = None
     commit_graph: object = None
+
+
+_WARMED: set = set()  # (device, dtype, model config, max_path, options) whose compiled pieces have run in this process
 
 
 class StaticRunner:
@@ -135,7 +145,7 @@ class StaticRunner:
         if self.options.gdn_kernel != "torch":
             self._tree_kernel = self._checked_kernel(next(iter(gdn.values())))
             if self._tree_kernel is None:
-                self.options = RunnerOptions("torch", self.options.fused, self.options.attention)
+                self.options = replace(self.options, gdn_kernel="torch")
         self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
@@ -178,6 +188,10 @@ class StaticRunner:
         self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
         self.sizes = sorted(set(int(s) for s in sizes))
         self._slots: dict[tuple[int, int], _Slot] = {}
+        self.compile_error: str | None = None  # why the compiled pieces were refused here (the eager forms run)
+        self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
+        if self.options.compile:
+            self._compile_setup(gdn)
 
     def _checked_kernel(self, gdn):
         """The Triton delta rule, once it has compiled and matched the torch form on this device at this layer's
@@ -203,10 +217,62 @@ class StaticRunner:
             self.kernel_error = f"{type(exc).__name__}: {str(exc)[:500]}"
             return None
 
+    # -- the compiled pieces (RunnerOptions.compile) ------------------------------------------------------------
+
+    def _compile_setup(self, gdn) -> None:
+        """The fused pieces' per-layer arguments (weights as tensors, sizes as numbers), then a warm-up: one pass
+        and commit at T = 1 and one over a tree, on scratch state (restored), so that torch.compile compiles here,
+        at construction, and not in a user's first round (`compile_s`). Dynamo keeps its graphs per process: a
+        later runner of the same model finds them made. A model the pieces do not cover, or a compiler that fails
+        here, leaves the eager forms running, with `compile_error` saying why."""
+        start = time.perf_counter()
+        norms = [self.target.model.norm]
+        for i, layer in enumerate(self.layers):
+            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            if i not in gdn:
+                norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+        odd = sorted({type(m).__name__ for m in norms if id(m) not in self._norm_scale})
+        odd += sorted({type(m.norm).__name__ for m in gdn.values() if type(m.norm).__name__ != "Qwen3_5RMSNormGated"
+                       or getattr(m.norm, "activation", "silu") != "silu" or getattr(m, "activation", "silu") != "silu"})
+        if odd:
+            return self._compile_refused(f"layers of a kind the fused pieces do not cover: {', '.join(odd)}", start)
+        self._gdn_args = {i: (m.conv1d.weight.detach().squeeze(1), m.A_log.detach(), m.dt_bias.detach(),
+                              m.norm.weight.detach(),
+                              dict(key_dim=m.key_dim, head_k=m.head_k_dim, head_v=m.head_v_dim,
+                                   rep=m.num_v_heads // m.num_k_heads, eps=m.norm.variance_epsilon))
+                          for i, m in gdn.items()}
+        self._silu = {i: type(layer.mlp.act_fn).__name__ in ("SiLUActivation", "SiLU") for i, layer in enumerate(self.layers)}
+        key = (str(self.device), self.dtype, self.target.config.to_json_string(), self.max_path, self.options)
+        if key in _WARMED:
+            self.compile_s = time.perf_counter() - start
+            return
+        saved = self._state_copy()
+        try:
+            with torch.no_grad():
+                for size in (1, max(2, *self.sizes)):
+                    fits = [b for b in self.buckets if b >= max(size, self.max_path)]
+                    if not fits:
+                        continue
+                    slot = self._new_slot(size, fits[0])
+                    slot.out = self._forward(slot)
+                    self._commit(slot)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            _WARMED.add(key)
+        except Exception as exc:  # a compiler that cannot run here must not stop the runner
+            self._state_restore(saved)
+            return self._compile_refused(f"{type(exc).__name__}: {str(exc)[:500]}", start)
+        self._state_restore(saved)
+        self.compile_s = time.perf_counter() - start
+
+    def _compile_refused(self, why: str, start: float) -> None:
+        self.compile_error = why
+        self.options = replace(self.options, compile=False)
+        self.compile_s = time.perf_counter() - start
+
     # -- slots and graphs ---------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def _add_slot(self, size: int, cols: int) -> _Slot:
+    def _new_slot(self, size: int, cols: int) -> _Slot:
         d = self.device
         slot = _Slot(
             size, cols, ids=torch.zeros(size, dtype=torch.long, device=d), pos=torch.zeros(size, dtype=torch.long, device=d),
@@ -217,6 +283,11 @@ class StaticRunner:
             last=torch.zeros(1, dtype=torch.long, device=d), length=torch.zeros((), dtype=torch.long, device=d),
         )
         slot.anc[:, 0] = True
+        return slot
+
+    @torch.no_grad()
+    def _add_slot(self, size: int, cols: int) -> _Slot:
+        slot = self._new_slot(size, cols)
         if self.graphs:
             saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
             stream = torch.cuda.Stream()
@@ -268,6 +339,8 @@ class StaticRunner:
         return (F.rms_norm(x.float(), (x.shape[-1],), eps=mod.eps) * scale).type_as(x)
 
     def _forward(self, slot: _Slot):
+        if self.options.compile:
+            return self._forward_compiled(slot)
         T = slot.size
         x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
         cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
@@ -343,11 +416,104 @@ class StaticRunner:
         o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
         return attn.o_proj(o * torch.sigmoid(gate))
 
+    def _forward_compiled(self, slot: _Slot):
+        """_forward with the elementwise work in fused pieces (engine/fused.py, compiled): the same maths, a few
+        kernels per layer between the GEMMs. Each layer's closing residual add is fused with the next norm."""
+        T = slot.size
+        x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
+        cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
+        cols = self._cols[: slot.cols]
+        tree_cols = self.committed_t + cols[:T]
+        visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
+        visible.index_copy_(1, tree_cols, slot.anc)
+        mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
+        masks = TreeMasks.of(slot.anc) if T > 1 and self._tree_kernel is None else None
+        index = TreeIndex((), slot.anc, slot.gather, masks)
+        fz.mark_dynamic(x, 1, cos, 1, sin, 1, mask, 2, mask, 3)
+        feats, stash = {}, []
+        first = self.layers[0].input_layernorm
+        h = fz.compiled(fz.rms_norm)(x, self._norm_scale[id(first)], first.eps)
+        for i, layer in enumerate(self.layers):
+            if i in self.conv:
+                out, parts = self._gdn_compiled(i, layer.linear_attn, h, slot, index)
+                stash.append(parts)
+            else:
+                out = self._attention_compiled(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
+            post = layer.post_attention_layernorm
+            x, h = fz.compiled(fz.add_rms_norm)(x, out, self._norm_scale[id(post)], post.eps)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.target.model.norm
+            x, h = fz.compiled(fz.add_rms_norm)(x, self._mlp_compiled(i, layer.mlp, h), self._norm_scale[id(nxt)], nxt.eps)
+            if i in self.feature_layer_ids:
+                feats[i] = x[0]
+        logits = self.target.get_output_embeddings()(h)[0].float()
+        features = torch.cat([feats[i] for i in self.feature_layer_ids], dim=-1) if feats else None
+        stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
+        return logits, features, stacked
+
+    def _gdn_compiled(self, i, gdn, h, slot: _Slot, index: TreeIndex):
+        """One GDN layer: its fused projection (a GEMM), the fused core (compiled) and out_proj (a GEMM); the
+        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward."""
+        T = h.shape[1]
+        fused = self._fused.get((i, "mixer"))
+        x = h[0]
+        proj = fused(x) if fused is not None else (gdn.in_proj_qkv(x), gdn.in_proj_z(x), gdn.in_proj_b(x), gdn.in_proj_a(x))
+        if self._tree_kernel is not None and (T > 1 or self._step_kernel):
+            u, z, q, k, v, g, beta = gdn_inputs(gdn, x, self.conv[i], index, None, proj, repeat_heads=False)
+            core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
+            return gdn_output(gdn, core, z, h.dtype)[None], (u, k, g, delta)
+        u, z, b, a = proj
+        conv_w, A_log, dt_bias, norm_w, dims = self._gdn_args[i]
+        masks = index.masks
+        anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
+        fz.mark_dynamic(u, 0, z, 0, b, 0, a, 0, slot.gather, 0, anc, 0, anc, 1, off, 0, off, 1)
+        o, k, g, delta = fz.compiled(fz.gdn_core)(u, z, b, a, self.conv[i], conv_w, slot.gather, A_log, dt_bias,
+                                                  self.rec[i], norm_w, anc, off, **dims)
+        return gdn.out_proj(o)[None], (u, k, g, delta)
+
+    def _attention_compiled(self, i, attn, h, cos, sin, mask, tree_cols, n_cols):
+        """_attention with its q/k norms + rope + gate split, its softmax and its output gate fused (compiled);
+        the cache write (index_copy_) and the two matmuls over the length bucket stay eager."""
+        T, hd = h.shape[1], attn.head_dim
+        fused = self._fused.get((i, "mixer"))
+        qg, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
+        keys, values = self.keys[i], self.values[i]
+        kvh = keys.shape[1]
+        fz.mark_dynamic(qg, 1, k, 1, v, 1)
+        q, k, v, gate = fz.compiled(fz.attention_prep)(qg, k, v, self._norm_scale[id(attn.q_norm)],
+                                                       self._norm_scale[id(attn.k_norm)], attn.q_norm.eps,
+                                                       attn.k_norm.eps, cos, sin, hd, kvh)
+        keys.index_copy_(2, tree_cols, k.to(keys.dtype))
+        values.index_copy_(2, tree_cols, v.to(values.dtype))
+        keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
+        if self.options.attention == "sdpa":
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        else:
+            scores = q @ keys.transpose(-1, -2)
+            fz.mark_dynamic(scores, 2, scores, 3)
+            o = fz.compiled(fz.masked_softmax)(scores, mask, attn.scaling) @ values
+        fz.mark_dynamic(o, 2, gate, 1)
+        return attn.o_proj(fz.compiled(fz.gate_heads)(o, gate, kvh * self._rep))
+
+    def _mlp_compiled(self, i, mlp, x):
+        fused = self._fused.get((i, "mlp"))
+        if fused is None or not self._silu[i]:
+            return mlp(x)
+        gate, up = fused(x)
+        fz.mark_dynamic(gate, 1, up, 1)
+        return mlp.down_proj(fz.compiled(fz.silu_mul)(gate, up))
+
     def _commit(self, slot: _Slot) -> None:
         c = self.committed_t
         src, dst = c + slot.path, c + self._steps
         for buf in (self.keys_all, self.values_all):  # every attention layer at once
             buf.index_copy_(2, dst, buf.index_select(2, src))
+        if self.options.compile:
+            u, k, g, delta = slot.out[2]
+            fz.mark_dynamic(u, 1, k, 1, g, 1, delta, 1, slot.gather, 0)
+            fz.compiled(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, slot.valid,
+                                         slot.gather, slot.last)
+            c.add_(slot.length)
+            return
         u, k, g, delta = slot.out[2]  # every GDN layer at once: [Lg, T, ...]
         valid = slot.valid[None, :, None]
         G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
