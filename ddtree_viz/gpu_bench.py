@@ -38,6 +38,9 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 
 
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile")  # RunnerOptions fields runner_variants can switch
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """How this run builds and measures, from the command line (``main``); passed to what depends on it."""
@@ -47,20 +50,22 @@ class BenchConfig:
     split: bool = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
     fast: bool = False  # --fast: also measure the static runner (engine/runner.py)
     fast_only: bool = False  # --fast-only: of transformers' forward only the bound, prefill and greedy step
-    gdn_kernel: str = "auto"  # the runner's options (RunnerOptions): --gdn-kernel, --no-fused, --attention
+    gdn_kernel: str = "auto"  # the runner's options (RunnerOptions): --gdn-kernel, --no-fused, --attention, --no-compile
     fused: bool | None = None
     attention: str = "eager"
+    compile: bool | None = None
+    variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
-                   attention=a.attention)
+                   attention=a.attention, compile=False if a.no_compile else None, variants=tuple(a.variants))
 
     def runner_options(self):
         from .engine.runner import RunnerOptions
 
-        return RunnerOptions(self.gdn_kernel, self.fused, self.attention)
+        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile)
 
     @property
     def cuda(self) -> bool:
@@ -372,7 +377,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
         runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
                               graphs=False, options=options)
     out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
-                 "graphs_error": graphs_error}
+                 "graphs_error": graphs_error, "compile_s": runner.compile_s, "compile_error": runner.compile_error}
     out["prefill"] = runner_prefill(runner, prompt, sync, lengths=(len(prompt), 2048))
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
@@ -471,8 +476,10 @@ def prefill_kernels() -> dict:
 
 def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, main, sync, bound_ms: float) -> list[dict]:
     """The runner's greedy step and budget-64 / 128 verify with one option switched at a time (the Triton delta
-    rule, fused projections, the attention form), each on a runner of its own; a variant that cannot run here
-    (no Triton, no GPU) reports why."""
+    rule, fused projections, the attention form, the compiled pieces; `bench.variants` says which), each on a
+    runner of its own; a variant that cannot run here (no Triton, no GPU) reports why. `compile_s`: the seconds
+    the variant's construction spent compiling (torch.compile keeps its graphs per process: a variant after a
+    compiled runner of the same model finds them made)."""
     from dataclasses import replace
 
     from .engine.engines import RunnerEngine
@@ -482,9 +489,11 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
     switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-tree"), ("gdn_kernel", "triton"), ("fused", False),
-                ("fused", True), ("attention", "sdpa"), ("attention", "eager")]
+                ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True)]
     rows = []
     for field, value in switched:
+        if field not in bench.variants:
+            continue
         options = replace(resolved, **{field: value})
         if options == resolved:
             continue
@@ -496,7 +505,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
         except ValueError as exc:
             rows.append({**row, "error": str(exc)})
             continue
-        row.update(options=asdict(runner.options), kernel_error=runner.kernel_error)  # as it ran
+        row.update(options=asdict(runner.options), kernel_error=runner.kernel_error, compile_s=runner.compile_s,
+                   compile_error=runner.compile_error)  # as it ran
         runner.prefill(prompt)
         engine = RunnerEngine(target, None, tree_size=129, block_size=16, max_new_tokens=256, runner=runner)
         token = root
@@ -517,6 +527,23 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
         if bench.cuda:
             torch.cuda.empty_cache()
     return rows
+
+
+def forms_table(fast: dict, bound_ms: float) -> str:
+    """The main runner and each variant side by side, one line each (what --variants switched)."""
+    verify = {row["budget"]: row["verify_ms"] for row in fast["budgets"]}
+    rows = [({**fast["options"], "main": True}, fast["greedy_step_ms"], verify.get(64), verify.get(128), fast["compile_s"])]
+    rows += [(v["options"], v.get("greedy_step_ms"), v.get("verify_64_ms"), v.get("verify_128_ms"), v.get("compile_s"))
+             for v in fast.get("variants", [])]
+    lines = [f"runner forms (bound {bound_ms:.2f} ms): greedy step ms (x bound) | verify 64, 128 ms (x step) | compile s"]
+    for opts, step, v64, v128, comp in rows:
+        name = " ".join(f"{k}={v}" for k, v in opts.items())
+        if step is None:
+            lines.append(f"  {name}: did not run")
+            continue
+        ver = " ".join(f"{v:.2f} ({v / step:.2f}x)" for v in (v64, v128) if v is not None)
+        lines.append(f"  {name}: {step:.2f} ({step / bound_ms:.2f}x) | {ver} | {comp or 0:.1f}")
+    return "\n".join(lines)
 
 
 def _target(ms: float, of: float, limit: float, of_name: str) -> dict:
@@ -580,7 +607,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
-                "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error, "identical": idx is None, "first_divergence": idx,
+                "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
+                "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
     print(json.dumps(results[-1]), flush=True)
     for budget in budgets:
@@ -804,6 +832,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the runner's delta rule: auto = the Triton kernel on CUDA when Triton imports, else torch")
     p.add_argument("--no-fused", action="store_true", help="the runner without fused projections")
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager", help="the runner's attention form")
+    p.add_argument("--no-compile", action="store_true",
+                   help="the runner without its torch.compile'd elementwise pieces (the compiled form is then a variant)")
+    p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
+                   help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
+                        f"{', '.join(VARIANT_FIELDS)}; none: no variants)")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
     bench = BenchConfig.from_args(a)
@@ -844,6 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         fast["targets"]["exactness_fp32"] = exactness_target(report["fast_exactness_fp32_8_layers"])
     if fast is not None:
         print(json.dumps({"targets": fast["targets"]}, indent=1), flush=True)
+        print(forms_table(fast, report["speed"]["weight_read_bound_ms"]), flush=True)
     save()
     return 0
 

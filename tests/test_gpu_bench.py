@@ -19,7 +19,7 @@ def _bench(tmp_path, *extra) -> dict:
 
 
 def test_gpu_bench_smoke_with_the_runner(tmp_path):
-    report = _bench(tmp_path, "--fast", "--exactness")
+    report = _bench(tmp_path, "--fast", "--exactness", "--variants", "gdn_kernel", "fused", "attention")
     speed = report["speed"]
     for key in ("weight_read_bound_ms", "copy_bandwidth_TBps", "greedy_step_ms", "draft_ms", "dflash_chain_verify_ms",
                 "prefill_ms", "rounds"):
@@ -34,13 +34,14 @@ def test_gpu_bench_smoke_with_the_runner(tmp_path):
     fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
     assert fp32 and all(r["identical"] for r in fp32)
     # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager"}  # the CPU defaults
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False}  # CPU defaults
+    assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
     measured = [v for v in fast["variants"] if "error" not in v]
     options = [v["options"] for v in measured]
-    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager"} in options
-    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa"} in options
+    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False} in options
+    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
     targets = fast["targets"]
@@ -78,12 +79,14 @@ def test_gpu_bench_smoke_ui(tmp_path):
 def test_gpu_bench_smoke_fast_only(tmp_path):
     """The lead's one command for issue #18 (--fast --fast-only --exactness): transformers' forward gives only the
     bound, prefill, greedy step and drafter pass; the runner everything, its targets and its exactness."""
-    report = _bench(tmp_path, "--fast", "--fast-only", "--exactness", "--no-fused", "--attention", "sdpa")
+    report = _bench(tmp_path, "--fast", "--fast-only", "--exactness", "--no-fused", "--attention", "sdpa", "--no-compile",
+                    "--variants", "fused")
     speed = report["speed"]
     assert speed["budgets"] == [] and "rounds" not in speed and speed["greedy_step_ms"] > 0
     assert "exactness_fp32_8_layers" not in report
     fast = speed["fast"]
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa"}
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False}
+    assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
     assert fast["targets"]["exactness_fp32"]["met"]
