@@ -4,6 +4,8 @@
     python -m ddtree_viz.gpu_bench --exactness          # fp32 at real widths (8 layers) + bf16 at full depth
     python -m ddtree_viz.gpu_bench --fast --fast-only --exactness --json gpu.json   # issue #18: the runner only,
                                                         # its figures against their targets (speed.fast.targets)
+    python -m ddtree_viz.gpu_bench --fast --fast-only --budgets 64 128 --variants compile   # the runner compiled
+                                                        # and eager side by side, compile_s (~70 s on an H200)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
 weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.

@@ -78,10 +78,10 @@ ATTENTION_KINDS = ("eager", "sdpa")
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections on
-    CUDA, the torch tree delta rule everywhere (on an H200 at Qwen3.6-27B shapes the Triton kernel verified a
-    budget-64 tree in 33.5 ms against 29.3 ms for the torch form, docs/PERFORMANCE.md section 6); `resolve`
-    says what a device gets."""
+    """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
+    the compiled elementwise pieces on CUDA (greedy step 21.4 -> 16.2 ms at Qwen3.6-27B shapes on an H200), the
+    torch tree delta rule everywhere (there the Triton kernel verified a budget-64 tree in 33.5 ms against 29.3 ms
+    for the torch form; docs/PERFORMANCE.md section 6); `resolve` says what a device gets."""
 
     gdn_kernel: str = "auto"  # auto (= torch) | torch | triton (trees and the one-node step) | triton-tree (trees only)
     fused: bool | None = None  # fused projections (None: on CUDA)
