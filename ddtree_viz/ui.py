@@ -843,11 +843,15 @@ def _empty_status() -> str:
 def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
-    if tab.session is not None and not tab.replay and tab.greedy_s > 0:
-        # the same clock for both: model time only (prefill included), none of the page's own work
-        greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
+    if tab.session is not None and not tab.replay:
+        # the same clock for both: model time only, prefill included, none of the page's own work
         round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
         ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
+        if tab.greedy_s > 0 and not trace.reference_pending:  # pending: the check is still to come
+            # a reference on the session's engine starts from a copy of the session's prefilled state (no prefill
+            # of its own): the prefill is counted on its side too, as greedy decoding alone would have paid it
+            shared = tab.session.reference_shares_prefill
+            greedy_tok_s = len(trace.greedy_ids or ()) / (tab.greedy_s + (trace.prefill_ms / 1e3 if shared else 0.0))
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
     return (stats_markdown(summary, extra=_page_timing(tab, trace))
             + (f"\n{tab.independent}\n" if tab.independent else ""))

@@ -236,9 +236,10 @@ class EngineGreedy(GreedyReference):
         self.name = engine.name
         self._sync = engine.sync
         self._start: torch.Tensor | None = None
+        self.shared_prefill = False  # started from another engine's prefilled state (start_from)
 
     def start_from(self, logits: torch.Tensor) -> None:
-        self._start = logits
+        self._start, self.shared_prefill = logits, True
 
     def _first(self) -> torch.Tensor:
         if self._start is not None:
@@ -621,6 +622,12 @@ class DecodeSession:
         sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
         ref = self._reference()
         return ref.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens), self.generated)
+
+    @property
+    def reference_shares_prefill(self) -> bool:
+        """True when the reference started from a copy of this session's prefilled state (its `greedy_seconds`
+        has no prefill of its own)."""
+        return isinstance(self._greedy, EngineGreedy) and self._greedy.shared_prefill
 
     @property
     def greedy_seconds(self) -> float:
