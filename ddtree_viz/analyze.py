@@ -345,6 +345,7 @@ class Report:
     metas: dict[str, dict[int, dict]] = field(default_factory=lambda: {"": {}})
     files: dict[str, Path] = field(default_factory=dict)
     summary: dict | None = None
+    budgets: list[int] | None = None  # the run's --budgets (prompts.json's settings; None: every budget, or unknown)
 
     @property
     def sides(self) -> list[str]:
@@ -354,13 +355,18 @@ class Report:
 
 def report_files(out: str | Path) -> dict[str, Path]:
     """A report directory's files by the names read_report takes: summary.json, prompts.json, traces/<NNNN...>.json
-    (other files are not read)."""
+    (other files are not read; more than 3 x MAX_REPORT_TRACES of them is a TraceError)."""
     out = Path(out)
     files = {name: out / name for name in ("summary.json", "prompts.json") if (out / name).is_file()}
     if (out / "traces").is_dir():
-        for f in sorted((out / "traces").iterdir()):
-            if TRACE_NAME.fullmatch(f.name) and f.is_file():
-                files[f"traces/{f.name}"] = f
+        found = []
+        for entry in os.scandir(out / "traces"):
+            if TRACE_NAME.fullmatch(entry.name) and entry.is_file():
+                found.append(entry.name)
+                if len(found) > 3 * MAX_REPORT_TRACES:  # traces, error and meta records
+                    raise TraceError(f"the report has more than {3 * MAX_REPORT_TRACES:,} files in traces/")
+        for name in sorted(found):
+            files[f"traces/{name}"] = out / "traces" / name
     return files
 
 
@@ -370,8 +376,8 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
     MAX_REPORT_TRACES traces and (max_bytes) that many bytes in all. names=True: messages call each file by its
     name in the report, never by its path (the page's uploads)."""
     traced = [n for n in files if n.startswith("traces/")]
-    if len(traced) > MAX_REPORT_TRACES:
-        raise TraceError(f"the report has {len(traced):,} trace files; at most {MAX_REPORT_TRACES:,} are read")
+    if sum(1 for n in traced if not n.endswith((".error.json", ".meta.json"))) > MAX_REPORT_TRACES:
+        raise TraceError(f"the report has more than {MAX_REPORT_TRACES:,} trace files; at most that many are read")
     if max_bytes is not None:
         total = 0
         for path in files.values():
@@ -389,6 +395,10 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
     if "prompts.json" in files:
         data = _small_json(files["prompts.json"], shown("prompts.json"), MAX_TRACE_BYTES)
         report.items = _check_items(data.get("prompts") if isinstance(data, dict) else None, shown("prompts.json"))
+        budgets = (data.get("settings") or {}).get("budgets") if isinstance(data.get("settings"), dict) else None
+        if isinstance(budgets, list) and budgets and len(budgets) <= 4096 and all(
+                isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 20 for b in budgets):
+            report.budgets = budgets
     if "summary.json" in files:
         data = _small_json(files["summary.json"], shown("summary.json"), MAX_TRACE_BYTES)
         if not isinstance(data, dict):
@@ -402,7 +412,10 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
         for table in (report.traces, report.errors, report.metas):
             table.setdefault(side, {})
         if kind is None:
-            report.traces[side][i] = Trace.load(files[name], name=shown(name))
+            try:
+                report.traces[side][i] = Trace.load(files[name], name=shown(name))
+            except TraceError as exc:  # say which of the report's traces
+                raise TraceError(str(exc) if shown(name) in str(exc) else f"{shown(name)}: {exc}") from None
             report.files[name] = Path(files[name])
             continue
         record = _small_json(files[name], shown(name), MAX_SMALL_BYTES)

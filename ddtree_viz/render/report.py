@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import config_label
-from .mpl import Page, _figure, _finish, rendering, save
 from .text import esc, shorten, visible
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
@@ -28,6 +27,8 @@ DFLASH = "dflash"  # summary["dflash"]: the DFlash chain's figures on the same p
 
 def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabel: str, color: str = BLUE,
           fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+    from .mpl import Page, _figure, _finish, rendering, save  # matplotlib: only when a figure is drawn
+
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
     with rendering():
         fig, host = _figure(page)
@@ -46,6 +47,8 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
            fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+    from .mpl import Page, _figure, _finish, rendering, save
+
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
     with rendering():
         fig, host = _figure(page)
@@ -161,6 +164,17 @@ CSS = ("table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc
        "th{background:#f3f3f3;cursor:pointer}code.tok{background:#f6f6f6;padding:0 .2em;white-space:pre}"
        ".ctx{font-family:monospace;white-space:pre-wrap;color:#555}.figs{display:flex;flex-wrap:wrap;gap:1em}"
        ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}")
+
+
+def scoped_css(scope: str) -> str:
+    """CSS with every rule's selectors under `scope` (the web page styles its copy of the report with it, leaving
+    the page's own tables alone)."""
+    rules = []
+    for rule in CSS.split("}"):
+        if "{" in rule:
+            selectors, body = rule.split("{", 1)
+            rules.append(",".join(f"{scope} {sel.strip()}" for sel in selectors.split(",")) + "{" + body + "}")
+    return "".join(rules)
 
 
 def _sides(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -284,7 +298,9 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
     (inline SVG), top misses with context, the per-prompt table, failed prompts. Every link names a trace file and
     a round (`link`: round_link for report.html, page_round_link for the web page)."""
     e = html.escape
-    parts = [meta_html(summary), headline_html(summary, metas), "<h2>Figures</h2>\n", figures_html(svgs, files),
+    both = (f"<p class=meta>The figures are {e(side_label(summary))}'s; acceptance by depth draws the DFlash chain's "
+            "on the same prompts beside it.</p>\n" if DFLASH in summary and svgs else "")
+    parts = [meta_html(summary), headline_html(summary, metas), "<h2>Figures</h2>\n", both, figures_html(svgs, files),
              f"<p class=meta>Budget curve: {e(str(summary.get('budget_curve_caveat', '')))}</p>\n"]
     top = f" ({e(side_label(summary))})" if DFLASH in summary else ""
     parts.append(f"<h2>Top misses{top}</h2>\n<p class=meta>At the depth where the walk stopped: the drafter's first "
