@@ -43,7 +43,7 @@ from .render.inspect_view import inspector_html, node_choices, stop_html
 from .analysis import config_label
 from .analyze import DFLASH, MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files, summarize_report
 from .render import report as report_view
-from .render.text import shorten, visible
+from .render.text import shorten
 from .trace import MAX_ROUNDS, REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
@@ -699,7 +699,7 @@ def load_report_dir(tab: TabState, text) -> TabState:
     if not isinstance(text, str) or not text.strip():
         raise InputError("type the path of a report directory (the --out DIR of an analyze run)")
     text = text.strip()
-    shown = esc(visible(shorten(text, 120)))
+    shown = _named(text)
     if len(text) > MAX_PATH_CHARS or "\0" in text:
         raise InputError(f"not a directory path: {shown}")
     try:
@@ -736,7 +736,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
     total = 0
     for p in paths:
         base = os.path.basename(str(p))
-        shown = esc(visible(shorten(base, 80)))
+        shown = _named(base, 80)
         if base in ("summary.json", "prompts.json"):
             name = base
         elif TRACE_NAME.fullmatch(base):
@@ -818,21 +818,27 @@ def _plain(summary: dict) -> dict:
     return json.loads(json.dumps(summary))
 
 
+def _named(text: str, limit: int = 120) -> str:
+    """A name from the user or a file (a typed path, an uploaded file's name) for a message or the page: one line,
+    at most `limit` characters, HTML-escaped."""
+    return esc(shorten("".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)), limit))
+
+
 def report_status(tab: TabState | None) -> str:
-    """The Analyze tab's line over the report (Markdown, escaped)."""
+    """The Analyze tab's line over the report (HTML, escaped)."""
     r = tab.report if tab is not None else None
     if r is None:
-        return ("Load a report written by `analyze` (a directory on the server, or its files uploaded): its figures "
-                "and tables as report.html shows them; click a trace's round (top misses, prompts) to open it in the "
-                "**Step** tab (replay, no model needed).")
+        return ("<p>Load a report written by <code>analyze</code> (a directory on the server, or its files uploaded): "
+                "its figures and tables as report.html shows them; click a trace's round (top misses, prompts) to "
+                "open it in the <b>Step</b> tab (replay, no model needed).</p>")
     s = r.summary
     sides = [s] + ([s[DFLASH]] if DFLASH in s else [])
     figures = "; ".join(f"{esc(report_view.side_label(x))}: mean acceptance "
                         f"{'-' if x['mean_acceptance'] is None else format(x['mean_acceptance'], '.2f')} over "
                         f"{x['rounds']} rounds" for x in sides)
-    line = (f"**Report:** {esc(visible(shorten(r.name, 120)))} — {s['prompts']} of {s['prompts_total']} prompts; "
-            f"{figures}. Click a trace's round (top misses, prompts) to open it in the **Step** tab.")
-    return line + (f"\n\n*Note:* {esc(r.note)}" if r.note else "")
+    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {s['prompts_total']} prompts; {figures}. Click a "
+            "trace's round (top misses, prompts) to open it in the <b>Step</b> tab.</p>")
+    return line + (f"<p><i>Note:</i> {esc(r.note)}</p>" if r.note else "")
 
 
 def report_html(tab: TabState) -> str:
@@ -847,7 +853,7 @@ def open_report_round(tab: TabState, file, k) -> TabState:
         raise InputError("no report loaded: load a report directory or upload one in the Analyze tab first")
     path = report.files.get(file) if isinstance(file, str) else None
     if path is None:
-        raise InputError(f"{esc(visible(shorten(str(file), 80)))} is not a trace of the loaded report")
+        raise InputError(f"{_named(str(file), 80)} is not a trace of the loaded report")
     k = _check_int("round", k, 0, MAX_ROUNDS - 1)
     load_replay(tab, str(path), name=file)
     return move(tab, to=k)

@@ -362,7 +362,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                            f"{ui.MAX_UPLOAD_BYTES // 2**20} MB, together {ui.MAX_REPORT_BYTES // 2**20} MB)"),
                     file_count="multiple", file_types=[".json"], type="filepath", height=120,
                     elem_id="ddv-report-upload")
-                report_md = gr.Markdown(ui.report_status(None), elem_id="ddv-report-status")
+                report_md = gr.HTML(ui.report_status(None), elem_id="ddv-report-status")
                 report_body = gr.HTML(elem_id="ddv-report")
                 # a click on a round link writes 'file|round|nonce' here (the page's script)
                 report_click = gr.Textbox(elem_id="ddv-report-click", elem_classes=["ddv-hidden"], container=False)
