@@ -693,9 +693,29 @@ class LoadedReport:
     note: str = ""  # what else the page should say (summary.json differs from its traces, files ignored, ...)
 
 
-def load_report_dir(tab: TabState, text) -> TabState:
-    """The Analyze tab's 'Load directory': a report directory the server can read, as typed (~ expanded). It must
-    be a directory holding summary.json and traces/; anything else is an InputError that names it as typed."""
+@dataclass(frozen=True)
+class ReportDirs:
+    """Which directories the Analyze tab reads when typed in: none (allowed=False: a page shared beyond this machine,
+    where anyone could probe the server's files), those under `root` (relative paths from it), or any."""
+
+    allowed: bool = True
+    root: str | None = None
+
+    def label(self) -> str:
+        if not self.allowed:
+            return "Report directory on the server: off (this page is reachable beyond this machine; start it with " \
+                   "--report-root DIR to read reports under DIR)"
+        where = f" under {self.root}" if self.root is not None else ""
+        return f"Report directory on the server{where} (analyze --out DIR)"
+
+
+def load_report_dir(tab: TabState, text, dirs: ReportDirs = ReportDirs()) -> TabState:
+    """The Analyze tab's 'Load directory': a report directory the server can read, as typed (~ expanded; under
+    dirs.root when set, relative paths from it). It must be a directory holding summary.json and traces/; anything
+    else is an InputError that names it as typed."""
+    if not dirs.allowed:
+        raise InputError("this page reads no directories typed in (it is reachable beyond this machine): upload the "
+                         "report's files, or start the page with --report-root DIR")
     if not isinstance(text, str) or not text.strip():
         raise InputError("type the path of a report directory (the --out DIR of an analyze run)")
     text = text.strip()
@@ -704,6 +724,11 @@ def load_report_dir(tab: TabState, text) -> TabState:
         raise InputError(f"not a directory path: {shown}")
     try:
         folder = Path(text).expanduser()
+        if dirs.root is not None:
+            root = Path(dirs.root).expanduser().resolve()
+            folder = (root / folder).resolve()  # an absolute path stays itself; symbolic links followed
+            if not folder.is_relative_to(root):
+                raise InputError(f"{shown} is not under the page's report root ({_named(dirs.root)})")
         if not folder.is_dir():
             raise InputError(f"{shown} is not a directory the server can read")
         if not (folder / "summary.json").is_file():

@@ -106,6 +106,10 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
     p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
+    p.add_argument("--report-root", metavar="DIR",
+                   help="the Analyze tab reads report directories typed in under DIR only (relative paths from DIR). "
+                        "Default: any directory the server can read when the page listens on this machine only "
+                        "(127.0.0.1, no --share); none otherwise (uploads still work)")
     p.add_argument("--file-ttl", type=_seconds, default=FILE_TTL_S, metavar="SECONDS",
                    help=f"how long uploads and served downloads stay in gradio's temporary folder (default: {FILE_TTL_S})")
     return p
@@ -239,7 +243,18 @@ def _split(args, kwargs, n_inputs: int, progress: bool):
     return args[:n_inputs], named
 
 
-def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S) -> gr.Blocks:
+def report_dirs(args: argparse.Namespace) -> ui.ReportDirs:
+    """Which report directories the Analyze tab may read when typed in: under --report-root, else any when the page
+    listens on this machine only, else none (a page shared beyond it would let anyone probe the server's files)."""
+    if args.report_root is not None:
+        return ui.ReportDirs(allowed=True, root=args.report_root)
+    local = not args.share and args.host in ("127.0.0.1", "localhost", "::1")
+    return ui.ReportDirs(allowed=local)
+
+
+def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S,
+              dirs: ui.ReportDirs | None = None) -> gr.Blocks:
+    dirs = dirs or ui.ReportDirs()
     block_max = 16
 
     # delete_cache: every minute, gradio deletes the uploads and the copies of downloads it made over file_ttl ago
@@ -354,9 +369,11 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                 # (render/report.py), figures computed again from its validated traces; a round link opens that
                 # round in the Step tab (a replay: no model needed)
                 with gr.Row(equal_height=True):
-                    report_path = gr.Textbox(label="Report directory on the server (analyze --out DIR)", max_lines=1,
-                                             placeholder="runs/heldout", elem_id="ddv-report-path", scale=4)
-                    report_load = gr.Button("Load directory", elem_id="ddv-report-load", scale=1)
+                    report_path = gr.Textbox(label=dirs.label(), max_lines=1, interactive=dirs.allowed,
+                                             placeholder="runs/heldout" if dirs.allowed else "upload the files below",
+                                             elem_id="ddv-report-path", scale=4)
+                    report_load = gr.Button("Load directory", elem_id="ddv-report-load", scale=1,
+                                            interactive=dirs.allowed)
                 report_upload = gr.File(
                     label=(f"…or upload its summary.json, prompts.json and traces/*.json (each at most "
                            f"{ui.MAX_UPLOAD_BYTES // 2**20} MB, together {ui.MAX_REPORT_BYTES // 2**20} MB)"),
@@ -465,7 +482,7 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         @_errors
         def on_report_dir(t, text, request: gr.Request):
             tabs.add(request.session_hash, t)
-            return [ui.load_report_dir(t, text)] + report_views(t)
+            return [ui.load_report_dir(t, text, dirs)] + report_views(t)
 
         @_errors
         def on_report_upload(t, paths, request: gr.Request):
@@ -591,7 +608,7 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
             host.start(background=True)
         else:
             host.stage, host.replay_only = "not loaded", True
-        demo = build_app(host, args.replay, file_ttl=args.file_ttl)
+        demo = build_app(host, args.replay, file_ttl=args.file_ttl, dirs=report_dirs(args))
         _janitor(args.file_ttl)
         demo.queue(default_concurrency_limit=1)
         print(f"ddtree-viz: serving on http://{args.host}:{args.port} "

@@ -236,3 +236,27 @@ def test_report_loading_holds_no_model(report_dir):
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert out.stdout.strip() == "[]"
+
+
+def test_which_directories_a_page_reads(report_dir, tmp_path):
+    """A page reachable beyond this machine (--share, another --host) reads no typed directory unless started with
+    --report-root DIR; then only directories under DIR (relative paths from it; links that lead out refused)."""
+    from ddtree_viz.web import build_parser, report_dirs
+
+    def dirs(*argv):
+        return report_dirs(build_parser().parse_args(list(argv)))
+
+    assert dirs() == ui.ReportDirs(allowed=True) and dirs("--host", "localhost").allowed
+    assert not dirs("--share").allowed and not dirs("--host", "0.0.0.0").allowed
+    assert dirs("--share", "--report-root", str(tmp_path)) == ui.ReportDirs(allowed=True, root=str(tmp_path))
+    with pytest.raises(InputError, match="reads no directories typed in"):
+        ui.load_report_dir(ui.TabState(), str(report_dir), dirs("--share"))
+    root = tmp_path / "runs"
+    shutil.copytree(report_dir, root / "heldout")
+    (root / "elsewhere").symlink_to(report_dir, target_is_directory=True)
+    under = ui.ReportDirs(allowed=True, root=str(root))
+    assert ui.load_report_dir(ui.TabState(), "heldout", under).report.summary["prompts"] == 2
+    assert ui.load_report_dir(ui.TabState(), str(root / "heldout"), under).report is not None
+    for text in (str(report_dir), "../../", "elsewhere", "heldout/../../"):
+        with pytest.raises(InputError, match="is not under the page's report root"):
+            ui.load_report_dir(ui.TabState(), text, under)
