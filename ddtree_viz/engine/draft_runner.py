@@ -22,8 +22,9 @@ therefore sees the same keys as the dynamic one that evicted the rows outside it
 rows no later block can see. Padding rows (past committed + L) are masked, and the next round overwrites them
 (and the block's rows) with its own context rows before anything can see them.
 
-Inputs live in preallocated device tensors, filled before a replay: the new rows' features, the block's token
-ids (the root written at index 0), `start` (first new row's position) and `committed` (rows after this round).
+Inputs live in preallocated device tensors, filled before a replay: the new rows' features (copied on the
+device) and, in one host-to-device copy from a (pinned, on CUDA) staging buffer, the block's token ids [root,
+MASK...], `start` (the first new row's position) and `committed` (context rows once they are in).
 On CUDA one graph is captured per (P, L, K) on first use, all in one memory pool; elsewhere (`graphs=False`, the
 CPU) the same function runs eagerly, so the CPU tests exercise it. A round whose new rows exceed P (the first
 round after a prefill, when the prompt's rows arrive at once) runs the same function eagerly with P = its rows.
@@ -109,11 +110,10 @@ class StaticDrafter:
         self.eager_passes = 0  # passes run eagerly (graphs off, or more new rows than the padded size)
         self.replays = 0
         self._alloc(int(max_len))
-        d = self.device
-        self.start_t = torch.zeros((), dtype=torch.long, device=d)  # position of the first new context row
-        self.committed_t = torch.zeros((), dtype=torch.long, device=d)  # context rows once the new ones are in
         self._feats: dict[int, torch.Tensor] = {}  # P -> [P, F] new rows (zero padding)
-        self._ids: dict[int, torch.Tensor] = {}  # L -> [L] block ids (the root at 0, then MASK)
+        # L -> [L + 2] int64 on the device: the block's ids (root, then MASK), start, committed; and its host
+        # staging buffer (pinned on CUDA) with the event after its last copy
+        self._block: dict[int, tuple] = {}
 
     def _alloc(self, max_len: int) -> None:
         self.max_len = -(-max_len // 256) * 256
@@ -158,14 +158,15 @@ class StaticDrafter:
             masks[causal, window] = visible.repeat(self.rep, 1)[None, None]
         return masks
 
-    def _draft(self, feats: torch.Tensor, ids: torch.Tensor, cols: int) -> torch.Tensor:
-        """feats [P, F] new context rows (rows past committed - start are padding), ids [L] the block; reads
-        start_t and committed_t; writes K/V rows start .. start+P-1 and committed .. committed+L-1. Log-probs
-        [L-1, V] fp32."""
+    def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> torch.Tensor:
+        """feats [P, F] new context rows (rows past committed - start are padding), block [L + 2]: the block's ids,
+        start, committed; writes K/V rows start .. start+P-1 and committed .. committed+L-1. Log-probs [L-1, V]
+        fp32."""
         d = self.drafter
-        P, L = feats.shape[0], ids.shape[0]
-        ctx_pos = self.start_t + self._cols[:P]
-        q_pos = self.committed_t + self._cols[:L]
+        P, L = feats.shape[0], block.shape[0] - 2
+        ids, start, committed = block[:L], block[L], block[L + 1]
+        ctx_pos = start + self._cols[:P]
+        q_pos = committed + self._cols[:L]
         cos, sin = rope_cos_sin(torch.cat([ctx_pos, q_pos])[None], self.head_dim, self.config.rope_theta, self.dtype)
         x_ctx = d.hidden_norm(d.fc(feats[None]))  # [1, P, H]
         x = self.embed(ids)[None].to(self.dtype)  # [1, L, H]: the noise embedding
@@ -206,10 +207,23 @@ class StaticDrafter:
         if feats is None:
             width = self.drafter.fc.in_features
             feats = self._feats[pad] = torch.zeros(pad, width, dtype=self.dtype, device=self.device)
-        ids = self._ids.get(block)
-        if ids is None:
-            ids = self._ids[block] = torch.full((block,), self.mask_token_id, dtype=torch.long, device=self.device)
-        return feats, ids
+        if block not in self._block:
+            cuda = self.device.type == "cuda"
+            stage = torch.full((block + 2,), self.mask_token_id, dtype=torch.long, pin_memory=cuda)
+            self._block[block] = (torch.empty(block + 2, dtype=torch.long, device=self.device).copy_(stage), stage,
+                                  stage.numpy(), torch.cuda.Event() if cuda else None)
+        return feats, self._block[block][0]
+
+    def _fill_block(self, block: int, root: int, start: int, committed: int) -> None:
+        """One host-to-device copy of the block's ids, start and committed (the staging buffer is reused once its
+        last copy is done)."""
+        device_in, stage, host, copied = self._block[block]
+        if copied is not None:
+            copied.synchronize()
+        host[0], host[block], host[block + 1] = root, start, committed
+        device_in.copy_(stage, non_blocking=True)
+        if copied is not None:
+            copied.record()
 
     def bucket(self, need: int) -> int:
         fitting = [b for b in self.buckets if b >= need]
@@ -221,11 +235,11 @@ class StaticDrafter:
         """Run (replay, or capture on first use and replay) the slot for these shapes; inputs already filled."""
         key = (pad, block, cols)
         slot = self._slots.get(key)
-        feats, ids = self._inputs(pad, block)
+        feats, block_in = self._inputs(pad, block)
         with sdpa_backends(self.device):
             if not self.graphs:
                 self.eager_passes += 1
-                return self._draft(feats, ids, cols)
+                return self._draft(feats, block_in, cols)
             if slot is None:
                 # the warm-up runs and the capture read and write only this round's rows, from the inputs already
                 # filled: they leave the state as the replay below will (no copy of the state needed)
@@ -235,11 +249,11 @@ class StaticDrafter:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(stream):
                     for _ in range(2):
-                        self._draft(feats, ids, cols)
+                        self._draft(feats, block_in, cols)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 slot.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(slot.graph, pool=self._pool):
-                    slot.out = self._draft(feats, ids, cols)
+                    slot.out = self._draft(feats, block_in, cols)
                 self._slots[key] = slot
                 self.capture_s += time.perf_counter() - start
             slot.graph.replay()
@@ -260,14 +274,12 @@ class StaticDrafter:
         pad = block_size  # a round's accepted path fits in the block
         self.ensure(committed_len + 2 * block_size)
         cols = self.bucket(committed_len + block_size)
-        feats, ids = self._inputs(pad, block_size)
-        ids[0].fill_(int(root_token_id))
-        self.start_t.fill_(start)
-        self.committed_t.fill_(committed_len)
+        feats, block_in = self._inputs(pad, block_size)
+        self._fill_block(block_size, int(root_token_id), start, committed_len)
         if n > pad:  # more new rows than a round brings (a prompt's): this shape once, eagerly, unpadded
             self.eager_passes += 1
             with sdpa_backends(self.device):
-                out = self._draft(new_features.to(self.device, self.dtype), ids, cols)
+                out = self._draft(new_features.to(self.device, self.dtype), block_in, cols)
         else:
             if n:
                 feats[:n].copy_(new_features)
