@@ -236,17 +236,18 @@ class StaticDrafter:
         key = (pad, block, cols)
         slot = self._slots.get(key)
         feats, block_in = self._inputs(pad, block)
-        with sdpa_backends(self.device):
-            if not self.graphs:
-                self.eager_passes += 1
+        if not self.graphs:
+            self.eager_passes += 1
+            with sdpa_backends(self.device):
                 return self._draft(feats, block_in, cols)
-            if slot is None:
-                # the warm-up runs and the capture read and write only this round's rows, from the inputs already
-                # filled: they leave the state as the replay below will (no copy of the state needed)
-                start = time.perf_counter()
-                slot = _Slot(pad, block, cols)
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
+        if slot is None:
+            # the warm-up runs and the capture read and write only this round's rows, from the inputs already
+            # filled: they leave the state as the replay below will (no copy of the state needed)
+            start = time.perf_counter()
+            slot = _Slot(pad, block, cols)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with sdpa_backends(self.device):
                 with torch.cuda.stream(stream):
                     for _ in range(2):
                         self._draft(feats, block_in, cols)
@@ -254,11 +255,11 @@ class StaticDrafter:
                 slot.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(slot.graph, pool=self._pool):
                     slot.out = self._draft(feats, block_in, cols)
-                self._slots[key] = slot
-                self.capture_s += time.perf_counter() - start
-            slot.graph.replay()
-            self.replays += 1
-            return slot.out
+            self._slots[key] = slot
+            self.capture_s += time.perf_counter() - start
+        slot.graph.replay()
+        self.replays += 1
+        return slot.out
 
     # -- public API ---------------------------------------------------------------------------------------
 
