@@ -227,6 +227,23 @@ def test_sessions_with_a_sliding_drafter_agree(swa_pair, method, engine):
     assert st.runner.length > 8  # contexts longer than the window
 
 
+def test_a_forked_session_drafts_as_the_original(swa_pair):
+    """A deep copy of a session (tests/test_analysis.py forks them to replay a round at other budgets) keeps its
+    own static drafter state, the staging buffers' views included: both go on identically."""
+    session = DecodeSession(swa_pair, budget=8, max_new_tokens=30, engine="runner", record=False,
+                            proposer=DFlashProposer(swa_pair.drafter, swa_pair.target, static=True))
+    session.prefill(PROMPTS[0])
+    session.step()
+    session.step()
+    p = swa_pair
+    other = copy.deepcopy(session, {id(x): x for x in (p, p.target, p.drafter, p.tokenizer)})
+    assert other.proposer.runner is not session.proposer.runner
+    for _ in range(3):
+        a, b = session.step(), other.step()
+        assert (a.accepted, a.new_token_ids) == (b.accepted, b.new_token_ids)
+    assert other.generated == session.generated
+
+
 @pytest.fixture(scope="module")
 def embedded():
     from ddtree_viz.engine.models import load_pair
@@ -255,8 +272,8 @@ def test_cuda_graphs_equal_the_eager_static_and_the_dynamic_paths(attention):
     """On a GPU (float32): graphs captured per (pad, block, bucket), replayed; each round equals the same static
     function run eagerly and the dynamic drafter; a session drafting through the graphs equals greedy and
     builds the dynamic session's trees."""
-    target = tiny.target_model("hybrid", seed=0).to("cuda")
-    drafter = drafter_for(target.cpu(), **LAYOUTS["sliding causal, window 6"]).to("cuda")
+    target = tiny.target_model("hybrid", seed=0)
+    drafter = drafter_for(target, **LAYOUTS["sliding causal, window 6"]).to("cuda")
     target.to("cuda")
     graphed = DFlashProposer(drafter, target, attention=attention)
     assert graphed.path == "static graphs"
@@ -271,8 +288,9 @@ def test_cuda_graphs_equal_the_eager_static_and_the_dynamic_paths(attention):
         torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(outs[0], outs[2], atol=1e-4, rtol=1e-4)
     runner = graphed.runner
-    assert runner.graphs and runner.replays == 75 and runner.eager_passes == 1
-    assert {key[2] for key in runner._slots} == {256, 512}  # one graph per bucket met, made on first use
+    assert runner.graphs and runner.replays == 75 and runner.eager_passes == 1 and runner.capture_s > 0
+    # the buffers grew from 256 to 512 rows at 251 rows (the graphs dropped), then one graph per bucket met
+    assert runner.max_len == 512 and {key[2] for key in runner._slots} == {256, 512}
 
     pair = ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-swa", torch.float32, "cuda")
     st = sessions_agree(pair, PROMPTS, engine="runner")

@@ -211,15 +211,16 @@ class StaticDrafter:
             cuda = self.device.type == "cuda"
             stage = torch.full((block + 2,), self.mask_token_id, dtype=torch.long, pin_memory=cuda)
             self._block[block] = (torch.empty(block + 2, dtype=torch.long, device=self.device).copy_(stage), stage,
-                                  stage.numpy(), torch.cuda.Event() if cuda else None)
+                                  torch.cuda.Event() if cuda else None)
         return feats, self._block[block][0]
 
     def _fill_block(self, block: int, root: int, start: int, committed: int) -> None:
         """One host-to-device copy of the block's ids, start and committed (the staging buffer is reused once its
         last copy is done)."""
-        device_in, stage, host, copied = self._block[block]
+        device_in, stage, copied = self._block[block]
         if copied is not None:
             copied.synchronize()
+        host = stage.numpy()
         host[0], host[block], host[block + 1] = root, start, committed
         device_in.copy_(stage, non_blocking=True)
         if copied is not None:

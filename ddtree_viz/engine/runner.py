@@ -129,8 +129,6 @@ class _Slot:
         self.ids, self.pos = self.inputs[:T], self.inputs[T:2 * T]
         self.gather = self.inputs[2 * T:].view(T, -1)
         self.path, self.last, self.length = self.commit_in[:P], self.commit_in[P:P + 1], self.commit_in[P + 1]
-        self.stage_np, self.anc_np = self.stage.numpy(), self.anc_stage.numpy()
-        self.commit_np = self.commit_stage.numpy()
 
     def staging(self) -> None:
         """Wait until the last copies out of the staging buffers are done (before writing them again)."""
@@ -449,7 +447,7 @@ class StaticRunner:
         conv window its parent's shifted by one with itself last."""
         T, n, k = slot.size, len(tree), self.kernel
         slot.staging()
-        stage, anc = slot.stage_np, slot.anc_np
+        stage, anc = slot.stage.numpy(), slot.anc_stage.numpy()  # views (made here: a deepcopy keeps no numpy view)
         ids, pos, gather = stage[:T], stage[T:2 * T], stage[2 * T:].reshape(T, k)
         ids[:n] = tree.token_ids
         ids[n:] = 0
@@ -482,7 +480,7 @@ class StaticRunner:
         if not 1 <= L <= self.max_path:
             raise ValueError(f"accepted path of {L} nodes; the runner keeps 1..{self.max_path}")
         slot.staging()
-        stage, P = slot.commit_np, self.max_path
+        stage, P = slot.commit_stage.numpy(), self.max_path
         stage[:L] = accepted
         stage[L:P] = accepted[-1]  # padding: the last node again (its steps are not valid: length says so)
         stage[P] = accepted[-1]
