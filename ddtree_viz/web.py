@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import inspect
 import os
 import sys
@@ -128,11 +129,15 @@ def _seconds(text: str) -> int:
 
 
 def _page_error(exc: Exception) -> gr.Error:
+    """The message gradio shows for an error. gradio renders a message as HTML, and messages quote what the user
+    gave (a prompt's character, a file's name, a trace's field): escaped, so it shows as text."""
     if isinstance(exc, DDTreeVizError):
-        return gr.Error(str(exc))
-    if "out of memory" in str(exc).lower():
-        return gr.Error(f"out of memory: {exc}. Try a smaller budget or fewer new tokens.")
-    return gr.Error(f"{type(exc).__name__}: {exc}")
+        text = str(exc)
+    elif "out of memory" in str(exc).lower():
+        text = f"out of memory: {exc}. Try a smaller budget or fewer new tokens."
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return gr.Error(html.escape(text, quote=False))
 
 
 def _errors(fn):
