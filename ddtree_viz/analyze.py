@@ -11,9 +11,15 @@ Files in DIR:
   traces/NNNN.json        prompt NNNN's trace (trace.py's contract)
   traces/NNNN.error.json  prompt NNNN failed: {index, error, kind}
   traces/NNNN.meta.json   prompt NNNN's wall time and the process that decoded it (not part of the figures)
-  summary.json            the figures (the contract in docs/ARCHITECTURE.md)
+  traces/NNNN.dflash.json (and .dflash.error.json, .dflash.meta.json) with --method both: the DFlash chain's
+                          decode of prompt NNNN, the same settings otherwise (NNNN.json is then DDTree's)
+  summary.json            the figures (the contract in docs/ARCHITECTURE.md); with --method both the chain's under
+                          "dflash", the same keys
   report.html             self-contained (no network), figures inline
   figures/*.svg, *.pdf    the report's figures
+
+`read_report` reads such a directory's files (or the same files uploaded to the page, by name) with every trace
+validated (Trace.load) and the other files checked: the web page's Analyze tab shows the report from it.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import shutil
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import analysis
-from .errors import DDTreeVizError, InputError
-from .trace import Trace
+from .errors import DDTreeVizError, InputError, TraceError
+from .trace import MAX_TEXT_CHARS, MAX_TRACE_BYTES, Trace, check_text, parse_json
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 SUMMARY_VERSION = 1
@@ -38,6 +45,8 @@ TOP_MISSES = 20
 EXAMPLES_PER_MISS = 5
 POSITION_BINS = 4  # acceptance by position in the generation: the generation cut in this many equal parts
 CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
+DFLASH = "dflash"  # --method both: the side of the DFlash chain (traces/NNNN.dflash.json, summary["dflash"])
+METHODS = ("ddtree", "dflash", "both")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -90,8 +99,15 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
     return items
 
 
-def trace_path(out: Path, index: int, kind: str = "") -> Path:
-    return out / "traces" / (f"{index:04d}{'.' + kind if kind else ''}.json")
+def trace_path(out: Path, index: int, kind: str = "", side: str = "") -> Path:
+    """DIR/traces/NNNN[.side][.kind].json: kind "" (the trace), "error" or "meta"; side "" (the run's method, DDTree
+    with --method both) or DFLASH (the chain of --method both)."""
+    return out / "traces" / (f"{index:04d}{'.' + side if side else ''}{'.' + kind if kind else ''}.json")
+
+
+def sides_of(method: str) -> list[tuple[str, str]]:
+    """[(method decoded, side)] for --method: one side, or (--method both) DDTree's and the DFlash chain's."""
+    return [("ddtree", ""), ("dflash", DFLASH)] if method == "both" else [(method, "")]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,11 +167,13 @@ def prompt_spec(item: dict, args):
                                  system=getattr(args, "system", None), thinking=parse_thinking(args.thinking)))
 
 
-def decode_one(pair, item: dict, args) -> Trace:
+def decode_one(pair, item: dict, args, method: str | None = None) -> Trace:
+    """One prompt decoded with `method` (default: args.method), the run's other settings."""
     from .engine.sampling import Sampler
     from .engine.session import DecodeSession
 
-    session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, method=args.method,
+    method = method or args.method
+    session = DecodeSession(pair, budget=args.budget, max_new_tokens=args.max_new_tokens, method=method,
                             block_size=args.block_size, engine=getattr(args, "engine", "transformers"),
                             sampler=Sampler(args.temperature, args.top_k, args.top_p, args.seed))
     session.prefill(spec=prompt_spec(item, args))
@@ -170,37 +188,43 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def run_prompts(pair, items: list[dict], out: Path, args, rank: int = 0, label: str = "") -> tuple[int, bool]:
-    """Decode `items` into out/traces/ (skipping those whose trace exists when args.resume). A prompt that fails
-    is recorded with its error and the run goes on. Returns (prompts decoded now, interrupted)."""
+    """Decode `items` into out/traces/ (with --method both, each prompt with DDTree and then the DFlash chain),
+    skipping each trace that exists when args.resume. A decode that fails is recorded with its error and the run
+    goes on. Returns (prompts decoded now, interrupted)."""
     progress = Progress(len(items), label)
     done, interrupted = 0, False
+    sides = sides_of(args.method)
     for item in items:
         i = item["index"]
-        dest = trace_path(out, i)
-        if getattr(args, "resume", False) and dest.exists():
-            progress.update()
-            continue
-        trace_path(out, i, "error").unlink(missing_ok=True)
-        start = time.perf_counter()
-        try:
-            trace = decode_one(pair, item, args)
-            tmp = dest.with_name(dest.name + ".tmp")
-            trace.save(tmp)
-            os.replace(tmp, dest)
-            tokens = len(trace.output_ids)
-        except KeyboardInterrupt:
-            interrupted = True
+        tokens, decoded = 0, False
+        for method, side in sides:
+            dest = trace_path(out, i, side=side)
+            if getattr(args, "resume", False) and dest.exists():
+                continue
+            trace_path(out, i, "error", side).unlink(missing_ok=True)
+            start = time.perf_counter()
+            try:
+                trace = decode_one(pair, item, args, method)
+                tmp = dest.with_name(dest.name + ".tmp")
+                trace.save(tmp)
+                os.replace(tmp, dest)
+                tokens += len(trace.output_ids)
+            except KeyboardInterrupt:
+                interrupted = True
+                break
+            except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the run goes on
+                if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
+                    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                else:
+                    message = f"{type(exc).__name__}: {exc}"
+                _write_json(trace_path(out, i, "error", side), {"index": i, "error": message,
+                                                                 "kind": type(exc).__name__})
+            _write_json(trace_path(out, i, "meta", side), {"index": i, "wall_s": round(time.perf_counter() - start, 3),
+                                                           "process": rank})
+            decoded = True
+        if interrupted:
             break
-        except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the run goes on
-            if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
-                message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            else:
-                message = f"{type(exc).__name__}: {exc}"
-            _write_json(trace_path(out, i, "error"), {"index": i, "error": message, "kind": type(exc).__name__})
-            tokens = 0
-        _write_json(trace_path(out, i, "meta"), {"index": i, "wall_s": round(time.perf_counter() - start, 3),
-                                                 "process": rank})
-        done += 1
+        done += decoded
         progress.update(tokens)
     return done, interrupted
 
@@ -253,6 +277,11 @@ def cmd_analyze(args) -> int:
     print(f"{n} of {total} prompts decoded ({len(summary['failed'])} failed); mean acceptance "
           f"{_fmt(summary['mean_acceptance'])} tokens per round over {summary['rounds']} rounds; identical to greedy "
           f"{summary['identical_prompts']}/{n}")
+    chain = summary.get(DFLASH)
+    if chain is not None:
+        print(f"DFlash chain on the same prompts: {chain['prompts']} decoded ({len(chain['failed'])} failed); mean "
+              f"acceptance {_fmt(chain['mean_acceptance'])} tokens per round over {chain['rounds']} rounds; identical "
+              f"to greedy {chain['identical_prompts']}/{chain['prompts']}")
     print(f"summary: {out / 'summary.json'}\nreport: {out / 'report.html'}")
     if interrupted:
         print(f"interrupted: the report covers the {n} prompts done; --resume goes on", file=sys.stderr)
@@ -298,24 +327,151 @@ def _load_pair(args, state):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def load_dir(out: str | Path) -> tuple[list[dict], dict[int, Trace], dict[int, dict], dict[int, dict]]:
-    """(prompt items, {index: trace}, {index: error record}, {index: meta}) as written in DIR."""
+TRACE_NAME = re.compile(r"(\d{1,6})(?:\.(" + DFLASH + r"))?(?:\.(error|meta))?\.json")
+MAX_SMALL_BYTES = 1 << 20  # an error or meta record
+MAX_REPORT_TRACES = 4096  # trace files of one report (2048 prompts with --method both)
+
+
+@dataclass
+class Report:
+    """A report's files as read: the prompt set (prompts.json; [] without it), per side ("" = the run's method,
+    DDTree with --method both; DFLASH = the chain of --method both) the traces, error records and metas by prompt
+    index, and every trace's name in DIR ("traces/0000.json") -> its file. `summary` is summary.json as written
+    (None without it): the figures are always computed again from the traces."""
+
+    items: list[dict] = field(default_factory=list)
+    traces: dict[str, dict[int, Trace]] = field(default_factory=lambda: {"": {}})
+    errors: dict[str, dict[int, dict]] = field(default_factory=lambda: {"": {}})
+    metas: dict[str, dict[int, dict]] = field(default_factory=lambda: {"": {}})
+    files: dict[str, Path] = field(default_factory=dict)
+    summary: dict | None = None
+    budgets: list[int] | None = None  # the run's --budgets (prompts.json's settings; None: every budget, or unknown)
+
+    @property
+    def sides(self) -> list[str]:
+        """"" and, when the report has any of the chain's files (--method both), DFLASH."""
+        return [""] + ([DFLASH] if self.traces.get(DFLASH) or self.errors.get(DFLASH) else [])
+
+
+def report_files(out: str | Path) -> dict[str, Path]:
+    """A report directory's files by the names read_report takes: summary.json, prompts.json, traces/<NNNN...>.json
+    (other files are not read; more than 3 x MAX_REPORT_TRACES of them is a TraceError)."""
     out = Path(out)
-    meta_file = out / "prompts.json"
-    items = json.loads(meta_file.read_text(encoding="utf-8"))["prompts"] if meta_file.exists() else []
-    traces, errors, metas = {}, {}, {}
-    for f in sorted((out / "traces").glob("*.json")):
-        m = re.fullmatch(r"(\d+)(?:\.(error|meta))?\.json", f.name)
+    files = {name: out / name for name in ("summary.json", "prompts.json") if (out / name).is_file()}
+    if (out / "traces").is_dir():
+        found = []
+        for entry in os.scandir(out / "traces"):
+            if TRACE_NAME.fullmatch(entry.name) and entry.is_file():
+                found.append(entry.name)
+                if len(found) > 3 * MAX_REPORT_TRACES:  # traces, error and meta records
+                    raise TraceError(f"the report has more than {3 * MAX_REPORT_TRACES:,} files in traces/")
+        for name in sorted(found):
+            files[f"traces/{name}"] = out / "traces" / name
+    return files
+
+
+def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | None = None) -> Report:
+    """The report held by `files` (report_files' names -> paths): every trace validated (Trace.load), the prompt
+    set, error and meta records checked for their types (a clear TraceError naming the file otherwise), at most
+    MAX_REPORT_TRACES traces and (max_bytes) that many bytes in all. names=True: messages call each file by its
+    name in the report, never by its path (the page's uploads)."""
+    traced = [n for n in files if n.startswith("traces/")]
+    if sum(1 for n in traced if not n.endswith((".error.json", ".meta.json"))) > MAX_REPORT_TRACES:
+        raise TraceError(f"the report has more than {MAX_REPORT_TRACES:,} trace files; at most that many are read")
+    if max_bytes is not None:
+        total = 0
+        for path in files.values():
+            try:
+                total += Path(path).stat().st_size
+            except OSError:
+                pass
+        if total > max_bytes:
+            raise TraceError(f"the report's files hold {total:,} bytes; at most {max_bytes // 2**20} MiB are read")
+    report = Report()
+
+    def shown(name: str) -> str:
+        return name if names else str(files[name])
+
+    if "prompts.json" in files:
+        data = _small_json(files["prompts.json"], shown("prompts.json"), MAX_TRACE_BYTES)
+        report.items = _check_items(data.get("prompts") if isinstance(data, dict) else None, shown("prompts.json"))
+        budgets = (data.get("settings") or {}).get("budgets") if isinstance(data.get("settings"), dict) else None
+        if isinstance(budgets, list) and budgets and len(budgets) <= 4096 and all(
+                isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 20 for b in budgets):
+            report.budgets = budgets
+    if "summary.json" in files:
+        data = _small_json(files["summary.json"], shown("summary.json"), MAX_TRACE_BYTES)
+        if not isinstance(data, dict):
+            raise TraceError(f"{shown('summary.json')} is not a summary (expected a JSON object)")
+        report.summary = data
+    for name in sorted(traced):
+        m = TRACE_NAME.fullmatch(name[len("traces/"):])
         if not m:
             continue
-        i = int(m.group(1))
-        if m.group(2) == "error":
-            errors[i] = json.loads(f.read_text(encoding="utf-8"))
-        elif m.group(2) == "meta":
-            metas[i] = json.loads(f.read_text(encoding="utf-8"))
+        i, side, kind = int(m.group(1)), m.group(2) or "", m.group(3)
+        for table in (report.traces, report.errors, report.metas):
+            table.setdefault(side, {})
+        if kind is None:
+            try:
+                report.traces[side][i] = Trace.load(files[name], name=shown(name))
+            except TraceError as exc:  # say which of the report's traces
+                raise TraceError(str(exc) if shown(name) in str(exc) else f"{shown(name)}: {exc}") from None
+            report.files[name] = Path(files[name])
+            continue
+        record = _small_json(files[name], shown(name), MAX_SMALL_BYTES)
+        if not isinstance(record, dict):
+            raise TraceError(f"{shown(name)} is not an {kind} record (expected a JSON object)")
+        if kind == "error":
+            report.errors[side][i] = {"index": i, "error": check_text(str(record.get("error", "")), shown(name),
+                                                                       MAX_TEXT_CHARS)}
         else:
-            traces[i] = Trace.load(f)
-    return items, traces, errors, metas
+            wall = record.get("wall_s")
+            ok = isinstance(wall, (int, float)) and not isinstance(wall, bool) and 0 <= wall < 1e9
+            report.metas[side][i] = {"index": i, **({"wall_s": float(wall)} if ok else {}),
+                                     **({"process": record["process"]} if isinstance(record.get("process"), int)
+                                        and not isinstance(record.get("process"), bool) else {})}
+    return report
+
+
+def _small_json(path: Path, shown: str, limit: int):
+    try:
+        size = Path(path).stat().st_size
+        if size > limit:
+            raise TraceError(f"{shown} is {size:,} bytes; at most {limit:,} are read")
+        with open(path, "rb") as f:
+            text = f.read(limit + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise TraceError(f"cannot read {shown}: {reason}") from None
+    try:
+        return parse_json(text, shown)
+    except TraceError as exc:
+        raise TraceError(str(exc).replace(f"the {shown}", shown)) from None
+
+
+def _check_items(items, shown: str) -> list[dict]:
+    """prompts.json's prompt list: only what the report shows is kept (index, source, prompt text), checked."""
+    if not isinstance(items, list):
+        raise TraceError(f"{shown}: 'prompts' is not a list of prompts")
+    kept = []
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise TraceError(f"{shown}: prompt {k} is not an object")
+        entry = {"index": k}
+        for key in ("source", "prompt"):
+            if isinstance(item.get(key), str):
+                entry[key] = check_text(item[key], f"{shown}: prompt {k}'s {key}")
+        if "messages" in item and "prompt" not in entry and isinstance(item["messages"], list):
+            entry["prompt"] = check_text(" / ".join(str(m.get("content", "")) for m in item["messages"][:8]
+                                                    if isinstance(m, dict))[:MAX_TEXT_CHARS],
+                                         f"{shown}: prompt {k}'s messages")
+        kept.append(entry)
+    return kept
+
+
+def load_dir(out: str | Path) -> Report:
+    """The report as written in DIR (read_report over report_files)."""
+    return read_report(report_files(out))
 
 
 def _text(trace: Trace, token_id: int | None) -> str | None:
@@ -331,7 +487,20 @@ def _out_index(trace: Trace, step, depth: int) -> int:
 
 def summarize(out: str | Path, budgets: list[int] | None = None) -> dict[str, Any]:
     """summary.json's figures from the traces in DIR (analysis.py's functions over all rounds pooled)."""
-    items, traces, errors, _ = load_dir(out)
+    return summarize_report(load_dir(out), budgets)
+
+
+def summarize_report(report: Report, budgets: list[int] | None = None) -> dict[str, Any]:
+    """The summary of a report as read: its run's method at the top level and, with --method both, the DFlash
+    chain's figures on the same prompts under "dflash" (the same keys)."""
+    summary = _summarize_side(report, budgets, "")
+    if DFLASH in report.sides:
+        summary[DFLASH] = _summarize_side(report, budgets, DFLASH)
+    return summary
+
+
+def _summarize_side(report: Report, budgets: list[int] | None, side: str) -> dict[str, Any]:
+    items, traces, errors = report.items, report.traces.get(side, {}), report.errors.get(side, {})
     order = sorted(traces)
     steps = [s for i in order for s in traces[i].steps]
     first = traces[order[0]] if order else None
@@ -349,7 +518,7 @@ def summarize(out: str | Path, budgets: list[int] | None = None) -> dict[str, An
     by_pos: list[list[int]] = [[] for _ in range(POSITION_BINS)]
     for i in order:
         t = traces[i]
-        name = trace_path(Path("."), i).as_posix()
+        name = trace_path(Path("."), i, side=side).as_posix()
         acc = [s.acceptance for s in t.steps]
         per_prompt.append({"index": i, "file": name, "source": _source(items, i), "rounds": len(t.steps),
                            "tokens": len(t.output_ids),
@@ -429,8 +598,8 @@ def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str
     from .render.report import write_report
 
     out = Path(out)
-    summary = summarize(out, budgets)
+    report = load_dir(out)
+    summary = summarize_report(report, budgets)
     _write_json(out / "summary.json", summary)
-    items, traces, _, metas = load_dir(out)
-    write_report(out, summary, items, traces, metas)
+    write_report(out, summary, report.items, report.metas)
     return summary

@@ -242,7 +242,10 @@ def _add_analyze_parser(sub) -> None:
     an.add_argument("--thinking", choices=("on", "off"), help="the template's thinking switch, with --chat")
     an.add_argument("--budgets", type=_whole_number, nargs="+", metavar="B",
                     help="the budget curve at these budgets (default: every budget up to --budget)")
-    an.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"), help="default: ddtree")
+    an.add_argument("--method", default="ddtree", choices=("ddtree", "dflash", "both"),
+                    help="default: ddtree; both: every prompt with DDTree (traces/NNNN.json) and with the DFlash chain "
+                         "(traces/NNNN.dflash.json), the same settings otherwise; summary.json's 'dflash' holds the "
+                         "chain's figures")
     _add_model_args(an)
     _add_decode_args(an)
     _add_sampling_args(an)

@@ -41,7 +41,10 @@ from .render.compare_view import compare_html
 from .render.grid_view import grid_data, grid_spec
 from .render.inspect_view import inspector_html, node_choices, stop_html
 from .analysis import config_label
-from .trace import REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
+from .analyze import DFLASH, MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files, summarize_report
+from .render import report as report_view
+from .render.text import shorten
+from .trace import MAX_ROUNDS, REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
 VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
 SAME = "same"  # compare mode: the engine / dtype of the first configuration
@@ -51,6 +54,8 @@ MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page sa
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
 RUN_REFRESH_S = 0.5  # Run redraws the page at most this often (and after the last round), not after every round
 ROUND_VIEW_CACHE = 64  # per tab: the views of this many (round, phase) pairs are kept (a round's never change)
+MAX_REPORT_BYTES = 128 * 1024 * 1024  # the Analyze tab: a report's files together (a directory's or the uploads)
+MAX_PATH_CHARS = 4096  # the Analyze tab's directory box
 
 
 def cpu_threads(device: str = "cpu", cores: int | None = None) -> int:
@@ -295,6 +300,7 @@ class TabState:
     # the last Step (or Run refresh) on the server, ms: "rounds" (engine time of its rounds), "reference" (the
     # reference's model time), "step" (wall time of ui.step / the refresh), "views" (building the views)
     timing: dict = field(default_factory=dict)
+    report: "LoadedReport | None" = None  # the Analyze tab's report (kept by a Reset or a replay: clear())
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
@@ -304,10 +310,11 @@ class TabState:
         return dataclasses.replace(self)
 
     def clear(self) -> None:
-        """Back to an empty tab (a Reset); a Run going on stops at its next round."""
+        """Back to an empty tab (a Reset); a Run going on stops at its next round. The Analyze tab's report stays
+        (opening one of its rounds replays it here)."""
         with self.lock:
             for f in dataclasses.fields(self):
-                if f.name != "epoch":
+                if f.name not in ("epoch", "report"):
                     setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
             self.epoch += 1
 
@@ -315,7 +322,7 @@ class TabState:
         """The tab is gone: drop its session and records and delete its files."""
         self.clear()
         with self.lock:
-            folder, self.folder = self.folder, None
+            folder, self.folder, self.report = self.folder, None, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -669,6 +676,227 @@ def inspect(tab: TabState, node) -> TabState:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# The Analyze tab: a report written by `analyze`, read from a directory or uploaded
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedReport:
+    """A report the Analyze tab shows: its figures computed again from its (validated) traces, the report's body as
+    report.html has it with round links that open the step view, and the trace files those links may open (by
+    their names in the report: "traces/0000.json")."""
+
+    name: str  # how the page names it: the directory as typed, or "N uploaded files"
+    summary: dict
+    html: str
+    files: dict[str, Path]
+    note: str = ""  # what else the page should say (summary.json differs from its traces, files ignored, ...)
+
+
+@dataclass(frozen=True)
+class ReportDirs:
+    """Which directories the Analyze tab reads when typed in: none (allowed=False: a page shared beyond this machine,
+    where anyone could probe the server's files), those under `root` (relative paths from it), or any."""
+
+    allowed: bool = True
+    root: str | None = None
+
+    def label(self) -> str:
+        if not self.allowed:
+            return "Report directory on the server: off (this page is reachable beyond this machine; start it with " \
+                   "--report-root DIR to read reports under DIR)"
+        where = f" under {self.root}" if self.root is not None else ""
+        return f"Report directory on the server{where} (analyze --out DIR)"
+
+
+def load_report_dir(tab: TabState, text, dirs: ReportDirs = ReportDirs()) -> TabState:
+    """The Analyze tab's 'Load directory': a report directory the server can read, as typed (~ expanded; under
+    dirs.root when set, relative paths from it). It must be a directory holding summary.json and traces/; anything
+    else is an InputError that names it as typed."""
+    if not dirs.allowed:
+        raise InputError("this page reads no directories typed in (it is reachable beyond this machine): upload the "
+                         "report's files, or start the page with --report-root DIR")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("type the path of a report directory (the --out DIR of an analyze run)")
+    text = text.strip()
+    shown = _named(text)
+    if len(text) > MAX_PATH_CHARS or "\0" in text:
+        raise InputError(f"not a directory path: {shown}")
+    try:
+        folder = Path(text).expanduser()
+        if dirs.root is not None:
+            root = Path(dirs.root).expanduser().resolve()
+            folder = (root / folder).resolve()  # an absolute path stays itself; symbolic links followed
+            if not folder.is_relative_to(root):
+                raise InputError(f"{shown} is not under the page's report root ({_named(dirs.root)})")
+        if not folder.is_dir():
+            raise InputError(f"{shown} is not a directory the server can read")
+        if not (folder / "summary.json").is_file():
+            raise InputError(f"{shown} has no summary.json: it is not a report directory (analyze --out DIR writes one)")
+        if not (folder / "traces").is_dir():
+            raise InputError(f"{shown} has no traces/ folder: it is not a report directory")
+    except OSError as exc:  # a name too long, a permission denied on the way
+        raise InputError(f"cannot read {shown}: {exc.strerror or type(exc).__name__}") from None
+    loaded = _read_report(report_files(folder), name=text)
+    with tab.lock:
+        tab.report = loaded
+    return tab
+
+
+def load_report_upload(tab: TabState, paths) -> TabState:
+    """The Analyze tab's upload: summary.json, prompts.json (optional) and the traces/ files of a report, each at
+    most MAX_UPLOAD_BYTES, together at most MAX_REPORT_BYTES. Files are known by their own names (0000.json,
+    0000.dflash.json, 0000.error.json, ...); other files (report.html, figures) are left out and said so. They are
+    copied to the tab's own folder (gradio deletes its copies of uploads after a while; a round opened later reads
+    them there). Messages name the files as uploaded, never the server's paths."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = [p for p in (paths or []) if p]
+    if not paths:
+        raise InputError("upload a report's summary.json and its traces (traces/*.json)")
+    if len(paths) > 3 * MAX_REPORT_TRACES + 2:
+        raise InputError(f"{len(paths):,} files: a report upload takes at most {3 * MAX_REPORT_TRACES + 2:,}")
+    names: dict[str, Path] = {}
+    ignored = 0
+    total = 0
+    for p in paths:
+        base = os.path.basename(str(p))
+        shown = _named(base, 80)
+        if base in ("summary.json", "prompts.json"):
+            name = base
+        elif TRACE_NAME.fullmatch(base):
+            name = f"traces/{base}"
+        else:
+            ignored += 1
+            continue
+        if name in names:
+            raise InputError(f"two uploaded files are named {shown}: upload one report at a time")
+        try:
+            size = Path(p).stat().st_size
+        except OSError:
+            raise InputError(f"cannot read the uploaded file {shown}") from None
+        if size > MAX_UPLOAD_BYTES:
+            raise InputError(f"{shown} is {size:,} bytes; an uploaded file may be at most "
+                             f"{MAX_UPLOAD_BYTES // 2**20} MB")
+        total += size
+        if total > MAX_REPORT_BYTES:
+            raise InputError(f"the uploaded files hold more than {MAX_REPORT_BYTES // 2**20} MB; a report upload may "
+                             "hold at most that much")
+        names[name] = Path(p)
+    if "summary.json" not in names:
+        raise InputError("the upload has no summary.json: upload a report's summary.json with its traces/*.json")
+    if not any(n.startswith("traces/") for n in names):
+        raise InputError("the upload has no traces (traces/0000.json, ...): upload them with summary.json")
+    folder = tab.new_folder("report")
+    (folder / "traces").mkdir()
+    files = {}
+    try:
+        for name, src in names.items():
+            shutil.copyfile(src, folder / name)
+            files[name] = folder / name
+    except OSError as exc:
+        raise InputError(f"cannot keep the uploaded files: {exc.strerror or type(exc).__name__}") from None
+    note = f"{ignored} other uploaded file(s) left out (only summary.json, prompts.json and traces/*.json are read)" \
+        if ignored else ""
+    loaded = _read_report(files, name=f"{len(names)} uploaded files", note=note)
+    with tab.lock:
+        tab.report = loaded
+    return tab
+
+
+def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedReport:
+    """Read and validate a report's files (analyze.read_report: every trace through Trace.load), compute its figures
+    again from the traces (at summary.json's budgets) and build its body with page links."""
+    report = read_report(files, names=True, max_bytes=MAX_REPORT_BYTES)
+    written = report.summary or {}
+    # the budgets the run asked for (prompts.json), else those summary.json's curve was written at
+    summary = summarize_report(report, report.budgets if "prompts.json" in files else _budgets(written))
+    notes = [note] if note else []
+    if "prompts.json" not in files:
+        notes.append("no prompts.json: the prompts' text and sources are not shown")
+    elif written and _plain(summary) != written:
+        notes.append("summary.json differs from what its traces give (a run still going, or an edited file): the "
+                     "figures shown are computed from the traces")
+    svgs = report_view.figures(summary, "svg")
+    body = report_view.report_body(summary, svgs, report.items, report.metas, link=report_view.page_round_link,
+                                   files=False)
+    return LoadedReport(name=name, summary=summary, html='<div class="ddv-report">' + body + "</div>",
+                        files=dict(report.files), note="; ".join(notes))
+
+
+def _budgets(summary: dict) -> list[int] | None:
+    """The budgets summary.json's budget curve was written at (its keys), or None (every budget) when unreadable."""
+    curve = summary.get("budget_curve")
+    if not isinstance(curve, dict) or not curve or len(curve) > MAX_BUDGET:
+        return None
+    try:
+        budgets = [int(k) for k in curve]
+    except (TypeError, ValueError):
+        return None
+    return budgets if all(1 <= b <= MAX_BUDGET for b in budgets) else None
+
+
+def _plain(summary: dict) -> dict:
+    """The summary as summary.json holds it (JSON types: tuples as lists)."""
+    import json
+
+    return json.loads(json.dumps(summary))
+
+
+def _named(text: str, limit: int = 120) -> str:
+    """A name from the user or a file (a typed path, an uploaded file's name) for a message or the page: one line,
+    at most `limit` characters, HTML-escaped."""
+    return esc(shorten("".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)), limit))
+
+
+def report_status(tab: TabState | None) -> str:
+    """The Analyze tab's line over the report (HTML, escaped)."""
+    r = tab.report if tab is not None else None
+    if r is None:
+        return ("<p>Load a report written by <code>analyze</code> (a directory on the server, or its files uploaded): "
+                "its figures and tables as report.html shows them; click a trace's round (top misses, prompts) to "
+                "open it in the <b>Step</b> tab (replay, no model needed).</p>")
+    s = r.summary
+    sides = [s] + ([s[DFLASH]] if DFLASH in s else [])
+    figures = "; ".join(f"{esc(report_view.side_label(x))}: mean acceptance "
+                        f"{'-' if x['mean_acceptance'] is None else format(x['mean_acceptance'], '.2f')} over "
+                        f"{x['rounds']} rounds" for x in sides)
+    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {s['prompts_total']} prompts; {figures}. Click a "
+            "trace's round (top misses, prompts) to open it in the <b>Step</b> tab.</p>")
+    return line + (f"<p><i>Note:</i> {esc(r.note)}</p>" if r.note else "")
+
+
+def report_html(tab: TabState) -> str:
+    return tab.report.html if tab.report is not None else ""
+
+
+def open_report_round(tab: TabState, file, k) -> TabState:
+    """A round of the Analyze tab's report in the step view: the trace replayed (ui.load_replay, no model) at round
+    k (0-based). `file`: a trace's name in the report ("traces/0000.json"); nothing else is opened."""
+    report = tab.report
+    if report is None:
+        raise InputError("no report loaded: load a report directory or upload one in the Analyze tab first")
+    path = report.files.get(file) if isinstance(file, str) else None
+    if path is None:
+        raise InputError(f"{_named(str(file), 80)} is not a trace of the loaded report")
+    k = _check_int("round", k, 0, MAX_ROUNDS - 1)
+    load_replay(tab, str(path), name=file)
+    return move(tab, to=k)
+
+
+def open_report_click(tab: TabState, value) -> TabState:
+    """A click on a round link of the report ('traces/0000.json|3|nonce', from the page's script)."""
+    parts = str(value or "").rsplit("|", 2)
+    if len(parts) != 3:
+        raise InputError("not a round of the report")
+    try:
+        k = int(parts[1])
+    except ValueError:
+        raise InputError("not a round of the report") from None
+    return open_report_round(tab, parts[0], k)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Views
 # ------------------------------------------------------------------------------------------------------------
 
@@ -843,11 +1071,15 @@ def _empty_status() -> str:
 def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
-    if tab.session is not None and not tab.replay and tab.greedy_s > 0:
-        # the same clock for both: model time only (prefill included), none of the page's own work
-        greedy_tok_s = len(trace.greedy_ids or ()) / tab.greedy_s
+    if tab.session is not None and not tab.replay:
+        # the same clock for both: model time only, prefill included, none of the page's own work
         round_s = sum(sum(s.timings_ms.values()) for s in trace.steps) / 1e3 + trace.prefill_ms / 1e3
         ddtree_tok_s = len(trace.output_ids) / round_s if round_s > 0 else None
+        if tab.greedy_s > 0 and not trace.reference_pending:  # pending: the check is still to come
+            # a reference on the session's engine starts from a copy of the session's prefilled state (no prefill
+            # of its own): the prefill is counted on its side too, as greedy decoding alone would have paid it
+            shared = tab.session.reference_shares_prefill
+            greedy_tok_s = len(trace.greedy_ids or ()) / (tab.greedy_s + (trace.prefill_ms / 1e3 if shared else 0.0))
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
     return (stats_markdown(summary, extra=_page_timing(tab, trace))
             + (f"\n{tab.independent}\n" if tab.independent else ""))

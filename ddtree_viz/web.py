@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import inspect
 import os
 import sys
@@ -21,6 +22,7 @@ from .bench import DEFAULT_PROMPTS
 from .cli import check_port, port_number
 from .errors import DDTreeVizError
 from .render import export as exporter
+from .render import report as report_view
 
 KEYS_JS = """
 () => {
@@ -45,8 +47,21 @@ KEYS_JS = """
     const t = e.target;
     if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
     const id = {'s': 'ddv-step', 'ArrowLeft': 'ddv-back', 'ArrowRight': 'ddv-forward'}[e.key];
-    if (id) { const b = document.getElementById(id); if (b) { b.click(); e.preventDefault(); } }
+    // only while the Step tab is shown (its buttons are hidden under the Analyze tab)
+    if (id) { const b = document.getElementById(id); if (b && b.offsetParent !== null) { b.click(); e.preventDefault(); } }
   });
+  // the Analyze tab: a click on a round link of the report writes 'file|round|nonce' into the hidden
+  // #ddv-report-click box, which opens that round in the Step tab (the link's own href goes nowhere)
+  document.addEventListener('click', (e) => {
+    const a = e.target && e.target.closest ? e.target.closest('#ddv-report a.ddv-open-round') : null;
+    if (!a) return;
+    e.preventDefault();
+    const box = document.querySelector('#ddv-report-click textarea, #ddv-report-click input');
+    if (!box) return;
+    box.value = a.dataset.file + '|' + a.dataset.round + '|' + Date.now();
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  });
+""" + report_view.SCRIPT + """
 }
 """
 
@@ -64,10 +79,14 @@ def click_js(elem_id: str) -> str:
 """ % elem_id
 
 
+# after a report's round opened in the Step tab: its status line (and the tree under it) at the top of the window
+SHOW_STATUS_JS = "() => { const s = document.getElementById('ddv-status'); if (s) s.scrollIntoView({block: 'start'}); }"
+
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
 CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
        ".ddv-hidden { display: none !important; } "
-       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; }")  # prompt view: template markers, whitespace
+       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; } "  # prompt view: template markers, whitespace
+       + report_view.scoped_css("#ddv-report"))  # the Analyze tab's copy of an analyze report
 
 
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
@@ -88,6 +107,10 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
     p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
     p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
+    p.add_argument("--report-root", metavar="DIR",
+                   help="the Analyze tab reads report directories typed in under DIR only (relative paths from DIR). "
+                        "Default: any directory the server can read when the page listens on this machine only "
+                        "(127.0.0.1, no --share); none otherwise (uploads still work)")
     p.add_argument("--file-ttl", type=_seconds, default=FILE_TTL_S, metavar="SECONDS",
                    help=f"how long uploads and served downloads stay in gradio's temporary folder (default: {FILE_TTL_S})")
     return p
@@ -106,11 +129,15 @@ def _seconds(text: str) -> int:
 
 
 def _page_error(exc: Exception) -> gr.Error:
+    """The message gradio shows for an error. gradio renders a message as HTML, and messages quote what the user
+    gave (a prompt's character, a file's name, a trace's field): escaped, so it shows as text."""
     if isinstance(exc, DDTreeVizError):
-        return gr.Error(str(exc))
-    if "out of memory" in str(exc).lower():
-        return gr.Error(f"out of memory: {exc}. Try a smaller budget or fewer new tokens.")
-    return gr.Error(f"{type(exc).__name__}: {exc}")
+        text = str(exc)
+    elif "out of memory" in str(exc).lower():
+        text = f"out of memory: {exc}. Try a smaller budget or fewer new tokens."
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return gr.Error(html.escape(text, quote=False))
 
 
 def _errors(fn):
@@ -221,113 +248,146 @@ def _split(args, kwargs, n_inputs: int, progress: bool):
     return args[:n_inputs], named
 
 
-def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S) -> gr.Blocks:
+def report_dirs(args: argparse.Namespace) -> ui.ReportDirs:
+    """Which report directories the Analyze tab may read when typed in: under --report-root, else any when the page
+    listens on this machine only, else none (a page shared beyond it would let anyone probe the server's files)."""
+    if args.report_root is not None:
+        return ui.ReportDirs(allowed=True, root=args.report_root)
+    local = not args.share and args.host in ("127.0.0.1", "localhost", "::1")
+    return ui.ReportDirs(allowed=local)
+
+
+def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int = FILE_TTL_S,
+              dirs: ui.ReportDirs | None = None) -> gr.Blocks:
+    dirs = dirs or ui.ReportDirs()
     block_max = 16
 
     # delete_cache: every minute, gradio deletes the uploads and the copies of downloads it made over file_ttl ago
     with gr.Blocks(title="ddtree-viz", delete_cache=(min(60, file_ttl), file_ttl)) as demo:
         gr.Markdown("# ddtree-viz — DDTree speculative decoding, step by step, on a hybrid target")
         model_md = gr.Markdown(host.status_markdown(), elem_id="ddv-model")
-        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
-            layout_df = gr.HTML(ui.layout_html(host), elem_id="ddv-layout")
-        with gr.Row():
-            with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
-                                    info="raw text to continue; with the chat template on, the user's message")
-                # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the
-                # switches follow the target's tokenizer once it has loaded (on_timer)
-                with gr.Row(elem_id="ddv-chat-row"):
-                    chat = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
-                                       info="waiting for the model's tokenizer")
-                    thinking = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
-                                           info="the template's thinking switch (enable_thinking)")
-                system = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
-                                    elem_id="ddv-system")
-            with gr.Column(scale=2):
+        with gr.Tabs(selected="step", elem_id="ddv-tabs") as page_tabs:
+            with gr.Tab("Step", id="step", elem_id="ddv-tab-step"):
+                with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
+                    layout_df = gr.HTML(ui.layout_html(host), elem_id="ddv-layout")
                 with gr.Row():
-                    budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget-nodes")
-                    block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size", elem_id="ddv-block")
-                    max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
+                    with gr.Column(scale=3):
+                        prompt = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
+                                            info="raw text to continue; with the chat template on, the user's message")
+                        # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the
+                        # switches follow the target's tokenizer once it has loaded (on_timer)
+                        with gr.Row(elem_id="ddv-chat-row"):
+                            chat = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
+                                               info="waiting for the model's tokenizer")
+                            thinking = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+                                                   info="the template's thinking switch (enable_thinking)")
+                        system = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
+                                            elem_id="ddv-system")
+                    with gr.Column(scale=2):
+                        with gr.Row():
+                            budget = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget-nodes")
+                            block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size", elem_id="ddv-block")
+                            max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
+                        with gr.Row():
+                            verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
+                            method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
+                        with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
+                            temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                                    elem_id="ddv-temperature")
+                            top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
+                            top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
+                            seed = gr.Number(value=0, precision=0, minimum=0, maximum=ui.MAX_SEED, label="Seed",
+                                             elem_id="ddv-seed")
+                            seed_btn = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
                 with gr.Row():
-                    verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
-                    method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
-                with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
-                    temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
-                                            elem_id="ddv-temperature")
-                    top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
-                    top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
-                    seed = gr.Number(value=0, precision=0, minimum=0, maximum=ui.MAX_SEED, label="Seed",
-                                     elem_id="ddv-seed")
-                    seed_btn = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
-        with gr.Row():
-            step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
-            run_btn = gr.Button("Run", elem_id="ddv-run")
-            independent_btn = gr.Button("Check against transformers' forward", elem_id="ddv-check-transformers")
-            reset_btn = gr.Button("Reset", elem_id="ddv-reset")
-            back_btn = gr.Button("Back", elem_id="ddv-back")
-            fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
-        with gr.Row():
-            round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
-            phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
-        with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
-                          elem_id="ddv-compare-controls"):
-            with gr.Row():
-                compare_on = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
-                c_budget = gr.Slider(1, 512, value=16, step=1, label="B: budget", elem_id="ddv-compare-budget")
-                c_block = gr.Slider(2, block_max, value=block_max, step=1, label="B: block size")
-                c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
-                c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
-                                    elem_id="ddv-compare-verify")
-                c_engine = gr.Dropdown([ui.SAME, "auto", "transformers", "runner"], value=ui.SAME, label="B: engine")
-                c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
-        status = gr.Markdown(elem_id="ddv-status")
-        prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
-        with gr.Row():
-            tree_plot = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
-                                elem_id="ddv-tree")
-            tree_b = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
-        compare_html = gr.HTML(visible=False, elem_id="ddv-compare")
-        # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
-        stop_html = gr.HTML(elem_id="ddv-stop")
-        with gr.Row():
-            inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
-                                     elem_id="ddv-inspect", scale=1)
-            with gr.Column(scale=5):
-                inspector = gr.HTML(elem_id="ddv-inspector")
-        inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
-        grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
-        with gr.Row():
-            mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
-            cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
-        gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
-        cache_df = gr.HTML(elem_id="ddv-cache")
-        diff_html = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
-                            elem_id="ddv-diff")
-        with gr.Row():
-            accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
-            depth_plot = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
-        with gr.Row():
-            budget_plot = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
-            stats_md = gr.Markdown(elem_id="ddv-stats")
-        divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
-        with gr.Row():
-            trace_in = gr.File(label=f"Replay a saved trace (.json, at most {ui.MAX_UPLOAD_BYTES // 2**20} MB)",
-                               file_types=[".json"], type="filepath", elem_id="ddv-upload")
-            trace_btn = gr.Button("Download trace (.json)", elem_id="ddv-download")
-            trace_file = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
-        with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
-            ex_format = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format", elem_id="ddv-export-format")
-            ex_figure = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
-            ex_show = gr.Radio(list(exporter.SHOW_CHOICES), value="text", label="Node labels", elem_id="ddv-export-show")
-            ex_colors = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours", elem_id="ddv-export-colors")
-            # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
-            ex_min_lp = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
-                                   elem_id="ddv-export-minlp")
-            ex_depth = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1, elem_id="ddv-export-depth")
-            ex_title = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
-            ex_button = gr.Button("Export figure", elem_id="ddv-export")
-            # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
-            ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
+                    step_btn = gr.Button("Step", variant="primary", elem_id="ddv-step")
+                    run_btn = gr.Button("Run", elem_id="ddv-run")
+                    independent_btn = gr.Button("Check against transformers' forward", elem_id="ddv-check-transformers")
+                    reset_btn = gr.Button("Reset", elem_id="ddv-reset")
+                    back_btn = gr.Button("Back", elem_id="ddv-back")
+                    fwd_btn = gr.Button("Forward", elem_id="ddv-forward")
+                with gr.Row():
+                    round_slider = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
+                    phase = gr.Radio(list(ui.PHASES), value="verified", label="Phase of the round")
+                with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
+                                  elem_id="ddv-compare-controls"):
+                    with gr.Row():
+                        compare_on = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
+                        c_budget = gr.Slider(1, 512, value=16, step=1, label="B: budget", elem_id="ddv-compare-budget")
+                        c_block = gr.Slider(2, block_max, value=block_max, step=1, label="B: block size")
+                        c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
+                        c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
+                                            elem_id="ddv-compare-verify")
+                        c_engine = gr.Dropdown([ui.SAME, "auto", "transformers", "runner"], value=ui.SAME, label="B: engine")
+                        c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
+                status = gr.Markdown(elem_id="ddv-status")
+                prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
+                with gr.Row():
+                    tree_plot = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
+                                        elem_id="ddv-tree")
+                    tree_b = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
+                compare_html = gr.HTML(visible=False, elem_id="ddv-compare")
+                # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
+                stop_html = gr.HTML(elem_id="ddv-stop")
+                with gr.Row():
+                    inspect_dd = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
+                                             elem_id="ddv-inspect", scale=1)
+                    with gr.Column(scale=5):
+                        inspector = gr.HTML(elem_id="ddv-inspector")
+                inspect_click = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"], container=False)
+                grid_plot = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
+                with gr.Row():
+                    mask_plot = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
+                    cache_plot = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
+                gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
+                cache_df = gr.HTML(elem_id="ddv-cache")
+                diff_html = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
+                                    elem_id="ddv-diff")
+                with gr.Row():
+                    accept_plot = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+                    depth_plot = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
+                with gr.Row():
+                    budget_plot = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
+                    stats_md = gr.Markdown(elem_id="ddv-stats")
+                divergence = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
+                with gr.Row():
+                    trace_in = gr.File(label=f"Replay a saved trace (.json, at most {ui.MAX_UPLOAD_BYTES // 2**20} MB)",
+                                       file_types=[".json"], type="filepath", elem_id="ddv-upload")
+                    trace_btn = gr.Button("Download trace (.json)", elem_id="ddv-download")
+                    trace_file = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
+                with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (ddtree_viz/render/export.py)
+                    ex_format = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format", elem_id="ddv-export-format")
+                    ex_figure = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
+                    ex_show = gr.Radio(list(exporter.SHOW_CHOICES), value="text", label="Node labels", elem_id="ddv-export-show")
+                    ex_colors = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours", elem_id="ddv-export-colors")
+                    # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
+                    ex_min_lp = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
+                                           elem_id="ddv-export-minlp")
+                    ex_depth = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1, elem_id="ddv-export-depth")
+                    ex_title = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
+                    ex_button = gr.Button("Export figure", elem_id="ddv-export")
+                    # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
+                    ex_file = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
+
+            with gr.Tab("Analyze", id="analyze", elem_id="ddv-tab-analyze"):
+                # a report written by `analyze` (ddtree_viz/analyze.py): the same body as its report.html
+                # (render/report.py), figures computed again from its validated traces; a round link opens that
+                # round in the Step tab (a replay: no model needed)
+                with gr.Row(equal_height=True):
+                    report_path = gr.Textbox(label=dirs.label(), max_lines=1, interactive=dirs.allowed,
+                                             placeholder="runs/heldout" if dirs.allowed else "upload the files below",
+                                             elem_id="ddv-report-path", scale=4)
+                    report_load = gr.Button("Load directory", elem_id="ddv-report-load", scale=1,
+                                            interactive=dirs.allowed)
+                report_upload = gr.File(
+                    label=(f"…or upload its summary.json, prompts.json and traces/*.json (each at most "
+                           f"{ui.MAX_UPLOAD_BYTES // 2**20} MB, together {ui.MAX_REPORT_BYTES // 2**20} MB)"),
+                    file_count="multiple", file_types=[".json"], type="filepath", height=120,
+                    elem_id="ddv-report-upload")
+                report_md = gr.HTML(ui.report_status(None), elem_id="ddv-report-status")
+                report_body = gr.HTML(elem_id="ddv-report")
+                # a click on a round link writes 'file|round|nonce' here (the page's script)
+                report_click = gr.Textbox(elem_id="ddv-report-click", elem_classes=["ddv-hidden"], container=False)
 
         # A tab's state lives at most STATE_TTL_S after its last change (then delete_callback frees it); a browser tab
         # that closes is freed at once (demo.unload below). Handlers change it in place (ui.TabState).
@@ -419,6 +479,31 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
             t = ui.load_replay(t, path, name=os.path.basename(path))
             return [t] + show(t, ph)
 
+        # the Analyze tab: load a report (a directory on the server, or uploaded files); a round link opens that round
+        # in the Step tab as a replay
+        def report_views(t: ui.TabState):
+            return [ui.report_status(t), ui.report_html(t)]
+
+        @_errors
+        def on_report_dir(t, text, request: gr.Request):
+            tabs.add(request.session_hash, t)
+            return [ui.load_report_dir(t, text, dirs)] + report_views(t)
+
+        @_errors
+        def on_report_upload(t, paths, request: gr.Request):
+            if not paths:
+                return [t] + report_views(t)
+            tabs.add(request.session_hash, t)
+            return [ui.load_report_upload(t, paths)] + report_views(t)
+
+        @_errors
+        def on_report_round(t, ph, value, request: gr.Request):
+            if not value:
+                return [t] + show(t, ph) + [gr.Tabs()]
+            tabs.add(request.session_hash, t)
+            t = ui.open_report_click(t, value)
+            return [t] + show(t, ph) + [gr.Tabs(selected="step")]
+
         @_errors
         def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
             tabs.add(request.session_hash, t)
@@ -494,6 +579,12 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         round_slider.release(on_slider, [tab, phase, round_slider], [tab] + views, api_name="goto_round")
         phase.change(lambda t, ph: [t] + show(t, ph), [tab, phase], [tab] + views, api_name="phase")
         trace_in.upload(on_upload, [tab, phase, trace_in], [tab] + views, api_name="replay")
+        report_outputs = [tab, report_md, report_body]
+        report_load.click(on_report_dir, [tab, report_path], report_outputs, api_name="report_dir")
+        report_path.submit(on_report_dir, [tab, report_path], report_outputs)
+        report_upload.upload(on_report_upload, [tab, report_upload], report_outputs, api_name="report_upload")
+        report_click.change(on_report_round, [tab, phase, report_click], [tab] + views + [page_tabs],
+                            api_name="report_round").success(None, js=SHOW_STATUS_JS)
         inspect_dd.input(on_inspect, [tab, inspect_dd], [tab, inspector, inspect_dd], api_name="inspect")
         inspect_click.change(on_click_node, [tab, inspect_click], [tab, inspector, inspect_dd], api_name="inspect_click")
         trace_btn.click(on_download, [tab], [trace_file], api_name="download").success(None, js=click_js("ddv-download-file"))
@@ -522,7 +613,7 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
             host.start(background=True)
         else:
             host.stage, host.replay_only = "not loaded", True
-        demo = build_app(host, args.replay, file_ttl=args.file_ttl)
+        demo = build_app(host, args.replay, file_ttl=args.file_ttl, dirs=report_dirs(args))
         _janitor(args.file_ttl)
         demo.queue(default_concurrency_limit=1)
         print(f"ddtree-viz: serving on http://{args.host}:{args.port} "

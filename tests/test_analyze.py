@@ -76,10 +76,10 @@ def test_chat_prompt_sets_decode_through_the_template(tmp_path):
     assert traces[1].messages[0]["content"] == "x = 1" and all(t.first_divergence is None for t in traces)
 
 
-def test_summary_agrees_with_the_traces(run_dir):
-    out = run_dir / "out"
-    summary = json.loads((out / "summary.json").read_text())
-    traces = [Trace.load(out / "traces" / f"{i:04d}.json") for i in (0, 1)]
+def check_against_traces(summary: dict, out: Path, suffix: str = "") -> None:
+    """Every figure of one side of a summary recomputed here from its written traces (DIR/traces/NNNN{suffix}.json:
+    prompts 0 and 1 decode, prompt 2 fails)."""
+    traces = [Trace.load(out / "traces" / f"{i:04d}{suffix}.json") for i in (0, 1)]
     steps = [s for t in traces for s in t.steps]
     assert summary["prompts"] == 2 and summary["prompts_total"] == 3
     assert summary["rounds"] == len(steps) > 0
@@ -98,11 +98,10 @@ def test_summary_agrees_with_the_traces(run_dir):
         want = sum(analysis.recorded_curve(s)[min(b, max(analysis.recorded_curve(s)))] for s in steps) / len(steps)
         assert summary["budget_curve"][str(b)] == pytest.approx(want)
     assert set(summary["budget_curve"]) == {"1", "2", "4", "8"}
-    assert summary["budget_curve"]["8"] == pytest.approx(summary["mean_acceptance"])  # the run's own budget
     ident = [t.first_divergence is None for t in traces]
     assert summary["identical_to_greedy"] == sum(ident) / 2 and all(ident)  # invariant 1
     rows = summary["per_prompt"]
-    assert [r["file"] for r in rows] == ["traces/0000.json", "traces/0001.json"]
+    assert [r["file"] for r in rows] == [f"traces/0000{suffix}.json", f"traces/0001{suffix}.json"]
     for r, t in zip(rows, traces):
         assert r["rounds"] == len(t.steps)
         assert r["mean_acceptance"] == pytest.approx(sum(len(s.accepted) for s in t.steps) / len(t.steps))
@@ -116,10 +115,84 @@ def test_summary_agrees_with_the_traces(run_dir):
             assert (stop["drafter_top_id"], stop["target_token_id"]) == (m["drafter_token_id"], m["target_token_id"])
     # the failed prompt is recorded with its error
     assert summary["failed"][0]["index"] == 2 and "tokens" in summary["failed"][0]["error"]
+    return traces
+
+
+def test_summary_agrees_with_the_traces(run_dir):
+    out = run_dir / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    check_against_traces(summary, out)
+    assert summary["budget_curve"]["8"] == pytest.approx(summary["mean_acceptance"])  # the run's own budget
+    assert "dflash" not in summary
     assert summarize(out, [1, 2, 4, 8]) == summary  # the same function, again from the files
     for name in ("acceptance_histogram", "per_depth_acceptance", "budget_curve", "stop_rank", "acceptance_by_position"):
         assert (out / "figures" / f"{name}.svg").read_bytes().lstrip().startswith(b"<?xml")
         assert (out / "figures" / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.fixture(scope="module")
+def both_dir(run_dir):
+    """The same three prompts with --method both: DDTree (traces/NNNN.json) and the DFlash chain
+    (traces/NNNN.dflash.json), the same settings otherwise."""
+    out = run_dir / "both"
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--budgets", 1, 2, 4, 8,
+                   "--method", "both") == 0
+    return out
+
+
+def test_method_both_summaries_agree_with_their_traces(run_dir, both_dir):
+    out = both_dir
+    summary = json.loads((out / "summary.json").read_text())
+    chain = summary.pop("dflash")
+    # the DDTree side keeps the contract: the top-level keys, and the very figures of a DDTree-only run
+    assert summary == json.loads((run_dir / "out" / "summary.json").read_text())
+    check_against_traces(summary, out)
+    # the chain's side: the same keys, every figure from its own traces
+    assert set(chain) == set(summary)
+    traces = check_against_traces(chain, out, ".dflash")
+    assert chain["settings"]["method"] == "dflash" and summary["settings"]["method"] == "ddtree"
+    assert all(n.depth == k for t in traces for s in t.steps for k, n in enumerate(s.nodes))  # chains
+    assert (out / "traces" / "0002.error.json").exists() and (out / "traces" / "0002.dflash.error.json").exists()
+    assert summarize(out, [1, 2, 4, 8]) == {**summary, "dflash": chain}  # again from the files
+
+
+def test_method_both_report_shows_both_curves(both_dir):
+    from ddtree_viz.render.report import side_label
+
+    summary = json.loads((both_dir / "summary.json").read_text())
+    text = (both_dir / "report.html").read_text()
+    svg = (both_dir / "figures" / "per_depth_acceptance.svg").read_text()
+    assert svg[svg.find("<svg"):] in text  # the report holds the figure as written
+    # one series per side, each with a marker per depth that has a value, and both named in the legend
+    for k, side in enumerate((summary, summary["dflash"])):
+        group = re.search(rf'<g id="series-{k}">(.*?)</g>\s*(<g id="series|<g id="patch)', svg, re.S)
+        assert group, k
+        assert group.group(1).count("<use ") == sum(p is not None for p in side["per_depth_acceptance"])
+    assert not re.search(r'<g id="series-2">', svg)
+    assert "DDTree budget 8" in svg and "DFlash chain" in svg
+    # the headline table: both methods side by side
+    head = re.search(r"<table id=headline>(.*?)</table>", text, re.S).group(1)
+    assert "<th>DDTree budget 8</th><th>DFlash chain</th>" in head
+    row = re.search(r"<tr><th>mean acceptance[^<]*</th><td>([^<]*)</td><td>([^<]*)</td></tr>", head)
+    assert row.groups() == (f"{summary['mean_acceptance']:.2f}", f"{summary['dflash']['mean_acceptance']:.2f}")
+    assert re.search(r"<tr><th>wall time per prompt \(mean\)</th><td>[0-9.]+ s</td><td>[0-9.]+ s</td></tr>", head)
+    # the per-prompt table links both traces of each prompt
+    assert 'data-file="traces/0001.dflash.json"' in text and "DFlash mean acceptance" in text
+    assert side_label(summary) == "DDTree budget 8" and side_label(summary["dflash"]) == "DFlash chain"
+
+
+def test_method_both_resumes_each_side(both_dir, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(both_dir, out)
+    before = json.loads((out / "summary.json").read_text())
+    (out / "traces" / "0001.dflash.json").unlink()
+    kept = {name: (out / "traces" / name).read_bytes() for name in ("0000.meta.json", "0000.dflash.meta.json",
+                                                                    "0001.meta.json")}
+    assert analyze("--prompts", both_dir.parent / "p.txt", "--out", out, *SETTINGS, "--budgets", 1, 2, 4, 8,
+                   "--method", "both", "--resume") == 0
+    assert {name: (out / "traces" / name).read_bytes() for name in kept} == kept  # only the missing side decoded
+    assert (out / "traces" / "0001.dflash.json").exists()
+    assert json.loads((out / "summary.json").read_text()) == before
 
 
 def test_existing_dir_resume_and_force(run_dir, tmp_path):
@@ -197,22 +270,25 @@ def test_report_opens_offline_in_chromium(run_dir):
     assert [u for u in requests if not u.startswith("file://")] == []
 
 
-def test_two_processes_merge_to_the_single_process_summary(run_dir, tmp_path):
-    """accelerate launch, 2 CPU processes (gloo): each decodes its share; the merged summary equals one process's.
-    (accelerate's --cpu launcher starts one process and leaves more to MPI; its torchrun launcher, --multi_gpu,
-    starts N, and analyze's PartialState(cpu=True) joins them through gloo.)"""
-    shutil.copy(run_dir / "p.txt", tmp_path / "p.txt")
+def test_two_processes_merge_to_the_single_process_summary(both_dir, tmp_path):
+    """accelerate launch, 2 CPU processes (gloo), --method both: each decodes both methods on its share; the merged
+    summary (both sides) equals one process's. (accelerate's --cpu launcher starts one process and leaves more to
+    MPI; its torchrun launcher, --multi_gpu, starts N, and analyze's PartialState(cpu=True) joins them through
+    gloo.)"""
+    shutil.copy(both_dir.parent / "p.txt", tmp_path / "p.txt")
     cmd = [PY, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "ddtree_viz", "analyze",
            "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), *SETTINGS,
-           "--budgets", "1", "2", "4", "8"]
+           "--budgets", "1", "2", "4", "8", "--method", "both"]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     merged = json.loads((tmp_path / "out" / "summary.json").read_text())
-    single = json.loads((run_dir / "out" / "summary.json").read_text())
-    assert merged == single
-    procs = {json.loads((tmp_path / "out" / "traces" / f"{i:04d}.meta.json").read_text())["process"] for i in range(3)}
-    assert procs == {0, 1}  # the prompts really were split
+    single = json.loads((both_dir / "summary.json").read_text())
+    assert merged == single and "dflash" in merged
+    for suffix in ("", ".dflash"):
+        procs = {json.loads((tmp_path / "out" / "traces" / f"{i:04d}{suffix}.meta.json").read_text())["process"]
+                 for i in range(3)}
+        assert procs == {0, 1}  # the prompts really were split
 
 
 def test_report_renderer_is_pure():

@@ -715,6 +715,32 @@ def test_stats_say_what_each_time_measures(host):
     assert t["reference"] > 0 and t["step"] >= t["rounds"] + t["reference"] - 1e-6 and t["views"] > 0
 
 
+def test_greedy_and_ddtree_tokens_per_second_count_the_prefill_alike(model_dirs):
+    """The page's speed ratio on the runner: the reference starts from a copy of the session's prefilled state, so
+    its own time has no prefill; the page counts the session's prefill on the greedy side too (DDTree's figure has
+    it), and shows no greedy figure while the check is still to come (it read 0.0 tokens/s after a Run)."""
+    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast.start(background=False)
+    tab = ui.step(fast, ui.TabState(), *args(), check=False)
+    tab = ui.step(fast, tab, *args(), check=False)
+    assert tab.trace.reference_pending
+    pending = ui.render_views(fast, tab).stats
+    assert "| greedy tokens/s (the reference's model time, prefill included) | – |" in pending
+    assert "| speedup over greedy (both model time only, none of the page's own work) | – |" in pending
+    tab = ui.check(fast, tab)
+    assert tab.session.reference_shares_prefill and not tab.trace.reference_pending
+    greedy = len(tab.trace.greedy_ids) / (tab.greedy_s + tab.trace.prefill_ms / 1e3)
+    stats = ui.render_views(fast, tab).stats
+    assert f"| greedy tokens/s (the reference's model time, prefill included) | {greedy:.1f} |" in stats
+    reference = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
+    reference.start(background=False)
+    tab = ui.step(reference, ui.TabState(), *args())  # transformers' reference makes its own prefill
+    assert not tab.trace.reference_pending and not tab.session.reference_shares_prefill
+    greedy = len(tab.trace.greedy_ids) / tab.greedy_s
+    assert f"| greedy tokens/s (the reference's model time, prefill included) | {greedy:.1f} |" in (
+        ui.render_views(reference, tab).stats)
+
+
 def test_run_redraws_at_a_bounded_rate_and_the_reference_keeps_up(host):
     """Run with min_interval: fewer redraws than rounds, the last one finished, and every redraw's records carry
     the greedy reference up to the tokens generated so far."""

@@ -553,3 +553,92 @@ def test_long_session_keeps_per_round_views_bounded(app_url):
 
 
 from ddtree_viz.bench_page import STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #15: the Analyze tab
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    """A report written by a real `analyze --method both` run on the embedded pair (two prompts)."""
+    from tests.test_analyze_page import write_report
+
+    return write_report(tmp_path_factory.mktemp("browser-report"))
+
+
+def test_analyze_tab_shows_a_report_and_a_click_opens_its_round(app_url, report_dir):
+    """Load a report directory in the Analyze tab (a directory without one is refused), see its figures and tables,
+    click a top miss: the Step tab shows that round of its trace as a replay; a prompt's DFlash chain trace
+    likewise; the same report uploaded as files. 1500x1100, screenshots in artifacts/."""
+    import json
+
+    from ddtree_viz.trace import Trace
+
+    summary = json.loads((report_dir / "summary.json").read_text())
+    p, browser, page = open_page(app_url)
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.get_by_role("tab", name="Analyze").click()
+        path_box = page.locator("#ddv-report-path textarea, #ddv-report-path input").first
+        path_box.fill(str(report_dir))
+        page.get_by_role("button", name="Load directory").click()
+        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('Report:')",
+                               timeout=60_000)
+        # the figures, drawn (the per-depth curve: DDTree's and the DFlash chain's, a marker per depth with a value)
+        figures = page.locator("#ddv-report figure svg")
+        assert figures.count() == 5
+        for i in range(5):
+            box = figures.nth(i).bounding_box()
+            assert box["width"] > 250 and box["height"] > 120, box
+        for k, side in enumerate((summary, summary["dflash"])):
+            markers = page.locator(f"#fig-per_depth_acceptance g#series-{k} use")
+            assert markers.count() == sum(v is not None for v in side["per_depth_acceptance"])
+            assert markers.first.is_visible()
+        head = page.locator("#ddv-report #headline").inner_text()
+        assert "DDTree budget 8" in head and "DFlash chain" in head
+        assert f"{summary['mean_acceptance']:.2f}" in head and f"{summary['dflash']['mean_acceptance']:.2f}" in head
+        assert page.locator("#ddv-report #misses tbody tr").count() == len(summary["top_misses"]) > 0
+        assert page.locator("#ddv-report #prompts tbody tr").count() == 2
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=str(ARTIFACTS / "analyze-tab.png"))
+        page.locator("#ddv-report #misses").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "analyze-tab-misses.png"))
+        # click the most frequent miss's first example: its round in the Step tab, replayed
+        ex = summary["top_misses"][0]["examples"][0]
+        n = len(Trace.load(report_dir / ex["file"]).steps)
+        page.locator(f"#misses a.ddv-open-round[data-file='{ex['file']}'][data-round='{ex['round']}']").first.click()
+        wait_status(page, f"Round {ex['round'] + 1} of {n} (replay")
+        assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+        assert not page.locator("#ddv-report").is_visible()
+        page.wait_for_selector("#ddv-tree .js-plotly-plot", timeout=30_000)
+        tree = page.locator("#ddv-tree .js-plotly-plot").bounding_box()
+        assert tree["width"] > 800, tree  # drawn at the Step tab's width, not a hidden tab's
+        assert f"Round {ex['round'] + 1}" in page.locator("#ddv-tree").inner_text()
+        assert page.locator("#ddv-round input[type=number]").input_value() == str(ex["round"] + 1)
+        assert "stopped at depth" in page.locator("#ddv-stop").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "analyze-open-round.png"))
+        # back to the report (still loaded): a prompt's DFlash chain trace
+        page.get_by_role("tab", name="Analyze").click()
+        chain = Trace.load(report_dir / "traces" / "0001.dflash.json")
+        page.locator("#prompts a.ddv-open-round[data-file='traces/0001.dflash.json']").click()
+        wait_status(page, f"Round 1 of {len(chain.steps)} (replay")
+        page.wait_for_function("document.querySelector('#ddv-tree').innerText.includes('Round 1 ')", timeout=30_000)
+        # the same report uploaded as its files
+        page.get_by_role("tab", name="Analyze").click()
+        files = [report_dir / "summary.json", report_dir / "prompts.json", *sorted((report_dir / "traces").glob("*.json"))]
+        page.locator("#ddv-report-upload input[type=file]").set_input_files([str(f) for f in files])
+        page.wait_for_function(f"document.querySelector('#ddv-report-status').innerText.includes('{len(files)} uploaded "
+                               "files')", timeout=60_000)
+        assert "Note" not in page.locator("#ddv-report-status").inner_text()
+        assert page.locator("#ddv-report figure svg").count() == 5
+        assert page.locator("#ddv-report #headline").inner_text() == head
+        # a directory that holds no report: refused clearly, the report shown stays
+        path_box.fill(str(report_dir / "traces"))
+        page.get_by_role("button", name="Load directory").click()
+        page.get_by_text("has no summary.json").first.wait_for(timeout=30_000)
+        assert page.locator("#ddv-report figure svg").count() == 5
+    finally:
+        browser.close()
+        p.stop()

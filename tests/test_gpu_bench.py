@@ -48,6 +48,22 @@ def test_gpu_bench_smoke_with_the_runner(tmp_path):
     for name in ("greedy_step", "draft_in_round", "round_64", "host_per_round", "prefill_2048", "exactness_fp32"):
         assert isinstance(targets[name]["met"], bool), name
     assert targets["greedy_step"]["ratio"] == fast["greedy_step_ms"] / speed["weight_read_bound_ms"]
+    # the drafter's pass both ways (dynamic eager, static: graphs on a GPU, eager here), and the rounds' draft
+    # phase through each
+    passes = speed["drafter_pass"]
+    assert passes["block"] == 16 and set(passes["contexts"]) == {"512", "2048"} and passes["target"] == "<= 3 ms"
+    for row in passes["contexts"].values():
+        assert row["dynamic"]["path"] == "dynamic" and row["static"]["path"] == "static eager"
+        for name in ("static", "static_eager", "static_sdpa"):
+            assert row[name]["ms"] > 0 and row[name]["argmax_agreement_vs_dynamic"] >= 0.5, name
+            assert row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1, name  # bf16
+        assert row["dynamic_per_static"] == row["dynamic"]["ms"] / row["static"]["ms"]
+    assert passes["dynamic_per_static"] == passes["contexts"]["512"]["dynamic_per_static"]
+    assert fast["round_budget_64"]["draft_path"] == "static eager"
+    assert fast["round_budget_64_dynamic_draft"]["draft_path"] == "dynamic"
+    draft = targets["draft_in_round"]
+    assert draft["ms"] == fast["round_budget_64"]["draft"] and draft["path"] == "static eager"
+    assert draft["isolated_static_ms"] == passes["static_ms"] and draft["dynamic_in_round_ms"] > 0
     assert targets["exactness_fp32"]["met"] and targets["exactness_fp32"]["runs"] == len(report["fast_exactness_fp32_8_layers"])
 
 
@@ -72,6 +88,7 @@ def test_gpu_bench_smoke_ui(tmp_path):
     assert ui["first_step_per_prefill"] == ui["first_step_ms"] / ui["prefill_ms"]
     assert set(ui["round_phases_ms"]) == {"draft", "tree", "verify", "commit"}
     assert ui["reference"] == "runner" and ui["prompt_tokens"] == 200 and ui["budget"] == 64
+    assert ui["draft_path"] == "dynamic"  # the page's default on a CPU (static graphs on one GPU)
     assert ui["output_identical_to_reference"] and ui["independent_check"]["agrees"]
     assert ui["independent_check"]["tokens"] >= 2 and ui["independent_check"]["ms"] > 0
 

@@ -723,3 +723,16 @@ def test_zz_the_suite_covers_every_kind_of_case():
     assert s["tried"] >= 800 and s["refused"] > 0 and s["rendered"] > 0
     assert set(s["by_category"]) >= {"real", "types", "invariants", "numbers", "encodings", "nesting", "sizes"}
     assert s["max_seconds"] < CASE_SECONDS
+
+
+def test_page_error_messages_are_escaped():
+    """gradio renders an error's message as HTML; messages quote user input (a file name, a prompt's character, a
+    trace's field), so markup in them must show as text."""
+    from ddtree_viz.errors import InputError
+    from ddtree_viz.web import _page_error
+
+    hostile = 'cannot read trace file <img src=x onerror="alert(1)">.json & more'
+    for exc in (InputError(hostile), ValueError(hostile), RuntimeError("CUDA out of memory <b>x</b>")):
+        message = _page_error(exc).message
+        assert "<" not in message and ">" not in message, message
+        assert "&lt;img src=x" in message or "&lt;b&gt;x&lt;/b&gt;" in message

@@ -75,6 +75,33 @@ def test_conv_windows_match_the_tree_index():
             assert np.array_equal(conv_gather(parents, depths, kernel), expect)
 
 
+def test_staged_inputs_are_the_padded_trees(pair):
+    """The round's host work writes a tree's inputs straight into the slot's staging buffers: they must equal
+    what the padded tree gives through treeops (token ids, committed + depth, conv windows, ancestor mask;
+    padding = inert children of the root), and the commit's path, last node and length."""
+    from ddtree_viz.treeops import ancestor_matrix
+
+    runner = make_runner(pair, sizes=(1, 9, 33))
+    runner.prefill(list(range(7)))
+    rng = random.Random(3)
+    for n, depth in [(1, 0), (2, 1), (9, 3), (5, 4), (20, 8), (33, 2), (30, 12)]:
+        tree = tree_from_parents(random_tree(n, depth, rng), rng)
+        logits, _, slot = runner.forward(tree)
+        T, pad = slot.size, slot.size - n
+        parents, depths = tree.parents + (0,) * pad, tree.depths + (1,) * pad
+        assert slot.ids.tolist() == list(tree.token_ids) + [0] * pad
+        assert slot.pos.tolist() == [runner.committed + d for d in depths]
+        assert np.array_equal(slot.gather.numpy(), conv_gather(parents, depths, runner.kernel))
+        assert np.array_equal(slot.anc.numpy(), ancestor_matrix(parents))
+        leaf = max(range(n), key=lambda i: tree.depths[i])
+        path = tree.path_to(leaf)
+        runner.commit(slot, path)
+        P = runner.max_path
+        assert slot.path.tolist() == path + [path[-1]] * (P - len(path))
+        assert slot.last.tolist() == [path[-1]] and int(slot.length) == len(path)
+        runner.prefill(list(range(7)))
+
+
 def test_runner_greedy_equals_transformers_greedy(pair, greedy):
     prompt, ref = greedy
     assert runner_greedy(make_runner(pair), prompt, NEW) == list(ref.ids)

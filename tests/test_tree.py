@@ -39,6 +39,54 @@ def test_best_first_picks_the_highest_scoring_prefixes(budget, seed):
     assert tree.token_ids[0] == 99 and tree.parents[0] == -1
 
 
+def build_tree_reference(root_token_id, top_logprobs, top_token_ids, budget):
+    """build_tree as first written (numpy scalars, the score carried in each heap entry): the twin the faster
+    one must equal node for node."""
+    import heapq
+
+    from ddtree_viz.engine.tree import DraftTree
+
+    depth_limit, k = top_logprobs.shape
+    token_ids, parents, depths, ranks, logprobs = [root_token_id], [-1], [0], [-1], [0.0]
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+    lp = top_logprobs.astype(np.float64)
+    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0])]
+    while heap and len(token_ids) - 1 < budget:
+        _, rank_path, parent, depth, rank, score = heapq.heappop(heap)
+        pos = len(token_ids)
+        token_ids.append(int(top_token_ids[depth - 1, rank]))
+        parents.append(parent)
+        depths.append(depth)
+        ranks.append(rank)
+        logprobs.append(float(lp[depth - 1, rank]))
+        if rank + 1 < k:
+            s = score - lp[depth - 1, rank] + lp[depth - 1, rank + 1]
+            heapq.heappush(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, s))
+        if depth < depth_limit:
+            s = score + lp[depth, 0]
+            heapq.heappush(heap, (-s, rank_path + (0,), pos, depth + 1, 0, s))
+    return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_build_tree_equals_its_reference_twin(seed):
+    """The host-side build (every round) against the version first written, node for node: float32 log-probs as
+    the drafter gives them, many ties (rounded log-probs: the rank path decides), -inf candidates, every budget."""
+    rng = np.random.default_rng(seed)
+    for depth, k, budget in [(15, 64, 64), (15, 128, 128), (7, 16, 16), (3, 5, 200), (1, 4, 3), (15, 1, 30)]:
+        logits = rng.normal(size=(depth, 300)) * rng.choice([0.5, 3.0])
+        lp = np.sort(logits - np.log(np.exp(logits).sum(-1, keepdims=True)), axis=-1)[:, ::-1][:, :k]
+        lp = lp.astype(np.float32)
+        ids = rng.integers(0, 1000, size=(depth, k))
+        variants = [lp, np.round(lp, 1), np.where(np.arange(k) >= k // 2, -np.inf, lp).astype(np.float32)]
+        for values in variants:
+            for b in (0, 1, budget // 3, budget):
+                with np.errstate(invalid="ignore"):  # -inf - -inf in the reference's numpy scalars
+                    want = build_tree_reference(11, values, ids, b)
+                assert build_tree(11, values, ids, b) == want
+
+
 def test_depth_is_capped_by_the_drafted_rows():
     lp, ids = candidates(3, 1, 0)
     tree = build_tree(5, lp, ids, budget=50)

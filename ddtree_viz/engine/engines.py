@@ -206,9 +206,9 @@ class RunnerEngine:
     @torch.no_grad()
     def commit(self, tree_pass, accepted):
         feats, slot = tree_pass.handle
-        if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now
-            feats = feats.index_select(0, torch.tensor(accepted, device=feats.device))
         self.runner.commit(slot, accepted)
+        if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now, by the
+            feats = feats.index_select(0, slot.path[:len(accepted)])  # path the commit already put on the device
         return feats
 
     def snapshot(self, pending: int = 0):

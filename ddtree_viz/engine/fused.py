@@ -200,12 +200,13 @@ def gate_heads(o, gate, heads: int):
     return o.reshape(1, heads, T, o.shape[-1]).transpose(1, 2).reshape(1, T, -1) * torch.sigmoid(gate)
 
 
-def commit_state(rec_all, conv_all, u, k, g, delta, path, valid, gather, last) -> None:
+def commit_state(rec_all, conv_all, u, k, g, delta, path, steps, length, gather, last) -> None:
     """The static runner's GDN commit for every layer at once, in place: the recurrent states advanced along the
     accepted path (closed form of gdn_tree.state_after: one batched matmul, then decay and add in one pass) and
     the conv windows taken at the path's last node. rec_all [Lg, H, K, V] fp32; conv_all [Lg, C, kernel];
-    u [Lg, T, C]; k [Lg, T, H, K]; g [Lg, T, H]; delta [Lg, T, H, V]; path, valid [P]; gather [T, kernel]; last [1]."""
-    valid = valid[None, :, None]
+    u [Lg, T, C]; k [Lg, T, H, K]; g [Lg, T, H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (0 .. P-1);
+    length [] (the path's valid steps); gather [T, kernel]; last [1]."""
+    valid = (steps < length).to(torch.float32)[None, :, None]  # the path's steps, padding after
     G = torch.cumsum(g.index_select(1, path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
     end = G[:, -1]
     w = (end[:, None] - G).exp() * valid

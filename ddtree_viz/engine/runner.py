@@ -105,21 +105,46 @@ class RunnerOptions:
 
 @dataclass
 class _Slot:
-    """Static inputs and outputs of one tree size and one attention length bucket."""
+    """Static inputs and outputs of one tree size and one attention length bucket.
+
+    The forward's integer inputs are views of one device tensor (`inputs`: ids [T], pos [T], gather [T, kernel])
+    and the commit's of another (`commit_in`: path [max_path], last [1], length []), each filled from a host
+    staging buffer of its own (pinned on CUDA) by one copy; the ancestor mask has its own (bool). So a round
+    queues three host-to-device copies and no fills."""
 
     size: int
     cols: int  # attention reads cache rows [0, cols): the smallest bucket that holds committed + size
-    ids: torch.Tensor
-    pos: torch.Tensor
+    inputs: torch.Tensor
     anc: torch.Tensor
-    gather: torch.Tensor
-    path: torch.Tensor
-    valid: torch.Tensor
-    last: torch.Tensor
-    length: torch.Tensor
+    commit_in: torch.Tensor
+    stage: torch.Tensor  # host copies of inputs, anc and commit_in
+    anc_stage: torch.Tensor
+    commit_stage: torch.Tensor
+    ids: torch.Tensor = None
+    pos: torch.Tensor = None
+    gather: torch.Tensor = None
+    path: torch.Tensor = None
+    last: torch.Tensor = None
+    length: torch.Tensor = None
+    copied: object = None  # CUDA event after the last copies from the staging buffers
     out: tuple | None = None  # (logits, feats, stash) of the forward
     graph: object = None
     commit_graph: object = None
+
+    def __post_init__(self):
+        T, P = self.size, self.commit_in.shape[0] - 2
+        self.ids, self.pos = self.inputs[:T], self.inputs[T:2 * T]
+        self.gather = self.inputs[2 * T:].view(T, -1)
+        self.path, self.last, self.length = self.commit_in[:P], self.commit_in[P:P + 1], self.commit_in[P + 1]
+
+    def staging(self) -> None:
+        """Wait until the last copies out of the staging buffers are done (before writing them again)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+
+    def copied_now(self) -> None:
+        if self.copied is not None:
+            self.copied.record()
 
 
 _WARMED: set = set()  # (device, dtype, model config, max_path, options) whose compiled pieces have run in this process
@@ -188,6 +213,7 @@ class StaticRunner:
         self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
         self.sizes = sorted(set(int(s) for s in sizes))
         self._slots: dict[tuple[int, int], _Slot] = {}
+        self._eyes: dict[int, np.ndarray] = {}
         self.compile_error: str | None = None  # why the compiled pieces were refused here (the eager forms run)
         self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
         if self.options.compile:
@@ -273,15 +299,18 @@ class StaticRunner:
     # -- slots and graphs ---------------------------------------------------------------------------------
 
     def _new_slot(self, size: int, cols: int) -> _Slot:
-        d = self.device
+        d, cuda = self.device, self.device.type == "cuda"
+        n_in = size * (2 + self.kernel)
         slot = _Slot(
-            size, cols, ids=torch.zeros(size, dtype=torch.long, device=d), pos=torch.zeros(size, dtype=torch.long, device=d),
+            size, cols, inputs=torch.zeros(n_in, dtype=torch.long, device=d),
             anc=torch.eye(size, dtype=torch.bool, device=d),
-            gather=torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), self.kernel), device=d),
-            path=torch.zeros(self.max_path, dtype=torch.long, device=d),
-            valid=torch.zeros(self.max_path, dtype=torch.float32, device=d),
-            last=torch.zeros(1, dtype=torch.long, device=d), length=torch.zeros((), dtype=torch.long, device=d),
+            commit_in=torch.zeros(self.max_path + 2, dtype=torch.long, device=d),
+            stage=torch.zeros(n_in, dtype=torch.long, pin_memory=cuda),
+            anc_stage=torch.zeros(size, size, dtype=torch.bool, pin_memory=cuda),
+            commit_stage=torch.zeros(self.max_path + 2, dtype=torch.long, pin_memory=cuda),
+            copied=torch.cuda.Event() if cuda else None,
         )
+        slot.gather.copy_(torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), self.kernel)))
         slot.anc[:, 0] = True
         return slot
 
@@ -510,12 +539,12 @@ class StaticRunner:
         if self.options.compile:
             u, k, g, delta = slot.out[2]
             fz.mark_dynamic(u, 1, k, 1, g, 1, delta, 1, slot.gather, 0)
-            fz.compiled(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, slot.valid,
-                                         slot.gather, slot.last)
+            fz.compiled(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, self._steps,
+                                         slot.length, slot.gather, slot.last)
             c.add_(slot.length)
             return
         u, k, g, delta = slot.out[2]  # every GDN layer at once: [Lg, T, ...]
-        valid = slot.valid[None, :, None]
+        valid = (self._steps < slot.length).to(torch.float32)[None, :, None]  # the path's steps, padding after
         G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
         last = G[:, -1]
         w = (last[:, None] - G).exp() * valid
@@ -564,14 +593,10 @@ class StaticRunner:
         self._host = 0.0
         n = len(tree)
         slot = self.slot_for(n)  # raises when max_len is full
-        pad = slot.size - n  # inert nodes: children of the root
-        padded = DraftTree(tree.token_ids + (0,) * pad, tree.parents + (0,) * pad, tree.depths + (1,) * pad,
-                           tree.ranks + (0,) * pad, tree.logprobs + (0.0,) * pad)
-        depths = np.asarray(padded.depths)
-        slot.ids.copy_(torch.tensor(padded.token_ids), non_blocking=True)
-        slot.pos.copy_(torch.from_numpy(depths + self.committed), non_blocking=True)
-        slot.anc.copy_(torch.from_numpy(padded.ancestors()), non_blocking=True)
-        slot.gather.copy_(torch.from_numpy(conv_gather(padded.parents, depths, self.kernel)), non_blocking=True)
+        self._stage_tree(slot, tree)
+        slot.inputs.copy_(slot.stage, non_blocking=True)
+        slot.anc.copy_(slot.anc_stage, non_blocking=True)
+        slot.copied_now()
         self._host += time.perf_counter() - start
         if slot.graph is not None:
             slot.graph.replay()
@@ -580,6 +605,39 @@ class StaticRunner:
         logits, feats, _ = slot.out
         return logits[:n], (feats[:n] if feats is not None else None), slot
 
+    def _stage_tree(self, slot: _Slot, tree: DraftTree) -> None:
+        """The tree's inputs in the slot's host staging buffers, padded to the slot's size with inert nodes
+        (children of the root): token ids (0 for padding), positions, conv windows, ancestor mask. The same
+        arrays as treeops.conv_gather and treeops.ancestor_matrix of the padded tree (tests/test_runner.py),
+        built in one pass over the nodes, parents first: a node's ancestor row is its parent's plus itself, its
+        conv window its parent's shifted by one with itself last."""
+        T, n, k = slot.size, len(tree), self.kernel
+        slot.staging()
+        stage, anc = slot.stage.numpy(), slot.anc_stage.numpy()  # views (made here: a deepcopy keeps no numpy view)
+        ids, pos, gather = stage[:T], stage[T:2 * T], stage[2 * T:].reshape(T, k)
+        ids[:n] = tree.token_ids
+        ids[n:] = 0
+        pos[:n] = tree.depths
+        pos[n:] = 1
+        pos += self.committed
+        np.copyto(anc, self._eye(T))
+        gather[:, k - 1] = np.arange(k, k + T)  # each node last in its own window
+        gather[0, :k - 1] = np.arange(1, k)  # the root's: the committed inputs, newest last
+        parents = tree.parents
+        for i in range(1, n):
+            p = parents[i]
+            anc[i, :p + 1] = anc[p, :p + 1]
+            gather[i, :k - 1] = gather[p, 1:]
+        if n < T:  # padding: inert children of the root
+            anc[n:, 0] = True
+            gather[n:, :k - 1] = gather[0, 1:]
+
+    def _eye(self, n: int) -> np.ndarray:
+        eye = self._eyes.get(n)
+        if eye is None:
+            eye = self._eyes[n] = np.eye(n, dtype=np.bool_)
+        return eye
+
     @torch.no_grad()
     def commit(self, slot: _Slot, accepted: list[int]) -> None:
         """Keep the accepted path (tree positions, root first) and advance every layer's state along it."""
@@ -587,12 +645,14 @@ class StaticRunner:
         L = len(accepted)
         if not 1 <= L <= self.max_path:
             raise ValueError(f"accepted path of {L} nodes; the runner keeps 1..{self.max_path}")
-        path = np.asarray(accepted + [accepted[-1]] * (self.max_path - L))
-        valid = (np.arange(self.max_path) < L).astype(np.float32)
-        slot.path.copy_(torch.from_numpy(path), non_blocking=True)
-        slot.valid.copy_(torch.from_numpy(valid), non_blocking=True)
-        slot.last.fill_(accepted[-1])
-        slot.length.fill_(L)
+        slot.staging()
+        stage, P = slot.commit_stage.numpy(), self.max_path
+        stage[:L] = accepted
+        stage[L:P] = accepted[-1]  # padding: the last node again (its steps are not valid: length says so)
+        stage[P] = accepted[-1]
+        stage[P + 1] = L
+        slot.commit_in.copy_(slot.commit_stage, non_blocking=True)
+        slot.copied_now()
         self._host += time.perf_counter() - start
         self.host_ms.append(self._host * 1e3)
         if slot.commit_graph is not None:

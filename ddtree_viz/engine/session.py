@@ -60,20 +60,72 @@ class Proposer(Protocol):
 
 
 class DFlashProposer:
-    """The DFlash drafter: one non-causal pass over [root, MASK...] conditioned on target features."""
+    """The DFlash drafter: one non-causal pass over [root, MASK...] conditioned on target features.
 
-    def __init__(self, drafter, target):
+    Two paths, the same log-probs: the dynamic drafter (drafter.py: a growing DraftKVCache, eager; the reference)
+    and the static one (draft_runner.py: preallocated K/V, one shape-static function, CUDA graphs on a GPU).
+    `static`: None (default) takes the static path on CUDA wherever it applies (drafter, embeddings and lm_head
+    whole on one device) and the dynamic one elsewhere, so a CPU's arithmetic stays the reference's; True asks for
+    the static path (ValueError where it cannot run; on a CPU it runs eagerly), False for the dynamic one.
+    `graphs` (None: on CUDA) and `attention` ("eager" | "sdpa") go to the static path."""
+
+    def __init__(self, drafter, target, *, static: bool | None = None, graphs: bool | None = None,
+                 attention: str = "eager"):
+        from .draft_runner import static_blocker
+
         self.drafter, self.target = drafter, target
         self.block_size = drafter.block_size
         self.feature_layer_ids = list(drafter.target_layer_ids)
         self.mask_token_id = drafter.mask_token_id
+        self.static_blocker = static_blocker(drafter, target)  # why the static path cannot run (None: it can)
+        if static and self.static_blocker is not None:
+            raise ValueError(f"the static drafter cannot run here: {self.static_blocker}")
+        on_cuda = next(drafter.parameters()).device.type == "cuda"
+        self.static = self.static_blocker is None and (on_cuda if static is None else bool(static))
+        self._graphs, self._attention = graphs, attention
+        self.runner = None  # the StaticDrafter, made at the first reserve() or propose()
+        self._reserved = 0
         self.cache = drafter.new_cache()
+
+    @property
+    def path(self) -> str:
+        """Which path drafts: "static graphs", "static eager" or "dynamic"."""
+        if not self.static:
+            return "dynamic"
+        graphs = self.runner.graphs if self.runner is not None else (
+            self._graphs if self._graphs is not None else next(self.drafter.parameters()).device.type == "cuda")
+        return "static graphs" if graphs else "static eager"
 
     def reset(self) -> None:
         self.cache = self.drafter.new_cache()
+        if self.runner is not None:
+            self.runner.reset()
+
+    def reserve(self, length: int) -> None:
+        """Room for contexts of up to `length` positions (prompt + new tokens + a block or two), sized once
+        (DecodeSession.prefill calls it); a later propose that needs more makes room itself."""
+        self._reserved = max(self._reserved, int(length))
+        if self.static and self.runner is not None:
+            self.runner.ensure(self._reserved)
+
+    def _static_runner(self, need: int):
+        if self.runner is None:
+            from .draft_runner import StaticDrafter
+
+            self.runner = StaticDrafter(self.drafter, self.target, max_len=max(need, self._reserved, 256),
+                                        graphs=self._graphs, attention=self._attention)
+        return self.runner
 
     @torch.no_grad()
     def propose(self, root_token_id, committed_len, new_features, block_size):
+        if self.static:
+            return self._static_runner(committed_len + 2 * block_size).propose(
+                root_token_id, committed_len, new_features, block_size)
+        return self.propose_dynamic(root_token_id, committed_len, new_features, block_size)
+
+    @torch.no_grad()
+    def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
+        """The reference path: the drafter's own forward over its DraftKVCache, eagerly."""
         embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
         block = torch.tensor([[root_token_id] + [self.mask_token_id] * (block_size - 1)], device=embed.weight.device)
         p = next(self.drafter.parameters())
@@ -236,9 +288,10 @@ class EngineGreedy(GreedyReference):
         self.name = engine.name
         self._sync = engine.sync
         self._start: torch.Tensor | None = None
+        self.shared_prefill = False  # started from another engine's prefilled state (start_from)
 
     def start_from(self, logits: torch.Tensor) -> None:
-        self._start = logits
+        self._start, self.shared_prefill = logits, True
 
     def _first(self) -> torch.Tensor:
         if self._start is not None:
@@ -450,6 +503,9 @@ class DecodeSession:
         self.prompt_spec = spec
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.proposer.reset()
+        reserve = getattr(self.proposer, "reserve", None)
+        if reserve is not None:  # the static drafter's state, sized once for this prompt (DFlashProposer.reserve)
+            reserve(len(self.prompt_ids) + self.max_new_tokens + 2 * self.block_size)
         start = time.perf_counter()
         logits, self._features = self.target_engine.prefill(self.prompt_ids)
         self._sync()
@@ -621,6 +677,12 @@ class DecodeSession:
         sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
         ref = self._reference()
         return ref.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens), self.generated)
+
+    @property
+    def reference_shares_prefill(self) -> bool:
+        """True when the reference started from a copy of this session's prefilled state (its `greedy_seconds`
+        has no prefill of its own)."""
+        return isinstance(self._greedy, EngineGreedy) and self._greedy.shared_prefill
 
     @property
     def greedy_seconds(self) -> float:

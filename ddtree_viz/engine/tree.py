@@ -39,14 +39,25 @@ class DraftTree:
     @classmethod
     def from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor, budget: int) -> "DraftTree":
         """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device)."""
-        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-        return build_tree(root_token_id, values.cpu().numpy(), ids.cpu().numpy(), budget)
+        values, ids = to_host(*torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1))
+        return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
 
     @classmethod
     def chain_from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor) -> "DraftTree":
         """DFlash's chain: the drafter's top-1 token at every depth."""
         top = logprobs.max(dim=-1)
-        return build_chain(root_token_id, top.indices.tolist(), top.values.tolist())
+        indices, values = to_host(top.indices, top.values)
+        return build_chain(root_token_id, indices.tolist(), values.tolist())
+
+
+def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """CPU copies of tensors on one device, waited for once: on CUDA the copies are queued into pinned memory and
+    the stream synchronised once (a .cpu() per tensor waits once each); elsewhere the tensors as they are."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return tuple(t.cpu() for t in tensors)
+    out = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return out
 
 
 def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.ndarray, budget: int) -> DraftTree:
@@ -62,23 +73,29 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
     if budget <= 0 or depth_limit == 0 or k == 0:
         return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
-    lp = top_logprobs.astype(np.float64)
-    # entries: (-score, rank path, parent position, depth, rank, score)
-    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0])]
-    while heap and len(token_ids) - 1 < budget:
-        _, rank_path, parent, depth, rank, score = heapq.heappop(heap)
-        pos = len(token_ids)
-        token_ids.append(int(top_token_ids[depth - 1, rank]))
+    # Python floats (an exact conversion): the loop below runs once per node on the host every round, and numpy
+    # scalars cost several times a float's indexing and arithmetic; token ids are gathered once at the end
+    lp = np.asarray(top_logprobs, dtype=np.float64).tolist()
+    push, pop = heapq.heappush, heapq.heappop
+    # entries: (-score, rank path, parent position, depth, rank); ties on the score go to the smaller rank path
+    heap = [(-lp[0][0], (0,), 0, 1, 0)]
+    while heap and len(parents) <= budget:
+        neg, rank_path, parent, depth, rank = pop(heap)
+        row = lp[depth - 1]
+        value = row[rank]
+        pos = len(parents)
         parents.append(parent)
         depths.append(depth)
         ranks.append(rank)
-        logprobs.append(float(lp[depth - 1, rank]))
+        logprobs.append(value)
+        score = -neg
         if rank + 1 < k:
-            s = score - lp[depth - 1, rank] + lp[depth - 1, rank + 1]
-            heapq.heappush(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, s))
+            s = score - value + row[rank + 1]
+            push(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1))
         if depth < depth_limit:
-            s = score + lp[depth, 0]
-            heapq.heappush(heap, (-s, rank_path + (0,), pos, depth + 1, 0, s))
+            s = score + lp[depth][0]
+            push(heap, (-s, rank_path + (0,), pos, depth + 1, 0))
+    token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
 

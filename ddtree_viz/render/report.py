@@ -1,6 +1,7 @@
 """The `analyze` report: one self-contained HTML page (no network: figures inline as SVG, a Content-Security-Policy
 that forbids any fetch, every token text escaped) and its figures as SVG and PDF files. Pure: a summary
-(ddtree_viz/analyze.py's summarize) and the traces in, files out."""
+(ddtree_viz/analyze.py's summarize) and the prompt set in, files out. The web page's Analyze tab shows the same
+body (report_body: headline, figures, top misses, prompts) with its round links opening the step view."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .mpl import Page, _figure, _finish, rendering, save
+from ..analysis import config_label
 from .text import esc, shorten, visible
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
        "connect-src 'none'; base-uri 'none'; form-action 'none'")
 FIGURES = ("acceptance_histogram", "per_depth_acceptance", "budget_curve", "stop_rank", "acceptance_by_position")
 BLUE, ORANGE, GREEN, GREY = "#0072B2", "#E69F00", "#009E73", "#999999"
+DFLASH = "dflash"  # summary["dflash"]: the DFlash chain's figures on the same prompts (analyze --method both)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -25,6 +27,8 @@ BLUE, ORANGE, GREEN, GREY = "#0072B2", "#E69F00", "#009E73", "#999999"
 
 def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabel: str, color: str = BLUE,
           fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+    from .mpl import Page, _figure, _finish, rendering, save  # matplotlib: only when a figure is drawn
+
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
     with rendering():
         fig, host = _figure(page)
@@ -43,13 +47,17 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
            fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+    from .mpl import Page, _figure, _finish, rendering, save
+
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
     with rendering():
         fig, host = _figure(page)
         ax = host.add_subplot(1, 1, 1)
-        for label, xs, ys, color in series:
+        for k, (label, xs, ys, color) in enumerate(series):
             pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=color, label=label)
+            # gid: the SVG group of each series is <g id="series-K">, with one marker per point
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=color, label=label,
+                    gid=f"series-{k}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if ylim:
@@ -68,9 +76,12 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
         h = summary["acceptance_histogram"]
         return _bars(list(h), list(h.values()), "Tokens gained per round", "tokens gained (accepted drafts + bonus)",
                      "rounds", fmt=fmt)
-    if name == "per_depth_acceptance":
-        p = summary["per_depth_acceptance"]
-        series = [(summary.get("settings", {}).get("method", "ddtree"), list(range(1, len(p) + 1)), p, BLUE)]
+    if name == "per_depth_acceptance":  # with --method both, the DFlash chain's curve on the same axes
+        series = []
+        for side, color in ((summary, BLUE), (summary.get(DFLASH), ORANGE)):
+            if side is not None and side.get("rounds"):
+                p = side["per_depth_acceptance"]
+                series.append((side_label(side), list(range(1, len(p) + 1)), p, color))
         return _lines(series, "Acceptance by depth", "depth d",
                       "P(accepted >= d | >= d-1, tree >= d)", fmt=fmt, ylim=(0, 1.05))
     if name == "budget_curve":
@@ -90,6 +101,17 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
     raise ValueError(f"unknown figure {name!r}; choose one of {', '.join(FIGURES)}")
 
 
+def figures(summary: dict[str, Any], fmt: str = "svg") -> dict[str, bytes]:
+    """Every figure of FIGURES (none when the summary has no rounds)."""
+    return {name: figure(summary, name, fmt) for name in FIGURES} if summary.get("rounds") else {}
+
+
+def side_label(side: dict[str, Any]) -> str:
+    """A side of the summary in a few words: 'DDTree budget 32' or 'DFlash chain' (its settings' method and budget)."""
+    settings = side.get("settings") or {}
+    return config_label(settings).split(",")[0] if settings else "-"
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The page
 # ------------------------------------------------------------------------------------------------------------
@@ -99,131 +121,230 @@ def _tok(text: str | None) -> str:
     return "<code class=tok>" + esc(visible(text)) + "</code>" if text is not None else "<i>-</i>"
 
 
-def _round_link(file: str, k: int) -> str:
-    """A link to round k (0-based) of a trace file; the page shows rounds from 1."""
-    return f"<a class=round href=\"{esc(file)}#round={k + 1}\" data-file=\"{esc(file)}\" data-round=\"{k}\">{esc(file)} round {k + 1}</a>"
+def round_link(file: str, k: int) -> str:
+    """A link to round k (0-based) of a trace file; the page shows rounds from 1. report.html links the file; the
+    web page's Analyze tab opens the round in its step view instead (page_round_link)."""
+    return (f"<a class=round href=\"{esc(file)}#round={k + 1}\" data-file=\"{esc(file)}\" data-round=\"{int(k)}\">"
+            f"{esc(file)} round {int(k) + 1}</a>")
+
+
+def page_round_link(file: str, k: int) -> str:
+    """round_link for the web page: a click opens the round in the step view (the page's script reads data-file and
+    data-round; the href goes nowhere)."""
+    return (f"<a class=\"round ddv-open-round\" href=\"#\" role=button data-file=\"{esc(file)}\" "
+            f"data-round=\"{int(k)}\">{esc(file)} round {int(k) + 1}</a>")
 
 
 def _num(x, digits: int = 2) -> str:
-    return "-" if x is None else (f"{x:.{digits}f}" if isinstance(x, float) else str(x))
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+# Sorting the per-prompt table: one listener for the document (report.html runs it inline; the web page runs it
+# once from its own script, for the tables it draws later)
 SCRIPT = """
-document.querySelectorAll('table.sortable th').forEach(function (th, col) {
-  th.addEventListener('click', function () {
-    var table = th.closest('table'), body = table.tBodies[0];
-    var asc = th.dataset.dir !== 'asc'; th.dataset.dir = asc ? 'asc' : 'desc';
-    var rows = Array.prototype.slice.call(body.rows);
-    rows.sort(function (a, b) {
-      var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return asc ? c : -c;
-    });
-    rows.forEach(function (r) { body.appendChild(r); });
+document.addEventListener('click', function (ev) {
+  var th = ev.target && ev.target.closest ? ev.target.closest('table.sortable th') : null;
+  if (!th) return;
+  var table = th.closest('table'), body = table.tBodies[0], col = th.cellIndex;
+  var asc = th.dataset.dir !== 'asc'; th.dataset.dir = asc ? 'asc' : 'desc';
+  var rows = Array.prototype.slice.call(body.rows);
+  rows.sort(function (a, b) {
+    var x = a.cells[col].dataset.v || a.cells[col].textContent, y = b.cells[col].dataset.v || b.cells[col].textContent;
+    var nx = parseFloat(x), ny = parseFloat(y);
+    var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+    return asc ? c : -c;
   });
+  rows.forEach(function (r) { body.appendChild(r); });
 });
 """
 
+CSS = ("table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}"
+       "th{background:#f3f3f3;cursor:pointer}code.tok{background:#f6f6f6;padding:0 .2em;white-space:pre}"
+       ".ctx{font-family:monospace;white-space:pre-wrap;color:#555}.figs{display:flex;flex-wrap:wrap;gap:1em}"
+       ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}")
+
+
+def scoped_css(scope: str) -> str:
+    """CSS with every rule's selectors under `scope` (the web page styles its copy of the report with it, leaving
+    the page's own tables alone)."""
+    rules = []
+    for rule in CSS.split("}"):
+        if "{" in rule:
+            selectors, body = rule.split("{", 1)
+            rules.append(",".join(f"{scope} {sel.strip()}" for sel in selectors.split(",")) + "{" + body + "}")
+    return "".join(rules)
+
+
+def _sides(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary's sides: its run's method, then (--method both) the DFlash chain's."""
+    return [summary] + ([summary[DFLASH]] if isinstance(summary.get(DFLASH), dict) else [])
+
+
+def _walls(metas: dict[str, dict[int, dict]] | None, side: str) -> list[float]:
+    return [m["wall_s"] for m in ((metas or {}).get(side) or {}).values() if isinstance(m.get("wall_s"), (int, float))]
+
+
+def meta_html(summary: dict[str, Any]) -> str:
+    """The line under the title: models and settings (with --method both, both methods)."""
+    e = html.escape
+    model, settings = summary.get("model") or {}, summary.get("settings") or {}
+    method = " + ".join(side_label(side) for side in _sides(summary))
+    return (f"<p class=meta>target {e(visible(str(model.get('target', '?'))))} · draft "
+            f"{e(visible(str(model.get('draft', '?'))))} · method {e(method)} · budget {e(str(settings.get('budget', '?')))}"
+            f" · block {e(str(settings.get('block_size', '?')))} · max new tokens "
+            f"{e(str(settings.get('max_new_tokens', '?')))} · verify {e(str(settings.get('verify', '?')))} · device "
+            f"{e(str(settings.get('device', '?')))}</p>\n")
+
+
+def headline_html(summary: dict[str, Any], metas: dict[str, dict[int, dict]] | None = None) -> str:
+    """The headline numbers: one column, or (--method both) DDTree's and the DFlash chain's side by side."""
+    e = html.escape
+    sides = _sides(summary)
+    rows = [("prompts", [f"{_num(s['prompts'])} of {_num(s['prompts_total'])}" for s in sides]),
+            ("rounds", [_num(s["rounds"]) for s in sides]),
+            ("generated tokens", [_num(s["generated_tokens"]) for s in sides]),
+            ("mean acceptance (tokens per round, bonus included)", [_num(s["mean_acceptance"]) for s in sides]),
+            ("identical to greedy", [f"{_num(s['identical_prompts'])}/{_num(s['prompts'])}" for s in sides]),
+            ("failed prompts", [str(len(s["failed"])) for s in sides])]
+    walls = [_walls(metas, side) for side in ("", DFLASH)[:len(sides)]]
+    if any(walls):
+        rows.append(("wall time per prompt (mean)", [f"{sum(w) / len(w):.1f} s" if w else "-" for w in walls]))
+    head = ""
+    if len(sides) > 1:
+        head = "<tr><th></th>" + "".join(f"<th>{e(side_label(s))}</th>" for s in sides) + "</tr>"
+    return ("<table id=headline>" + head + "".join(
+        f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>" for k, vals in rows)
+        + "</table>\n")
+
+
+def figures_html(svgs: dict[str, bytes], files: bool = True) -> str:
+    """The figures inline (SVG made by figure(); never an SVG read from elsewhere). files: name each figure's files."""
+    parts = ["<div class=figs>"]
+    for name in FIGURES:
+        if name in svgs:
+            svg = svgs[name].decode("utf-8")
+            svg = svg[svg.find("<svg"):]  # the XML prolog and doctype cannot stand inside HTML
+            caption = (f"<figcaption class=meta>figures/{name}.svg · figures/{name}.pdf</figcaption>" if files else "")
+            parts.append(f"<figure id=\"fig-{name}\">{svg}{caption}</figure>")
+    parts.append("</div>\n")
+    return "".join(parts)
+
+
+def misses_html(summary: dict[str, Any], link=round_link) -> str:
+    e = html.escape
+    parts = ["<table id=misses><thead><tr><th>count</th><th>drafter's top</th><th>target's token</th>"
+             "<th>examples</th></tr></thead><tbody>"]
+    for m in summary["top_misses"]:
+        ex = "<br>".join(
+            f"{link(x['file'], x['round'])} depth {_num(x['depth'])} ({e(str(x['reason']))}): "
+            f"<span class=ctx>{esc(visible(x['before']))}</span>[{_tok(m['target_token'])}]"
+            f"<span class=ctx>{esc(visible(x['after']))}</span>" for x in m["examples"])
+        parts.append(f"<tr><td>{_num(m['count'])}</td><td>{_tok(m['drafter_token'])}</td>"
+                     f"<td>{_tok(m['target_token'])}</td><td>{ex}</td></tr>")
+    parts.append("</tbody></table>\n")
+    return "".join(parts)
+
+
+def prompts_html(summary: dict[str, Any], items: list[dict] | None = None,
+                 metas: dict[str, dict[int, dict]] | None = None, link=round_link) -> str:
+    """The per-prompt table (sortable); with --method both, the DFlash chain's mean acceptance and trace beside."""
+    e = html.escape
+    chain = summary.get(DFLASH) if isinstance(summary.get(DFLASH), dict) else None
+    by_index = {p["index"]: p for p in chain["per_prompt"]} if chain else {}
+    extra = "<th>DFlash mean acceptance</th><th>DFlash trace</th>" if chain else ""
+    parts = ["<table id=prompts class=sortable><thead><tr><th>#</th><th>source</th><th>prompt</th><th>rounds</th>"
+             f"<th>tokens</th><th>mean acceptance</th><th>first divergence</th><th>wall s</th><th>trace</th>{extra}"
+             "</tr></thead><tbody>"]
+    for p in summary["per_prompt"]:
+        i = p["index"]
+        prompt = (items or [])[i].get("prompt", "") if items and 0 <= i < len(items) else ""
+        wall = ((metas or {}).get("") or {}).get(i, {}).get("wall_s")
+        fd = p["first_divergence"]
+        row = (f"<tr><td data-v=\"{_num(i)}\">{_num(i)}</td><td>{e(str(p.get('source') or ''))}</td>"
+               f"<td class=ctx>{esc(visible(shorten(prompt, 60)))}</td><td>{_num(p['rounds'])}</td>"
+               f"<td>{_num(p['tokens'])}</td><td data-v=\"{_num(p['mean_acceptance'], 4)}\">{_num(p['mean_acceptance'])}</td>"
+               f"<td data-v=\"{-1 if fd is None else _num(fd)}\">{'identical' if fd is None else _num(fd)}</td>"
+               f"<td>{_num(wall, 1)}</td><td>{link(p['file'], 0)}</td>")
+        if chain:
+            c = by_index.get(i)
+            row += (f"<td data-v=\"{_num(c['mean_acceptance'], 4)}\">{_num(c['mean_acceptance'])}</td>"
+                    f"<td>{link(c['file'], 0)}</td>" if c else "<td>-</td><td>-</td>")
+        parts.append(row + "</tr>")
+    parts.append("</tbody></table>\n")
+    return "".join(parts)
+
+
+def failed_html(summary: dict[str, Any]) -> str:
+    e = html.escape
+    sides = _sides(summary)
+    rows = [(side_label(s) if len(sides) > 1 else None, f) for s in sides for f in s["failed"]]
+    if not rows:
+        return ""
+    parts = ["<table id=failed><tr><th>#</th><th>source</th>" + ("<th>method</th>" if len(sides) > 1 else "")
+             + "<th>error</th></tr>"]
+    for label, f in rows:
+        parts.append(f"<tr><td>{_num(f['index'])}</td><td>{e(str(f.get('source') or ''))}</td>"
+                     + (f"<td>{e(label)}</td>" if label is not None else "")
+                     + f"<td>{esc(visible(str(f['error'])))}</td></tr>")
+    parts.append("</table>\n")
+    return "".join(parts)
+
+
+def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
+                metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True) -> str:
+    """The report's content (everything inside <body> but the title and the script): headline numbers, the figures
+    (inline SVG), top misses with context, the per-prompt table, failed prompts. Every link names a trace file and
+    a round (`link`: round_link for report.html, page_round_link for the web page)."""
+    e = html.escape
+    both = (f"<p class=meta>The figures are {e(side_label(summary))}'s; acceptance by depth draws the DFlash chain's "
+            "on the same prompts beside it.</p>\n" if DFLASH in summary and svgs else "")
+    parts = [meta_html(summary), headline_html(summary, metas), "<h2>Figures</h2>\n", both, figures_html(svgs, files),
+             f"<p class=meta>Budget curve: {e(str(summary.get('budget_curve_caveat', '')))}</p>\n"]
+    top = f" ({e(side_label(summary))})" if DFLASH in summary else ""
+    parts.append(f"<h2>Top misses{top}</h2>\n<p class=meta>At the depth where the walk stopped: the drafter's first "
+                 "choice there and the target's token, the most frequent pairs over all rounds (rounds that accepted "
+                 "every drafted depth left out), with the output around them.</p>\n")
+    parts.append(misses_html(summary, link))
+    parts.append("<h2>Prompts</h2>\n<p class=meta>Click a header to sort.</p>\n")
+    parts.append(prompts_html(summary, items, metas, link))
+    failed = failed_html(summary)
+    if failed:
+        parts.append("<h2>Failed prompts</h2>\n" + failed)
+    return "".join(parts)
+
 
 def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
-                metas: dict[int, dict] | None = None) -> str:
-    """The report as one HTML document: headline numbers, the figures (inline SVG), top misses with context, the
-    per-prompt table (sortable), failed prompts. Every link names a trace file and a round."""
-    e = html.escape
-    s = summary
-    model = s.get("model", {})
-    settings = s.get("settings", {})
-    walls = [m["wall_s"] for m in (metas or {}).values() if "wall_s" in m]
-    head = [
-        ("prompts", f"{s['prompts']} of {s['prompts_total']}"), ("rounds", s["rounds"]),
-        ("generated tokens", s["generated_tokens"]),
-        ("mean acceptance (tokens per round, bonus included)", _num(s["mean_acceptance"])),
-        ("identical to greedy", f"{s['identical_prompts']}/{s['prompts']}"),
-        ("failed prompts", len(s["failed"])),
-    ]
-    if walls:
-        head.append(("wall time per prompt (mean)", f"{sum(walls) / len(walls):.1f} s"))
+                metas: dict[str, dict[int, dict]] | None = None) -> str:
+    """The report as one HTML document (report_body with its title, style and sorting script)."""
     parts = [
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
         "<title>ddtree-viz analyze report</title>\n<style>",
-        "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}"
-        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}"
-        "th{background:#f3f3f3;cursor:pointer}code.tok{background:#f6f6f6;padding:0 .2em;white-space:pre}"
-        ".ctx{font-family:monospace;white-space:pre-wrap;color:#555}.figs{display:flex;flex-wrap:wrap;gap:1em}"
-        ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}",
+        "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}" + CSS,
         "</style>\n</head>\n<body>\n<h1>ddtree-viz analyze report</h1>\n",
-        f"<p class=meta>target {e(visible(str(model.get('target', '?'))))} · draft {e(visible(str(model.get('draft', '?'))))}"
-        f" · method {e(str(settings.get('method', '?')))} · budget {e(str(settings.get('budget', '?')))} · block "
-        f"{e(str(settings.get('block_size', '?')))} · max new tokens {e(str(settings.get('max_new_tokens', '?')))}"
-        f" · verify {e(str(settings.get('verify', '?')))} · device {e(str(settings.get('device', '?')))}</p>\n",
-        "<table id=headline>" + "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in head) + "</table>\n",
-        "<h2>Figures</h2>\n<div class=figs>",
+        report_body(summary, svgs, items, metas),
+        "<p class=meta>Links name a trace and a round: open the trace with <code>python -m ddtree_viz replay "
+        "--print --round K FILE</code>, or load this directory in the web page's Analyze tab and click the link "
+        "(no model needed).</p>\n",
+        f"<script>{SCRIPT}</script>\n</body>\n</html>\n",
     ]
-    for name in FIGURES:
-        if name in svgs:
-            svg = svgs[name].decode("utf-8")
-            svg = svg[svg.find("<svg"):]  # the XML prolog and doctype cannot stand inside HTML
-            parts.append(f"<figure id=\"fig-{name}\">{svg}<figcaption class=meta>figures/{name}.svg · "
-                         f"figures/{name}.pdf</figcaption></figure>")
-    parts.append("</div>\n")
-    parts.append(f"<p class=meta>Budget curve: {e(s.get('budget_curve_caveat', ''))}</p>\n")
-
-    parts.append("<h2>Top misses</h2>\n<p class=meta>At the depth where the walk stopped: the drafter's first "
-                 "choice there and the target's token, the most frequent pairs over all rounds (rounds that accepted "
-                 "every drafted depth left out), with the output around them.</p>\n")
-    parts.append("<table id=misses><thead><tr><th>count</th><th>drafter's top</th><th>target's token</th>"
-                 "<th>examples</th></tr></thead><tbody>")
-    for m in s["top_misses"]:
-        ex = "<br>".join(
-            f"{_round_link(x['file'], x['round'])} depth {x['depth']} ({e(x['reason'])}): "
-            f"<span class=ctx>{esc(visible(x['before']))}</span>[{_tok(m['target_token'])}]"
-            f"<span class=ctx>{esc(visible(x['after']))}</span>" for x in m["examples"])
-        parts.append(f"<tr><td>{m['count']}</td><td>{_tok(m['drafter_token'])}</td><td>{_tok(m['target_token'])}</td>"
-                     f"<td>{ex}</td></tr>")
-    parts.append("</tbody></table>\n")
-
-    parts.append("<h2>Prompts</h2>\n<p class=meta>Click a header to sort.</p>\n<table id=prompts class=sortable>"
-                 "<thead><tr><th>#</th><th>source</th><th>prompt</th><th>rounds</th><th>tokens</th>"
-                 "<th>mean acceptance</th><th>first divergence</th><th>wall s</th><th>trace</th></tr></thead><tbody>")
-    for p in s["per_prompt"]:
-        i = p["index"]
-        prompt = (items or [])[i].get("prompt", "") if items and i < len(items) else ""
-        wall = (metas or {}).get(i, {}).get("wall_s")
-        fd = p["first_divergence"]
-        parts.append(
-            f"<tr><td data-v=\"{i}\">{i}</td><td>{e(str(p.get('source') or ''))}</td>"
-            f"<td class=ctx>{esc(visible(shorten(prompt, 60)))}</td><td>{p['rounds']}</td><td>{p['tokens']}</td>"
-            f"<td data-v=\"{_num(p['mean_acceptance'], 4)}\">{_num(p['mean_acceptance'])}</td>"
-            f"<td data-v=\"{-1 if fd is None else fd}\">{'identical' if fd is None else fd}</td>"
-            f"<td>{_num(wall, 1)}</td><td>{_round_link(p['file'], 0)}</td></tr>")
-    parts.append("</tbody></table>\n")
-    if s["failed"]:
-        parts.append("<h2>Failed prompts</h2>\n<table id=failed><tr><th>#</th><th>source</th><th>error</th></tr>")
-        for f in s["failed"]:
-            parts.append(f"<tr><td>{f['index']}</td><td>{e(str(f.get('source') or ''))}</td>"
-                         f"<td>{esc(visible(str(f['error'])))}</td></tr>")
-        parts.append("</table>\n")
-    parts.append("<p class=meta>Links name a trace and a round: open the trace with <code>python -m ddtree_viz replay "
-                 "--print --round K FILE</code> or in the page's Analyze tab (no model needed).</p>\n")
-    parts.append(f"<script>{SCRIPT}</script>\n</body>\n</html>\n")
     return "".join(parts)
 
 
-def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | None = None, traces=None,
-                 metas: dict[int, dict] | None = None) -> Path:
-    """DIR/report.html and DIR/figures/<name>.svg|.pdf from the summary. Returns the report's path."""
+def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | None = None,
+                 metas: dict[str, dict[int, dict]] | None = None) -> Path:
+    """DIR/report.html and DIR/figures/<name>.svg|.pdf from the summary (metas: each side's meta records by prompt,
+    for the wall times). Returns the report's path."""
     out = Path(out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    svgs = {}
-    if summary["rounds"]:
-        for name in FIGURES:
-            svgs[name] = figure(summary, name, "svg")
-            (figs / f"{name}.svg").write_bytes(svgs[name])
-            (figs / f"{name}.pdf").write_bytes(figure(summary, name, "pdf"))
+    svgs = figures(summary, "svg")
+    for name, svg in svgs.items():
+        (figs / f"{name}.svg").write_bytes(svg)
+        (figs / f"{name}.pdf").write_bytes(figure(summary, name, "pdf"))
     path = out / "report.html"
     path.write_text(report_html(summary, svgs, items, metas), encoding="utf-8")
     return path

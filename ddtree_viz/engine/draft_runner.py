@@ -1,0 +1,292 @@
+"""The drafter's static path: preallocated K/V, one shape-static draft function, CUDA graphs on a GPU.
+
+The dynamic drafter (drafter.py, DFlashDrafter.forward with a DraftKVCache) is the reference: each round it
+concatenates the new context rows onto every layer's cache, cuts sliding layers back to their window and builds
+masks for whatever length that leaves. Every shape changes every round, so nothing can be captured, and at
+Qwen3.6-27B shapes the eager pass costs 6-12 ms a round against a weight-read bound near 1.5 ms. StaticDrafter
+keeps the same arithmetic over fixed shapes:
+
+    keys / values   [layers, kv_heads, max_len, head_dim]: row r holds the context position r (the proposer's
+                    context positions are 0, 1, 2, ...), post-norm, post-RoPE, as the dynamic cache holds them
+    draft(P, L, K)  the round's new context features (padded to P rows; padding rows are zero and masked out),
+                    the block [root, MASK * (L-1)] -> log-probs [L-1, vocab] fp32. Inside: the noise embedding
+                    (the target's embeddings), fc + hidden_norm of the new rows, every layer with the new rows' and
+                    the block's K/V written at their positions (index_copy_ by position), attention over the first
+                    K rows (a length bucket, K >= committed + L), drafter norm, the target's lm_head over the
+                    drafted positions, log_softmax.
+
+The mask is built on the device from positions, layer by layer kind, exactly as the dynamic drafter's: a key
+is visible when it is a committed context row or a row of this block, and, for a causal layer, not ahead of the
+query; for a sliding layer, less than `window` positions back (and ahead, when not causal). A sliding layer
+therefore sees the same keys as the dynamic one that evicted the rows outside its window: eviction drops only
+rows no later block can see. Padding rows (past committed + L) are masked, and the next round overwrites them
+(and the block's rows) with its own context rows before anything can see them.
+
+Inputs live in preallocated device tensors, filled before a replay: the new rows' features (copied on the
+device) and, in one host-to-device copy from a (pinned, on CUDA) staging buffer, the block's token ids [root,
+MASK...], `start` (the first new row's position) and `committed` (context rows once they are in).
+On CUDA one graph is captured per (P, L, K) on first use, all in one memory pool; elsewhere (`graphs=False`, the
+CPU) the same function runs eagerly, so the CPU tests exercise it. A round whose new rows exceed P (the first
+round after a prefill, when the prompt's rows arrive at once) runs the same function eagerly with P = its rows.
+
+Dimension letters: P = padded new context rows, L = block length (root + drafted depths), K = key length
+bucket, F = context feature width, H = hidden size, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .backends import sdpa_backends
+from .drafter import apply_rope, rope_cos_sin
+
+ATTENTION_KINDS = ("eager", "sdpa")
+
+
+def static_blocker(drafter, target) -> str | None:
+    """Why the static path cannot run this drafter (None when it can): it needs the drafter, the target's input
+    embeddings and its lm_head whole on one device, with no dispatch hooks."""
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    if embed is None or head is None:
+        return "the target has no input embeddings or no lm_head"
+    if any(getattr(m, "_hf_hook", None) is not None for mod in (drafter, embed, head) for m in mod.modules()):
+        return "the drafter, the embeddings or the lm_head are dispatched by a device_map (hooks)"
+    devices = {p.device for mod in (drafter, embed, head) for p in mod.parameters()}
+    if len(devices) != 1:
+        return f"the drafter, the embeddings and the lm_head are on several devices ({sorted(map(str, devices))})"
+    if next(iter(devices)).type == "meta":
+        return "the drafter's weights are on the meta device"
+    return None
+
+
+def length_buckets(max_len: int) -> list[int]:
+    """Key lengths a pass attends over: powers of two from 256 up to max_len, and max_len."""
+    return sorted({min(max_len, 2 ** k) for k in range(8, max(9, max_len.bit_length() + 1))})
+
+
+@dataclass
+class _Slot:
+    """One captured shape: P padded new rows, block length L, key bucket K; its output buffer and its graph."""
+
+    pad: int
+    block: int
+    cols: int
+    out: torch.Tensor | None = None
+    graph: object = None
+
+
+class StaticDrafter:
+    """Preallocated drafter state for one proposer (one sequence at a time) and the static draft function.
+
+    `max_len` rows of K/V per layer; `ensure(n)` rebuilds the buffers larger (the rows written so far copied,
+    the graphs dropped) when a sequence needs more. `graphs` None: on CUDA."""
+
+    def __init__(self, drafter, target, *, max_len: int, graphs: bool | None = None, attention: str = "eager"):
+        blocker = static_blocker(drafter, target)
+        if blocker is not None:
+            raise ValueError(f"the static drafter cannot run here: {blocker}")
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, not {attention!r}")
+        self.drafter, self.target = drafter, target
+        self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        c = drafter.config
+        self.config = c
+        p = next(drafter.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
+        self.attention = attention
+        self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,
+                                                                 c.num_key_value_heads, c.head_dim)
+        self.rep = self.n_heads // self.n_kv  # query heads per KV head
+        self.mask_token_id = int(c.mask_token_id)
+        # layers of one kind (causal, window) share a mask
+        self.kinds = list(zip(c.layer_causal, c.layer_windows))
+        self.length = 0  # context rows written: positions 0 .. length-1
+        self.capture_s = 0.0  # time spent capturing graphs so far
+        self.eager_passes = 0  # passes run eagerly (graphs off, or more new rows than the padded size)
+        self.replays = 0
+        self._alloc(int(max_len))
+        self._feats: dict[int, torch.Tensor] = {}  # P -> [P, F] new rows (zero padding)
+        # L -> [L + 2] int64 on the device: the block's ids (root, then MASK), start, committed; and its host
+        # staging buffer (pinned on CUDA) with the event after its last copy
+        self._block: dict[int, tuple] = {}
+
+    def _alloc(self, max_len: int) -> None:
+        self.max_len = -(-max_len // 256) * 256
+        shape = (self.n_layers, self.n_kv, self.max_len, self.head_dim)
+        self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.values = torch.zeros_like(self.keys)
+        self._cols = torch.arange(self.max_len, device=self.device)
+        self.buckets = length_buckets(self.max_len)
+        self._slots: dict[tuple[int, int, int], _Slot] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    def ensure(self, max_len: int) -> None:
+        """Room for `max_len` rows (context + block + padding): larger buffers if needed, rows so far kept."""
+        if max_len <= self.max_len:
+            return
+        keys, values, n = self.keys, self.values, self.length
+        self._alloc(max(max_len, 2 * self.max_len))
+        self.keys[:, :, :n].copy_(keys[:, :, :n])
+        self.values[:, :, :n].copy_(values[:, :, :n])
+
+    def reset(self) -> None:
+        """A new sequence: no context rows (the buffers and graphs stay; stale rows are never visible)."""
+        self.length = 0
+
+    # -- the static function ------------------------------------------------------------------------------
+
+    def _masks(self, q_pos: torch.Tensor, cols: int, block: int) -> dict:
+        """Per layer kind (causal, window): bool [1, 1, rep*L, K], True = visible (grouped query rows: query head
+        h*rep + r of block row l is row r*L + l)."""
+        key_pos = self._cols[:cols]
+        ahead = q_pos[:, None] - key_pos[None, :]  # [L, K]: how far back each key is
+        valid = (key_pos < q_pos[0] + block)[None, :].expand(block, cols)  # committed rows and the block's own
+        masks = {}
+        for causal, window in set(self.kinds):
+            visible = valid
+            if causal:
+                visible = visible & (ahead >= 0)
+            if window is not None:
+                visible = visible & (ahead < window)
+                if not causal:
+                    visible = visible & (-ahead < window)
+            masks[causal, window] = visible.repeat(self.rep, 1)[None, None]
+        return masks
+
+    def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> torch.Tensor:
+        """feats [P, F] new context rows (rows past committed - start are padding), block [L + 2]: the block's ids,
+        start, committed; writes K/V rows start .. start+P-1 and committed .. committed+L-1. Log-probs [L-1, V]
+        fp32."""
+        d = self.drafter
+        P, L = feats.shape[0], block.shape[0] - 2
+        ids, start, committed = block[:L], block[L], block[L + 1]
+        ctx_pos = start + self._cols[:P]
+        q_pos = committed + self._cols[:L]
+        cos, sin = rope_cos_sin(torch.cat([ctx_pos, q_pos])[None], self.head_dim, self.config.rope_theta, self.dtype)
+        x_ctx = d.hidden_norm(d.fc(feats[None]))  # [1, P, H]
+        x = self.embed(ids)[None].to(self.dtype)  # [1, L, H]: the noise embedding
+        masks = self._masks(q_pos, cols, L)
+        for i, layer in enumerate(d.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_norm(attn.q_proj(h).view(1, L, self.n_heads, self.head_dim)).transpose(1, 2)
+            both = torch.cat([x_ctx, h], dim=1)
+            k = attn.k_norm(attn.k_proj(both).view(1, P + L, self.n_kv, self.head_dim)).transpose(1, 2)
+            v = attn.v_proj(both).view(1, P + L, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = apply_rope(q, cos[:, :, P:], sin[:, :, P:]), apply_rope(k, cos, sin)
+            keys, values = self.keys[i][None], self.values[i][None]
+            # the new rows first, then the block's (over the padding rows it overlaps)
+            keys.index_copy_(2, ctx_pos, k[:, :, :P])
+            values.index_copy_(2, ctx_pos, v[:, :, :P])
+            keys.index_copy_(2, q_pos, k[:, :, P:])
+            values.index_copy_(2, q_pos, v[:, :, P:])
+            keys, values = keys[:, :, :cols], values[:, :, :cols]
+            qg = q.reshape(1, self.n_kv, self.rep * L, self.head_dim)  # grouped heads, K/V read in place
+            mask = masks[self.kinds[i]]
+            scale = self.head_dim ** -0.5
+            if self.attention == "sdpa":
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+            else:  # fp32 scores and softmax, the probabilities back in the model's dtype for the values
+                scores = (qg.float() @ keys.float().transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
+                o = scores.softmax(-1).to(values.dtype) @ values
+            o = o.reshape(1, self.n_heads, L, self.head_dim).transpose(1, 2).reshape(1, L, -1)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = d.norm(x)[0, 1:]
+        return torch.log_softmax(self.lm_head(hidden).float(), dim=-1)
+
+    # -- slots and graphs ---------------------------------------------------------------------------------
+
+    def _inputs(self, pad: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = self._feats.get(pad)
+        if feats is None:
+            width = self.drafter.fc.in_features
+            feats = self._feats[pad] = torch.zeros(pad, width, dtype=self.dtype, device=self.device)
+        if block not in self._block:
+            cuda = self.device.type == "cuda"
+            stage = torch.full((block + 2,), self.mask_token_id, dtype=torch.long, pin_memory=cuda)
+            self._block[block] = (torch.empty(block + 2, dtype=torch.long, device=self.device).copy_(stage), stage,
+                                  torch.cuda.Event() if cuda else None)
+        return feats, self._block[block][0]
+
+    def _fill_block(self, block: int, root: int, start: int, committed: int) -> None:
+        """One host-to-device copy of the block's ids, start and committed (the staging buffer is reused once its
+        last copy is done)."""
+        device_in, stage, copied = self._block[block]
+        if copied is not None:
+            copied.synchronize()
+        host = stage.numpy()
+        host[0], host[block], host[block + 1] = root, start, committed
+        device_in.copy_(stage, non_blocking=True)
+        if copied is not None:
+            copied.record()
+
+    def bucket(self, need: int) -> int:
+        fitting = [b for b in self.buckets if b >= need]
+        if not fitting:
+            raise ValueError(f"the static drafter's max_len {self.max_len} is full ({need} rows needed)")
+        return fitting[0]
+
+    def _run_slot(self, pad: int, block: int, cols: int) -> torch.Tensor:
+        """Run (replay, or capture on first use and replay) the slot for these shapes; inputs already filled."""
+        key = (pad, block, cols)
+        slot = self._slots.get(key)
+        feats, block_in = self._inputs(pad, block)
+        if not self.graphs:
+            self.eager_passes += 1
+            with sdpa_backends(self.device):
+                return self._draft(feats, block_in, cols)
+        if slot is None:
+            # the warm-up runs and the capture read and write only this round's rows, from the inputs already
+            # filled: they leave the state as the replay below will (no copy of the state needed)
+            start = time.perf_counter()
+            slot = _Slot(pad, block, cols)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with sdpa_backends(self.device):
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        self._draft(feats, block_in, cols)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                slot.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(slot.graph, pool=self._pool):
+                    slot.out = self._draft(feats, block_in, cols)
+            self._slots[key] = slot
+            self.capture_s += time.perf_counter() - start
+        slot.graph.replay()
+        self.replays += 1
+        return slot.out
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def propose(self, root_token_id: int, committed_len: int, new_features: torch.Tensor | None,
+                block_size: int) -> torch.Tensor:
+        """The round's new context rows (positions length .. committed_len-1) and the block at committed_len:
+        log-probs [block_size - 1, vocab] fp32 (a fresh tensor)."""
+        start = self.length
+        n = 0 if new_features is None else int(new_features.shape[0])
+        if start + n != committed_len:
+            raise RuntimeError(f"drafter context out of step: {start} cached + {n} new != {committed_len}")
+        pad = block_size  # a round's accepted path fits in the block
+        self.ensure(committed_len + 2 * block_size)
+        cols = self.bucket(committed_len + block_size)
+        feats, block_in = self._inputs(pad, block_size)
+        self._fill_block(block_size, int(root_token_id), start, committed_len)
+        if n > pad:  # more new rows than a round brings (a prompt's): this shape once, eagerly, unpadded
+            self.eager_passes += 1
+            with sdpa_backends(self.device):
+                out = self._draft(new_features.to(self.device, self.dtype), block_in, cols)
+        else:
+            if n:
+                feats[:n].copy_(new_features)
+            if n < pad:
+                feats[n:].zero_()
+            out = self._run_slot(pad, block_size, cols).clone()  # the graph's buffer is the next replay's
+        self.length = committed_len
+        return out

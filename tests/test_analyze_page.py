@@ -1,0 +1,262 @@
+"""The page's Analyze tab through ddtree_viz/ui.py (what its callbacks call), on a report written by a real
+`analyze --method both` run on the embedded pair: a directory or its uploaded files, shown with the figures its
+traces give; bad directories and uploads refused clearly (never naming a server path); a round link opens that
+round in the step view as a replay (no model)."""
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ddtree_viz import ui
+from ddtree_viz.cli import main
+from ddtree_viz.errors import InputError, TraceError
+from ddtree_viz.trace import Trace
+
+PROMPTS = "def add(a, b):\n\nclass Point:\n    def __init__(self, x, y):\n"
+SETTINGS = ["--max-new-tokens", "8", "--budget", "8"]
+
+
+def write_report(base: Path) -> Path:
+    """analyze --method both on two prompts of the embedded pair: DIR with summary.json, traces/, report.html."""
+    (base / "p.txt").write_text(PROMPTS, encoding="utf-8")
+    out = base / "report"
+    assert main(["analyze", "--prompts", str(base / "p.txt"), "--out", str(out), *SETTINGS, "--method", "both"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    return write_report(tmp_path_factory.mktemp("analyze-page"))
+
+
+@pytest.fixture(scope="module")
+def no_model():
+    host = ui.ModelHost(None, None, "float32", "cpu")
+    host.stage, host.replay_only = "not loaded", True
+    return host
+
+
+def uploaded(files: list[Path], root: Path) -> list[str]:
+    """The files as gradio hands uploads to a handler: each in a folder of its own, under its own name."""
+    paths = []
+    for f in files:
+        folder = root / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        shutil.copy(f, folder / f.name)
+        paths.append(str(folder / f.name))
+    return paths
+
+
+def test_a_report_directory_shows_the_figures_of_its_traces(report_dir):
+    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+    written = json.loads((report_dir / "summary.json").read_text())
+    r = tab.report
+    assert json.loads(json.dumps(r.summary)) == written and "dflash" in written  # both sides, from the traces
+    assert r.note == ""  # summary.json agrees with its traces
+    html = ui.report_html(tab)
+    assert html.count("<figure id=\"fig-") == 5 and html.count("<svg") == 5
+    assert 'id="series-0"' in html and 'id="series-1"' in html  # acceptance by depth: DDTree's and the chain's
+    assert "<table id=headline>" in html and "<th>DDTree budget 8</th><th>DFlash chain</th>" in html
+    assert "<table id=misses>" in html and "<table id=prompts class=sortable>" in html
+    # every prompt's two traces are links that open a round, and only the report's traces are openable
+    for side in (written, written["dflash"]):
+        for p in side["per_prompt"]:
+            assert f'class="round ddv-open-round" href="#" role=button data-file="{p["file"]}" data-round="0"' in html
+    assert set(r.files) == {f"traces/{i:04d}{s}.json" for i in (0, 1) for s in ("", ".dflash")}
+    status = ui.report_status(tab)
+    for side in (written, written["dflash"]):
+        assert f"mean acceptance {side['mean_acceptance']:.2f} over {side['rounds']} rounds" in status
+    assert "DDTree budget 8" in status and "DFlash chain" in status and str(report_dir) in status
+    # typed with a trailing slash and ~ for home, the same report
+    home = Path.home()
+    if report_dir.is_relative_to(home):
+        again = ui.load_report_dir(ui.TabState(), "~/" + str(report_dir.relative_to(home)) + "/")
+        assert again.report.summary == r.summary
+
+
+def test_a_miss_or_a_prompt_opens_its_round_in_the_step_view(report_dir, no_model):
+    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+    summary = tab.report.summary
+    miss = summary["top_misses"][0]["examples"][0]
+    tab = ui.open_report_round(tab, miss["file"], miss["round"])
+    trace = Trace.load(report_dir / miss["file"])
+    assert tab.replay and tab.session is None and tab.view == miss["round"]
+    assert tab.trace.output_ids == trace.output_ids and len(tab.trace.steps) == len(trace.steps)
+    views = ui.render_views(no_model, tab)
+    assert views.status.startswith(f"Round {miss['round'] + 1} of {len(trace.steps)} (replay of a saved trace")
+    assert views.tree_spec is not None and views.stop  # the round's tree and where its walk stopped
+    assert tab.report is not None  # the report stays loaded
+    # the page's click: 'file|round|nonce' (a prompt's DFlash chain trace, its last round)
+    chain = summary["dflash"]["per_prompt"][1]
+    n = len(Trace.load(report_dir / chain["file"]).steps)
+    tab = ui.open_report_click(tab, f"{chain['file']}|{n - 1}|1712345")
+    assert ui.render_views(no_model, tab).status.startswith(f"Round {n} of {n} (replay")
+    assert tab.trace.settings["method"] == "dflash"
+    # a round past the end shows the last one; a Reset in the step view keeps the report
+    tab = ui.open_report_round(tab, "traces/0000.json", 5000)
+    assert tab.view == len(tab.trace.steps) - 1
+    ui.reset(tab)
+    assert tab.trace is None and tab.report is not None
+
+
+def test_only_the_reports_own_traces_open(report_dir, tmp_path):
+    with pytest.raises(InputError, match="no report loaded"):
+        ui.open_report_round(ui.TabState(), "traces/0000.json", 0)
+    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+    outside = tmp_path / "t.json"
+    shutil.copy(report_dir / "traces" / "0000.json", outside)
+    for name in ("traces/0007.json", "../report/traces/0000.json", str(outside), "summary.json", "traces/0000.meta.json",
+                 None, 3):
+        with pytest.raises(InputError, match="not a trace of the loaded report"):
+            ui.open_report_round(tab, name, 0)
+    for value in ("", "traces/0000.json", "traces/0000.json|x|1", "traces/0000.json|-1|1"):
+        with pytest.raises(InputError):
+            ui.open_report_click(tab, value)
+
+
+def test_bad_directories_are_refused_clearly(report_dir, tmp_path):
+    tab = ui.TabState()
+    for text, message in (("", "type the path"), ("   ", "type the path"), (None, "type the path"),
+                          (str(tmp_path / "nowhere"), "is not a directory the server can read"),
+                          (str(report_dir / "summary.json"), "is not a directory"),
+                          (str(tmp_path), "has no summary.json"), ("x" * 5000, "not a directory path"),
+                          ("a\0b", "not a directory path")):
+        with pytest.raises(InputError, match=message):
+            ui.load_report_dir(tab, text)
+    assert tab.report is None
+    # summary.json without traces/
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(report_dir / "summary.json", bare / "summary.json")
+    with pytest.raises(InputError, match="has no traces/ folder"):
+        ui.load_report_dir(tab, str(bare))
+    # the typed text comes back escaped
+    hostile = tmp_path / "<b>x</b>"
+    with pytest.raises(InputError) as err:
+        ui.load_report_dir(tab, str(hostile))
+    assert "&lt;b&gt;x&lt;/b&gt;" in str(err.value) and "<b>" not in str(err.value)
+    # a corrupt trace, an unreadable summary, a bad prompt list: refused naming the file in the report, not its path
+    for name, text, message in (("traces/0001.json", '{"schema_version": 1', "traces/0001.json"),
+                                ("traces/0001.dflash.json", json.dumps({"steps": "many"}), "traces/0001.dflash.json"),
+                                ("summary.json", "[1, 2", "summary.json"),
+                                ("prompts.json", json.dumps({"prompts": 5}), "prompts.json"),
+                                ("traces/0000.meta.json", "[" * 100 + "]" * 100, "traces/0000.meta.json")):
+        broken = tmp_path / f"broken-{uuid.uuid4().hex}"
+        shutil.copytree(report_dir, broken)
+        (broken / name).write_text(text)
+        with pytest.raises(TraceError, match=message) as err:
+            ui.load_report_dir(tab, str(broken))
+        assert str(tmp_path) not in str(err.value)
+    assert tab.report is None
+
+
+def test_untrusted_text_in_a_report_is_escaped(report_dir, tmp_path):
+    """Token texts, prompts and sources come from files: every one shows as text."""
+    hostile = tmp_path / "hostile"
+    shutil.copytree(report_dir, hostile)
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    for f in (hostile / "traces").glob("*.json"):
+        if f.name.count(".") == 1 or f.name.endswith(".dflash.json"):
+            data = json.loads(f.read_text())
+            data["token_texts"] = {k: evil for k in data["token_texts"]}
+            f.write_text(json.dumps(data))
+    prompts = json.loads((hostile / "prompts.json").read_text())
+    for item in prompts["prompts"]:
+        item["prompt"], item["source"] = evil, evil + '" onmouseover="x'
+    (hostile / "prompts.json").write_text(json.dumps(prompts))
+    tab = ui.load_report_dir(ui.TabState(), str(hostile))
+    html = ui.report_html(tab)
+    assert "<script" not in html and "<img" not in html and "onmouseover=\"x" not in html
+    assert "&lt;script&gt;" in html and "&lt;img" in html
+
+
+def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(report_dir, tmp_path, no_model):
+    files = [report_dir / "summary.json", report_dir / "prompts.json", report_dir / "report.html",
+             *sorted((report_dir / "traces").glob("*.json")), *sorted((report_dir / "figures").glob("*.svg"))]
+    gradio = tmp_path / "gradio"
+    paths = uploaded(files, gradio)
+    tab = ui.load_report_upload(ui.TabState(), paths)
+    try:
+        assert tab.report.summary == ui.load_report_dir(ui.TabState(), str(report_dir)).report.summary
+        assert "6 other uploaded file(s) left out" in tab.report.note  # report.html and five figures
+        assert str(gradio) not in ui.report_status(tab) + ui.report_html(tab)
+        # gradio deletes its copies of uploads after a while: the round opens from the tab's own copy
+        shutil.rmtree(gradio)
+        tab = ui.open_report_round(tab, "traces/0001.dflash.json", 1)
+        assert ui.render_views(no_model, tab).status.startswith("Round 2 of ")
+        kept = tab.folder
+        assert kept is not None and (kept / "report" / "traces" / "0001.dflash.json").is_file()
+    finally:
+        tab.free()
+    assert tab.report is None and not kept.exists()  # the tab's files go with it
+
+
+def test_bad_uploads_are_refused_clearly(report_dir, tmp_path):
+    tab = ui.TabState()
+    root = tmp_path / "gradio"
+    traces = sorted((report_dir / "traces").glob("*.json"))
+    for paths, message in (([], "upload a report"), (None, "upload a report"),
+                           (uploaded(traces, root), "no summary.json"),
+                           (uploaded([report_dir / "summary.json"], root), "no traces"),
+                           (uploaded([report_dir / "summary.json", traces[0], traces[0]], root), "two uploaded files")):
+        with pytest.raises(InputError, match=message) as err:
+            ui.load_report_upload(tab, paths)
+        assert str(root) not in str(err.value)
+    # a file over the page's upload bound
+    big = tmp_path / "big" / "0005.json"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(ui.MAX_UPLOAD_BYTES + 1)
+    with pytest.raises(InputError, match="0005.json is .* bytes; an uploaded file may be at most 16 MB"):
+        ui.load_report_upload(tab, uploaded([report_dir / "summary.json", big], root))
+    # a corrupt trace among the uploads: named as uploaded, never by the server's path
+    bad = tmp_path / "bad" / "0001.json"
+    bad.parent.mkdir()
+    bad.write_text('{"schema_version": 1, "steps": 3}')
+    with pytest.raises(TraceError, match="traces/0001.json") as err:
+        ui.load_report_upload(tab, uploaded([report_dir / "summary.json", traces[0], bad], root))
+    assert str(root) not in str(err.value) and str(tmp_path) not in str(err.value)
+    assert tab.report is None
+    if tab.folder is not None:
+        tab.free()
+
+
+def test_report_loading_holds_no_model(report_dir):
+    """The Analyze tab works in replay mode (no model) and its reader imports no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ddtree_viz.analyze import read_report, report_files, summarize_report; "
+            f"summarize_report(read_report(report_files({str(report_dir)!r}))); "
+            "print([m for m in ('torch', 'transformers', 'gradio') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == "[]"
+
+
+def test_which_directories_a_page_reads(report_dir, tmp_path):
+    """A page reachable beyond this machine (--share, another --host) reads no typed directory unless started with
+    --report-root DIR; then only directories under DIR (relative paths from it; links that lead out refused)."""
+    from ddtree_viz.web import build_parser, report_dirs
+
+    def dirs(*argv):
+        return report_dirs(build_parser().parse_args(list(argv)))
+
+    assert dirs() == ui.ReportDirs(allowed=True) and dirs("--host", "localhost").allowed
+    assert not dirs("--share").allowed and not dirs("--host", "0.0.0.0").allowed
+    assert dirs("--share", "--report-root", str(tmp_path)) == ui.ReportDirs(allowed=True, root=str(tmp_path))
+    with pytest.raises(InputError, match="reads no directories typed in"):
+        ui.load_report_dir(ui.TabState(), str(report_dir), dirs("--share"))
+    root = tmp_path / "runs"
+    shutil.copytree(report_dir, root / "heldout")
+    (root / "elsewhere").symlink_to(report_dir, target_is_directory=True)
+    under = ui.ReportDirs(allowed=True, root=str(root))
+    assert ui.load_report_dir(ui.TabState(), "heldout", under).report.summary["prompts"] == 2
+    assert ui.load_report_dir(ui.TabState(), str(root / "heldout"), under).report is not None
+    for text in (str(report_dir), "../../", "elsewhere", "heldout/../../"):
+        with pytest.raises(InputError, match="is not under the page's report root"):
+            ui.load_report_dir(ui.TabState(), text, under)
