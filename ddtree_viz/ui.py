@@ -24,7 +24,7 @@ from .engine.models import ModelPair, load_pair
 from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
 from .engine.sampling import MAX_SEED, Sampler
 from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
-from .engine.engines import AUTO, ENGINES, default_engine, engine_for
+from .engine.engines import AUTO, ENGINES, default_engine, engine_for, warm_runner
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_layout_table, cache_spec, cache_table, cache_table_html
 from .render.diff_view import output_vs_greedy_html
@@ -112,6 +112,7 @@ class ModelHost:
         self._thread: threading.Thread | None = None
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
         self._layout_html: str | None = None
+        self.warmup_s = 0.0  # the static runner's compile at load (engines.warm_runner; CUDA only)
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -127,6 +128,11 @@ class ModelHost:
             pair = load_pair(target, draft, dtype=dtype, device=device)
             self.stage = "measuring the cache layout"
             self.layout = cache_layout_table(cache_layout(pair.target, pair.layer_types))
+            if self.engine in (AUTO, "runner") and engine_for(self.engine, "exact", pair.target) == "runner":
+                # the runner compiles its fused pieces once per process (CUDA): here, not in the first Step
+                self.stage = ("compiling the static runner's fused kernels (once per process: ~35 s on a fresh "
+                              "machine, seconds with a warm cache)")
+                self.warmup_s = warm_runner(pair.target)
             self.pair = pair
             self.stage = "ready"
         except DDTreeVizError as exc:
@@ -149,7 +155,9 @@ class ModelHost:
             return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
-                    f"transformers; {_threads()} torch thread(s); {esc(self.chat_note())}")
+                    f"transformers; {_threads()} torch thread(s)"
+                    + (f"; the runner's kernels compiled at load in {self.warmup_s:.1f} s" if self.warmup_s else "")
+                    + f"; {esc(self.chat_note())}")
         if self.replay_only:
             return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
                     "or load another; Step and Run need a model (start the app without --replay, or with --target).")

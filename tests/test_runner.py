@@ -422,3 +422,18 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     pair.drafter.to("cuda")
     assert RunnerOptions().resolve(torch.device("cuda")).compile
     _compiled_against_eager(pair, "cuda")
+
+
+def test_warm_runner_compiles_only_where_the_runner_compiles():
+    """The page's load builds a runner first where its construction compiles (CUDA), so the first Step does not
+    pay the compile; on a CPU (compile off) and for a target the runner does not serve it does nothing."""
+    from ddtree_viz.engine.engines import warm_runner
+    from ddtree_viz.engine.runner import RunnerOptions
+    from tests import tiny
+
+    hybrid = tiny.target_model("hybrid", seed=0)
+    assert not RunnerOptions().resolve(torch.device("cpu")).compile
+    assert warm_runner(hybrid) == 0.0
+    assert warm_runner(tiny.target_model("attention", seed=0)) == 0.0
+    if torch.cuda.is_available():
+        assert warm_runner(hybrid.cuda()) > 0.0

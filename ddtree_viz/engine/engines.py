@@ -29,6 +29,7 @@ F = concatenated hidden size of the drafter's feature layers, T = tree positions
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -282,6 +283,23 @@ def engine_for(preferred: str, verify: str, target=None, reference_gdn: bool = F
     if preferred not in _CLASSES:
         raise InputError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {preferred!r}")
     return preferred if verify in _CLASSES[preferred].verify_modes else TransformersEngine.name
+
+
+def warm_runner(target) -> float:
+    """Build and drop a small static runner for this target when its construction compiles (RunnerOptions.compile:
+    CUDA), so that the process pays the compile now (once: later runners reuse dynamo's graphs) and not in a
+    user's first Step. Returns the seconds it took (0.0 where nothing compiles or the runner does not apply)."""
+    if runner_blocker(target) is not None:
+        return 0.0
+    from .runner import RunnerOptions, StaticRunner
+
+    device = next(target.parameters()).device
+    if not RunnerOptions().resolve(device).compile:
+        return 0.0
+    start = time.perf_counter()
+    runner = StaticRunner(target, max_len=64, sizes=(1, 2))
+    del runner
+    return time.perf_counter() - start
 
 
 def make_engine(name: str, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
