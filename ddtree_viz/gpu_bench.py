@@ -576,7 +576,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
 
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
-    switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-tree"), ("gdn_kernel", "triton"), ("fused", False),
+    switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-solve"), ("gdn_kernel", "triton-tree"),
+                ("gdn_kernel", "triton"), ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True)]
     rows = []
     for field, value in switched:
@@ -906,6 +907,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .engine.runner import GDN_KERNELS
+
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.gpu_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
@@ -925,8 +928,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-only", action="store_true",
                    help="the runner only: of transformers' forward just the bound, prefill, greedy step and drafter pass; "
                         "with --exactness, check the runner only")
-    p.add_argument("--gdn-kernel", choices=("auto", "torch", "triton", "triton-tree"), default="auto",
-                   help="the runner's delta rule: auto = the Triton kernel on CUDA when Triton imports, else torch")
+    p.add_argument("--gdn-kernel", choices=GDN_KERNELS, default="auto",
+                   help="the runner's delta rule: auto = the Triton tree solve (triton-solve) on CUDA when Triton "
+                        "imports, else torch")
     p.add_argument("--no-fused", action="store_true", help="the runner without fused projections")
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager", help="the runner's attention form")
     p.add_argument("--no-compile", action="store_true",

@@ -12,8 +12,9 @@ import torch
 from transformers import DynamicCache
 
 from ddtree_viz.engine.gdn_tree import (
-    TreeIndex, commit_gdn_state, replay_state, state_after, tree_conv, tree_conv_reference, tree_delta_rule,
-    tree_delta_rule_reference, tree_gdn_forward, tree_gdn_forward_reference,
+    TreeIndex, commit_gdn_state, replay_state, solve_steps, state_after, tree_conv, tree_conv_reference,
+    tree_delta_rule, tree_delta_rule_parts, tree_delta_rule_reference, tree_gdn_forward, tree_gdn_forward_reference,
+    tree_solve,
 )
 from tests.tiny import target_model
 
@@ -111,6 +112,28 @@ def test_delta_rule_forms_agree_and_state_after_matches_replay():
     for pos in range(n):
         p = path(parents, pos)
         torch.testing.assert_close(state_after(p, k, g, delta, s0), replay_state(p, k, v, g, beta, s0), atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_heads_give_the_parts_of_repeated_heads_and_steps_count_the_depth():
+    """tree_delta_rule_parts on q, k with their key heads (each serving `rep` value heads) == on q, k repeated to the
+    value heads; solved, == the per-path recurrence. solve_steps is the tree's depth - 1 (at least 0)."""
+    gen = torch.Generator().manual_seed(4)
+    parents = random_tree(21, 7, random.Random(2))
+    n, hk, rep, dk, dv = len(parents), 2, 3, 8, 6
+    q = torch.nn.functional.normalize(torch.randn(n, hk, dk, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(n, hk, dk, generator=gen), dim=-1)
+    v, s0 = torch.randn(n, hk * rep, dv, generator=gen), torch.randn(hk * rep, dk, dv, generator=gen)
+    g, beta = -torch.rand(n, hk * rep, generator=gen) * 2, torch.rand(n, hk * rep, generator=gen)
+    masks = TreeIndex.build(parents, 4, "cpu").masks
+    qr, kr = q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1)
+    grouped = tree_delta_rule_parts(q, k, v, g, beta, s0, masks.anc_float, masks.off_path)
+    repeated = tree_delta_rule_parts(qr, kr, v, g, beta, s0, masks.anc_float, masks.off_path)
+    for a, b in zip(grouped, repeated):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    out, _ = tree_solve(*grouped)
+    torch.testing.assert_close(out, tree_delta_rule_reference(qr, kr, v, g, beta, s0, parents), atol=1e-5, rtol=1e-5)
+    assert int(solve_steps(masks.anc_float)) == 6
+    assert int(solve_steps(TreeIndex.build([-1], 4, "cpu").masks.anc_float)) == 0
 
 
 def test_tree_index_rejects_children_before_parents():

@@ -356,10 +356,11 @@ def test_runner_options_on_the_cpu():
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
 
 
-def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60):
-    """The runner with its compiled pieces (RunnerOptions.compile) against the same runner without them, on one
-    target: a tree pass's logits and features, the state after a commit, greedy == transformers' greedy and DDTree ==
-    greedy across tree sizes and length buckets (no graph compiled after the runner's construction)."""
+def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch"):
+    """The runner with its compiled pieces (RunnerOptions.compile; tree delta rule `gdn_kernel`) against the eager
+    runner with the torch forms, on one target: a tree pass's logits and features, the state after a commit,
+    greedy == transformers' greedy and DDTree == greedy across tree sizes and length buckets (no graph compiled
+    after the runner's construction)."""
     from torch._dynamo.utils import counters
 
     from ddtree_viz.engine.runner import RunnerOptions
@@ -370,8 +371,9 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60):
     kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
     eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False), **kw)
     graphs = counters["stats"]["unique_graphs"]
-    runner = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", True), **kw)
+    runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True), **kw)
     assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
+    assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
     made = counters["stats"]["unique_graphs"] - graphs
     assert made <= 16, made
@@ -421,7 +423,9 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     pair.target.to("cuda")
     pair.drafter.to("cuda")
     assert RunnerOptions().resolve(torch.device("cuda")).compile
-    _compiled_against_eager(pair, "cuda")
+    assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-solve"
+    for kernel in ("torch", "triton-solve"):
+        _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
 
 
 def test_warm_runner_compiles_only_where_the_runner_compiles():

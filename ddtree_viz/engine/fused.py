@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-from .gdn_tree import _l2norm, tree_conv, tree_delta_rule_masked
+from .gdn_tree import _l2norm, tree_conv, tree_delta_rule_masked, tree_delta_rule_parts
 
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -148,13 +148,11 @@ def _delta_step(q, k, v, g, beta, state):
     return out[None], delta[None]
 
 
-def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, norm_weight, anc_float, off_path,
-             key_dim: int, head_k: int, head_v: int, rep: int, eps: float):
-    """A GDN layer between its projections and its out_proj: gdn_tree.gdn_inputs (tree conv, l2 norms, gates),
-    the delta rule (one step when T = 1, else the parallel tree form on the pass's masks) and gdn_tree.gdn_output's
-    gated RMSNorm. u [T, C], z [T, H*V], b, a [T, H] (projections); conv_state [C, kernel]; conv_weight
-    [C, kernel]; gather [T, kernel]; state [H, K, V] fp32; anc_float, off_path [T, T] (None when T = 1).
-    Returns (o [T, H*V] for out_proj, k [T, H, K], g [T, H], delta [T, H, V]); the state is not touched."""
+def gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim: int, head_k: int, head_v: int,
+             rep: int):
+    """gdn_tree.gdn_inputs between the projections and the delta rule: tree conv, l2 norms, gates. u [T, C], b, a
+    [T, H]; conv_state, conv_weight [C, kernel]; gather [T, kernel]. Returns q, k [T, H, K], v [T, H, V], g, beta
+    [T, H], all fp32 (q and k repeated to the value heads where rep > 1; rep = 1 keeps the Hk key heads)."""
     n = u.shape[0]
     mixed = tree_conv(u, conv_state, conv_weight, gather)
     qk = _l2norm(mixed[:, : 2 * key_dim].reshape(n, 2, -1, head_k).float())  # queries, keys: [T, 2, Hk, K]
@@ -164,15 +162,40 @@ def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state,
     g = (-A_log.float().exp() * F.softplus(a.float() + dt_bias)).float()
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-    if n == 1:
+    return q, k, v, g, beta
+
+
+def gated_norm(core, z, norm_weight, head_v: int, eps: float):
+    """transformers' Qwen3_5RMSNormGated (gdn_tree.gdn_output before out_proj): normalise in fp32, scale in the
+    model's dtype, gate by SiLU(z) in fp32. core [T, H, V] fp32, z [T, H*V] -> [T, H*V] in z's dtype."""
+    n = core.shape[0]
+    x = core.to(z.dtype).reshape(-1, head_v).float()
+    x = norm_weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(z.dtype)
+    return (x * F.silu(z.reshape(-1, head_v).float())).to(z.dtype).reshape(n, -1)
+
+
+def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, norm_weight, anc_float, off_path,
+             key_dim: int, head_k: int, head_v: int, rep: int, eps: float):
+    """A GDN layer between its projections and its out_proj: `gdn_prep`, the delta rule (one step when T = 1, else
+    the parallel tree form on the pass's masks) and `gated_norm`. u [T, C], z [T, H*V], b, a [T, H] (projections);
+    conv_state [C, kernel]; conv_weight [C, kernel]; gather [T, kernel]; state [H, K, V] fp32; anc_float, off_path
+    [T, T] (None when T = 1). Returns (o [T, H*V] for out_proj, k [T, H, K], g [T, H], delta [T, H, V]); the
+    state is not touched."""
+    q, k, v, g, beta = gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim, head_k, head_v, rep)
+    if u.shape[0] == 1:
         core, delta = _delta_step(q, k, v, g, beta, state)
     else:
         core, delta = tree_delta_rule_masked(q, k, v, g, beta, state, anc_float, off_path)
-    # transformers' Qwen3_5RMSNormGated: normalise in fp32, scale in the model's dtype, gate by SiLU(z) in fp32
-    x = core.to(z.dtype).reshape(-1, head_v).float()
-    x = norm_weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(z.dtype)
-    out = (x * F.silu(z.reshape(-1, head_v).float())).to(z.dtype).reshape(n, -1)
-    return out, k, g, delta
+    return gated_norm(core, z, norm_weight, head_v, eps), k, g, delta
+
+
+def gdn_tree_parts(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, anc_float, off_path,
+                   key_dim: int, head_k: int, head_v: int):
+    """`gdn_core` up to the tree solve, for the Triton solve (kernels/tree_solve.py) to finish: `gdn_prep` (q and k
+    on their key heads), then gdn_tree.tree_delta_rule_parts. Returns (A, Qd [H, T, T], rhs, base [H, T, V],
+    k [T, Hk, K] (the commit repeats it), g [T, H])."""
+    q, k, v, g, beta = gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim, head_k, head_v, 1)
+    return (*tree_delta_rule_parts(q, k, v, g, beta, state, anc_float, off_path), k, g)
 
 
 def attention_prep(qg, k, v, q_scale, k_scale, q_eps: float, k_eps: float, cos, sin, head_dim: int, kv_heads: int):

@@ -28,8 +28,11 @@ captured size with inert nodes (children of the root that nothing descends from)
 
 Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
 bitwise what they were):
-    gdn_kernel  the delta rule in one Triton kernel per GDN layer (kernels/tree_gdn.py) instead of ~25 torch
-                kernels and two triangular solves; "triton-tree" keeps the torch one-step form for T = 1
+    gdn_kernel  "triton-solve" (the default on CUDA): the tree form's parallel part as before (batched GEMMs,
+                fused elementwise work), its triangular solve and output product in one Triton kernel
+                (kernels/tree_solve.py, level by level) instead of cuBLAS's batched solve and a bmm;
+                "triton": the whole delta rule in one Triton kernel per GDN layer (kernels/tree_gdn.py),
+                "triton-tree" the same but the torch one-step form for T = 1; "torch": cuBLAS's solve
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -57,7 +60,8 @@ from .cache import layer_types
 from . import fused as fz
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
 from .kernels import interpreting, triton_available
-from .gdn_tree import TreeIndex, TreeMasks, gdn_inputs, gdn_output, tree_delta_rule
+from .gdn_tree import (TreeIndex, TreeMasks, gdn_inputs, gdn_output, solve_steps, tree_delta_rule,
+                       tree_delta_rule_parts)
 from ..treeops import ancestor_matrix, conv_gather
 from .tree import DraftTree
 from .verify import decoder_layers, gdn_modules
@@ -72,7 +76,7 @@ def delta_rule_step(q, k, v, g, beta, state):
     return out[None], delta[None]
 
 
-GDN_KERNELS = ("auto", "torch", "triton", "triton-tree")
+GDN_KERNELS = ("auto", "torch", "triton-solve", "triton", "triton-tree")
 ATTENTION_KINDS = ("eager", "sdpa")
 
 
@@ -80,10 +84,12 @@ ATTENTION_KINDS = ("eager", "sdpa")
 class RunnerOptions:
     """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
     the compiled elementwise pieces on CUDA (greedy step 21.4 -> 16.2 ms at Qwen3.6-27B shapes on an H200), the
-    torch tree delta rule everywhere (there the Triton kernel verified a budget-64 tree in 33.5 ms against 29.3 ms
-    for the torch form; docs/PERFORMANCE.md section 6); `resolve` says what a device gets."""
+    Triton tree solve on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve` says
+    what a device gets."""
 
-    gdn_kernel: str = "auto"  # auto (= torch) | torch | triton (trees and the one-node step) | triton-tree (trees only)
+    # auto (CUDA with Triton: triton-solve; else torch) | torch | triton-solve | triton (trees and the one-node step)
+    # | triton-tree (trees only)
+    gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
     compile: bool | None = None  # fused elementwise pieces through torch.compile (None: on CUDA where Triton imports)
@@ -96,7 +102,7 @@ class RunnerOptions:
         cuda = device.type == "cuda"
         kernel = self.gdn_kernel
         if kernel == "auto":
-            kernel = "torch"
+            kernel = "triton-solve" if cuda and triton_available() else "torch"
         elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
             raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
         compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
@@ -166,11 +172,19 @@ class StaticRunner:
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
         self.kernel_error: str | None = None  # why the Triton delta rule was refused here (the torch form runs)
-        self._tree_kernel = None
+        self._tree_kernel = None  # the whole delta rule in Triton ("triton", "triton-tree")
+        self._solve = None  # the tree solve in Triton ("triton-solve")
+        self._solve_max = 0  # its largest tree (positions); larger ones take cuBLAS's solve
         if self.options.gdn_kernel != "torch":
-            self._tree_kernel = self._checked_kernel(next(iter(gdn.values())))
-            if self._tree_kernel is None:
+            kernel = self._checked_kernel(next(iter(gdn.values())))
+            if kernel is None:
                 self.options = replace(self.options, gdn_kernel="torch")
+            elif self.options.gdn_kernel == "triton-solve":
+                from .kernels.tree_solve import MAX_T
+
+                self._solve, self._solve_max = kernel, MAX_T
+            else:
+                self._tree_kernel = kernel
         self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
@@ -220,11 +234,10 @@ class StaticRunner:
             self._compile_setup(gdn)
 
     def _checked_kernel(self, gdn):
-        """The Triton delta rule, once it has compiled and matched the torch form on this device at this layer's
-        head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does not."""
+        """The Triton delta rule (or tree solve), once it has compiled and matched the torch form on this device at
+        this layer's head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does
+        not."""
         try:
-            from .kernels.tree_gdn import tree_delta_rule_triton
-
             rng, gen = random.Random(0), torch.Generator().manual_seed(0)
             parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
             anc = torch.from_numpy(ancestor_matrix(parents)).to(self.device)
@@ -233,12 +246,21 @@ class StaticRunner:
             v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
             g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
             args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
-            got = tree_delta_rule_triton(*args, anc)
-            args[:2] = [x.repeat_interleave(2, dim=1) for x in args[:2]]
-            want = tree_delta_rule(*args, anc)
+            grouped = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
+            want = tree_delta_rule(*grouped, anc)
+            if self.options.gdn_kernel == "triton-solve":
+                from .kernels.tree_solve import tree_solve_triton as kernel
+
+                masks = TreeMasks.of(anc)
+                got = kernel(*tree_delta_rule_parts(*grouped, masks.anc_float, masks.off_path),
+                             solve_steps(masks.anc_float))
+            else:
+                from .kernels.tree_gdn import tree_delta_rule_triton as kernel
+
+                got = kernel(*args, anc)
             for a, b in zip(got, want):
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-            return tree_delta_rule_triton
+            return kernel
         except Exception as exc:  # a kernel that cannot run here must not stop the runner
             self.kernel_error = f"{type(exc).__name__}: {str(exc)[:500]}"
             return None
@@ -380,22 +402,25 @@ class StaticRunner:
         # [1, 1, rep*T, cols], one row per (query head of a KV group, node): eager wants True = not attended,
         # SDPA True = attended
         mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
-        torch_tree = T > 1 and self._tree_kernel is None
-        index = TreeIndex((), slot.anc, slot.gather, TreeMasks.of(slot.anc) if torch_tree else None)  # shared by layers
+        index, kernel, steps = self._pass_index(slot)  # shared by layers
         feats, stash = {}, []
         for i, layer in enumerate(self.layers):
             h = self._norm(layer.input_layernorm, x)
             if i in self.conv:
                 gdn = layer.linear_attn
                 fused = self._fused.get((i, "mixer"))
-                kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
-                # the kernel reads grouped q/k heads in place (the commit repeats the stashed keys, all layers at once)
+                # the kernels read grouped q/k heads in place (the commit repeats the stashed keys, all layers at once)
                 u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None,
-                                                    fused(h[0]) if fused is not None else None, repeat_heads=not kernel)
+                                                    fused(h[0]) if fused is not None else None,
+                                                    repeat_heads=not kernel and steps is None)
                 if kernel:
                     core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
                 elif T == 1:  # a decode step: the recurrence itself, one step
                     core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
+                elif steps is not None:  # the parallel part in torch, the solve in Triton
+                    m = index.masks
+                    core, delta = self._solve(*tree_delta_rule_parts(q, k, v, g, beta, self.rec[i], m.anc_float,
+                                                                     m.off_path), steps)
                 else:
                     core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc, index.masks)
                 out = gdn_output(gdn, core, z, h.dtype)[None]
@@ -456,15 +481,14 @@ class StaticRunner:
         visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
         visible.index_copy_(1, tree_cols, slot.anc)
         mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
-        masks = TreeMasks.of(slot.anc) if T > 1 and self._tree_kernel is None else None
-        index = TreeIndex((), slot.anc, slot.gather, masks)
+        index, kernel, steps = self._pass_index(slot)
         fz.mark_dynamic(x, 1, cos, 1, sin, 1, mask, 2, mask, 3)
         feats, stash = {}, []
         first = self.layers[0].input_layernorm
         h = fz.compiled(fz.rms_norm)(x, self._norm_scale[id(first)], first.eps)
         for i, layer in enumerate(self.layers):
             if i in self.conv:
-                out, parts = self._gdn_compiled(i, layer.linear_attn, h, slot, index)
+                out, parts = self._gdn_compiled(i, layer.linear_attn, h, slot, index, kernel, steps)
                 stash.append(parts)
             else:
                 out = self._attention_compiled(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
@@ -479,14 +503,27 @@ class StaticRunner:
         stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
         return logits, features, stacked
 
-    def _gdn_compiled(self, i, gdn, h, slot: _Slot, index: TreeIndex):
+    def _pass_index(self, slot: _Slot):
+        """What every GDN layer of a pass shares: (index, kernel, steps). kernel: the whole delta rule runs in
+        Triton (kernels/tree_gdn.py); else index.masks serve the torch tree form (T > 1), whose solve runs in
+        Triton (kernels/tree_solve.py) where `steps`, its repetition count, is given (gdn_tree.solve_steps, on the
+        device, once a pass; None for one node or a tree past the solve's MAX_T positions)."""
+        T = slot.size
+        kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
+        masks = TreeMasks.of(slot.anc) if T > 1 and not kernel else None
+        steps = None
+        if self._solve is not None and masks is not None and T <= self._solve_max:
+            steps = solve_steps(masks.anc_float)
+        return TreeIndex((), slot.anc, slot.gather, masks), kernel, steps
+
+    def _gdn_compiled(self, i, gdn, h, slot: _Slot, index: TreeIndex, kernel: bool, steps):
         """One GDN layer: its fused projection (a GEMM), the fused core (compiled) and out_proj (a GEMM); the
-        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward."""
-        T = h.shape[1]
+        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward; the Triton tree solve
+        (`steps` not None) between two compiled pieces."""
         fused = self._fused.get((i, "mixer"))
         x = h[0]
         proj = fused(x) if fused is not None else (gdn.in_proj_qkv(x), gdn.in_proj_z(x), gdn.in_proj_b(x), gdn.in_proj_a(x))
-        if self._tree_kernel is not None and (T > 1 or self._step_kernel):
+        if kernel:
             u, z, q, k, v, g, beta = gdn_inputs(gdn, x, self.conv[i], index, None, proj, repeat_heads=False)
             core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
             return gdn_output(gdn, core, z, h.dtype)[None], (u, k, g, delta)
@@ -495,6 +532,14 @@ class StaticRunner:
         masks = index.masks
         anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
         fz.mark_dynamic(u, 0, z, 0, b, 0, a, 0, slot.gather, 0, anc, 0, anc, 1, off, 0, off, 1)
+        if steps is not None:
+            parts_dims = {key: val for key, val in dims.items() if key not in ("eps", "rep")}
+            A, Qd, rhs, base, k, g = fz.compiled(fz.gdn_tree_parts)(u, b, a, self.conv[i], conv_w, slot.gather, A_log,
+                                                                    dt_bias, self.rec[i], anc, off, **parts_dims)
+            core, delta = self._solve(A, Qd, rhs, base, steps)
+            fz.mark_dynamic(core, 0)
+            o = fz.compiled(fz.gated_norm)(core, z, norm_w, dims["head_v"], dims["eps"])
+            return gdn.out_proj(o)[None], (u, k, g, delta)
         o, k, g, delta = fz.compiled(fz.gdn_core)(u, z, b, a, self.conv[i], conv_w, slot.gather, A_log, dt_bias,
                                                   self.rec[i], norm_w, anc, off, **dims)
         return gdn.out_proj(o)[None], (u, k, g, delta)
