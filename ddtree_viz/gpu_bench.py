@@ -522,7 +522,84 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     if bench.cuda:
         torch.cuda.empty_cache()
     out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
+    out["tree_forms"] = tree_forms(bench, target, sync)
     out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)
+    return out
+
+
+def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int = 48) -> dict:
+    """The tree delta rule's forms, one GDN layer of ``target`` at a time, on random inputs of a tree of depth 15 with
+    T = ``positions`` (budgets 64 and 128): microseconds per call of the torch form (compiled where the runner
+    compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
+    product (cuBLAS's, and the Triton kernel's with each product precision), each Triton form's largest difference
+    from the torch form. On CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in
+    the runner); elsewhere they are timed eagerly. A form that cannot run here says why."""
+    import random
+
+    from .engine import fused as fz
+    from .engine.gdn_tree import (TreeIndex, solve_steps, tree_delta_rule_masked, tree_delta_rule_parts,
+                                  tree_solve)
+    from .engine.kernels import triton_available
+    from .engine.runner import RunnerOptions
+    from .engine.verify import gdn_modules
+
+    layer = next(iter(gdn_modules(target).values()))
+    H, Hk, K, V = layer.num_v_heads, layer.num_k_heads, layer.head_k_dim, layer.head_v_dim
+    dev = torch.device(bench.device)
+    compiles = RunnerOptions().resolve(dev).compile
+    gen = torch.Generator().manual_seed(0)
+    timed = timer(sync)
+
+    def per_call_us(fn) -> float | str:
+        try:
+            if not bench.cuda:
+                return round(timed(fn, repeats=5) * 1e3, 2)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            return round(timed(graph.replay, repeats=10) * 1e3 / calls, 2)
+        except Exception as exc:  # a form that cannot run here
+            return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    out: dict = {"heads": H, "key_heads": Hk, "K": K, "V": V, "calls_per_graph": calls if bench.cuda else None,
+                 "compiled": compiles}
+    for T in positions:
+        parents = [-1] + [max(0, i - 1) if i <= 15 else random.Random(i).randrange(15) for i in range(1, T)]
+        masks = TreeIndex.build(parents, 4, dev).masks
+        q, k = (torch.nn.functional.normalize(torch.randn(T, Hk, K, generator=gen), dim=-1).to(dev) for _ in range(2))
+        q = q / K**0.5
+        v, state = torch.randn(T, H, V, generator=gen).to(dev), torch.randn(H, K, V, generator=gen).to(dev)
+        g, beta = (-2 * torch.rand(T, H, generator=gen)).to(dev), torch.rand(T, H, generator=gen).to(dev)
+        qr, kr = q.repeat_interleave(H // Hk, 1), k.repeat_interleave(H // Hk, 1)
+        anc, off = masks.anc_float, masks.off_path
+        form = fz.compiled(tree_delta_rule_masked) if compiles else tree_delta_rule_masked
+        parts_fn = fz.compiled(tree_delta_rule_parts) if compiles else tree_delta_rule_parts
+        want = form(qr, kr, v, g, beta, state, anc, off)
+        parts = parts_fn(q, k, v, g, beta, state, anc, off)
+        steps = solve_steps(anc)
+        row = {"steps": int(steps),
+               "torch_form_us": per_call_us(lambda: form(qr, kr, v, g, beta, state, anc, off)),
+               "parts_repeated_heads_us": per_call_us(lambda: parts_fn(qr, kr, v, g, beta, state, anc, off)),
+               "parts_key_heads_us": per_call_us(lambda: parts_fn(q, k, v, g, beta, state, anc, off)),
+               "solve_cublas_us": per_call_us(lambda: tree_solve(*parts))}
+        for precision in ("tf32x3", "ieee"):
+            key = f"solve_triton_{precision}"
+            if not (bench.cuda and triton_available()):
+                row[key] = "needs Triton and a CUDA device"
+                continue
+            from .engine.kernels.tree_solve import tree_solve_triton
+
+            got = tree_solve_triton(*parts, steps, precision=precision)
+            row[f"{key}_us"] = per_call_us(lambda: tree_solve_triton(*parts, steps, precision=precision))
+            row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        out[str(T)] = row
     return out
 
 

@@ -44,6 +44,13 @@ def test_gpu_bench_smoke_with_the_runner(tmp_path):
     assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
+    forms = fast["tree_forms"]  # the tree delta rule's forms per GDN layer (the Triton ones need CUDA)
+    for T in ("65", "129"):
+        row = forms[T]
+        assert row["steps"] == 14
+        for key in ("torch_form_us", "parts_repeated_heads_us", "parts_key_heads_us", "solve_cublas_us"):
+            assert row[key] > 0, key
+        assert row["solve_triton_tf32x3"] == "needs Triton and a CUDA device"
     targets = fast["targets"]
     for name in ("greedy_step", "draft_in_round", "round_64", "host_per_round", "prefill_2048", "exactness_fp32"):
         assert isinstance(targets[name]["met"], bool), name
