@@ -42,7 +42,25 @@ KEYS_JS = """
       });
     });
   };
-  new MutationObserver(hook).observe(document.body, {childList: true, subtree: true});
+  // gradio's Plot re-mounts its plotly div for every new figure, after the old div's own update has drawn that
+  // figure into the old div, which is then removed: every figure was drawn twice a Step (~0.3 s of the browser's
+  // ~0.6 s on a 2-core machine). A div of the page that has been drawn is not drawn again: a new figure always
+  // arrives in a new div (and the same figure again needs no drawing).
+  const drawOnce = () => {
+    const P = window.Plotly;
+    if (!P || P._ddvOnce) return;
+    P._ddvOnce = true;
+    const react = P.react;
+    P._ddvDraws = 0;  // figures drawn since (a test counts them: one a figure a Step)
+    P.react = function (gd, ...args) {
+      if (gd && gd._ddvDrawn && gd.closest && gd.closest('[id^="ddv-"]')) return Promise.resolve(gd);
+      const out = react.call(this, gd, ...args);
+      if (gd) gd._ddvDrawn = true;
+      P._ddvDraws += 1;
+      return out;
+    };
+  };
+  new MutationObserver(() => { drawOnce(); hook(); }).observe(document.body, {childList: true, subtree: true});
   document.addEventListener('keydown', (e) => {
     const t = e.target;
     if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;

@@ -87,6 +87,27 @@ def test_step_three_rounds_scrub_back_and_screenshot(page):
     assert len(Trace.load(saved).steps) == 3
 
 
+def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
+    """gradio's Plot re-mounts its div for every new figure after drawing that figure into the old div too: the page
+    draws each figure once (seven a Step: tree, mask, cache chart, acceptance, grid, budget curve, depth), into the
+    div that stays, and each shows the new round."""
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    step = page.get_by_role("button", name="Step", exact=True)
+    step.click()
+    wait_status(page, "Round 1 of 1")
+    page.wait_for_function("window.Plotly && window.Plotly._ddvDraws !== undefined", timeout=30_000)
+    for k in (2, 3):
+        before = page.evaluate("window.Plotly._ddvDraws")
+        step.click()
+        wait_status(page, f"Round {k} of {k}")
+        page.wait_for_function(f"document.querySelector('#ddv-grid').innerText.includes('round {k}')", timeout=30_000)
+        page.wait_for_timeout(1500)  # anything late (the old divs' updates) has come by now
+        assert page.evaluate("window.Plotly._ddvDraws") - before == 7
+        for elem in ("ddv-tree", "ddv-mask", "ddv-cache-chart", "ddv-acceptance", "ddv-grid", "ddv-budget", "ddv-depth"):
+            assert page.locator(f"#{elem} .js-plotly-plot").count() == 1, elem
+        assert page.locator("#ddv-acceptance g.point").count() == k  # one bar a round so far
+
+
 def test_errors_show_in_the_page_and_the_app_keeps_serving(page):
     page.get_by_label("Prompt").fill("")
     page.get_by_role("button", name="Step", exact=True).click()
