@@ -246,14 +246,14 @@ class StaticRunner:
             v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
             g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
             args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
-            grouped = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
-            want = tree_delta_rule(*grouped, anc)
-            if self.options.gdn_kernel == "triton-solve":
+            repeated = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
+            want = tree_delta_rule(*repeated, anc)
+            if self.options.gdn_kernel == "triton-solve":  # on the parts of grouped q/k heads, as the runner calls it
                 from .kernels.tree_solve import tree_solve_triton as kernel
 
                 masks = TreeMasks.of(anc)
-                got = kernel(*tree_delta_rule_parts(*grouped, masks.anc_float, masks.off_path),
-                             solve_steps(masks.anc_float))
+                parts = tree_delta_rule_parts(*args, masks.anc_float, masks.off_path)
+                got = kernel(*parts, solve_steps(masks.anc_float))
             else:
                 from .kernels.tree_gdn import tree_delta_rule_triton as kernel
 
