@@ -187,6 +187,15 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def record_failure(out: Path, index: int, exc: BaseException, side: str = "") -> None:
+    """traces/NNNN.error.json for a prompt that failed (too long, out of memory, a bug): its error in one line."""
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    _write_json(trace_path(out, index, "error", side), {"index": index, "error": message, "kind": type(exc).__name__})
+
+
 def run_prompts(pair, items: list[dict], out: Path, args, rank: int = 0, label: str = "") -> tuple[int, bool]:
     """Decode `items` into out/traces/ (with --method both, each prompt with DDTree and then the DFlash chain),
     skipping each trace that exists when args.resume. A decode that fails is recorded with its error and the run
@@ -213,12 +222,7 @@ def run_prompts(pair, items: list[dict], out: Path, args, rank: int = 0, label: 
                 interrupted = True
                 break
             except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the run goes on
-                if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
-                    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                else:
-                    message = f"{type(exc).__name__}: {exc}"
-                _write_json(trace_path(out, i, "error", side), {"index": i, "error": message,
-                                                                 "kind": type(exc).__name__})
+                record_failure(out, i, exc, side)
             _write_json(trace_path(out, i, "meta", side), {"index": i, "wall_s": round(time.perf_counter() - start, 3),
                                                            "process": rank})
             decoded = True

@@ -313,6 +313,7 @@ class TabState:
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
         self.folder: Path | None = None  # this tab's downloads and exports
+        self.set_stop = threading.Event()  # the Analyze tab's Stop: the prompt set run from the page ends
 
     def __deepcopy__(self, memo) -> "TabState":  # gradio copies a tab's initial value: a fresh lock, no folder
         return dataclasses.replace(self)
@@ -327,7 +328,8 @@ class TabState:
             self.epoch += 1
 
     def free(self) -> None:
-        """The tab is gone: drop its session and records and delete its files."""
+        """The tab is gone: drop its session and records and delete its files (a prompt set it runs stops)."""
+        self.set_stop.set()
         self.clear()
         with self.lock:
             folder, self.folder, self.report = self.folder, None, None
@@ -810,6 +812,108 @@ def load_report_upload(tab: TabState, paths) -> TabState:
     with tab.lock:
         tab.report = loaded
     return tab
+
+
+PAGE_SET_MAX_PROMPTS = 32  # a prompt set run from the page: at most this many prompts (the CLI's analyze: any)
+PAGE_SET_MAX_TOKENS = 256  # ... and new tokens a prompt
+
+
+def prompt_sets() -> list[str]:
+    """The shipped prompt sets (ddtree_viz/prompts/) the Analyze tab can run, by name."""
+    from .analyze import PROMPTS_DIR
+
+    return sorted(p.stem for p in PROMPTS_DIR.iterdir() if p.suffix in (".txt", ".jsonl"))
+
+
+def default_prompt_set() -> str | None:
+    """The set the page offers first: the held-out code prompts (never seen in training), else the first."""
+    names = prompt_sets()
+    return "heldout-code" if "heldout-code" in names else (names[0] if names else None)
+
+
+def _set_spec(host: ModelHost, item: dict, chat, system, thinking) -> PromptSpec:
+    """One prompt of a set as the Step tab's chat controls say: text, or a conversation (needs the template)."""
+    if "messages" not in item:
+        return prompt_spec(host, item["prompt"], chat, system, thinking)
+    if not chat:
+        raise InputError("a chat prompt ({'messages': [...]}) needs the chat template: switch 'Chat template' on")
+    messages = item["messages"]
+    if not all(isinstance(m, dict) for m in messages):
+        raise InputError("each message must be an object with 'role' and 'content'")
+    spec = prompt_spec(host, "", True, system, thinking)
+    return check_spec(dataclasses.replace(spec, messages=tuple((m.get("role"), m.get("content")) for m in messages)))
+
+
+def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_new_tokens, limit, chat=False,
+                   system="", thinking=True):
+    """The Analyze tab's 'Run the set': the first `limit` prompts of a shipped set (`source`, by name) or of an
+    uploaded prompt file (`upload`, a path; it wins), each decoded with DDTree (exact, greedy) and checked against
+    greedy as `analyze` does, into this tab's folder (a report directory: prompts.json, traces/, summary.json),
+    then shown in the tab. A generator: it yields a progress line after each prompt. The model is taken round by
+    round (other tabs' Steps go in between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and
+    the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on."""
+    from .analyze import _write_json, read_prompts, record_failure, trace_path
+
+    budget = _check_int("budget", budget, 1, MAX_BUDGET)
+    max_new = _check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
+    limit = _check_int("prompts", limit, 1, PAGE_SET_MAX_PROMPTS)
+    if upload:
+        path = Path(upload)
+        if not path.is_file() or path.stat().st_size > MAX_UPLOAD_BYTES:
+            raise InputError(f"the prompt file must be a file of at most {MAX_UPLOAD_BYTES // (1024 * 1024)} MB")
+        name, items = _named(path.name), read_prompts(path)
+    else:
+        if source not in prompt_sets():
+            raise InputError(f"no prompt set named {_named(source or '')}: choose one of {', '.join(prompt_sets())}")
+        name, items = source, read_prompts(source)
+    pair = host.require()
+    items = items[:limit]
+    tab.set_stop.clear()
+    out = tab.new_folder("prompt-set")
+    (out / "traces").mkdir()
+    settings = {"budget": budget, "budgets": [], "max_new_tokens": max_new, "method": "ddtree", "block_size": None,
+                "dtype": host.args[2], "device": host.args[3], "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+    _write_json(out / "prompts.json", {"file": name, "prompts": items, "settings": settings})
+    engine, reference = engine_for(host.engine, "exact", pair.target), None
+    start, tokens, done = time.perf_counter(), 0, 0
+    for item in items:
+        if tab.set_stop.is_set():
+            break
+        i = item["index"]
+        try:
+            session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine=engine,
+                                    reference_engine=reference)
+            with host.lock:
+                session.prefill(spec=_set_spec(host, item, chat, system, thinking))
+            engine, reference = session.target_engine, session.reference_engine  # kept for the next prompt
+            while not session.done and not tab.set_stop.is_set():
+                with host.lock:
+                    session.step()
+            if not session.done:
+                break  # stopped inside this prompt: it is left out
+            with host.lock:
+                trace = session.to_trace(with_greedy=True)
+            trace.save(trace_path(out, i))
+            tokens += len(trace.output_ids)
+        except Exception as exc:  # recorded, as analyze does; the set goes on (on fresh engines: the shared ones may
+            record_failure(out, i, exc)  # hold half of the failed prompt)
+            engine, reference = engine_for(host.engine, "exact", pair.target), None
+        done += 1
+        elapsed = time.perf_counter() - start
+        eta = elapsed / done * (len(items) - done)
+        yield (f"{done} of {len(items)} prompts, {tokens / elapsed:.1f} tokens/s, "
+               f"about {int(eta) // 60}:{int(eta) % 60:02d} left")
+    stopped = tab.set_stop.is_set() and done < len(items)
+    if done == 0:
+        raise InputError("stopped before the first prompt was done: nothing to show")
+    files = report_files(out)
+    report = read_report(files, names=True, max_bytes=MAX_REPORT_BYTES)
+    _write_json(out / "summary.json", summarize_report(report))
+    note = f"run on this page: {done} of {len(items)} prompts" + (" (stopped)" if stopped else "")
+    loaded = _read_report(report_files(out), f"{name} (run here)", note)
+    with tab.lock:
+        tab.report = loaded
+    yield f"done: {note}"
 
 
 def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedReport:

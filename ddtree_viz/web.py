@@ -402,6 +402,30 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                            f"{ui.MAX_UPLOAD_BYTES // 2**20} MB, together {ui.MAX_REPORT_BYTES // 2**20} MB)"),
                     file_count="multiple", file_types=[".json"], type="filepath", height=120,
                     elem_id="ddv-report-upload")
+                with gr.Accordion("…or run a prompt set here, on the loaded model", open=False,
+                                  elem_id="ddv-set-run"):
+                    with gr.Row(equal_height=True):
+                        set_source = gr.Dropdown(ui.prompt_sets(), value=ui.default_prompt_set(),
+                                                 label="shipped prompt set", elem_id="ddv-set-source", scale=2)
+                        set_upload = gr.File(label="…or a prompt file (text: blank-line-separated prompts; JSONL: "
+                                             "{\"prompt\": ...} or {\"messages\": [...]} a line)",
+                                             file_types=[".txt", ".jsonl"], type="filepath", height=120,
+                                             elem_id="ddv-set-upload", scale=3)
+                    with gr.Row(equal_height=True):
+                        set_limit = gr.Number(8, label=f"prompts (first N, at most {ui.PAGE_SET_MAX_PROMPTS})",
+                                              precision=0, minimum=1, maximum=ui.PAGE_SET_MAX_PROMPTS,
+                                              elem_id="ddv-set-limit")
+                        set_budget = gr.Number(32, label="budget (nodes)", precision=0, minimum=1,
+                                               elem_id="ddv-set-budget")
+                        set_max_new = gr.Number(32, label=f"max new tokens (at most {ui.PAGE_SET_MAX_TOKENS})",
+                                                precision=0, minimum=1, maximum=ui.PAGE_SET_MAX_TOKENS,
+                                                elem_id="ddv-set-max-new")
+                        set_run = gr.Button("Run the set", variant="primary", elem_id="ddv-set-run-button")
+                        set_stop = gr.Button("Stop", elem_id="ddv-set-stop")
+                    gr.Markdown("DDTree (exact, greedy) on each prompt, checked against greedy, as `analyze` does; the "
+                                "Step tab's chat switches apply. Other tabs' Steps go between its rounds. Stop keeps "
+                                "the prompts done. For more prompts, or on several GPUs: `python -m ddtree_viz "
+                                "analyze` (README).")
                 report_md = gr.HTML(ui.report_status(None), elem_id="ddv-report-status")
                 report_body = gr.HTML(elem_id="ddv-report")
                 # a click on a round link writes 'file|round|nonce' here (the page's script)
@@ -508,6 +532,18 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
             return [ui.load_report_dir(t, text, dirs)] + report_views(t)
 
         @_errors
+        @_with_request(9)
+        def on_set_run(t, source, upload, limit, budget_, max_new_, chat_, system_, thinking_, request=None):
+            tabs.add(request.session_hash, t)
+            for line in ui.run_prompt_set(host, t, source, upload, budget_, max_new_, limit, chat_, system_,
+                                          thinking_):  # a line after each prompt, over the report
+                yield [t, f'<p class="ddv-set-progress">Running the set: {html.escape(line)}</p>', gr.skip()]
+            yield [t] + report_views(t)
+
+        def on_set_stop(t):
+            t.set_stop.set()
+
+        @_errors
         def on_report_upload(t, paths, request: gr.Request):
             if not paths:
                 return [t] + report_views(t)
@@ -601,6 +637,9 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
         report_load.click(on_report_dir, [tab, report_path], report_outputs, api_name="report_dir")
         report_path.submit(on_report_dir, [tab, report_path], report_outputs)
         report_upload.upload(on_report_upload, [tab, report_upload], report_outputs, api_name="report_upload")
+        set_run.click(on_set_run, [tab, set_source, set_upload, set_limit, set_budget, set_max_new, chat, system,
+                                   thinking], report_outputs, api_name="prompt_set", **model_events)
+        set_stop.click(on_set_stop, [tab], None, api_name="prompt_set_stop")
         report_click.change(on_report_round, [tab, phase, report_click], [tab] + views + [page_tabs],
                             api_name="report_round").success(None, js=SHOW_STATUS_JS)
         inspect_dd.input(on_inspect, [tab, inspect_dd], [tab, inspector, inspect_dd], api_name="inspect")

@@ -260,3 +260,66 @@ def test_which_directories_a_page_reads(report_dir, tmp_path):
     for text in (str(report_dir), "../../", "elsewhere", "heldout/../../"):
         with pytest.raises(InputError, match="is not under the page's report root"):
             ui.load_report_dir(ui.TabState(), text, under)
+
+
+# -- a prompt set run from the page (ui.run_prompt_set) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    host = ui.ModelHost(None, None, "float32", "cpu")  # the embedded default pair, the page's default engine
+    host.start(background=False)
+    assert host.ready, host.error
+    return host
+
+
+def test_a_prompt_set_runs_on_the_page_into_the_tabs_report(embedded):
+    tab = ui.TabState()
+    lines = list(ui.run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 2))
+    assert lines[0].startswith("1 of 2 prompts") and lines[1].startswith("2 of 2 prompts")
+    assert lines[-1] == "done: run on this page: 2 of 2 prompts"
+    r = tab.report
+    assert r.summary["prompts"] == 2 and r.summary["identical_prompts"] == 2 and r.summary["failed"] == []
+    assert r.summary["generated_tokens"] == 16 and r.name == "heldout-code (run here)"
+    assert "run on this page" in ui.report_status(tab)
+    folder = tab.folder / "prompt-set"
+    assert sorted(p.name for p in (folder / "traces").iterdir()) == ["0000.json", "0001.json"]
+    assert json.loads((folder / "summary.json").read_text())["prompts"] == 2
+    # its rounds open in the step view like any report's
+    t = ui.open_report_click(tab, "traces/0001.json|0|1")
+    assert t.replay and t.trace is not None and len(t.trace.steps) >= 1
+    tab.free()  # the tab goes: its files with it
+    assert not folder.exists()
+
+
+def test_stop_keeps_the_prompts_done(embedded):
+    tab = ui.TabState()
+    run = ui.run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 4)
+    assert next(run).startswith("1 of 4")
+    tab.set_stop.set()  # the Stop button
+    assert list(run) == ["done: run on this page: 1 of 4 prompts (stopped)"]
+    assert tab.report.summary["prompts"] == 1
+
+
+def test_prompt_set_input_is_checked_and_a_failing_prompt_is_recorded(embedded, tmp_path):
+    tab = ui.TabState()
+    for bad, match in [(dict(limit=0), "prompts"), (dict(limit=ui.PAGE_SET_MAX_PROMPTS + 1), "prompts"),
+                       (dict(budget=0), "budget"), (dict(max_new=ui.PAGE_SET_MAX_TOKENS + 1), "max new tokens"),
+                       (dict(source="../../etc/passwd"), "no prompt set named")]:
+        args = dict(source="heldout-code", upload=None, budget=8, max_new=8, limit=2) | bad
+        with pytest.raises(InputError, match=match):
+            list(ui.run_prompt_set(embedded, tab, args["source"], args["upload"], args["budget"], args["max_new"],
+                                   args["limit"]))
+    bad_file = tmp_path / "bad.jsonl"
+    bad_file.write_text('{"nope": 1}\n', encoding="utf-8")
+    with pytest.raises(InputError, match="line 1"):
+        list(ui.run_prompt_set(embedded, tab, None, str(bad_file), 8, 8, 2))
+    assert tab.report is None  # nothing was run, nothing shown
+    # an uploaded set: a chat prompt without the chat template fails alone; the text prompt is decoded
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"prompt": "def f(x):\\n"}\n{"messages": [{"role": "user", "content": "hi"}]}\n', encoding="utf-8")
+    lines = list(ui.run_prompt_set(embedded, tab, None, str(mixed), 8, 8, 5))
+    assert lines[-1] == "done: run on this page: 2 of 2 prompts"
+    s = tab.report.summary
+    assert s["prompts"] == 1 and len(s["failed"]) == 1 and "chat template" in s["failed"][0]["error"]
+    assert tab.report.name == "mixed.jsonl (run here)"

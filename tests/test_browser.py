@@ -663,3 +663,29 @@ def test_analyze_tab_shows_a_report_and_a_click_opens_its_round(app_url, report_
     finally:
         browser.close()
         p.stop()
+
+
+def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
+    """Analyze tab, 'run a prompt set here': two prompts of a shipped set on the loaded model, a progress line while
+    it runs, then its report (figures, one row a prompt, identical to greedy) and a click opens one of its rounds."""
+    p, browser, page = open_page(app_url)
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.get_by_text("…or run a prompt set here, on the loaded model").click()
+        set_number(page, "ddv-set-limit", 2)
+        set_number(page, "ddv-set-max-new", 8)
+        set_number(page, "ddv-set-budget", 8)
+        page.get_by_role("button", name="Run the set").click()
+        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('run on this page: "
+                               "2 of 2 prompts')", timeout=300_000)
+        assert page.locator("#ddv-report figure svg").count() == 5
+        assert page.locator("#ddv-report #prompts tbody tr").count() == 2
+        assert "heldout-code (run here)" in page.locator("#ddv-report-status").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "analyze-run-here.png"))
+        page.locator("#prompts a.ddv-open-round[data-file='traces/0001.json']").first.click()
+        page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('(replay')", timeout=30_000)
+        assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+    finally:
+        browser.close()
+        p.stop()
