@@ -906,11 +906,9 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     stopped = tab.set_stop.is_set() and done < len(items)
     if done == 0:
         raise InputError("stopped before the first prompt was done: nothing to show")
-    files = report_files(out)
-    report = read_report(files, names=True, max_bytes=MAX_REPORT_BYTES)
-    _write_json(out / "summary.json", summarize_report(report))
     note = f"run on this page: {done} of {len(items)} prompts" + (" (stopped)" if stopped else "")
-    loaded = _read_report(report_files(out), f"{name} (run here)", note)
+    loaded = _read_report(report_files(out), f"{name} (run here)", note)  # the summary, from the traces once
+    _write_json(out / "summary.json", _plain(loaded.summary))  # a report directory like analyze's
     with tab.lock:
         tab.report = loaded
     yield f"done: {note}"
