@@ -404,10 +404,35 @@ def open_page(url: str, viewport=VIEWPORT):
     return p, browser, page
 
 
+def wait_text(page, selector: str, text: str, timeout_s: float) -> None:
+    """Wait until `selector`'s text includes `text`; on timeout fail with what it and the page's toasts said last
+    (a hang and an error message read differently in a CI log)."""
+    import time
+
+    end, seen = time.monotonic() + timeout_s, []
+    while time.monotonic() < end:
+        now = page.evaluate("(s) => document.querySelector(s)?.innerText ?? '(none)'", selector)
+        if text in now:
+            return
+        toasts = page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
+        line = f"{now!r} toasts={toasts!r}"
+        if not seen or seen[-1][1] != line:
+            seen.append((round(timeout_s - (end - time.monotonic()), 1), line))
+        page.wait_for_timeout(500)
+    raise AssertionError(f"{selector} never said {text!r} in {timeout_s:.0f} s; it said (s: text): {seen[-8:]}")
+
+
 def set_number(page, elem_id: str, value) -> None:
+    """Type `value` into a Number and check that it stays: a Number filled while its accordion is still opening can
+    be set back to its initial value when the component mounts (seen in CI: a prompt set ran its default 8 prompts)."""
     box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
+    for _ in range(10):
+        box.fill(str(value))
+        box.press("Enter")
+        page.wait_for_timeout(200)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"#{elem_id} did not keep {value!r}: it shows {box.input_value()!r}")
 
 
 def check_bars(page, n_layers: int, attention: set[int]) -> dict:
@@ -672,12 +697,12 @@ def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
     try:
         page.get_by_role("tab", name="Analyze").click()
         page.get_by_text("…or run a prompt set here, on the loaded model").click()
+        page.get_by_role("button", name="Run the set").wait_for()  # the accordion is open, its fields mounted
         set_number(page, "ddv-set-limit", 2)
         set_number(page, "ddv-set-max-new", 8)
         set_number(page, "ddv-set-budget", 8)
         page.get_by_role("button", name="Run the set").click()
-        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('run on this page: "
-                               "2 of 2 prompts')", timeout=300_000)
+        wait_text(page, "#ddv-report-status", "run on this page: 2 of 2 prompts", 300)
         assert page.locator("#ddv-report figure svg").count() == 5
         assert page.locator("#ddv-report #prompts tbody tr").count() == 2
         assert "heldout-code (run here)" in page.locator("#ddv-report-status").inner_text()
