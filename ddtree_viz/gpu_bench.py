@@ -531,8 +531,8 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     """The tree delta rule's forms, one GDN layer of ``target`` at a time, on random inputs of a tree of depth 15 with
     T = ``positions`` (budgets 64 and 128): microseconds per call of the torch form (compiled where the runner
     compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
-    product (cuBLAS's, and the Triton kernel's with each product precision), each Triton form's largest difference
-    from the torch form. On CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in
+    product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
+    (tree_rule_triton), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in
     the runner); elsewhere they are timed eagerly. A form that cannot run here says why."""
     import random
 
@@ -599,6 +599,14 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
             got = tree_solve_triton(*parts, steps, precision=precision)
             row[f"{key}_us"] = per_call_us(lambda: tree_solve_triton(*parts, steps, precision=precision))
             row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        if bench.cuda and triton_available():  # the whole rule in Triton (two launches), from grouped q/k heads
+            from .engine.kernels.tree_solve import tree_rule_triton
+
+            got = tree_rule_triton(q, k, v, g, beta, state, anc, steps)
+            row["rule_triton_us"] = per_call_us(lambda: tree_rule_triton(q, k, v, g, beta, state, anc, steps))
+            row["rule_triton_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        else:
+            row["rule_triton"] = "needs Triton and a CUDA device"
         out[str(T)] = row
     return out
 
@@ -653,7 +661,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
 
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
-    switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-solve"), ("gdn_kernel", "triton-tree"),
+    switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-rule"), ("gdn_kernel", "triton-solve"),
+                ("gdn_kernel", "triton-tree"),
                 ("gdn_kernel", "triton"), ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True)]
     rows = []
@@ -1006,8 +1015,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the runner only: of transformers' forward just the bound, prefill, greedy step and drafter pass; "
                         "with --exactness, check the runner only")
     p.add_argument("--gdn-kernel", choices=GDN_KERNELS, default="auto",
-                   help="the runner's delta rule: auto = the Triton tree solve (triton-solve) on CUDA when Triton "
-                        "imports, else torch")
+                   help="the runner's delta rule: auto = the tree delta rule in Triton (triton-rule) on CUDA when "
+                        "Triton imports, else torch")
     p.add_argument("--no-fused", action="store_true", help="the runner without fused projections")
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager", help="the runner's attention form")
     p.add_argument("--no-compile", action="store_true",

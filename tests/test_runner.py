@@ -423,8 +423,8 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     pair.target.to("cuda")
     pair.drafter.to("cuda")
     assert RunnerOptions().resolve(torch.device("cuda")).compile
-    assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-solve"
-    for kernel in ("torch", "triton-solve"):
+    assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-rule"
+    for kernel in ("torch", "triton-rule", "triton-solve"):
         _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
 
 

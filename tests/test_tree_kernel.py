@@ -1,8 +1,9 @@
 """The Triton kernels of the tree delta rule against the per-path recurrence (tree_delta_rule_reference) and the torch
 forms, at toy and real widths (K = V = 128), on random trees and chains of 1 .. 129 positions: the whole rule fused
-(engine/kernels/tree_gdn.py) against tree_delta_rule; the tree solve (engine/kernels/tree_solve.py, the CUDA default)
-against gdn_tree.tree_solve (cuBLAS's triangular solve), with its repetition count from the device
-(gdn_tree.solve_steps). Then the static runner with each: DDTree == greedy.
+(engine/kernels/tree_gdn.py) against tree_delta_rule; the tree solve (engine/kernels/tree_solve.py) against
+gdn_tree.tree_solve (cuBLAS's triangular solve), with its repetition count from the device (gdn_tree.solve_steps);
+the whole rule in two launches (tree_rule_triton, the CUDA default) against the torch form and the reference, from
+grouped key heads. Then the static runner with each: DDTree == greedy.
 
 Without a GPU the kernel runs in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set here before the
 kernel module is imported). Skipped where Triton is not installed (CI: the CPU build of torch has none)."""
@@ -19,10 +20,11 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 from ddtree_viz.engine.gdn_tree import (  # noqa: E402
-    TreeIndex, solve_steps, tree_delta_rule, tree_delta_rule_parts, tree_delta_rule_reference, tree_solve,
+    TreeIndex, solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_delta_rule_reference,
+    tree_solve,
 )
 from ddtree_viz.engine.kernels.tree_gdn import tree_delta_rule_triton  # noqa: E402
-from ddtree_viz.engine.kernels.tree_solve import tree_solve_triton  # noqa: E402
+from ddtree_viz.engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton  # noqa: E402
 from tests.test_gdn_tree import random_tree  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -125,10 +127,11 @@ def test_runner_with_the_kernel_equals_greedy():
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for options in (RunnerOptions("triton", True, "eager"), RunnerOptions("triton-tree", True, "sdpa"),
-                    RunnerOptions("triton-solve", True, "eager")):  # the last: the tree solve (kernels/tree_solve.py)
+                    RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "eager")):
+        # the last two: the tree solve and the whole rule of kernels/tree_solve.py
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
-        assert (runner._tree_kernel or runner._solve) is not None and runner.kernel_error is None
+        assert (runner._tree_kernel or runner._solve or runner._rule) is not None and runner.kernel_error is None
         assert runner.options == options.resolve(torch.device(DEVICE))  # compile: on with CUDA (the kernel between)
         assert runner_greedy(runner, prompt, new) == ref
         oracle = OracleProposer(ref, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
@@ -204,3 +207,71 @@ def test_solve_at_qwen36_27b_shapes_on_the_gpu():
         for got, want in zip(tree_solve_triton(*parts, steps), tree_solve(*parts)):
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
+
+
+# -- the whole rule in two launches (kernels/tree_solve.py: tree_rule_triton) ------------------------------------
+
+RULE_CASES = [  # (T, tree depth, H, Hk, K, V): grouped key heads, odd widths (masked), real widths, a chain
+    (1, 0, 2, 1, 16, 16), (2, 1, 3, 1, 16, 16), (17, 5, 4, 2, 16, 16), (17, 16, 2, 2, 12, 40), (40, 20, 6, 2, 48, 48),
+    (65, 9, 4, 2, 128, 128), (129, 12, 2, 1, 128, 128), (129, 128, 1, 1, 128, 128),
+]
+
+
+def rule_inputs(parents, H, Hk, K, V, seed, strong=False):
+    args = inputs(parents, H, Hk, K, V, seed, strong)
+    masks = TreeIndex.build(parents, 4, DEVICE).masks
+    return args, masks, solve_steps(masks.anc_float)
+
+
+@pytest.mark.parametrize("T, depth, H, Hk, K, V", RULE_CASES)
+def test_rule_equals_the_torch_form_and_the_reference(T, depth, H, Hk, K, V):
+    parents = random_tree(T, depth, random.Random(T * 3 + depth))
+    (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, H, Hk, K, V, seed=T * 2 + depth)
+    o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps)
+    o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
+    torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
+    rep = H // Hk
+    ref = tree_delta_rule_reference(*(x.repeat_interleave(rep, dim=1).cpu() for x in (q, k)),
+                                    *(x.cpu() for x in (v, g, beta, state)), parents)
+    torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
+
+
+def test_rule_on_the_least_damped_system_and_with_too_few_steps():
+    """g = 0, beta ~ 1, nearly parallel keys: as accurate as the substitution; one repetition short is wrong."""
+    parents = random_tree(65, 15, random.Random(3))
+    (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 2, 1, 128, 128, seed=9, strong=True)
+    o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps)
+    ref = tree_delta_rule_reference(*(x.repeat_interleave(2, dim=1).cpu() for x in (q, k)),
+                                    *(x.cpu() for x in (v, g, beta, state)), parents)
+    torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
+    short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps - 1)[1]
+    assert not torch.allclose(short, delta, atol=1e-3, rtol=1e-3)
+
+
+def test_rule_reads_strided_inputs_and_refuses_bad_shapes():
+    """q and k as views of one [T, 2, Hk, K] tensor (as gdn_prep makes them), v a view: the same numbers."""
+    parents = random_tree(17, 5, random.Random(2))
+    (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 4, 2, 16, 16, seed=5)
+    qk = torch.stack([q, k], dim=1)
+    wide = torch.cat([v, v], dim=2)[:, :, :16]
+    got = tree_rule_triton(qk[:, 0], qk[:, 1], wide, g, beta, state, masks.anc_float, steps)
+    want = tree_rule_triton(q, k, v.contiguous(), g, beta, state, masks.anc_float, steps)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="shapes"):
+        tree_rule_triton(q, k[:, :1], v, g, beta, state, masks.anc_float, steps)
+    big = torch.zeros(130, 1, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 129"):
+        tree_rule_triton(big, big, big, torch.zeros(130, 1, device=DEVICE), torch.zeros(130, 1, device=DEVICE),
+                         torch.zeros(1, 16, 16, device=DEVICE), torch.zeros(130, 130, device=DEVICE), steps)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: all 48 value heads (16 key heads) of a Qwen3.6-27B GDN layer")
+def test_rule_at_qwen36_27b_shapes_on_the_gpu():
+    for T in (2, 17, 65, 129):
+        parents = random_tree(T, min(T - 1, 15), random.Random(T))
+        (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 48, 16, 128, 128, seed=T)
+        want = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
+        for got, ref in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps), want):
+            torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)

@@ -28,9 +28,11 @@ captured size with inert nodes (children of the root that nothing descends from)
 
 Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
 bitwise what they were):
-    gdn_kernel  "triton-solve" (the default on CUDA): the tree form's parallel part as before (batched GEMMs,
-                fused elementwise work), its triangular solve and output product in one Triton kernel
-                (kernels/tree_solve.py, level by level) instead of cuBLAS's batched solve and a bmm;
+    gdn_kernel  "triton-rule" (the default on CUDA): the whole tree delta rule in two Triton launches
+                (kernels/tree_solve.py: the path sums, q.k and k.k with decay and beta; then q S and k S, the
+                triangular solve level by level and the output product), between the compiled conv / gates and
+                gated norm; "triton-solve": the parallel part in torch (batched GEMMs, fused elementwise work),
+                only the solve and output product in Triton;
                 "triton": the whole delta rule in one Triton kernel per GDN layer (kernels/tree_gdn.py),
                 "triton-tree" the same but the torch one-step form for T = 1; "torch": cuBLAS's solve
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
@@ -76,7 +78,7 @@ def delta_rule_step(q, k, v, g, beta, state):
     return out[None], delta[None]
 
 
-GDN_KERNELS = ("auto", "torch", "triton-solve", "triton", "triton-tree")
+GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
 ATTENTION_KINDS = ("eager", "sdpa")
 
 
@@ -84,10 +86,11 @@ ATTENTION_KINDS = ("eager", "sdpa")
 class RunnerOptions:
     """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
     the compiled elementwise pieces on CUDA (greedy step 21.4 -> 16.2 ms at Qwen3.6-27B shapes on an H200), the
-    Triton tree solve on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve` says
+    tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve` says
     what a device gets."""
 
-    # auto (CUDA with Triton: triton-solve; else torch) | torch | triton-solve | triton (trees and the one-node step)
+    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the
+    # one-node step)
     # | triton-tree (trees only)
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
@@ -102,7 +105,7 @@ class RunnerOptions:
         cuda = device.type == "cuda"
         kernel = self.gdn_kernel
         if kernel == "auto":
-            kernel = "triton-solve" if cuda and triton_available() else "torch"
+            kernel = "triton-rule" if cuda and triton_available() else "torch"
         elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
             raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
         compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
@@ -174,15 +177,20 @@ class StaticRunner:
         self.kernel_error: str | None = None  # why the Triton delta rule was refused here (the torch form runs)
         self._tree_kernel = None  # the whole delta rule in Triton ("triton", "triton-tree")
         self._solve = None  # the tree solve in Triton ("triton-solve")
-        self._solve_max = 0  # its largest tree (positions); larger ones take cuBLAS's solve
+        self._rule = None  # the tree delta rule in Triton ("triton-rule")
+        self._solve_max = 0  # their largest tree (positions); larger ones take the torch form
         if self.options.gdn_kernel != "torch":
             kernel = self._checked_kernel(next(iter(gdn.values())))
             if kernel is None:
                 self.options = replace(self.options, gdn_kernel="torch")
-            elif self.options.gdn_kernel == "triton-solve":
+            elif self.options.gdn_kernel in ("triton-solve", "triton-rule"):
                 from .kernels.tree_solve import MAX_T
 
-                self._solve, self._solve_max = kernel, MAX_T
+                self._solve_max = MAX_T
+                if self.options.gdn_kernel == "triton-solve":
+                    self._solve = kernel
+                else:
+                    self._rule = kernel
             else:
                 self._tree_kernel = kernel
         self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
@@ -248,12 +256,16 @@ class StaticRunner:
             args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
             repeated = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
             want = tree_delta_rule(*repeated, anc)
+            masks = TreeMasks.of(anc)
             if self.options.gdn_kernel == "triton-solve":  # on the parts of grouped q/k heads, as the runner calls it
                 from .kernels.tree_solve import tree_solve_triton as kernel
 
-                masks = TreeMasks.of(anc)
                 parts = tree_delta_rule_parts(*args, masks.anc_float, masks.off_path)
                 got = kernel(*parts, solve_steps(masks.anc_float))
+            elif self.options.gdn_kernel == "triton-rule":  # grouped q/k heads, as the runner calls it
+                from .kernels.tree_solve import tree_rule_triton as kernel
+
+                got = kernel(*args, masks.anc_float, solve_steps(masks.anc_float))
             else:
                 from .kernels.tree_gdn import tree_delta_rule_triton as kernel
 
@@ -417,6 +429,8 @@ class StaticRunner:
                     core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
                 elif T == 1:  # a decode step: the recurrence itself, one step
                     core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
+                elif steps is not None and self._rule is not None:  # the delta rule in Triton
+                    core, delta = self._rule(q, k, v, g, beta, self.rec[i], index.masks.anc_float, steps)
                 elif steps is not None:  # the parallel part in torch, the solve in Triton
                     m = index.masks
                     core, delta = self._solve(*tree_delta_rule_parts(q, k, v, g, beta, self.rec[i], m.anc_float,
@@ -506,20 +520,21 @@ class StaticRunner:
     def _pass_index(self, slot: _Slot):
         """What every GDN layer of a pass shares: (index, kernel, steps). kernel: the whole delta rule runs in
         Triton (kernels/tree_gdn.py); else index.masks serve the torch tree form (T > 1), whose solve runs in
-        Triton (kernels/tree_solve.py) where `steps`, its repetition count, is given (gdn_tree.solve_steps, on the
-        device, once a pass; None for one node or a tree past the solve's MAX_T positions)."""
+        Triton (kernels/tree_solve.py: the solve, or the whole rule) where `steps`, its repetition count, is given
+        (gdn_tree.solve_steps, on the device, once a pass; None for one node or a tree past the kernels' MAX_T
+        positions)."""
         T = slot.size
         kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
         masks = TreeMasks.of(slot.anc) if T > 1 and not kernel else None
         steps = None
-        if self._solve is not None and masks is not None and T <= self._solve_max:
+        if self._solve_max and masks is not None and T <= self._solve_max:
             steps = solve_steps(masks.anc_float)
         return TreeIndex((), slot.anc, slot.gather, masks), kernel, steps
 
     def _gdn_compiled(self, i, gdn, h, slot: _Slot, index: TreeIndex, kernel: bool, steps):
         """One GDN layer: its fused projection (a GEMM), the fused core (compiled) and out_proj (a GEMM); the
-        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward; the Triton tree solve
-        (`steps` not None) between two compiled pieces."""
+        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward; the tree delta rule in
+        Triton, or its solve after the compiled parts (`steps` not None), between two compiled pieces."""
         fused = self._fused.get((i, "mixer"))
         x = h[0]
         proj = fused(x) if fused is not None else (gdn.in_proj_qkv(x), gdn.in_proj_z(x), gdn.in_proj_b(x), gdn.in_proj_a(x))
@@ -532,6 +547,13 @@ class StaticRunner:
         masks = index.masks
         anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
         fz.mark_dynamic(u, 0, z, 0, b, 0, a, 0, slot.gather, 0, anc, 0, anc, 1, off, 0, off, 1)
+        if steps is not None and self._rule is not None:
+            q, k, v, g, beta = fz.compiled(fz.gdn_prep)(u, b, a, self.conv[i], conv_w, slot.gather, A_log, dt_bias,
+                                                        dims["key_dim"], dims["head_k"], dims["head_v"], 1)
+            core, delta = self._rule(q, k, v, g, beta, self.rec[i], anc, steps)
+            fz.mark_dynamic(core, 0)
+            o = fz.compiled(fz.gated_norm)(core, z, norm_w, dims["head_v"], dims["eps"])
+            return gdn.out_proj(o)[None], (u, k, g, delta)
         if steps is not None:
             parts_dims = {key: val for key, val in dims.items() if key not in ("eps", "rep")}
             A, Qd, rhs, base, k, g = fz.compiled(fz.gdn_tree_parts)(u, b, a, self.conv[i], conv_w, slot.gather, A_log,

@@ -43,6 +43,32 @@ PRECISION = "tf32x3"  # tl.dot's input precision: three TF32 products per fp32 p
 
 
 @triton.jit
+def _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, base, base0,
+                s_ah, s_at, s_qh, s_qt, s_ot, s_oh, s_dt, s_dh, PRECISION: tl.constexpr):
+    """The solve and the output product for one head's block of value columns, given the right-hand side and the
+    base of positions 1 .. TP (`rhs`, `base` [TP, BV]) and of the root (`d0` = its rhs, which is its delta since it
+    has no strict ancestor, and `base0` [BV]); writes delta and o."""
+    m2 = mr[:, None] & mv[None, :]
+    # the root is eliminated from every other row
+    a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]
+    r = rhs - a0[:, None] * d0[None, :]
+    strict = mr[:, None] & (rows[:, None] > rows[None, :])  # A's diagonal is not the system's (unit) diagonal
+    A = tl.load(A_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], mask=strict, other=0.0)
+    d = r
+    for _ in range(tl.load(steps_ptr)):  # one level of the tree per repetition
+        d = r - tl.dot(A, d, input_precision=PRECISION)
+    tl.store(delta_ptr + i_h * s_dh + cv, d0, mask=mv)  # the root's row (position 0)
+    tl.store(delta_ptr + rows[:, None] * s_dt + i_h * s_dh + cv[None, :], d, mask=m2)
+    # o = base + Qd delta
+    qd0 = tl.load(Qd_ptr + i_h * s_qh + rows * s_qt, mask=mr, other=0.0)  # [TP] Qd[i, 0]
+    Qd = tl.load(Qd_ptr + i_h * s_qh + rows[:, None] * s_qt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0)
+    o = base + qd0[:, None] * d0[None, :] + tl.dot(Qd, d, input_precision=PRECISION)
+    tl.store(o_ptr + rows[:, None] * s_ot + i_h * s_oh + cv[None, :], o, mask=m2)
+    q00 = tl.load(Qd_ptr + i_h * s_qh)
+    tl.store(o_ptr + i_h * s_oh + cv, base0 + q00 * d0, mask=mv)
+
+
+@triton.jit
 def _tree_solve_kernel(
     A_ptr, Qd_ptr, rhs_ptr, base_ptr, steps_ptr, o_ptr, delta_ptr,
     T, V,
@@ -55,27 +81,12 @@ def _tree_solve_kernel(
     cv = i_v * BV + tl.arange(0, BV)
     mv = cv < V
     m2 = mr[:, None] & mv[None, :]
-    # the root: no strict ancestor, so its delta is its right-hand side; eliminated from every other row
     d0 = tl.load(rhs_ptr + i_h * s_rh + cv, mask=mv, other=0.0)  # [BV]
-    a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]
     r = tl.load(rhs_ptr + i_h * s_rh + rows[:, None] * s_rt + cv[None, :], mask=m2, other=0.0)
-    r = r - a0[:, None] * d0[None, :]
-    strict = mr[:, None] & (rows[:, None] > rows[None, :])  # A's diagonal is not the system's (unit) diagonal
-    A = tl.load(A_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], mask=strict, other=0.0)
-    d = r
-    for _ in range(tl.load(steps_ptr)):  # one level of the tree per repetition
-        d = r - tl.dot(A, d, input_precision=PRECISION)
-    tl.store(delta_ptr + i_h * s_dh + cv, d0, mask=mv)  # the root's row (position 0)
-    tl.store(delta_ptr + rows[:, None] * s_dt + i_h * s_dh + cv[None, :], d, mask=m2)
-    # o = base + Qd delta
-    qd0 = tl.load(Qd_ptr + i_h * s_qh + rows * s_qt, mask=mr, other=0.0)  # [TP] Qd[i, 0]
-    Qd = tl.load(Qd_ptr + i_h * s_qh + rows[:, None] * s_qt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0)
     b = tl.load(base_ptr + i_h * s_bh + rows[:, None] * s_bt + cv[None, :], mask=m2, other=0.0)
-    o = b + qd0[:, None] * d0[None, :] + tl.dot(Qd, d, input_precision=PRECISION)
-    tl.store(o_ptr + rows[:, None] * s_ot + i_h * s_oh + cv[None, :], o, mask=m2)
-    q00 = tl.load(Qd_ptr + i_h * s_qh)
     b0 = tl.load(base_ptr + i_h * s_bh + cv, mask=mv, other=0.0)
-    tl.store(o_ptr + i_h * s_oh + cv, b0 + q00 * d0, mask=mv)
+    _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, r, d0, b, b0,
+                s_ah, s_at, s_qh, s_qt, s_ot, s_oh, s_dt, s_dh, PRECISION)
 
 
 def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -101,5 +112,168 @@ def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, pr
         A.stride(0), A.stride(1), Qd.stride(0), Qd.stride(1), rhs.stride(0), rhs.stride(1), base.stride(0),
         base.stride(1), o.stride(0), o.stride(1), delta.stride(0), delta.stride(1),
         TP=TP, BV=BV, PRECISION=precision, num_warps=8 if TP >= 128 else 4,
+    )
+    return o, delta
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The whole tree delta rule in two launches: the parallel part in Triton too
+# ----------------------------------------------------------------------------------------------------------------
+#
+# gdn_tree.tree_delta_rule_parts' GEMMs (q.k and k.k per key head, q S_c and k S_c per value head) and their
+# elementwise epilogues (path decay, beta, exp(G)) were ~25 compiled kernels and cuBLAS calls, 35 us a layer at 65
+# positions, twice the solve. Here they move into Triton: `_tree_parts_kernel` (a program per value head) computes
+# the path sums G, the products q.k and k.k on tensor cores (tf32x3, fp32-accurate) with the decay and beta applied,
+# and writes A, Qd and G; `_tree_rule_kernel` (a program per (value-column block, value head)) computes q S_c and
+# k S_c for its columns, forms rhs and base in registers (never written), then solves as `_tree_solve_kernel`
+# does. q and k stay on their Hk key heads (value head h reads key head h // (H / Hk)).
+
+BLOCK_K = 32  # key columns per tl.dot in the products over the key dimension
+# value columns per program of _tree_rule_kernel by row tile (an H200 at Qwen3.6-27B shapes, us a layer at
+# 65 / 129 positions: block 16 50.4 / 125.3, 32 39.0 / 116.1, 64 43.9 / 107.7, 128 82.1 / 175.9)
+RULE_BLOCK_V = {64: 32, 128: 64}
+
+
+@triton.jit
+def _qk_slice(q_ptr, k_ptr, rows, mr, cols, mc, i_k, s_qt, s_qh, s_kt, s_kh):
+    """A slice of key columns `cols` of key head i_k's queries and keys: rows 1 .. TP ([TP, BK]) and the root's."""
+    m2 = mr[:, None] & mc[None, :]
+    qc = tl.load(q_ptr + rows[:, None] * s_qt + i_k * s_qh + cols[None, :], mask=m2, other=0.0)
+    kc = tl.load(k_ptr + rows[:, None] * s_kt + i_k * s_kh + cols[None, :], mask=m2, other=0.0)
+    q0 = tl.load(q_ptr + i_k * s_qh + cols, mask=mc, other=0.0)
+    k0 = tl.load(k_ptr + i_k * s_kh + cols, mask=mc, other=0.0)
+    return qc, kc, q0, k0
+
+
+@triton.jit
+def _tree_parts_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, A_ptr, Qd_ptr, G_ptr,
+    T, K, REP,
+    s_qt, s_qh, s_kt, s_kh, s_gt, s_bt, s_nt, s_ah, s_at, s_Gh,
+    TP: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_h = tl.program_id(0)
+    i_k = i_h // REP  # the key head this value head reads
+    rows = 1 + tl.arange(0, TP)  # tree positions 1 .. TP; the root apart
+    mr = rows < T
+    # G: path sums of g over each node's ancestors-or-self (the root's is its own g)
+    G = tl.zeros([TP], dtype=tl.float32)
+    for c0 in range(0, T, BK):
+        cols = c0 + tl.arange(0, BK)
+        mc = cols < T
+        anc = tl.load(anc_ptr + rows[:, None] * s_nt + cols[None, :], mask=mr[:, None] & mc[None, :], other=0.0)
+        gc = tl.load(g_ptr + cols * s_gt + i_h, mask=mc, other=0.0)
+        G += tl.sum(anc * gc[None, :], 1)
+    G0 = tl.load(g_ptr + i_h)
+    # q_i.k_j and k_i.k_j over positions 1 .. T-1, and against the root's key (column 0)
+    dkk = tl.zeros([TP, TP], dtype=tl.float32)
+    dqk = tl.zeros([TP, TP], dtype=tl.float32)
+    kk0 = tl.zeros([TP], dtype=tl.float32)
+    qk0 = tl.zeros([TP], dtype=tl.float32)
+    q0k0 = tl.zeros([BK], dtype=tl.float32)
+    for c0 in range(0, K, BK):
+        cols = c0 + tl.arange(0, BK)
+        mc = cols < K
+        qc, kc, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, cols, mc, i_k, s_qt, s_qh, s_kt, s_kh)
+        kt = tl.trans(kc)
+        dkk += tl.dot(kc, kt, input_precision=PRECISION)
+        dqk += tl.dot(qc, kt, input_precision=PRECISION)
+        kk0 += tl.sum(kc * k0[None, :], 1)
+        qk0 += tl.sum(qc * k0[None, :], 1)
+        q0k0 += q0 * k0
+    on_path = tl.load(anc_ptr + rows[:, None] * s_nt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0) > 0
+    decay = tl.where(on_path, tl.exp(tl.where(on_path, G[:, None] - G[None, :], 0.0)), 0.0)
+    decay0 = tl.exp(G - G0)  # every node descends from the root
+    beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=mr, other=0.0)
+    m2 = mr[:, None] & mr[None, :]
+    tl.store(A_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], beta[:, None] * dkk * decay, mask=m2)
+    tl.store(Qd_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], dqk * decay, mask=m2)
+    tl.store(A_ptr + i_h * s_ah + rows * s_at, beta * kk0 * decay0, mask=mr)
+    tl.store(Qd_ptr + i_h * s_ah + rows * s_at, qk0 * decay0, mask=mr)
+    tl.store(Qd_ptr + i_h * s_ah, tl.sum(q0k0, 0))
+    tl.store(G_ptr + i_h * s_Gh + rows, G, mask=mr)
+    tl.store(G_ptr + i_h * s_Gh, G0)
+
+
+@triton.jit
+def _tree_rule_kernel(
+    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, steps_ptr, o_ptr, delta_ptr,
+    T, K, V, REP,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_ot, s_oh, s_dt, s_dh,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v, i_h = tl.program_id(0), tl.program_id(1)
+    i_k = i_h // REP
+    rows = 1 + tl.arange(0, TP)
+    mr = rows < T
+    cv = i_v * BV + tl.arange(0, BV)
+    mv = cv < V
+    m2 = mr[:, None] & mv[None, :]
+    # q S_c and k S_c for this block of value columns (the root's row apart)
+    qs = tl.zeros([TP, BV], dtype=tl.float32)
+    ks = tl.zeros([TP, BV], dtype=tl.float32)
+    qs0 = tl.zeros([BV], dtype=tl.float32)
+    ks0 = tl.zeros([BV], dtype=tl.float32)
+    for c0 in range(0, K, BK):
+        cols = c0 + tl.arange(0, BK)
+        mc = cols < K
+        S = tl.load(state_ptr + i_h * s_sh + cols[:, None] * s_sk + cv[None, :], mask=mc[:, None] & mv[None, :],
+                    other=0.0)
+        qc, kc, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, cols, mc, i_k, s_qt, s_qh, s_kt, s_kh)
+        qs += tl.dot(qc, S, input_precision=PRECISION)
+        ks += tl.dot(kc, S, input_precision=PRECISION)
+        qs0 += tl.sum(q0[:, None] * S, 0)
+        ks0 += tl.sum(k0[:, None] * S, 0)
+    eG = tl.exp(tl.load(G_ptr + i_h * s_Gh + rows, mask=mr, other=0.0))
+    eG0 = tl.exp(tl.load(G_ptr + i_h * s_Gh))
+    beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=mr, other=0.0)
+    beta0 = tl.load(beta_ptr + i_h)
+    v = tl.load(v_ptr + rows[:, None] * s_vt + i_h * s_vh + cv[None, :], mask=m2, other=0.0)
+    v0 = tl.load(v_ptr + i_h * s_vh + cv, mask=mv, other=0.0)
+    d0 = beta0 * (v0 - eG0 * ks0)  # the root's right-hand side, which is its delta
+    rhs = beta[:, None] * (v - eG[:, None] * ks)
+    _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, eG[:, None] * qs,
+                eG0 * qs0, s_ah, s_at, s_ah, s_at, s_ot, s_oh, s_dt, s_dh, PRECISION)
+
+
+def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
+                     precision: str = PRECISION):
+    """gdn_tree.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
+    solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
+    (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
+    (gdn_tree.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
+    T, Hk, K = k.shape
+    H, V = v.shape[1], v.shape[2]
+    if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
+            or state.shape != (H, K, V) or anc_float.shape != (T, T) or T > MAX_T or steps.numel() != 1):
+        raise ValueError(f"tree_rule_triton: shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} "
+                         f"g {tuple(g.shape)} beta {tuple(beta.shape)} state {tuple(state.shape)} anc "
+                         f"{tuple(anc_float.shape)} steps {tuple(steps.shape)} (at most {MAX_T} positions)")
+    q, k, v, state, anc_float = (_last_contiguous(x) for x in (q, k, v, state, anc_float))
+    g, beta = g.contiguous(), beta.contiguous()
+    steps = steps.reshape(()).to(torch.int32)
+    dev = v.device
+    A = torch.empty(H, T, T, dtype=torch.float32, device=dev)
+    Qd = torch.empty_like(A)
+    G = torch.empty(H, T, dtype=torch.float32, device=dev)
+    o = torch.empty(T, H, V, dtype=torch.float32, device=dev)
+    delta = torch.empty_like(o)
+    TP = max(16, triton.next_power_of_2(max(T - 1, 1)))
+    BV = max(16, min(block_v or RULE_BLOCK_V.get(TP, 16), triton.next_power_of_2(V)))
+    warps = 8 if TP >= 128 else 4
+    _tree_parts_kernel[(H,)](
+        q, k, g, beta, anc_float, A, Qd, G,
+        T, K, H // Hk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
+        A.stride(0), A.stride(1), G.stride(0),
+        TP=TP, BK=BLOCK_K, PRECISION=precision, num_warps=warps,
+    )
+    _tree_rule_kernel[(triton.cdiv(V, BV), H)](
+        q, k, v, beta, state, A, Qd, G, steps, o, delta,
+        T, K, V, H // Hk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
+        state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), o.stride(0), o.stride(1),
+        delta.stride(0), delta.stride(1),
+        TP=TP, BV=BV, BK=BLOCK_K, PRECISION=precision, num_warps=warps,
     )
     return o, delta
