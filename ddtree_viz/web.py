@@ -46,18 +46,75 @@ KEYS_JS = """
   // figure into the old div, which is then removed: every figure was drawn twice a Step (~0.3 s of the browser's
   // ~0.6 s on a 2-core machine). A div of the page that has been drawn is not drawn again: a new figure always
   // arrives in a new div (and the same figure again needs no drawing).
+  // And a figure of the page off screen is drawn after the ones in view: right after them, one figure a task, or
+  // sooner if it scrolls near the window (a Step shows what is in view first; the rest follows).
   const drawOnce = () => {
     const P = window.Plotly;
     if (!P || P._ddvOnce) return;
     P._ddvOnce = true;
-    const react = P.react;
+    const react = P.react, resize = P.Plots.resize;
     P._ddvDraws = 0;  // figures drawn since (a test counts them: one a figure a Step)
-    P.react = function (gd, ...args) {
-      if (gd && gd._ddvDrawn && gd.closest && gd.closest('[id^="ddv-"]')) return Promise.resolve(gd);
-      const out = react.call(this, gd, ...args);
-      if (gd) gd._ddvDrawn = true;
+    P._ddvPending = 0;  // figures waiting off screen
+    P._ddvOrder = [];  // the last figures drawn, oldest first, by their component's id (a test reads the order)
+    const drawn = (gd) => {
+      gd._ddvDrawn = true;
       P._ddvDraws += 1;
+      P._ddvOrder.push((ours(gd) || {}).id);
+      if (P._ddvOrder.length > 64) P._ddvOrder.shift();
+    };
+    const pending = new Set();
+    const ours = (gd) => gd && gd.closest && gd.closest('[id^="ddv-"]');
+    const near = (gd) => {
+      if (gd.offsetParent === null) return false;  // not laid out (another tab)
+      const r = gd.getBoundingClientRect();
+      return r.bottom > -200 && r.top < window.innerHeight + 200;
+    };
+    const draw = (gd) => {
+      if (!pending.delete(gd)) return;
+      P._ddvPending = pending.size;
+      seen.unobserve(gd);
+      if (!gd.isConnected) return;  // a newer figure replaced it first
+      react.call(P, gd, ...gd._ddvArgs);
+      gd._ddvArgs = null;
+      drawn(gd);
+    };
+    const seen = new IntersectionObserver((entries) => {
+      entries.forEach((e) => { if (e.isIntersecting) draw(e.target); });
+    }, {rootMargin: '200px'});
+    // one figure a task, the first after the frame that shows the update which brought them (so what is in view
+    // is painted first); the browser may paint and handle input between them
+    let draining = false;
+    const schedule = (how) => {
+      if (draining) return;
+      draining = true;
+      if (how === 'frame') requestAnimationFrame(() => setTimeout(drain, 0));
+      else setTimeout(drain, how === 'later' ? 250 : 0);
+    };
+    const drain = () => {
+      draining = false;
+      for (const gd of pending) if (!gd.isConnected) draw(gd);  // gone: forgotten
+      const next = [...pending].find((gd) => gd.offsetParent !== null);
+      if (next) draw(next);
+      if (pending.size) schedule(next ? 'next' : 'later');  // hidden ones (another tab): looked at again shortly
+    };
+    P.react = function (gd, ...args) {
+      if (gd && ours(gd)) {
+        if (gd._ddvDrawn) return Promise.resolve(gd);
+        if (pending.has(gd) || !near(gd)) {  // waiting already (a newer figure for it replaces the older), or off screen
+          gd._ddvArgs = args;
+          if (!pending.has(gd)) { pending.add(gd); seen.observe(gd); }
+          P._ddvPending = pending.size;
+          schedule('frame');
+          return Promise.resolve(gd);
+        }
+      }
+      const out = react.call(this, gd, ...args);
+      if (gd) drawn(gd);
       return out;
+    };
+    P.Plots.resize = function (gd, ...args) {  // gradio resizes right after react: not a figure still waiting
+      if (gd && pending.has(gd)) return Promise.resolve(gd);
+      return resize.call(this, gd, ...args);
     };
   };
   new MutationObserver(() => { drawOnce(); hook(); }).observe(document.body, {childList: true, subtree: true});
