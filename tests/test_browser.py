@@ -90,17 +90,26 @@ def test_step_three_rounds_scrub_back_and_screenshot(page):
     assert len(Trace.load(saved).steps) == 3
 
 
-def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
-    """gradio's Plot re-mounts its div for every new figure after drawing that figure into the old div too: the page
-    draws each figure once (seven a Step: tree, mask, cache chart, acceptance, grid, budget curve, depth), into the
-    div that stays, and each shows the new round."""
+def first_round_drawn(page):
+    """Step once on the default test prompt and wait until plotly.js (it loads with the first figure) has drawn
+    every figure of round 1. Returns the Step button."""
     page.get_by_label("Prompt").fill("def fibonacci(n):\n")
     step = page.get_by_role("button", name="Step", exact=True)
     step.click()
     wait_status(page, "Round 1 of 1")
-    # plotly.js loads with the first figure: its first round's figures, all drawn, before counting
-    page.wait_for_function("window.Plotly && window.Plotly._ddvDraws !== undefined && !window.Plotly._ddvPending",
-                           timeout=30_000)
+    page.wait_for_function(f"{FIGURES!r}.every((id) => document.querySelector(`#${{id}} .js-plotly-plot`)) "
+                           "&& window.Plotly._ddvOrder && !window.Plotly._ddvPending", timeout=30_000)
+    return step
+
+
+FIGURES = ["ddv-tree", "ddv-mask", "ddv-cache-chart", "ddv-acceptance", "ddv-grid", "ddv-budget", "ddv-depth"]
+
+
+def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
+    """gradio's Plot re-mounts its div for every new figure after drawing that figure into the old div too: the page
+    draws each figure once (seven a Step: tree, mask, cache chart, acceptance, grid, budget curve, depth), into the
+    div that stays, and each shows the new round."""
+    step = first_round_drawn(page)
     page.wait_for_timeout(1500)
     for k in (2, 3):
         before = page.evaluate("window.Plotly._ddvDraws")
@@ -110,28 +119,23 @@ def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
         page.wait_for_timeout(1500)  # anything late (the old divs' updates) has come by now
         assert page.evaluate("window.Plotly._ddvPending") == 0
         assert page.evaluate("window.Plotly._ddvDraws") - before == 7
-        for elem in ("ddv-tree", "ddv-mask", "ddv-cache-chart", "ddv-acceptance", "ddv-grid", "ddv-budget", "ddv-depth"):
+        for elem in FIGURES:
             assert page.locator(f"#{elem} .js-plotly-plot").count() == 1, elem
         assert page.locator("#ddv-acceptance g.point").count() == k  # one bar a round so far
 
 
 def test_figures_in_view_are_drawn_first_the_rest_after(app_url):
     """At 1500x1100 with the status at the top of the window, a Step draws the tree (in view) first and the six
-    figures below the window after it (idle moments, or when scrolled to), each once; then all show the new round."""
+    figures below the window after it (one a task, or when scrolled to), each once; then all show the new round."""
     p, browser, page = open_page(app_url)
     try:
-        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
-        step = page.get_by_role("button", name="Step", exact=True)
-        step.click()
-        wait_status(page, "Round 1 of 1")
-        page.wait_for_function("window.Plotly && window.Plotly._ddvOrder && !window.Plotly._ddvPending", timeout=30_000)
+        first_round_drawn(page)
         page.evaluate("document.getElementById('ddv-status').scrollIntoView({block: 'start'})")
         page.evaluate("window.Plotly._ddvOrder.length = 0; document.activeElement.blur()")
         page.keyboard.press("s")  # the page's Step key: the window stays where it is
         wait_status(page, "Round 2 of 2")
         order = page.evaluate("window.Plotly._ddvOrder.slice()")
-        below = {"ddv-mask", "ddv-cache-chart", "ddv-acceptance", "ddv-grid", "ddv-budget", "ddv-depth"}
-        assert order[0] == "ddv-tree" and set(order[1:]) == below and len(order) == 7, order
+        assert order[0] == "ddv-tree" and sorted(order) == sorted(FIGURES), order  # the tree, then the six below
         page.wait_for_function("document.querySelector('#ddv-grid').innerText.includes('round 2')", timeout=30_000)
     finally:
         browser.close()
