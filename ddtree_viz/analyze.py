@@ -297,10 +297,18 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def run_settings(budget: int, max_new_tokens: int, dtype: str, device: str, budgets=(), method: str = "ddtree",
+                 block_size: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0) -> dict:
+    """A run's settings as prompts.json keeps them (analyze's, or a prompt set run from the page)."""
+    return {"budget": budget, "budgets": list(budgets or []), "max_new_tokens": max_new_tokens, "method": method,
+            "block_size": block_size, "dtype": dtype, "device": device, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "seed": seed}
+
+
 def _settings(args) -> dict:
-    return {"budget": args.budget, "budgets": list(args.budgets or []), "max_new_tokens": args.max_new_tokens,
-            "method": args.method, "block_size": args.block_size, "dtype": args.dtype, "device": args.device,
-            "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
+    return run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
+                        args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
 
 
 def _distributed_state(device: str = "cpu"):

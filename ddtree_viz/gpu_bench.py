@@ -16,6 +16,7 @@ uses the oracle drafter so that deep trees and long accepted paths occur.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -532,8 +533,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     T = ``positions`` (budgets 64 and 128): microseconds per call of the torch form (compiled where the runner
     compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
     product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
-    (tree_rule_triton), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in
-    the runner); elsewhere they are timed eagerly. A form that cannot run here says why."""
+    (tree_rule_triton), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
+    captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
+    A form that cannot run here says why."""
     import random
 
     from .engine import fused as fz
@@ -547,6 +549,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     H, Hk, K, V = layer.num_v_heads, layer.num_k_heads, layer.head_k_dim, layer.head_v_dim
     dev = torch.device(bench.device)
     compiles = RunnerOptions().resolve(dev).compile
+    kernels = bench.cuda and triton_available()  # the Triton forms run here
     gen = torch.Generator().manual_seed(0)
     timed = timer(sync)
 
@@ -589,24 +592,20 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
                "parts_repeated_heads_us": per_call_us(lambda: parts_fn(qr, kr, v, g, beta, state, anc, off)),
                "parts_key_heads_us": per_call_us(lambda: parts_fn(q, k, v, g, beta, state, anc, off)),
                "solve_cublas_us": per_call_us(lambda: tree_solve(*parts))}
-        for precision in ("tf32x3", "ieee"):
-            key = f"solve_triton_{precision}"
-            if not (bench.cuda and triton_available()):
-                row[key] = "needs Triton and a CUDA device"
-                continue
-            from .engine.kernels.tree_solve import tree_solve_triton
+        if not kernels:
+            row["solve_triton_tf32x3"] = row["solve_triton_ieee"] = row["rule_triton"] = "needs Triton and a CUDA device"
+            out[str(T)] = row
+            continue
+        from .engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton
 
-            got = tree_solve_triton(*parts, steps, precision=precision)
-            row[f"{key}_us"] = per_call_us(lambda: tree_solve_triton(*parts, steps, precision=precision))
-            row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
-        if bench.cuda and triton_available():  # the whole rule in Triton (two launches), from grouped q/k heads
-            from .engine.kernels.tree_solve import tree_rule_triton
-
-            got = tree_rule_triton(q, k, v, g, beta, state, anc, steps)
-            row["rule_triton_us"] = per_call_us(lambda: tree_rule_triton(q, k, v, g, beta, state, anc, steps))
-            row["rule_triton_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
-        else:
-            row["rule_triton"] = "needs Triton and a CUDA device"
+        forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
+                 for p in ("tf32x3", "ieee")}
+        # the whole rule in Triton (two launches), from grouped q/k heads
+        forms["rule_triton"] = functools.partial(tree_rule_triton, q, k, v, g, beta, state, anc, steps)
+        for key, fn in forms.items():
+            row[f"{key}_us"] = per_call_us(fn)
+            if not isinstance(row[f"{key}_us"], str):  # (a form that failed says why there)
+                row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
         out[str(T)] = row
     return out
 

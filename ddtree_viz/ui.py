@@ -852,7 +852,7 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     then shown in the tab. A generator: it yields a progress line after each prompt. The model is taken round by
     round (other tabs' Steps go in between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and
     the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on."""
-    from .analyze import _write_json, read_prompts, record_failure, trace_path
+    from .analyze import _write_json, read_prompts, record_failure, run_settings, trace_path
 
     budget = _check_int("budget", budget, 1, MAX_BUDGET)
     max_new = _check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
@@ -871,8 +871,7 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     tab.set_stop.clear()
     out = tab.new_folder("prompt-set")
     (out / "traces").mkdir()
-    settings = {"budget": budget, "budgets": [], "max_new_tokens": max_new, "method": "ddtree", "block_size": None,
-                "dtype": host.args[2], "device": host.args[3], "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+    settings = run_settings(budget, max_new, dtype=host.args[2], device=host.args[3])
     _write_json(out / "prompts.json", {"file": name, "prompts": items, "settings": settings})
     engine, reference = engine_for(host.engine, "exact", pair.target), None
     start, tokens, done = time.perf_counter(), 0, 0

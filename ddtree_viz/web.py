@@ -53,8 +53,10 @@ KEYS_JS = """
     if (!P || P._ddvOnce) return;
     P._ddvOnce = true;
     const react = P.react, resize = P.Plots.resize;
+    const pending = new Set();  // figures waiting off screen
+    const ours = (gd) => gd && gd.closest && gd.closest('[id^="ddv-"]');
     P._ddvDraws = 0;  // figures drawn since (a test counts them: one a figure a Step)
-    P._ddvPending = 0;  // figures waiting off screen
+    Object.defineProperty(P, '_ddvPending', {get: () => pending.size});  // (read by tests and bench_page)
     P._ddvOrder = [];  // the last figures drawn, oldest first, by their component's id (a test reads the order)
     const drawn = (gd) => {
       gd._ddvDrawn = true;
@@ -62,8 +64,6 @@ KEYS_JS = """
       P._ddvOrder.push((ours(gd) || {}).id);
       if (P._ddvOrder.length > 64) P._ddvOrder.shift();
     };
-    const pending = new Set();
-    const ours = (gd) => gd && gd.closest && gd.closest('[id^="ddv-"]');
     const near = (gd) => {
       if (gd.offsetParent === null) return false;  // not laid out (another tab)
       const r = gd.getBoundingClientRect();
@@ -71,7 +71,6 @@ KEYS_JS = """
     };
     const draw = (gd) => {
       if (!pending.delete(gd)) return;
-      P._ddvPending = pending.size;
       seen.unobserve(gd);
       if (!gd.isConnected) return;  // a newer figure replaced it first
       react.call(P, gd, ...gd._ddvArgs);
@@ -100,10 +99,10 @@ KEYS_JS = """
     P.react = function (gd, ...args) {
       if (gd && ours(gd)) {
         if (gd._ddvDrawn) return Promise.resolve(gd);
-        if (pending.has(gd) || !near(gd)) {  // waiting already (a newer figure for it replaces the older), or off screen
+        const waiting = pending.has(gd);  // then a newer figure for it replaces the older
+        if (waiting || !near(gd)) {
           gd._ddvArgs = args;
-          if (!pending.has(gd)) { pending.add(gd); seen.observe(gd); }
-          P._ddvPending = pending.size;
+          if (!waiting) { pending.add(gd); seen.observe(gd); }
           schedule('frame');
           return Promise.resolve(gd);
         }

@@ -86,12 +86,11 @@ ATTENTION_KINDS = ("eager", "sdpa")
 class RunnerOptions:
     """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
     the compiled elementwise pieces on CUDA (greedy step 21.4 -> 16.2 ms at Qwen3.6-27B shapes on an H200), the
-    tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve` says
-    what a device gets."""
+    tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve`
+    says what a device gets."""
 
     # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the
-    # one-node step)
-    # | triton-tree (trees only)
+    # one-node step) | triton-tree (trees only)
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
@@ -547,18 +546,17 @@ class StaticRunner:
         masks = index.masks
         anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
         fz.mark_dynamic(u, 0, z, 0, b, 0, a, 0, slot.gather, 0, anc, 0, anc, 1, off, 0, off, 1)
-        if steps is not None and self._rule is not None:
-            q, k, v, g, beta = fz.compiled(fz.gdn_prep)(u, b, a, self.conv[i], conv_w, slot.gather, A_log, dt_bias,
-                                                        dims["key_dim"], dims["head_k"], dims["head_v"], 1)
-            core, delta = self._rule(q, k, v, g, beta, self.rec[i], anc, steps)
-            fz.mark_dynamic(core, 0)
-            o = fz.compiled(fz.gated_norm)(core, z, norm_w, dims["head_v"], dims["eps"])
-            return gdn.out_proj(o)[None], (u, k, g, delta)
-        if steps is not None:
-            parts_dims = {key: val for key, val in dims.items() if key not in ("eps", "rep")}
-            A, Qd, rhs, base, k, g = fz.compiled(fz.gdn_tree_parts)(u, b, a, self.conv[i], conv_w, slot.gather, A_log,
-                                                                    dt_bias, self.rec[i], anc, off, **parts_dims)
-            core, delta = self._solve(A, Qd, rhs, base, steps)
+        if steps is not None:  # the Triton rule or solve, between compiled pieces
+            if self._rule is not None:
+                q, k, v, g, beta = fz.compiled(fz.gdn_prep)(u, b, a, self.conv[i], conv_w, slot.gather, A_log,
+                                                            dt_bias, dims["key_dim"], dims["head_k"], dims["head_v"], 1)
+                core, delta = self._rule(q, k, v, g, beta, self.rec[i], anc, steps)
+            else:
+                parts_dims = {key: val for key, val in dims.items() if key not in ("eps", "rep")}
+                A, Qd, rhs, base, k, g = fz.compiled(fz.gdn_tree_parts)(u, b, a, self.conv[i], conv_w, slot.gather,
+                                                                        A_log, dt_bias, self.rec[i], anc, off,
+                                                                        **parts_dims)
+                core, delta = self._solve(A, Qd, rhs, base, steps)
             fz.mark_dynamic(core, 0)
             o = fz.compiled(fz.gated_norm)(core, z, norm_w, dims["head_v"], dims["eps"])
             return gdn.out_proj(o)[None], (u, k, g, delta)

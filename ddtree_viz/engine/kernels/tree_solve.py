@@ -1,4 +1,5 @@
-"""The tree delta rule's sequential part in one Triton kernel: the unit-triangular solve and the output product.
+"""The tree delta rule in Triton: its sequential part (the unit-triangular solve and the output product) in one
+kernel, `tree_solve_triton`; and the whole rule in two launches, `tree_rule_triton` (below).
 
 gdn_tree.tree_delta_rule_parts computes, per value head and with cuBLAS's batched GEMMs and fused elementwise
 work (all parallel), the system and the output's pieces:
@@ -93,6 +94,14 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _tiles(T: int, V: int, block_v: int | None, table: dict[int, int]) -> tuple[int, int, int]:
+    """(TP, BV, warps): the row tile (positions 1 .. T-1, a power of two, at least 16), the value columns a program
+    (`block_v`, else the measured `table` by row tile, else 16) and the warps a program."""
+    TP = max(16, triton.next_power_of_2(max(T - 1, 1)))
+    BV = max(16, min(block_v or table.get(TP, 16), triton.next_power_of_2(V)))
+    return TP, BV, 8 if TP >= 128 else 4
+
+
 def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, precision: str = PRECISION):
     """gdn_tree.tree_solve in one kernel launch. A, Qd: [H, T, T]; rhs, base: [H, T, V]; all fp32; steps: [] int
     on the device, at least the tree's depth - 1 (gdn_tree.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
@@ -104,14 +113,13 @@ def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, pr
     steps = steps.reshape(()).to(torch.int32)
     o = torch.empty(T, H, V, dtype=torch.float32, device=rhs.device)
     delta = torch.empty_like(o)
-    TP = max(16, triton.next_power_of_2(max(T - 1, 1)))
-    BV = max(16, min(block_v or BLOCK_V.get(TP, 16), triton.next_power_of_2(V)))
+    TP, BV, warps = _tiles(T, V, block_v, BLOCK_V)
     _tree_solve_kernel[(triton.cdiv(V, BV), H)](
         A, Qd, rhs, base, steps, o, delta,
         T, V,
         A.stride(0), A.stride(1), Qd.stride(0), Qd.stride(1), rhs.stride(0), rhs.stride(1), base.stride(0),
         base.stride(1), o.stride(0), o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, PRECISION=precision, num_warps=8 if TP >= 128 else 4,
+        TP=TP, BV=BV, PRECISION=precision, num_warps=warps,
     )
     return o, delta
 
@@ -258,9 +266,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     G = torch.empty(H, T, dtype=torch.float32, device=dev)
     o = torch.empty(T, H, V, dtype=torch.float32, device=dev)
     delta = torch.empty_like(o)
-    TP = max(16, triton.next_power_of_2(max(T - 1, 1)))
-    BV = max(16, min(block_v or RULE_BLOCK_V.get(TP, 16), triton.next_power_of_2(V)))
-    warps = 8 if TP >= 128 else 4
+    TP, BV, warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     _tree_parts_kernel[(H,)](
         q, k, g, beta, anc_float, A, Qd, G,
         T, K, H // Hk,
