@@ -41,7 +41,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 
 
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile")  # RunnerOptions fields runner_variants can switch
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas")  # RunnerOptions fields runner_variants can switch
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,20 @@ class BenchConfig:
     fused: bool | None = None
     attention: str = "eager"
     compile: bool | None = None
+    blas: str = "auto"
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
-                   attention=a.attention, compile=False if a.no_compile else None, variants=tuple(a.variants))
+                   attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
+                   variants=tuple(a.variants))
 
     def runner_options(self):
         from .engine.runner import RunnerOptions
 
-        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile)
+        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas)
 
     @property
     def cuda(self) -> bool:
@@ -462,7 +464,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
         runner.slot_for(size)
-    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets)
+    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas))
     token = int(logits.argmax())
     rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
@@ -533,7 +535,8 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     T = ``positions`` (budgets 64 and 128): microseconds per call of the torch form (compiled where the runner
     compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
     product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
-    (tree_rule_triton), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
+    (tree_rule_triton; also with each count of rows a program of its parts kernel, `rule_triton_rows_R`), each
+    Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
     captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
     A form that cannot run here says why."""
     import random
@@ -602,6 +605,10 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
                  for p in ("tf32x3", "ieee")}
         # the whole rule in Triton (two launches), from grouped q/k heads
         forms["rule_triton"] = functools.partial(tree_rule_triton, q, k, v, g, beta, state, anc, steps)
+        for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
+            if rows < T:
+                forms[f"rule_triton_rows_{rows}"] = functools.partial(tree_rule_triton, q, k, v, g, beta, state, anc,
+                                                                      steps, block_r=rows)
         for key, fn in forms.items():
             row[f"{key}_us"] = per_call_us(fn)
             if not isinstance(row[f"{key}_us"], str):  # (a form that failed says why there)
@@ -663,14 +670,18 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-rule"), ("gdn_kernel", "triton-solve"),
                 ("gdn_kernel", "triton-tree"),
                 ("gdn_kernel", "triton"), ("fused", False),
-                ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True)]
+                ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
+                ("blas", "default"), ("blas", "auto")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
             continue
         options = replace(resolved, **{field: value})
-        if options == resolved:
-            continue
+        try:
+            if options.resolve(torch.device(bench.device)) == resolved:  # nothing switched here (blas on a CPU)
+                continue
+        except ValueError:  # cannot run here: the row below says why
+            pass
         row = {"options": asdict(options)}
         trees = {b: DraftTree.from_logprobs(root, logprobs, b) for b in (64, 128)}
         try:
@@ -696,6 +707,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
         for budget, tree in trees.items():
             row[f"verify_{budget}_ms"] = timed(lambda: runner.forward(tree), repeats=10)
             row[f"verify_{budget}_per_greedy_step"] = row[f"verify_{budget}_ms"] / row["greedy_step_ms"]
+        row["blas"] = dict(runner.blas)  # each size's GEMM library (measured where blas="auto")
         rows.append(row)
         del engine, runner
         if bench.cuda:
@@ -992,7 +1004,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .engine.runner import GDN_KERNELS
+    from .engine.runner import BLAS_CHOICES, GDN_KERNELS
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.gpu_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)
@@ -1020,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", choices=("eager", "sdpa"), default="eager", help="the runner's attention form")
     p.add_argument("--no-compile", action="store_true",
                    help="the runner without its torch.compile'd elementwise pieces (the compiled form is then a variant)")
+    p.add_argument("--blas", choices=BLAS_CHOICES, default="auto",
+                   help="the runner's GEMM library: auto = cuBLAS or cuBLASLt, whichever replays a tree size's graph "
+                        "faster (measured when the size is first captured)")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

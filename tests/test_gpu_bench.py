@@ -34,14 +34,14 @@ def test_gpu_bench_smoke_with_the_runner(tmp_path):
     fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
     assert fp32 and all(r["identical"] for r in fp32)
     # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False}  # CPU defaults
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False, "blas": "default"}  # CPU defaults
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
     measured = [v for v in fast["variants"] if "error" not in v]
     options = [v["options"] for v in measured]
-    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False} in options
-    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False} in options
+    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default"} in options
+    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default"} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
     forms = fast["tree_forms"]  # the tree delta rule's forms per GDN layer (the Triton ones need CUDA)
@@ -109,7 +109,7 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert speed["budgets"] == [] and "rounds" not in speed and speed["greedy_step_ms"] > 0
     assert "exactness_fp32_8_layers" not in report
     fast = speed["fast"]
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False}
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default"}
     assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]

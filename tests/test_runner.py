@@ -319,7 +319,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False)
+    options = RunnerOptions("torch", True, attention, False, "default")
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -345,33 +345,38 @@ def test_runner_options_on_the_cpu():
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")
-    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False)
+    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default")
+    assert RunnerOptions(blas="cublaslt").resolve(cpu).blas == "default"  # a CPU has one BLAS
     assert RunnerOptions(compile=True).resolve(cpu).compile  # asked for: inductor's C++ backend (the compile tests)
     with pytest.raises(ValueError, match="attention"):
         RunnerOptions(attention="flash").resolve(cpu)
     with pytest.raises(ValueError, match="gdn_kernel"):
         RunnerOptions(gdn_kernel="cuda").resolve(cpu)
+    with pytest.raises(ValueError, match="blas"):
+        RunnerOptions(blas="mkl").resolve(cpu)
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
 
 
-def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch"):
-    """The runner with its compiled pieces (RunnerOptions.compile; tree delta rule `gdn_kernel`) against the eager
-    runner with the torch forms, on one target: a tree pass's logits and features, the state after a commit,
-    greedy == transformers' greedy and DDTree == greedy across tree sizes and length buckets (no graph compiled
-    after the runner's construction)."""
+def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch",
+                            blas: str = "auto"):
+    """The runner with its compiled pieces (RunnerOptions.compile; tree delta rule `gdn_kernel`; GEMM library
+    `blas`) against the eager runner with the torch forms and torch's default GEMMs, on one target: a tree pass's
+    logits and features, the state after a commit, greedy == transformers' greedy and DDTree == greedy across tree
+    sizes and length buckets (no graph compiled after the runner's construction); on CUDA, every tree size's
+    graphs with the library asked for, or with the faster one of those "auto" timed."""
     from torch._dynamo.utils import counters
 
-    from ddtree_viz.engine.runner import RunnerOptions
+    from ddtree_viz.engine.runner import BLAS_LIBRARIES, RunnerOptions
 
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
     ref = GreedyReference(pair.target, prompt, set()).extend_to(new)
     kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False), **kw)
+    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False, "default"), **kw)
     graphs = counters["stats"]["unique_graphs"]
-    runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True), **kw)
+    runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True, blas), **kw)
     assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
     assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
@@ -399,6 +404,17 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
         assert out == list(ref.ids) and max(rounds) > 2
     assert {cols for _, cols in runner._slots} >= {256, 512}  # the length buckets were crossed
     assert counters["stats"]["unique_graphs"] - graphs == made  # nothing compiled after the construction
+    sizes = {size for size, _ in runner._slots}
+    if device == "cuda":
+        assert set(runner.blas) == sizes
+        for size, chosen in runner.blas.items():
+            if blas == "auto":  # both captured and replayed; the faster kept
+                times = {name: chosen[f"{name}_ms"] for name in BLAS_LIBRARIES}
+                assert all(ms > 0 for ms in times.values()) and chosen["library"] == min(times, key=times.get)
+            else:
+                assert chosen == {"library": blas}
+    else:
+        assert runner.blas == {} and runner.options.blas == "default"
 
 
 def _cxx() -> str | None:
@@ -426,6 +442,8 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-rule"
     for kernel in ("torch", "triton-rule", "triton-solve"):
         _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
+    for blas in ("cublas", "cublaslt"):  # each library's graphs (auto chose one above)
+        _compiled_against_eager(pair, "cuda", gdn_kernel="triton-rule", blas=blas)
 
 
 def test_warm_runner_compiles_only_where_the_runner_compiles():

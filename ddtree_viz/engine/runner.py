@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -80,6 +81,23 @@ def delta_rule_step(q, k, v, g, beta, state):
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
 ATTENTION_KINDS = ("eager", "sdpa")
+BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
+BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
+
+
+@contextmanager
+def blas_library(name: str | None):
+    """torch's preferred BLAS library for the CUDA GEMMs issued inside (None: leave it as it is). It applies when a
+    GEMM is issued, so a CUDA graph captured inside keeps that library's kernels."""
+    if name is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 @dataclass(frozen=True)
@@ -95,12 +113,17 @@ class RunnerOptions:
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
     compile: bool | None = None  # fused elementwise pieces through torch.compile (None: on CUDA where Triton imports)
+    # the GEMMs' library: auto (CUDA graphs: cuBLAS and cuBLASLt each captured for a tree size's first graph, the
+    # faster replay kept for that size) | default (torch's preference, untouched) | cublas | cublaslt
+    blas: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
             raise ValueError(f"gdn_kernel must be one of {', '.join(GDN_KERNELS)}, not {self.gdn_kernel!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, not {self.attention!r}")
+        if self.blas not in BLAS_CHOICES:
+            raise ValueError(f"blas must be one of {', '.join(BLAS_CHOICES)}, not {self.blas!r}")
         cuda = device.type == "cuda"
         kernel = self.gdn_kernel
         if kernel == "auto":
@@ -108,7 +131,8 @@ class RunnerOptions:
         elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
             raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
         compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
-        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles)
+        blas = self.blas if cuda else "default"  # a CPU has one BLAS
+        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas)
 
 
 @dataclass
@@ -235,6 +259,8 @@ class StaticRunner:
         self.sizes = sorted(set(int(s) for s in sizes))
         self._slots: dict[tuple[int, int], _Slot] = {}
         self._eyes: dict[int, np.ndarray] = {}
+        # per tree size: the GEMMs' library its graphs use and, where "auto" measured it, each one's replay ms
+        self.blas: dict[int, dict] = {}
         self.compile_error: str | None = None  # why the compiled pieces were refused here (the eager forms run)
         self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
         if self.options.compile:
@@ -352,22 +378,56 @@ class StaticRunner:
         slot = self._new_slot(size, cols)
         if self.graphs:
             saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    slot.out = self._forward(slot)
-                    self._commit(slot)
-            torch.cuda.current_stream().wait_stream(stream)
-            slot.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(slot.graph, pool=self._pool):
-                slot.out = self._forward(slot)
-            slot.commit_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(slot.commit_graph, pool=self._pool):
-                self._commit(slot)
+            if size in self.blas or self.options.blas != "auto":
+                library = self.blas.setdefault(size, {"library": self.options.blas})["library"]
+                with blas_library(None if library == "default" else library):
+                    slot.graph, slot.commit_graph, slot.out = self._capture(slot)
+            else:  # this size's first graph: each library's capture replayed, the faster kept for the size
+                trials = {}
+                for library in BLAS_LIBRARIES:
+                    with blas_library(library):
+                        captured = self._capture(slot)
+                    trials[library] = (self._replay_ms(captured[0]), captured)
+                library = min(trials, key=lambda name: trials[name][0])
+                slot.graph, slot.commit_graph, slot.out = trials[library][1]
+                self.blas[size] = {"library": library, **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
+                del trials, captured  # the other library's graphs and outputs go back to the pool
             self._state_restore(saved)
         self._slots[(size, cols)] = slot
         return slot
+
+    def _capture(self, slot: _Slot):
+        """(forward graph, commit graph, forward outputs) of a slot: two warm-up runs on a side stream, then the
+        captures; the state they mutate is the caller's to restore."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                slot.out = self._forward(slot)
+                self._commit(slot)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            slot.out = out = self._forward(slot)
+        commit_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(commit_graph, pool=self._pool):
+            self._commit(slot)
+        return graph, commit_graph, out
+
+    @staticmethod
+    def _replay_ms(graph, repeats: int = 5) -> float:
+        """The median milliseconds of a forward graph's replay (after one untimed); it writes only its outputs
+        and the tree's scratch K/V rows past the committed ones."""
+        graph.replay()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[repeats // 2]
 
     def _state_copy(self):
         return [(t, t.clone()) for t in (self.keys_all, self.values_all, self.conv_all, self.rec_all, self.committed_t)]
