@@ -130,16 +130,19 @@ def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, pr
 #
 # gdn_tree.tree_delta_rule_parts' GEMMs (q.k and k.k per key head, q S_c and k S_c per value head) and their
 # elementwise epilogues (path decay, beta, exp(G)) were ~25 compiled kernels and cuBLAS calls, 35 us a layer at 65
-# positions, twice the solve. Here they move into Triton: `_tree_parts_kernel` (a program per value head) computes
-# the path sums G, the products q.k and k.k on tensor cores (tf32x3, fp32-accurate) with the decay and beta applied,
-# and writes A, Qd and G; `_tree_rule_kernel` (a program per (value-column block, value head)) computes q S_c and
-# k S_c for its columns, forms rhs and base in registers (never written), then solves as `_tree_solve_kernel`
-# does. q and k stay on their Hk key heads (value head h reads key head h // (H / Hk)).
+# positions, twice the solve. Here they move into Triton: `_tree_parts_kernel` (a program per (block of rows,
+# value head)) computes the path sums G, the products q.k and k.k on tensor cores (tf32x3, fp32-accurate) with the
+# decay and beta applied, and writes A, Qd and G; `_tree_rule_kernel` (a program per (value-column block, value
+# head)) computes q S_c and k S_c for its columns, forms rhs and base in registers (never written), then solves
+# as `_tree_solve_kernel` does. q and k stay on their Hk key heads (value head h reads key head h // (H / Hk)).
 
 BLOCK_K = 32  # key columns per tl.dot in the products over the key dimension
 # value columns per program of _tree_rule_kernel by row tile (an H200 at Qwen3.6-27B shapes, us a layer at
 # 65 / 129 positions: block 16 50.4 / 125.3, 32 39.0 / 116.1, 64 43.9 / 107.7, 128 82.1 / 175.9)
 RULE_BLOCK_V = {64: 32, 128: 64}
+# rows per program of _tree_parts_kernel by row tile (a program per (row block, value head): 192 programs at 65 and
+# 129 positions where a program per head was 48, each walking every row)
+PARTS_BLOCK_R = {64: 16, 128: 32}
 
 
 @triton.jit
@@ -158,49 +161,55 @@ def _tree_parts_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, A_ptr, Qd_ptr, G_ptr,
     T, K, REP,
     s_qt, s_qh, s_kt, s_kh, s_gt, s_bt, s_nt, s_ah, s_at, s_Gh,
-    TP: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    TP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    i_h = tl.program_id(0)
+    i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_k = i_h // REP  # the key head this value head reads
-    rows = 1 + tl.arange(0, TP)  # tree positions 1 .. TP; the root apart
+    cols = 1 + tl.arange(0, TP)  # the system's columns: tree positions 1 .. TP (the root apart)
+    mcol = cols < T
+    rows = 1 + i_r * BR + tl.arange(0, BR)  # this program's block of rows
     mr = rows < T
-    # G: path sums of g over each node's ancestors-or-self (the root's is its own g)
+    # G: path sums of g over each node's ancestors-or-self, for every column; the rows' values picked from them
+    # exactly (a sum of one value and zeros), so a node's decay to itself is exp(0)
     G = tl.zeros([TP], dtype=tl.float32)
     for c0 in range(0, T, BK):
-        cols = c0 + tl.arange(0, BK)
-        mc = cols < T
-        anc = tl.load(anc_ptr + rows[:, None] * s_nt + cols[None, :], mask=mr[:, None] & mc[None, :], other=0.0)
-        gc = tl.load(g_ptr + cols * s_gt + i_h, mask=mc, other=0.0)
+        ci = c0 + tl.arange(0, BK)
+        mc = ci < T
+        anc = tl.load(anc_ptr + cols[:, None] * s_nt + ci[None, :], mask=mcol[:, None] & mc[None, :], other=0.0)
+        gc = tl.load(g_ptr + ci * s_gt + i_h, mask=mc, other=0.0)
         G += tl.sum(anc * gc[None, :], 1)
+    Gr = tl.sum(tl.where(rows[:, None] == cols[None, :], G[None, :], 0.0), 1)
     G0 = tl.load(g_ptr + i_h)
-    # q_i.k_j and k_i.k_j over positions 1 .. T-1, and against the root's key (column 0)
-    dkk = tl.zeros([TP, TP], dtype=tl.float32)
-    dqk = tl.zeros([TP, TP], dtype=tl.float32)
-    kk0 = tl.zeros([TP], dtype=tl.float32)
-    qk0 = tl.zeros([TP], dtype=tl.float32)
+    # q_i.k_j and k_i.k_j for the block's rows i against positions 1 .. T-1, and against the root's key (column 0)
+    dkk = tl.zeros([BR, TP], dtype=tl.float32)
+    dqk = tl.zeros([BR, TP], dtype=tl.float32)
+    kk0 = tl.zeros([BR], dtype=tl.float32)
+    qk0 = tl.zeros([BR], dtype=tl.float32)
     q0k0 = tl.zeros([BK], dtype=tl.float32)
     for c0 in range(0, K, BK):
-        cols = c0 + tl.arange(0, BK)
-        mc = cols < K
-        qc, kc, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, cols, mc, i_k, s_qt, s_qh, s_kt, s_kh)
-        kt = tl.trans(kc)
-        dkk += tl.dot(kc, kt, input_precision=PRECISION)
-        dqk += tl.dot(qc, kt, input_precision=PRECISION)
-        kk0 += tl.sum(kc * k0[None, :], 1)
-        qk0 += tl.sum(qc * k0[None, :], 1)
+        ci = c0 + tl.arange(0, BK)
+        mc = ci < K
+        qr, kr, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, ci, mc, i_k, s_qt, s_qh, s_kt, s_kh)
+        kt = tl.trans(tl.load(k_ptr + cols[:, None] * s_kt + i_k * s_kh + ci[None, :],
+                              mask=mcol[:, None] & mc[None, :], other=0.0))
+        dkk += tl.dot(kr, kt, input_precision=PRECISION)
+        dqk += tl.dot(qr, kt, input_precision=PRECISION)
+        kk0 += tl.sum(kr * k0[None, :], 1)
+        qk0 += tl.sum(qr * k0[None, :], 1)
         q0k0 += q0 * k0
-    on_path = tl.load(anc_ptr + rows[:, None] * s_nt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0) > 0
-    decay = tl.where(on_path, tl.exp(tl.where(on_path, G[:, None] - G[None, :], 0.0)), 0.0)
-    decay0 = tl.exp(G - G0)  # every node descends from the root
+    m2 = mr[:, None] & mcol[None, :]
+    on_path = tl.load(anc_ptr + rows[:, None] * s_nt + cols[None, :], mask=m2, other=0.0) > 0
+    decay = tl.where(on_path, tl.exp(tl.where(on_path, Gr[:, None] - G[None, :], 0.0)), 0.0)
+    decay0 = tl.exp(Gr - G0)  # every node descends from the root
     beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=mr, other=0.0)
-    m2 = mr[:, None] & mr[None, :]
-    tl.store(A_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], beta[:, None] * dkk * decay, mask=m2)
-    tl.store(Qd_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], dqk * decay, mask=m2)
+    tl.store(A_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], beta[:, None] * dkk * decay, mask=m2)
+    tl.store(Qd_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], dqk * decay, mask=m2)
     tl.store(A_ptr + i_h * s_ah + rows * s_at, beta * kk0 * decay0, mask=mr)
     tl.store(Qd_ptr + i_h * s_ah + rows * s_at, qk0 * decay0, mask=mr)
-    tl.store(Qd_ptr + i_h * s_ah, tl.sum(q0k0, 0))
-    tl.store(G_ptr + i_h * s_Gh + rows, G, mask=mr)
-    tl.store(G_ptr + i_h * s_Gh, G0)
+    tl.store(G_ptr + i_h * s_Gh + rows, Gr, mask=mr)
+    first = i_r == 0  # the root's own entries, once
+    tl.store(Qd_ptr + i_h * s_ah, tl.sum(q0k0, 0), mask=first)
+    tl.store(G_ptr + i_h * s_Gh, G0, mask=first)
 
 
 @triton.jit
@@ -245,7 +254,7 @@ def _tree_rule_kernel(
 
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
-                     precision: str = PRECISION):
+                     block_r: int | None = None, precision: str = PRECISION):
     """gdn_tree.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
@@ -267,12 +276,13 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     o = torch.empty(T, H, V, dtype=torch.float32, device=dev)
     delta = torch.empty_like(o)
     TP, BV, warps = _tiles(T, V, block_v, RULE_BLOCK_V)
-    _tree_parts_kernel[(H,)](
+    BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
+    _tree_parts_kernel[(TP // BR, H)](
         q, k, g, beta, anc_float, A, Qd, G,
         T, K, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
         A.stride(0), A.stride(1), G.stride(0),
-        TP=TP, BK=BLOCK_K, PRECISION=precision, num_warps=warps,
+        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, num_warps=4,
     )
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
         q, k, v, beta, state, A, Qd, G, steps, o, delta,
