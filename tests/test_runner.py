@@ -415,6 +415,7 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
                 assert chosen == {"library": blas}
     else:
         assert runner.blas == {} and runner.options.blas == "default"
+    return runner
 
 
 def _cxx() -> str | None:
@@ -441,7 +442,12 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     assert RunnerOptions().resolve(torch.device("cuda")).compile
     assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-rule"
     for kernel in ("torch", "triton-rule", "triton-solve"):
-        _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
+        runner = _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
+    # a later runner of the model (a new session) takes each size's library from the first: no second measurement
+    again = StaticRunner(pair.target, max_len=512, sizes=(1, 17), options=runner.options)
+    again.prefill(list(range(9)))
+    again.forward(one_node(3))
+    assert again.blas[1] is runner.blas[1]
     for blas in ("cublas", "cublaslt"):  # each library's graphs (auto chose one above)
         _compiled_against_eager(pair, "cuda", gdn_kernel="triton-rule", blas=blas)
 

@@ -180,6 +180,9 @@ class _Slot:
 
 
 _WARMED: set = set()  # (device, dtype, model config, max_path, options) whose compiled pieces have run in this process
+# (device, dtype, model config, options, tree size) -> the GEMM library "auto" measured for it in this process, so
+# that a later runner of the model (a page's new session) captures each size once, as before "auto"
+_BLAS_CHOSEN: dict[tuple, dict] = {}
 
 
 class StaticRunner:
@@ -378,11 +381,14 @@ class StaticRunner:
         slot = self._new_slot(size, cols)
         if self.graphs:
             saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
+            key = (str(self.device), self.dtype, self.target.config.to_json_string(), self.options, size)
+            if size not in self.blas and key in _BLAS_CHOSEN:
+                self.blas[size] = _BLAS_CHOSEN[key]
             if size in self.blas or self.options.blas != "auto":
                 library = self.blas.setdefault(size, {"library": self.options.blas})["library"]
                 with blas_library(None if library == "default" else library):
                     slot.graph, slot.commit_graph, slot.out = self._capture(slot)
-            else:  # this size's first graph: each library's capture replayed, the faster kept for the size
+            else:  # the size's first graph in this process: each library's capture replayed, the faster kept
                 trials = {}
                 for library in BLAS_LIBRARIES:
                     with blas_library(library):
@@ -390,7 +396,8 @@ class StaticRunner:
                     trials[library] = (self._replay_ms(captured[0]), captured)
                 library = min(trials, key=lambda name: trials[name][0])
                 slot.graph, slot.commit_graph, slot.out = trials[library][1]
-                self.blas[size] = {"library": library, **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
+                self.blas[size] = _BLAS_CHOSEN[key] = {"library": library,
+                                                       **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
                 del trials, captured  # the other library's graphs and outputs go back to the pool
             self._state_restore(saved)
         self._slots[(size, cols)] = slot
