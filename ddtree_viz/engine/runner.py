@@ -223,6 +223,8 @@ class StaticRunner:
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
+        # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
+        self._model_key = (str(self.device), self.dtype, target.config.to_json_string())
         cfg = target.config.get_text_config()
         kvh, hd = cfg.num_key_value_heads, cfg.head_dim
         self._rep = cfg.num_attention_heads // kvh  # query heads per KV head
@@ -330,7 +332,7 @@ class StaticRunner:
                                    rep=m.num_v_heads // m.num_k_heads, eps=m.norm.variance_epsilon))
                           for i, m in gdn.items()}
         self._silu = {i: type(layer.mlp.act_fn).__name__ in ("SiLUActivation", "SiLU") for i, layer in enumerate(self.layers)}
-        key = (str(self.device), self.dtype, self.target.config.to_json_string(), self.max_path, self.options)
+        key = (*self._model_key, self.max_path, self.options)
         if key in _WARMED:
             self.compile_s = time.perf_counter() - start
             return
@@ -381,27 +383,32 @@ class StaticRunner:
         slot = self._new_slot(size, cols)
         if self.graphs:
             saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
-            key = (str(self.device), self.dtype, self.target.config.to_json_string(), self.options, size)
-            if size not in self.blas and key in _BLAS_CHOSEN:
-                self.blas[size] = _BLAS_CHOSEN[key]
-            if size in self.blas or self.options.blas != "auto":
-                library = self.blas.setdefault(size, {"library": self.options.blas})["library"]
-                with blas_library(None if library == "default" else library):
-                    slot.graph, slot.commit_graph, slot.out = self._capture(slot)
-            else:  # the size's first graph in this process: each library's capture replayed, the faster kept
-                trials = {}
-                for library in BLAS_LIBRARIES:
-                    with blas_library(library):
-                        captured = self._capture(slot)
-                    trials[library] = (self._replay_ms(captured[0]), captured)
-                library = min(trials, key=lambda name: trials[name][0])
-                slot.graph, slot.commit_graph, slot.out = trials[library][1]
-                self.blas[size] = _BLAS_CHOSEN[key] = {"library": library,
-                                                       **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
-                del trials, captured  # the other library's graphs and outputs go back to the pool
+            slot.graph, slot.commit_graph, slot.out = self._capture_with_blas(slot)
             self._state_restore(saved)
         self._slots[(size, cols)] = slot
         return slot
+
+    def _capture_with_blas(self, slot: _Slot):
+        """_capture under the GEMM library of the slot's tree size: the one chosen before (by this runner, or for this
+        model and options earlier in the process), the one the options fix, or, for "auto" the first time, each
+        library's capture replayed and the faster kept (and remembered: `blas`, _BLAS_CHOSEN)."""
+        key = (*self._model_key, self.options, slot.size)
+        chosen = self.blas.get(slot.size) or _BLAS_CHOSEN.get(key)
+        if chosen is None and self.options.blas != "auto":
+            chosen = {"library": self.options.blas}
+        if chosen is not None:
+            self.blas[slot.size] = chosen
+            with blas_library(None if chosen["library"] == "default" else chosen["library"]):
+                return self._capture(slot)
+        trials = {}
+        for library in BLAS_LIBRARIES:
+            with blas_library(library):
+                captured = self._capture(slot)
+            trials[library] = (self._replay_ms(captured[0]), captured)
+        library = min(trials, key=lambda name: trials[name][0])
+        self.blas[slot.size] = _BLAS_CHOSEN[key] = {"library": library,
+                                                    **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
+        return trials[library][1]  # the other library's graphs and outputs go back to the pool with `trials`
 
     def _capture(self, slot: _Slot):
         """(forward graph, commit graph, forward outputs) of a slot: two warm-up runs on a side stream, then the
