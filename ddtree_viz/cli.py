@@ -14,44 +14,15 @@ import sys
 from pathlib import Path
 
 from .errors import DDTreeVizError, InputError
-from .trace import REFERENCE_NAMES, is_sampled, reference_of, sampling_flags, sampling_label, verdict_text, verdict_words
+from .options import (DTYPES, ENGINE_CHOICES, METHODS, REFERENCE_NAMES, REFERENCES, VERIFY_MODES, check_decode_settings,
+                      check_port, engine_for_verify, port_number, whole_number)
+from .trace import is_sampled, reference_of, sampling_flags, sampling_label, verdict_text, verdict_words
 
 EXIT_USER_ERROR = 2
 
 # ------------------------------------------------------------------------------------------------------------
 # Parsing
 # ------------------------------------------------------------------------------------------------------------
-
-
-def _whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
-
-
-def port_number(text: str) -> int:
-    """--port: a whole number from 1 to 65535 (argparse's own error and exit status 2 otherwise)."""
-    port = _whole_number(text)
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {port}")
-    return port
-
-
-def check_port(host: str, port: int) -> None:
-    """Refuse, before any model loads, a port the server could not listen on (in use, or not allowed)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise InputError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
-    family, kind, proto, _, address = infos[0]
-    try:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no obstacle
-            probe.bind(address)
-    except OSError as exc:
-        why = "it is in use (another server?)" if exc.errno == 98 else (exc.strerror or str(exc))
-        raise InputError(f"cannot listen on {host}:{port}: {why}; pick another with --port") from None
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
@@ -71,7 +42,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
     g.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter for the target (default: the embedded one)")
-    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="default: float32")
+    g.add_argument("--dtype", default="float32", choices=DTYPES, help="default: float32")
     g.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
                    help="cpu, cuda (one GPU) or auto (all visible GPUs via accelerate); default: cpu")
     g.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
@@ -79,9 +50,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--budget", type=_whole_number, default=32, help="draft tree nodes per round (default: 32)")
-    g.add_argument("--max-new-tokens", type=_whole_number, default=64, help="tokens to generate (default: 64)")
-    g.add_argument("--block-size", type=_whole_number, default=None,
+    g.add_argument("--budget", type=whole_number, default=32, help="draft tree nodes per round (default: 32)")
+    g.add_argument("--max-new-tokens", type=whole_number, default=64, help="tokens to generate (default: 64)")
+    g.add_argument("--block-size", type=whole_number, default=None,
                    help="drafter block: root + drafted depths (default: the drafter's own)")
 
 
@@ -98,7 +69,7 @@ def _compare_spec(text: str) -> dict:
             raise argparse.ArgumentTypeError(
                 f"{part!r}: expected KEY=VALUE with KEY one of {', '.join(COMPARE_KEYS)}")
         value = value.strip()
-        out[key] = _whole_number(value) if key in ("budget", "block_size") else value
+        out[key] = whole_number(value) if key in ("budget", "block_size") else value
     if not out:
         raise argparse.ArgumentTypeError("give at least one KEY=VALUE")
     return out
@@ -133,11 +104,11 @@ def _add_sampling_args(p: argparse.ArgumentParser, several: bool = False) -> Non
                             "0 = greedy (default)")
     else:
         g.add_argument("--temperature", type=_number, default=0.0, metavar="T", help="0 = greedy (default)")
-    g.add_argument("--top-k", type=_whole_number, default=0, metavar="K",
+    g.add_argument("--top-k", type=whole_number, default=0, metavar="K",
                    help="sample among the K most likely tokens only (default: 0, off)")
     g.add_argument("--top-p", type=_number, default=1.0, metavar="P",
                    help="sample among the most likely tokens holding probability P (default: 1, off)")
-    g.add_argument("--seed", type=_whole_number, default=0, metavar="S", help="noise seed, 0..2^32-1 (default: 0)")
+    g.add_argument("--seed", type=whole_number, default=0, metavar="S", help="noise seed, 0..2^32-1 (default: 0)")
 
 
 def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
@@ -159,16 +130,16 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     _add_chat_args(run)
     _add_model_args(run)
     _add_decode_args(run)
-    run.add_argument("--verify", default="exact", choices=("exact", "naive"),
+    run.add_argument("--verify", default="exact", choices=VERIFY_MODES,
                      help="exact (tree-exact GDN) or naive (the known-wrong flattened-tree behaviour); default: exact")
-    run.add_argument("--method", default="ddtree", choices=("ddtree", "dflash"),
+    run.add_argument("--method", default="ddtree", choices=METHODS,
                      help="ddtree (draft tree) or dflash (top-1 chain); default: ddtree")
     run.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                      help="auto (default: the fastest exact engine that applies: runner for exact rounds on a Qwen3.5 "
                           "hybrid target on one device, else transformers), transformers (the target's own forward with "
                           "the tree-exact GDN swapped in: the reference path) or runner (the static runner: "
                           "preallocated state, CUDA graphs on a GPU; exact only)")
-    run.add_argument("--reference", default="engine", choices=("engine", "transformers"),
+    run.add_argument("--reference", default="engine", choices=REFERENCES,
                      help="where the reference decodes: engine (default: the session's engine; the runner decodes "
                           "one-node trees on a second static runner) or transformers (transformers' own forward, one "
                           "token at a time: the independent check, slow at real sizes)")
@@ -179,9 +150,9 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
                      help="also decode the prompt with a second configuration B, the first one's settings changed as "
                           "given (keys: " + ", ".join(COMPARE_KEYS) + "; e.g. verify=naive, method=dflash, "
                           "budget=16); print both outputs, where they part and each verdict; --trace writes both")
-    run.add_argument("--target-top-k", type=_whole_number, default=5, metavar="K",
+    run.add_argument("--target-top-k", type=whole_number, default=5, metavar="K",
                      help="the target's top-K tokens recorded at every tree node (default: 5; 0: none)")
-    run.add_argument("--draft-top-k", type=_whole_number, default=16, metavar="K",
+    run.add_argument("--draft-top-k", type=whole_number, default=16, metavar="K",
                      help="the drafter's candidates recorded per depth, at most the budget (default: 16; 0: none)")
     _add_sampling_args(run)
     run.set_defaults(handler=cmd_run)
@@ -199,7 +170,7 @@ def build_parser(prog: str = "python -m ddtree_viz") -> argparse.ArgumentParser:
     _add_chat_args(bench)
     _add_model_args(bench)
     _add_decode_args(bench)
-    bench.add_argument("--repeats", type=_whole_number, default=1, help="timed runs per prompt and method (default: 1)")
+    bench.add_argument("--repeats", type=whole_number, default=1, help="timed runs per prompt and method (default: 1)")
     bench.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     bench.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                        help="engine of the DFlash and DDTree runs: auto (default: the fastest exact engine that "
@@ -240,7 +211,7 @@ def _add_analyze_parser(sub) -> None:
                          "conversation")
     an.add_argument("--system", metavar="TEXT", help="a system prompt, first in every conversation (with --chat)")
     an.add_argument("--thinking", choices=("on", "off"), help="the template's thinking switch, with --chat")
-    an.add_argument("--budgets", type=_whole_number, nargs="+", metavar="B",
+    an.add_argument("--budgets", type=whole_number, nargs="+", metavar="B",
                     help="the budget curve at these budgets (default: every budget up to --budget)")
     an.add_argument("--method", default="ddtree", choices=("ddtree", "dflash", "both"),
                     help="default: ddtree; both: every prompt with DDTree (traces/NNNN.json) and with the DFlash chain "
@@ -258,8 +229,6 @@ def cmd_analyze(args) -> int:
     return run(args)
 
 
-# The engine choices (engines.ENGINE_CHOICES), spelled out so that parsing imports no torch; tests hold them equal.
-ENGINE_CHOICES = ("auto", "transformers", "runner")
 
 # The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
 # stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
@@ -294,7 +263,7 @@ def _add_export_parser(sub) -> None:
                    help="colorblind (default: the page's colour-blind-safe colours) or grayscale (print)")
     g.add_argument("--min-logprob", type=float, metavar="X",
                    help="hide drafted nodes whose drafter log-prob is below X (and their subtrees; never the accepted path)")
-    g.add_argument("--max-depth", type=_whole_number, metavar="D",
+    g.add_argument("--max-depth", type=whole_number, metavar="D",
                    help="hide drafted nodes deeper than D (never the accepted path)")
     g.add_argument("--path-label", action=argparse.BooleanOptionalAction, default=True,
                    help="write 'accepted path' along the path (default: on)")
@@ -306,11 +275,11 @@ def _add_export_parser(sub) -> None:
     t.add_argument("--title", metavar="TEXT", help="title (default: the page's title for this figure)")
     t.add_argument("--no-title", action="store_true", help="no title")
     g.add_argument("--caption", metavar="TEXT", help="a caption under the figure (default: none)")
-    g.add_argument("--label-chars", type=_whole_number, metavar="N", help="cut token labels to N characters (default: 12; mask 8)")
+    g.add_argument("--label-chars", type=whole_number, metavar="N", help="cut token labels to N characters (default: 12; mask 8)")
     g.add_argument("--color-range", default="trace", choices=COLOR_RANGES,
                    help="log-prob colour range: trace (default: the page's, min over all rounds .. 0) or round (this round's)")
     f = ex.add_argument_group("output")
-    f.add_argument("--dpi", type=_whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
+    f.add_argument("--dpi", type=whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
                    "that its PNG would pass 30 million pixels; an explicit --dpi may reach 120 million)")
     f.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: sized to the figure); "
                    "a PNG is exactly round(width x dpi) pixels wide")
@@ -359,12 +328,7 @@ def _quiet_transformers(verbose: bool) -> None:
 
 def _check_settings(args) -> None:
     """Range checks that need no model, done before a (possibly long) model load. The session re-checks."""
-    from .engine.session import MAX_BUDGET, MAX_NEW_TOKENS, _check_int
-
-    _check_int("budget", args.budget, 1, MAX_BUDGET)
-    _check_int("max new tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS)
-    if args.block_size is not None and args.block_size < 2:
-        raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {args.block_size}")
+    check_decode_settings(args.budget, args.max_new_tokens, args.block_size)
     for t in args.temperature if isinstance(args.temperature, list) else [args.temperature]:
         _sampler(args, t)
 
@@ -484,16 +448,14 @@ def cmd_run(args) -> int:
 
 def _other_config(args) -> dict:
     """Configuration B of `run --compare`: A's settings with the given changes, checked before any model loads."""
-    from .engine.session import METHODS, VERIFY_MODES
-
     c = {"budget": args.budget, "block_size": args.block_size, "method": args.method, "verify": args.verify,
          "engine": args.engine, "dtype": args.dtype, **args.compare}
     for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ENGINE_CHOICES),
-                         ("dtype", ("float32", "bfloat16", "float16"))):
+                         ("dtype", DTYPES)):
         if c[key] not in allowed:
             raise InputError(f"--compare {key} must be one of {', '.join(allowed)}, not {c[key]!r}")
-    if c["verify"] == "naive" and "engine" not in args.compare:
-        c["engine"] = "transformers"  # naive rounds run on transformers' forward only
+    if "engine" not in args.compare:  # A's engine where it runs B's verify mode (naive: transformers' forward only)
+        c["engine"] = engine_for_verify(c["engine"], c["verify"])
     return c
 
 
@@ -601,13 +563,13 @@ def _reference_line(session) -> str:
 
 
 def cmd_bench(args) -> int:
-    from .bench import run_sweep, sweep_dict
+    from .benchmarks.decode import run_sweep, sweep_dict
 
     if args.prompts is not None and any(p == "" for p in args.prompts):
         raise InputError("a --prompt is empty: every prompt needs some text")
     prompts = None
     if args.prompts is not None or args.prompt_files is not None or args.chat:
-        from .bench import DEFAULT_PROMPTS
+        from .prompts import DEFAULT_PROMPTS
 
         texts = args.prompts if args.prompts is not None else ([] if args.prompt_files else list(DEFAULT_PROMPTS))
         prompts = [_spec(args, text=t) for t in texts] + [_spec(args, path=f) for f in args.prompt_files or ()]

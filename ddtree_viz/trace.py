@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
+from .options import MAX_TOP_K, METHODS, VERIFY_MODES
 from .treeops import check_parents, depths_of, follow, is_parent_chain
 
 SCHEMA_VERSION = 1
@@ -37,7 +38,6 @@ MAX_TOKEN_ID = 2**31 - 1  # token ids are 0..MAX_TOKEN_ID
 MAX_TOKEN_CHARS = 1024  # one token's text (nodes, token_texts)
 MAX_TEXT_CHARS = 4 * 1024 * 1024  # prompt, output text, model names and any other string
 MAX_LAYERS = 1024  # entries of a cache list
-MAX_TOP_K = 256  # entries of a top-k row (draft_top_ids, target_top_ids; the engine's cap)
 MAX_INT = 2**53  # any number in the file is within +-MAX_INT (integers: exact in every JSON reader)
 
 
@@ -499,8 +499,6 @@ def step_from_dict(d: Any, where: str = "step") -> StepRecord:
 # Validation: a record against the invariants the engine guarantees (the trace contract's "what load refuses")
 # ------------------------------------------------------------------------------------------------------------
 
-METHODS = ("ddtree", "dflash")
-VERIFY_MODES = ("exact", "naive")
 LOGPROB_SLACK = 1e-3  # a log-prob or probability may pass 0 / 1 by float rounding, no more
 
 
@@ -808,8 +806,6 @@ def _check_divergence(trace: Trace, where: str) -> None:
 
 
 VERDICT_NOISE, VERDICT_MISMATCH = "noise", "mismatch"
-REFERENCE_NAMES = {"runner": "the runner (one-node trees on a second static runner)",
-                   "transformers": "transformers' own forward (one token at a time)"}
 
 
 def verdict_text(trace: Trace) -> str | None:

@@ -22,9 +22,10 @@ from pathlib import Path
 from .engine.cache import cache_layout
 from .engine.models import ModelPair, load_pair
 from .engine.prompts import PromptSpec, check_spec, has_chat_template, takes_thinking
-from .engine.sampling import MAX_SEED, Sampler
-from .engine.session import MAX_BUDGET, DecodeSession, _check_int, first_divergence
-from .engine.engines import AUTO, ENGINES, default_engine, engine_for, warm_runner
+from .engine.sampling import Sampler
+from .engine.session import DecodeSession, first_divergence
+from .engine.engines import default_engine, engine_for, warm_runner
+from .options import AUTO, DTYPES, ENGINE_CHOICES, MAX_BUDGET, MAX_SEED, REFERENCE_NAMES, VERIFY_LABELS, check_int
 from .errors import DDTreeVizError, InputError, ModelLoadError
 from .render.cache_view import cache_layout_table, cache_spec, cache_table, cache_table_html
 from .render.diff_view import output_vs_greedy_html
@@ -44,11 +45,9 @@ from .analysis import config_label
 from .analyze import DFLASH, MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files, summarize_report
 from .render import report as report_view
 from .render.text import shorten
-from .trace import MAX_ROUNDS, REFERENCE_NAMES, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
+from .trace import MAX_ROUNDS, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
 
-VERIFY_CHOICES = {"exact": "exact", "naive (known-wrong: flattened tree)": "naive"}
 SAME = "same"  # compare mode: the engine / dtype of the first configuration
-DTYPES = ("float32", "bfloat16", "float16")
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page says so; `replay FILE` takes up to
 #                                      trace.MAX_TRACE_BYTES)
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
@@ -398,11 +397,11 @@ def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -
 
 def _settings(host, prompt, budget, block_size, max_new_tokens, verify, method, temperature=0.0, top_p=1.0, top_k=0,
               seed=0, chat=False, system="", thinking=True) -> Settings:
-    if verify not in VERIFY_CHOICES:
+    if verify not in VERIFY_LABELS:
         raise InputError(f"unknown verification mode {verify!r}")
-    sampler = Sampler(temperature, _check_int("top-k", top_k, 0, 2**31 - 1), top_p, _check_int("seed", seed, 0, MAX_SEED))
+    sampler = Sampler(temperature, check_int("top-k", top_k, 0, 2**31 - 1), top_p, check_int("seed", seed, 0, MAX_SEED))
     return Settings(prompt_spec(host, prompt, chat, system, thinking), budget, block_size, max_new_tokens,
-                    VERIFY_CHOICES[verify], method, sampler)
+                    VERIFY_LABELS[verify], method, sampler)
 
 
 def compare_settings(on, budget=32, block_size=16, method="ddtree", verify="exact", engine=SAME,
@@ -410,14 +409,14 @@ def compare_settings(on, budget=32, block_size=16, method="ddtree", verify="exac
     """The compare controls as settings (None when compare mode is off)."""
     if not on:
         return None
-    if verify not in VERIFY_CHOICES:
+    if verify not in VERIFY_LABELS:
         raise InputError(f"unknown verification mode {verify!r}")
-    if engine not in (SAME, *ENGINES):
-        raise InputError(f"engine must be one of {SAME}, {', '.join(ENGINES)}, not {engine!r}")
+    if engine not in (SAME, *ENGINE_CHOICES):
+        raise InputError(f"engine must be one of {SAME}, {', '.join(ENGINE_CHOICES)}, not {engine!r}")
     if dtype not in (SAME, *DTYPES):
         raise InputError(f"dtype must be one of {SAME}, {', '.join(DTYPES)}, not {dtype!r}")
-    return CompareSettings(_check_int("compare budget", budget, 1, MAX_BUDGET),
-                           _check_int("compare block size", block_size, 2, 4096), method, VERIFY_CHOICES[verify],
+    return CompareSettings(check_int("compare budget", budget, 1, MAX_BUDGET),
+                           check_int("compare block size", block_size, 2, 4096), method, VERIFY_LABELS[verify],
                            engine, dtype)
 
 
@@ -854,9 +853,9 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on."""
     from .analyze import _write_json, read_prompts, record_failure, run_settings, trace_path
 
-    budget = _check_int("budget", budget, 1, MAX_BUDGET)
-    max_new = _check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
-    limit = _check_int("prompts", limit, 1, PAGE_SET_MAX_PROMPTS)
+    budget = check_int("budget", budget, 1, MAX_BUDGET)
+    max_new = check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
+    limit = check_int("prompts", limit, 1, PAGE_SET_MAX_PROMPTS)
     if upload:
         path = Path(upload)
         if not path.is_file() or path.stat().st_size > MAX_UPLOAD_BYTES:
@@ -988,7 +987,7 @@ def open_report_round(tab: TabState, file, k) -> TabState:
     path = report.files.get(file) if isinstance(file, str) else None
     if path is None:
         raise InputError(f"{_named(str(file), 80)} is not a trace of the loaded report")
-    k = _check_int("round", k, 0, MAX_ROUNDS - 1)
+    k = check_int("round", k, 0, MAX_ROUNDS - 1)
     load_replay(tab, str(path), name=file)
     return move(tab, to=k)
 

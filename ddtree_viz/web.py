@@ -18,8 +18,8 @@ import time
 import gradio as gr
 
 from . import ui
-from .bench import DEFAULT_PROMPTS
-from .cli import check_port, port_number
+from .options import DTYPES, ENGINE_CHOICES, MAX_SEED, METHODS, VERIFY_LABELS, check_port, port_number
+from .prompts import DEFAULT_PROMPTS
 from .errors import DDTreeVizError
 from .render import export as exporter
 from .render import report as report_view
@@ -156,7 +156,7 @@ def click_js(elem_id: str) -> str:
 # after a report's round opened in the Step tab: its status line (and the tree under it) at the top of the window
 SHOW_STATUS_JS = "() => { const s = document.getElementById('ddv-status'); if (s) s.scrollIntoView({block: 'start'}); }"
 
-DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (bench.py says why)
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
 CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
        ".ddv-hidden { display: none !important; } "
        ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; } "  # prompt view: template markers, whitespace
@@ -169,7 +169,7 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    p.add_argument("--engine", default="auto", choices=("auto", "transformers", "runner"),
+    p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="engine for exact rounds: auto (default: the fastest exact engine that applies: the static "
                         "runner on a Qwen3.5 hybrid target on one device, else transformers), transformers' forward "
                         "(the reference path) or the static runner (CUDA graphs on a GPU); naive rounds always use "
@@ -363,14 +363,14 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                             block = gr.Slider(2, block_max, value=block_max, step=1, label="Block size", elem_id="ddv-block")
                             max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
                         with gr.Row():
-                            verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="Verification")
-                            method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="Method")
+                            verify = gr.Radio(list(VERIFY_LABELS), value="exact", label="Verification")
+                            method = gr.Radio(list(METHODS), value="ddtree", label="Method")
                         with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
                             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
                                                     elem_id="ddv-temperature")
                             top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
                             top_k = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
-                            seed = gr.Number(value=0, precision=0, minimum=0, maximum=ui.MAX_SEED, label="Seed",
+                            seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed",
                                              elem_id="ddv-seed")
                             seed_btn = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
                 with gr.Row():
@@ -389,11 +389,11 @@ def build_app(host: ui.ModelHost, replay_path: str | None = None, file_ttl: int 
                         compare_on = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
                         c_budget = gr.Slider(1, 512, value=16, step=1, label="B: budget", elem_id="ddv-compare-budget")
                         c_block = gr.Slider(2, block_max, value=block_max, step=1, label="B: block size")
-                        c_method = gr.Radio(["ddtree", "dflash"], value="ddtree", label="B: method", elem_id="ddv-compare-method")
-                        c_verify = gr.Radio(list(ui.VERIFY_CHOICES), value="exact", label="B: verification",
+                        c_method = gr.Radio(list(METHODS), value="ddtree", label="B: method", elem_id="ddv-compare-method")
+                        c_verify = gr.Radio(list(VERIFY_LABELS), value="exact", label="B: verification",
                                             elem_id="ddv-compare-verify")
-                        c_engine = gr.Dropdown([ui.SAME, "auto", "transformers", "runner"], value=ui.SAME, label="B: engine")
-                        c_dtype = gr.Dropdown([ui.SAME, *ui.DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
+                        c_engine = gr.Dropdown([ui.SAME, *ENGINE_CHOICES], value=ui.SAME, label="B: engine")
+                        c_dtype = gr.Dropdown([ui.SAME, *DTYPES], value=ui.SAME, label="B: dtype (another load of the models)")
                 status = gr.Markdown(elem_id="ddv-status")
                 prompt_view = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
                 with gr.Row():

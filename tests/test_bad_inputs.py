@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from ddtree_viz.bench import run_bench
+from ddtree_viz.benchmarks.decode import run_bench
 from ddtree_viz.engine.models import load_pair, parse_dtype, resolve_device
 from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import DDTreeVizError, InputError, ModelLoadError, PairingError, TraceError

@@ -632,7 +632,7 @@ def test_long_session_keeps_per_round_views_bounded(app_url):
         p.stop()
 
 
-from ddtree_viz.bench_page import STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)
+from ddtree_viz.benchmarks.page import STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ddtree_viz.engine.drafter import (
     validate_pairing,
 )
 from ddtree_viz.errors import ModelLoadError, PairingError
-from ddtree_viz.gpu_bench import CONFIGS
+from ddtree_viz.configs import CONFIGS
 
 REAL_CONFIG = CONFIGS / "qwen3.6-27b-dflash-config.json"
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _bench(tmp_path, *extra) -> dict:
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "ddtree_viz.gpu_bench", "--smoke", "--layers", "4", "--budgets", "4", "8",
+    proc = subprocess.run([sys.executable, "-m", "ddtree_viz.benchmarks.gpu", "--smoke", "--layers", "4", "--budgets", "4", "8",
                            "--new-tokens", "8", "--json", str(out), *extra], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,7 @@ from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter, validate_pair
 from ddtree_viz.engine.models import _check_local
 from ddtree_viz.engine.verify import gdn_modules
 from ddtree_viz.errors import PairingError
-from ddtree_viz.gpu_bench import CONFIGS
+from ddtree_viz.configs import CONFIGS
 
 
 def target_config() -> Qwen3_5TextConfig:

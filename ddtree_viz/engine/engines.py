@@ -41,11 +41,8 @@ from .backends import sdpa_backends
 from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .tree import DraftTree
-from .verify import EXACT, NAIVE, commit, device_sync, input_device, verify_tree
-
-ENGINES = ("transformers", "runner")
-AUTO = "auto"  # the fastest exact engine that applies: default_engine()
-ENGINE_CHOICES = (AUTO,) + ENGINES
+from .registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, NAIVE, engine_for_verify
+from .verify import commit, device_sync, input_device, verify_tree
 
 
 @dataclass
@@ -94,6 +91,15 @@ class TransformersEngine:
         self.committed = 0
         self._prompt_ids: list[int] = []
         self._shadow = None  # naive mode: an exact cache fed the same committed tokens, for comparison
+
+    @classmethod
+    def blocker(cls, target, verify: str = EXACT, reference_gdn: bool = False) -> str | None:
+        """The reference path runs every target and every verify mode."""
+        return None
+
+    @classmethod
+    def create(cls, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False, **_sizes):
+        return cls(target, feature_layer_ids, verify=verify, reference_gdn=reference_gdn)
 
     @torch.no_grad()
     def prefill(self, prompt_ids):
@@ -175,6 +181,21 @@ class RunnerEngine:
         self.types = layer_types(target.config)
         self.sync = device_sync(target)
         self.runner = runner
+
+    @classmethod
+    def blocker(cls, target, verify: str = EXACT, reference_gdn: bool = False) -> str | None:
+        if verify != EXACT or reference_gdn:
+            return ("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference GDN run "
+                    "on the transformers engine")
+        return runner_blocker(target)
+
+    @classmethod
+    def create(cls, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
+               tree_size: int = 1, block_size: int = 16, max_new_tokens: int = 64):
+        if verify != EXACT or reference_gdn:
+            raise InputError(cls.blocker(target, verify, reference_gdn))
+        return cls(target, feature_layer_ids, tree_size=tree_size, block_size=block_size,
+                   max_new_tokens=max_new_tokens)
 
     @property
     def cache(self):
@@ -264,13 +285,14 @@ def runner_blocker(target) -> str | None:
 
 def default_engine(target, verify: str = EXACT, reference_gdn: bool = False) -> str:
     """THE rule for which engine runs when none is named (`auto`: the CLI's run and bench, the page, DecodeSession):
-    the fastest exact engine that applies. That is the static runner (same rounds, same records, faster on a CPU
-    too: PERFORMANCE.md section 1) for exact rounds on a Qwen3.5 hybrid target on one device; transformers' own
-    forward (the reference path) everywhere else: naive rounds, the reference GDN, pure-attention targets,
-    targets split by a device_map."""
-    if verify != EXACT or reference_gdn or runner_blocker(target) is not None:
-        return TransformersEngine.name
-    return RunnerEngine.name
+    the first engine in the registry's order of preference that can run this target and mode. That is the static
+    runner (same rounds, same records, faster on a CPU too: PERFORMANCE.md section 1) for exact rounds on a
+    Qwen3.5 hybrid target on one device; transformers' own forward (the reference path) everywhere else: naive
+    rounds, the reference GDN, pure-attention targets, targets split by a device_map."""
+    for entry in ENTRIES:
+        if entry.load().blocker(target, verify, reference_gdn) is None:
+            return entry.name
+    raise ModelLoadError("no target engine can run this target")  # the reference path runs every target
 
 
 def engine_for(preferred: str, verify: str, target=None, reference_gdn: bool = False) -> str:
@@ -280,9 +302,9 @@ def engine_for(preferred: str, verify: str, target=None, reference_gdn: bool = F
         if target is None:
             raise ValueError("engine 'auto' needs the target to choose for")
         return default_engine(target, verify, reference_gdn)
-    if preferred not in _CLASSES:
+    if preferred not in BY_NAME:
         raise InputError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {preferred!r}")
-    return preferred if verify in _CLASSES[preferred].verify_modes else TransformersEngine.name
+    return engine_for_verify(preferred, verify)
 
 
 def warm_runner(target) -> float:
@@ -304,17 +326,10 @@ def warm_runner(target) -> float:
 
 def make_engine(name: str, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
                 tree_size: int = 1, block_size: int = 16, max_new_tokens: int = 64) -> TargetEngine:
+    """Build the engine `name` (or `auto`'s choice) through its registry entry (engine/registry.py)."""
     if name == AUTO:
         name = default_engine(target, verify, reference_gdn)
-    if name not in ENGINES:
+    if name not in BY_NAME:
         raise InputError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {name!r}")
-    if name == RunnerEngine.name:
-        if verify != EXACT or reference_gdn:
-            raise InputError("the runner engine verifies exactly with the fast tree GDN; naive mode and the reference "
-                             "GDN run on the transformers engine")
-        return RunnerEngine(target, feature_layer_ids, tree_size=tree_size, block_size=block_size,
-                            max_new_tokens=max_new_tokens)
-    return TransformersEngine(target, feature_layer_ids, verify=verify, reference_gdn=reference_gdn)
-
-
-_CLASSES = {cls.name: cls for cls in (TransformersEngine, RunnerEngine)}
+    return BY_NAME[name].load().create(target, feature_layer_ids, verify=verify, reference_gdn=reference_gdn,
+                                       tree_size=tree_size, block_size=block_size, max_new_tokens=max_new_tokens)

@@ -27,13 +27,13 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_TARGET = ASSETS / "tiny-qwen35-target"
 EMBEDDED_DRAFT = ASSETS / "tiny-qwen35-dflash"
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # options.DTYPES
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    if name not in TORCH_DTYPES:
+        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
 
 
 def resolve_device(device: str) -> str:

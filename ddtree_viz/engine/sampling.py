@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
+from ..options import MAX_SEED
 
 NOISE_SCHEME = "gumbel-lowbias32-v1"
 MAX_TEMPERATURE = 100.0
-MAX_SEED = 2**32 - 1
 SEED_SALT, POSITION_SALT = 0x9E3779B9, 0x85EBCA6B
 
 _M32 = 0xFFFFFFFF

@@ -22,6 +22,8 @@ import torch
 from .. import analysis
 from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
+from ..options import (DRAFT_TOP_K, DecodeSettings, MAX_BUDGET, MAX_NEW_TOKENS, MAX_TOP_K, METHODS, REFERENCE_ENGINE, REFERENCES,
+                       TARGET_TOP_K, VERIFY_MODES, check_int)
 from ..trace import VERDICT_MISMATCH, VERDICT_NOISE, StepRecord, Trace, TreeNode
 from .backends import sdpa_backends
 from .cache import compact_kv
@@ -33,15 +35,7 @@ from .timing import PhaseClock, single_cuda_device
 from .tree import DraftTree, build_chain, follow_tree, one_node
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
-METHODS = ("ddtree", "dflash")
-REFERENCES = ("engine", "transformers")  # where the reference decodes (DecodeSession's `reference`)
-TRANSFORMERS_REFERENCE = "transformers"
-VERIFY_MODES = (EXACT, NAIVE)
-MAX_BUDGET = 4096
-MAX_NEW_TOKENS = 8192
-TARGET_TOP_K = 5  # the target's top-k recorded at each tree position
-DRAFT_TOP_K = 16  # cap on the drafter's candidates recorded per depth (the grid)
-MAX_TOP_K = 256
+TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -388,8 +382,8 @@ class DecodeSession:
                 raise InputError("no drafter loaded")
             proposer = DFlashProposer(pair.drafter, pair.target)
         self.proposer = proposer
-        self.budget = _check_int("budget", budget, 1, MAX_BUDGET)
-        self.max_new_tokens = _check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+        self.budget = check_int("budget", budget, 1, MAX_BUDGET)
+        self.max_new_tokens = check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
         if verify not in VERIFY_MODES:
             raise InputError(f"verify mode must be one of {', '.join(VERIFY_MODES)}, not {verify!r}")
         if method not in METHODS:
@@ -399,9 +393,9 @@ class DecodeSession:
         if not isinstance(sampler, Sampler):
             raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
         self.sampler = sampler
-        self.target_top_k = _check_int("target top-k", target_top_k, 0, MAX_TOP_K)
-        self.draft_top_k = _check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
-        self.block_size = _check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
+        self.target_top_k = check_int("target top-k", target_top_k, 0, MAX_TOP_K)
+        self.draft_top_k = check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
+        self.block_size = check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
         tree_size = self.budget + 1 if method == "ddtree" else self.block_size
         if isinstance(engine, str):
@@ -422,6 +416,16 @@ class DecodeSession:
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.reset()
+
+    @classmethod
+    def from_settings(cls, pair: ModelPair, settings: DecodeSettings, **runtime) -> "DecodeSession":
+        """THE way a caller above the engine starts a session: `settings` (options.DecodeSettings, plain data)
+        plus what only the caller has (`runtime`: proposer, engine object, reference_engine, record, ...)."""
+        s = settings
+        sampler = Sampler(s.temperature, s.top_k, s.top_p, s.seed)
+        return cls(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify, method=s.method,
+                   block_size=s.block_size, engine=runtime.pop("engine", s.engine), reference=s.reference,
+                   sampler=runtime.pop("sampler", sampler), **runtime)
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -788,17 +792,3 @@ class DecodeSession:
         to_trace does not walk every tree and grid again)."""
         ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ()) | self._record_ids
         return {str(i): self.token_text(i) for i in sorted(ids)}
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        try:
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise InputError(f"{name} must be a whole number, not {value!r}") from None
-    if not lo <= value <= hi:
-        raise InputError(f"{name} must be between {lo} and {hi}, not {value}")
-    return int(value)

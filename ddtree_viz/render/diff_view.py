@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..trace import REFERENCE_NAMES, StepRecord, Trace, is_sampled, reference_of, sampling_label, verdict_text
+from ..options import REFERENCE_NAMES
+from ..trace import StepRecord, Trace, is_sampled, reference_of, sampling_label, verdict_text
 from . import style
 from .text import TokenText, esc, lookup, token_texts_from_steps, visible
 

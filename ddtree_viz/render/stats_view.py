@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from .. import analysis
-from ..trace import REFERENCE_NAMES, StepRecord, Trace, reference_of, sampling_label, verdict_text
+from ..options import REFERENCE_NAMES
+from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
 from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme

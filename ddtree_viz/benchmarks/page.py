@@ -1,4 +1,4 @@
-"""What the page costs, next to what the engine costs: `python -m ddtree_viz.bench_page [--browser] [--json FILE]`.
+"""What the page costs, next to what the engine costs: `python -m ddtree_viz.benchmarks.page [--browser] [--json FILE]`.
 
 Measured side by side in one process, on the page's own code path (ddtree_viz/ui.py, what web.py's callbacks call):
 
@@ -27,8 +27,8 @@ import statistics
 import sys
 import time
 
-from . import ui
-from .bench import DEFAULT_PROMPTS
+from .. import ui
+from ..prompts import DEFAULT_PROMPTS
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (web.DEFAULT_PROMPT)
 
@@ -197,7 +197,7 @@ def browser_figures(args, chromium: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ddtree_viz.bench_page", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.page", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", help="target model (default: the embedded pair)")
     p.add_argument("--draft", help="drafter (default: the embedded pair's)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-block-size", type=int, default=4,
                    help="block size of the long session (default 4: at most 4 tokens a round, over 100 rounds)")
     p.add_argument("--long-rounds", type=int, default=100, help="rounds to step in the long session (default 100)")
-    p.add_argument("--engine", default="auto", choices=("auto", "transformers", "runner"))
+    p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the page's, ui.cpu_threads)")
     p.add_argument("--browser", action="store_true", help="also measure the served page in headless Chromium")
     p.add_argument("--browser-only", action="store_true", help="only the browser's figures")

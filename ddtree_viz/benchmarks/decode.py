@@ -26,24 +26,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import InputError
-from .engine.engines import AUTO, engine_for
-from .engine.models import ModelPair
-from .engine.prompts import PromptSpec, check_spec, encode
-from .engine.sampling import GREEDY, Sampler
-from .engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
-from .engine.verify import EXACT, device_sync
+from ..errors import InputError
+from ..prompts import DEFAULT_PROMPTS
+from ..engine.engines import AUTO, engine_for
+from ..engine.models import ModelPair
+from ..engine.prompts import PromptSpec, check_spec, encode
+from ..engine.sampling import GREEDY, Sampler
+from ..engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
+from ..engine.verify import EXACT, device_sync
 
-# A few lines of everyday code each: the embedded 8M-parameter target degenerates into repeating one word on
-# a bare one-line prompt at a file's start ("def main(argv):" -> "main main main ..."), which drafts easily
-# but is not the text anyone decodes. These prompts give it context; its continuations look like Python.
-DEFAULT_PROMPTS = (
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n',
-    "import os\nimport sys\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "def read_config(path):\n    with open(path) as f:\n",
-)
-METHODS = ("greedy", "dflash", "ddtree")
+BENCH_METHODS = ("greedy", "dflash", "ddtree")
 RUNNER_METHODS = ("runner-greedy", "runner-ddtree")  # --runner: the static runner (engine/runner.py), same prompts
 MAX_REPEATS = 100
 WARMUP_TOKENS = 8
@@ -229,7 +221,7 @@ def run_bench(
     prompts = [p.text for p in prompted]
     encoded = [list(p.ids) for p in prompted]
     sync = _sync(pair)
-    methods = METHODS + (RUNNER_METHODS if runner else ())
+    methods = BENCH_METHODS + (RUNNER_METHODS if runner else ())
 
     def timed(method: str, ids: list[int]) -> MethodRun:
         if method == "greedy":

@@ -1,10 +1,10 @@
 """Real-shape measurements on a GPU: Qwen3.6-27B text shapes (and its DFlash drafter) with random weights.
 
-    python -m ddtree_viz.gpu_bench [--layers 64] [--dtype bfloat16] [--budgets 16 32 64 128] [--json OUT]
-    python -m ddtree_viz.gpu_bench --exactness          # fp32 at real widths (8 layers) + bf16 at full depth
-    python -m ddtree_viz.gpu_bench --fast --fast-only --exactness --json gpu.json   # issue #18: the runner only,
+    python -m ddtree_viz.benchmarks.gpu [--layers 64] [--dtype bfloat16] [--budgets 16 32 64 128] [--json OUT]
+    python -m ddtree_viz.benchmarks.gpu --exactness          # fp32 at real widths (8 layers) + bf16 at full depth
+    python -m ddtree_viz.benchmarks.gpu --fast --fast-only --exactness --json gpu.json   # issue #18: the runner only,
                                                         # its figures against their targets (speed.fast.targets)
-    python -m ddtree_viz.gpu_bench --fast --fast-only --budgets 64 128 --variants compile   # the runner compiled
+    python -m ddtree_viz.benchmarks.gpu --fast --fast-only --budgets 64 128 --variants compile   # the runner compiled
                                                         # and eager side by side, compile_s (~70 s on an H200)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-CONFIGS = Path(__file__).resolve().parent / "configs"  # package data: the real Qwen3.6-27B and DFlash configs
+from ..configs import CONFIGS
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ class BenchConfig:
                    variants=tuple(a.variants))
 
     def runner_options(self):
-        from .engine.runner import RunnerOptions
+        from ..engine.runner import RunnerOptions
 
         return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas)
 
@@ -176,7 +176,7 @@ def layer_devices(model) -> dict[str, list[int]]:
 
 
 def build_drafter(bench: BenchConfig, target, dtype: torch.dtype):
-    from .engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+    from ..engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
 
     device = target.get_input_embeddings().weight.device if bench.split else bench.device  # split: first GPU
     raw = json.loads((CONFIGS / "qwen3.6-27b-dflash-config.json").read_text())
@@ -192,7 +192,7 @@ def build_drafter(bench: BenchConfig, target, dtype: torch.dtype):
 
 
 def pair_of(bench: BenchConfig, target, drafter, dtype):
-    from .engine.models import ModelPair
+    from ..engine.models import ModelPair
 
     class _Ids:  # the bench feeds token ids (or text as its bytes, for the page: --ui); decoding shows ids
         eos_token_id = None
@@ -247,10 +247,10 @@ def copy_bandwidth(timed, device, gib: float = 4.0) -> float:
 
 @torch.no_grad()
 def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
-    from .engine.cache import new_cache
-    from .engine.session import DFlashProposer
-    from .engine.tree import DraftTree, build_tree
-    from .engine.verify import EXACT, NAIVE, commit, device_sync, verify_tree
+    from ..engine.cache import new_cache
+    from ..engine.session import DFlashProposer
+    from ..engine.tree import DraftTree, build_tree
+    from ..engine.verify import EXACT, NAIVE, commit, device_sync, verify_tree
 
     if bench.cuda:
         for d in range(torch.cuda.device_count()):
@@ -290,7 +290,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
 
     # drafter pass (block 16, context = the prompt's features): the dynamic drafter's first pass of a prompt
     proposer = DFlashProposer(drafter, target, static=False)
-    from .engine.drafter import extract_context_features
+    from ..engine.drafter import extract_context_features
 
     feats = extract_context_features(prefill.hidden_states, proposer.feature_layer_ids)[0]
 
@@ -373,7 +373,7 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
     new context rows + the block, timed (median of `repeats` after 2 warm-up rounds, which capture the graphs).
     Every path sees the same rounds; its last round's log-probs are compared with the dynamic path's. Ratios:
     `dynamic_per_static` (the graphs' speed-up) and each other path per the static one."""
-    from .engine.session import DFlashProposer
+    from ..engine.session import DFlashProposer
 
     timed = timer(sync)
     block = drafter.block_size
@@ -438,10 +438,10 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     figure against issue #18's target (``targets``). ``sync`` waits for the models' devices
     (``engine.verify.device_sync``); ``draft_ms`` is the isolated drafter pass measured before (the dynamic
     drafter's first pass of the prompt), ``draft_pass`` the round's pass both ways (``drafter_pass``)."""
-    from .engine.engines import RunnerEngine
-    from .engine.runner import StaticRunner
-    from .engine.session import DecodeSession, DFlashProposer
-    from .engine.tree import DraftTree, one_node
+    from ..engine.engines import RunnerEngine
+    from ..engine.runner import StaticRunner
+    from ..engine.session import DecodeSession, DFlashProposer
+    from ..engine.tree import DraftTree, one_node
 
     target, drafter = pair.target, pair.drafter
     timed = timer(sync)
@@ -541,12 +541,12 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     A form that cannot run here says why."""
     import random
 
-    from .engine import fused as fz
-    from .engine.gdn_tree import (TreeIndex, solve_steps, tree_delta_rule_masked, tree_delta_rule_parts,
+    from ..engine import fused as fz
+    from ..engine.gdn_tree import (TreeIndex, solve_steps, tree_delta_rule_masked, tree_delta_rule_parts,
                                   tree_solve)
-    from .engine.kernels import triton_available
-    from .engine.runner import RunnerOptions
-    from .engine.verify import gdn_modules
+    from ..engine.kernels import triton_available
+    from ..engine.runner import RunnerOptions
+    from ..engine.verify import gdn_modules
 
     layer = next(iter(gdn_modules(target).values()))
     H, Hk, K, V = layer.num_v_heads, layer.num_k_heads, layer.head_k_dim, layer.head_v_dim
@@ -599,7 +599,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
             row["solve_triton_tf32x3"] = row["solve_triton_ieee"] = row["rule_triton"] = "needs Triton and a CUDA device"
             out[str(T)] = row
             continue
-        from .engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton
+        from ..engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton
 
         forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
                  for p in ("tf32x3", "ieee")}
@@ -661,9 +661,9 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     compiled runner of the same model finds them made)."""
     from dataclasses import replace
 
-    from .engine.engines import RunnerEngine
-    from .engine.runner import StaticRunner
-    from .engine.tree import DraftTree, one_node
+    from ..engine.engines import RunnerEngine
+    from ..engine.runner import StaticRunner
+    from ..engine.tree import DraftTree, one_node
 
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
@@ -780,10 +780,10 @@ def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
-    from .engine.engines import RunnerEngine
-    from .engine.oracle import OracleProposer
-    from .engine.runner import StaticRunner
-    from .engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
+    from ..engine.engines import RunnerEngine
+    from ..engine.oracle import OracleProposer
+    from ..engine.runner import StaticRunner
+    from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
@@ -841,12 +841,12 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     kept) against that session's prefill, and the bare round (DecodeSession.step alone, no records, as
     `--fast` times it). Targets (issue #13): a Step <= 1.3x the bare round + 10 ms; the first Step after a new
     prompt <= 2x its prefill."""
-    from . import ui
-    from .engine.cache import cache_layout
-    from .engine.engines import warm_runner
-    from .engine.session import DecodeSession
-    from .engine.verify import device_sync
-    from .render.cache_view import cache_layout_table
+    from .. import ui
+    from ..engine.cache import cache_layout
+    from ..engine.engines import warm_runner
+    from ..engine.session import DecodeSession
+    from ..engine.verify import device_sync
+    from ..render.cache_view import cache_layout_table
 
     t0 = time.perf_counter()
     target = build_target(bench, layers, dtype)
@@ -958,7 +958,7 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
                    rounds: int = 12) -> dict:
     """Whole DDTree rounds as the tool runs them (DFlash draft, tree, exact verify, commit, records), median
     per phase. Random weights accept little, so this measures cost per round, not speed-up."""
-    from .engine.session import DecodeSession
+    from ..engine.session import DecodeSession
 
     session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
                             engine="transformers")  # section 3 measures transformers' forward; the runner has its own
@@ -974,8 +974,8 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
 def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
               prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
-    from .engine.oracle import OracleProposer
-    from .engine.session import DecodeSession, GreedyReference, first_divergence
+    from ..engine.oracle import OracleProposer
+    from ..engine.session import DecodeSession, GreedyReference, first_divergence
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
@@ -1004,9 +1004,9 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .engine.runner import BLAS_CHOICES, GDN_KERNELS
+    from ..engine.runner import BLAS_CHOICES, GDN_KERNELS
 
-    p = argparse.ArgumentParser(prog="python -m ddtree_viz.gpu_bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128])

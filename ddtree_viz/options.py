@@ -1,0 +1,124 @@
+"""The names and limits every layer above the engine shares, and the checks on them; torch-free.
+
+One place for: the methods, verify modes, engine names (read from the engine registry), dtypes, the engine's
+limits, the integer and settings checks, and the port helpers. The engine, the CLI, the page, the prompt-set
+loop, the benchmarks and the trace reader import these names; none spells them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import numbers
+import socket
+
+from .engine.registry import (AUTO, ENGINE_CHOICES, ENGINES, EXACT, NAIVE, REFERENCE_ENGINE, REFERENCE_NAMES,
+                              VERIFY_MODES, engine_for_verify)
+from .errors import InputError
+
+__all__ = [
+    "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
+    "engine_for_verify", "DDTREE", "DFLASH", "METHODS", "VERIFY_LABELS", "DTYPES", "REFERENCES", "MAX_BUDGET",
+    "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
+    "whole_number", "port_number", "check_port", "DecodeSettings",
+]
+
+# A round's method: DDTree's best-first tree, or DFlash's top-1 chain.
+DDTREE, DFLASH = "ddtree", "dflash"
+METHODS = (DDTREE, DFLASH)
+# The page's verify dropdown: label shown -> mode.
+VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
+DTYPES = ("float32", "bfloat16", "float16")
+REFERENCES = ("engine", "transformers")  # where a session's reference decodes (DecodeSession's `reference`)
+
+MAX_BUDGET = 4096  # nodes of one tree (the root apart)
+MAX_NEW_TOKENS = 8192
+MAX_TOP_K = 256  # entries of a recorded top-k row
+MAX_SEED = 2**32 - 1
+TARGET_TOP_K = 5  # the target's top-k recorded at each tree position
+DRAFT_TOP_K = 16  # cap on the drafter's candidates recorded per depth (the grid)
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi], or an InputError that names the setting. A float with no fraction counts
+    (gradio's Number gives floats); bools and other types do not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InputError(f"{name} must be a whole number, not {value!r}")
+    if not lo <= value <= hi:
+        raise InputError(f"{name} must be between {lo} and {hi}, not {value}")
+    return int(value)
+
+
+def check_decode_settings(budget, max_new_tokens, block_size=None) -> None:
+    """Range checks that need no model, done before a (possibly long) model load. The session checks again."""
+    check_int("budget", budget, 1, MAX_BUDGET)
+    check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    if block_size is not None and block_size < 2:
+        raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {block_size}")
+
+
+def whole_number(text: str) -> int:
+    """argparse type: a whole number (argparse's own error and exit status 2 otherwise)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
+def port_number(text: str) -> int:
+    """--port: a whole number from 1 to 65535 (argparse's own error and exit status 2 otherwise)."""
+    port = whole_number(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, not {port}")
+    return port
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse, before any model loads, a port the server could not listen on (in use, or not allowed)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: TIME_WAIT is no obstacle
+            probe.bind(address)
+    except OSError as exc:
+        why = "it is in use (another server?)" if exc.errno == 98 else (exc.strerror or str(exc))
+        raise InputError(f"cannot listen on {host}:{port}: {why}; pick another with --port") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+    """What a decoding session is asked for, as plain data: the one bundle the CLI, the page, the prompt-set loop
+    and the benchmarks hand to `DecodeSession.from_settings` (engine/session.py), which checks it again.
+    `block_size` None: the drafter's own. `engine`: a name from ENGINE_CHOICES. Sampling: T 0 is greedy."""
+
+    budget: int = 32
+    max_new_tokens: int = 64
+    block_size: int | None = None
+    method: str = DDTREE
+    verify: str = EXACT
+    engine: str = AUTO
+    reference: str = "engine"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def replace(self, **changes) -> "DecodeSettings":
+        return dataclasses.replace(self, **changes)
+
+    def check(self) -> "DecodeSettings":
+        """The checks that need no model (ranges, names); returns self. The session checks the rest."""
+        check_decode_settings(self.budget, self.max_new_tokens, self.block_size)
+        for name, value, allowed in (("method", self.method, METHODS), ("verify mode", self.verify, VERIFY_MODES),
+                                     ("engine", self.engine, ENGINE_CHOICES), ("reference", self.reference, REFERENCES)):
+            if value not in allowed:
+                raise InputError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+        check_int("seed", self.seed, 0, MAX_SEED)
+        return self
