@@ -12,7 +12,7 @@ import dataclasses
 import numbers
 import socket
 
-from .engine.registry import (AUTO, ENGINE_CHOICES, ENGINES, EXACT, NAIVE, REFERENCE_ENGINE, REFERENCE_NAMES,
+from .registry import (AUTO, ENGINE_CHOICES, ENGINES, EXACT, NAIVE, REFERENCE_ENGINE, REFERENCE_NAMES,
                               VERIFY_MODES, engine_for_verify)
 from .errors import InputError
 

@@ -41,7 +41,7 @@ from .backends import sdpa_backends
 from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
 from .tree import DraftTree
-from .registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, NAIVE, engine_for_verify
+from ..registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, NAIVE, engine_for_verify
 from .verify import commit, device_sync, input_device, verify_tree
 
 
@@ -326,7 +326,7 @@ def warm_runner(target) -> float:
 
 def make_engine(name: str, target, feature_layer_ids, *, verify: str = EXACT, reference_gdn: bool = False,
                 tree_size: int = 1, block_size: int = 16, max_new_tokens: int = 64) -> TargetEngine:
-    """Build the engine `name` (or `auto`'s choice) through its registry entry (engine/registry.py)."""
+    """Build the engine `name` (or `auto`'s choice) through its registry entry (registry.py)."""
     if name == AUTO:
         name = default_engine(target, verify, reference_gdn)
     if name not in BY_NAME:

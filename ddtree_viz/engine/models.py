@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
+from .backends import kernels_follow_device
 from .cache import layer_types
 from .drafter import DFlashDrafter, validate_pairing
 
@@ -257,6 +258,7 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         raise ModelLoadError(f"cannot load target {name!r}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     if device != "auto":
         model.to(device)
+    kernels_follow_device(model)  # transformers' kernel choice by the tensors' device (fla is CUDA-only)
     return model.eval(), tokenizer
 
 

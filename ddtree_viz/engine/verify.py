@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import commit_gdn, compact_kv
-from .registry import EXACT, NAIVE
+from ..registry import EXACT, NAIVE
 from .gdn_tree import GDNTreeStash, TreeIndex, tree_gdn_forward, tree_gdn_forward_reference
 from .tree import DraftTree, verify_inputs
 

@@ -1,4 +1,4 @@
-"""The target engines by name, torch-free: what each is called, where its class lives, which verify modes it runs,
+"""The target engines by name, torch-free (no engine import: the renderers read these names too): what each is called, where its class lives, which verify modes it runs,
 how its reference is described, and which is preferred when the user names none.
 
 Everything above the engine (options, CLI choices, the page's dropdowns, the trace's reference names) reads its
@@ -24,21 +24,21 @@ class EngineEntry:
     max_new_tokens)`."""
 
     name: str
-    module: str  # dotted path, relative to ddtree_viz.engine
+    module: str  # dotted module path
     cls: str
     verify_modes: tuple[str, ...]
     reference_label: str  # how a reference decoded on this engine is named on the page, in `run` and in traces
 
     def load(self):
         """The engine's class (imports torch and the engine's module)."""
-        return getattr(importlib.import_module(self.module, __package__), self.cls)
+        return getattr(importlib.import_module(self.module), self.cls)
 
 
 # In order of preference: `auto` takes the first entry that can run the target (engines.default_engine).
 ENTRIES = (
-    EngineEntry("runner", ".engines", "RunnerEngine", (EXACT,),
+    EngineEntry("runner", "ddtree_viz.engine.engines", "RunnerEngine", (EXACT,),
                 "the runner (one-node trees on a second static runner)"),
-    EngineEntry("transformers", ".engines", "TransformersEngine", (EXACT, NAIVE),
+    EngineEntry("transformers", "ddtree_viz.engine.engines", "TransformersEngine", (EXACT, NAIVE),
                 "transformers' own forward (one token at a time)"),
 )
 BY_NAME = {e.name: e for e in ENTRIES}
