@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
+from .files import read_limited
 from .options import MAX_TOP_K, METHODS, VERIFY_MODES
 from .treeops import check_parents, depths_of, follow, is_parent_chain
 
@@ -224,21 +225,10 @@ def any_from_json(text: str | bytes) -> Trace | CompareTrace:
 
 def _read(path: str | Path, name: str | None = None) -> str:
     """A trace file's text: at most MAX_TRACE_BYTES, UTF-8; messages call it `name` (default: its path)."""
-    path = Path(path)
     shown = name if name is not None else str(path)
-    if not path.is_file():
-        raise TraceError(f"trace file not found: {shown}")
-    try:
-        size = path.stat().st_size
-        if size > MAX_TRACE_BYTES:
-            raise TraceError(f"trace file {shown} is {size:,} bytes; a trace may be at most "
-                             f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
-        with path.open("rb") as f:
-            data = f.read(MAX_TRACE_BYTES + 1)
-        return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise TraceError(f"cannot read trace file {shown}: {reason}") from None
+    return read_limited(path, MAX_TRACE_BYTES, "trace file", shown=shown, error=TraceError,
+                        too_large=lambda size: f"trace file {shown} is {size:,} bytes; a trace may be at most "
+                                               f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
 
 
 def dumps(data: Any, indent: int | None = None) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..files import read_limited
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_PROMPT_FILE_BYTES = 8 << 20  # a prompt file is text a person wrote; anything bigger is a mistake
@@ -163,18 +164,8 @@ def read_prompt_file(path: str | Path) -> str | tuple[Message, ...]:
     text starts with '[' is read as JSON; a plain-text prompt that happens to start with '[' can be passed
     with --prompt instead."""
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
-            raise InputError(f"prompt file {path} is larger than {MAX_PROMPT_FILE_BYTES >> 20} MiB")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"prompt file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(f"prompt file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise InputError(f"prompt file {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
+    text = read_limited(path, MAX_PROMPT_FILE_BYTES, "prompt file",
+                        too_large=lambda size: f"prompt file {path} is larger than {MAX_PROMPT_FILE_BYTES >> 20} MiB")
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)

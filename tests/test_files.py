@@ -1,0 +1,51 @@
+"""Issue #27 D7 / D8: every user-named file is read bounded (files.read_limited): devices, pipes, over-long names
+and symlink loops are clear errors of the caller's kind, at once; never a hang, a MemoryError or a traceback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ddtree_viz.engine.prompts import read_prompt_file
+from ddtree_viz.errors import InputError, TraceError
+from ddtree_viz.files import read_limited
+from ddtree_viz.trace import Trace
+
+
+def _fifo(tmp_path):
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make", [lambda t: "/dev/zero", lambda t: "/dev/urandom", _fifo])
+def test_devices_and_pipes_are_refused_at_once(tmp_path, make):
+    path = make(tmp_path)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_prompt_file(path)
+    with pytest.raises(TraceError, match="not a regular file"):
+        Trace.load(path)
+
+
+def test_an_over_long_name_and_a_symlink_loop_are_clear_errors(tmp_path):
+    long = tmp_path / ("x" * 300 + ".json")
+    with pytest.raises(InputError, match="cannot read prompt file .*: File name too long"):
+        read_prompt_file(long)
+    with pytest.raises(TraceError, match="cannot read trace file .*: File name too long"):
+        Trace.load(long)
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(InputError, match="cannot read prompt file .*loop"):
+        read_prompt_file(loop)
+
+
+def test_the_limit_holds(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_text("a" * 101)
+    assert read_limited(path, 101, "test file") == "a" * 101
+    with pytest.raises(InputError, match="test file .* is 101 bytes; at most 100 are read"):
+        read_limited(path, 100, "test file")
+    path.write_bytes(b"\xff")
+    with pytest.raises(InputError, match="it is not UTF-8 text"):
+        read_limited(path, 100, "test file")
