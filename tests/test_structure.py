@@ -14,7 +14,7 @@ PACKAGE = "ddtree_viz"
 # The layers (docs/ARCHITECTURE.md): lower never imports higher. A module's layer is that of the longest name
 # below that is the module or one of its packages (the root package itself only by its exact name). Rows may
 # name modules that do not exist yet: the page's package (ddtree_viz/page/, page logic, no gradio) and its gradio
-# modules slot in by name (add the gradio modules' names to the "web" row when they have them).
+# modules (ddtree_viz/page/web/) slot in by name.
 # ---------------------------------------------------------------------------------------------------------
 
 LAYERS = (
@@ -24,7 +24,7 @@ LAYERS = (
     ("render", ("ddtree_viz.render",)),
     ("library", ("ddtree_viz.promptset", "ddtree_viz.compare")),
     ("page", ("ddtree_viz.page", "ddtree_viz.ui")),
-    ("web", ("ddtree_viz.web",)),  # gradio: the page's layout and wiring
+    ("web", ("ddtree_viz.web", "ddtree_viz.page.web")),  # gradio: the page's layout and wiring (web.py; page/web/)
     # programs of their own (`python -m ...`): the benchmarks, training the embedded pair, rebuilding the prompt sets
     ("programs", ("ddtree_viz.benchmarks", "ddtree_viz.train", "ddtree_viz.prompts.build")),
     # the entry points: the CLI dispatches to every layer (`app` and `replay` start the web page, `bench` runs
