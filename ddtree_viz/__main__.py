@@ -1,4 +1,4 @@
-"""`python -m ddtree_viz ...`: see ddtree_viz/cli.py."""
+"""`python -m ddtree_viz ...`: see ddtree_viz/cli/."""
 
 from .cli import main
 

@@ -514,6 +514,15 @@ def validate_step(step: StepRecord, where: str = "step") -> None:
     from the root and is where the target's choices lead, the bonus the target's choice at its end, the tokens
     the round added taken from that path, sizes within the limits, log-probs <= 0, probabilities in [0, 1].
     TraceError naming the first violation."""
+    parents = _check_tree(step, where)
+    _check_positions(step, where)
+    _check_path(step, parents, where)
+    _check_round_extras(step, where)
+
+
+def _check_tree(step: StepRecord, where: str) -> list[int]:
+    """The round's header and its tree: a root first, ids in order, parents before children, depths that follow
+    the parents, the root holding the round's root token. Returns the parent list."""
     n = len(step.nodes)
     if n == 0 or step.nodes[0].parent != -1:
         raise TraceError(f"{where}: the first node must be the root (parent -1)")
@@ -550,6 +559,13 @@ def validate_step(step: StepRecord, where: str = "step") -> None:
     if step.nodes[0].token_id != step.root_token_id:
         raise TraceError(f"{where}: the root node holds token {step.nodes[0].token_id}, "
                          f"but root_token_id is {step.root_token_id}")
+    return parents
+
+
+def _check_positions(step: StepRecord, where: str) -> None:
+    """The per-position arrays (one entry per tree position), the top-k rows (matching entry for entry, within
+    MAX_TOP_K), log-probs <= 0, probabilities in [0, 1], and the budget curve's keys 1..B."""
+    n = len(step.nodes)
     for name in ("target_argmax", "target_margin", "target_choice", "target_prob"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
@@ -584,6 +600,12 @@ def validate_step(step: StepRecord, where: str = "step") -> None:
         raise TraceError(f"{where}: budget_curve must map budgets (whole numbers as strings) to token counts")
     if step.budget_curve and sorted(int(k) for k in step.budget_curve) != list(range(1, len(step.budget_curve) + 1)):
         raise TraceError(f"{where}.budget_curve: the budgets must be 1, 2, ..., {len(step.budget_curve)}, none missing")
+
+
+def _check_path(step: StepRecord, parents: list[int], where: str) -> None:
+    """The accepted path: from the root along parents, where the target's choices lead; the bonus the choice at
+    its end; the tokens the round added taken from that path."""
+    n = len(step.nodes)
     if not step.accepted or step.accepted[0] != 0 or any(not 0 <= a < n for a in step.accepted):
         raise TraceError(f"{where}: accepted path must start at the root and name existing nodes")
     if not is_parent_chain(parents, step.accepted):
@@ -601,6 +623,11 @@ def validate_step(step: StepRecord, where: str = "step") -> None:
     if step.new_token_ids and tuple(gained[:len(step.new_token_ids)]) != step.new_token_ids:
         raise TraceError(f"{where}.new_token_ids: {_show(list(step.new_token_ids))} are not the accepted path's "
                          f"tokens and the bonus {_show(gained)}")
+
+
+def _check_round_extras(step: StepRecord, where: str) -> None:
+    """The round's method and verify mode, timings, the bonus's draft rank, the cache lists (one layer count) and
+    the naive mode's state errors (one per layer)."""
     if step.method not in METHODS:
         raise TraceError(f"{where}.method: {_show(step.method)} (one of {', '.join(METHODS)})")
     if step.verify not in VERIFY_MODES:
@@ -676,6 +703,15 @@ def validate(trace: Trace) -> Trace:
     token plus what the rounds added, a first_divergence that is where output and reference first differ, cache
     lists of one entry per layer, sizes within the limits. Returns the trace; TraceError naming the first violation."""
     where = "trace"
+    _check_fields(trace, where)
+    _check_rounds(trace, where)
+    _check_divergence(trace, where)
+    return trace
+
+
+def _check_fields(trace: Trace, where: str) -> None:
+    """The trace's own fields: names, settings, token ids and texts, times, noise figures, the verdict's name,
+    the total tree size, the output within max_new_tokens, the prefill's cache list."""
     for name in ("target", "draft"):
         check_text(getattr(trace, name), f"{where}.{name}", 4096)
     _check_settings(trace.settings, f"{where}.settings")
@@ -701,10 +737,14 @@ def validate(trace: Trace) -> Trace:
     max_new = trace.settings.get("max_new_tokens")
     if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
         raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
-    block = trace.settings.get("block_size")
     _check_cache(trace.prefill_cache, f"{where}.prefill_cache")
-    layers = len(trace.prefill_cache)
 
+
+def _check_rounds(trace: Trace, where: str) -> None:
+    """The rounds in order, each starting where the previous one left the cache from the token it ended on, within
+    the block size, cache lists of one layer count; the output the prefill's token plus what the rounds added."""
+    block = trace.settings.get("block_size")
+    layers = len(trace.prefill_cache)
     committed = len(trace.prompt_ids)
     made = 1  # output tokens the prefill and rounds account for; each round adds at least one
     exact = True  # every round says which tokens it added (new_token_ids), so the output is known exactly
@@ -759,8 +799,6 @@ def validate(trace: Trace) -> Trace:
         elif len(trace.output_ids) < made:
             raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, fewer than the {made} its rounds "
                              "produced")
-    _check_divergence(trace, where)
-    return trace
 
 
 def _check_divergence(trace: Trace, where: str) -> None:

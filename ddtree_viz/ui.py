@@ -42,7 +42,9 @@ from .render.compare_view import compare_html
 from .render.grid_view import grid_data, grid_spec
 from .render.inspect_view import inspector_html, node_choices, stop_html
 from .analysis import config_label
-from .analyze import DFLASH, MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files, summarize_report
+from .options import DFLASH
+from .promptset.report import MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files
+from .promptset.summary import summarize_report
 from .render import report as report_view
 from .render.text import shorten
 from .trace import MAX_ROUNDS, CompareTrace, Trace, is_sampled, load_any, sampling_flags, sampling_label
@@ -819,7 +821,7 @@ PAGE_SET_MAX_TOKENS = 256  # ... and new tokens a prompt
 
 def prompt_sets() -> list[str]:
     """The shipped prompt sets (ddtree_viz/prompts/) the Analyze tab can run, by name."""
-    from .analyze import PROMPTS_DIR
+    from .promptset.files import PROMPTS_DIR
 
     return sorted(p.stem for p in PROMPTS_DIR.iterdir() if p.suffix in (".txt", ".jsonl"))
 
@@ -851,7 +853,7 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     then shown in the tab. A generator: it yields a progress line after each prompt. The model is taken round by
     round (other tabs' Steps go in between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and
     the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on."""
-    from .analyze import _write_json, read_prompts, record_failure, run_settings, trace_path
+    from .promptset.files import read_prompts, record_failure, run_settings, trace_path, write_json as _write_json
 
     budget = check_int("budget", budget, 1, MAX_BUDGET)
     max_new = check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)

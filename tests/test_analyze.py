@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_viz import analysis
-from ddtree_viz.analyze import read_prompts, summarize
+from ddtree_viz.promptset.files import read_prompts
+from ddtree_viz.promptset.summary import summarize
 from ddtree_viz.cli import main
 from ddtree_viz.errors import InputError
 from ddtree_viz.trace import Trace

@@ -230,7 +230,8 @@ def test_report_loading_holds_no_model(report_dir):
     import subprocess
     import sys
 
-    code = ("import sys; from ddtree_viz.analyze import read_report, report_files, summarize_report; "
+    code = ("import sys; from ddtree_viz.promptset.report import read_report, report_files; "
+            "from ddtree_viz.promptset.summary import summarize_report; "
             f"summarize_report(read_report(report_files({str(report_dir)!r}))); "
             "print([m for m in ('torch', 'transformers', 'gradio') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,

@@ -260,7 +260,7 @@ def test_default_engine_is_the_fastest_exact_engine_that_applies(pair):
     """Issue #17: one rule (engines.default_engine) picks the engine when none is named ("auto"): the runner for exact
     rounds on a Qwen3.5 hybrid on one device; transformers' forward for naive rounds, the reference GDN, pure-attention
     targets and targets split by a device_map. DecodeSession, run, bench and the page all default to it."""
-    from ddtree_viz import cli
+    from ddtree_viz.cli import run as cli
     from ddtree_viz.engine.engines import ENGINE_CHOICES, default_engine, engine_for, runner_blocker
 
     assert default_engine(pair.target) == "runner" and runner_blocker(pair.target) is None
@@ -274,7 +274,7 @@ def test_default_engine_is_the_fastest_exact_engine_that_applies(pair):
     assert default_engine(split) == "transformers" and "device_map" in runner_blocker(split)
     assert engine_for("auto", "exact", pair.target) == "runner" and engine_for("auto", "naive", pair.target) == "transformers"
     assert engine_for("runner", "naive") == "transformers" and engine_for("transformers", "exact") == "transformers"
-    assert cli.ENGINE_CHOICES == ENGINE_CHOICES  # spelled out in cli.py so that parsing imports no torch
+    assert cli.ENGINE_CHOICES == ENGINE_CHOICES  # cli/run.py's choices (options', torch-free) are the engines'
     session = DecodeSession(pair, budget=8, max_new_tokens=12)
     assert session.engine == "runner" and session.settings["engine"] == "runner"
     assert DecodeSession(pair, verify="naive").engine == "transformers"

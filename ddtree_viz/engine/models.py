@@ -287,6 +287,16 @@ def check_embedded(draft_too: bool = True) -> None:
             )
 
 
+def quiet_transformers(verbose: bool = False) -> None:
+    """transformers' log messages and progress bars off (a command's own output stays readable), unless `verbose`."""
+    if verbose:
+        return
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu") -> ModelPair:
     """Load target + tokenizer + drafter and check that they fit together."""
     torch_dtype = parse_dtype(dtype)
@@ -316,4 +326,5 @@ def _display(name: str) -> str:
         return name
 
 
-__all__ = ["ModelPair", "load_pair", "load_target", "load_drafter", "parse_dtype", "resolve_device", "PairingError"]
+__all__ = ["ModelPair", "load_pair", "quiet_transformers", "load_target", "load_drafter", "parse_dtype", "resolve_device",
+           "PairingError"]

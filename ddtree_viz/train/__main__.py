@@ -399,101 +399,111 @@ def run_command(a: argparse.Namespace) -> None:
     commands[a.cmd]()
 
 
-def main(argv=None) -> None:
+def _common(sp, data=True):
+    """The options of every stage: the data folder, the device, the seed, the summary file."""
+    if data:
+        sp.add_argument("--data", default=".train", help="corpus / tokenizer / tokens folder")
+    sp.add_argument("--device", default="auto")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--summary", default=None, help="JSON file collecting the stages' summaries")
+
+
+def _target_args(sp):
+    """The options of training the target."""
+    sp.add_argument("--seq-len", type=int, default=1024)
+    sp.add_argument("--batch", type=int, default=32)
+    sp.add_argument("--lr", type=float, default=2e-3)
+    sp.add_argument("--steps", type=int, default=None, help="target steps (reproducible form)")
+    sp.add_argument("--time-budget", type=float, default=None, help="target seconds (sets the steps)")
+    sp.add_argument("--eval-every", type=int, default=250)
+    sp.add_argument("--doc-start-frac", type=float, default=0.0,
+                    help="share of each target batch whose windows start at a file's beginning (shipped: 0)")
+    sp.add_argument("--max-steps", type=int, default=1300, help="cap when --time-budget sets the steps")
+
+
+def _greedy_args(sp):
+    """The options of the target's greedy continuations (the drafter's data)."""
+    sp.add_argument("--n-seqs", type=int, default=8192)
+    sp.add_argument("--prompt-lens", type=_ints, default="8,16,32,64", help="one group of prompts per length")
+    sp.add_argument("--prompt-split", default="draft", choices=("draft", "train"),
+                    help="where the prompts come from (draft: text the target never trained on)")
+    sp.add_argument("--new-tokens", type=int, default=256)
+    sp.add_argument("--gen-batch", type=int, default=2048)
+
+
+def _drafter_args(sp):
+    """The options of training the drafter."""
+    sp.add_argument("--draft-layers", type=int, default=3)
+    sp.add_argument("--block-size", type=int, default=16)
+    sp.add_argument("--target-layer-ids", type=_ints, default="1,3,5,6")
+    sp.add_argument("--draft-batch", type=int, default=32)
+    sp.add_argument("--anchors", type=int, default=32)
+    sp.add_argument("--draft-lr", type=float, default=2e-3)
+    sp.add_argument("--gamma", type=float, default=7.0)
+    sp.add_argument("--drafter-steps", type=int, default=None)
+    sp.add_argument("--drafter-time-budget", type=float, default=None)
+    sp.add_argument("--init-draft", default=None, help="continue from this drafter's weights")
+    sp.add_argument("--draft-warmup", type=int, default=30)
+
+
+def _eval_args(sp):
+    """The options of evaluating the pair."""
+    sp.add_argument("--n-prompts", type=int, default=32)
+    sp.add_argument("--eval-new-tokens", type=int, default=256)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def common(sp, data=True):
-        if data:
-            sp.add_argument("--data", default=".train", help="corpus / tokenizer / tokens folder")
-        sp.add_argument("--device", default="auto")
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--summary", default=None, help="JSON file collecting the stages' summaries")
-
-    def target_args(sp):
-        sp.add_argument("--seq-len", type=int, default=1024)
-        sp.add_argument("--batch", type=int, default=32)
-        sp.add_argument("--lr", type=float, default=2e-3)
-        sp.add_argument("--steps", type=int, default=None, help="target steps (reproducible form)")
-        sp.add_argument("--time-budget", type=float, default=None, help="target seconds (sets the steps)")
-        sp.add_argument("--eval-every", type=int, default=250)
-        sp.add_argument("--doc-start-frac", type=float, default=0.0,
-                        help="share of each target batch whose windows start at a file's beginning (shipped: 0)")
-        sp.add_argument("--max-steps", type=int, default=1300, help="cap when --time-budget sets the steps")
-
-    def greedy_args(sp):
-        sp.add_argument("--n-seqs", type=int, default=8192)
-        sp.add_argument("--prompt-lens", type=_ints, default="8,16,32,64", help="one group of prompts per length")
-        sp.add_argument("--prompt-split", default="draft", choices=("draft", "train"),
-                        help="where the prompts come from (draft: text the target never trained on)")
-        sp.add_argument("--new-tokens", type=int, default=256)
-        sp.add_argument("--gen-batch", type=int, default=2048)
-
-    def drafter_args(sp):
-        sp.add_argument("--draft-layers", type=int, default=3)
-        sp.add_argument("--block-size", type=int, default=16)
-        sp.add_argument("--target-layer-ids", type=_ints, default="1,3,5,6")
-        sp.add_argument("--draft-batch", type=int, default=32)
-        sp.add_argument("--anchors", type=int, default=32)
-        sp.add_argument("--draft-lr", type=float, default=2e-3)
-        sp.add_argument("--gamma", type=float, default=7.0)
-        sp.add_argument("--drafter-steps", type=int, default=None)
-        sp.add_argument("--drafter-time-budget", type=float, default=None)
-        sp.add_argument("--init-draft", default=None, help="continue from this drafter's weights")
-        sp.add_argument("--draft-warmup", type=int, default=30)
-
-    def eval_args(sp):
-        sp.add_argument("--n-prompts", type=int, default=32)
-        sp.add_argument("--eval-new-tokens", type=int, default=256)
-
     sp = sub.add_parser("corpus", help="build corpus.jsonl.xz from this interpreter's stdlib")
-    common(sp)
+    _common(sp)
     sp.add_argument("--stdlib", default=None)
     sp = sub.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
-    common(sp)
+    _common(sp)
     sp.add_argument("--vocab-size", type=int, default=4096)
     sp = sub.add_parser("tokenize", help="encode the corpus -> tokens.npz")
-    common(sp)
+    _common(sp)
     sp = sub.add_parser("prepare", help="corpus + tokenizer + tokenize")
-    common(sp)
+    _common(sp)
     sp.add_argument("--stdlib", default=None)
     sp.add_argument("--vocab-size", type=int, default=4096)
     sp = sub.add_parser("target", help="train the target")
-    common(sp)
-    target_args(sp)
+    _common(sp)
+    _target_args(sp)
     sp.add_argument("--out", required=True)
     sp = sub.add_parser("generate", help="greedy continuations of train prompts")
-    common(sp)
-    greedy_args(sp)
+    _common(sp)
+    _greedy_args(sp)
     sp.add_argument("--target", required=True)
     sp.add_argument("--greedy", required=True, help="output .pt")
     sp = sub.add_parser("drafter", help="train the DFlash drafter on greedy continuations")
-    common(sp)
-    greedy_args(sp)
-    drafter_args(sp)
+    _common(sp)
+    _greedy_args(sp)
+    _drafter_args(sp)
     sp.add_argument("--target", required=True)
     sp.add_argument("--greedy", required=True)
     sp.add_argument("--draft-out", required=True)
     sp = sub.add_parser("eval", help="held-out loss, samples, simulated DDTree/DFlash acceptance")
-    common(sp)
-    eval_args(sp)
+    _common(sp)
+    _eval_args(sp)
     sp.add_argument("--target", required=True)
     sp.add_argument("--draft", required=True)
     sp.add_argument("--out-json", default=None)
     sp = sub.add_parser("engine-eval", help="the same held-out prompts through ddtree_viz.engine (exact DDTree)")
-    common(sp)
-    eval_args(sp)
+    _common(sp)
+    _eval_args(sp)
     sp.add_argument("--budgets", type=_ints, default="4,8,16,32,64,128")
     sp.add_argument("--target", default=None, help="default: the embedded assets")
     sp.add_argument("--draft", default=None)
     sp.add_argument("--out-json", default=None)
     sp = sub.add_parser("gpu", help="target + greedy data + drafter + eval in one process")
-    common(sp)
-    target_args(sp)
-    greedy_args(sp)
-    drafter_args(sp)
-    eval_args(sp)
+    _common(sp)
+    _target_args(sp)
+    _greedy_args(sp)
+    _drafter_args(sp)
+    _eval_args(sp)
     sp.add_argument("--out", required=True)
     sp.add_argument("--skip-target", action="store_true", help="reuse OUT/target")
     sp.add_argument("--target-dir", default=None, help="reuse this trained target instead of training one")
@@ -504,8 +514,11 @@ def main(argv=None) -> None:
     sp.add_argument("--target", required=True)
     sp.add_argument("--draft", required=True)
     sp.add_argument("--out", default="assets")
-    run_command(p.parse_args(argv))
+    return p
 
+
+def main(argv=None) -> None:
+    run_command(build_parser().parse_args(argv))
 
 if __name__ == "__main__":
     main()

@@ -191,21 +191,12 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
     """Train a DFlash drafter on the target's greedy sequences ``greedy`` [N, T], whose first
     ``prompt_lens[i]`` tokens are the prompt."""
     import torch
-    import torch.nn.functional as F
-    from ddtree_viz.engine.drafter import DFlashDrafter
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     cfg = drafter_config(target.config, num_layers=num_layers, block_size=block_size,
                          mask_token_id=mask_token_id, target_layer_ids=target_layer_ids)
-    if init_from:
-        drafter = DFlashDrafter.from_pretrained(init_from, dtype=torch.float32, device=device)
-        if drafter.config != cfg:
-            raise ValueError(f"--init-draft {init_from} has another config: {drafter.config} != {cfg}")
-        log(f"drafter: continuing from {init_from}")
-    else:
-        drafter = DFlashDrafter(cfg).to(device)
-        init_drafter_(drafter)
+    drafter = _new_drafter(cfg, device, init_from)
     drafter.train()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -219,81 +210,17 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
     perm = torch.from_numpy(rng.permutation(N)).to(device)
     val_idx, train_idx = perm[:n_val], perm[n_val:]
     prompt_lens = torch.as_tensor(prompt_lens).cpu().numpy()
-    hi = T - block_size  # anchors: first generated token .. last full block
-    w = position_weights(block_size, gamma, device)
-    amp = autocast(device)
-
-    feat_store = None
+    blocks = _Blocks(drafter, target, greedy, prompt_lens, device, block_size=block_size, mask_token_id=mask_token_id,
+                     anchors=anchors, layer_ids=target_layer_ids)
     if precompute_features:
-        # Context features of every sequence, once (bf16: the drafter runs under bf16 autocast).
-        t_feat = time.time()
-        n_feat = len(target_layer_ids) * target.config.hidden_size
-        feat_store = torch.empty(N, T, n_feat, dtype=torch.bfloat16, device=device)
-        for i in range(0, N, 64):
-            feat_store[i:i + 64] = target_features(target, greedy[i:i + 64], target_layer_ids).to(torch.bfloat16)
-        log(f"drafter: context features of {N} sequences precomputed in {time.time() - t_feat:.0f}s "
-            f"({feat_store.numel() * 2 / 2**30:.1f} GiB)")
+        blocks.precompute_features()
     if time_budget_s is not None and deadline is not None:
         time_budget_s = max(60.0, min(time_budget_s, deadline - time.time()))
         log(f"drafter: time budget {time_budget_s:.0f}s")
-
-    def features(rows, ids):
-        if feat_store is not None:
-            return feat_store[rows]
-        return target_features(target, ids, target_layer_ids)
-
-    def forward(rows, gen):
-        """Drafter logits and labels of the sequences ``rows``, at anchors drawn with ``gen``."""
-        ids = greedy[rows]
-        a = torch.from_numpy(sample_anchors(prompt_lens[rows.cpu().numpy()], hi, anchors, gen)).to(device)
-        feats = features(rows, ids)
-        bi, lab, pos, mask = block_batch(ids, a, block_size, mask_token_id)
-        with amp:
-            return drafter_logits(drafter, target, feats, bi, pos, mask), lab
-
-    def evaluate() -> dict:
-        drafter.eval()
-        gen = np.random.default_rng(seed + 1)
-        accs, losses = [], []
-        with torch.no_grad():
-            for i in range(0, n_val, batch):
-                logits, lab = forward(val_idx[i:i + batch], gen)
-                accs.append(chain_acceptance(logits.argmax(-1), lab, block_size))
-                ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
-                                     ignore_index=-100)
-                losses.append(ce.item())
-        drafter.train()
-        acc = torch.cat(accs)
-        return {"chain_acceptance": acc.mean().item(), "ce": float(np.mean(losses)),
-                "accept_hist": torch.bincount(acc.long(), minlength=block_size + 1).tolist()}
-
     optim.start_budget(steps, time_budget_s)
-    history = []
-    t0 = time.time()
-    step = 0
-    gen = np.random.default_rng(seed + 2)
-    while step < optim.total:
-        optim.set_lr(step)
-        rows = train_idx[torch.from_numpy(gen.integers(0, train_idx.numel(), size=batch)).to(device)]
-        logits, lab = forward(rows, gen)
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
-                             ignore_index=-100, reduction="none").reshape(lab.shape[0], -1, block_size)
-        wt = w[None, None, :] * (lab.reshape(ce.shape) != -100)
-        loss = (ce * wt).sum() / wt.sum()
-        gnorm = optim.step(step, loss)
-        if step % 50 == 0:
-            acc = chain_acceptance(logits.detach().argmax(-1), lab, block_size).mean().item()
-            log(f"drafter step {step:5d}/{optim.total} loss {loss.item():.4f} "
-                f"train-chain-accept {acc:.2f} gnorm {gnorm.item():.2f} lr {optim.lr:.2e}")
-        if (step + 1) % 500 == 0 or step + 1 == optim.total:
-            ev = evaluate()
-            ev.update(step=step + 1, elapsed_s=time.time() - t0)
-            history.append(ev)
-            log(f"drafter step {step + 1}: val chain acceptance {ev['chain_acceptance']:.3f} ce {ev['ce']:.3f}")
-        step += 1
-    wall = time.time() - t0
+    step, history, wall = _train_steps(blocks, optim, train_idx, val_idx, batch=batch, gamma=gamma, seed=seed)
     round_weights_(drafter, store_dtype)
-    final = evaluate()
+    final = blocks.evaluate(val_idx, batch, seed)
     log(f"drafter trained: {step} steps in {wall:.0f}s; val chain acceptance after {store_dtype} rounding "
         f"{final['chain_acceptance']:.3f}")
     out_dir = Path(out_dir)
@@ -304,3 +231,114 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
                "history": history, "final": final, "store_dtype": store_dtype}
     drafter.float()
     return summary
+
+
+def _new_drafter(cfg, device, init_from: str | Path | None):
+    """A drafter of config ``cfg``: freshly initialised, or continued from ``init_from``'s weights (same config)."""
+    import torch
+    from ddtree_viz.engine.drafter import DFlashDrafter
+
+    if init_from:
+        drafter = DFlashDrafter.from_pretrained(init_from, dtype=torch.float32, device=device)
+        if drafter.config != cfg:
+            raise ValueError(f"--init-draft {init_from} has another config: {drafter.config} != {cfg}")
+        log(f"drafter: continuing from {init_from}")
+        return drafter
+    drafter = DFlashDrafter(cfg).to(device)
+    init_drafter_(drafter)
+    return drafter
+
+
+class _Blocks:
+    """The drafter's batches: blocks at anchors drawn in the generated part of the greedy sequences [N, T], the
+    target's context features for them (computed per batch, or once for all: precompute_features), the drafter's
+    logits under autocast, and its validation figures."""
+
+    def __init__(self, drafter, target, greedy, prompt_lens: np.ndarray, device, *, block_size: int,
+                 mask_token_id: int, anchors: int, layer_ids):
+        self.drafter, self.target, self.greedy, self.device = drafter, target, greedy, device
+        self.prompt_lens, self.anchors, self.layer_ids = prompt_lens, anchors, layer_ids
+        self.block_size, self.mask_token_id = block_size, mask_token_id
+        self.hi = greedy.shape[1] - block_size  # anchors: first generated token .. last full block
+        self.amp = autocast(device)
+        self.feats = None  # [N, T, n*H] bf16 when precomputed
+
+    def precompute_features(self) -> None:
+        """Context features of every sequence, once (bf16: the drafter runs under bf16 autocast)."""
+        import torch
+
+        t_feat = time.time()
+        N, T = self.greedy.shape
+        n_feat = len(self.layer_ids) * self.target.config.hidden_size
+        self.feats = torch.empty(N, T, n_feat, dtype=torch.bfloat16, device=self.device)
+        for i in range(0, N, 64):
+            features = target_features(self.target, self.greedy[i:i + 64], self.layer_ids)
+            self.feats[i:i + 64] = features.to(torch.bfloat16)
+        log(f"drafter: context features of {N} sequences precomputed in {time.time() - t_feat:.0f}s "
+            f"({self.feats.numel() * 2 / 2**30:.1f} GiB)")
+
+    def forward(self, rows, gen):
+        """Drafter logits and labels of the sequences ``rows``, at anchors drawn with ``gen``."""
+        import torch
+
+        ids = self.greedy[rows]
+        a = torch.from_numpy(sample_anchors(self.prompt_lens[rows.cpu().numpy()], self.hi, self.anchors, gen))
+        a = a.to(self.device)
+        feats = self.feats[rows] if self.feats is not None else target_features(self.target, ids, self.layer_ids)
+        bi, lab, pos, mask = block_batch(ids, a, self.block_size, self.mask_token_id)
+        with self.amp:
+            return drafter_logits(self.drafter, self.target, feats, bi, pos, mask), lab
+
+    def evaluate(self, val_idx, batch: int, seed: int) -> dict:
+        """Chain acceptance and cross-entropy on the validation sequences (anchors drawn with seed + 1)."""
+        import torch
+        import torch.nn.functional as F
+
+        self.drafter.eval()
+        gen = np.random.default_rng(seed + 1)
+        accs, losses = [], []
+        with torch.no_grad():
+            for i in range(0, len(val_idx), batch):
+                logits, lab = self.forward(val_idx[i:i + batch], gen)
+                accs.append(chain_acceptance(logits.argmax(-1), lab, self.block_size))
+                ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
+                                     ignore_index=-100)
+                losses.append(ce.item())
+        self.drafter.train()
+        acc = torch.cat(accs)
+        return {"chain_acceptance": acc.mean().item(), "ce": float(np.mean(losses)),
+                "accept_hist": torch.bincount(acc.long(), minlength=self.block_size + 1).tolist()}
+
+
+def _train_steps(blocks: _Blocks, optim, train_idx, val_idx, *, batch: int, gamma: float, seed: int):
+    """The optimisation steps (batches drawn with seed + 2), validated every 500 steps and at the end. Returns
+    (steps taken, the validation history, wall seconds)."""
+    import torch
+    import torch.nn.functional as F
+
+    block_size, device = blocks.block_size, blocks.device
+    w = position_weights(block_size, gamma, device)
+    history = []
+    t0 = time.time()
+    step = 0
+    gen = np.random.default_rng(seed + 2)
+    while step < optim.total:
+        optim.set_lr(step)
+        rows = train_idx[torch.from_numpy(gen.integers(0, train_idx.numel(), size=batch)).to(device)]
+        logits, lab = blocks.forward(rows, gen)
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
+                             ignore_index=-100, reduction="none").reshape(lab.shape[0], -1, block_size)
+        wt = w[None, None, :] * (lab.reshape(ce.shape) != -100)
+        loss = (ce * wt).sum() / wt.sum()
+        gnorm = optim.step(step, loss)
+        if step % 50 == 0:
+            acc = chain_acceptance(logits.detach().argmax(-1), lab, block_size).mean().item()
+            log(f"drafter step {step:5d}/{optim.total} loss {loss.item():.4f} "
+                f"train-chain-accept {acc:.2f} gnorm {gnorm.item():.2f} lr {optim.lr:.2e}")
+        if (step + 1) % 500 == 0 or step + 1 == optim.total:
+            ev = blocks.evaluate(val_idx, batch, seed)
+            ev.update(step=step + 1, elapsed_s=time.time() - t0)
+            history.append(ev)
+            log(f"drafter step {step + 1}: val chain acceptance {ev['chain_acceptance']:.3f} ce {ev['ce']:.3f}")
+        step += 1
+    return step, history, time.time() - t0

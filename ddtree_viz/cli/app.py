@@ -1,0 +1,16 @@
+"""`app`: the web UI (ddtree_viz/web.py, the options of app.py). The web UI parses its own options (defined once,
+there): main() hands it every argument after `app`, `--help` included."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    app = sub.add_parser("app", add_help=False,
+                         help="the web UI: step through DDTree in the browser (the options of app.py; `app --help`)")
+    app.set_defaults(handler=command)
+
+
+def command(args) -> int:
+    from .. import web  # imports gradio: only here, so the other commands start quickly
+
+    return web.main(args.app_args, prog=f"{args.prog} app")

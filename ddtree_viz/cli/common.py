@@ -1,0 +1,144 @@
+"""What several subcommands share: their argument groups (models, decoding, chat, sampling), the checks made before
+any model loads (settings, the sampler, output paths, the prompt), the decoding flags as options.DecodeSettings,
+and loading the pair. Nothing here imports torch until a model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from ..errors import InputError
+from ..options import DTYPES, DecodeSettings, check_decode_settings, whole_number
+
+
+def check_output_path(path: str | Path, what: str) -> Path:
+    """Refuse an output file that cannot be written, before the decode, bench or export that would fill it."""
+    out = Path(path)
+    folder = out.parent
+    if out.is_dir():
+        raise InputError(f"cannot write {what} {out}: it is a directory")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {what} {out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise InputError(f"cannot write {what} {out}: permission denied")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Argument groups
+# ------------------------------------------------------------------------------------------------------------
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
+    g.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter for the target (default: the embedded one)")
+    g.add_argument("--dtype", default="float32", choices=DTYPES, help="default: float32")
+    g.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
+                   help="cpu, cuda (one GPU) or auto (all visible GPUs via accelerate); default: cpu")
+    g.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--budget", type=whole_number, default=32, help="draft tree nodes per round (default: 32)")
+    g.add_argument("--max-new-tokens", type=whole_number, default=64, help="tokens to generate (default: 64)")
+    g.add_argument("--block-size", type=whole_number, default=None,
+                   help="drafter block: root + drafted depths (default: the drafter's own)")
+
+
+def add_chat_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("chat", "chat models (Qwen3.6-27B among them) and their drafters were trained on "
+                                     "chat-formatted text: --chat sends the prompt through the tokenizer's chat template")
+    g.add_argument("--chat", action="store_true",
+                   help="apply the tokenizer's chat template: the prompt is the user's message (or the messages of a "
+                        "JSON --prompt-file), then the assistant's turn is opened")
+    g.add_argument("--system", metavar="TEXT", help="a system prompt, first in the conversation (with --chat)")
+    g.add_argument("--thinking", choices=("on", "off"),
+                   help="the template's thinking switch (enable_thinking, as in Qwen3/3.5/3.6 templates), with --chat; "
+                        "default: the template's own default")
+
+
+def number(text: str) -> float:
+    """argparse type: a number (argparse's own error and exit status 2 otherwise)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
+
+
+def add_sampling_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    g = p.add_argument_group("sampling", "the target's choice at each position: greedy (temperature 0) or a sample "
+                                         "drawn with noise keyed by (seed, position), so plain decoding and the tree "
+                                         "walk still agree token for token (docs/SAMPLING.md)")
+    if several:
+        g.add_argument("--temperature", type=number, nargs="+", default=[0.0], metavar="T",
+                       help="one or more temperatures, each measured on the same prompts (e.g. 0 0.7 1.0); "
+                            "0 = greedy (default)")
+    else:
+        g.add_argument("--temperature", type=number, default=0.0, metavar="T", help="0 = greedy (default)")
+    g.add_argument("--top-k", type=whole_number, default=0, metavar="K",
+                   help="sample among the K most likely tokens only (default: 0, off)")
+    g.add_argument("--top-p", type=number, default=1.0, metavar="P",
+                   help="sample among the most likely tokens holding probability P (default: 1, off)")
+    g.add_argument("--seed", type=whole_number, default=0, metavar="S", help="noise seed, 0..2^32-1 (default: 0)")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Checks and settings, before any model loads
+# ------------------------------------------------------------------------------------------------------------
+
+
+def check_settings(args) -> None:
+    """Range checks that need no model, done before a (possibly long) model load. The session re-checks."""
+    check_decode_settings(args.budget, args.max_new_tokens, args.block_size)
+    for t in args.temperature if isinstance(args.temperature, list) else [args.temperature]:
+        sampler(args, t)
+
+
+def sampler(args, temperature: float):
+    """The Sampler of the sampling flags at `temperature` (its own checks: top-k, top-p, seed)."""
+    from ..engine.sampling import Sampler
+
+    return Sampler(temperature, args.top_k, args.top_p, args.seed)
+
+
+def decode_settings(args, **given) -> DecodeSettings:
+    """The decoding flags as options.DecodeSettings: each field from the flag of its name where this subcommand
+    has one, `given` for the rest (or instead)."""
+    names = [f.name for f in dataclasses.fields(DecodeSettings)]
+    return DecodeSettings(**{**{n: getattr(args, n) for n in names if hasattr(args, n)}, **given})
+
+
+def prompt_spec(args, text: str | None = None, path: str | None = None):
+    """The PromptSpec of one prompt given on the command line (text or file) with the chat options; checked
+    before any model is loaded."""
+    from ..engine.prompts import PromptSpec, check_spec, parse_thinking, spec_from_file
+
+    options = dict(chat=args.chat, system=args.system, thinking=parse_thinking(args.thinking))
+    if path is not None:
+        return spec_from_file(path, **options)
+    return check_spec(PromptSpec(text=text, **options))
+
+
+def load_models(args, gpu: int | None = None):
+    """The pair the model flags name, after the checks that need no model; transformers kept quiet unless
+    --verbose. `gpu`: the CUDA device this process decodes on (one process of several)."""
+    from ..engine.models import check_embedded, load_pair, quiet_transformers
+
+    check_settings(args)
+    quiet_transformers(args.verbose)
+    if args.target is None:
+        check_embedded(draft_too=args.draft is None)
+    if gpu is not None:
+        import torch
+
+        torch.cuda.set_device(gpu)
+    return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device)
+
+
+def printable(text: str) -> str:
+    """Model output may hold control characters (escape sequences included): show them as \\xNN."""
+    return "".join(ch if ch in "\n\t" or ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)

@@ -1,0 +1,110 @@
+"""`export`: one round of a saved trace as SVG, PDF, PNG, TikZ, HTML or JSON (ddtree_viz/render/export.py draws it;
+no model needed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..options import whole_number
+from .common import check_output_path
+
+# The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
+# stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
+FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
+FIGURES = ("tree", "mask", "acceptance", "grid")
+SHOW_CHOICES = ("text", "ids", "both")
+SCHEME_NAMES = ("colorblind", "grayscale")
+COLOR_RANGES = ("trace", "round")
+PHASES = ("drafted", "verified")
+DEFAULT_DPI = 300
+
+
+def add_parser(sub) -> None:
+    ex = sub.add_parser(
+        "export", help="one round of a saved trace as SVG, PDF, PNG, TikZ, HTML or JSON (no model needed)",
+        description="Export one round of a saved trace: the draft tree (or the verify mask, or tokens per round) as a "
+                    "vector figure for a paper (SVG, PDF, TikZ), a PNG, a self-contained interactive HTML page, or the "
+                    "round's record as JSON. The figure is drawn from the same layout the web page uses.")
+    ex.add_argument("--trace", required=True, metavar="FILE.json", help="a trace written by `run --trace` or the page")
+    ex.add_argument("--step", default="last", metavar="K|last",
+                    help="the round as the page numbers it, from 1 ('Round 1 of N'), or 'last' (default: last)")
+    ex.add_argument("--format", choices=FORMATS, help="default: from the --out suffix (.svg .pdf .png .tex .html .json)")
+    ex.add_argument("--out", required=True, metavar="FILE", help="the file to write ('-': standard output)")
+    g = ex.add_argument_group("what to draw")
+    g.add_argument("--figure", default="tree", choices=FIGURES,
+                   help="tree (default), mask (the verify pass's attention mask), acceptance (tokens per round, rounds "
+                        "1..K) or grid (the drafter's depth x rank log-probs the tree was built from)")
+    g.add_argument("--phase", default="verified", choices=PHASES,
+                   help="verified (default: accepted path, bonus) or drafted (the tree before verification)")
+    g.add_argument("--show", default="text", choices=SHOW_CHOICES, help="node labels: token text (default), ids, or both")
+    g.add_argument("--colors", default="colorblind", choices=SCHEME_NAMES,
+                   help="colorblind (default: the page's colour-blind-safe colours) or grayscale (print)")
+    g.add_argument("--min-logprob", type=float, metavar="X",
+                   help="hide drafted nodes whose drafter log-prob is below X (and their subtrees; never the accepted path)")
+    g.add_argument("--max-depth", type=whole_number, metavar="D",
+                   help="hide drafted nodes deeper than D (never the accepted path)")
+    g.add_argument("--path-label", action=argparse.BooleanOptionalAction, default=True,
+                   help="write 'accepted path' along the path (default: on)")
+    g.add_argument("--ranks", action=argparse.BooleanOptionalAction, default=True,
+                   help="the drafter's rank (r0, r1, ...) under each node (default: on)")
+    g.add_argument("--legend", action=argparse.BooleanOptionalAction, default=True,
+                   help="marker legend and colour bar / key (default: on)")
+    t = g.add_mutually_exclusive_group()
+    t.add_argument("--title", metavar="TEXT", help="title (default: the page's title for this figure)")
+    t.add_argument("--no-title", action="store_true", help="no title")
+    g.add_argument("--caption", metavar="TEXT", help="a caption under the figure (default: none)")
+    g.add_argument("--label-chars", type=whole_number, metavar="N", help="cut token labels to N characters (default: 12; mask 8)")
+    g.add_argument("--color-range", default="trace", choices=COLOR_RANGES,
+                   help="log-prob colour range: trace (default: the page's, min over all rounds .. 0) or round (this round's)")
+    f = ex.add_argument_group("output")
+    f.add_argument("--dpi", type=whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
+                   "that its PNG would pass 30 million pixels; an explicit --dpi may reach 120 million)")
+    f.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: sized to the figure); "
+                   "a PNG is exactly round(width x dpi) pixels wide")
+    f.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: sized to the figure)")
+    f.add_argument("--standalone", action="store_true",
+                   help="TikZ: a whole LaTeX document that compiles alone (default: a tikzpicture to \\input)")
+    ex.set_defaults(handler=command)
+
+
+def command(args) -> int:
+    from ..render.export import ExportOptions, export_figure, format_for, resolve_round
+    from ..trace import Trace
+
+    fmt = format_for(args.out, args.format)
+    options = ExportOptions(
+        figure=args.figure, phase=args.phase, show=args.show, colors=args.colors, min_logprob=args.min_logprob,
+        max_depth=args.max_depth, path_label=args.path_label, ranks=args.ranks, legend=args.legend, title=args.title,
+        show_title=not args.no_title, caption=args.caption, label_chars=args.label_chars, color_range=args.color_range,
+        dpi=args.dpi, width=args.width, height=args.height, standalone=args.standalone,
+    )
+    if args.out != "-":
+        check_output_path(args.out, "export file")
+    trace = Trace.load(args.trace)  # TraceError (missing, corrupt, newer schema) -> `error: ...`, exit 2
+    k = resolve_round(trace, args.step)
+    data = export_figure(trace, k + 1, fmt, options)
+    if args.out == "-":
+        if fmt in ("pdf", "png") and sys.stdout.isatty():
+            raise InputError(f"not writing {fmt.upper()} bytes to a terminal: pass --out FILE or redirect standard output")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    path = Path(args.out)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    size = ""
+    if fmt == "png":
+        size = ", {} x {} px".format(*png_size(data))
+    print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} ({len(data)} bytes{size})")
+    return 0
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")

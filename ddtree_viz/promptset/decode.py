@@ -1,0 +1,99 @@
+"""THE prompt-set loop, written once: every prompt of a set decoded into a report directory (one trace per prompt
+and side, a failure recorded with its error and the set going on), for `analyze` and for the page's Analyze tab.
+
+The caller's differences are hooks, not copies: how an item becomes a PromptSpec (`spec_of`), the model lock taken
+around each piece of model work (the page's shared lock; other tabs' work goes in between rounds), `stop()` (the
+page's Stop: checked before each prompt and between rounds; a prompt stopped inside is left out), `resume`,
+`--method both`, the meta records, the engines kept from prompt to prompt (the page's). Progress is what the loop
+yields: one PromptDone after each prompt. Ctrl-C (KeyboardInterrupt) is not caught: the caller decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator
+
+from ..engine.models import ModelPair
+from ..engine.prompts import PromptSpec
+from ..engine.session import DecodeSession
+from ..options import DFLASH, DecodeSettings
+from ..trace import Trace
+from .files import record_failure, trace_path, write_json
+
+
+@dataclass(frozen=True)
+class PromptDone:
+    """One prompt of the set handled: decoded (each side's trace or error record written), or skipped (resume:
+    every side's trace was there already)."""
+
+    index: int  # the item's index in the set
+    done: int  # prompts handled so far, this one included
+    total: int  # prompts of this call
+    tokens: int  # tokens its decodes generated now (0 when skipped or failed)
+    decoded: bool  # whether any side was decoded now (False: skipped by resume)
+
+
+def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSettings,
+               spec_of: Callable[[dict], PromptSpec], *, both: bool = False, resume: bool = False,
+               stop: Callable[[], bool] = lambda: False, lock: ContextManager = contextlib.nullcontext(),
+               keep_engines: bool = False, process: int | None = None) -> Iterator[PromptDone]:
+    """Decode `items` (read_prompts' dicts) into out/traces/ with `settings`, yielding a PromptDone after each.
+
+    both: each prompt with `settings` (DDTree) and then with the DFlash chain (NNNN.dflash.json), the same settings
+    otherwise. resume: a side whose trace exists is skipped. stop: checked before each prompt and between rounds;
+    once true the loop ends (a prompt stopped inside writes nothing). lock: held around each prefill, round and
+    trace (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next
+    prompt of that side (no new static state or graph capture per prompt); fresh ones after a failure, which may
+    have left them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
+    process); None writes none."""
+    sides = [(settings, "")] + ([(settings.replace(method=DFLASH), DFLASH)] if both else [])
+    engines: dict[str, dict] = {side: {} for _, side in sides}  # side -> DecodeSession's runtime engines
+    for done, item in enumerate(items, 1):
+        if stop():
+            return
+        i, tokens, decoded = item["index"], 0, False
+        for side_settings, side in sides:
+            dest = trace_path(out, i, side=side)
+            if resume and dest.exists():
+                continue
+            trace_path(out, i, "error", side).unlink(missing_ok=True)
+            start = time.perf_counter()
+            try:
+                trace = _decode_one(pair, item, side_settings, spec_of, stop, lock, engines[side] if keep_engines
+                                    else None)
+                if trace is None:
+                    return  # stopped inside this prompt: it is left out
+                tmp = dest.with_name(dest.name + ".tmp")
+                trace.save(tmp)
+                os.replace(tmp, dest)
+                tokens += len(trace.output_ids)
+            except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the set goes on
+                record_failure(out, i, exc, side)
+                engines[side].clear()
+            if process is not None:
+                wall = round(time.perf_counter() - start, 3)
+                write_json(trace_path(out, i, "meta", side), {"index": i, "wall_s": wall, "process": process})
+            decoded = True
+        yield PromptDone(i, done, len(items), tokens, decoded)
+
+
+def _decode_one(pair: ModelPair, item: dict, settings: DecodeSettings, spec_of, stop, lock,
+                engines: dict | None) -> Trace | None:
+    """One prompt decoded round by round under `lock`; its trace checked against the reference, or None when
+    `stop()` came first. `engines`: the engines to decode on (updated to this session's), or None (new ones)."""
+    session = DecodeSession.from_settings(pair, settings, **(engines or {}))
+    with lock:
+        session.prefill(spec=spec_of(item))
+    if engines is not None:
+        engines.update(engine=session.target_engine, reference_engine=session.reference_engine)
+    while not session.done and not stop():
+        with lock:
+            session.step()
+    if not session.done:
+        return None
+    with lock:
+        return session.to_trace(with_greedy=True)

@@ -1,0 +1,133 @@
+"""A prompt set's files: the prompt file (or a shipped set, by name), and a report directory's names and small
+records (traces/NNNN[.side][.kind].json, prompts.json's settings, error and meta records), written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import DDTreeVizError, InputError
+from ..options import METHODS
+
+PROMPTS_DIR = Path(__file__).parent.parent / "prompts"  # the shipped sets (package data)
+BOTH = "both"  # a set decoded with DDTree and with the DFlash chain (`analyze --method both`)
+SET_METHODS = (*METHODS, BOTH)
+
+
+def read_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """[{index, prompt | messages, source}] from a prompt file: JSONL (one object a line with 'prompt': str or
+    'messages': [...]; a file named *.jsonl, or whose first non-blank character is '{') or plain text (one prompt
+    per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
+    ddtree_viz/prompts/."""
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and len(p.parts) == 1:
+        for cand in (PROMPTS_DIR / p.name, *sorted(PROMPTS_DIR.glob(p.name + ".*"))):
+            if cand.is_file() and cand.suffix in (".txt", ".jsonl"):
+                p = cand
+                break
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"prompt file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read prompt file {path}: {exc}") from None
+    if p.suffix == ".jsonl" or text.lstrip().startswith("{"):
+        items = _jsonl_prompts(text, path, p.name)
+    else:
+        items = []
+        for block in re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n")):
+            block = block.strip("\n")
+            if block.strip():
+                items.append({"index": len(items), "prompt": block, "source": f"{p.name} block {len(items) + 1}"})
+    if not items:
+        raise InputError(f"prompt file {path} holds no prompts")
+    return items
+
+
+def _jsonl_prompts(text: str, path: str | Path, name: str) -> list[dict[str, Any]]:
+    """The prompts of a JSONL file, one object a line ('prompt' text or 'messages'; 'source' optional)."""
+    items: list[dict[str, Any]] = []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} line {no}: not JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path} line {no}: expected an object with 'prompt' or 'messages'")
+        source = obj.get("source") if isinstance(obj.get("source"), str) else f"{name}:{no}"
+        if isinstance(obj.get("prompt"), str) and obj["prompt"]:
+            items.append({"index": len(items), "prompt": obj["prompt"], "source": source})
+        elif isinstance(obj.get("messages"), list) and obj["messages"]:
+            items.append({"index": len(items), "messages": obj["messages"], "source": source})
+        else:
+            raise InputError(f"{path} line {no}: expected a non-empty 'prompt' (text) or 'messages' (list)")
+    return items
+
+
+def shipped_sets() -> list[str]:
+    """The shipped prompt sets (ddtree_viz/prompts/), by the name read_prompts takes."""
+    return sorted(p.stem for p in PROMPTS_DIR.iterdir() if p.suffix in (".txt", ".jsonl"))
+
+
+def item_spec(item: dict, chat: bool = False, system: str | None = None, thinking: bool | None = None):
+    """One prompt of the set as the engine takes it: raw text, or (chat) the text as the user's message or the
+    item's messages, through the tokenizer's chat template (engine/prompts.py); checked."""
+    from ..engine.prompts import PromptSpec, check_spec
+
+    messages = tuple((m.get("role"), m.get("content")) for m in item.get("messages", ()))
+    return check_spec(PromptSpec(text=item.get("prompt", ""), messages=messages, chat=bool(chat), system=system,
+                                 thinking=thinking))
+
+
+def trace_path(out: Path, index: int, kind: str = "", side: str = "") -> Path:
+    """DIR/traces/NNNN[.side][.kind].json: kind "" (the trace), "error" or "meta"; side "" (the run's method, DDTree
+    with --method both) or DFLASH (the chain of --method both: NNNN.dflash.json, summary["dflash"])."""
+    return out / "traces" / (f"{index:04d}{'.' + side if side else ''}{'.' + kind if kind else ''}.json")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """`obj` as indented JSON, written whole or not at all (a temporary file moved into place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def record_failure(out: Path, index: int, exc: BaseException, side: str = "") -> None:
+    """traces/NNNN.error.json for a prompt that failed (too long, out of memory, a bug): its error in one line."""
+    if type(exc).__name__ == "OutOfMemoryError" or isinstance(exc, DDTreeVizError):
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    write_json(trace_path(out, index, "error", side), {"index": index, "error": message, "kind": type(exc).__name__})
+
+
+def prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
+    """An existing non-empty DIR is refused unless resume (keep its traces) or force (start afresh)."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (resume or force):
+        raise InputError(f"{out} already exists: give --resume to skip the prompts whose traces exist, or --force "
+                         "to start again")
+    if main and force and not resume and out.exists():
+        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json"):
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+
+
+def run_settings(budget: int, max_new_tokens: int, dtype: str, device: str, budgets=(), method: str = "ddtree",
+                 block_size: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0) -> dict:
+    """A run's settings as prompts.json keeps them (analyze's, or a prompt set run from the page)."""
+    return {"budget": budget, "budgets": list(budgets or []), "max_new_tokens": max_new_tokens, "method": method,
+            "block_size": block_size, "dtype": dtype, "device": device, "temperature": temperature, "top_k": top_k,
+            "top_p": top_p, "seed": seed}
