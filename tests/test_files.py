@@ -49,3 +49,15 @@ def test_the_limit_holds(tmp_path):
     path.write_bytes(b"\xff")
     with pytest.raises(InputError, match="it is not UTF-8 text"):
         read_limited(path, 100, "test file")
+
+
+def test_prompt_sets_are_read_bounded_too(tmp_path):
+    """analyze --prompts /dev/zero read until MemoryError; a name over 255 bytes ended in a traceback."""
+    from ddtree_viz.promptset.files import read_prompts
+
+    with pytest.raises(InputError, match="not a regular file"):
+        read_prompts("/dev/zero")
+    with pytest.raises(InputError, match="File name too long"):
+        read_prompts(tmp_path / ("p" * 300 + ".txt"))
+    with pytest.raises(InputError, match="does not exist"):
+        read_prompts(tmp_path / "missing.txt")

@@ -11,11 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DDTreeVizError, InputError
+from ..files import read_limited
 from ..options import METHODS
 
 PROMPTS_DIR = Path(__file__).parent.parent / "prompts"  # the shipped sets (package data)
 BOTH = "both"  # a set decoded with DDTree and with the DFlash chain (`analyze --method both`)
 SET_METHODS = (*METHODS, BOTH)
+
+
+MAX_SET_BYTES = 64 * 1024 * 1024  # a prompt set's file
+
+
+def _exists(p: Path) -> bool:
+    """Path.exists that says False for a name the file system refuses (over 255 bytes) instead of raising."""
+    try:
+        return p.exists()
+    except OSError:
+        return False
 
 
 def read_prompts(path: str | Path) -> list[dict[str, Any]]:
@@ -24,17 +36,14 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
     per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
     ddtree_viz/prompts/."""
     p = Path(path)
-    if not p.exists() and not p.is_absolute() and len(p.parts) == 1:
+    if not _exists(p) and not p.is_absolute() and len(p.parts) == 1:
         for cand in (PROMPTS_DIR / p.name, *sorted(PROMPTS_DIR.glob(p.name + ".*"))):
             if cand.is_file() and cand.suffix in (".txt", ".jsonl"):
                 p = cand
                 break
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"prompt file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read prompt file {path}: {exc}") from None
+    if not _exists(p) and p.name and len(os.fsencode(p.name)) <= 255:
+        raise InputError(f"prompt file {path} does not exist")
+    text = read_limited(p, MAX_SET_BYTES, "prompt file", shown=str(path))
     if p.suffix == ".jsonl" or text.lstrip().startswith("{"):
         items = _jsonl_prompts(text, path, p.name)
     else:

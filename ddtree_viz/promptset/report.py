@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TraceError
+from ..files import read_limited
 from ..options import DFLASH
 from ..trace import MAX_TEXT_CHARS, MAX_TRACE_BYTES, Trace, check_text, parse_json
 
@@ -121,15 +122,8 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
 
 
 def _small_json(path: Path, shown: str, limit: int):
-    try:
-        size = Path(path).stat().st_size
-        if size > limit:
-            raise TraceError(f"{shown} is {size:,} bytes; at most {limit:,} are read")
-        with open(path, "rb") as f:
-            text = f.read(limit + 1).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise TraceError(f"cannot read {shown}: {reason}") from None
+    text = read_limited(path, limit, "file", shown=shown, error=TraceError,
+                        too_large=lambda size: f"{shown} is {size:,} bytes; at most {limit:,} are read")
     try:
         return parse_json(text, shown)
     except TraceError as exc:
