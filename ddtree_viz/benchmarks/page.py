@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 
+from ..options import ENGINE_CHOICES
 from ..page import actions
 from ..page.host import ModelHost, cpu_threads
 from ..page.state import TabState, read_settings
@@ -143,7 +144,7 @@ def browser_figures(args, chromium: str) -> dict:
     for opt in ("target", "draft"):
         if getattr(args, opt):
             app += [f"--{opt}", getattr(args, opt)]
-    proc = subprocess.Popen(app, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(app, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.time() + 120
