@@ -862,13 +862,13 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     host.warmup_s = warm_runner(target)  # what the page's load does (ModelHost._load): the compile, before any Step
     block = drafter.block_size
     max_new = (steps + 4) * block  # room for every round below, however much they accept
-    values = lambda prompt: dict(prompt=prompt, budget=budget, block_size=block, max_new_tokens=max_new,  # noqa: E731
-                                 verify="exact", method="ddtree")
+    controls = lambda prompt: dict(prompt=prompt, budget=budget, block_size=block, max_new_tokens=max_new,  # noqa: E731
+                                   verify="exact", method="ddtree")  # the Step tab's, by name
 
     def ui_step(tab, prompt):
         """(step ms, render ms) of one page Step: the round shown, the check left for after."""
         s = time.perf_counter()
-        actions.step(host, tab, read_settings(host, values(prompt)), check=False)
+        actions.step(host, tab, read_settings(host, controls(prompt)), check=False)
         sync()
         m = time.perf_counter()
         render_views(host, tab)
