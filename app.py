@@ -3,13 +3,13 @@
     python app.py [--target DIR|HUB_ID --draft DIR|HUB_ID] [--dtype float32] [--device cpu] [--host 127.0.0.1] [--port 7860]
 
 Listens on 127.0.0.1 only unless --host says otherwise; no public share link unless --share; never
-trust_remote_code. The page itself is ddtree_viz/web.py (also `ddtree-viz app`, the same options); this file
-is its entry point in a checkout.
+trust_remote_code. The page itself is ddtree_viz/page/ (its Gradio app: ddtree_viz/page/web/app.py; also
+`ddtree-viz app`, the same options); this file is its entry point in a checkout.
 """
 
 import sys
 
-from ddtree_viz.web import main
+from ddtree_viz.page.web.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

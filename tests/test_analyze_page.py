@@ -1,5 +1,5 @@
-"""The page's Analyze tab through ddtree_viz/ui.py (what its callbacks call), on a report written by a real
-`analyze --method both` run on the embedded pair: a directory or its uploaded files, shown with the figures its
+"""The page's Analyze tab through ddtree_viz/page/analyze_tab.py (what its callbacks call), on a report written by a
+real `analyze --method both` run on the embedded pair: a directory or its uploaded files, shown with the figures its
 traces give; bad directories and uploads refused clearly (never naming a server path); a round link opens that
 round in the step view as a replay (no model)."""
 
@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_viz import ui
+from ddtree_viz.page import actions
+from ddtree_viz.page.analyze_tab import (PAGE_SET_MAX_PROMPTS, PAGE_SET_MAX_TOKENS, ReportDirs, load_report_dir,
+                                         load_report_upload, open_report_click, open_report_round, report_html,
+                                         report_status, run_prompt_set)
+from ddtree_viz.page.host import ModelHost
+from ddtree_viz.page.state import MAX_UPLOAD_BYTES, TabState
+from ddtree_viz.page.views import render_views
 from ddtree_viz.cli import main
 from ddtree_viz.errors import InputError, TraceError
 from ddtree_viz.trace import Trace
@@ -35,7 +41,7 @@ def report_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def no_model():
-    host = ui.ModelHost(None, None, "float32", "cpu")
+    host = ModelHost(None, None, "float32", "cpu")
     host.stage, host.replay_only = "not loaded", True
     return host
 
@@ -52,12 +58,12 @@ def uploaded(files: list[Path], root: Path) -> list[str]:
 
 
 def test_a_report_directory_shows_the_figures_of_its_traces(report_dir):
-    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+    tab = load_report_dir(TabState(), str(report_dir))
     written = json.loads((report_dir / "summary.json").read_text())
     r = tab.report
     assert json.loads(json.dumps(r.summary)) == written and "dflash" in written  # both sides, from the traces
     assert r.note == ""  # summary.json agrees with its traces
-    html = ui.report_html(tab)
+    html = report_html(tab)
     assert html.count("<figure id=\"fig-") == 5 and html.count("<svg") == 5
     assert 'id="series-0"' in html and 'id="series-1"' in html  # acceptance by depth: DDTree's and the chain's
     assert "<table id=headline>" in html and "<th>DDTree budget 8</th><th>DFlash chain</th>" in html
@@ -67,77 +73,77 @@ def test_a_report_directory_shows_the_figures_of_its_traces(report_dir):
         for p in side["per_prompt"]:
             assert f'class="round ddv-open-round" href="#" role=button data-file="{p["file"]}" data-round="0"' in html
     assert set(r.files) == {f"traces/{i:04d}{s}.json" for i in (0, 1) for s in ("", ".dflash")}
-    status = ui.report_status(tab)
+    status = report_status(tab)
     for side in (written, written["dflash"]):
         assert f"mean acceptance {side['mean_acceptance']:.2f} over {side['rounds']} rounds" in status
     assert "DDTree budget 8" in status and "DFlash chain" in status and str(report_dir) in status
     # typed with a trailing slash and ~ for home, the same report
     home = Path.home()
     if report_dir.is_relative_to(home):
-        again = ui.load_report_dir(ui.TabState(), "~/" + str(report_dir.relative_to(home)) + "/")
+        again = load_report_dir(TabState(), "~/" + str(report_dir.relative_to(home)) + "/")
         assert again.report.summary == r.summary
 
 
 def test_a_miss_or_a_prompt_opens_its_round_in_the_step_view(report_dir, no_model):
-    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+    tab = load_report_dir(TabState(), str(report_dir))
     summary = tab.report.summary
     miss = summary["top_misses"][0]["examples"][0]
-    tab = ui.open_report_round(tab, miss["file"], miss["round"])
+    tab = open_report_round(tab, miss["file"], miss["round"])
     trace = Trace.load(report_dir / miss["file"])
     assert tab.replay and tab.session is None and tab.view == miss["round"]
     assert tab.trace.output_ids == trace.output_ids and len(tab.trace.steps) == len(trace.steps)
-    views = ui.render_views(no_model, tab)
+    views = render_views(no_model, tab)
     assert views.status.startswith(f"Round {miss['round'] + 1} of {len(trace.steps)} (replay of a saved trace")
     assert views.tree_spec is not None and views.stop  # the round's tree and where its walk stopped
     assert tab.report is not None  # the report stays loaded
     # the page's click: 'file|round|nonce' (a prompt's DFlash chain trace, its last round)
     chain = summary["dflash"]["per_prompt"][1]
     n = len(Trace.load(report_dir / chain["file"]).steps)
-    tab = ui.open_report_click(tab, f"{chain['file']}|{n - 1}|1712345")
-    assert ui.render_views(no_model, tab).status.startswith(f"Round {n} of {n} (replay")
+    tab = open_report_click(tab, f"{chain['file']}|{n - 1}|1712345")
+    assert render_views(no_model, tab).status.startswith(f"Round {n} of {n} (replay")
     assert tab.trace.settings["method"] == "dflash"
     # a round past the end shows the last one; a Reset in the step view keeps the report
-    tab = ui.open_report_round(tab, "traces/0000.json", 5000)
+    tab = open_report_round(tab, "traces/0000.json", 5000)
     assert tab.view == len(tab.trace.steps) - 1
-    ui.reset(tab)
+    actions.reset(tab)
     assert tab.trace is None and tab.report is not None
 
 
 def test_only_the_reports_own_traces_open(report_dir, tmp_path):
     with pytest.raises(InputError, match="no report loaded"):
-        ui.open_report_round(ui.TabState(), "traces/0000.json", 0)
-    tab = ui.load_report_dir(ui.TabState(), str(report_dir))
+        open_report_round(TabState(), "traces/0000.json", 0)
+    tab = load_report_dir(TabState(), str(report_dir))
     outside = tmp_path / "t.json"
     shutil.copy(report_dir / "traces" / "0000.json", outside)
     for name in ("traces/0007.json", "../report/traces/0000.json", str(outside), "summary.json", "traces/0000.meta.json",
                  None, 3):
         with pytest.raises(InputError, match="not a trace of the loaded report"):
-            ui.open_report_round(tab, name, 0)
+            open_report_round(tab, name, 0)
     for value in ("", "traces/0000.json", "traces/0000.json|x|1", "traces/0000.json|-1|1"):
         with pytest.raises(InputError):
-            ui.open_report_click(tab, value)
+            open_report_click(tab, value)
 
 
 def test_bad_directories_are_refused_clearly(report_dir, tmp_path):
-    tab = ui.TabState()
+    tab = TabState()
     for text, message in (("", "type the path"), ("   ", "type the path"), (None, "type the path"),
                           (str(tmp_path / "nowhere"), "is not a directory the server can read"),
                           (str(report_dir / "summary.json"), "is not a directory"),
                           (str(tmp_path), "has no summary.json"), ("x" * 5000, "not a directory path"),
                           ("a\0b", "not a directory path")):
         with pytest.raises(InputError, match=message):
-            ui.load_report_dir(tab, text)
+            load_report_dir(tab, text)
     assert tab.report is None
     # summary.json without traces/
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(report_dir / "summary.json", bare / "summary.json")
     with pytest.raises(InputError, match="has no traces/ folder"):
-        ui.load_report_dir(tab, str(bare))
+        load_report_dir(tab, str(bare))
     # the typed text comes back escaped
     hostile = tmp_path / "<b>x</b>"
     with pytest.raises(InputError) as err:
-        ui.load_report_dir(tab, str(hostile))
+        load_report_dir(tab, str(hostile))
     assert "&lt;b&gt;x&lt;/b&gt;" in str(err.value) and "<b>" not in str(err.value)
     # a corrupt trace, an unreadable summary, a bad prompt list: refused naming the file in the report, not its path
     for name, text, message in (("traces/0001.json", '{"schema_version": 1', "traces/0001.json"),
@@ -149,7 +155,7 @@ def test_bad_directories_are_refused_clearly(report_dir, tmp_path):
         shutil.copytree(report_dir, broken)
         (broken / name).write_text(text)
         with pytest.raises(TraceError, match=message) as err:
-            ui.load_report_dir(tab, str(broken))
+            load_report_dir(tab, str(broken))
         assert str(tmp_path) not in str(err.value)
     assert tab.report is None
 
@@ -168,8 +174,8 @@ def test_untrusted_text_in_a_report_is_escaped(report_dir, tmp_path):
     for item in prompts["prompts"]:
         item["prompt"], item["source"] = evil, evil + '" onmouseover="x'
     (hostile / "prompts.json").write_text(json.dumps(prompts))
-    tab = ui.load_report_dir(ui.TabState(), str(hostile))
-    html = ui.report_html(tab)
+    tab = load_report_dir(TabState(), str(hostile))
+    html = report_html(tab)
     assert "<script" not in html and "<img" not in html and "onmouseover=\"x" not in html
     assert "&lt;script&gt;" in html and "&lt;img" in html
 
@@ -179,15 +185,15 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
              *sorted((report_dir / "traces").glob("*.json")), *sorted((report_dir / "figures").glob("*.svg"))]
     gradio = tmp_path / "gradio"
     paths = uploaded(files, gradio)
-    tab = ui.load_report_upload(ui.TabState(), paths)
+    tab = load_report_upload(TabState(), paths)
     try:
-        assert tab.report.summary == ui.load_report_dir(ui.TabState(), str(report_dir)).report.summary
+        assert tab.report.summary == load_report_dir(TabState(), str(report_dir)).report.summary
         assert "6 other uploaded file(s) left out" in tab.report.note  # report.html and five figures
-        assert str(gradio) not in ui.report_status(tab) + ui.report_html(tab)
+        assert str(gradio) not in report_status(tab) + report_html(tab)
         # gradio deletes its copies of uploads after a while: the round opens from the tab's own copy
         shutil.rmtree(gradio)
-        tab = ui.open_report_round(tab, "traces/0001.dflash.json", 1)
-        assert ui.render_views(no_model, tab).status.startswith("Round 2 of ")
+        tab = open_report_round(tab, "traces/0001.dflash.json", 1)
+        assert render_views(no_model, tab).status.startswith("Round 2 of ")
         kept = tab.folder
         assert kept is not None and (kept / "report" / "traces" / "0001.dflash.json").is_file()
     finally:
@@ -196,7 +202,7 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
 
 
 def test_bad_uploads_are_refused_clearly(report_dir, tmp_path):
-    tab = ui.TabState()
+    tab = TabState()
     root = tmp_path / "gradio"
     traces = sorted((report_dir / "traces").glob("*.json"))
     for paths, message in (([], "upload a report"), (None, "upload a report"),
@@ -204,21 +210,21 @@ def test_bad_uploads_are_refused_clearly(report_dir, tmp_path):
                            (uploaded([report_dir / "summary.json"], root), "no traces"),
                            (uploaded([report_dir / "summary.json", traces[0], traces[0]], root), "two uploaded files")):
         with pytest.raises(InputError, match=message) as err:
-            ui.load_report_upload(tab, paths)
+            load_report_upload(tab, paths)
         assert str(root) not in str(err.value)
     # a file over the page's upload bound
     big = tmp_path / "big" / "0005.json"
     big.parent.mkdir()
     with open(big, "wb") as f:
-        f.truncate(ui.MAX_UPLOAD_BYTES + 1)
+        f.truncate(MAX_UPLOAD_BYTES + 1)
     with pytest.raises(InputError, match="0005.json is .* bytes; an uploaded file may be at most 16 MB"):
-        ui.load_report_upload(tab, uploaded([report_dir / "summary.json", big], root))
+        load_report_upload(tab, uploaded([report_dir / "summary.json", big], root))
     # a corrupt trace among the uploads: named as uploaded, never by the server's path
     bad = tmp_path / "bad" / "0001.json"
     bad.parent.mkdir()
     bad.write_text('{"schema_version": 1, "steps": 3}')
     with pytest.raises(TraceError, match="traces/0001.json") as err:
-        ui.load_report_upload(tab, uploaded([report_dir / "summary.json", traces[0], bad], root))
+        load_report_upload(tab, uploaded([report_dir / "summary.json", traces[0], bad], root))
     assert str(root) not in str(err.value) and str(tmp_path) not in str(err.value)
     assert tab.report is None
     if tab.folder is not None:
@@ -242,60 +248,60 @@ def test_report_loading_holds_no_model(report_dir):
 def test_which_directories_a_page_reads(report_dir, tmp_path):
     """A page reachable beyond this machine (--share, another --host) reads no typed directory unless started with
     --report-root DIR; then only directories under DIR (relative paths from it; links that lead out refused)."""
-    from ddtree_viz.web import build_parser, report_dirs
+    from ddtree_viz.page.web.app import build_parser, report_dirs
 
     def dirs(*argv):
         return report_dirs(build_parser().parse_args(list(argv)))
 
-    assert dirs() == ui.ReportDirs(allowed=True) and dirs("--host", "localhost").allowed
+    assert dirs() == ReportDirs(allowed=True) and dirs("--host", "localhost").allowed
     assert not dirs("--share").allowed and not dirs("--host", "0.0.0.0").allowed
-    assert dirs("--share", "--report-root", str(tmp_path)) == ui.ReportDirs(allowed=True, root=str(tmp_path))
+    assert dirs("--share", "--report-root", str(tmp_path)) == ReportDirs(allowed=True, root=str(tmp_path))
     with pytest.raises(InputError, match="reads no directories typed in"):
-        ui.load_report_dir(ui.TabState(), str(report_dir), dirs("--share"))
+        load_report_dir(TabState(), str(report_dir), dirs("--share"))
     root = tmp_path / "runs"
     shutil.copytree(report_dir, root / "heldout")
     (root / "elsewhere").symlink_to(report_dir, target_is_directory=True)
-    under = ui.ReportDirs(allowed=True, root=str(root))
-    assert ui.load_report_dir(ui.TabState(), "heldout", under).report.summary["prompts"] == 2
-    assert ui.load_report_dir(ui.TabState(), str(root / "heldout"), under).report is not None
+    under = ReportDirs(allowed=True, root=str(root))
+    assert load_report_dir(TabState(), "heldout", under).report.summary["prompts"] == 2
+    assert load_report_dir(TabState(), str(root / "heldout"), under).report is not None
     for text in (str(report_dir), "../../", "elsewhere", "heldout/../../"):
         with pytest.raises(InputError, match="is not under the page's report root"):
-            ui.load_report_dir(ui.TabState(), text, under)
+            load_report_dir(TabState(), text, under)
 
 
-# -- a prompt set run from the page (ui.run_prompt_set) -----------------------------------------------------------
+# -- a prompt set run from the page (run_prompt_set) -----------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def embedded():
-    host = ui.ModelHost(None, None, "float32", "cpu")  # the embedded default pair, the page's default engine
+    host = ModelHost(None, None, "float32", "cpu")  # the embedded default pair, the page's default engine
     host.start(background=False)
     assert host.ready, host.error
     return host
 
 
 def test_a_prompt_set_runs_on_the_page_into_the_tabs_report(embedded):
-    tab = ui.TabState()
-    lines = list(ui.run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 2))
+    tab = TabState()
+    lines = list(run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 2))
     assert lines[0].startswith("1 of 2 prompts") and lines[1].startswith("2 of 2 prompts")
     assert lines[-1] == "done: run on this page: 2 of 2 prompts"
     r = tab.report
     assert r.summary["prompts"] == 2 and r.summary["identical_prompts"] == 2 and r.summary["failed"] == []
     assert r.summary["generated_tokens"] == 16 and r.name == "heldout-code (run here)"
-    assert "run on this page" in ui.report_status(tab)
+    assert "run on this page" in report_status(tab)
     folder = tab.folder / "prompt-set"
     assert sorted(p.name for p in (folder / "traces").iterdir()) == ["0000.json", "0001.json"]
     assert json.loads((folder / "summary.json").read_text())["prompts"] == 2
     # its rounds open in the step view like any report's
-    t = ui.open_report_click(tab, "traces/0001.json|0|1")
+    t = open_report_click(tab, "traces/0001.json|0|1")
     assert t.replay and t.trace is not None and len(t.trace.steps) >= 1
     tab.free()  # the tab goes: its files with it
     assert not folder.exists()
 
 
 def test_stop_keeps_the_prompts_done(embedded):
-    tab = ui.TabState()
-    run = ui.run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 4)
+    tab = TabState()
+    run = run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 4)
     assert next(run).startswith("1 of 4")
     tab.set_stop.set()  # the Stop button
     assert list(run) == ["done: run on this page: 1 of 4 prompts (stopped)"]
@@ -303,23 +309,23 @@ def test_stop_keeps_the_prompts_done(embedded):
 
 
 def test_prompt_set_input_is_checked_and_a_failing_prompt_is_recorded(embedded, tmp_path):
-    tab = ui.TabState()
-    for bad, match in [(dict(limit=0), "prompts"), (dict(limit=ui.PAGE_SET_MAX_PROMPTS + 1), "prompts"),
-                       (dict(budget=0), "budget"), (dict(max_new=ui.PAGE_SET_MAX_TOKENS + 1), "max new tokens"),
+    tab = TabState()
+    for bad, match in [(dict(limit=0), "prompts"), (dict(limit=PAGE_SET_MAX_PROMPTS + 1), "prompts"),
+                       (dict(budget=0), "budget"), (dict(max_new=PAGE_SET_MAX_TOKENS + 1), "max new tokens"),
                        (dict(source="../../etc/passwd"), "no prompt set named")]:
         args = dict(source="heldout-code", upload=None, budget=8, max_new=8, limit=2) | bad
         with pytest.raises(InputError, match=match):
-            list(ui.run_prompt_set(embedded, tab, args["source"], args["upload"], args["budget"], args["max_new"],
+            list(run_prompt_set(embedded, tab, args["source"], args["upload"], args["budget"], args["max_new"],
                                    args["limit"]))
     bad_file = tmp_path / "bad.jsonl"
     bad_file.write_text('{"nope": 1}\n', encoding="utf-8")
     with pytest.raises(InputError, match="line 1"):
-        list(ui.run_prompt_set(embedded, tab, None, str(bad_file), 8, 8, 2))
+        list(run_prompt_set(embedded, tab, None, str(bad_file), 8, 8, 2))
     assert tab.report is None  # nothing was run, nothing shown
     # an uploaded set: a chat prompt without the chat template fails alone; the text prompt is decoded
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"prompt": "def f(x):\\n"}\n{"messages": [{"role": "user", "content": "hi"}]}\n', encoding="utf-8")
-    lines = list(ui.run_prompt_set(embedded, tab, None, str(mixed), 8, 8, 5))
+    lines = list(run_prompt_set(embedded, tab, None, str(mixed), 8, 8, 5))
     assert lines[-1] == "done: run on this page: 2 of 2 prompts"
     s = tab.report.summary
     assert s["prompts"] == 1 and len(s["failed"]) == 1 and "chat template" in s["failed"][0]["error"]

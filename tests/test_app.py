@@ -1,4 +1,4 @@
-"""The page's logic, control by control, without a browser: ddtree_viz.ui (what every callback calls) on real
+"""The page's logic, control by control, without a browser: ddtree_viz.page (what every callback calls) on real
 tiny models, and the real Gradio app served on a free port and called through gradio_client."""
 
 import socket
@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_viz import ui
+from ddtree_viz.page import actions
+from ddtree_viz.page.host import FairLock, ModelHost, cpu_threads
+from ddtree_viz.page.state import TabState, Tabs, free_tab, read_settings, rounds_shown
+from ddtree_viz.page.views import DIVERGENCE_ROUNDS, ROUND_VIEW_CACHE, inspector_view, render_check, render_views
+from ddtree_viz.options import MAX_SEED
 from ddtree_viz.errors import InputError, ModelLoadError, TraceError
 from tests import tiny
 
@@ -22,6 +26,11 @@ def args(**over):
     return [s[k] for k in ("prompt", "budget", "block_size", "max_new_tokens", "verify", "method")]
 
 
+def settings(host, **over):
+    """The Step tab's controls by name (SETTINGS, then `over`), read as Step and Run read them."""
+    return read_settings(host, {**SETTINGS, **over})
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     return tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path_factory.mktemp("models"))
@@ -31,7 +40,7 @@ def model_dirs(tmp_path_factory):
 def host(model_dirs):
     # transformers' forward named: the page's default engine is now "auto" (the static runner on this hybrid), and
     # these tests (test_runner_engine_for_exact_rounds compares the two) keep the reference path as their host
-    h = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
+    h = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
     h.start(background=False)
     assert h.ready, h.error
     return h
@@ -44,52 +53,53 @@ def test_host_describes_the_models_and_cache_layout(host):
 
 
 def test_step_back_forward_slider_phase_reset(host):
-    tab = ui.TabState()
-    empty = ui.render_views(host, tab)
+    tab = TabState()
+    empty = render_views(host, tab)
     assert empty.tree is None and "Step" in empty.status and empty.cache_rows == host.layout
     for i in range(3):
-        tab = ui.step(host, tab, *args())
+        tab = actions.step(host, tab, settings(host))
         assert tab.view == i
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert v.rounds == 3 and v.view == 2 and "Round 3 of 3" in v.status
     assert len(v.cache_rows) == 4 and "identical to greedy" in v.diff_html
     assert v.tree.data and v.mask.data and v.acceptance.data
-    tab = ui.move(tab, delta=-1)
-    assert ui.render_views(host, tab).view == 1
-    tab = ui.move(tab, delta=+5)
+    tab = actions.move(tab, delta=-1)
+    assert render_views(host, tab).view == 1
+    tab = actions.move(tab, delta=+5)
     assert tab.view == 2
-    tab = ui.move(tab, to=0)
-    drafted = ui.render_views(host, tab, "drafted")
-    verified = ui.render_views(host, tab, "verified")
+    tab = actions.move(tab, to=0)
+    drafted = render_views(host, tab, "drafted")
+    verified = render_views(host, tab, "verified")
     assert "Round 1 of 3" in drafted.status
     assert len(drafted.tree.data) <= len(verified.tree.data)  # no accepted/bonus marks before verification
-    tab = ui.reset(tab)
-    assert tab.session is None and ui.render_views(host, tab).rounds == 0
+    tab = actions.reset(tab)
+    assert tab.session is None and render_views(host, tab).rounds == 0
 
 
 def test_changed_settings_start_over(host):
-    tab = ui.step(host, ui.TabState(), *args())
+    tab = actions.step(host, TabState(), settings(host))
     first = tab.session
-    tab = ui.step(host, tab, *args(budget=4))
+    tab = actions.step(host, tab, settings(host, budget=4))
     assert tab.session is not first and tab.view == 0 and tab.session.budget == 4
 
 
 def test_run_to_the_end_yields_every_round(host):
-    views = [t.view for t in ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=10))]
-    tabs = list(ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=10)))
+    views = [t.view for t in actions.run_rounds(host, TabState(), settings(host, max_new_tokens=10))]
+    tabs = list(actions.run_rounds(host, TabState(), settings(host, max_new_tokens=10)))
     assert tabs and tabs[-1].session.done
     assert views == list(range(len(tabs)))
-    v = ui.render_views(host, tabs[-1])
+    v = render_views(host, tabs[-1])
     assert "Finished" in v.status and "identical to greedy for 10 tokens" in v.diff_html
     with pytest.raises(InputError, match="finished"):
-        ui.step(host, tabs[-1], *args(max_new_tokens=10))
+        actions.step(host, tabs[-1], settings(host, max_new_tokens=10))
 
 
 def test_naive_mode_is_labelled_and_shows_its_state_drift(host):
-    tab = ui.TabState()
-    for _ in ui.run_rounds(host, tab, *args(verify="naive (known-wrong: flattened tree)", max_new_tokens=24, budget=16)):
+    tab = TabState()
+    for _ in actions.run_rounds(host, tab, settings(host, verify="naive (known-wrong: flattened tree)",
+                                                    max_new_tokens=24, budget=16)):
         pass
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert "known-wrong" in v.status and "known-wrong" in v.diff_html
     assert any(r.get("naive state error") not in (None, "", "–") for r in v.cache_rows if r["type"] == "GDN")
 
@@ -104,107 +114,113 @@ def test_naive_mode_is_labelled_and_shows_its_state_drift(host):
     (dict(method="beam"), "method"),
 ])
 def test_bad_inputs_raise_clear_errors_and_lose_nothing(host, over, words):
-    tab = ui.step(host, ui.TabState(), *args())
+    tab = actions.step(host, TabState(), settings(host))
     before = tab.session
     with pytest.raises(InputError, match=words):
-        ui.step(host, tab, *args(**over))
+        actions.step(host, tab, settings(host, **over))
     # the tab still works: its records are intact and a good step continues or restarts cleanly
     assert tab.trace is not None and len(tab.trace.steps) >= 1
-    tab = ui.step(host, tab, *args())
+    tab = actions.step(host, tab, settings(host))
     assert tab.session is not None and not (tab.session is before and len(tab.trace.steps) < 2)
 
 
 def test_replay_a_saved_trace_without_a_model(host, tmp_path):
-    tab = ui.TabState()
-    for tab in ui.run_rounds(host, tab, *args()):
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host)):
         pass
     path = tmp_path / "t.json"
     tab.trace.save(path)
-    no_model = ui.ModelHost(None, None, "float32", "cpu")  # never started: nothing loaded
-    replay = ui.load_replay(ui.TabState(), str(path))
-    live, again = ui.render_views(host, tab), ui.render_views(no_model, replay)
+    no_model = ModelHost(None, None, "float32", "cpu")  # never started: nothing loaded
+    replay = actions.load_replay(TabState(), str(path))
+    live, again = render_views(host, tab), render_views(no_model, replay)
     assert again.rounds == live.rounds and "replay" in again.status
     assert again.diff_html.replace("replay", "") and again.cache_rows == live.cache_rows
     with pytest.raises(ModelLoadError):
-        ui.step(no_model, ui.TabState(), *args())
+        actions.step(no_model, TabState(), settings(no_model))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(TraceError):
-        ui.load_replay(ui.TabState(), str(bad))
+        actions.load_replay(TabState(), str(bad))
 
 
 def test_token_text_is_escaped_in_every_html_view(host):
-    tab = ui.TabState()
+    tab = TabState()
     hostile = '<script>alert(1)</script><img src=x onerror=alert(1)>'
-    tab = ui.step(host, tab, *args(prompt=hostile))
-    v = ui.render_views(host, tab)
+    tab = actions.step(host, tab, settings(host, prompt=hostile))
+    v = render_views(host, tab)
     for html in (v.diff_html, v.divergence, v.stats, v.status):
         assert "<script" not in html and "<img" not in html
 
 
 def test_node_inspector_grid_budget_and_depth_views(host):
-    tab = ui.TabState()
+    tab = TabState()
     for _ in range(2):
-        tab = ui.step(host, tab, *args(budget=8))
+        tab = actions.step(host, tab, settings(host, budget=8))
     step = tab.trace.steps[-1]
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert v.inspect == step.accepted[-1]  # by default: where the walk stopped
     assert f'data-node="{v.inspect}"' in v.inspector and "target&#x27;s top-5" in v.inspector
     assert [c[1] for c in v.node_choices] == list(range(len(step.nodes)))
     assert "stopped at depth" in v.stop and v.grid is not None and v.budget is not None and v.depth is not None
     assert list(v.budget.data[0].x) == list(range(1, 9)) and v.budget.data[0].y[-1] == step.acceptance
     other = next(n.id for n in step.nodes if n.parent == step.accepted[-1])  # rejected there: not the choice
-    tab = ui.inspect(tab, v.node_choices[other][0])  # the selector's label
-    html, _, shown = ui.inspector_view(tab)
+    tab = actions.inspect(tab, v.node_choices[other][0])  # the selector's label
+    html, _, shown = inspector_view(tab)
     assert shown == other and f'data-node="{other}"' in html and "Did the target want this token? no" in html
-    tab = ui.inspect(tab, str(len(step.nodes) + 5))  # past the tree (the bonus star): ignored
-    assert ui.inspector_view(tab)[2] == other
+    tab = actions.inspect(tab, str(len(step.nodes) + 5))  # past the tree (the bonus star): ignored
+    assert inspector_view(tab)[2] == other
     with pytest.raises(InputError, match="not a tree position"):
-        ui.inspect(tab, "abc")
-    tab = ui.move(tab, delta=-1)  # another round: back to its stopping node
-    assert ui.inspector_view(tab)[2] == tab.trace.steps[0].accepted[-1]
+        actions.inspect(tab, "abc")
+    tab = actions.move(tab, delta=-1)  # another round: back to its stopping node
+    assert inspector_view(tab)[2] == tab.trace.steps[0].accepted[-1]
 
 
-NO_CHAT = (False, "", True)  # chat template off, no system message, thinking default (the page's order)
-COMPARE = (True, 4, 8, "dflash", "exact", "same", "same")
+NO_CHAT = dict(chat=False, system="", thinking=True)  # chat template off, no system message, thinking default
+COMPARE = dict(compare_on=True, compare_budget=4, compare_block_size=8, compare_method="dflash", compare_verify="exact",
+               compare_engine="same", compare_dtype="same")
 
 
 def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
-    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))  # A alone first
-    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE)  # B starts and catches up: lockstep
+    tab = actions.step(host, TabState(), settings(host, **sampled_args(temperature=0)))  # A alone first
+    # B starts and catches up: lockstep
+    tab = actions.step(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT, **COMPARE))
     assert len(tab.other.history) == len(tab.session.history) == 2
     assert tab.other.method == "dflash" and tab.other.budget == 4
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert v.tree_b is not None and "Compare mode" in v.status and "DFlash chain" in v.status
     assert 'data-side="A"' in v.compare and 'data-side="B"' in v.compare
     assert "B: DFlash chain" in v.tree_b.layout.title.text
-    for tab in ui.run_rounds(host, tab, *sampled_args(temperature=0), *NO_CHAT, *COMPARE):
+    for tab in actions.run_rounds(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT, **COMPARE)):
         pass
     assert tab.session.done and tab.other.done
-    assert ui.rounds_shown(tab) == max(len(tab.trace.steps), len(tab.other_trace.steps))
-    v = ui.render_views(host, tab)
+    assert rounds_shown(tab) == max(len(tab.trace.steps), len(tab.other_trace.steps))
+    v = render_views(host, tab)
     assert "identical to greedy" in v.compare and v.compare.count("identical to greedy") == 2
     path = tmp_path / "compare.json"
-    ui.saved_trace(tab).save(path)
-    replay = ui.load_replay(ui.TabState(), str(path))
-    again = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), replay)  # no model
+    actions.saved_trace(tab).save(path)
+    replay = actions.load_replay(TabState(), str(path))
+    again = render_views(ModelHost(None, None, "float32", "cpu"), replay)  # no model
     assert again.compare == v.compare and again.rounds == v.rounds and again.tree_b is not None
     # off again: B is dropped
-    tab = ui.step(host, ui.TabState(), *sampled_args(temperature=0))
-    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, False, 4, 8, "dflash", "exact", "same", "same")
-    assert tab.other is None and ui.render_views(host, tab).tree_b is None
+    tab = actions.step(host, TabState(), settings(host, **sampled_args(temperature=0)))
+    tab = actions.step(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT,
+                                                   **{**COMPARE, "compare_on": False}))
+    assert tab.other is None and render_views(host, tab).tree_b is None
 
 
 def test_compare_naive_and_another_dtype(host):
-    tab = ui.TabState()
-    naive = (True, 8, 8, "ddtree", "naive (known-wrong: flattened tree)", "same", "bfloat16")
-    tab = ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, *naive)
+    tab = TabState()
+    naive = dict(COMPARE, compare_budget=8, compare_method="ddtree",
+                 compare_verify="naive (known-wrong: flattened tree)", compare_dtype="bfloat16")
+    tab = actions.step(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT, **naive))
     assert tab.other.verify == "naive" and str(tab.other.pair.dtype) == "torch.bfloat16"
     assert tab.other.pair is host.pair_for("bfloat16")  # loaded once
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert "NAIVE" in v.tree_b.layout.title.text and "bfloat16" in v.status
     with pytest.raises(InputError, match="dtype"):
-        ui.step(host, tab, *sampled_args(temperature=0), *NO_CHAT, True, 8, 8, "ddtree", "exact", "same", "float64")
+        actions.step(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT,
+                                         **dict(COMPARE, compare_budget=8, compare_method="ddtree",
+                                                compare_dtype="float64")))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -269,7 +285,7 @@ def test_served_app_steps_and_reports_errors_over_http(model_dirs):
 
 
 def test_app_binds_localhost_and_does_not_share_by_default():
-    from ddtree_viz import web as app
+    from ddtree_viz.page.web import app
 
     args_ = app.build_parser().parse_args([])
     assert args_.host == "127.0.0.1" and args_.share is False
@@ -278,18 +294,18 @@ def test_app_binds_localhost_and_does_not_share_by_default():
 def test_runner_engine_for_exact_rounds(model_dirs, host):
     """app.py --engine runner: exact rounds go through the static runner with the same records; naive rounds
     stay on transformers' forward."""
-    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
     fast.start(background=False)
     assert "runner engine" in fast.status_markdown()
-    tab, ref = ui.TabState(), ui.TabState()
+    tab, ref = TabState(), TabState()
     for _ in range(3):
-        tab = ui.step(fast, tab, *args())
-        ref = ui.step(host, ref, *args())
+        tab = actions.step(fast, tab, settings(fast))
+        ref = actions.step(host, ref, settings(host))
     assert tab.session.engine == "runner" and ref.session.engine == "transformers"
     assert [r.accepted for r in tab.trace.steps] == [r.accepted for r in ref.trace.steps]
     assert tab.trace.output_ids == ref.trace.output_ids
-    assert "identical to greedy" in ui.render_views(fast, tab).diff_html
-    naive = ui.step(fast, ui.TabState(), *args(verify="naive (known-wrong: flattened tree)"))
+    assert "identical to greedy" in render_views(fast, tab).diff_html
+    naive = actions.step(fast, TabState(), settings(fast, verify="naive (known-wrong: flattened tree)"))
     assert naive.session.engine == "transformers"
 
 
@@ -297,8 +313,7 @@ SAMPLING = dict(temperature=1.0, top_p=0.9, top_k=20, seed=4)
 
 
 def sampled_args(**over):
-    s = {**SETTINGS, **SAMPLING, **over}
-    return args(**s) + [s[k] for k in ("temperature", "top_p", "top_k", "seed")]
+    return {**SAMPLING, **over}
 
 
 def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
@@ -308,28 +323,28 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
     from ddtree_viz.engine.sampling import Sampler
     from ddtree_viz.engine.session import greedy_decode
 
-    tab = ui.TabState()
-    for tab in ui.run_rounds(host, tab, *sampled_args(max_new_tokens=16)):
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host, **sampled_args(max_new_tokens=16))):
         pass
     pair = host.pair
     ids = pair.tokenizer(SETTINGS["prompt"], add_special_tokens=False)["input_ids"]
     reference = greedy_decode(pair.target, ids, 16, pair.eos_token_ids, Sampler(1.0, 20, 0.9, 4)).ids
     assert tuple(tab.session.generated) == reference
-    v = ui.render_views(host, tab)
+    v = render_views(host, tab)
     assert "sampling (T 1, top-k 20, top-p 0.9, seed 4)" in v.status
     assert "--temperature 1 --top-k 20 --top-p 0.9 --seed 4" in v.status
     assert "identical to sampled reference for 16 tokens" in v.diff_html
     hover = " ".join(str(h) for trace in v.tree.data for h in (trace.hovertext or ()))
     assert "target sample: id" in hover and "(p 0." in hover and "its sample, p" in hover
     first = tab.session
-    tab = ui.step(host, tab, *sampled_args(max_new_tokens=16, seed=5))
+    tab = actions.step(host, tab, settings(host, **sampled_args(max_new_tokens=16, seed=5)))
     assert tab.session is not first and tab.session.sampler.seed == 5 and tab.view == 0
     path = tmp_path / "sampled.json"
     tab.trace.save(path)
-    replay = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), ui.load_replay(ui.TabState(), str(path)))
+    replay = render_views(ModelHost(None, None, "float32", "cpu"), actions.load_replay(TabState(), str(path)))
     assert "replay" in replay.status and "seed 5" in replay.status and "--seed 5" in replay.status
-    seeds = {ui.new_seed() for _ in range(20)}
-    assert len(seeds) > 1 and all(0 <= s <= ui.MAX_SEED for s in seeds)
+    seeds = {actions.new_seed() for _ in range(20)}
+    assert len(seeds) > 1 and all(0 <= s <= MAX_SEED for s in seeds)
 
 
 @pytest.mark.parametrize("over, words", [
@@ -341,7 +356,7 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
 ])
 def test_bad_sampling_inputs_are_clear_errors(host, over, words):
     with pytest.raises(InputError, match=words):
-        ui.step(host, ui.TabState(), *sampled_args(**over))
+        actions.step(host, TabState(), settings(host, **sampled_args(**over)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -357,7 +372,7 @@ def _run_in_thread(host, tab, **over):
     started = threading.Event()
 
     def go():
-        for t in ui.run_rounds(host, tab, *args(**over)):
+        for t in actions.run_rounds(host, tab, settings(host, **over)):
             shown.append(len(t.trace.steps) if t.trace is not None else 0)
             started.set()
         started.set()
@@ -370,23 +385,23 @@ def _run_in_thread(host, tab, **over):
 
 def test_reset_during_run_stops_it_within_one_round(host):
     """Reset was undone: the Run held its own copy of the tab, carried on to the end and showed it again."""
-    tab = ui.TabState()
+    tab = TabState()
     # 'import sys' runs 500 tokens before the tiny target's end of text ('def f(x):' ends after 42, so a fast
     # engine could finish the whole Run before the Reset and the bound below would not say anything)
     thread, shown = _run_in_thread(host, tab, prompt="import sys\n", max_new_tokens=500, budget=1)
-    ui.reset(tab)
+    actions.reset(tab)
     at_reset = len(shown)
     thread.join(60)
     assert not thread.is_alive()
     assert len(shown) <= at_reset + 1 < 400  # at most the round already under way; far from the end
     assert tab.trace is None and tab.session is None
-    assert "Type a prompt" in ui.render_views(host, tab).status
+    assert "Type a prompt" in render_views(host, tab).status
 
 
 def test_a_new_prompt_stops_a_run_within_one_round(host):
-    tab = ui.TabState()
+    tab = TabState()
     thread, shown = _run_in_thread(host, tab, prompt="import sys\n", max_new_tokens=500, budget=1)
-    ui.step(host, tab, *args(prompt="class Point:\n"))
+    actions.step(host, tab, settings(host, prompt="class Point:\n"))
     at_step = len(shown)
     thread.join(60)
     assert not thread.is_alive() and len(shown) <= at_step + 1 < 400
@@ -395,14 +410,14 @@ def test_a_new_prompt_stops_a_run_within_one_round(host):
 
 def test_run_on_a_finished_session_leaves_the_tab_as_it_was(host):
     """Run on a finished session yielded nothing, which blanked the whole page."""
-    tab = ui.TabState()
-    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=6)):
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host, max_new_tokens=6)):
         pass
     before, view = tab.trace, tab.view
     with pytest.raises(InputError, match="finished"):
-        next(ui.run_rounds(host, tab, *args(max_new_tokens=6)))
+        next(actions.run_rounds(host, tab, settings(host, max_new_tokens=6)))
     assert tab.trace is before and tab.view == view
-    assert "Finished" in ui.render_views(host, tab).status
+    assert "Finished" in render_views(host, tab).status
 
 
 def test_model_turns_are_granted_in_order():
@@ -410,7 +425,7 @@ def test_model_turns_are_granted_in_order():
     queues behind a Step that was already waiting."""
     import threading
 
-    lock, order = ui.FairLock(), []
+    lock, order = FairLock(), []
     lock.__enter__()
     waiting = []
     for name in ("step of tab B", "run of tab A, next round"):
@@ -431,13 +446,13 @@ def test_replay_of_a_trace_with_no_rounds_says_so(tmp_path):
     session.prefill("a")
     path = tmp_path / "zero.json"
     session.to_trace().save(path)
-    tab = ui.load_replay(ui.TabState(), str(path))
-    status = ui.render_views(ui.ModelHost(None, None, "float32", "cpu"), tab).status
+    tab = actions.load_replay(TabState(), str(path))
+    status = render_views(ModelHost(None, None, "float32", "cpu"), tab).status
     assert "no rounds" in status and "Type a prompt" not in status
 
 
 def test_replay_mode_says_no_model_rather_than_a_failed_load():
-    host = ui.ModelHost(None, None, "float32", "cpu")
+    host = ModelHost(None, None, "float32", "cpu")
     host.replay_only = True
     assert "Replay mode (no model)" in host.status_markdown() and "failed" not in host.status_markdown()
     with pytest.raises(ModelLoadError, match="replay mode \\(no model\\)"):
@@ -445,16 +460,16 @@ def test_replay_mode_says_no_model_rather_than_a_failed_load():
 
 
 def test_a_tab_that_goes_away_is_freed_with_its_files(host, tmp_path):
-    tab = ui.step(host, ui.TabState(), *args())
+    tab = actions.step(host, TabState(), settings(host))
     folder = tab.new_folder("trace")
     (folder / "t.json").write_text("{}")
     again = tab.new_folder("trace")  # a second download replaces the first
     assert again == folder and not (folder / "t.json").exists()
-    tabs = ui.Tabs()
+    tabs = Tabs()
     tabs.add("session-1", tab)
     assert tabs.close("session-1") and not tabs.close("session-1")
     assert tab.trace is None and tab.session is None and not folder.exists()
-    ui.free_tab(ui.TabState())  # gradio's delete_callback: nothing to free is fine
+    free_tab(TabState())  # gradio's delete_callback: nothing to free is fine
 
 
 def test_served_page_interleaves_tabs_reset_stops_run_and_hides_server_paths(model_dirs, tmp_path):
@@ -578,16 +593,16 @@ def test_step_shows_the_round_first_and_the_check_follows(model_dirs):
     covers only what the reference has reached until then, and everything after. A new prompt with the same
     settings keeps the tab's engines (the runner and the reference's runner: no new state, no graph capture).
     The check against transformers' forward reports agreement and its own time."""
-    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
     fast.start(background=False)
-    tab = ui.step(fast, ui.TabState(), *args(), check=False)
-    tab = ui.step(fast, tab, *args(), check=False)
+    tab = actions.step(fast, TabState(), settings(fast), check=False)
+    tab = actions.step(fast, tab, settings(fast), check=False)
     trace = tab.trace
     assert trace.reference_pending and len(trace.greedy_ids) < len(trace.output_ids)
-    v = ui.render_views(fast, tab)
+    v = render_views(fast, tab)
     assert "Checking against the reference" in v.status and "checked so far" in v.diff_html
     assert "not checked against the greedy reference yet" in v.diff_html
-    checked = ui.render_check(fast, ui.check(fast, tab))
+    checked = render_check(fast, actions.check(fast, tab))
     assert not tab.trace.reference_pending and tab.trace.greedy_ids == tab.trace.output_ids
     assert "identical to greedy for" in checked.diff_html and "Checking" not in checked.status
     assert "the runner (one-node trees on a second static runner)" in checked.stats
@@ -595,25 +610,25 @@ def test_step_shows_the_round_first_and_the_check_follows(model_dirs):
     engine, reference, runners = (tab.session.target_engine, tab.session.reference_engine,
                                   (tab.session.target_engine.runner, tab.session.reference_engine.runner))
     first = tab.session
-    tab = ui.step(fast, tab, *args(prompt="class Point:\n"), check=False)
+    tab = actions.step(fast, tab, settings(fast, prompt="class Point:\n"), check=False)
     assert tab.session is not first and tab.session.target_engine is engine
     assert tab.session.reference_engine is reference
     assert (engine.runner, reference.runner) == runners
-    tab = ui.check_transformers(fast, tab)
+    tab = actions.check_transformers(fast, tab)
     assert "**agrees**" in tab.independent and "ms in all" in tab.independent
-    assert "agrees with it" in tab.independent and tab.independent in ui.render_check(fast, tab).stats
-    tab = ui.step(fast, tab, *args(prompt="class Point:\n", budget=4))  # other settings: new engines
+    assert "agrees with it" in tab.independent and tab.independent in render_check(fast, tab).stats
+    tab = actions.step(fast, tab, settings(fast, prompt="class Point:\n", budget=4))  # other settings: new engines
     assert tab.session.target_engine is not engine and tab.independent == ""
 
 
 def test_a_divergence_on_the_page_carries_its_verdict(host):
     """Naive verification on the hybrid: the comparison names the first divergence and its verdict (the run's
     measured noise is far below greedy's margin there), and the statistics say so too."""
-    tab = ui.TabState()
-    naive = args(prompt="def f(x):\n", verify="naive (known-wrong: flattened tree)", max_new_tokens=40, budget=16)
-    for tab in ui.run_rounds(host, tab, *naive, check=False):
+    tab = TabState()
+    naive = dict(prompt="def f(x):\n", verify="naive (known-wrong: flattened tree)", max_new_tokens=40, budget=16)
+    for tab in actions.run_rounds(host, tab, settings(host, **naive), check=False):
         pass
-    v = ui.render_check(host, ui.check(host, tab))
+    v = render_check(host, actions.check(host, tab))
     assert tab.trace.divergence_verdict == "mismatch"
     assert "beyond numerical noise: mismatch (margin" in v.diff_html and "beyond numerical noise" in v.stats
 
@@ -626,14 +641,15 @@ def test_a_divergence_on_the_page_carries_its_verdict(host):
 @pytest.fixture(scope="module")
 def chat_host(tmp_path_factory):
     target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
-    h = ui.ModelHost(str(target), str(draft), "float32", "cpu")
+    h = ModelHost(str(target), str(draft), "float32", "cpu")
     h.start(background=False)
     assert h.ready, h.error
     return h
 
 
 def chat_args(chat=True, system="", thinking=True, **over):
-    return sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0, **over) + [chat, system, thinking]
+    return {**sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0, **over), "chat": chat, "system": system,
+            "thinking": thinking}
 
 
 def test_chat_template_switch_system_and_thinking(chat_host):
@@ -645,30 +661,35 @@ def test_chat_template_switch_system_and_thinking(chat_host):
     assert chat_host.has_chat_template and chat_host.takes_thinking
     assert "chat template: yes, with a thinking switch" in chat_host.status_markdown()
     hostile = "Say <script>alert(1)</script> & stop"
-    tab = ui.step(chat_host, ui.TabState(), *chat_args(prompt=hostile, system="Be brief.", thinking=False))
+    tab = actions.step(chat_host, TabState(),
+                       settings(chat_host, **chat_args(prompt=hostile, system="Be brief.", thinking=False)))
     expected = encode(chat_host.pair.tokenizer, PromptSpec(text=hostile, chat=True, system="Be brief.", thinking=False))
     assert tuple(tab.session.prompt_ids) == expected.ids
-    v = ui.render_views(chat_host, tab)
+    v = render_views(chat_host, tab)
     assert '<b class="ddv-special">&lt;|im_start|&gt;</b>' in v.prompt and "&lt;/think&gt;" in v.prompt
     assert "<script" not in v.prompt and "&lt;script&gt;" in v.prompt
     assert "chat template on: 2 messages (system, user), thinking off" in v.prompt
     assert tab.trace.chat_template and tab.trace.thinking is False and tab.trace.messages[0]["content"] == "Be brief."
     first = tab.session
-    tab = ui.step(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True))
+    tab = actions.step(chat_host, tab, settings(chat_host, **chat_args(prompt=hostile, system="Be brief.",
+                                                                       thinking=True)))
     assert tab.session is not first and tab.session.prompt_ids != list(expected.ids)
-    for tab in ui.run_rounds(chat_host, tab, *chat_args(prompt=hostile, system="Be brief.", thinking=True)):
+    for tab in actions.run_rounds(chat_host, tab, settings(chat_host, **chat_args(prompt=hostile, system="Be brief.",
+                                                                                  thinking=True))):
         pass
-    assert "identical to greedy" in ui.render_views(chat_host, tab).diff_html
+    assert "identical to greedy" in render_views(chat_host, tab).diff_html
     # chat off: the same box is raw text; the system message is not used
-    raw = ui.step(chat_host, ui.TabState(), *chat_args(chat=False, prompt="def f():", system="ignored"))
-    assert raw.session.prompt == "def f():" and "raw text (no chat template)" in ui.render_views(chat_host, raw).prompt
+    raw = actions.step(chat_host, TabState(),
+                       settings(chat_host, **chat_args(chat=False, prompt="def f():", system="ignored")))
+    assert raw.session.prompt == "def f():" and "raw text (no chat template)" in render_views(chat_host, raw).prompt
 
 
 def test_chat_template_off_and_refused_without_a_template(host):
     assert not host.has_chat_template and "no chat template" in host.status_markdown()
     with pytest.raises(InputError, match="no chat template"):
-        ui.step(host, ui.TabState(), *chat_args(chat=True))
-    tab = ui.step(host, ui.TabState(), *chat_args(chat=False, thinking=False))  # thinking unused without chat
+        actions.step(host, TabState(), settings(host, **chat_args(chat=True)))
+    # thinking unused without chat
+    tab = actions.step(host, TabState(), settings(host, **chat_args(chat=False, thinking=False)))
     assert tab.trace.chat_template is False and tab.trace.thinking is None
 
 
@@ -677,9 +698,9 @@ def test_chat_template_off_and_refused_without_a_template(host):
 
 
 def test_page_threads_leave_a_core_to_the_server_and_browser():
-    assert ui.cpu_threads("cpu", cores=2) == 1 and ui.cpu_threads("cpu", cores=1) == 1
-    assert ui.cpu_threads("cpu", cores=16) == 15 and ui.cpu_threads("cuda", cores=16) == 1
-    from ddtree_viz import web
+    assert cpu_threads("cpu", cores=2) == 1 and cpu_threads("cpu", cores=1) == 1
+    assert cpu_threads("cpu", cores=16) == 15 and cpu_threads("cuda", cores=16) == 1
+    from ddtree_viz.page.web import app as web
 
     parsed = web.build_parser().parse_args([])
     assert parsed.engine == "auto" and parsed.threads is None
@@ -688,24 +709,25 @@ def test_page_threads_leave_a_core_to_the_server_and_browser():
 def test_default_engine_on_the_page_is_auto_and_named(model_dirs):
     """Issue #17, point 4: the page runs exact rounds on the fastest exact engine (auto: the runner on a hybrid), says
     so, and names the engine that ran in the stats; naive rounds stay on transformers."""
-    auto = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
+    auto = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
     auto.start(background=False)
     assert auto.engine == "auto" and auto.exact_engine == "runner"
     assert "exact rounds on the runner engine (auto: the fastest exact engine" in auto.status_markdown()
-    tab = ui.step(auto, ui.TabState(), *args())
+    tab = actions.step(auto, TabState(), settings(auto))
     assert tab.session.engine == "runner"
-    v = ui.render_views(auto, tab)
+    v = render_views(auto, tab)
     assert "| engine | runner |" in v.stats
-    assert ui.step(auto, ui.TabState(), *args(verify="naive (known-wrong: flattened tree)")).session.engine == "transformers"
+    assert actions.step(auto, TabState(),
+                        settings(auto, verify="naive (known-wrong: flattened tree)")).session.engine == "transformers"
 
 
 def test_stats_say_what_each_time_measures(host):
     """Issue #17, point 3: engine time per round, the Step's wall time on the server split into its parts, and both
     tokens/s measured the same way (model time only)."""
-    tab = ui.TabState()
+    tab = TabState()
     for _ in range(2):
-        tab = ui.step(host, tab, *args())
-    stats = ui.render_views(host, tab).stats
+        tab = actions.step(host, tab, settings(host))
+    stats = render_views(host, tab).stats
     for label in ("engine time per round, mean (draft + tree + verify + commit)",
                   "greedy tokens/s (the reference's model time, prefill included)",
                   "DDTree tokens/s (engine time, prefill included)",
@@ -721,34 +743,34 @@ def test_greedy_and_ddtree_tokens_per_second_count_the_prefill_alike(model_dirs)
     """The page's speed ratio on the runner: the reference starts from a copy of the session's prefilled state, so
     its own time has no prefill; the page counts the session's prefill on the greedy side too (DDTree's figure has
     it), and shows no greedy figure while the check is still to come (it read 0.0 tokens/s after a Run)."""
-    fast = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
+    fast = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="runner")
     fast.start(background=False)
-    tab = ui.step(fast, ui.TabState(), *args(), check=False)
-    tab = ui.step(fast, tab, *args(), check=False)
+    tab = actions.step(fast, TabState(), settings(fast), check=False)
+    tab = actions.step(fast, tab, settings(fast), check=False)
     assert tab.trace.reference_pending
-    pending = ui.render_views(fast, tab).stats
+    pending = render_views(fast, tab).stats
     assert "| greedy tokens/s (the reference's model time, prefill included) | – |" in pending
     assert "| speedup over greedy (both model time only, none of the page's own work) | – |" in pending
-    tab = ui.check(fast, tab)
+    tab = actions.check(fast, tab)
     assert tab.session.reference_shares_prefill and not tab.trace.reference_pending
     greedy = len(tab.trace.greedy_ids) / (tab.greedy_s + tab.trace.prefill_ms / 1e3)
-    stats = ui.render_views(fast, tab).stats
+    stats = render_views(fast, tab).stats
     assert f"| greedy tokens/s (the reference's model time, prefill included) | {greedy:.1f} |" in stats
-    reference = ui.ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
+    reference = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu", engine="transformers")
     reference.start(background=False)
-    tab = ui.step(reference, ui.TabState(), *args())  # transformers' reference makes its own prefill
+    tab = actions.step(reference, TabState(), settings(reference))  # transformers' reference makes its own prefill
     assert not tab.trace.reference_pending and not tab.session.reference_shares_prefill
     greedy = len(tab.trace.greedy_ids) / tab.greedy_s
     assert f"| greedy tokens/s (the reference's model time, prefill included) | {greedy:.1f} |" in (
-        ui.render_views(reference, tab).stats)
+        render_views(reference, tab).stats)
 
 
 def test_run_redraws_at_a_bounded_rate_and_the_reference_keeps_up(host):
     """Run with min_interval: fewer redraws than rounds, the last one finished, and every redraw's records carry
     the greedy reference up to the tokens generated so far."""
-    every = list(t.view for t in ui.run_rounds(host, ui.TabState(), *args(max_new_tokens=24)))
-    tab, seen = ui.TabState(), []
-    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=24), min_interval=3600):
+    every = list(t.view for t in actions.run_rounds(host, TabState(), settings(host, max_new_tokens=24)))
+    tab, seen = TabState(), []
+    for tab in actions.run_rounds(host, tab, settings(host, max_new_tokens=24), min_interval=3600):
         seen.append(len(tab.trace.steps))
         assert len(tab.trace.greedy_ids) == len(tab.trace.output_ids)
     assert seen == [len(every)] and tab.session.done  # one redraw: at the end
@@ -758,21 +780,21 @@ def test_run_redraws_at_a_bounded_rate_and_the_reference_keeps_up(host):
 def test_long_session_views_are_cached_per_round_and_bounded(host):
     """Issue #17, point 5: a round's views are built once per tab (scrubbing back reuses them), the disagreement
     table shows at most DIVERGENCE_ROUNDS rounds, and the session's records are not re-walked per Step."""
-    tab = ui.TabState()
-    for tab in ui.run_rounds(host, tab, *args(max_new_tokens=48, budget=4, block_size=3)):
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host, max_new_tokens=48, budget=4, block_size=3)):
         pass
     n = len(tab.trace.steps)
-    assert n > ui.DIVERGENCE_ROUNDS + 2
-    v = ui.render_views(host, tab)
-    assert v.divergence.count("<tr>") == ui.DIVERGENCE_ROUNDS + 1  # header + the last 20 rounds
-    assert f"rounds {n - ui.DIVERGENCE_ROUNDS + 1}–{n} of {n}" in v.divergence
-    tab = ui.move(tab, to=3)
-    first = ui.render_views(host, tab)
+    assert n > DIVERGENCE_ROUNDS + 2
+    v = render_views(host, tab)
+    assert v.divergence.count("<tr>") == DIVERGENCE_ROUNDS + 1  # header + the last 20 rounds
+    assert f"rounds {n - DIVERGENCE_ROUNDS + 1}–{n} of {n}" in v.divergence
+    tab = actions.move(tab, to=3)
+    first = render_views(host, tab)
     assert first.divergence.count("<tr>") == 5 and "scrub back" not in first.divergence
-    again = ui.render_views(host, ui.move(tab, to=3))
+    again = render_views(host, actions.move(tab, to=3))
     assert again.tree_spec is first.tree_spec and again.cache_html is first.cache_html  # built once
-    assert ui.render_views(host, tab, "drafted").tree_spec is not first.tree_spec
-    assert len(tab.views.rounds) <= ui.ROUND_VIEW_CACHE
+    assert render_views(host, tab, "drafted").tree_spec is not first.tree_spec
+    assert len(tab.views.rounds) <= ROUND_VIEW_CACHE
     s = tab.session  # the trace's token texts, gathered round by round, name every id the records hold
     ids = set(s.prompt_ids) | set(s.generated) | set(tab.trace.greedy_ids)
     for r in s.history:

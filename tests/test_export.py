@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_viz import cli, ui
+from ddtree_viz import cli
+from ddtree_viz.page import actions
+from ddtree_viz.page.host import ModelHost
+from ddtree_viz.page.state import TabState, read_settings
+from ddtree_viz.page.views import render_views
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError, TraceError
@@ -551,9 +555,9 @@ def test_mask_and_acceptance_export_in_every_format(trace, k, fmt):
 
 def test_export_agrees_with_the_page(trace, k):
     """Positions, roles, labels and the colour range of the export are those of the page's tree figure."""
-    no_model = ui.ModelHost(None, None, "float32", "cpu")
-    tab = ui.TabState(trace=trace, view=k - 1, replay=True)
-    page = ui.render_views(no_model, tab, "verified").tree
+    no_model = ModelHost(None, None, "float32", "cpu")
+    tab = TabState(trace=trace, view=k - 1, replay=True)
+    page = render_views(no_model, tab, "verified").tree
     data = json.loads(ex.export_figure(trace, k, "json"))["tree"]
     from_page = {}
     for t in page.data:
@@ -661,7 +665,7 @@ def test_cli_bad_trace_files_exit_2(bad_traces, tmp_path, capsys, monkeypatch, w
     assert cli.main(["export", "--trace", path, "--out", str(tmp_path / "f.svg")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and words in err
-    from ddtree_viz import web
+    from ddtree_viz.page.web import app as web
 
     monkeypatch.setattr(web, "main", lambda argv: pytest.fail("a server must not start for a bad trace"))
     assert cli.main(["replay", path]) == 2
@@ -703,7 +707,7 @@ def test_replay_launches_the_app_with_the_trace(trace_file, monkeypatch):
             seen["argv"] = argv
             return 0
 
-    from ddtree_viz import web as app  # the real web UI (app.py's page)
+    from ddtree_viz.page.web import app  # the real web UI (app.py's page)
 
     monkeypatch.setattr(app, "main", FakeApp.main)
     assert cli.main(["replay", str(trace_file), "--port", "7999", "--host", "127.0.0.1"]) == 0
@@ -725,24 +729,26 @@ def test_saved_trace_replays_the_live_sessions_records(session, tmp_path):
 
 
 def test_replay_renders_every_round_as_live(pair, tmp_path):
-    host = ui.ModelHost(None, None, "float32", "cpu")
+    host = ModelHost(None, None, "float32", "cpu")
     host.pair, host.stage = pair, "ready"
-    tab = ui.TabState()
-    for tab in ui.run_rounds(host, tab, PROMPT, 8, 8, 12, "exact", "ddtree"):
+    tab = TabState()
+    settings = read_settings(host, dict(prompt=PROMPT, budget=8, block_size=8, max_new_tokens=12, verify="exact",
+                                        method="ddtree"))
+    for tab in actions.run_rounds(host, tab, settings):
         pass
     path = tmp_path / "t.json"
     tab.trace.save(path)
-    no_model = ui.ModelHost(None, None, "float32", "cpu")  # never started: nothing loaded
-    replay = ui.load_replay(ui.TabState(), str(path))
+    no_model = ModelHost(None, None, "float32", "cpu")  # never started: nothing loaded
+    replay = actions.load_replay(TabState(), str(path))
     assert replay.trace == tab.trace and replay.view == tab.view
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     n = len(tab.trace.steps)
     for k in range(n):
-        tab = ui.move(tab, to=k)
-        replay = ui.move(replay, to=k)
+        tab = actions.move(tab, to=k)
+        replay = actions.move(replay, to=k)
         for phase in ("verified", "drafted"):
-            live, again = ui.render_views(host, tab, phase), ui.render_views(no_model, replay, phase)
+            live, again = render_views(host, tab, phase), render_views(no_model, replay, phase)
             assert (again.rounds, again.view) == (live.rounds, live.view) == (n, k)
             assert again.cache_rows == live.cache_rows
             assert again.diff_html == live.diff_html

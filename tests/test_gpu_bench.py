@@ -82,8 +82,8 @@ def test_gpu_bench_smoke_split(tmp_path):
 
 
 def test_gpu_bench_smoke_ui(tmp_path):
-    """--ui: the page's Step through ui.step + ui.render_views on the runner, its check against the reference,
-    the first Step after a new prompt against the prefill, and the bare round, with the issue #13 targets."""
+    """--ui: the page's Step through page.actions.step + page.views.render_views on the runner, its check against the
+    reference, the first Step after a new prompt against the prefill, and the bare round, with the issue #13 targets."""
     report = _bench(tmp_path, "--ui", "--skip-speed", "--dtype", "float32", "--ui-prompt-tokens", "200",
                     "--ui-steps", "4")
     ui = report["ui"]

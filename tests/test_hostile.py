@@ -23,7 +23,10 @@ from pathlib import Path
 import pytest
 
 from ddtree_viz import trace as T
-from ddtree_viz import ui
+from ddtree_viz.page.host import ModelHost
+from ddtree_viz.page.state import TabState
+from ddtree_viz.page.views import render_views
+from ddtree_viz.render.layout import PHASES
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.sampling import Sampler
 from ddtree_viz.engine.session import DecodeSession, greedy_decode
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CASE_SECONDS = 30.0  # a bound no case may pass (the largest rounds, every export, on a slow shared CI machine)
 CASE_BYTES = 1_500_000_000  # how far one case may raise the process's resident memory above where it started
 VIEW_BYTES = 16_000_000  # what the page would send for one round's views (JSON of every figure and HTML)
-NO_MODEL = ui.ModelHost(None, None, "float32", "cpu")  # replay: no model, as the page in replay mode
+NO_MODEL = ModelHost(None, None, "float32", "cpu")  # replay: no model, as the page in replay mode
 HOSTILE_TEXT = ['say "hi"', "it's", "a & b", "&quot;", "&amp;lt;", "<br>", "x<br>y", "<b>bold</b>",
                 "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "%{y}", "$x^2$", "\\end{document}",
                 "#%&~_^{}", "\x00\x07\x1b[31m\x7f", "\u202eevil", "zero\u200bwidth", "\ufeffbom", "\uffff\ufffe",
@@ -152,11 +155,11 @@ def render_everything(trace: Trace, level: str) -> None:
     round at the size limits): the views, JSON, TikZ, the HTML export's figure, and SVG within
     export.MAX_FIGURE_POSITIONS (past it a clear InputError)."""
     rounds = sorted({0, len(trace.steps) - 1}) if trace.steps else []
-    tab = ui.TabState(trace=trace, replay=True)
+    tab = TabState(trace=trace, replay=True)
     for k in rounds or [0]:
-        for phase in ui.PHASES if level == "full" else ("verified",):
+        for phase in PHASES if level == "full" else ("verified",):
             tab.view = k
-            v = ui.render_views(NO_MODEL, tab, phase)
+            v = render_views(NO_MODEL, tab, phase)
             sent = 0
             for fig in (v.tree, v.mask, v.cache_chart, v.acceptance):
                 if fig is not None:
@@ -729,7 +732,7 @@ def test_page_error_messages_are_escaped():
     """gradio renders an error's message as HTML; messages quote user input (a file name, a prompt's character, a
     trace's field), so markup in them must show as text."""
     from ddtree_viz.errors import InputError
-    from ddtree_viz.web import _page_error
+    from ddtree_viz.page.web.wiring import page_error as _page_error
 
     hostile = 'cannot read trace file <img src=x onerror="alert(1)">.json & more'
     for exc in (InputError(hostile), ValueError(hostile), RuntimeError("CUDA out of memory <b>x</b>")):

@@ -31,7 +31,7 @@ def test_pyproject_dependencies_are_the_requirements_pins():
 
 
 def test_app_subcommand_hands_its_options_to_the_web_parser(monkeypatch):
-    from ddtree_viz import web
+    from ddtree_viz.page.web import app as web
 
     seen = {}
     monkeypatch.setattr(web, "main", lambda argv, prog="app.py": seen.update(argv=argv, prog=prog) or 0)

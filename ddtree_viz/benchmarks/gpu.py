@@ -834,14 +834,17 @@ def ui_prompt(tokens: int, salt: int = 0) -> str:
 @torch.no_grad()
 def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 64, prompt_len: int = 600,
              steps: int = 12) -> dict:
-    """The web page's Step at real shapes: ui.step (the round, records, trace) + ui.render_views (every view)
+    """The web page's Step at real shapes: actions.step (the round, records, trace) + render_views (every view)
     through a ModelHost on the runner engine, as `app.py --engine runner` runs it; the page then checks the
-    round against the reference (ui.check + ui.render_check), timed apart. Next to them: the first Step after a
+    round against the reference (actions.check + render_check), timed apart. Next to them: the first Step after a
     new prompt (in a fresh tab: engines built and CUDA graphs captured; and in a tab that has run: its engines
     kept) against that session's prefill, and the bare round (DecodeSession.step alone, no records, as
     `--fast` times it). Targets (issue #13): a Step <= 1.3x the bare round + 10 ms; the first Step after a new
     prompt <= 2x its prefill."""
-    from .. import ui
+    from ..page import actions
+    from ..page.host import ModelHost
+    from ..page.state import TabState, read_settings
+    from ..page.views import render_check, render_views
     from ..engine.cache import cache_layout
     from ..engine.engines import warm_runner
     from ..engine.session import DecodeSession
@@ -854,31 +857,32 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     build_s = time.perf_counter() - t0
     sync = device_sync(target, drafter)
     pair = pair_of(bench, target, drafter, dtype)
-    host = ui.ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
+    host = ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
     host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"
     host.warmup_s = warm_runner(target)  # what the page's load does (ModelHost._load): the compile, before any Step
     block = drafter.block_size
     max_new = (steps + 4) * block  # room for every round below, however much they accept
-    settings = lambda prompt: [prompt, budget, block, max_new, "exact", "ddtree"]  # noqa: E731
+    controls = lambda prompt: dict(prompt=prompt, budget=budget, block_size=block, max_new_tokens=max_new,  # noqa: E731
+                                   verify="exact", method="ddtree")  # the Step tab's, by name
 
     def ui_step(tab, prompt):
         """(step ms, render ms) of one page Step: the round shown, the check left for after."""
         s = time.perf_counter()
-        ui.step(host, tab, *settings(prompt), check=False)
+        actions.step(host, tab, read_settings(host, controls(prompt)), check=False)
         sync()
         m = time.perf_counter()
-        ui.render_views(host, tab)
+        render_views(host, tab)
         return (m - s) * 1e3, (time.perf_counter() - m) * 1e3
 
     def ui_check(tab):
         s = time.perf_counter()
-        ui.render_check(host, ui.check(host, tab))
+        render_check(host, actions.check(host, tab))
         sync()
         return (time.perf_counter() - s) * 1e3
 
     out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "budget": budget,
                  "prompt_tokens": prompt_len, "steps": steps, "build_s": build_s, "load_warmup_s": host.warmup_s}
-    tab = ui.TabState()
+    tab = TabState()
     step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 0))  # a fresh tab: engines made, graphs captured
     out["first_step_cold_ms"] = step_ms + render_ms
     out["first_step_cold_prefill_ms"] = tab.session.prefill_ms
@@ -913,7 +917,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
 
     # the independent check (transformers' forward) over the tokens shown, its own time
     s = time.perf_counter()
-    ui.check_transformers(host, tab)
+    actions.check_transformers(host, tab)
     result, seconds = tab.session.check_transformers()
     out["independent_check"] = {"tokens": len(result.ids), "ms": seconds * 1e3,
                                 "agrees": tuple(result.ids) == tuple(tab.session.generated[:len(result.ids)]),

@@ -1,6 +1,6 @@
 """What the page costs, next to what the engine costs: `python -m ddtree_viz.benchmarks.page [--browser] [--json FILE]`.
 
-Measured side by side in one process, on the page's own code path (ddtree_viz/ui.py, what web.py's callbacks call):
+Measured side by side in one process, on the page's own code path (ddtree_viz/page/, what its callbacks call):
 
 - per round of a Step on the default prompt (64 new tokens): the round's **engine time** (draft + tree + verify +
   commit, as the records time it), the **Step's server time** without the views (the round, the greedy reference
@@ -9,14 +9,14 @@ Measured side by side in one process, on the page's own code path (ddtree_viz/ui
   comparison, the same figures built as checked plotly go.Figures and serialised by plotly (the page's path
   before issue #17): the ratio is measured in the same run, round by round.
 - a long session (max new tokens 512, block size 4 by default so that it has over 100 rounds): the Step's
-  server time (ui.step + render_views + JSON) at round 5 and at round 100.
+  server time (actions.step + render_views + JSON) at round 5 and at round 100.
 - `--browser`: the page itself, served by `python app.py` and driven in headless Chromium (Playwright, Debian's
   chromium): wall time from the click on Step until the status says the new round and the browser has drawn
   two frames, medians of rounds 2-11 and 91-100 of a 512-token session; then Run on the default prompt and the
   page's own stats table (engine time per round, greedy and DDTree tokens/s, speedup).
 
 No timed assertions anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
-page's torch threads (ui.cpu_threads) unless --threads says otherwise.
+page's torch threads (page.host.cpu_threads) unless --threads says otherwise.
 """
 
 from __future__ import annotations
@@ -27,13 +27,17 @@ import statistics
 import sys
 import time
 
-from .. import ui
+from ..options import ENGINE_CHOICES
+from ..page import actions
+from ..page.host import ModelHost, cpu_threads
+from ..page.state import TabState, read_settings
+from ..page.views import Views, render_views
 from ..prompts import DEFAULT_PROMPTS
 
-DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (web.DEFAULT_PROMPT)
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (page/web/step_tab.py: DEFAULT_PROMPT)
 
 
-def _payload_ms(views: ui.Views) -> tuple[float, int]:
+def _payload_ms(views: Views) -> tuple[float, int]:
     """Serialise the views as gradio sends them: figures through to_json, text as is. (ms, bytes)."""
     start = time.perf_counter()
     parts = [s.to_json() for s in _specs(views) if s]
@@ -42,12 +46,12 @@ def _payload_ms(views: ui.Views) -> tuple[float, int]:
     return (time.perf_counter() - start) * 1e3, sum(len(p) for p in parts)
 
 
-def _specs(views: ui.Views) -> tuple:
-    return (views.tree_spec, views.mask_spec, views.cache_spec, views.acceptance_spec, views.grid_spec,
+def _specs(views: Views) -> tuple:
+    return (views.tree_spec, views.mask_spec, views.cache_chart_spec, views.acceptance_spec, views.grid_spec,
             views.budget_spec, views.depth_spec, views.tree_b_spec)
 
 
-def _checked_ms(views: ui.Views) -> float:
+def _checked_ms(views: Views) -> float:
     """The same figures as checked plotly go.Figures, serialised by plotly (the path before issue #17)."""
     start = time.perf_counter()
     for spec in _specs(views):
@@ -56,17 +60,18 @@ def _checked_ms(views: ui.Views) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def step_figures(host: ui.ModelHost, prompt: str, budget: int, block_size: int, max_new_tokens: int,
+def step_figures(host: ModelHost, prompt: str, budget: int, block_size: int, max_new_tokens: int,
                  checked: bool = True) -> list[dict]:
-    """One ui.step per round to the end; per round: engine, step, views, json and (checked) go.Figure ms."""
-    tab, out = ui.TabState(), []
-    settings = [prompt, budget, block_size, max_new_tokens, "exact", "ddtree"]
+    """One actions.step per round to the end; per round: engine, step, views, json and (checked) go.Figure ms."""
+    tab, out = TabState(), []
+    values = dict(prompt=prompt, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens, verify="exact",
+                  method="ddtree")
     while tab.session is None or not tab.session.done:
         start = time.perf_counter()
-        tab = ui.step(host, tab, *settings)
+        tab = actions.step(host, tab, read_settings(host, values))
         step_ms = (time.perf_counter() - start) * 1e3
         start = time.perf_counter()
-        views = ui.render_views(host, tab)
+        views = render_views(host, tab)
         views_ms = (time.perf_counter() - start) * 1e3
         json_ms, nbytes = _payload_ms(views)
         row = {"round": views.view + 1, "engine_ms": sum(tab.trace.steps[-1].timings_ms.values()),
@@ -139,7 +144,7 @@ def browser_figures(args, chromium: str) -> dict:
     for opt in ("target", "draft"):
         if getattr(args, opt):
             app += [f"--{opt}", getattr(args, opt)]
-    proc = subprocess.Popen(app, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(app, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.time() + 120
@@ -209,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="block size of the long session (default 4: at most 4 tokens a round, over 100 rounds)")
     p.add_argument("--long-rounds", type=int, default=100, help="rounds to step in the long session (default 100)")
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the page's, ui.cpu_threads)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the page's, cpu_threads)")
     p.add_argument("--browser", action="store_true", help="also measure the served page in headless Chromium")
     p.add_argument("--browser-only", action="store_true", help="only the browser's figures")
     p.add_argument("--chromium", default="/usr/bin/chromium")
@@ -226,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         b.pop("step_wall_ms")
         print(json.dumps(b, indent=1))
         return 0
-    torch.set_num_threads(args.threads or ui.cpu_threads("cpu"))
-    host = ui.ModelHost(args.target, args.draft, "float32", "cpu", args.engine)
+    torch.set_num_threads(args.threads or cpu_threads("cpu"))
+    host = ModelHost(args.target, args.draft, "float32", "cpu", args.engine)
     host.start(background=False)
     if not host.ready:
         print(f"error: {host.error}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Command line: `ddtree-viz run | bench | export | replay | analyze | app` (or `python -m ddtree_viz ...`). Parse,
-call the engine, the prompt-set loop or a renderer, print; `app` starts the web UI (ddtree_viz/web.py, the options
+call the engine, the prompt-set loop or a renderer, print; `app` starts the web UI (ddtree_viz/page/web/app.py, the options
 of app.py). One module per subcommand (its parser and its command); common.py holds what several share.
 
 Every user error (a DDTreeVizError) prints `error: <message>` on stderr and exits with status 2.

@@ -1,4 +1,4 @@
-"""`app`: the web UI (ddtree_viz/web.py, the options of app.py). The web UI parses its own options (defined once,
+"""`app`: the web UI (ddtree_viz/page/web/app.py, the options of app.py). The web UI parses its own options (defined once,
 there): main() hands it every argument after `app`, `--help` included."""
 
 from __future__ import annotations
@@ -11,6 +11,6 @@ def add_parser(sub) -> None:
 
 
 def command(args) -> int:
-    from .. import web  # imports gradio: only here, so the other commands start quickly
+    from ..page.web import app as web  # imports gradio: only here, so the other commands start quickly
 
     return web.main(args.app_args, prog=f"{args.prog} app")

@@ -50,7 +50,7 @@ def command(args) -> int:
             print_compare(loaded.a, loaded.b)
         return 0
     check_port(args.host, args.port)  # before gradio loads: a port in use is a clear error, not a traceback
-    from .. import web  # imports gradio: only here, so the other commands start quickly
+    from ..page.web import app as web  # imports gradio: only here, so the other commands start quickly
 
     argv = ["--replay", str(args.trace), "--host", args.host, "--port", str(args.port)] + (["--share"] if args.share else [])
     return web.main(argv)

@@ -169,7 +169,7 @@ def token_text_of(trace: Trace):
 
 
 def page_color_range(trace: Trace) -> tuple[float, float]:
-    """The page's colour range for tree fills: min drafter log-prob over every round .. 0 (ui.render_views)."""
+    """The page's colour range for tree fills: min drafter log-prob over every round .. 0 (page.views.render_views)."""
     lps = [n.logprob for s in trace.steps for n in s.nodes[1:]]
     return (min(lps) if lps else -1.0), 0.0
 

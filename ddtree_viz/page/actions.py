@@ -1,0 +1,278 @@
+"""What the page's controls do to a tab: Step, Run, the checks, Reset, a replay, moving between rounds, the node
+inspector, the trace download and the figure export. Step and Run take a state.TabSettings (read by name from the
+controls); every session starts through DecodeSession.from_settings, here only."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+from ..compare import finished, settings_b, start_b, step_both
+from ..engine.engines import engine_for
+from ..engine.session import DecodeSession, first_divergence
+from ..errors import InputError
+from ..options import MAX_SEED, REFERENCE_NAMES
+from ..render import export as exporter
+from ..render.text import esc
+from ..trace import CompareTrace, Trace, load_any
+from .host import ModelHost
+from .state import SAME, CompareSettings, TabSettings, TabState, rounds_shown, shown_step
+
+RUN_REFRESH_S = 0.5  # Run redraws the page at most this often (and after the last round), not after every round
+FINISHED = "this session has finished (end of text or max new tokens): press Reset or change the prompt"
+
+
+def new_seed() -> int:
+    """A fresh seed for the page's 'New seed' button."""
+    return secrets.randbelow(MAX_SEED + 1)
+
+
+def _ensure_session(host: ModelHost, tab: TabState, s: TabSettings) -> None:
+    """Keep the tab's live session, or start a new one for a new prompt / changed settings / after a replay. A new
+    prompt with the same settings keeps the tab's engines (the runner's preallocated state and CUDA graphs; the
+    reference's too): the first Step after it costs the prefill and one round, no graph capture."""
+    live = tab.session is not None and not tab.replay
+    if live and s.same_session(tab.settings):
+        return
+    pair = host.require()
+    decode = s.decode.replace(engine=engine_for(host.engine, s.decode.verify, pair.target))
+    old = tab.session if live and s.same_shape(tab.settings) else None
+    engines = {}
+    if old is not None and old.engine == decode.engine:
+        engines = dict(engine=old.target_engine, reference_engine=old.reference_engine)
+    session = DecodeSession.from_settings(pair, decode, **engines)
+    try:
+        session.prefill(spec=s.prompt)
+    except InputError:
+        raise  # refused before any model work: the tab keeps its session
+    except Exception:
+        if old is not None:  # the shared engines may hold half of this prefill: the old session cannot go on
+            tab.session, tab.settings = None, None
+        raise
+    tab.session, tab.settings, tab.replay, tab.view, tab.independent = session, s, False, -1, ""
+    tab.other = tab.other_settings = tab.other_trace = None
+    tab.inspect = None
+    tab.epoch += 1  # a Run of the old session in this tab ends
+
+
+def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> None:
+    """Compare mode: keep B's session, or start it for new compare settings and catch it up with A's rounds (the
+    two step in lockstep). Off: drop it."""
+    if c is None:
+        tab.other = tab.other_settings = tab.other_trace = None
+        return
+    if tab.other is not None and tab.other_settings == c:
+        return
+    s = tab.settings
+    pair = host.pair_for(None if c.dtype == SAME else c.dtype)
+    engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify, pair.target)
+    b = settings_b(s.decode, {"budget": c.budget, "block_size": min(c.block_size, pair.drafter.block_size),
+                              "method": c.method, "verify": c.verify, "engine": engine})
+    other = start_b(pair, b, s.prompt, tab.session.sampler, rounds=len(tab.session.history))
+    tab.other, tab.other_settings = other, c
+    tab.other_trace = other.to_trace()
+
+
+def _start(host: ModelHost, tab: TabState, s: TabSettings) -> None:
+    """Both sessions as the settings ask (held: host.lock and tab.lock)."""
+    _ensure_session(host, tab, s)
+    _ensure_other(host, tab, s.compare)
+
+
+def _refresh(tab: TabState, check: bool = True, started: float | None = None, rounds_before: int | None = None,
+             reference_before: float | None = None) -> None:
+    """Re-read the live sessions' records: with `check`, A's reference extended to the tokens generated so far;
+    without, as far as it has decoded (the page shows the round first and checks it next: `check`). With `started`
+    (perf_counter at the Step's start) and `rounds_before`, note what the Step cost in tab.timing: its rounds'
+    engine time (A's), the reference's model time, the wall time."""
+    before = tab.session.greedy_seconds if reference_before is None else reference_before
+    tab.trace = tab.session.to_trace(extend=check)
+    tab.greedy_s = tab.session.greedy_seconds
+    if tab.other is not None:
+        tab.other_trace = tab.other.to_trace()
+    if started is not None:
+        new = tab.session.history[rounds_before:]
+        tab.timing = {"rounds": sum(sum(r.timings_ms.values()) for r in new), "n_rounds": len(new),
+                      "reference": (tab.greedy_s - before) * 1e3, "step": (time.perf_counter() - started) * 1e3}
+
+
+def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool = True) -> TabState:
+    """One round (of both configurations in compare mode). A new prompt or changed settings (a new seed, the chat
+    template, system prompt or thinking switch included) start a new session first. check=False: the reference is
+    not extended to the new tokens here (the page calls `check` right after, so the round shows at the speed of the
+    round)."""
+    with host.lock, tab.lock:
+        _start(host, tab, settings)
+        if tab.session.done:
+            raise InputError(FINISHED)
+        started, before = time.perf_counter(), len(tab.session.history)
+        step_both(tab.session, tab.other)
+        _refresh(tab, check, started, before)
+        tab.view = len(tab.trace.steps) - 1
+        tab.inspect = None
+    return tab
+
+
+def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool = True, views=None,
+               min_interval: float = 0.0):
+    """Run to the end (both configurations in compare mode, in lockstep), yielding the tab as the page should
+    redraw: after every round (min_interval 0), or at most every `min_interval` seconds and after the last round
+    (the page's Run: RUN_REFRESH_S); the reference keeps up round by round either way (a redraw never waits for a
+    backlog of it), unless check=False: then it is left for `check` after the last round. The model is released
+    between rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends
+    the Run at its next round. A finished session is an InputError before anything changes. `views(tab)`: yield
+    what it returns instead of the tab, made under the tab's lock once the Run is known to be still current (so a
+    Reset is never followed by a round it ended)."""
+    with host.lock, tab.lock:
+        _start(host, tab, settings)
+        if tab.session.done and (tab.other is None or tab.other.done):
+            raise InputError(FINISHED)
+        tab.epoch += 1
+        mine, session, other = tab.epoch, tab.session, tab.other
+    started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
+    while True:
+        with host.lock, tab.lock:
+            current = tab.epoch == mine
+            going = current and not finished(session, other)
+            if going:
+                if session.done:  # A finished first: B goes on alone
+                    other.step()
+                else:
+                    step_both(tab.session, tab.other)
+                if not (finished(session, other) or time.perf_counter() - started >= min_interval):
+                    if check:
+                        session.greedy(len(session.generated))  # the reference, keeping up
+                    continue
+                _refresh(tab, check, started, before, reference)
+                tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
+                tab.inspect = None
+        if not current:  # ended by a Reset, a replay, a new prompt or another Run
+            if views is not None:  # its last output is the tab as that left it (gradio shows a generator's last
+                with tab.lock:  # output again when it completes)
+                    shown = views(tab)
+                yield shown
+            return
+        if not going:  # finished
+            return
+        if views is None:
+            yield tab
+            started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
+            continue
+        with tab.lock:
+            if tab.epoch != mine:
+                continue  # the next pass ends it
+            shown = views(tab)
+        yield shown
+        started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
+
+
+def check(host: ModelHost, tab: TabState) -> TabState:
+    """Extend the reference to the tokens generated so far and compare (what Step does with check=True)."""
+    with host.lock, tab.lock:
+        if tab.session is None or tab.replay or not tab.session.started:
+            return tab
+        _refresh(tab, True)
+    return tab
+
+
+def check_transformers(host: ModelHost, tab: TabState) -> TabState:
+    """The independent check: transformers' own forward, one token at a time, up to the tokens generated so far;
+    its agreement with the output (and with the session's reference) and its own time go to tab.independent."""
+    if tab.session is None or tab.replay:
+        raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
+    session = tab.session
+    with host.lock:
+        result, seconds = session.check_transformers()
+        reference = session.greedy(len(session.generated)).ids
+    n = len(result.ids)
+    index = first_divergence(session.generated[:n], result.ids)
+    same_ref = tuple(reference[:n]) == tuple(result.ids)
+    if index is None:
+        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+    else:
+        verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
+    if session.reference != "transformers":
+        verdict += (f"; the session's reference ({esc(REFERENCE_NAMES.get(session.reference, session.reference))}) "
+                    + ("agrees with it" if same_ref else "**differs from it**"))
+    tab.independent = (f"Check against transformers' forward, one token at a time: {verdict}. "
+                       f"It took {seconds * 1e3:.0f} ms in all ({n / seconds if seconds else 0:.1f} tokens/s), "
+                       "apart from the rounds and the reference.")
+    return tab
+
+
+def reset(tab: TabState) -> TabState:
+    """An empty tab (in place: a Run going on in this tab stops at its next round)."""
+    tab.clear()
+    return tab
+
+
+def load_replay(tab: TabState, path: str, name: str | None = None) -> TabState:
+    """A saved trace, or a compare trace (both configurations), to replay with no model; in place (a Run going on
+    in this tab stops). `name`: how messages call the file (the page passes the uploaded file's name, never the
+    server's temporary path)."""
+    loaded = load_any(path, name=name)
+    with tab.lock:
+        tab.clear()
+        if isinstance(loaded, CompareTrace):
+            tab.trace, tab.other_trace = loaded.a, loaded.b
+            tab.view = max(len(loaded.a.steps), len(loaded.b.steps)) - 1
+        else:
+            tab.trace, tab.view = loaded, len(loaded.steps) - 1
+        tab.replay = True
+    return tab
+
+
+def saved_trace(tab: TabState) -> Trace | CompareTrace:
+    """What 'Download trace' writes: the session's trace, or in compare mode both (a compare trace)."""
+    if tab.trace is None:
+        raise InputError("nothing to download yet: step or replay first")
+    return CompareTrace(tab.trace, tab.other_trace) if tab.other_trace is not None else tab.trace
+
+
+def write_trace(tab: TabState) -> Path:
+    """'Download trace': saved_trace written to the tab's own folder (its earlier download deleted)."""
+    saved = saved_trace(tab)  # InputError when there is nothing yet
+    kind = "compare" if tab.other_trace is not None else "trace"
+    path = tab.new_folder("trace") / f"ddtree-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    try:
+        saved.save(path)
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"cannot write the trace: {exc}") from None
+    return path
+
+
+def export_round(tab: TabState, phase: str, fmt, figure, show, colors, min_lp, depth, title) -> Path:
+    """'Export figure': the round on screen as a file in the tab's own folder (render/export.py; blank filters:
+    none)."""
+    if tab.trace is None or not tab.trace.steps:
+        raise InputError("nothing to export yet: step, run or replay a trace first")
+    return exporter.export_round_file(
+        tab.trace, tab.view, fmt, directory=tab.new_folder("export"), phase=phase, figure=figure, show=show,
+        colors=colors, min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
+        max_depth=exporter.optional_number(depth, "max depth", integer=True), show_title=bool(title))
+
+
+def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:
+    with tab.lock:
+        if tab.trace is None or not rounds_shown(tab):
+            return tab
+        last = rounds_shown(tab) - 1
+        tab.view = max(0, min(last, (tab.view + delta) if delta is not None else int(to)))
+        tab.inspect = None
+    return tab
+
+
+def inspect(tab: TabState, node) -> TabState:
+    """Point the node inspector at tree position `node` of the round shown (a number, its text, or a selector
+    label '3 · ...'); blank or unknown leaves it as it was."""
+    if node is None or (isinstance(node, str) and not node.strip()):
+        return tab
+    try:
+        pos = int(str(node).split("·")[0].strip())
+    except ValueError:
+        raise InputError(f"not a tree position: {node!r}") from None
+    step_ = shown_step(tab.trace, tab.view)
+    if step_ is not None and 0 <= pos < len(step_.nodes):
+        tab.inspect = pos
+    return tab

@@ -1,0 +1,187 @@
+"""The models behind the page: loaded once (in the background, so the page can show progress) and shared by every
+tab, with one fair lock so that model work never interleaves and tabs take turns round by round."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ..engine.cache import cache_layout
+from ..engine.engines import default_engine, engine_for, warm_runner
+from ..engine.models import ModelPair, load_pair
+from ..engine.prompts import has_chat_template, takes_thinking
+from ..errors import DDTreeVizError, InputError, ModelLoadError
+from ..options import AUTO, DTYPES
+from ..render.cache_view import cache_layout_table, cache_table_html
+from ..render.text import esc
+
+
+def cpu_threads(device: str = "cpu", cores: int | None = None) -> int:
+    """Torch threads for the page's model work: one core less than this process may use (at least one), leaving a
+    core to the server and the browser. On the CPU, two threads against a busy browser spin-wait in every
+    operation's barrier: on a 2-core machine a DDTree round went from ~25 ms to ~450 ms while the page drew
+    (docs/PERFORMANCE.md, the page). On a GPU the host needs one thread."""
+    if device != "cpu":
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+class FairLock:
+    """A lock granted in the order it was asked for. The model is shared by every tab: a Run releases it between
+    rounds, and a Step another tab asked for meanwhile goes next (threading.Lock lets the Run take it straight back)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0  # the next ticket to hand out
+        self._serving = 0  # the ticket that holds the lock
+
+    def __enter__(self) -> "FairLock":
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+class ModelHost:
+    """Loads the target + drafter once, shared by every tab; one fair lock so model work never interleaves and tabs
+    take turns round by round."""
+
+    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = AUTO):
+        self.args = (target, draft, dtype, device)
+        # exact sessions run on it ("auto": engines.default_engine, the fastest exact engine for the target);
+        # naive sessions always on transformers' forward
+        self.engine = engine
+        self.pair: ModelPair | None = None
+        self.layout: list[dict] = []
+        self.error: str | None = None
+        self.stage = "waiting to load"
+        self.started = time.monotonic()
+        self.lock = FairLock()
+        self.replay_only = False  # `replay FILE` / app.py --replay without --target: no model, by design
+        self._thread: threading.Thread | None = None
+        self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
+        self._layout_html: str | None = None
+        self.warmup_s = 0.0  # the static runner's compile at load (engines.warm_runner; CUDA only)
+
+    def start(self, background: bool = True) -> None:
+        if background:
+            self._thread = threading.Thread(target=self._load, name="model-loader", daemon=True)
+            self._thread.start()
+        else:
+            self._load()
+
+    def _load(self) -> None:
+        target, draft, dtype, device = self.args
+        self.stage = f"loading target {target or 'embedded default'} and its drafter ({dtype}, {device})"
+        try:
+            pair = load_pair(target, draft, dtype=dtype, device=device)
+            self.stage = "measuring the cache layout"
+            self.layout = cache_layout_table(cache_layout(pair.target, pair.layer_types))
+            if self.engine in (AUTO, "runner") and engine_for(self.engine, "exact", pair.target) == "runner":
+                # the runner compiles its fused pieces once per process (CUDA): here, not in the first Step
+                self.stage = ("compiling the static runner's fused kernels (once per process: ~35 s on a fresh "
+                              "machine, seconds with a warm cache)")
+                self.warmup_s = warm_runner(pair.target)
+            self.pair = pair
+            self.stage = "ready"
+        except DDTreeVizError as exc:
+            self.error, self.stage = str(exc), "failed"
+        except Exception as exc:  # noqa: BLE001 - the page must say what happened and keep serving
+            self.error, self.stage = f"{type(exc).__name__}: {exc}", "failed"
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def ready(self) -> bool:
+        return self.pair is not None
+
+    def status_markdown(self) -> str:
+        if self.pair is not None:
+            p = self.pair
+            n_gdn = sum(t == "linear_attention" for t in p.layer_types)
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+                    f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
+                    f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
+                    f"transformers; {_threads()} torch thread(s)"
+                    + (f"; the runner's kernels compiled at load in {self.warmup_s:.1f} s" if self.warmup_s else "")
+                    + f"; {esc(self.chat_note())}")
+        if self.replay_only:
+            return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
+                    "or load another; Step and Run need a model (start the app without --replay, or with --target).")
+        if self.error is not None:
+            return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
+        return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
+
+    @property
+    def exact_engine(self) -> str:
+        """The engine exact rounds run on (the named one, or auto's choice for the loaded target)."""
+        if self.engine != AUTO or self.pair is None:
+            return self.engine
+        return default_engine(self.pair.target)
+
+    def _engine_why(self) -> str:
+        if self.engine != AUTO:
+            return " (chosen with --engine)"
+        return " (auto: the fastest exact engine for this target)"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.pair is not None and has_chat_template(self.pair.tokenizer)
+
+    @property
+    def takes_thinking(self) -> bool:
+        return self.pair is not None and takes_thinking(self.pair.tokenizer)
+
+    def chat_note(self) -> str:
+        """What the page says about the tokenizer's chat template (the 'Chat template' switch follows it)."""
+        if self.pair is None:
+            return ""
+        if not self.has_chat_template:
+            return ("its tokenizer has no chat template: prompts go in as raw text (the embedded pair has none; a "
+                    "target that ships one, e.g. Qwen3.6-27B, switches 'Chat template' on)")
+        return "chat template: yes" + (", with a thinking switch" if self.takes_thinking else ", no thinking switch")
+
+    def layout_html(self) -> str:
+        """The per-layer cache layout measured at load (before the first step), as the page's compact table."""
+        if self.layout and self._layout_html is None:
+            self._layout_html = cache_table_html(self.layout)
+        return self._layout_html or ""
+
+    def require(self) -> ModelPair:
+        if self.pair is None:
+            if self.replay_only:
+                raise ModelLoadError("replay mode (no model): Step and Run need a model; replay a trace instead, or "
+                                     "start the app without --replay")
+            raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
+        return self.pair
+
+    def pair_for(self, dtype: str | None) -> ModelPair:
+        """The loaded pair (dtype None: the host's), or (compare mode) the same models in another dtype, loaded
+        once on first use."""
+        pair = self.require()
+        if dtype in (None, "") or dtype == self.args[2]:
+            return pair
+        if dtype not in DTYPES:
+            raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        if dtype not in self._pairs:
+            target, draft, _, device = self.args
+            self._pairs[dtype] = load_pair(target, draft, dtype=dtype, device=device)
+        return self._pairs[dtype]
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

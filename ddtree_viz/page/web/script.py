@@ -1,0 +1,140 @@
+"""The page's own script and style: keys, node clicks, each figure drawn once (those off screen after those in
+view), the report's round links; the download buttons' click; the CSS."""
+
+from ...render import report as report_view
+
+KEYS_JS = """
+() => {
+  // the node inspector: a click on a tree node writes its tree position into the hidden #ddv-inspect-click box
+  // (gr.Plot forwards no plotly events); a nonce makes a second click on the same node count too
+  const hook = () => {
+    document.querySelectorAll('#ddv-tree .js-plotly-plot').forEach((plot) => {
+      if (plot._ddvHooked || !plot.on) return;
+      plot._ddvHooked = true;
+      plot.on('plotly_click', (ev) => {
+        const pt = ev && ev.points && ev.points[0];
+        if (!pt || pt.customdata === undefined || pt.customdata === null) return;
+        const box = document.querySelector('#ddv-inspect-click textarea, #ddv-inspect-click input');
+        if (!box) return;
+        box.value = pt.customdata + ':' + Date.now();
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+      });
+    });
+  };
+  // gradio's Plot re-mounts its plotly div for every new figure, after the old div's own update has drawn that
+  // figure into the old div, which is then removed: every figure was drawn twice a Step (~0.3 s of the browser's
+  // ~0.6 s on a 2-core machine). A div of the page that has been drawn is not drawn again: a new figure always
+  // arrives in a new div (and the same figure again needs no drawing).
+  // And a figure of the page off screen is drawn after the ones in view: right after them, one figure a task, or
+  // sooner if it scrolls near the window (a Step shows what is in view first; the rest follows).
+  const drawOnce = () => {
+    const P = window.Plotly;
+    if (!P || P._ddvOnce) return;
+    P._ddvOnce = true;
+    const react = P.react, resize = P.Plots.resize;
+    const pending = new Set();  // figures waiting off screen
+    const ours = (gd) => gd && gd.closest && gd.closest('[id^="ddv-"]');
+    P._ddvDraws = 0;  // figures drawn since (a test counts them: one a figure a Step)
+    Object.defineProperty(P, '_ddvPending', {get: () => pending.size});  // (read by tests and bench_page)
+    P._ddvOrder = [];  // the last figures drawn, oldest first, by their component's id (a test reads the order)
+    const drawn = (gd) => {
+      gd._ddvDrawn = true;
+      P._ddvDraws += 1;
+      P._ddvOrder.push((ours(gd) || {}).id);
+      if (P._ddvOrder.length > 64) P._ddvOrder.shift();
+    };
+    const near = (gd) => {
+      if (gd.offsetParent === null) return false;  // not laid out (another tab)
+      const r = gd.getBoundingClientRect();
+      return r.bottom > -200 && r.top < window.innerHeight + 200;
+    };
+    const draw = (gd) => {
+      if (!pending.delete(gd)) return;
+      seen.unobserve(gd);
+      if (!gd.isConnected) return;  // a newer figure replaced it first
+      react.call(P, gd, ...gd._ddvArgs);
+      gd._ddvArgs = null;
+      drawn(gd);
+    };
+    const seen = new IntersectionObserver((entries) => {
+      entries.forEach((e) => { if (e.isIntersecting) draw(e.target); });
+    }, {rootMargin: '200px'});
+    // one figure a task, the first after the frame that shows the update which brought them (so what is in view
+    // is painted first); the browser may paint and handle input between them
+    let draining = false;
+    const schedule = (how) => {
+      if (draining) return;
+      draining = true;
+      if (how === 'frame') requestAnimationFrame(() => setTimeout(drain, 0));
+      else setTimeout(drain, how === 'later' ? 250 : 0);
+    };
+    const drain = () => {
+      draining = false;
+      for (const gd of pending) if (!gd.isConnected) draw(gd);  // gone: forgotten
+      const next = [...pending].find((gd) => gd.offsetParent !== null);
+      if (next) draw(next);
+      if (pending.size) schedule(next ? 'next' : 'later');  // hidden ones (another tab): looked at again shortly
+    };
+    P.react = function (gd, ...args) {
+      if (gd && ours(gd)) {
+        if (gd._ddvDrawn) return Promise.resolve(gd);
+        const waiting = pending.has(gd);  // then a newer figure for it replaces the older
+        if (waiting || !near(gd)) {
+          gd._ddvArgs = args;
+          if (!waiting) { pending.add(gd); seen.observe(gd); }
+          schedule('frame');
+          return Promise.resolve(gd);
+        }
+      }
+      const out = react.call(this, gd, ...args);
+      if (gd) drawn(gd);
+      return out;
+    };
+    P.Plots.resize = function (gd, ...args) {  // gradio resizes right after react: not a figure still waiting
+      if (gd && pending.has(gd)) return Promise.resolve(gd);
+      return resize.call(this, gd, ...args);
+    };
+  };
+  new MutationObserver(() => { drawOnce(); hook(); }).observe(document.body, {childList: true, subtree: true});
+  document.addEventListener('keydown', (e) => {
+    const t = e.target;
+    if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.isContentEditable)) return;
+    const id = {'s': 'ddv-step', 'ArrowLeft': 'ddv-back', 'ArrowRight': 'ddv-forward'}[e.key];
+    // only while the Step tab is shown (its buttons are hidden under the Analyze tab)
+    if (id) { const b = document.getElementById(id); if (b && b.offsetParent !== null) { b.click(); e.preventDefault(); } }
+  });
+  // the Analyze tab: a click on a round link of the report writes 'file|round|nonce' into the hidden
+  // #ddv-report-click box, which opens that round in the Step tab (the link's own href goes nowhere)
+  document.addEventListener('click', (e) => {
+    const a = e.target && e.target.closest ? e.target.closest('#ddv-report a.ddv-open-round') : null;
+    if (!a) return;
+    e.preventDefault();
+    const box = document.querySelector('#ddv-report-click textarea, #ddv-report-click input');
+    if (!box) return;
+    box.value = a.dataset.file + '|' + a.dataset.round + '|' + Date.now();
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  });
+""" + report_view.SCRIPT + """
+}
+"""
+
+
+def click_js(elem_id: str) -> str:
+    """After a file is prepared, click its (now filled) download button: one click for the user saves it."""
+    return """
+() => new Promise((done) => setTimeout(() => {
+  const el = document.getElementById('%s');
+  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+  if (b) b.click();
+  done();
+}, 250))
+""" % elem_id
+
+
+# after a report's round opened in the Step tab: its status line (and the tree under it) at the top of the window
+SHOW_STATUS_JS = "() => { const s = document.getElementById('ddv-status'); if (s) s.scrollIntoView({block: 'start'}); }"
+
+CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
+       ".ddv-hidden { display: none !important; } "
+       ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; } "  # prompt view: template markers, whitespace
+       + report_view.scoped_css("#ddv-report"))  # the Analyze tab's copy of an analyze report

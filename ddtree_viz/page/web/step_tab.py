@@ -1,0 +1,315 @@
+"""The Step tab: its layout, and its events wired to the page's actions and views side by side.
+
+Its widgets are kept by name: `settings` by state.SETTINGS' names (what Step and Run read), `views` by
+views.VIEWS' names (what they show), `controls` for the rest. A handler's inputs arrive by those names
+(inputs_kwargs) and it returns its outputs as a dict keyed by component, so nothing is paired by position."""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from ...options import DTYPES, ENGINE_CHOICES, MAX_SEED, METHODS, VERIFY_LABELS
+from ...prompts import DEFAULT_PROMPTS
+from ...render import export as exporter
+from ...render.layout import PHASES
+from .. import actions
+from ..host import ModelHost
+from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
+from ..views import CHECKED, VIEWS, Views, inspector_view, render_check, render_views
+from .script import click_js
+from .wiring import MODEL, Page, shows_errors
+
+DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
+BLOCK_MAX = 16  # the block size sliders' end until the drafter's own is known (the page's timer sets it)
+
+
+def _round_slider(v: Views) -> gr.Slider:
+    return gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0,
+                     step=1)
+
+
+# How a view's widget takes its value, where it is more than the value itself (a view's name -> its update)
+FILL = {
+    "cache_html": lambda v: v.cache_html or v.layout_html,  # the round's cache, else the layout measured at load
+    "view": _round_slider,
+    "tree_b_spec": lambda v: gr.Plot(value=v.tree_b_spec, visible=v.tree_b_spec is not None),
+    "compare": lambda v: gr.HTML(value=v.compare, visible=v.tree_b_spec is not None),
+    "inspect": lambda v: gr.Dropdown(choices=v.node_choices, value=v.inspect),
+}
+
+
+class StepTab:
+    """The Step tab's widgets by name, laid out in the tab being built (inside its gr.Tab)."""
+
+    def __init__(self, host: ModelHost):
+        self.host = host
+        self.settings: dict[str, gr.components.Component] = {}
+        self.views: dict[str, gr.components.Component] = {}
+        self.controls: dict[str, gr.components.Component] = {}
+        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
+            self.controls["layout"] = gr.HTML(host.layout_html(), elem_id="ddv-layout")
+        with gr.Row():
+            with gr.Column(scale=3):
+                self._prompt()
+            with gr.Column(scale=2):
+                self._decoding()
+        self._buttons()
+        self._compare()
+        self._views()
+        self._files()
+        unpaired = (set(self.views) - set(VIEWS)) | (set(self.settings) ^ set(SETTINGS))
+        if unpaired:
+            raise ValueError(f"Step tab widgets with no view or setting of their name: {sorted(unpaired)}")
+
+    def settings_by_name(self) -> dict:
+        """The settings' widgets in state.SETTINGS' order (the order of the served /step and /run inputs)."""
+        return {name: self.settings[name] for name in SETTINGS}
+
+    def outputs(self, names=VIEWS) -> list:
+        """The views' widgets, in VIEWS' order (the served API's outputs), those of `names` only."""
+        return [self.views[name] for name in VIEWS if name in names and name in self.views]
+
+    def fill(self, v: Views) -> dict:
+        """The views `v` holds as updates of their widgets, by component."""
+        return {widget: FILL[name](v) if name in FILL else v[name] for name, widget in self.views.items() if name in v}
+
+    # -- layout -------------------------------------------------------------------------------------------------
+
+    def _prompt(self) -> None:
+        s = self.settings
+        s["prompt"] = gr.Textbox(label="Prompt", lines=5, value=DEFAULT_PROMPT, elem_id="ddv-prompt",
+                                 info="raw text to continue; with the chat template on, the user's message")
+        # chat models and their drafters were trained on chat-formatted text (engine/prompts.py); the switches
+        # follow the target's tokenizer once it has loaded (the page's timer)
+        with gr.Row(elem_id="ddv-chat-row"):
+            s["chat"] = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
+                                    info="waiting for the model's tokenizer")
+            s["thinking"] = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+                                        info="the template's thinking switch (enable_thinking)")
+        s["system"] = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
+                                 elem_id="ddv-system")
+
+    def _decoding(self) -> None:
+        s = self.settings
+        with gr.Row():
+            s["budget"] = gr.Slider(1, 512, value=32, step=1, label="Budget (tree nodes)", elem_id="ddv-budget-nodes")
+            s["block_size"] = gr.Slider(2, BLOCK_MAX, value=BLOCK_MAX, step=1, label="Block size", elem_id="ddv-block")
+            s["max_new_tokens"] = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="ddv-max-new")
+        with gr.Row():
+            s["verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="Verification")
+            s["method"] = gr.Radio(list(METHODS), value="ddtree", label="Method")
+        with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
+            s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
+                                         elem_id="ddv-temperature")
+            s["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
+            s["top_k"] = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
+            s["seed"] = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", elem_id="ddv-seed")
+            self.controls["new_seed"] = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
+
+    def _buttons(self) -> None:
+        c = self.controls
+        with gr.Row():
+            c["step"] = gr.Button("Step", variant="primary", elem_id="ddv-step")
+            c["run"] = gr.Button("Run", elem_id="ddv-run")
+            c["check_transformers"] = gr.Button("Check against transformers' forward",
+                                                elem_id="ddv-check-transformers")
+            c["reset"] = gr.Button("Reset", elem_id="ddv-reset")
+            c["back"] = gr.Button("Back", elem_id="ddv-back")
+            c["forward"] = gr.Button("Forward", elem_id="ddv-forward")
+        with gr.Row():
+            self.views["view"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
+            c["phase"] = gr.Radio(list(PHASES), value="verified", label="Phase of the round")
+
+    def _compare(self) -> None:
+        s = self.settings
+        with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
+                          elem_id="ddv-compare-controls"):
+            with gr.Row():
+                s["compare_on"] = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on")
+                s["compare_budget"] = gr.Slider(1, 512, value=16, step=1, label="B: budget",
+                                                elem_id="ddv-compare-budget")
+                s["compare_block_size"] = gr.Slider(2, BLOCK_MAX, value=BLOCK_MAX, step=1, label="B: block size")
+                s["compare_method"] = gr.Radio(list(METHODS), value="ddtree", label="B: method",
+                                               elem_id="ddv-compare-method")
+                s["compare_verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="B: verification",
+                                               elem_id="ddv-compare-verify")
+                s["compare_engine"] = gr.Dropdown([SAME, *ENGINE_CHOICES], value=SAME, label="B: engine")
+                s["compare_dtype"] = gr.Dropdown([SAME, *DTYPES], value=SAME,
+                                                 label="B: dtype (another load of the models)")
+
+    def _views(self) -> None:
+        v = self.views
+        v["status"] = gr.Markdown(elem_id="ddv-status")
+        v["prompt"] = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
+        with gr.Row():
+            v["tree_spec"] = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
+                                     elem_id="ddv-tree")
+            v["tree_b_spec"] = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
+        v["compare"] = gr.HTML(visible=False, elem_id="ddv-compare")
+        # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
+        v["stop"] = gr.HTML(elem_id="ddv-stop")
+        with gr.Row():
+            v["inspect"] = gr.Dropdown(choices=[], value=None, label="Inspect node (or click one in the tree)",
+                                       elem_id="ddv-inspect", scale=1)
+            with gr.Column(scale=5):
+                v["inspector"] = gr.HTML(elem_id="ddv-inspector")
+        self.controls["inspect_click"] = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"],
+                                                    container=False)
+        v["grid_spec"] = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
+        with gr.Row():
+            v["mask_spec"] = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
+            v["cache_chart_spec"] = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
+        gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
+        v["cache_html"] = gr.HTML(elem_id="ddv-cache")
+        v["diff_html"] = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
+                                 elem_id="ddv-diff")
+        with gr.Row():
+            v["acceptance_spec"] = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
+            v["depth_spec"] = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
+        with gr.Row():
+            v["budget_spec"] = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
+            v["stats"] = gr.Markdown(elem_id="ddv-stats")
+        v["divergence"] = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
+
+    def _files(self) -> None:
+        c = self.controls
+        with gr.Row():
+            c["trace_in"] = gr.File(label=f"Replay a saved trace (.json, at most {MAX_UPLOAD_BYTES // 2**20} MB)",
+                                    file_types=[".json"], type="filepath", elem_id="ddv-upload")
+            c["download"] = gr.Button("Download trace (.json)", elem_id="ddv-download")
+            c["download_file"] = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
+        with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (render/export.py)
+            c["fmt"] = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format",
+                                   elem_id="ddv-export-format")
+            c["figure"] = gr.Dropdown(list(exporter.FIGURES), value="tree", label="Figure", elem_id="ddv-export-figure")
+            c["show"] = gr.Radio(list(exporter.SHOW_CHOICES), value="text", label="Node labels",
+                                 elem_id="ddv-export-show")
+            c["colors"] = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours",
+                                   elem_id="ddv-export-colors")
+            # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
+            c["min_lp"] = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
+                                     elem_id="ddv-export-minlp")
+            c["depth"] = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1,
+                                    elem_id="ddv-export-depth")
+            c["title"] = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
+            c["export"] = gr.Button("Export figure", elem_id="ddv-export")
+            # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
+            c["export_file"] = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
+
+    # -- events -------------------------------------------------------------------------------------------------
+
+    def wire(self, page: Page, replay_path: str | None = None) -> None:
+        self.page = page
+        self._wire_decoding(page)
+        self._wire_rounds(page)
+        self._wire_files(page, replay_path)
+
+    def show(self, t, ph) -> dict:
+        """The tab and every view of the round it shows (figures go out as FigureSpecs: gr.Plot sends their
+        to_json(), no plotly validation on the way)."""
+        return {self.page.tab: t, **self.fill(render_views(self.host, t, ph))}
+
+    def shown(self) -> list:
+        """What `show` fills: the tab's state and every view's widget."""
+        return [self.page.tab, *self.outputs()]
+
+    def _wire_decoding(self, page: Page) -> None:
+        """Step, Run, the checks, Reset, New seed. Step and Run show each round at once (check=False) and check it
+        against the reference next (on_check, chained with .then): the page answers at the round's speed."""
+        host, tab, c = self.host, page.tab, self.controls
+        phase, settings, shown = c["phase"], self.settings_by_name(), self.shown()
+        checked = [tab, *self.outputs(CHECKED)]
+
+        @shows_errors
+        def on_step(t, ph, request: gr.Request, **values):
+            page.add(request, t)
+            return self.show(actions.step(host, t, read_settings(host, values), check=False), ph)
+
+        @shows_errors
+        def on_run(t, ph, request: gr.Request, progress=gr.Progress(), **values):
+            page.add(request, t)
+            # each round's views are made only while this Run is still the tab's (actions.run_rounds): a Reset is
+            # never followed by a round it ended
+            for out in actions.run_rounds(host, t, read_settings(host, values), check=False,
+                                          min_interval=actions.RUN_REFRESH_S, views=lambda tab_: self.show(tab_, ph)):
+                session = t.session  # None once a Reset has cleared the tab
+                if session is not None:
+                    progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
+                yield out
+
+        def show_check(t, ph) -> dict:
+            return {tab: t, **self.fill(render_check(host, t, ph))}
+
+        on_check = shows_errors(lambda t, ph: show_check(actions.check(host, t), ph))
+        on_independent = shows_errors(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
+
+        c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **MODEL).then(
+            on_check, [tab, phase], checked, api_name="check", **MODEL)
+        run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **MODEL)
+        run.then(on_check, [tab, phase], checked, api_name="check_run", **MODEL)
+        c["check_transformers"].click(on_independent, [tab, phase], checked, api_name="check_transformers", **MODEL)
+        # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
+        # tab
+        c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset")
+        c["new_seed"].click(actions.new_seed, None, [self.settings["seed"]], api_name="new_seed")
+
+    def _wire_rounds(self, page: Page) -> None:
+        """Moving between rounds, the phase, the node inspector."""
+        tab, c, v = page.tab, self.controls, self.views
+        phase, shown = c["phase"], self.shown()
+        inspected = [tab, *self.outputs(("inspector", "inspect"))]
+
+        def show_inspector(t) -> dict:
+            html, choices, node = inspector_view(t)
+            return {tab: t, **self.fill(Views(inspector=html, node_choices=choices, inspect=node))}
+
+        on_inspect = shows_errors(lambda t, node: show_inspector(actions.inspect(t, node)))
+        # '3:nonce' from the page's plotly_click hook (the bonus star's position is past the tree: ignored)
+        on_click_node = shows_errors(
+            lambda t, value: show_inspector(actions.inspect(t, (value or "").partition(":")[0])))
+
+        c["back"].click(lambda t, ph: self.show(actions.move(t, delta=-1), ph), [tab, phase], shown, api_name="back")
+        c["forward"].click(lambda t, ph: self.show(actions.move(t, delta=+1), ph), [tab, phase], shown,
+                           api_name="forward")
+        v["view"].release(lambda t, ph, value: self.show(actions.move(t, to=int(value) - 1), ph),
+                          [tab, phase, v["view"]], shown, api_name="goto_round")
+        phase.change(self.show, [tab, phase], shown, api_name="phase")
+        v["inspect"].input(on_inspect, [tab, v["inspect"]], inspected, api_name="inspect")
+        c["inspect_click"].change(on_click_node, [tab, c["inspect_click"]], inspected, api_name="inspect_click")
+
+    def _wire_files(self, page: Page, replay_path: str | None) -> None:
+        """A trace replayed (uploaded, or --replay FILE at each page load), the trace downloaded, a figure exported."""
+        host, tab, c = self.host, page.tab, self.controls
+        phase, shown = c["phase"], self.shown()
+        export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title")}
+
+        @shows_errors
+        def on_upload(t, ph, path, request: gr.Request):
+            if not path:
+                return self.show(t, ph)
+            page.add(request, t)
+            # messages name the file as uploaded, never the server's temporary path. The upload itself stays for
+            # gradio's delete_cache (file_ttl): gradio gives identical uploads one path, which another tab may be
+            # about to read.
+            return self.show(actions.load_replay(t, path, name=os.path.basename(path)), ph)
+
+        @shows_errors
+        def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
+            page.add(request, t)
+            return self.show(actions.load_replay(t, replay_path), ph)
+
+        def offered(path) -> gr.DownloadButton:
+            return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
+
+        on_download = shows_errors(lambda t: offered(actions.write_trace(t)))
+        on_export = shows_errors(lambda t, ph, **values: offered(actions.export_round(t, ph, **values)))
+
+        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], shown, api_name="replay")
+        c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
+            None, js=click_js("ddv-download-file"))
+        c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
+            None, js=click_js("ddv-export-file"))
+        if replay_path:
+            page.demo.load(on_replay_file, [tab, phase], shown)

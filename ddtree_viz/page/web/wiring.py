@@ -1,0 +1,73 @@
+"""What the tabs' wiring shares: the page (its models, the tab's state component, the open tabs), user errors as
+the page's messages, and the model events' turn-taking."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import html
+import inspect
+from dataclasses import dataclass
+
+import gradio as gr
+
+from ...errors import DDTreeVizError
+from ..host import ModelHost
+from ..state import Tabs
+
+MODEL_EVENTS = 16  # Step / Run events in flight at once (they take turns on the model)
+# Model work from several tabs may be in flight at once: they take turns on the model round by round
+# (ModelHost.lock, granted in order), so one tab's Run does not hold up another tab's Step.
+MODEL = dict(concurrency_id="model", concurrency_limit=MODEL_EVENTS)
+
+
+@dataclass
+class Page:
+    """What every tab's handlers use: the app, the models, the tab's state (a gr.State of state.TabState: handlers
+    change it in place), the tabs open (freed when their browser tab closes), the tab selector."""
+
+    demo: gr.Blocks
+    host: ModelHost
+    tab: gr.State
+    tabs: Tabs
+    selector: gr.Tabs
+
+    def add(self, request: gr.Request, tab) -> None:
+        """Note the browser tab's state (Tabs frees it when the browser tab closes)."""
+        self.tabs.add(request.session_hash, tab)
+
+
+def page_error(exc: Exception) -> gr.Error:
+    """The message gradio shows for an error. gradio renders a message as HTML, and messages quote what the user
+    gave (a prompt's character, a file's name, a trace's field): escaped, so it shows as text."""
+    if isinstance(exc, DDTreeVizError):
+        text = str(exc)
+    elif "out of memory" in str(exc).lower():
+        text = f"out of memory: {exc}. Try a smaller budget or fewer new tokens."
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return gr.Error(html.escape(text, quote=False))
+
+
+@contextlib.contextmanager
+def _as_page_error():
+    try:
+        yield
+    except gr.Error:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise page_error(exc) from None
+
+
+def shows_errors(fn):
+    """User errors become a message in the page; the app keeps serving."""
+    if inspect.isgeneratorfunction(fn):
+        def wrapped(*args, **kwargs):
+            with _as_page_error():
+                yield from fn(*args, **kwargs)
+    else:
+        def wrapped(*args, **kwargs):
+            with _as_page_error():
+                return fn(*args, **kwargs)
+    functools.update_wrapper(wrapped, fn)
+    return wrapped
