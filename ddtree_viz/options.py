@@ -20,7 +20,8 @@ __all__ = [
     "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
     "engine_for_verify", "DDTREE", "DFLASH", "METHODS", "VERIFY_LABELS", "DTYPES", "REFERENCES", "MAX_BUDGET",
     "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
-    "whole_number", "port_number", "check_port", "DecodeSettings",
+    "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
+    "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "check_port", "DecodeSettings",
 ]
 
 # A round's method: DDTree's best-first tree, or DFlash's top-1 chain.
@@ -30,6 +31,15 @@ METHODS = (DDTREE, DFLASH)
 VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
 DTYPES = ("float32", "bfloat16", "float16")
 REFERENCES = ("engine", "transformers")  # where a session's reference decodes (DecodeSession's `reference`)
+
+# Exports (render/export.py) and the round's phases, named here so that parsing and the page import no renderer.
+EXPORT_FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
+EXPORT_FIGURES = ("tree", "mask", "acceptance", "grid")
+SHOW_CHOICES = ("text", "ids", "both")  # token labels: text, ids, or both
+SCHEME_NAMES = ("colorblind", "grayscale")
+COLOR_RANGES = ("trace", "round")  # the log-prob colour scale over the whole trace or the round
+PHASES = ("drafted", "verified")  # a round as the drafter built it, or with the accepted path and bonus
+DEFAULT_DPI = 300
 
 MAX_BUDGET = 4096  # nodes of one tree (the root apart)
 MAX_NEW_TOKENS = 8192
@@ -58,6 +68,14 @@ def check_decode_settings(budget, max_new_tokens, block_size=None) -> None:
     check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
     if block_size is not None and block_size < 2:
         raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {block_size}")
+
+
+def number(text: str) -> float:
+    """argparse type: a number (argparse's own error and exit status 2 otherwise)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
 
 
 def whole_number(text: str) -> int:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..options import DTYPES, DecodeSettings, check_decode_settings, whole_number
+from ..options import DTYPES, DecodeSettings, check_decode_settings, number, whole_number
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
@@ -59,14 +59,6 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--thinking", choices=("on", "off"),
                    help="the template's thinking switch (enable_thinking, as in Qwen3/3.5/3.6 templates), with --chat; "
                         "default: the template's own default")
-
-
-def number(text: str) -> float:
-    """argparse type: a number (argparse's own error and exit status 2 otherwise)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, not {text!r}") from None
 
 
 def add_sampling_args(p: argparse.ArgumentParser, several: bool = False) -> None:

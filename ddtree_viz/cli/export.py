@@ -8,18 +8,10 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..options import whole_number
+# The export choices come from options (torch- and plotly-free): building the parser imports no renderer.
+from ..options import (COLOR_RANGES, DEFAULT_DPI, PHASES, SCHEME_NAMES, SHOW_CHOICES, whole_number,
+                       EXPORT_FIGURES as FIGURES, EXPORT_FORMATS as FORMATS)
 from .common import check_output_path
-
-# The export choices, spelled out so that building the parser imports no renderer (plotly, matplotlib): `run`
-# stays quick to start. tests/test_export.py holds them equal to ddtree_viz.render.export's.
-FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
-FIGURES = ("tree", "mask", "acceptance", "grid")
-SHOW_CHOICES = ("text", "ids", "both")
-SCHEME_NAMES = ("colorblind", "grayscale")
-COLOR_RANGES = ("trace", "round")
-PHASES = ("drafted", "verified")
-DEFAULT_DPI = 300
 
 
 def add_parser(sub) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, TraceError
+from ..options import COLOR_RANGES, DEFAULT_DPI, EXPORT_FIGURES, EXPORT_FORMATS, SHOW_CHOICES
 from ..trace import SCHEMA_VERSION, StepRecord, Trace, step_from_dict, to_plain
 from . import style
 from .layout import PHASES, DEFAULT_LABEL_CHARS, TreeLayout, node_colors, tree_layout
@@ -34,14 +35,10 @@ from .scheme import SCHEME_NAMES, Scheme, get_scheme, hex_color
 from .stats_view import ACCEPTANCE_TITLE, acceptance_figure
 from .text import lookup, shorten, visible
 
-FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")
-FIGURES = ("tree", "mask", "acceptance", "grid")
-SHOW_CHOICES = ("text", "ids", "both")
-COLOR_RANGES = ("trace", "round")
+FORMATS, FIGURES = EXPORT_FORMATS, EXPORT_FIGURES
 SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz": "tikz", ".html": "html",
             ".htm": "html", ".json": "json"}
 EXTENSION = {"svg": ".svg", "pdf": ".pdf", "png": ".png", "tikz": ".tex", "html": ".html", "json": ".json"}
-DEFAULT_DPI = 300
 MAX_PNG_PIXELS = 120_000_000
 DEFAULT_PNG_PIXELS = 30_000_000  # the default dpi is lowered to keep a PNG under this (an explicit --dpi may go higher)
 # SVG / PDF / PNG draw at most this many tree positions (the bonus included): matplotlib lays out every label, which

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from .. import analysis
+from ..options import PHASES  # noqa: F401 - the phases this layout draws
 from ..trace import StepRecord
 from . import style
 from .text import TokenText, lookup, shorten, visible
 
-PHASES = ("drafted", "verified")
 ROLES = ("root", "accepted", "first_rejected", "bonus", "other")  # also the legend's order
 DRAW_ORDER = ("other", "first_rejected", "accepted", "root", "bonus")  # nodes drawn in this order: path on top
 EDGE_KINDS = ("edge", "path", "bonus")  # see edge_kind; plotly draws them in this order

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..options import SCHEME_NAMES
 from . import style
 from .layout import path_outlined
 
-SCHEME_NAMES = ("colorblind", "grayscale")
 
 
 @dataclass(frozen=True)
