@@ -542,9 +542,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     import random
 
     from ..engine import fused as fz
-    from ..engine.gdn_tree import (TreeIndex, solve_steps, tree_delta_rule_masked, tree_delta_rule_parts,
-                                  tree_solve)
-    from ..engine.kernels import triton_available
+    from ..engine.delta_rule.dispatch import triton_available
+    from ..engine.delta_rule.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
+    from ..engine.gdn_tree import TreeIndex
     from ..engine.runner import RunnerOptions
     from ..engine.verify import gdn_modules
 
@@ -599,7 +599,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
             row["solve_triton_tf32x3"] = row["solve_triton_ieee"] = row["rule_triton"] = "needs Triton and a CUDA device"
             out[str(T)] = row
             continue
-        from ..engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton
+        from ..engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
 
         forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
                  for p in ("tf32x3", "ieee")}
@@ -1004,7 +1004,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.runner import BLAS_CHOICES, GDN_KERNELS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS
+    from ..engine.runner import BLAS_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)
