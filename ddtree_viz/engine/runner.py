@@ -236,19 +236,20 @@ class StaticRunner:
         self.values = {i: self.values_all[j][None] for j, i in enumerate(self.attn_ids)}
 
     def _layer_weights(self, gdn) -> None:
-        """What the pieces read of each layer, taken once: the norms' scales (Qwen3.5's zero-centred RMSNorm scales
-        by 1 + w: precomputed in fp32), each GDN layer's weights, whether an MLP's activation is SiLU, and the fused
-        projections (None where a group is not fusable, e.g. a MoE block's MLP)."""
-        self._norm_scale = {id(mod): (1.0 + mod.weight.detach().float()) for mod in self.target.modules()
-                            if type(mod).__name__ in NORM_KINDS}
-        norms = [self.target.model.norm]
+        """What the pieces read of each layer, taken once: the norms (`_norms`), each GDN layer's weights, whether an
+        MLP's activation is SiLU, and the fused projections (None where a group is not fusable, e.g. a MoE block's
+        MLP). Kept by layer position, not module identity, so that a deep copy of the runner (a forked session's)
+        reads its own."""
+        norms = {(len(self.layers), "input"): self.target.model.norm}  # the final norm: the input norm of "layer L"
         for i, layer in enumerate(self.layers):
-            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            norms[i, "input"], norms[i, "post"] = layer.input_layernorm, layer.post_attention_layernorm
             if i not in gdn:
-                norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
-        odd = sorted({type(m).__name__ for m in norms if id(m) not in self._norm_scale})
+                norms[i, "q"], norms[i, "k"] = layer.self_attn.q_norm, layer.self_attn.k_norm
+        odd = sorted({type(m).__name__ for m in norms.values() if type(m).__name__ not in NORM_KINDS})
         if odd:
             raise ModelLoadError(f"the static runner is written for Qwen3.5 hybrid targets: norms {', '.join(odd)}")
+        # (layer, input | post | q | k) -> (scale, eps): Qwen3.5's zero-centred RMSNorm scales by 1 + w, in fp32
+        self._norms = {key: (1.0 + m.weight.detach().float(), m.eps) for key, m in norms.items()}
         self._gdn_weights = {i: GDNWeights.of(m) for i, m in gdn.items()}
         self._silu = {i: type(getattr(layer.mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
                       for i, layer in enumerate(self.layers)}
@@ -419,17 +420,15 @@ class StaticRunner:
         gdn_core = self.rule.at(slot.anc, p)  # the tree delta rule's core for this pass, shared by every GDN layer
         p.mark(x, 1, cos, 1, sin, 1, mask, 2, mask, 3)
         feats, stash = {}, []
-        first = self.layers[0].input_layernorm
-        h = p(fz.rms_norm)(x, self._norm_scale[id(first)], first.eps)
+        h = p(fz.rms_norm)(x, *self._norms[0, "input"])
         for i, layer in enumerate(self.layers):
             if i in self.conv:
                 out, parts = self._gdn(i, layer.linear_attn, h, slot.gather, gdn_core)
                 stash.append(parts)
             else:
                 out = self._attention(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
-            x, h = self._add_norm(x, out, layer.post_attention_layernorm)
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.target.model.norm
-            x, h = self._add_norm(x, self._mlp(i, layer.mlp, h), nxt)
+            x, h = self._add_norm(x, out, self._norms[i, "post"])
+            x, h = self._add_norm(x, self._mlp(i, layer.mlp, h), self._norms[i + 1, "input"])  # L: the final norm
             if i in self.feature_layer_ids:
                 feats[i] = x[0]
         logits = self.target.get_output_embeddings()(h)[0].float()
@@ -448,8 +447,8 @@ class StaticRunner:
         return tree_cols, mask
 
     def _add_norm(self, x, y, norm):
-        """A residual add and the norm after it: (x + y, norm(x + y))."""
-        return self.pieces(fz.add_rms_norm)(x, y, self._norm_scale[id(norm)], norm.eps)
+        """A residual add and the norm after it (`norm`: (scale, eps) of `_norms`): (x + y, norm(x + y))."""
+        return self.pieces(fz.add_rms_norm)(x, y, *norm)
 
     def _gdn(self, i, gdn, h, gather, core):
         """One GDN layer: its projections (one GEMM where fused), the pass's core (delta_rule/dispatch.py: conv,
@@ -473,9 +472,8 @@ class StaticRunner:
         keys, values = self.keys[i], self.values[i]
         kvh = keys.shape[1]
         p.mark(qg, 1, k, 1, v, 1)
-        q, k, v, gate = p(fz.attention_prep)(qg, k, v, self._norm_scale[id(attn.q_norm)],
-                                             self._norm_scale[id(attn.k_norm)], attn.q_norm.eps, attn.k_norm.eps,
-                                             cos, sin, attn.head_dim, kvh)
+        (q_scale, q_eps), (k_scale, k_eps) = self._norms[i, "q"], self._norms[i, "k"]
+        q, k, v, gate = p(fz.attention_prep)(qg, k, v, q_scale, k_scale, q_eps, k_eps, cos, sin, attn.head_dim, kvh)
         keys.index_copy_(2, tree_cols, k.to(keys.dtype))
         values.index_copy_(2, tree_cols, v.to(values.dtype))
         keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
