@@ -11,10 +11,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
+from ddtree_viz.engine.delta_rule.parallel import (
+    solve_steps, state_after, tree_delta_rule, tree_delta_rule_parts, tree_solve,
+)
 from ddtree_viz.engine.gdn_tree import (
-    TreeIndex, commit_gdn_state, replay_state, solve_steps, state_after, tree_conv, tree_conv_reference,
-    tree_delta_rule, tree_delta_rule_parts, tree_delta_rule_reference, tree_gdn_forward, tree_gdn_forward_reference,
-    tree_solve,
+    TreeIndex, commit_gdn_state, tree_conv, tree_conv_reference, tree_gdn_forward, tree_gdn_forward_reference,
 )
 from tests.tiny import target_model
 

@@ -194,8 +194,8 @@ def test_runner_with_cuda_graphs_equals_greedy():
 
 
 def test_one_step_delta_rule_equals_the_recurrence():
-    from ddtree_viz.engine.gdn_tree import replay_state, tree_delta_rule_reference
-    from ddtree_viz.engine.runner import delta_rule_step
+    from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
+    from ddtree_viz.engine.delta_rule.step import delta_rule_step
 
     gen = torch.Generator().manual_seed(0)
     H, K, V = 3, 4, 5
@@ -341,7 +341,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
 def test_runner_options_on_the_cpu():
     """The defaults resolve to the torch forms on a CPU (bitwise what the runner computed before them); a Triton
     kernel asked for where it cannot run is a clear error."""
-    from ddtree_viz.engine.kernels import interpreting, triton_available
+    from ddtree_viz.engine.delta_rule.dispatch import interpreting, triton_available
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")

@@ -1,7 +1,7 @@
 """The Triton kernels of the tree delta rule against the per-path recurrence (tree_delta_rule_reference) and the torch
 forms, at toy and real widths (K = V = 128), on random trees and chains of 1 .. 129 positions: the whole rule fused
-(engine/kernels/tree_gdn.py) against tree_delta_rule; the tree solve (engine/kernels/tree_solve.py) against
-gdn_tree.tree_solve (cuBLAS's triangular solve), with its repetition count from the device (gdn_tree.solve_steps);
+(engine/delta_rule/triton_blocked.py) against tree_delta_rule; the tree solve (engine/delta_rule/triton_solve.py)
+against parallel.tree_solve (cuBLAS's triangular solve), with its repetition count from the device (parallel.solve_steps);
 the whole rule in two launches (tree_rule_triton, the CUDA default) against the torch form and the reference, from
 grouped key heads. Then the static runner with each: DDTree == greedy.
 
@@ -19,12 +19,13 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from ddtree_viz.engine.gdn_tree import (  # noqa: E402
-    TreeIndex, solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_delta_rule_reference,
-    tree_solve,
+from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference  # noqa: E402
+from ddtree_viz.engine.delta_rule.parallel import (  # noqa: E402
+    solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
 )
-from ddtree_viz.engine.kernels.tree_gdn import tree_delta_rule_triton  # noqa: E402
-from ddtree_viz.engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton  # noqa: E402
+from ddtree_viz.engine.delta_rule.triton_blocked import tree_delta_rule_triton  # noqa: E402
+from ddtree_viz.engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton  # noqa: E402
+from ddtree_viz.engine.gdn_tree import TreeIndex  # noqa: E402
 from tests.test_gdn_tree import random_tree  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -128,10 +129,10 @@ def test_runner_with_the_kernel_equals_greedy():
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for options in (RunnerOptions("triton", True, "eager"), RunnerOptions("triton-tree", True, "sdpa"),
                     RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "eager")):
-        # the last two: the tree solve and the whole rule of kernels/tree_solve.py
+        # the last two: the tree solve and the whole rule of delta_rule/triton_solve.py
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
-        assert (runner._tree_kernel or runner._solve or runner._rule) is not None and runner.kernel_error is None
+        assert runner.rule.kernel is not None and runner.kernel_error is None
         assert runner.options == options.resolve(torch.device(DEVICE))  # compile: on with CUDA (the kernel between)
         assert runner_greedy(runner, prompt, new) == ref
         oracle = OracleProposer(ref, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
@@ -139,7 +140,7 @@ def test_runner_with_the_kernel_equals_greedy():
         assert out == ref and max(rounds) > 2
 
 
-# -- the tree solve (kernels/tree_solve.py) -------------------------------------------------------------------
+# -- the tree solve (delta_rule/triton_solve.py) -------------------------------------------------------------------
 
 SOLVE_CASES = [  # (T, tree depth, H, K, V)
     (1, 0, 2, 4, 16), (2, 1, 3, 4, 16), (17, 5, 4, 16, 16), (17, 16, 2, 12, 40), (40, 20, 2, 16, 48),
@@ -209,7 +210,7 @@ def test_solve_at_qwen36_27b_shapes_on_the_gpu():
 
 
 
-# -- the whole rule in two launches (kernels/tree_solve.py: tree_rule_triton) ------------------------------------
+# -- the whole rule in two launches (delta_rule/triton_solve.py: tree_rule_triton) ------------------------------------
 
 RULE_CASES = [  # (T, tree depth, H, Hk, K, V): grouped key heads, odd widths (masked), real widths, a chain
     (1, 0, 2, 1, 16, 16), (2, 1, 3, 1, 16, 16), (17, 5, 4, 2, 16, 16), (17, 16, 2, 2, 12, 40), (40, 20, 6, 2, 48, 48),

@@ -16,8 +16,10 @@ uses the oracle drafter so that deep trees and long accepted paths occur.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -245,12 +247,10 @@ def copy_bandwidth(timed, device, gib: float = 4.0) -> float:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
-    from ..engine.cache import new_cache
-    from ..engine.session import DFlashProposer
-    from ..engine.tree import DraftTree, build_tree
-    from ..engine.verify import EXACT, NAIVE, commit, device_sync, verify_tree
+def measured_models(bench: BenchConfig, layers: int, dtype: torch.dtype):
+    """The target and drafter built (peak memory counted from here), a wait for their devices, and the report's head:
+    sizes, the copy bandwidth of the first device and the weight-read bound it gives. (target, drafter, sync, out)."""
+    from ..engine.verify import device_sync
 
     if bench.cuda:
         for d in range(torch.cuda.device_count()):
@@ -260,16 +260,29 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     drafter = build_drafter(bench, target, dtype)
     build_s = time.perf_counter() - t0
     sync = device_sync(target, drafter)
-    timed = timer(sync)
     first = target.get_input_embeddings().weight.device
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
-    bw = copy_bandwidth(timed, first, 4.0 if not bench.smoke else 0.25)
-    bound_ms = weight_bytes / bw * 1e3
+    bw = copy_bandwidth(timer(sync), first, 4.0 if not bench.smoke else 0.25)
     out: dict = {"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weight_bytes": weight_bytes,
-                 "copy_bandwidth_TBps": bw / 1e12, "weight_read_bound_ms": bound_ms, "build_s": build_s}
+                 "copy_bandwidth_TBps": bw / 1e12, "weight_read_bound_ms": weight_bytes / bw * 1e3, "build_s": build_s}
+    return target, drafter, sync, out
 
+
+@torch.no_grad()
+def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
+    """transformers' forward at these shapes: the bound, prefill, greedy step, the drafter, each budget's exact and
+    naive verify, the DFlash chain, whole rounds; with --fast the static runner too (`fast_speed`)."""
+    from ..engine.cache import new_cache
+    from ..engine.drafter import extract_context_features
+    from ..engine.session import DFlashProposer
+    from ..engine.tree import DraftTree
+    from ..engine.verify import EXACT, verify_tree
+
+    target, drafter, sync, out = measured_models(bench, layers, dtype)
+    timed, bound_ms = timer(sync), out["weight_read_bound_ms"]
     if bench.split:
         out["layer_devices"] = layer_devices(target)
+    first = target.get_input_embeddings().weight.device
     prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), device=first)
     base = new_cache(target)
     start = time.perf_counter()
@@ -278,20 +291,13 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     out["prefill_ms"] = (time.perf_counter() - start) * 1e3
     out["prefill_kernels"] = prefill_kernels()
 
-    def fresh_cache():
-        import copy
-
-        return copy.deepcopy(base)
-
     # greedy decode step (transformers' own one-token forward)
-    cache = fresh_cache()
+    cache = copy.deepcopy(base)
     token = prefill.logits[:, -1:].argmax(-1)
     out["greedy_step_ms"] = timed(lambda: target(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1))
 
     # drafter pass (block 16, context = the prompt's features): the dynamic drafter's first pass of a prompt
     proposer = DFlashProposer(drafter, target, static=False)
-    from ..engine.drafter import extract_context_features
-
     feats = extract_context_features(prefill.hidden_states, proposer.feature_layer_ids)[0]
 
     def draft():
@@ -303,43 +309,12 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     del proposer
     # a round's pass, dynamic (eager) against static (CUDA graphs), side by side: issue #18's <= 3 ms
     out["drafter_pass"] = drafter_pass(target, drafter, feats, int(token), sync, repeats=4 if bench.smoke else 20)
-
-    rows = []
-    for budget in [] if bench.fast_only else budgets:
-        k = min(budget, logprobs.shape[-1])
-        values, ids = torch.topk(logprobs, k, dim=-1)
-        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
-        tree_ms = timed(lambda: build_tree(int(token), v_np, i_np, budget), repeats=20)
-        tree = build_tree(int(token), v_np, i_np, budget)
-        row = {"budget": budget, "positions": len(tree), "tree_build_ms": tree_ms}
-        for mode in (EXACT, NAIVE):
-            def one(mode=mode):
-                c = fresh_cache()
-                sync()
-                s = time.perf_counter()
-                r = verify_tree(target, c, tree, prompt_len, mode, want_hidden=True)
-                sync()
-                v = (time.perf_counter() - s) * 1e3
-                accepted = tree.path_to(len(tree) - 1)
-                s = time.perf_counter()
-                commit(c, tree, accepted, r)
-                sync()
-                return v, (time.perf_counter() - s) * 1e3
-            one()
-            samples = [one() for _ in range(5)]
-            row[f"verify_{mode}_ms"] = statistics.median(v for v, _ in samples)
-            row[f"commit_{mode}_ms"] = statistics.median(c for _, c in samples)
-        row["tree_exact_extra_ms"] = row["verify_exact_ms"] - row["verify_naive_ms"]
-        rows.append(row)
+    rows = [] if bench.fast_only else verify_rows(target, base, int(token), logprobs, budgets, prompt_len, sync)
     out["budgets"] = rows
-
     chain = DraftTree.chain_from_logprobs(int(token), logprobs)
-
-    def chain_verify():
-        verify_tree(target, fresh_cache(), chain, prompt_len, EXACT, want_hidden=True)
-
     if not bench.fast_only:
-        out["dflash_chain_verify_ms"] = timed(chain_verify, repeats=5)
+        out["dflash_chain_verify_ms"] = timed(lambda: verify_tree(target, copy.deepcopy(base), chain, prompt_len, EXACT,
+                                                                  want_hidden=True), repeats=5)
         out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
     if bench.fast and not bench.split:
         out["fast"] = fast_speed(bench, pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs,
@@ -355,6 +330,50 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
         del target, drafter, base, prefill
         torch.cuda.empty_cache()
     return out
+
+
+def verify_rows(target, base, token: int, logprobs, budgets: list[int], prompt_len: int, sync) -> list[dict]:
+    """Per budget: the best-first tree's build time, and transformers' verify and commit of it, exact and naive
+    (medians of 5 after one), each on a fresh copy of the prompt's cache `base`."""
+    from ..engine.tree import build_tree
+    from ..engine.verify import EXACT, NAIVE
+
+    timed = timer(sync)
+    rows = []
+    for budget in budgets:
+        k = min(budget, logprobs.shape[-1])
+        values, ids = torch.topk(logprobs, k, dim=-1)
+        v_np, i_np = values.cpu().numpy(), ids.cpu().numpy()
+        tree_ms = timed(lambda: build_tree(token, v_np, i_np, budget), repeats=20)
+        tree = build_tree(token, v_np, i_np, budget)
+        row = {"budget": budget, "positions": len(tree), "tree_build_ms": tree_ms}
+        for mode in (EXACT, NAIVE):
+            one = functools.partial(verify_commit_ms, target, base, tree, prompt_len, mode, sync)
+            one()
+            samples = [one() for _ in range(5)]
+            row[f"verify_{mode}_ms"] = statistics.median(v for v, _ in samples)
+            row[f"commit_{mode}_ms"] = statistics.median(c for _, c in samples)
+        row["tree_exact_extra_ms"] = row["verify_exact_ms"] - row["verify_naive_ms"]
+        rows.append(row)
+    return rows
+
+
+def verify_commit_ms(target, base, tree, prompt_len: int, mode: str, sync) -> tuple[float, float]:
+    """(verify ms, commit ms) of transformers' pass over `tree` in `mode` and the commit of its deepest path, on a
+    fresh copy of the prompt's cache `base`."""
+    from ..engine.verify import commit, verify_tree
+
+    c = copy.deepcopy(base)
+    sync()
+    s = time.perf_counter()
+    r = verify_tree(target, c, tree, prompt_len, mode, want_hidden=True)
+    sync()
+    v = (time.perf_counter() - s) * 1e3
+    accepted = tree.path_to(len(tree) - 1)
+    s = time.perf_counter()
+    commit(c, tree, accepted, r)
+    sync()
+    return v, (time.perf_counter() - s) * 1e3
 
 
 DRAFT_PATHS = {  # drafter_pass: each path's DFlashProposer options
@@ -439,25 +458,15 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     (``engine.verify.device_sync``); ``draft_ms`` is the isolated drafter pass measured before (the dynamic
     drafter's first pass of the prompt), ``draft_pass`` the round's pass both ways (``drafter_pass``)."""
     from ..engine.engines import RunnerEngine
-    from ..engine.runner import StaticRunner
-    from ..engine.session import DecodeSession, DFlashProposer
-    from ..engine.tree import DraftTree, one_node
+    from ..engine.tree import DraftTree
 
     target, drafter = pair.target, pair.drafter
     timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
     options = bench.runner_options()
-    max_len = len(prompt) + 2048
     start = time.perf_counter()
-    try:
-        runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
-                              options=options)
-        graphs_error = None
-    except Exception as exc:  # report what broke, measure without graphs
-        graphs_error = f"{type(exc).__name__}: {exc}"
-        runner = StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=drafter.target_layer_ids,
-                              graphs=False, options=options)
+    runner, graphs_error = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids, options)
     out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
                  "graphs_error": graphs_error, "compile_s": runner.compile_s, "compile_error": runner.compile_error}
     out["prefill"] = runner_prefill(runner, prompt, sync, lengths=(len(prompt), 2048))
@@ -465,18 +474,10 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
         runner.slot_for(size)
     out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas))
-    token = int(logits.argmax())
     rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
                           max_new_tokens=rounds_tokens, runner=runner)
-
-    def greedy_step():
-        nonlocal token
-        tree_pass = engine.forward(one_node(token))
-        token = int(tree_pass.logits[0].argmax())
-        engine.commit(tree_pass, [0])
-
-    out["greedy_step_ms"] = timed(greedy_step, repeats=30)
+    out["greedy_step_ms"] = timed(greedy_stepper(engine, int(logits.argmax())), repeats=30)
     rows = []
     for budget in budgets:
         tree = DraftTree.from_logprobs(root, logprobs, budget)
@@ -493,12 +494,54 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     out["budgets"] = rows
     chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
+    out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
+    out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
+    out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
+    del engine, runner
+    if bench.cuda:
+        torch.cuda.empty_cache()
+    out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
+    out["tree_forms"] = tree_forms(bench, target, sync)
+    out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)
+    return out
 
-    # whole rounds as a session runs them on this engine (phases timed, no records); host time apart: the tree
-    # phase (top-k to the host, best-first build) + the runner's own host work (inputs, path). The drafter: the
-    # static path (CUDA graphs; what a session takes on CUDA), then the same rounds with the dynamic one
+
+def bench_runner(target, max_len: int, sizes: list[int], feature_layer_ids, options):
+    """(runner, graphs_error): the static runner with its CUDA graphs, or without them where its construction failed
+    (graphs_error says why)."""
+    from ..engine.runner import StaticRunner
+
+    try:
+        return StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=feature_layer_ids,
+                            options=options), None
+    except Exception as exc:  # report what broke, measure without graphs
+        return StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=feature_layer_ids, graphs=False,
+                            options=options), f"{type(exc).__name__}: {exc}"
+
+
+def greedy_stepper(engine, token: int):
+    """A greedy step on `engine` from `token` (each call decodes the next token: the one-node tree, its commit)."""
+    from ..engine.tree import one_node
+
+    def greedy_step():
+        nonlocal token
+        tree_pass = engine.forward(one_node(token))
+        token = int(tree_pass.logits[0].argmax())
+        engine.commit(tree_pass, [0])
+
+    return greedy_step
+
+
+def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int) -> dict:
+    """Whole rounds as a session runs them on the runner's engine (phases timed, no records), median of 12 after 2
+    warm-up rounds (the drafter's graphs are captured in those); host time apart: the tree phase (top-k to the host,
+    best-first build) + the runner's own host work (inputs, path). The drafter: the static path (CUDA graphs; what a
+    session takes on CUDA), then the same rounds with the dynamic one."""
+    from ..engine.session import DecodeSession, DFlashProposer
+
+    out: dict = {}
     for key, static in (("round_budget_64", True), ("round_budget_64_dynamic_draft", False)):
-        proposer = DFlashProposer(pair.drafter, target, static=static)
+        proposer = DFlashProposer(pair.drafter, pair.target, static=static)
         session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
                                 time_phases=True, proposer=proposer)
         session.prefill(prompt_ids=prompt)
@@ -519,14 +562,6 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
         del session, proposer
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
-    out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
-    out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
-    del engine, runner
-    if bench.cuda:
-        torch.cuda.empty_cache()
-    out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
-    out["tree_forms"] = tree_forms(bench, target, sync)
-    out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)
     return out
 
 
@@ -539,12 +574,10 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
     captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
     A form that cannot run here says why."""
-    import random
-
     from ..engine import fused as fz
-    from ..engine.gdn_tree import (TreeIndex, solve_steps, tree_delta_rule_masked, tree_delta_rule_parts,
-                                  tree_solve)
-    from ..engine.kernels import triton_available
+    from ..engine.delta_rule.dispatch import triton_available
+    from ..engine.delta_rule.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
+    from ..engine.gdn_tree import TreeIndex
     from ..engine.runner import RunnerOptions
     from ..engine.verify import gdn_modules
 
@@ -554,26 +587,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     compiles = RunnerOptions().resolve(dev).compile
     kernels = bench.cuda and triton_available()  # the Triton forms run here
     gen = torch.Generator().manual_seed(0)
-    timed = timer(sync)
-
-    def per_call_us(fn) -> float | str:
-        try:
-            if not bench.cuda:
-                return round(timed(fn, repeats=5) * 1e3, 2)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(calls):
-                    fn()
-            return round(timed(graph.replay, repeats=10) * 1e3 / calls, 2)
-        except Exception as exc:  # a form that cannot run here
-            return f"{type(exc).__name__}: {str(exc)[:300]}"
-
+    per_call = functools.partial(per_call_us, bench, timer(sync), calls)
     out: dict = {"heads": H, "key_heads": Hk, "K": K, "V": V, "calls_per_graph": calls if bench.cuda else None,
                  "compiled": compiles}
     for T in positions:
@@ -591,30 +605,59 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
         parts = parts_fn(q, k, v, g, beta, state, anc, off)
         steps = solve_steps(anc)
         row = {"steps": int(steps),
-               "torch_form_us": per_call_us(lambda: form(qr, kr, v, g, beta, state, anc, off)),
-               "parts_repeated_heads_us": per_call_us(lambda: parts_fn(qr, kr, v, g, beta, state, anc, off)),
-               "parts_key_heads_us": per_call_us(lambda: parts_fn(q, k, v, g, beta, state, anc, off)),
-               "solve_cublas_us": per_call_us(lambda: tree_solve(*parts))}
+               "torch_form_us": per_call(lambda: form(qr, kr, v, g, beta, state, anc, off)),
+               "parts_repeated_heads_us": per_call(lambda: parts_fn(qr, kr, v, g, beta, state, anc, off)),
+               "parts_key_heads_us": per_call(lambda: parts_fn(q, k, v, g, beta, state, anc, off)),
+               "solve_cublas_us": per_call(lambda: tree_solve(*parts))}
         if not kernels:
             row["solve_triton_tf32x3"] = row["solve_triton_ieee"] = row["rule_triton"] = "needs Triton and a CUDA device"
-            out[str(T)] = row
-            continue
-        from ..engine.kernels.tree_solve import tree_rule_triton, tree_solve_triton
-
-        forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
-                 for p in ("tf32x3", "ieee")}
-        # the whole rule in Triton (two launches), from grouped q/k heads
-        forms["rule_triton"] = functools.partial(tree_rule_triton, q, k, v, g, beta, state, anc, steps)
-        for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
-            if rows < T:
-                forms[f"rule_triton_rows_{rows}"] = functools.partial(tree_rule_triton, q, k, v, g, beta, state, anc,
-                                                                      steps, block_r=rows)
-        for key, fn in forms.items():
-            row[f"{key}_us"] = per_call_us(fn)
-            if not isinstance(row[f"{key}_us"], str):  # (a form that failed says why there)
-                row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
+        else:
+            row.update(triton_forms(per_call, (q, k, v, g, beta, state, anc, steps), parts, want, T))
         out[str(T)] = row
     return out
+
+
+def triton_forms(per_call, args, parts, want, T: int) -> dict:
+    """tree_forms' Triton rows for one tree: the solve with each product precision, the whole rule (and with each
+    count of rows a program of its parts kernel below T), each timed and its largest difference from `want` (the
+    torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch form's parts."""
+    from ..engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
+
+    steps = args[-1]
+    forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
+             for p in ("tf32x3", "ieee")}
+    # the whole rule in Triton (two launches), from grouped q/k heads
+    forms["rule_triton"] = functools.partial(tree_rule_triton, *args)
+    for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
+        if rows < T:
+            forms[f"rule_triton_rows_{rows}"] = functools.partial(tree_rule_triton, *args, block_r=rows)
+    row = {}
+    for key, fn in forms.items():
+        row[f"{key}_us"] = per_call(fn)
+        if not isinstance(row[f"{key}_us"], str):  # (a form that failed says why there)
+            row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
+    return row
+
+
+def per_call_us(bench: BenchConfig, timed, calls: int, fn) -> float | str:
+    """Microseconds a call of fn: on CUDA `calls` calls captured in one CUDA graph and replayed (launch cost out, as
+    in the runner), elsewhere timed eagerly; why, where it cannot run."""
+    try:
+        if not bench.cuda:
+            return round(timed(fn, repeats=5) * 1e3, 2)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        return round(timed(graph.replay, repeats=10) * 1e3 / calls, 2)
+    except Exception as exc:  # a form that cannot run here
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def runner_prefill(runner, prompt: list[int], sync, lengths=(512, 2048), repeats: int = 3) -> dict:
@@ -663,7 +706,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
 
     from ..engine.engines import RunnerEngine
     from ..engine.runner import StaticRunner
-    from ..engine.tree import DraftTree, one_node
+    from ..engine.tree import DraftTree
 
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
@@ -694,15 +737,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                    compile_error=runner.compile_error)  # as it ran
         runner.prefill(prompt)
         engine = RunnerEngine(target, None, tree_size=129, block_size=16, max_new_tokens=256, runner=runner)
-        token = root
-
-        def greedy_step():
-            nonlocal token
-            tree_pass = engine.forward(one_node(token))
-            token = int(tree_pass.logits[0].argmax())
-            engine.commit(tree_pass, [0])
-
-        row["greedy_step_ms"] = timed(greedy_step, repeats=20)
+        row["greedy_step_ms"] = timed(greedy_stepper(engine, root), repeats=20)
         row["greedy_step_per_bound"] = row["greedy_step_ms"] / bound_ms
         for budget, tree in trees.items():
             row[f"verify_{budget}_ms"] = timed(lambda: runner.forward(tree), repeats=10)
@@ -842,25 +877,12 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     `--fast` times it). Targets (issue #13): a Step <= 1.3x the bare round + 10 ms; the first Step after a new
     prompt <= 2x its prefill."""
     from ..page import actions
-    from ..page.host import ModelHost
     from ..page.state import TabState, read_settings
     from ..page.views import render_check, render_views
-    from ..engine.cache import cache_layout
-    from ..engine.engines import warm_runner
-    from ..engine.session import DecodeSession
-    from ..engine.verify import device_sync
-    from ..render.cache_view import cache_layout_table
 
-    t0 = time.perf_counter()
-    target = build_target(bench, layers, dtype)
-    drafter = build_drafter(bench, target, dtype)
-    build_s = time.perf_counter() - t0
-    sync = device_sync(target, drafter)
-    pair = pair_of(bench, target, drafter, dtype)
-    host = ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
-    host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"
-    host.warmup_s = warm_runner(target)  # what the page's load does (ModelHost._load): the compile, before any Step
-    block = drafter.block_size
+    host, sync, build_s = page_host(bench, layers, dtype)
+    pair = host.pair
+    block = pair.drafter.block_size
     max_new = (steps + 4) * block  # room for every round below, however much they accept
     controls = lambda prompt: dict(prompt=prompt, budget=budget, block_size=block, max_new_tokens=max_new,  # noqa: E731
                                    verify="exact", method="ddtree")  # the Step tab's, by name
@@ -890,20 +912,10 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     samples: dict[str, list[float]] = {"step": [], "render": [], "ui_step": [], "check": []}
     for _ in range(steps):
         step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 0))
-        samples["step"].append(step_ms)
-        samples["render"].append(render_ms)
-        samples["ui_step"].append(step_ms + render_ms)
+        for key, ms in (("step", step_ms), ("render", render_ms), ("ui_step", step_ms + render_ms)):
+            samples[key].append(ms)
         samples["check"].append(ui_check(tab))
-    records = tab.session.history[1:]  # the first round's draft ran the drafter at a new shape first
-    out["round_phases_ms"] = {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms}
-    out["draft_ms_per_round"] = [r.timings_ms["draft"] for r in tab.session.history]  # steady, or a spike per shape?
-    out["mean_acceptance"] = tab.session.mean_acceptance
-    out["reference_ms_per_token"] = tab.session.greedy_seconds * 1e3 / max(1, len(tab.session.generated))
-    out["reference"] = tab.session.reference
-    out["runner_options"] = asdict(tab.session.target_engine.runner.options)
-    proposer = tab.session.proposer  # the page's default: the static drafter (CUDA graphs) on one GPU
-    out["draft_path"] = proposer.path
-    out["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
+    out.update(session_figures(tab.session))
     for key, values in samples.items():
         out[f"{key}_ms"] = statistics.median(values)
 
@@ -912,8 +924,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out["first_step_ms"] = step_ms + render_ms
     out["prefill_ms"] = tab.session.prefill_ms
     out["first_check_ms"] = ui_check(tab)
-    checked = tab.trace.first_divergence is None and not tab.trace.reference_pending
-    out["output_identical_to_reference"] = checked
+    out["output_identical_to_reference"] = tab.trace.first_divergence is None and not tab.trace.reference_pending
 
     # the independent check (transformers' forward) over the tokens shown, its own time
     s = time.perf_counter()
@@ -922,12 +933,61 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out["independent_check"] = {"tokens": len(result.ids), "ms": seconds * 1e3,
                                 "agrees": tuple(result.ids) == tuple(tab.session.generated[:len(result.ids)]),
                                 "wall_ms": (time.perf_counter() - s) * 1e3}
+    out.update(bare_rounds(pair, budget, max_new, list(ui_prompt(prompt_len, 2).encode()), steps, sync))
+    out.update(ui_targets(out))
+    if bench.cuda:
+        out["peak_memory_GiB"] = peak_memory_gib(bench)
+        del pair, host, tab
+        torch.cuda.empty_cache()
+    return out
 
-    # the bare round: DecodeSession.step alone on the runner, no records (phases timed), and with records
+
+def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype):
+    """(a page's ModelHost on the runner engine holding the 27B-shaped pair, its device sync, seconds to build the
+    models): what the page's load does (ModelHost._load), the runner's compile included, before any Step."""
+    from ..engine.cache import cache_layout
+    from ..engine.engines import warm_runner
+    from ..engine.verify import device_sync
+    from ..page.host import ModelHost
+    from ..render.cache_view import cache_layout_table
+
+    t0 = time.perf_counter()
+    target = build_target(bench, layers, dtype)
+    drafter = build_drafter(bench, target, dtype)
+    build_s = time.perf_counter() - t0
+    pair = pair_of(bench, target, drafter, dtype)
+    host = ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
+    host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"
+    host.warmup_s = warm_runner(target)
+    return host, device_sync(target, drafter), build_s
+
+
+def session_figures(session) -> dict:
+    """What ui_speed reports of the page session after its Steps: the rounds' median phases (the first round apart:
+    its draft ran the drafter at a new shape first), each round's draft, acceptance, the reference's cost, the
+    runner's options and the drafter's path."""
+    records = session.history[1:]
+    proposer = session.proposer  # the page's default: the static drafter (CUDA graphs) on one GPU
+    return {"round_phases_ms": {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms},
+            "draft_ms_per_round": [r.timings_ms["draft"] for r in session.history],  # steady, or a spike per shape?
+            "mean_acceptance": session.mean_acceptance,
+            "reference_ms_per_token": session.greedy_seconds * 1e3 / max(1, len(session.generated)),
+            "reference": session.reference,
+            "runner_options": asdict(session.target_engine.runner.options),
+            "draft_path": proposer.path,
+            "draft_capture_s": proposer.runner.capture_s if proposer.runner is not None else None}
+
+
+def bare_rounds(pair, budget: int, max_new: int, prompt_ids: list[int], steps: int, sync) -> dict:
+    """The bare round: DecodeSession.step alone on the runner (phases timed), without records and with them; the
+    median ms of `steps` rounds after 2 warm-up rounds (graph capture, the drafter's first shapes)."""
+    from ..engine.session import DecodeSession
+
+    out = {}
     for key, record in (("bare_round_ms", False), ("bare_round_recorded_ms", True)):
         session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
                                 time_phases=True)
-        session.prefill(prompt_ids=list(ui_prompt(prompt_len, 2).encode()))
+        session.prefill(prompt_ids=prompt_ids)
         times = []
         for r in range(steps + 2):
             s = time.perf_counter()
@@ -937,18 +997,18 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
                 times.append((time.perf_counter() - s) * 1e3)
         out[key] = statistics.median(times)
         del session
-
-    out["ui_step_target_ms"] = 1.3 * out["bare_round_ms"] + 10
-    out["ui_step_per_bare_round"] = out["ui_step_ms"] / out["bare_round_ms"]
-    out["ui_step_target_met"] = out["ui_step_ms"] <= out["ui_step_target_ms"]
-    out["first_step_per_prefill"] = out["first_step_ms"] / out["prefill_ms"]
-    out["first_step_target_met"] = out["first_step_per_prefill"] <= 2
-    out["first_step_cold_per_prefill"] = out["first_step_cold_ms"] / out["first_step_cold_prefill_ms"]
-    if bench.cuda:
-        out["peak_memory_GiB"] = peak_memory_gib(bench)
-        del target, drafter, pair, host, tab
-        torch.cuda.empty_cache()
     return out
+
+
+def ui_targets(out: dict) -> dict:
+    """Issue #13's targets from ui_speed's figures: a Step <= 1.3x the bare round + 10 ms; the first Step after a
+    new prompt <= 2x its prefill."""
+    target_ms = 1.3 * out["bare_round_ms"] + 10
+    per_prefill = out["first_step_ms"] / out["prefill_ms"]
+    return {"ui_step_target_ms": target_ms, "ui_step_per_bare_round": out["ui_step_ms"] / out["bare_round_ms"],
+            "ui_step_target_met": out["ui_step_ms"] <= target_ms, "first_step_per_prefill": per_prefill,
+            "first_step_target_met": per_prefill <= 2,
+            "first_step_cold_per_prefill": out["first_step_cold_ms"] / out["first_step_cold_prefill_ms"]}
 
 
 def peak_memory_gib(bench: BenchConfig) -> dict[str, float] | None:
@@ -1008,7 +1068,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.runner import BLAS_CHOICES, GDN_KERNELS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS
+    from ..engine.runner import BLAS_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)

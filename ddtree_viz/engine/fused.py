@@ -19,8 +19,9 @@ with their fp32 round trips, the GDN conv, l2 norms, gates, the one-step delta r
 residual adds). The second half of this module holds those pieces as pure functions of tensors and numbers
 (weights and state are arguments, never closures over modules), so that `compiled(fn)` (torch.compile, inductor,
 no CUDA graphs of its own: the runner captures its own) fuses each into a few kernels and one compiled graph
-serves every layer of a kind. The GEMMs stay outside them (cuBLAS, as before). The static runner calls them when
-`RunnerOptions.compile` is on; its eager forms, unchanged, are the reference they are tested against.
+serves every layer of a kind. The GEMMs stay outside them (cuBLAS, as before). The static runner calls these same
+functions either way (`Pieces`): through torch.compile when `RunnerOptions.compile` is on, as they are otherwise
+(a CPU's numbers); tests/test_runner.py holds the two equal.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-from .gdn_tree import _l2norm, tree_conv, tree_delta_rule_masked, tree_delta_rule_parts
+from .delta_rule.parallel import tree_delta_rule_masked, tree_delta_rule_parts
+from .delta_rule.step import delta_rule_step
+from .gdn_tree import l2norm, tree_conv
 
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -124,6 +127,39 @@ def mark_dynamic(*dims) -> None:
             torch._dynamo.maybe_mark_dynamic(t, d)
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """How the runner calls the pieces below: the same plain functions, through torch.compile (`compile`) or as they
+    are (gpt-fast's habit). `pieces(fn)` is the function to call; `pieces.mark(...)` marks dims dynamic (compiled
+    only: `mark_dynamic`)."""
+
+    compile: bool
+
+    def __call__(self, fn):
+        return compiled(fn) if self.compile else fn
+
+    def mark(self, *dims) -> None:
+        if self.compile:
+            mark_dynamic(*dims)
+
+
+@dataclass(frozen=True)
+class GDNWeights:
+    """A GDN layer's weights and sizes as the pieces take them (tensors and numbers, never the module)."""
+
+    conv_weight: torch.Tensor  # [C, kernel]
+    A_log: torch.Tensor  # [H]
+    dt_bias: torch.Tensor  # [H]
+    norm_weight: torch.Tensor  # [V] the gated norm's
+    dims: dict  # key_dim, head_k, head_v, rep (H / Hk), eps: gdn_core's keywords
+
+    @classmethod
+    def of(cls, m: nn.Module) -> "GDNWeights":
+        return cls(m.conv1d.weight.detach().squeeze(1), m.A_log.detach(), m.dt_bias.detach(), m.norm.weight.detach(),
+                   dict(key_dim=m.key_dim, head_k=m.head_k_dim, head_v=m.head_v_dim,
+                        rep=m.num_v_heads // m.num_k_heads, eps=m.norm.variance_epsilon))
+
+
 def rms_norm(x, scale, eps: float):
     """Qwen3.5's zero-centred RMSNorm (fp32 normalise, scale by 1 + w, cast back) with `scale` = 1 + w in fp32."""
     return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * scale).type_as(x)
@@ -140,14 +176,6 @@ def silu_mul(gate, up):
     return F.silu(gate) * up
 
 
-def _delta_step(q, k, v, g, beta, state):
-    """runner.delta_rule_step with its two matrix-vector products written as reductions (fused with the decay)."""
-    decayed = state * g[0].exp()[:, None, None]  # [H, K, V]
-    delta = beta[0][:, None] * (v[0] - (decayed * k[0][:, :, None]).sum(1))
-    out = (decayed * q[0][:, :, None]).sum(1) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
-    return out[None], delta[None]
-
-
 def gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim: int, head_k: int, head_v: int,
              rep: int):
     """gdn_tree.gdn_inputs between the projections and the delta rule: tree conv, l2 norms, gates. u [T, C], b, a
@@ -155,7 +183,7 @@ def gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim: 
     [T, H], all fp32 (q and k repeated to the value heads where rep > 1; rep = 1 keeps the Hk key heads)."""
     n = u.shape[0]
     mixed = tree_conv(u, conv_state, conv_weight, gather)
-    qk = _l2norm(mixed[:, : 2 * key_dim].reshape(n, 2, -1, head_k).float())  # queries, keys: [T, 2, Hk, K]
+    qk = l2norm(mixed[:, : 2 * key_dim].reshape(n, 2, -1, head_k).float())  # queries, keys: [T, 2, Hk, K]
     v = mixed[:, 2 * key_dim :].reshape(n, -1, head_v).float()
     q, k = qk[:, 0] / (head_k**0.5), qk[:, 1]
     beta = b.sigmoid().float()
@@ -183,7 +211,7 @@ def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state,
     state is not touched."""
     q, k, v, g, beta = gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim, head_k, head_v, rep)
     if u.shape[0] == 1:
-        core, delta = _delta_step(q, k, v, g, beta, state)
+        core, delta = delta_rule_step(q, k, v, g, beta, state)
     else:
         core, delta = tree_delta_rule_masked(q, k, v, g, beta, state, anc_float, off_path)
     return gated_norm(core, z, norm_weight, head_v, eps), k, g, delta
@@ -191,9 +219,9 @@ def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state,
 
 def gdn_tree_parts(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, anc_float, off_path,
                    key_dim: int, head_k: int, head_v: int):
-    """`gdn_core` up to the tree solve, for the Triton solve (kernels/tree_solve.py) to finish: `gdn_prep` (q and k
-    on their key heads), then gdn_tree.tree_delta_rule_parts. Returns (A, Qd [H, T, T], rhs, base [H, T, V],
-    k [T, Hk, K] (the commit repeats it), g [T, H])."""
+    """`gdn_core` up to the tree solve, for the Triton solve (delta_rule/triton_solve.py) to finish: `gdn_prep` (q and
+    k on their key heads), then delta_rule/parallel.py's tree_delta_rule_parts. Returns (A, Qd [H, T, T], rhs,
+    base [H, T, V], k [T, Hk, K] (the commit repeats it), g [T, H])."""
     q, k, v, g, beta = gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim, head_k, head_v, 1)
     return (*tree_delta_rule_parts(q, k, v, g, beta, state, anc_float, off_path), k, g)
 
@@ -225,8 +253,8 @@ def gate_heads(o, gate, heads: int):
 
 def commit_state(rec_all, conv_all, u, k, g, delta, path, steps, length, gather, last) -> None:
     """The static runner's GDN commit for every layer at once, in place: the recurrent states advanced along the
-    accepted path (closed form of gdn_tree.state_after: one batched matmul, then decay and add in one pass) and
-    the conv windows taken at the path's last node. rec_all [Lg, H, K, V] fp32; conv_all [Lg, C, kernel];
+    accepted path (closed form of delta_rule/parallel.py's state_after: one batched matmul, then decay and add in one
+    pass) and the conv windows taken at the path's last node. rec_all [Lg, H, K, V] fp32; conv_all [Lg, C, kernel];
     u [Lg, T, C]; k [Lg, T, H, K]; g [Lg, T, H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (0 .. P-1);
     length [] (the path's valid steps); gather [T, kernel]; last [1]."""
     valid = (steps < length).to(torch.float32)[None, :, None]  # the path's steps, padding after

@@ -2,7 +2,7 @@
 
 transformers' forward grows its cache with torch.cat and launches a few thousand small kernels per token from
 Python; on a 27B model that is ~11x the time the GPU needs to read the weights once. The runner keeps the same
-arithmetic (it calls the target's own projections and MLPs, and the tree-exact GDN of gdn_tree.py) but over
+arithmetic (the target's own projections and MLPs, the tree-exact GDN of gdn_tree.py and delta_rule/) but over
 preallocated state, one stacked tensor per kind so that the commit is a few batched kernels:
 
     keys / values  [attn_layers, kv_heads, max_len, head_dim] (rows past `committed` are scratch)
@@ -15,38 +15,38 @@ and two shape-static functions, captured as CUDA graphs per tree size and attent
                  -> logits [T, vocab] (fp32) and the drafter's context features [T, F].
                  Attention rows of the tree are written at committed .. committed+T-1 and each row sees the
                  committed prefix plus its ancestors, over the smallest power-of-two bucket of rows that holds
-                 them; GDN layers run the tree-exact parallel form (the one-step recurrence when T = 1) and leave
-                 the state untouched (their per-node k, g, delta and raw conv inputs are kept for the commit).
+                 them; GDN layers run the tree delta rule's form (delta_rule/dispatch.py: the one-step recurrence
+                 when T = 1) and leave the state untouched (their per-node k, g, delta and raw conv inputs are kept
+                 for the commit).
     commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, every GDN layer's
-                 recurrent state advanced along the path at once (closed form of gdn_tree.state_after) and its
-                 conv window taken at the path's last node; committed += length.
+                 recurrent state advanced along the path at once (closed form of delta_rule/parallel.state_after)
+                 and its conv window taken at the path's last node; committed += length.
 
-Greedy decoding is the one-node tree (T = 1, path [0]), so greedy and DDTree run the same code. The runner is
-driven through engines.RunnerEngine (DecodeSession, EngineGreedy), which also sizes it. The prefill
-runs transformers' own forward once and copies its cache in. The tree size T is padded up to the nearest
-captured size with inert nodes (children of the root that nothing descends from).
+Each layer kind is written once, from engine/fused.py's pure pieces, which run as they are or through
+torch.compile (`Pieces`: gpt-fast's habit, one function either way). Greedy decoding is the one-node tree (T = 1,
+path [0]), so greedy and DDTree run the same code. The runner is driven through engines.RunnerEngine
+(DecodeSession, EngineGreedy), which also sizes it. The prefill runs transformers' own forward once and copies its
+cache in. The tree size T is padded up to the nearest captured size with inert nodes (children of the root that
+nothing descends from).
 
 Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
 bitwise what they were):
-    gdn_kernel  "triton-rule" (the default on CUDA): the whole tree delta rule in two Triton launches
-                (kernels/tree_solve.py: the path sums, q.k and k.k with decay and beta; then q S and k S, the
-                triangular solve level by level and the output product), between the compiled conv / gates and
-                gated norm; "triton-solve": the parallel part in torch (batched GEMMs, fused elementwise work),
-                only the solve and output product in Triton;
-                "triton": the whole delta rule in one Triton kernel per GDN layer (kernels/tree_gdn.py),
-                "triton-tree" the same but the torch one-step form for T = 1; "torch": cuBLAS's solve
+    gdn_kernel  the tree delta rule's form, chosen once at construction (delta_rule/dispatch.py): "triton-rule"
+                (the default on CUDA) the whole rule in two Triton launches between the compiled conv / gates and
+                gated norm; "triton-solve" the parallel part in torch, the solve and output product in Triton;
+                "triton" the whole rule in one Triton kernel per GDN layer, "triton-tree" the same but the torch
+                one-step form for T = 1; "torch" the torch forms (cuBLAS's solve)
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
-    compile     the elementwise work between the GEMMs (norms, residual adds, the GDN conv / gates / one-step delta
-                rule / gated norm, q/k norms + rope, the softmax, SiLU * up, the GDN commit) through torch.compile,
-                a few fused kernels per layer instead of ~60 (engine/fused.py's pure pieces; compiled once per
-                process at the first runner's construction, `compile_s`); on by default on CUDA, off on a CPU
+    compile     the pieces between the GEMMs (norms, residual adds, the GDN conv / gates / one-step delta rule /
+                gated norm, q/k norms + rope, the softmax, SiLU * up, the GDN commit) through torch.compile, a few
+                fused kernels per layer instead of ~60 (compiled once per process at the first runner's
+                construction, `compile_s`); on by default on CUDA, off on a CPU
 """
 
 from __future__ import annotations
 
-import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -55,34 +55,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
 from . import fused as fz
-from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
-from .kernels import interpreting, triton_available
-from .gdn_tree import (TreeIndex, TreeMasks, gdn_inputs, gdn_output, solve_steps, tree_delta_rule,
-                       tree_delta_rule_parts)
-from ..treeops import ancestor_matrix, conv_gather
+from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
+from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
+from ..treeops import conv_gather
 from .tree import DraftTree
 from .verify import decoder_layers, gdn_modules
 
-
-def delta_rule_step(q, k, v, g, beta, state):
-    """One token of the gated delta rule (q, k, v [1, H, .], g, beta [1, H], state [H, K, V], fp32): the output
-    [1, H, V] and delta [1, H, V], without touching the state (the commit applies S' = e^g S + k delta^T)."""
-    decayed = state * g[0].exp()[:, None, None]
-    delta = beta[0][:, None] * (v[0] - torch.einsum("hkv,hk->hv", decayed, k[0]))
-    out = torch.einsum("hkv,hk->hv", decayed, q[0]) + (q[0] * k[0]).sum(-1, keepdim=True) * delta
-    return out[None], delta[None]
-
-
-GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
 ATTENTION_KINDS = ("eager", "sdpa")
 BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
 BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
+# the norms the pieces compute (zero-centred RMSNorm: x / rms(x) * (1 + w), the scale precomputed in fp32)
+NORM_KINDS = ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")
+COMPILED_GATED_NORM = "Qwen3_5RMSNormGated"  # the GDN gated norm the compiled pieces are made for (silu)
 
 
 @contextmanager
@@ -108,7 +97,7 @@ class RunnerOptions:
     says what a device gets."""
 
     # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the
-    # one-node step) | triton-tree (trees only)
+    # one-node step) | triton-tree (trees only): delta_rule/dispatch.py's forms
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
@@ -125,11 +114,7 @@ class RunnerOptions:
         if self.blas not in BLAS_CHOICES:
             raise ValueError(f"blas must be one of {', '.join(BLAS_CHOICES)}, not {self.blas!r}")
         cuda = device.type == "cuda"
-        kernel = self.gdn_kernel
-        if kernel == "auto":
-            kernel = "triton-rule" if cuda and triton_available() else "torch"
-        elif kernel != "torch" and not (triton_available() and (cuda or interpreting())):
-            raise ValueError(f"gdn_kernel={kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
+        kernel = resolve_option(self.gdn_kernel, device)
         compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
         blas = self.blas if cuda else "default"  # a CPU has one BLAS
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas)
@@ -200,57 +185,16 @@ class StaticRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
-        self.kernel_error: str | None = None  # why the Triton delta rule was refused here (the torch form runs)
-        self._tree_kernel = None  # the whole delta rule in Triton ("triton", "triton-tree")
-        self._solve = None  # the tree solve in Triton ("triton-solve")
-        self._rule = None  # the tree delta rule in Triton ("triton-rule")
-        self._solve_max = 0  # their largest tree (positions); larger ones take the torch form
-        if self.options.gdn_kernel != "torch":
-            kernel = self._checked_kernel(next(iter(gdn.values())))
-            if kernel is None:
-                self.options = replace(self.options, gdn_kernel="torch")
-            elif self.options.gdn_kernel in ("triton-solve", "triton-rule"):
-                from .kernels.tree_solve import MAX_T
-
-                self._solve_max = MAX_T
-                if self.options.gdn_kernel == "triton-solve":
-                    self._solve = kernel
-                else:
-                    self._rule = kernel
-            else:
-                self._tree_kernel = kernel
-        self._step_kernel = self.options.gdn_kernel == "triton"  # the one-node step through the kernel too
+        # the tree delta rule's form, once (kernel_error: why a Triton form was refused here; the torch form runs)
+        self.rule, self.kernel_error = choose(self.options.gdn_kernel, self.device, next(iter(gdn.values())))
+        self.options = replace(self.options, gdn_kernel=self.rule.name)
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
         # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
         self._model_key = (str(self.device), self.dtype, target.config.to_json_string())
-        cfg = target.config.get_text_config()
-        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
-        self._rep = cfg.num_attention_heads // kvh  # query heads per KV head
-        # one stacked tensor per kind of state (so the commit is a few batched kernels), a view per layer
-        self.gdn_ids = [i for i, kind in enumerate(self.types) if kind == "linear_attention"]
-        self.attn_ids = [i for i, kind in enumerate(self.types) if kind != "linear_attention"]
-        m = gdn[self.gdn_ids[0]]
-        self.conv_all = torch.zeros(len(self.gdn_ids), m.conv_dim, self.kernel, dtype=self.dtype, device=self.device)
-        self.rec_all = torch.zeros(len(self.gdn_ids), m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32,
-                                   device=self.device)
-        self.keys_all = torch.zeros(len(self.attn_ids), kvh, self.max_len, hd, dtype=self.dtype, device=self.device)
-        self.values_all = torch.zeros_like(self.keys_all)
-        self.conv = {i: self.conv_all[j] for j, i in enumerate(self.gdn_ids)}
-        self.rec = {i: self.rec_all[j] for j, i in enumerate(self.gdn_ids)}
-        self.keys = {i: self.keys_all[j][None] for j, i in enumerate(self.attn_ids)}
-        self.values = {i: self.values_all[j][None] for j, i in enumerate(self.attn_ids)}
-        # Qwen3.5's zero-centred RMSNorm scales by (1 + w): precomputed in fp32 once
-        self._norm_scale = {id(mod): (1.0 + mod.weight.detach().float()) for mod in target.modules()
-                            if type(mod).__name__ in ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")}
-        # fused projections per layer (None where a group is not fusable, e.g. a MoE block's MLP)
-        self._fused: dict[tuple[int, str], object] = {}
-        if self.options.fused:
-            for i, layer in enumerate(self.layers):
-                mixer = (layer.linear_attn, GDN_PROJECTIONS) if i in gdn else (layer.self_attn, ATTENTION_PROJECTIONS)
-                self._fused[i, "mixer"] = fuse_linears(*mixer)
-                self._fused[i, "mlp"] = fuse_linears(layer.mlp, MLP_PROJECTIONS)
+        self._allocate_state(gdn)
+        self._layer_weights(gdn)
         self.committed = 0
         self.committed_t = torch.zeros((), dtype=torch.long, device=self.device)
         self._cols = torch.arange(self.max_len, device=self.device)
@@ -266,72 +210,69 @@ class StaticRunner:
         self._eyes: dict[int, np.ndarray] = {}
         # per tree size: the GEMMs' library its graphs use and, where "auto" measured it, each one's replay ms
         self.blas: dict[int, dict] = {}
-        self.compile_error: str | None = None  # why the compiled pieces were refused here (the eager forms run)
+        self.pieces = Pieces(self.options.compile)  # the layers' pieces, compiled or not
+        self.compile_error: str | None = None  # why the compiled pieces were refused here (they run uncompiled)
         self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
         if self.options.compile:
             self._compile_setup(gdn)
 
-    def _checked_kernel(self, gdn):
-        """The Triton delta rule (or tree solve), once it has compiled and matched the torch form on this device at
-        this layer's head dims (a 17-node tree, grouped heads); None, with `kernel_error` saying why, if it does
-        not."""
-        try:
-            rng, gen = random.Random(0), torch.Generator().manual_seed(0)
-            parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
-            anc = torch.from_numpy(ancestor_matrix(parents)).to(self.device)
-            K, V, n = gdn.head_k_dim, gdn.head_v_dim, len(parents)
-            q, k = (F.normalize(torch.randn(n, 2, K, generator=gen), dim=-1) for _ in range(2))
-            v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
-            g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
-            args = [x.to(self.device) for x in (q, k, v, g, beta, state)]
-            repeated = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
-            want = tree_delta_rule(*repeated, anc)
-            masks = TreeMasks.of(anc)
-            if self.options.gdn_kernel == "triton-solve":  # on the parts of grouped q/k heads, as the runner calls it
-                from .kernels.tree_solve import tree_solve_triton as kernel
+    def _allocate_state(self, gdn) -> None:
+        """The committed state, sized here once: one stacked tensor per kind (so the commit is a few batched
+        kernels), a view per layer."""
+        cfg = self.target.config.get_text_config()
+        kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+        self._rep = cfg.num_attention_heads // kvh  # query heads per KV head
+        self.gdn_ids = [i for i, kind in enumerate(self.types) if kind == "linear_attention"]
+        self.attn_ids = [i for i, kind in enumerate(self.types) if kind != "linear_attention"]
+        m, d = gdn[self.gdn_ids[0]], self.device
+        self.conv_all = torch.zeros(len(self.gdn_ids), m.conv_dim, self.kernel, dtype=self.dtype, device=d)
+        self.rec_all = torch.zeros(len(self.gdn_ids), m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32,
+                                   device=d)
+        self.keys_all = torch.zeros(len(self.attn_ids), kvh, self.max_len, hd, dtype=self.dtype, device=d)
+        self.values_all = torch.zeros_like(self.keys_all)
+        self.conv = {i: self.conv_all[j] for j, i in enumerate(self.gdn_ids)}
+        self.rec = {i: self.rec_all[j] for j, i in enumerate(self.gdn_ids)}
+        self.keys = {i: self.keys_all[j][None] for j, i in enumerate(self.attn_ids)}
+        self.values = {i: self.values_all[j][None] for j, i in enumerate(self.attn_ids)}
 
-                parts = tree_delta_rule_parts(*args, masks.anc_float, masks.off_path)
-                got = kernel(*parts, solve_steps(masks.anc_float))
-            elif self.options.gdn_kernel == "triton-rule":  # grouped q/k heads, as the runner calls it
-                from .kernels.tree_solve import tree_rule_triton as kernel
-
-                got = kernel(*args, masks.anc_float, solve_steps(masks.anc_float))
-            else:
-                from .kernels.tree_gdn import tree_delta_rule_triton as kernel
-
-                got = kernel(*args, anc)
-            for a, b in zip(got, want):
-                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-            return kernel
-        except Exception as exc:  # a kernel that cannot run here must not stop the runner
-            self.kernel_error = f"{type(exc).__name__}: {str(exc)[:500]}"
-            return None
+    def _layer_weights(self, gdn) -> None:
+        """What the pieces read of each layer, taken once: the norms (`_norms`), each GDN layer's weights, whether an
+        MLP's activation is SiLU, and the fused projections (None where a group is not fusable, e.g. a MoE block's
+        MLP). Kept by layer position, not module identity, so that a deep copy of the runner (a forked session's)
+        reads its own."""
+        norms = {(len(self.layers), "input"): self.target.model.norm}  # the final norm: the input norm of "layer L"
+        for i, layer in enumerate(self.layers):
+            norms[i, "input"], norms[i, "post"] = layer.input_layernorm, layer.post_attention_layernorm
+            if i not in gdn:
+                norms[i, "q"], norms[i, "k"] = layer.self_attn.q_norm, layer.self_attn.k_norm
+        odd = sorted({type(m).__name__ for m in norms.values() if type(m).__name__ not in NORM_KINDS})
+        if odd:
+            raise ModelLoadError(f"the static runner is written for Qwen3.5 hybrid targets: norms {', '.join(odd)}")
+        # (layer, input | post | q | k) -> (scale, eps): Qwen3.5's zero-centred RMSNorm scales by 1 + w, in fp32
+        self._norms = {key: (1.0 + m.weight.detach().float(), m.eps) for key, m in norms.items()}
+        self._gdn_weights = {i: GDNWeights.of(m) for i, m in gdn.items()}
+        self._silu = {i: type(getattr(layer.mlp, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
+                      for i, layer in enumerate(self.layers)}
+        self._fused: dict[tuple[int, str], object] = {}
+        if self.options.fused:
+            for i, layer in enumerate(self.layers):
+                mixer = (layer.linear_attn, GDN_PROJECTIONS) if i in gdn else (layer.self_attn, ATTENTION_PROJECTIONS)
+                self._fused[i, "mixer"] = fuse_linears(*mixer)
+                self._fused[i, "mlp"] = fuse_linears(layer.mlp, MLP_PROJECTIONS)
 
     # -- the compiled pieces (RunnerOptions.compile) ------------------------------------------------------------
 
     def _compile_setup(self, gdn) -> None:
-        """The fused pieces' per-layer arguments (weights as tensors, sizes as numbers), then a warm-up: one pass
-        and commit at T = 1 and one over a tree, on scratch state (restored), so that torch.compile compiles here,
-        at construction, and not in a user's first round (`compile_s`). Dynamo keeps its graphs per process: a
-        later runner of the same model finds them made. A model the pieces do not cover, or a compiler that fails
-        here, leaves the eager forms running, with `compile_error` saying why."""
+        """A warm-up: one pass and commit at T = 1 and one over a tree, on scratch state (restored), so that
+        torch.compile compiles here, at construction, and not in a user's first round (`compile_s`). Dynamo keeps
+        its graphs per process: a later runner of the same model finds them made. A GDN layer of a kind the
+        compiled pieces are not made for, or a compiler that fails here, leaves the pieces running uncompiled,
+        with `compile_error` saying why."""
         start = time.perf_counter()
-        norms = [self.target.model.norm]
-        for i, layer in enumerate(self.layers):
-            norms += [layer.input_layernorm, layer.post_attention_layernorm]
-            if i not in gdn:
-                norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
-        odd = sorted({type(m).__name__ for m in norms if id(m) not in self._norm_scale})
-        odd += sorted({type(m.norm).__name__ for m in gdn.values() if type(m.norm).__name__ != "Qwen3_5RMSNormGated"
-                       or getattr(m.norm, "activation", "silu") != "silu" or getattr(m, "activation", "silu") != "silu"})
+        odd = sorted({type(m.norm).__name__ for m in gdn.values() if type(m.norm).__name__ != COMPILED_GATED_NORM
+                      or getattr(m.norm, "activation", "silu") != "silu" or getattr(m, "activation", "silu") != "silu"})
         if odd:
             return self._compile_refused(f"layers of a kind the fused pieces do not cover: {', '.join(odd)}", start)
-        self._gdn_args = {i: (m.conv1d.weight.detach().squeeze(1), m.A_log.detach(), m.dt_bias.detach(),
-                              m.norm.weight.detach(),
-                              dict(key_dim=m.key_dim, head_k=m.head_k_dim, head_v=m.head_v_dim,
-                                   rep=m.num_v_heads // m.num_k_heads, eps=m.norm.variance_epsilon))
-                          for i, m in gdn.items()}
-        self._silu = {i: type(layer.mlp.act_fn).__name__ in ("SiLUActivation", "SiLU") for i, layer in enumerate(self.layers)}
         key = (*self._model_key, self.max_path, self.options)
         if key in _WARMED:
             self.compile_s = time.perf_counter() - start
@@ -358,6 +299,7 @@ class StaticRunner:
     def _compile_refused(self, why: str, start: float) -> None:
         self.compile_error = why
         self.options = replace(self.options, compile=False)
+        self.pieces = Pieces(False)
         self.compile_s = time.perf_counter() - start
 
     # -- slots and graphs ---------------------------------------------------------------------------------
@@ -465,124 +407,28 @@ class StaticRunner:
         key = (size, fitting[0])
         return self._slots[key] if key in self._slots else self._add_slot(*key)
 
-    # -- the two static functions ---------------------------------------------------------------------------
-
-    def _norm(self, mod, x):
-        """transformers' Qwen3_5RMSNorm (fp32 normalise, scale by 1 + w, cast back) in fewer kernels."""
-        scale = self._norm_scale.get(id(mod))
-        if scale is None:
-            return mod(x)
-        return (F.rms_norm(x.float(), (x.shape[-1],), eps=mod.eps) * scale).type_as(x)
+    # -- the two static functions: each layer kind once, from the pieces (compiled or not) ----------------------
 
     def _forward(self, slot: _Slot):
-        if self.options.compile:
-            return self._forward_compiled(slot)
-        T = slot.size
-        x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
+        """One pass over the slot's tree (what a CUDA graph captures): (logits [T, vocab] fp32, features [T, F] or
+        None, the GDN layers' stash for the commit: u [Lg, T, C], k, g, delta [Lg, T, H, .]). Each layer's closing
+        residual add is one piece with the next norm."""
+        T, p = slot.size, self.pieces
+        x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, D]
         cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
-        cols = self._cols[: slot.cols]
-        tree_cols = self.committed_t + cols[:T]
-        visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
-        visible.index_copy_(1, tree_cols, slot.anc)
-        # [1, 1, rep*T, cols], one row per (query head of a KV group, node): eager wants True = not attended,
-        # SDPA True = attended
-        mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
-        index, kernel, steps = self._pass_index(slot)  # shared by layers
+        tree_cols, mask = self._attention_mask(slot)
+        gdn_core = self.rule.at(slot.anc, p)  # the tree delta rule's core for this pass, shared by every GDN layer
+        p.mark(x, 1, cos, 1, sin, 1, mask, 2, mask, 3)
         feats, stash = {}, []
-        for i, layer in enumerate(self.layers):
-            h = self._norm(layer.input_layernorm, x)
-            if i in self.conv:
-                gdn = layer.linear_attn
-                fused = self._fused.get((i, "mixer"))
-                # the kernels read grouped q/k heads in place (the commit repeats the stashed keys, all layers at once)
-                u, z, q, k, v, g, beta = gdn_inputs(gdn, h[0], self.conv[i], index, None,
-                                                    fused(h[0]) if fused is not None else None,
-                                                    repeat_heads=not kernel and steps is None)
-                if kernel:
-                    core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
-                elif T == 1:  # a decode step: the recurrence itself, one step
-                    core, delta = delta_rule_step(q, k, v, g, beta, self.rec[i])
-                elif steps is not None and self._rule is not None:  # the delta rule in Triton
-                    core, delta = self._rule(q, k, v, g, beta, self.rec[i], index.masks.anc_float, steps)
-                elif steps is not None:  # the parallel part in torch, the solve in Triton
-                    m = index.masks
-                    core, delta = self._solve(*tree_delta_rule_parts(q, k, v, g, beta, self.rec[i], m.anc_float,
-                                                                     m.off_path), steps)
-                else:
-                    core, delta = tree_delta_rule(q, k, v, g, beta, self.rec[i], slot.anc, index.masks)
-                out = gdn_output(gdn, core, z, h.dtype)[None]
-                stash.append((u, k, g, delta))
-            else:
-                out = self._attention(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
-            x = x + out
-            x = x + self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, x))
-            if i in self.feature_layer_ids:
-                feats[i] = x[0]
-        logits = self.target.get_output_embeddings()(self._norm(self.target.model.norm, x))[0].float()
-        features = torch.cat([feats[i] for i in self.feature_layer_ids], dim=-1) if feats else None
-        stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
-        return logits, features, stacked
-
-    def _mlp(self, i, mlp, x):
-        fused = self._fused.get((i, "mlp"))
-        if fused is None:
-            return mlp(x)
-        gate, up = fused(x)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
-
-    def _attention(self, i, attn, h, cos, sin, mask, tree_cols, n_cols):
-        """mask: [1, 1, rep*T, n_cols] bool, True = not attended (eager) or attended (sdpa)."""
-        T, hd = h.shape[1], attn.head_dim
-        fused = self._fused.get((i, "mixer"))
-        qg, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
-        q, gate = torch.chunk(qg.view(1, T, -1, hd * 2), 2, dim=-1)
-        gate = gate.reshape(1, T, -1)
-        q = self._norm(attn.q_norm, q).transpose(1, 2)
-        k = self._norm(attn.k_norm, k.view(1, T, -1, hd)).transpose(1, 2)
-        v = v.view(1, T, -1, hd).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = self.keys[i], self.values[i]
-        keys.index_copy_(2, tree_cols, k.to(keys.dtype))
-        values.index_copy_(2, tree_cols, v.to(values.dtype))
-        kvh, rep = keys.shape[1], self._rep
-        # grouped heads without copying K/V: query heads h*rep .. h*rep+rep-1 share KV head h. Plain matmuls and
-        # an fp32 softmax over the static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here.
-        qg = q.reshape(1, kvh, rep * T, hd)
-        keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
-        if self.options.attention == "sdpa":
-            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=attn.scaling)
-        else:
-            scores = (qg @ keys.transpose(-1, -2)).float().mul_(attn.scaling).masked_fill_(mask, float("-inf"))
-            o = scores.softmax(-1).to(values.dtype) @ values
-        o = o.reshape(1, kvh * rep, T, hd).transpose(1, 2).reshape(1, T, -1)
-        return attn.o_proj(o * torch.sigmoid(gate))
-
-    def _forward_compiled(self, slot: _Slot):
-        """_forward with the elementwise work in fused pieces (engine/fused.py, compiled): the same maths, a few
-        kernels per layer between the GEMMs. Each layer's closing residual add is fused with the next norm."""
-        T = slot.size
-        x = self.target.get_input_embeddings()(slot.ids)[None]  # [1, T, hidden]
-        cos, sin = self.target.model.rotary_emb(x, slot.pos.view(1, 1, T).expand(3, 1, T))
-        cols = self._cols[: slot.cols]
-        tree_cols = self.committed_t + cols[:T]
-        visible = (cols < self.committed_t)[None].expand(T, slot.cols).clone()
-        visible.index_copy_(1, tree_cols, slot.anc)
-        mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
-        index, kernel, steps = self._pass_index(slot)
-        fz.mark_dynamic(x, 1, cos, 1, sin, 1, mask, 2, mask, 3)
-        feats, stash = {}, []
-        first = self.layers[0].input_layernorm
-        h = fz.compiled(fz.rms_norm)(x, self._norm_scale[id(first)], first.eps)
+        h = p(fz.rms_norm)(x, *self._norms[0, "input"])
         for i, layer in enumerate(self.layers):
             if i in self.conv:
-                out, parts = self._gdn_compiled(i, layer.linear_attn, h, slot, index, kernel, steps)
+                out, parts = self._gdn(i, layer.linear_attn, h, slot.gather, gdn_core)
                 stash.append(parts)
             else:
-                out = self._attention_compiled(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
-            post = layer.post_attention_layernorm
-            x, h = fz.compiled(fz.add_rms_norm)(x, out, self._norm_scale[id(post)], post.eps)
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.target.model.norm
-            x, h = fz.compiled(fz.add_rms_norm)(x, self._mlp_compiled(i, layer.mlp, h), self._norm_scale[id(nxt)], nxt.eps)
+                out = self._attention(i, layer.self_attn, h, cos, sin, mask, tree_cols, slot.cols)
+            x, h = self._add_norm(x, out, self._norms[i, "post"])
+            x, h = self._add_norm(x, self._mlp(i, layer.mlp, h), self._norms[i + 1, "input"])  # L: the final norm
             if i in self.feature_layer_ids:
                 feats[i] = x[0]
         logits = self.target.get_output_embeddings()(h)[0].float()
@@ -590,66 +436,44 @@ class StaticRunner:
         stacked = tuple(torch.stack(parts) for parts in zip(*stash))  # u [Lg, T, C], k, g, delta [Lg, T, H, .]
         return logits, features, stacked
 
-    def _pass_index(self, slot: _Slot):
-        """What every GDN layer of a pass shares: (index, kernel, steps). kernel: the whole delta rule runs in
-        Triton (kernels/tree_gdn.py); else index.masks serve the torch tree form (T > 1), whose solve runs in
-        Triton (kernels/tree_solve.py: the solve, or the whole rule) where `steps`, its repetition count, is given
-        (gdn_tree.solve_steps, on the device, once a pass; None for one node or a tree past the kernels' MAX_T
-        positions)."""
-        T = slot.size
-        kernel = self._tree_kernel is not None and (T > 1 or self._step_kernel)
-        masks = TreeMasks.of(slot.anc) if T > 1 and not kernel else None
-        steps = None
-        if self._solve_max and masks is not None and T <= self._solve_max:
-            steps = solve_steps(masks.anc_float)
-        return TreeIndex((), slot.anc, slot.gather, masks), kernel, steps
+    def _attention_mask(self, slot: _Slot):
+        """(the tree's cache rows [T], mask [1, 1, rep*T, cols]): one row per (query head of a KV group, node), the
+        committed prefix plus the node's ancestors; eager wants True = not attended, SDPA True = attended."""
+        cols = self._cols[: slot.cols]
+        tree_cols = self.committed_t + cols[: slot.size]
+        visible = (cols < self.committed_t)[None].expand(slot.size, slot.cols).clone()
+        visible.index_copy_(1, tree_cols, slot.anc)
+        mask = (visible if self.options.attention == "sdpa" else ~visible).repeat(self._rep, 1)[None, None]
+        return tree_cols, mask
 
-    def _gdn_compiled(self, i, gdn, h, slot: _Slot, index: TreeIndex, kernel: bool, steps):
-        """One GDN layer: its fused projection (a GEMM), the fused core (compiled) and out_proj (a GEMM); the
-        Triton delta rule, where it runs, between the eager forms of gdn_tree as in _forward; the tree delta rule in
-        Triton, or its solve after the compiled parts (`steps` not None), between two compiled pieces."""
-        fused = self._fused.get((i, "mixer"))
+    def _add_norm(self, x, y, norm):
+        """A residual add and the norm after it (`norm`: (scale, eps) of `_norms`): (x + y, norm(x + y))."""
+        return self.pieces(fz.add_rms_norm)(x, y, *norm)
+
+    def _gdn(self, i, gdn, h, gather, core):
+        """One GDN layer: its projections (one GEMM where fused), the pass's core (delta_rule/dispatch.py: conv,
+        gates, the tree delta rule, gated norm), out_proj. h [1, T, D] -> ([1, T, D], its stash (u, k, g, delta))."""
         x = h[0]
-        proj = fused(x) if fused is not None else (gdn.in_proj_qkv(x), gdn.in_proj_z(x), gdn.in_proj_b(x), gdn.in_proj_a(x))
-        if kernel:
-            u, z, q, k, v, g, beta = gdn_inputs(gdn, x, self.conv[i], index, None, proj, repeat_heads=False)
-            core, delta = self._tree_kernel(q, k, v, g, beta, self.rec[i], slot.anc)
-            return gdn_output(gdn, core, z, h.dtype)[None], (u, k, g, delta)
-        u, z, b, a = proj
-        conv_w, A_log, dt_bias, norm_w, dims = self._gdn_args[i]
-        masks = index.masks
-        anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
-        fz.mark_dynamic(u, 0, z, 0, b, 0, a, 0, slot.gather, 0, anc, 0, anc, 1, off, 0, off, 1)
-        if steps is not None:  # the Triton rule or solve, between compiled pieces
-            if self._rule is not None:
-                q, k, v, g, beta = fz.compiled(fz.gdn_prep)(u, b, a, self.conv[i], conv_w, slot.gather, A_log,
-                                                            dt_bias, dims["key_dim"], dims["head_k"], dims["head_v"], 1)
-                core, delta = self._rule(q, k, v, g, beta, self.rec[i], anc, steps)
-            else:
-                parts_dims = {key: val for key, val in dims.items() if key not in ("eps", "rep")}
-                A, Qd, rhs, base, k, g = fz.compiled(fz.gdn_tree_parts)(u, b, a, self.conv[i], conv_w, slot.gather,
-                                                                        A_log, dt_bias, self.rec[i], anc, off,
-                                                                        **parts_dims)
-                core, delta = self._solve(A, Qd, rhs, base, steps)
-            fz.mark_dynamic(core, 0)
-            o = fz.compiled(fz.gated_norm)(core, z, norm_w, dims["head_v"], dims["eps"])
-            return gdn.out_proj(o)[None], (u, k, g, delta)
-        o, k, g, delta = fz.compiled(fz.gdn_core)(u, z, b, a, self.conv[i], conv_w, slot.gather, A_log, dt_bias,
-                                                  self.rec[i], norm_w, anc, off, **dims)
+        fused = self._fused.get((i, "mixer"))
+        u, z, b, a = fused(x) if fused is not None else (gdn.in_proj_qkv(x), gdn.in_proj_z(x), gdn.in_proj_b(x),
+                                                          gdn.in_proj_a(x))
+        self.pieces.mark(u, 0, z, 0, b, 0, a, 0, gather, 0)
+        o, k, g, delta = core(u, z, b, a, self.conv[i], self.rec[i], gather, self._gdn_weights[i])
         return gdn.out_proj(o)[None], (u, k, g, delta)
 
-    def _attention_compiled(self, i, attn, h, cos, sin, mask, tree_cols, n_cols):
-        """_attention with its q/k norms + rope + gate split, its softmax and its output gate fused (compiled);
-        the cache write (index_copy_) and the two matmuls over the length bucket stay eager."""
-        T, hd = h.shape[1], attn.head_dim
+    def _attention(self, i, attn, h, cos, sin, mask, tree_cols, n_cols):
+        """Gated attention over the length bucket: projections, the q/k norms + rope + gate split (a piece), the
+        cache write, scores and softmax (a piece) or SDPA, the output gate (a piece), o_proj. Grouped heads without
+        copying K/V: query heads h*rep .. h*rep+rep-1 share KV head h. Plain matmuls and an fp32 softmax over the
+        static cache: a fused SDPA kernel with a mask costs ~0.13 ms per layer here. mask: as _attention_mask's."""
+        p = self.pieces
         fused = self._fused.get((i, "mixer"))
         qg, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
         keys, values = self.keys[i], self.values[i]
         kvh = keys.shape[1]
-        fz.mark_dynamic(qg, 1, k, 1, v, 1)
-        q, k, v, gate = fz.compiled(fz.attention_prep)(qg, k, v, self._norm_scale[id(attn.q_norm)],
-                                                       self._norm_scale[id(attn.k_norm)], attn.q_norm.eps,
-                                                       attn.k_norm.eps, cos, sin, hd, kvh)
+        p.mark(qg, 1, k, 1, v, 1)
+        (q_scale, q_eps), (k_scale, k_eps) = self._norms[i, "q"], self._norms[i, "k"]
+        q, k, v, gate = p(fz.attention_prep)(qg, k, v, q_scale, k_scale, q_eps, k_eps, cos, sin, attn.head_dim, kvh)
         keys.index_copy_(2, tree_cols, k.to(keys.dtype))
         values.index_copy_(2, tree_cols, v.to(values.dtype))
         keys, values = keys[:, :, :n_cols], values[:, :, :n_cols]
@@ -657,44 +481,33 @@ class StaticRunner:
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         else:
             scores = q @ keys.transpose(-1, -2)
-            fz.mark_dynamic(scores, 2, scores, 3)
-            o = fz.compiled(fz.masked_softmax)(scores, mask, attn.scaling) @ values
-        fz.mark_dynamic(o, 2, gate, 1)
-        return attn.o_proj(fz.compiled(fz.gate_heads)(o, gate, kvh * self._rep))
+            p.mark(scores, 2, scores, 3)
+            o = p(fz.masked_softmax)(scores, mask, attn.scaling) @ values
+        p.mark(o, 2, gate, 1)
+        return attn.o_proj(p(fz.gate_heads)(o, gate, kvh * self._rep))
 
-    def _mlp_compiled(self, i, mlp, x):
+    def _mlp(self, i, mlp, x):
+        """The MLP: gate and up in one GEMM where fused, SiLU * up a piece; the module itself where not fusable."""
         fused = self._fused.get((i, "mlp"))
-        if fused is None or not self._silu[i]:
+        if fused is None:
             return mlp(x)
         gate, up = fused(x)
-        fz.mark_dynamic(gate, 1, up, 1)
-        return mlp.down_proj(fz.compiled(fz.silu_mul)(gate, up))
+        if not self._silu[i]:
+            return mlp.down_proj(mlp.act_fn(gate) * up)
+        self.pieces.mark(gate, 1, up, 1)
+        return mlp.down_proj(self.pieces(fz.silu_mul)(gate, up))
 
     def _commit(self, slot: _Slot) -> None:
+        """The accepted path's attention rows moved into place and every GDN layer's state advanced along it (one
+        piece: fused.commit_state); committed += length, on the device."""
         c = self.committed_t
         src, dst = c + slot.path, c + self._steps
         for buf in (self.keys_all, self.values_all):  # every attention layer at once
             buf.index_copy_(2, dst, buf.index_select(2, src))
-        if self.options.compile:
-            u, k, g, delta = slot.out[2]
-            fz.mark_dynamic(u, 1, k, 1, g, 1, delta, 1, slot.gather, 0)
-            fz.compiled(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, self._steps,
-                                         slot.length, slot.gather, slot.last)
-            c.add_(slot.length)
-            return
         u, k, g, delta = slot.out[2]  # every GDN layer at once: [Lg, T, ...]
-        valid = (self._steps < slot.length).to(torch.float32)[None, :, None]  # the path's steps, padding after
-        G = torch.cumsum(g.index_select(1, slot.path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
-        last = G[:, -1]
-        w = (last[:, None] - G).exp() * valid
-        kp = k.index_select(1, slot.path)
-        if kp.shape[2] != w.shape[2]:  # keys stashed with their Hk key heads (the kernel's): each serves H / Hk
-            kp = kp.repeat_interleave(w.shape[2] // kp.shape[2], dim=2)
-        kp = kp * w[..., None]
-        grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, slot.path))
-        self.rec_all.copy_(last.exp()[..., None, None] * self.rec_all + grown)
-        ext = torch.cat([self.conv_all, u.to(self.conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]
-        self.conv_all.copy_(ext.index_select(2, slot.gather.index_select(0, slot.last)[0]))
+        self.pieces.mark(u, 1, k, 1, g, 1, delta, 1, slot.gather, 0)
+        self.pieces(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, self._steps,
+                                     slot.length, slot.gather, slot.last)
         c.add_(slot.length)
 
     # -- public API ---------------------------------------------------------------------------------------------

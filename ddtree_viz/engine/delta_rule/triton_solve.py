@@ -1,7 +1,8 @@
-"""The tree delta rule in Triton: its sequential part (the unit-triangular solve and the output product) in one
-kernel, `tree_solve_triton`; and the whole rule in two launches, `tree_rule_triton` (below).
+"""The tree delta rule in Triton (dispatch.py's forms "triton-solve" and "triton-rule"): its sequential part (the
+unit-triangular solve and the output product) in one kernel, `tree_solve_triton`; and the whole rule in two
+launches, `tree_rule_triton` (below).
 
-gdn_tree.tree_delta_rule_parts computes, per value head and with cuBLAS's batched GEMMs and fused elementwise
+parallel.tree_delta_rule_parts computes, per value head and with cuBLAS's batched GEMMs and fused elementwise
 work (all parallel), the system and the output's pieces:
 
     A    [H, T, T]  beta_i exp(G_i - G_j) k_i.k_j for j an ancestor-or-self of i (the strict lower part is read)
@@ -9,7 +10,7 @@ work (all parallel), the system and the output's pieces:
     rhs  [H, T, V]  beta * (v - exp(G) K S_c)
     base [H, T, V]  exp(G) Q S_c
 
-and what is left is  (I + A) delta = rhs,  o = base + Qd delta  (gdn_tree.tree_solve does it with
+and what is left is  (I + A) delta = rhs,  o = base + Qd delta  (parallel.tree_solve does it with
 torch.linalg.solve_triangular and a bmm). Here one launch does both, a program per (head, value-column block):
 
 - The root (position 0) has no strict ancestor, so delta_0 = rhs_0, and it is eliminated from the other rows
@@ -38,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_T = 129  # the root + 128 rows held in registers; larger trees take gdn_tree.tree_solve
+MAX_T = 129  # the root + 128 rows held in registers; larger trees take the torch form (dispatch.py)
 BLOCK_V = {64: 16, 128: 64}  # value columns per program by row tile (measured on an H200; others take 16)
 PRECISION = "tf32x3"  # tl.dot's input precision: three TF32 products per fp32 product, fp32-accurate (measured)
 
@@ -103,8 +104,8 @@ def _tiles(T: int, V: int, block_v: int | None, table: dict[int, int]) -> tuple[
 
 
 def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, precision: str = PRECISION):
-    """gdn_tree.tree_solve in one kernel launch. A, Qd: [H, T, T]; rhs, base: [H, T, V]; all fp32; steps: [] int
-    on the device, at least the tree's depth - 1 (gdn_tree.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
+    """parallel.tree_solve in one kernel launch. A, Qd: [H, T, T]; rhs, base: [H, T, V]; all fp32; steps: [] int
+    on the device, at least the tree's depth - 1 (parallel.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
     H, T, V = rhs.shape
     if A.shape != (H, T, T) or Qd.shape != (H, T, T) or base.shape != rhs.shape or T > MAX_T or steps.numel() != 1:
         raise ValueError(f"tree_solve_triton: shapes A {tuple(A.shape)} Qd {tuple(Qd.shape)} rhs {tuple(rhs.shape)} "
@@ -128,7 +129,7 @@ def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, pr
 # The whole tree delta rule in two launches: the parallel part in Triton too
 # ----------------------------------------------------------------------------------------------------------------
 #
-# gdn_tree.tree_delta_rule_parts' GEMMs (q.k and k.k per key head, q S_c and k S_c per value head) and their
+# parallel.tree_delta_rule_parts' GEMMs (q.k and k.k per key head, q S_c and k S_c per value head) and their
 # elementwise epilogues (path decay, beta, exp(G)) were ~25 compiled kernels and cuBLAS calls, 35 us a layer at 65
 # positions, twice the solve. Here they move into Triton: `_tree_parts_kernel` (a program per (block of rows,
 # value head)) computes the path sums G, the products q.k and k.k on tensor cores (tf32x3, fp32-accurate) with the
@@ -255,10 +256,10 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, precision: str = PRECISION):
-    """gdn_tree.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
+    """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
-    (gdn_tree.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
+    (parallel.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)

@@ -1,4 +1,5 @@
-"""The tree-exact gated delta rule in one Triton kernel: gdn_tree.tree_delta_rule, fused.
+"""The tree-exact gated delta rule in one Triton kernel: parallel.tree_delta_rule, fused (the forms "triton" and
+"triton-tree" of dispatch.py).
 
 Per value head h, with path sums G = M g (M the ancestor-or-self mask, nodes numbered parents first):
 
@@ -119,7 +120,7 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def tree_delta_rule_triton(q, k, v, g, beta, state, ancestors, *, block_t: int = BLOCK_T, block_v: int = BLOCK_V,
                            precision: str = "ieee"):
-    """gdn_tree.tree_delta_rule in one kernel launch. q, k: [T, Hq, K] (Hq divides H); v: [T, H, V]; g, beta: [T, H];
+    """parallel.tree_delta_rule in one kernel launch. q, k: [T, Hq, K] (Hq divides H); v: [T, H, V]; g, beta: [T, H];
     state: [H, K, V]; all fp32. ancestors: [T, T] bool. Returns o, delta [T, H, V] fp32.
 
     `precision`: tl.dot's input_precision; "ieee" (full fp32, the default) keeps the torch form's numbers,

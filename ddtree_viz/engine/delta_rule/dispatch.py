@@ -1,0 +1,227 @@
+"""THE choice of the tree delta rule's form: `RunnerOptions.gdn_kernel` (a name of GDN_KERNELS) mapped to a form
+once per runner, at its construction (`choose`), so that the runner's GDN layer calls one function and has no
+branch on the name.
+
+A form gives, once a pass (`form.at(anc, pieces)`), the GDN layer's core between its projections and out_proj,
+(u, z, b, a, conv_state, state, gather, weights) -> (o, k, g, delta), made of engine/fused.py's pure pieces (plain
+or through torch.compile: `Pieces`) and, where it runs, a Triton kernel:
+
+    torch         step.py's one step (T = 1) or parallel.py's tree form, the whole core one piece (fused.gdn_core):
+                  a CPU's form and every other form's fallback
+    triton-rule   the whole tree rule in two launches (triton_solve.tree_rule_triton) between the pieces gdn_prep
+                  and gated_norm, on q and k at their key heads; trees of 2 .. MAX_T positions. CUDA's default
+    triton-solve  the parallel part a piece (fused.gdn_tree_parts), the solve and output product in Triton
+                  (triton_solve.tree_solve_triton); trees of 2 .. MAX_T positions
+    triton        the whole rule in one kernel (triton_blocked.tree_delta_rule_triton), the one-node step too,
+                  between the pieces uncompiled
+    triton-tree   the same for trees; the torch step for one node
+
+Each form's `rule(q, k, v, g, beta, state, ancestors) -> (o, delta)` is its tree delta rule alone (q, k at their Hk
+key heads), which `check` compares with the torch form at construction: a Triton form that cannot compile or
+differs here leaves the torch form, and says why. Triton is imported only when a Triton form is chosen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ...treeops import ancestor_matrix
+from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree_parts
+from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
+
+GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
+
+
+def triton_available() -> bool:
+    """Triton importable (CUDA builds of torch ship it; the CPU build and CI do not)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """TRITON_INTERPRET=1: kernels run on CPU tensors in Triton's interpreter (tests without a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def resolve_option(option: str, device: torch.device) -> str:
+    """The form `option` (a name of GDN_KERNELS) means on `device`: "auto" is triton-rule on CUDA where Triton
+    imports, else torch; a Triton form where Triton cannot run is a ValueError."""
+    cuda = device.type == "cuda"
+    if option == "auto":
+        return "triton-rule" if cuda and triton_available() else "torch"
+    if option != "torch" and not (triton_available() and (cuda or interpreting())):
+        raise ValueError(f"gdn_kernel={option!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
+    return option
+
+
+# -- the cores: a GDN layer between its projections and out_proj --------------------------------------------------
+
+
+def torch_core(pieces: Pieces, masks: TreeMasks | None, u, z, b, a, conv_state, state, gather, w: GDNWeights):
+    """The torch forms, the whole core one piece: one step (masks None: T = 1) or the parallel tree form. u [T, C],
+    z [T, H*V], b, a [T, H]; conv_state [C, kernel]; state [H, K, V] fp32; gather [T, kernel]. Returns (o [T, H*V],
+    k [T, H, K], g [T, H], delta [T, H, V])."""
+    anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
+    return pieces(gdn_core)(u, z, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias, state, w.norm_weight,
+                            anc, off, **w.dims)
+
+
+def solve_core(pieces: Pieces, solve, masks: TreeMasks, steps, u, z, b, a, conv_state, state, gather, w: GDNWeights):
+    """triton-solve: the parallel part one piece, `solve` (the Triton solve + output product) after it. Shapes as
+    torch_core; k is returned at its Hk key heads [T, Hk, K] (the commit repeats it)."""
+    d = w.dims
+    A, Qd, rhs, base, k, g = pieces(gdn_tree_parts)(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias,
+                                                    state, masks.anc_float, masks.off_path, key_dim=d["key_dim"],
+                                                    head_k=d["head_k"], head_v=d["head_v"])
+    core, delta = solve(A, Qd, rhs, base, steps)
+    pieces.mark(core, 0)
+    return pieces(gated_norm)(core, z, w.norm_weight, d["head_v"], d["eps"]), k, g, delta
+
+
+def grouped_core(pieces: Pieces, rule, u, z, b, a, conv_state, state, gather, w: GDNWeights):
+    """A Triton rule, `rule(q, k, v, g, beta, state) -> (o, delta)` on q and k at their key heads, between the pieces
+    gdn_prep and gated_norm. Shapes as torch_core; k is returned at its Hk key heads [T, Hk, K]."""
+    d = w.dims
+    q, k, v, g, beta = pieces(gdn_prep)(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias,
+                                        d["key_dim"], d["head_k"], d["head_v"], 1)
+    core, delta = rule(q, k, v, g, beta, state)
+    pieces.mark(core, 0)
+    return pieces(gated_norm)(core, z, w.norm_weight, d["head_v"], d["eps"]), k, g, delta
+
+
+def _masks(anc: torch.Tensor, pieces: Pieces) -> TreeMasks:
+    masks = TreeMasks.of(anc)
+    pieces.mark(masks.anc_float, 0, masks.anc_float, 1, masks.off_path, 0, masks.off_path, 1)
+    return masks
+
+
+# -- the forms --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TorchForm:
+    """torch: the one-step and parallel tree forms."""
+
+    name: str = "torch"
+    kernel: Callable | None = None  # the Triton function (None: torch)
+
+    def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
+        """The core of one pass over a tree whose ancestor-or-self mask is `anc` [T, T] bool (what every GDN layer
+        of the pass shares is built here, once)."""
+        return partial(torch_core, pieces, _masks(anc, pieces) if anc.shape[0] > 1 else None)
+
+    def rule(self, q, k, v, g, beta, state, ancestors):
+        """The tree delta rule alone: q, k [T, Hk, K]; v [T, H, V]; g, beta [T, H]; state [H, K, V]; ancestors
+        [T, T] bool. Returns o, delta [T, H, V]."""
+        return tree_delta_rule(q, k, v, g, beta, state, ancestors)
+
+
+@dataclass(frozen=True)
+class LevelsForm(TorchForm):
+    """The level-by-level solve of triton_solve.py (a form of `steps`: the tree's depth - 1, counted on the device)
+    for trees of 2 .. max_t positions; the torch forms for one node and for larger trees."""
+
+    max_t: int = 0
+
+    def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
+        if anc.shape[0] == 1 or anc.shape[0] > self.max_t:
+            return TorchForm.at(self, anc, pieces)
+        masks = _masks(anc, pieces)
+        return self.core(pieces, masks, solve_steps(masks.anc_float))
+
+
+class RuleForm(LevelsForm):
+    """triton-rule: the whole rule in two launches."""
+
+    def core(self, pieces, masks, steps):
+        return partial(grouped_core, pieces, partial(self.kernel, anc_float=masks.anc_float, steps=steps))
+
+    def rule(self, q, k, v, g, beta, state, ancestors):
+        masks = TreeMasks.of(ancestors)
+        return self.kernel(q, k, v, g, beta, state, masks.anc_float, solve_steps(masks.anc_float))
+
+
+class SolveForm(LevelsForm):
+    """triton-solve: the parallel part in torch, the solve and output product in Triton."""
+
+    def core(self, pieces, masks, steps):
+        return partial(solve_core, pieces, self.kernel, masks, steps)
+
+    def rule(self, q, k, v, g, beta, state, ancestors):
+        masks = TreeMasks.of(ancestors)
+        parts = tree_delta_rule_parts(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
+        return self.kernel(*parts, solve_steps(masks.anc_float))
+
+
+@dataclass(frozen=True)
+class BlockedForm(TorchForm):
+    """triton (step: the one-node pass too) and triton-tree (trees only): the whole rule in one kernel, between the
+    pieces run uncompiled, as this form has always run and been measured (PERFORMANCE.md)."""
+
+    step: bool = True
+
+    def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
+        if anc.shape[0] == 1 and not self.step:
+            return TorchForm.at(self, anc, pieces)
+        return partial(grouped_core, Pieces(False), partial(self.kernel, ancestors=anc))
+
+    def rule(self, q, k, v, g, beta, state, ancestors):
+        return self.kernel(q, k, v, g, beta, state, ancestors)
+
+
+def _levels(cls, name: str) -> LevelsForm:
+    from . import triton_solve
+
+    kernel = triton_solve.tree_rule_triton if cls is RuleForm else triton_solve.tree_solve_triton
+    return cls(name, kernel, triton_solve.MAX_T)
+
+
+def _blocked(name: str, step: bool) -> BlockedForm:
+    from .triton_blocked import tree_delta_rule_triton
+
+    return BlockedForm(name, tree_delta_rule_triton, step)
+
+
+FORMS: dict[str, Callable[[], TorchForm]] = {  # a resolved option (never "auto") -> its form, kernels imported here
+    "torch": TorchForm,
+    "triton-rule": partial(_levels, RuleForm, "triton-rule"),
+    "triton-solve": partial(_levels, SolveForm, "triton-solve"),
+    "triton": partial(_blocked, "triton", True),
+    "triton-tree": partial(_blocked, "triton-tree", False),
+}
+
+
+def check(form: TorchForm, device: torch.device, gdn) -> None:
+    """The form's rule against the torch form on this device at this GDN layer's head dims (a 17-node tree, grouped
+    heads: the kernel compiles here); raises if it cannot run or differs."""
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    parents = [-1] + [rng.randrange(i) for i in range(1, 17)]
+    anc = torch.from_numpy(ancestor_matrix(parents)).to(device)
+    K, V, n = gdn.head_k_dim, gdn.head_v_dim, len(parents)
+    q, k = (F.normalize(torch.randn(n, 2, K, generator=gen), dim=-1) for _ in range(2))
+    v, state = torch.randn(n, 4, V, generator=gen), torch.randn(4, K, V, generator=gen)
+    g, beta = -torch.rand(n, 4, generator=gen), torch.rand(n, 4, generator=gen)
+    args = [x.to(device) for x in (q, k, v, g, beta, state)]
+    repeated = [x.repeat_interleave(2, dim=1) for x in args[:2]] + args[2:]
+    want = tree_delta_rule(*repeated, anc)
+    for got, ref in zip(form.rule(*args, anc), want):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def choose(option: str, device: torch.device, gdn) -> tuple[TorchForm, str | None]:
+    """The form of a resolved option (`resolve_option`) for a runner on `device` whose GDN layers are like `gdn`:
+    (form, None), or (the torch form, why) where a Triton form cannot run here (it must not stop the runner)."""
+    try:
+        form = FORMS[option]()
+        if form.kernel is not None:
+            check(form, device, gdn)
+        return form, None
+    except Exception as exc:
+        return TorchForm(), f"{type(exc).__name__}: {str(exc)[:500]}"
