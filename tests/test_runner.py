@@ -465,3 +465,20 @@ def test_warm_runner_compiles_only_where_the_runner_compiles():
     assert warm_runner(tiny.target_model("attention", seed=0)) == 0.0
     if torch.cuda.is_available():
         assert warm_runner(hybrid.cuda()) > 0.0
+
+
+def _doubled(x):
+    return x * 2
+
+
+def test_compiled_pieces_hold_many_models_in_one_process():
+    """Issue #27 item 2: the compiled pieces are shared by every runner of a process, each model adding graphs of its
+    own (what dynamo cannot make symbolic: ranks, dtypes, constants); with fullgraph, dynamo's default limit of 8
+    graphs a function is a hard error, so a runner built after a few others refused to compile (test_tree_kernel
+    after the other GPU test files). Twelve kinds of input through one compiled piece all run compiled."""
+    from ddtree_viz.engine import fused
+
+    piece = fused.compiled(_doubled)
+    for rank in range(1, 13):
+        x = torch.ones((2,) * rank)
+        assert torch.equal(piece(x), x * 2)

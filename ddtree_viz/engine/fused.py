@@ -101,6 +101,7 @@ def fuse_linears(owner: nn.Module, names: tuple[str, ...]) -> FusedLinear | None
 # ------------------------------------------------------------------------------------------------------------
 
 _COMPILED: dict = {}
+RECOMPILE_LIMIT = 64  # graphs dynamo keeps per compiled piece (its default, 8, is a hard error with fullgraph)
 
 
 def compiled(fn):
@@ -111,6 +112,10 @@ def compiled(fn):
     and length bucket (and one, specialised, the one-node greedy step)."""
     c = _COMPILED.get(fn)
     if c is None:
+        # fullgraph: past dynamo's recompile limit (8 graphs a function by default) a call RAISES instead of running
+        # eager. One process may hold several models (the page's compare mode in another dtype, a test suite), each
+        # with graphs of its own for every piece: allow enough that a real process never meets the limit
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # split_reductions off: a norm or softmax of a few rows stays one kernel (not a split pass + a combine pass);
         # emulate_precision_casts: bf16 / fp16 intermediates rounded where eager rounds them (no kernel added), so
         # that the compiled forms stay as close to the eager ones as eager is to transformers' own forward
