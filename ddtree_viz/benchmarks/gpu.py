@@ -678,8 +678,9 @@ def runner_prefill(runner, prompt: list[int], sync, lengths=(512, 2048), repeats
 
 
 def prefill_kernels() -> dict:
-    """Which implementation transformers' Qwen3.5 layers run in the prefill: fla's chunked delta rule (and
-    causal-conv1d's conv) when those packages import, else transformers' own torch fallbacks."""
+    """Which implementation transformers' Qwen3.5 layers run in a CUDA prefill: fla's chunked delta rule (and
+    causal-conv1d's conv) when those packages import, else transformers' own torch fallbacks (CPU tensors always
+    take those: engine/backends.kernels_follow_device)."""
     import inspect
 
     from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
@@ -687,6 +688,7 @@ def prefill_kernels() -> dict:
     out = {}
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn"):
         fn = getattr(qwen, name, None)
+        fn = getattr(fn, "kernel", fn)  # engine/backends.by_device: the CUDA tensors' choice
         impl = None
         while fn is not None and impl is None:  # the hub-kernel wrappers keep the chosen one in a closure
             impl = inspect.getclosurevars(fn).nonlocals.get("implementation") if inspect.isfunction(fn) else None
