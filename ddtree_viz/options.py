@@ -18,7 +18,7 @@ from .errors import InputError
 
 __all__ = [
     "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
-    "engine_for_verify", "DDTREE", "DFLASH", "METHODS", "VERIFY_LABELS", "DTYPES", "REFERENCES", "MAX_BUDGET",
+    "engine_for_verify", "DDTREE", "DFLASH", "METHODS", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
     "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
     "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
     "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "check_port", "DecodeSettings",
@@ -30,6 +30,7 @@ METHODS = (DDTREE, DFLASH)
 # The page's verify dropdown: label shown -> mode.
 VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
 DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda", "auto")  # auto: every visible GPU through accelerate's device_map
 REFERENCES = ("engine", "transformers")  # where a session's reference decodes (DecodeSession's `reference`)
 
 # Exports (render/export.py) and the round's phases, named here so that parsing and the page import no renderer.

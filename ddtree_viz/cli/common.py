@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..options import DTYPES, DecodeSettings, check_decode_settings, number, whole_number
+from ..options import DEVICES, DTYPES, DecodeSettings, check_decode_settings, number, whole_number
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
@@ -36,7 +36,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
     g.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter for the target (default: the embedded one)")
     g.add_argument("--dtype", default="float32", choices=DTYPES, help="default: float32")
-    g.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
+    g.add_argument("--device", default="cpu", choices=DEVICES,
                    help="cpu, cuda (one GPU) or auto (all visible GPUs via accelerate); default: cpu")
     g.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
 

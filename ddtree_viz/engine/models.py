@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
+from ..options import DEVICES
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .drafter import DFlashDrafter, validate_pairing
@@ -39,7 +40,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def resolve_device(device: str) -> str:
     """'cpu', 'cuda' (one GPU), 'auto' (all visible GPUs through accelerate, else the CPU)."""
-    if device not in ("cpu", "cuda", "auto"):
+    if device not in DEVICES:
         raise InputError(f"unknown device {device!r}; choose cpu, cuda or auto")
     if device in ("cuda", "auto") and not torch.cuda.is_available():
         if device == "cuda":

@@ -16,7 +16,7 @@ import time
 import gradio as gr
 
 from ...errors import DDTreeVizError, InputError
-from ...options import ENGINE_CHOICES, check_port, port_number
+from ...options import DEVICES, DTYPES, ENGINE_CHOICES, check_port, port_number
 from ..analyze_tab import ReportDirs
 from ..host import ModelHost, cpu_threads
 from ..state import MAX_UPLOAD_BYTES, TabState, Tabs, free_tab
@@ -34,8 +34,8 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
     p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
     p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="engine for exact rounds: auto (default: the fastest exact engine that applies: the static "
                         "runner on a Qwen3.5 hybrid target on one device, else transformers), transformers' forward "
