@@ -9,7 +9,15 @@ trust_remote_code. The page itself is ddtree_viz/page/ (its Gradio app: ddtree_v
 
 import sys
 
-from ddtree_viz.page.web.app import main
+from ddtree_viz.page.web.args import build_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)  # --help and a bad option answered before gradio and torch load
+    from ddtree_viz.page.web.app import main as serve
+
+    return serve(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,9 @@ def add_parser(sub) -> None:
 
 
 def command(args) -> int:
+    from ..page.web.args import build_parser
+
+    build_parser(f"{args.prog} app").parse_args(args.app_args)  # --help, a bad option: answered before gradio loads
     from ..page.web import app as web  # imports gradio: only here, so the other commands start quickly
 
     return web.main(args.app_args, prog=f"{args.prog} app")

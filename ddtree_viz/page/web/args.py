@@ -1,0 +1,47 @@
+"""The web UI's options, apart from the app: `app.py --help` and a mistyped option are answered before gradio,
+torch and the models load (a second, not half a minute). Imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...options import DEVICES, DTYPES, ENGINE_CHOICES, port_number
+
+FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
+
+
+def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
+    p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
+    p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--device", default="cpu", choices=DEVICES)
+    p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
+                   help="engine for exact rounds: auto (default: the fastest exact engine that applies: the static "
+                        "runner on a Qwen3.5 hybrid target on one device, else transformers), transformers' forward "
+                        "(the reference path) or the static runner (CUDA graphs on a GPU); naive rounds always use "
+                        "transformers")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads for the model work (default: one core less than this machine has, at least "
+                        "one, leaving a core to the server and the browser)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
+    p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
+    p.add_argument("--report-root", metavar="DIR",
+                   help="the Analyze tab reads report directories typed in under DIR only (relative paths from DIR). "
+                        "Default: any directory the server can read when the page listens on this machine only "
+                        "(127.0.0.1, no --share); none otherwise (uploads still work)")
+    p.add_argument("--file-ttl", type=_seconds, default=FILE_TTL_S, metavar="SECONDS",
+                   help=f"how long uploads and served downloads stay in gradio's temporary folder (default: {FILE_TTL_S})")
+    return p
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 1, not {text!r}")
+    return value
