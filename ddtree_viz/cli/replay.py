@@ -4,7 +4,8 @@ printed: the settings, each round, the verdict; --round K one round in full."""
 from __future__ import annotations
 
 from ..errors import InputError
-from ..options import REFERENCE_NAMES, check_port, port_number
+from ..options import REFERENCE_NAMES, check_port
+from ..page.web.args import add_server_args
 from ..trace import is_sampled, reference_of, sampling_flags, sampling_label, verdict_text
 from .common import printable
 from .show import print_compare, print_session_analysis, reference_words, texts
@@ -22,9 +23,7 @@ def add_parser(sub) -> None:
                     help="with --print: also every node of round K (the target's top-k at the parent and after the "
                          "node, the drafter's rank), where and why its walk stopped, its budget curve and the "
                          "drafter's grid")
-    rp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    rp.add_argument("--port", type=port_number, default=7860, help="default: 7860")
-    rp.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    add_server_args(rp)
     rp.set_defaults(handler=command)
 
 

@@ -10,6 +10,14 @@ from ...options import DEVICES, DTYPES, ENGINE_CHOICES, port_number
 FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """Where the page listens and whether it is shared: the app's and `replay`'s (security defaults: this machine
+    only, no share link)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
+    p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+
+
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
     p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
@@ -24,9 +32,7 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads for the model work (default: one core less than this machine has, at least "
                         "one, leaving a core to the server and the browser)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=port_number, default=7860, help="default: 7860")
-    p.add_argument("--share", action="store_true", help="create a public Gradio share link (off by default)")
+    add_server_args(p)
     p.add_argument("--replay", metavar="TRACE.json", help="open with a saved trace loaded (no model needed)")
     p.add_argument("--report-root", metavar="DIR",
                    help="the Analyze tab reads report directories typed in under DIR only (relative paths from DIR). "
