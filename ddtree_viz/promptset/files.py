@@ -119,7 +119,15 @@ def record_failure(out: Path, index: int, exc: BaseException, side: str = "") ->
 
 
 def prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
-    """An existing non-empty DIR is refused unless resume (keep its traces) or force (start afresh)."""
+    """An existing non-empty DIR is refused unless resume (keep its traces) or force (start afresh); a DIR that
+    cannot be made (a name over 255 bytes, permission denied) is a clear error."""
+    try:
+        _prepare_dir(out, resume, force, main)
+    except OSError as exc:
+        raise InputError(f"cannot write the output directory {out}: {exc.strerror or type(exc).__name__}") from None
+
+
+def _prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not (resume or force):
