@@ -445,3 +445,25 @@ def test_links_out_of_the_report_root_and_loops_are_refused(report_dir, tmp_path
         with pytest.raises(InputError, match="cannot read|not a directory") as err:
             load_report_dir(TabState(), str(root / "loop") if dirs.root is None else "loop", dirs)
         assert str(tmp_path) not in str(err.value).replace(str(root / "loop"), "") or dirs.root is None
+
+
+def test_a_summary_that_disagrees_with_its_traces_is_noted_and_an_empty_report_refused(report_dir, tmp_path):
+    """D10: without prompts.json a made-up summary.json loaded with no note; an empty report read '0 of 0 prompts'."""
+    plain = tmp_path / "plain"
+    shutil.copytree(report_dir, plain)
+    (plain / "prompts.json").unlink()
+    tab = load_report_dir(TabState(), str(plain))
+    assert "summary.json differs" not in tab.report.note  # the same report, less its prompts' text
+    summary = json.loads((plain / "summary.json").read_text())
+    summary["budget_curve"] = {k: 9.99 for k in summary["budget_curve"]}
+    (plain / "summary.json").write_text(json.dumps(summary))
+    tab = load_report_dir(TabState(), str(plain))
+    assert "summary.json differs from what its traces give" in tab.report.note
+    assert "no prompts.json" in tab.report.note
+    for name in os.listdir(plain / "traces"):
+        os.unlink(plain / "traces" / name)
+    summary["prompts"] = 3
+    (plain / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match="no traces and no error records"):
+        load_report_dir(tab, str(plain))
+    assert tab.report is not None and tab.report.name == str(plain)  # the report before stays

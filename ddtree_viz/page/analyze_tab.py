@@ -278,13 +278,17 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
     """Read and validate a report's files (analyze.read_report: every trace through Trace.load), compute its figures
     again from the traces (at summary.json's budgets) and build its body with page links."""
     report = read_report(files, names=True, max_bytes=MAX_REPORT_BYTES)
+    if not any(report.traces.values()) and not any(report.errors.values()):
+        raise InputError("the report has no traces and no error records in traces/: nothing to show (a run that "
+                         "has not finished its first prompt?)")
     written = report.summary or {}
     # the budgets the run asked for (prompts.json), else those summary.json's curve was written at
     summary = summarize_report(report, report.budgets if "prompts.json" in files else _budgets(written))
     notes = [note] if note else []
     if "prompts.json" not in files:
         notes.append("no prompts.json: the prompts' text and sources are not shown")
-    elif written and _plain(summary) != written:
+    if written and _comparable(_plain(summary), "prompts.json" in files) != _comparable(written, "prompts.json"
+                                                                                         in files, summary):
         notes.append("summary.json differs from what its traces give (a run still going, or an edited file): the "
                      "figures shown are computed from the traces")
     svgs = report_view.figures(summary, "svg")
@@ -292,6 +296,23 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
                                    files=False)
     return LoadedReport(name=name, summary=summary, html='<div class="ddv-report">' + body + "</div>",
                         files=dict(report.files), note="; ".join(notes))
+
+
+def _comparable(summary: dict, whole: bool, like: dict | None = None) -> dict:
+    """A summary as it can be held against summary.json: whole (prompts.json read), all of it; without prompts.json,
+    less what only prompts.json gives (each prompt's source and text) and the budget curve at the budgets `like`
+    (the one computed) has."""
+    if whole or not isinstance(summary, dict):
+        return summary
+    out = dict(summary)
+    if isinstance(out.get("per_prompt"), list):
+        out["per_prompt"] = [{k: v for k, v in p.items() if k not in ("source", "prompt")} if isinstance(p, dict)
+                             else p for p in out["per_prompt"]]
+    if like is not None and isinstance(out.get("budget_curve"), dict) and isinstance(like.get("budget_curve"), dict):
+        out["budget_curve"] = {k: v for k, v in out["budget_curve"].items() if str(k) in map(str, like["budget_curve"])}
+    if isinstance(out.get(DFLASH), dict):
+        out[DFLASH] = _comparable(out[DFLASH], whole, like.get(DFLASH) if isinstance(like, dict) else None)
+    return out
 
 
 def _budgets(summary: dict) -> list[int] | None:
