@@ -219,6 +219,26 @@ def test_existing_dir_resume_and_force(run_dir, tmp_path):
     assert summary["prompts"] == summary["prompts_total"] == 1 and not (out / "traces" / "0007.json").exists()
 
 
+def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(run_dir, tmp_path, capsys):
+    """#27 D12: --resume over a truncated trace stopped with an error (it was kept as done): it is decoded again; a
+    trace that cannot be written (nor its error record) ended in a traceback: error: ..., exit 2."""
+    out = tmp_path / "out"
+    shutil.copytree(run_dir / "out", out)
+    before = json.loads((out / "summary.json").read_text())
+    whole = (out / "traces" / "0001.json").read_bytes()
+    (out / "traces" / "0001.json").write_bytes(whole[: len(whole) // 2])
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume", "--budgets", 1, 2, 4, 8) == 0
+    assert Trace.load(out / "traces" / "0001.json").output_ids == Trace.from_json(whole).output_ids
+    assert json.loads((out / "summary.json").read_text()) == before
+    capsys.readouterr()
+    (out / "traces" / "0001.json").unlink()
+    for blocked in ("0001.json.tmp", "0001.error.json.tmp"):  # a folder where the file goes: the write fails
+        (out / "traces" / blocked).mkdir()
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write into {out}") and "Traceback" not in err, err
+
+
 def test_ctrl_c_keeps_what_is_done(tmp_path):
     """Ctrl-C once the first trace is written: the prompts done are kept and summarised (16 prompts of 32 tokens:
     seconds of work left after the first)."""

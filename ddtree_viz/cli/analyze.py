@@ -91,13 +91,18 @@ def command(args) -> int:
         _decode(args, items, out, state)
     except KeyboardInterrupt:
         interrupted = True
+    except OSError as exc:  # a trace or record that cannot be written (disk full, the folder gone): this process ends
+        raise InputError(f"cannot write into {out}: {exc.strerror or exc}") from None
     if state is not None:
         state.wait_for_everyone()
     if not main:
         return 130 if interrupted else 0
     from ..promptset.summary import write_outputs
 
-    summary = write_outputs(out, budgets=args.budgets)
+    try:
+        summary = write_outputs(out, budgets=args.budgets)
+    except OSError as exc:
+        raise InputError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     _print_summary(summary, out)
     if interrupted:
         print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
