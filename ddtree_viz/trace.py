@@ -731,9 +731,7 @@ def _check_fields(trace: Trace, where: str) -> None:
     if trace.divergence_verdict not in (None, VERDICT_NOISE, VERDICT_MISMATCH):
         raise TraceError(f"{where}.divergence_verdict: {_show(trace.divergence_verdict)} (one of null, "
                          f"{VERDICT_NOISE}, {VERDICT_MISMATCH})")
-    total = sum(len(s.nodes) for s in trace.steps)
-    if total > MAX_TOTAL_NODES:
-        raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
+    _check_total_nodes([{"nodes": s.nodes} for s in trace.steps], where)
     max_new = trace.settings.get("max_new_tokens")
     if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
         raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
@@ -899,11 +897,22 @@ def trace_from_dict(data: Any) -> Trace:
     if data.get("kind") == COMPARE_KIND:
         raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
     _check_version(data)
+    _check_total_nodes(data.get("steps"), "trace")
     trace = _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
     for i, m in enumerate(trace.messages):
         if set(m) != {"role", "content"}:
             raise TraceError(f"trace.messages[{i}]: expected an object with 'role' and 'content' only")
     return validate(trace)
+
+
+def _check_total_nodes(steps: Any, where: str) -> None:
+    """MAX_TOTAL_NODES over the rounds' node lists as parsed, before any node is built and checked: a trace just
+    past the limit is refused at once, not after validating all of it (validate checks the built trace again)."""
+    if not isinstance(steps, list):
+        return
+    total = sum(len(s["nodes"]) for s in steps if isinstance(s, dict) and isinstance(s.get("nodes"), (list, tuple)))
+    if total > MAX_TOTAL_NODES:
+        raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
 
 
 def _check_version(data: dict) -> None:
