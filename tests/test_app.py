@@ -820,3 +820,15 @@ def test_long_session_views_are_cached_per_round_and_bounded(host):
         ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
         ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
     assert set(map(int, tab.trace.token_texts)) == ids
+
+
+def test_report_loads_take_no_turn_in_the_one_at_a_time_queue():
+    """#27 'Also': a report of 4,096 traces took 42 s in gradio's default one-at-a-time group, so other tabs'
+    events (and loads) waited: report loads and their round links have a group of their own, several at once."""
+    from ddtree_viz.page.web.app import build_app
+    from ddtree_viz.page.web.wiring import REPORT_EVENTS
+
+    demo = build_app(ModelHost(None, None, "float32", "cpu"))
+    fns = {f.api_name: f for f in demo.fns.values()}
+    for name in ("report_dir", "report_upload", "report_round"):
+        assert fns[name].concurrency_id == "reports" and fns[name].concurrency_limit == REPORT_EVENTS > 1
