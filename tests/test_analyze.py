@@ -318,6 +318,25 @@ def test_two_processes_merge_to_the_single_process_summary(both_dir, tmp_path):
         assert procs == {0, 1}  # the prompts really were split
 
 
+def test_a_write_failure_in_one_process_is_a_clear_error_in_every_process(tmp_path):
+    """#27 D12: under accelerate launch a process that could not write its trace crashed with a traceback and left
+    the others at a broken barrier (another traceback): each process now says what went wrong in one line. (The
+    launcher, torchrun, still reports a failed child its own way.)"""
+    (tmp_path / "p.txt").write_text("def add(a, b):\n\nclass Point:\n    pass\n\nimport os\n", encoding="utf-8")
+    traces = tmp_path / "out" / "traces"
+    for blocked in ("0002.json.tmp", "0002.error.json.tmp"):  # process 1's prompt cannot be written
+        (traces / blocked).mkdir(parents=True)
+    cmd = [PY, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "ddtree_viz", "analyze",
+           "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), "--max-new-tokens", "3",
+           "--budget", "4", "--resume"]
+    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert f"error: cannot write into {tmp_path / 'out'}: Is a directory" in res.stderr, res.stderr[-3000:]
+    assert "error: 1 other process(es) failed" in res.stderr
+    assert "ddtree_viz/" not in res.stderr.replace("-m ddtree_viz", "")  # no traceback through this package
+
+
 def test_report_renderer_is_pure():
     code = ("import sys, ddtree_viz.render.report; "
             "print([m for m in ('torch', 'gradio', 'transformers', 'ddtree_viz.engine') if m in sys.modules])")
