@@ -8,6 +8,7 @@ contract of docs/ARCHITECTURE.md; fields may be added (readers ignore what they 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -380,6 +381,8 @@ def _check_type(value: Any, annotation: str, where: str) -> Any:
         if not isinstance(value, list):
             raise TraceError(f"{where}: expected a list, got {_show(value)}")
         inner = annotation[len("tuple["):-len(", ...]")]
+        if _plain_numbers(value, inner):  # the common case, at list speed (a report reads thousands of traces)
+            return tuple(value)
         return tuple(_check_type(v, inner, f"{where}[{i}]") for i, v in enumerate(value))
     if annotation.startswith("dict["):
         if not isinstance(value, dict):
@@ -412,8 +415,20 @@ def _check_plain(value: Any, where: str) -> None:
                 stack.append((x, f"{at}.{k}"))
 
 
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split on `sep` outside brackets."""
+def _plain_numbers(values: list, inner: str) -> bool:
+    """Whether every entry already is what _check_type would return for `inner` ("int": ints in range; "float":
+    finite floats in range), so the list is checked without a call per entry. False: check entry by entry (which
+    also says which entry is wrong)."""
+    if inner == "int":
+        return all(type(v) is int for v in values) and all(-MAX_INT <= v <= MAX_INT for v in values)
+    if inner == "float":
+        return all(type(v) is float for v in values) and all(-MAX_INT <= v <= MAX_INT for v in values)
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def _split_top(text: str, sep: str) -> tuple[str, ...]:
+    """Split on `sep` outside brackets (the few annotations records use: cached)."""
     parts, depth, cur = [], 0, ""
     for ch in text:
         depth += ch == "["
@@ -423,7 +438,7 @@ def _split_top(text: str, sep: str) -> list[str]:
             cur = ""
         else:
             cur += ch
-    return parts + [cur.strip()]
+    return (*parts, cur.strip())
 
 
 # Longest list each field may hold (checked before its entries are read, so a huge list costs nothing).
@@ -731,9 +746,7 @@ def _check_fields(trace: Trace, where: str) -> None:
     if trace.divergence_verdict not in (None, VERDICT_NOISE, VERDICT_MISMATCH):
         raise TraceError(f"{where}.divergence_verdict: {_show(trace.divergence_verdict)} (one of null, "
                          f"{VERDICT_NOISE}, {VERDICT_MISMATCH})")
-    total = sum(len(s.nodes) for s in trace.steps)
-    if total > MAX_TOTAL_NODES:
-        raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
+    _check_total_nodes([{"nodes": s.nodes} for s in trace.steps], where)
     max_new = trace.settings.get("max_new_tokens")
     if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
         raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
@@ -899,11 +912,22 @@ def trace_from_dict(data: Any) -> Trace:
     if data.get("kind") == COMPARE_KIND:
         raise TraceError("this is a compare trace (two sessions): open it with replay or the page")
     _check_version(data)
+    _check_total_nodes(data.get("steps"), "trace")
     trace = _build(Trace, data, "trace", {"steps": step_from_dict, "prefill_cache": _layer})
     for i, m in enumerate(trace.messages):
         if set(m) != {"role", "content"}:
             raise TraceError(f"trace.messages[{i}]: expected an object with 'role' and 'content' only")
     return validate(trace)
+
+
+def _check_total_nodes(steps: Any, where: str) -> None:
+    """MAX_TOTAL_NODES over the rounds' node lists as parsed, before any node is built and checked: a trace just
+    past the limit is refused at once, not after validating all of it (validate checks the built trace again)."""
+    if not isinstance(steps, list):
+        return
+    total = sum(len(s["nodes"]) for s in steps if isinstance(s, dict) and isinstance(s.get("nodes"), (list, tuple)))
+    if total > MAX_TOTAL_NODES:
+        raise TraceError(f"{where}: {total} tree positions over all rounds; a trace may hold at most {MAX_TOTAL_NODES}")
 
 
 def _check_version(data: dict) -> None:

@@ -219,6 +219,26 @@ def test_existing_dir_resume_and_force(run_dir, tmp_path):
     assert summary["prompts"] == summary["prompts_total"] == 1 and not (out / "traces" / "0007.json").exists()
 
 
+def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(run_dir, tmp_path, capsys):
+    """#27 D12: --resume over a truncated trace stopped with an error (it was kept as done): it is decoded again; a
+    trace that cannot be written (nor its error record) ended in a traceback: error: ..., exit 2."""
+    out = tmp_path / "out"
+    shutil.copytree(run_dir / "out", out)
+    before = json.loads((out / "summary.json").read_text())
+    whole = (out / "traces" / "0001.json").read_bytes()
+    (out / "traces" / "0001.json").write_bytes(whole[: len(whole) // 2])
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume", "--budgets", 1, 2, 4, 8) == 0
+    assert Trace.load(out / "traces" / "0001.json").output_ids == Trace.from_json(whole).output_ids
+    assert json.loads((out / "summary.json").read_text()) == before
+    capsys.readouterr()
+    (out / "traces" / "0001.json").unlink()
+    for blocked in ("0001.json.tmp", "0001.error.json.tmp"):  # a folder where the file goes: the write fails
+        (out / "traces" / blocked).mkdir()
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write into {out}") and "Traceback" not in err, err
+
+
 def test_ctrl_c_keeps_what_is_done(tmp_path):
     """Ctrl-C once the first trace is written: the prompts done are kept and summarised (16 prompts of 32 tokens:
     seconds of work left after the first)."""
@@ -296,6 +316,25 @@ def test_two_processes_merge_to_the_single_process_summary(both_dir, tmp_path):
         procs = {json.loads((tmp_path / "out" / "traces" / f"{i:04d}{suffix}.meta.json").read_text())["process"]
                  for i in range(3)}
         assert procs == {0, 1}  # the prompts really were split
+
+
+def test_a_write_failure_in_one_process_is_a_clear_error_in_every_process(tmp_path):
+    """#27 D12: under accelerate launch a process that could not write its trace crashed with a traceback and left
+    the others at a broken barrier (another traceback): each process now says what went wrong in one line. (The
+    launcher, torchrun, still reports a failed child its own way.)"""
+    (tmp_path / "p.txt").write_text("def add(a, b):\n\nclass Point:\n    pass\n\nimport os\n", encoding="utf-8")
+    traces = tmp_path / "out" / "traces"
+    for blocked in ("0002.json.tmp", "0002.error.json.tmp"):  # process 1's prompt cannot be written
+        (traces / blocked).mkdir(parents=True)
+    cmd = [PY, "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "ddtree_viz", "analyze",
+           "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), "--max-new-tokens", "3",
+           "--budget", "4", "--resume"]
+    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0
+    assert f"error: cannot write into {tmp_path / 'out'}: Is a directory" in res.stderr, res.stderr[-3000:]
+    assert "error: 1 other process(es) failed" in res.stderr
+    assert "ddtree_viz/" not in res.stderr.replace("-m ddtree_viz", "")  # no traceback through this package
 
 
 def test_report_renderer_is_pure():

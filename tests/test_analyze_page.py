@@ -195,7 +195,8 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
         tab = open_report_round(tab, "traces/0001.dflash.json", 1)
         assert render_views(no_model, tab).status.startswith("Round 2 of ")
         kept = tab.folder
-        assert kept is not None and (kept / "report" / "traces" / "0001.dflash.json").is_file()
+        assert kept is not None and (tab.report.folder / "traces" / "0001.dflash.json").is_file()
+        assert tab.report.folder.parent == kept
     finally:
         tab.free()
     assert tab.report is None and not kept.exists()  # the tab's files go with it
@@ -289,7 +290,7 @@ def test_a_prompt_set_runs_on_the_page_into_the_tabs_report(embedded):
     assert r.summary["prompts"] == 2 and r.summary["identical_prompts"] == 2 and r.summary["failed"] == []
     assert r.summary["generated_tokens"] == 16 and r.name == "heldout-code (run here)"
     assert "run on this page" in report_status(tab)
-    folder = tab.folder / "prompt-set"
+    folder = tab.report.folder
     assert sorted(p.name for p in (folder / "traces").iterdir()) == ["0000.json", "0001.json"]
     assert json.loads((folder / "summary.json").read_text())["prompts"] == 2
     # its rounds open in the step view like any report's
@@ -330,3 +331,139 @@ def test_prompt_set_input_is_checked_and_a_failing_prompt_is_recorded(embedded, 
     s = tab.report.summary
     assert s["prompts"] == 1 and len(s["failed"]) == 1 and "chat template" in s["failed"][0]["error"]
     assert tab.report.name == "mixed.jsonl (run here)"
+
+
+# -- the second hostile probe (#27 item 4) --------------------------------------------------------------------------
+
+
+def test_a_refused_upload_leaves_the_report_on_screen_and_its_files(report_dir, tmp_path):
+    """D1: an upload (refused or not) writes into a new folder; the report still shown keeps opening its own traces."""
+    root = tmp_path / "gradio"
+    traces = sorted((report_dir / "traces").glob("*.json"))
+    tab = load_report_upload(TabState(), uploaded([report_dir / "summary.json", *traces], root))
+    first = Trace.load(report_dir / "traces" / "0000.json")
+    other = tmp_path / "other" / "0000.json"  # report B: its trace 0000 is A's trace 0001
+    other.parent.mkdir()
+    shutil.copy(report_dir / "traces" / "0001.json", other)
+    bad = tmp_path / "bad" / "0001.json"
+    bad.parent.mkdir()
+    bad.write_text('{"schema_version": 1, "steps": 3}')
+    with pytest.raises(TraceError):
+        load_report_upload(tab, uploaded([report_dir / "summary.json", other, bad], root))
+    assert open_report_round(tab, "traces/0000.json", 0).trace.output_ids == first.output_ids
+    # a report accepted in its place: the old copy goes, the new one opens
+    old = tab.report.folder
+    tab = load_report_upload(tab, uploaded([report_dir / "summary.json", other], root))
+    assert not old.exists() and tab.report.folder.is_dir()
+    assert open_report_round(tab, "traces/0000.json", 0).trace.output_ids != first.output_ids
+    folders = list(tab.folder.iterdir())
+    assert folders == [tab.report.folder]  # the refused upload's copy went too
+    tab.free()
+
+
+def _set_file(tmp_path, *prompts) -> str:
+    path = tmp_path / uuid.uuid4().hex / "set.txt"
+    path.parent.mkdir()
+    path.write_text("\n\n".join(prompts) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_a_new_prompt_set_leaves_the_report_on_screen_its_files(embedded, tmp_path):
+    """D1: during a new set, the report shown opens its own rounds; one set per tab at a time (D2)."""
+    tab = TabState()
+    list(run_prompt_set(embedded, tab, None, _set_file(tmp_path, "def add(a, b):", "import os"), 8, 8, 2))
+    before = Trace.load(tab.report.files["traces/0000.json"])
+    run = run_prompt_set(embedded, tab, None, _set_file(tmp_path, "class Point:", "while True:"), 8, 8, 2)
+    assert next(run).startswith("1 of 2")
+    opened = open_report_round(tab, "traces/0000.json", 0).trace
+    assert opened.prompt_ids == before.prompt_ids and opened.output_ids == before.output_ids
+    # D2: a second set on the same tab while this one runs is refused, and this one goes on unharmed
+    with pytest.raises(InputError, match="already running in this tab"):
+        next(run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 2))
+    assert list(run)[-1] == "done: run on this page: 2 of 2 prompts"
+    assert tab.report.summary["prompts"] == 2 and len(list(tab.folder.iterdir())) == 1
+    assert Trace.load(tab.report.files["traces/0000.json"]).prompt_ids != before.prompt_ids
+    tab.free()
+
+
+def test_closing_the_tab_during_a_prompt_set_ends_it_quietly(embedded):
+    """D11: the tab goes (its files with it) while its set runs: the set ends with no error."""
+    tab = TabState()
+    run = run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 3)
+    assert next(run).startswith("1 of 3")
+    tab.free()
+    assert list(run) == [] and tab.report is None
+
+
+def test_huge_prompts_are_refused_before_the_model_lock(embedded, tmp_path):
+    """D3: a prompt (or a set's prompt) that cannot fit the target is refused at once, naming the user's input,
+    without taking the model lock; D4: a prompt file's errors name the upload, never the server's path."""
+    from ddtree_viz.page.state import read_settings
+
+    limit = embedded.max_prompt_chars()
+    assert limit is not None and limit < 1 << 20
+    values = dict(prompt="x" * (limit + 1), budget=8, block_size=16, max_new_tokens=8, verify="exact", method="ddtree")
+    with embedded.lock:  # another tab holds the model: the refusal does not wait for it
+        with pytest.raises(InputError, match=r"the prompt is [\d,]+ characters; the page takes at most"):
+            read_settings(embedded, values)
+        path = _set_file(tmp_path, "def f(x):", "y" * (limit + 1))
+        with pytest.raises(InputError, match=r"prompt 2 of set.txt is [\d,]+ characters") as err:
+            next(run_prompt_set(embedded, TabState(), None, path, 8, 8, 2))
+        assert "prompts.json" not in str(err.value)
+    bad = tmp_path / "gradio" / "8b0d" / "bad.jsonl"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"prompt": 1}\n', encoding="utf-8")
+    with pytest.raises(InputError, match="bad.jsonl line 1") as err:
+        next(run_prompt_set(embedded, TabState(), None, str(bad), 8, 8, 2))
+    assert str(tmp_path) not in str(err.value)
+    bad.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(InputError, match="bad.jsonl") as err:
+        next(run_prompt_set(embedded, TabState(), None, str(bad), 8, 8, 2))
+    assert str(tmp_path) not in str(err.value)
+
+
+def test_links_out_of_the_report_root_and_loops_are_refused(report_dir, tmp_path):
+    """D5: under --report-root, a link inside the report that leads out is refused; D6: a link loop is a clear
+    error that names no server path."""
+    root = tmp_path / "runs"
+    shutil.copytree(report_dir, root / "r")
+    secret = tmp_path / "secret.json"
+    shutil.copy(report_dir / "summary.json", secret)
+    (root / "r" / "summary.json").unlink()
+    (root / "r" / "summary.json").symlink_to(secret)
+    under = ReportDirs(allowed=True, root=str(root))
+    with pytest.raises(InputError, match="summary.json leads out of the page's report root"):
+        load_report_dir(TabState(), "r", under)
+    (root / "r" / "summary.json").unlink()
+    shutil.copy(report_dir / "summary.json", root / "r" / "summary.json")
+    (root / "r" / "traces" / "0000.json").unlink()
+    (root / "r" / "traces" / "0000.json").symlink_to(report_dir / "traces" / "0000.json")
+    with pytest.raises(InputError, match="traces/0000.json leads out"):
+        load_report_dir(TabState(), "r", under)
+    (root / "loop").symlink_to(root / "loop")
+    for dirs in (under, ReportDirs()):
+        with pytest.raises(InputError, match="cannot read|not a directory") as err:
+            load_report_dir(TabState(), str(root / "loop") if dirs.root is None else "loop", dirs)
+        assert str(tmp_path) not in str(err.value).replace(str(root / "loop"), "") or dirs.root is None
+
+
+def test_a_summary_that_disagrees_with_its_traces_is_noted_and_an_empty_report_refused(report_dir, tmp_path):
+    """D10: without prompts.json a made-up summary.json loaded with no note; an empty report read '0 of 0 prompts'."""
+    plain = tmp_path / "plain"
+    shutil.copytree(report_dir, plain)
+    (plain / "prompts.json").unlink()
+    tab = load_report_dir(TabState(), str(plain))
+    assert "summary.json differs" not in tab.report.note  # the same report, less its prompts' text
+    summary = json.loads((plain / "summary.json").read_text())
+    summary["budget_curve"] = {k: 9.99 for k in summary["budget_curve"]}
+    (plain / "summary.json").write_text(json.dumps(summary))
+    tab = load_report_dir(TabState(), str(plain))
+    assert "summary.json differs from what its traces give" in tab.report.note
+    assert "no prompts.json" in tab.report.note
+    for name in os.listdir(plain / "traces"):
+        os.unlink(plain / "traces" / name)
+    summary["prompts"] = 3
+    (plain / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match="no traces and no error records"):
+        load_report_dir(tab, str(plain))
+    assert tab.report is not None and tab.report.name == str(plain)  # the report before stays

@@ -208,6 +208,25 @@ def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     assert tab.other is None and render_views(host, tab).tree_b is None
 
 
+def test_compare_step_goes_on_with_b_once_a_has_finished():
+    """#27 D9: Step said 'this session has finished ... press Reset' once A had finished while B had not (Run went
+    on): Step goes on with B alone, showing B's rounds, until both are done. The embedded pair: DDTree's A (block
+    16) finishes rounds before a two-token chain (B)."""
+    h = ModelHost(None, None, "float32", "cpu", engine="transformers")
+    h.start(background=False)
+    s = settings(h, max_new_tokens=12, block_size=16, **dict(COMPARE, compare_block_size=2))
+    tab = actions.step(h, TabState(), s)
+    while not tab.session.done:
+        tab = actions.step(h, tab, s)
+    a_rounds = len(tab.session.history)
+    assert not tab.other.done
+    while not tab.other.done:
+        tab = actions.step(h, tab, s)
+        assert len(tab.session.history) == a_rounds and tab.view == len(tab.other.history) - 1
+    with pytest.raises(InputError, match="has finished"):
+        actions.step(h, tab, s)
+
+
 def test_compare_naive_and_another_dtype(host):
     tab = TabState()
     naive = dict(COMPARE, compare_budget=8, compare_method="ddtree",
@@ -801,3 +820,15 @@ def test_long_session_views_are_cached_per_round_and_bounded(host):
         ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
         ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
     assert set(map(int, tab.trace.token_texts)) == ids
+
+
+def test_report_loads_take_no_turn_in_the_one_at_a_time_queue():
+    """#27 'Also': a report of 4,096 traces took 42 s in gradio's default one-at-a-time group, so other tabs'
+    events (and loads) waited: report loads and their round links have a group of their own, several at once."""
+    from ddtree_viz.page.web.app import build_app
+    from ddtree_viz.page.web.wiring import REPORT_EVENTS
+
+    demo = build_app(ModelHost(None, None, "float32", "cpu"))
+    fns = {f.api_name: f for f in demo.fns.values()}
+    for name in ("report_dir", "report_upload", "report_round"):
+        assert fns[name].concurrency_id == "reports" and fns[name].concurrency_limit == REPORT_EVENTS > 1

@@ -61,3 +61,21 @@ def test_prompt_sets_are_read_bounded_too(tmp_path):
         read_prompts(tmp_path / ("p" * 300 + ".txt"))
     with pytest.raises(InputError, match="does not exist"):
         read_prompts(tmp_path / "missing.txt")
+
+
+def test_over_long_output_names_are_clear_errors(tmp_path, capsys):
+    """D7: a name over 255 bytes for run --trace, export --out and analyze --out ended in a traceback (exit 1)."""
+    from ddtree_viz import cli
+
+    long = str(tmp_path / ("o" * 300 + ".json"))
+    trace = tmp_path / "t.json"
+    trace.write_text("{}")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def f(x):\n")
+    for argv in (["run", "--prompt", "x", "--max-new-tokens", "2", "--trace", long],
+                 ["export", "--trace", str(trace), "--out", long[:-5] + ".svg"],
+                 ["analyze", "--prompts", str(prompts), "--out", long[:-5]],
+                 ["analyze", "--prompts", str(prompts), "--out", long[:-5] + "/sub"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: cannot write") and ("255" in err or "too long" in err), err

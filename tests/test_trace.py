@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from ddtree_viz.engine.session import DecodeSession
+from ddtree_viz.errors import TraceError
 from ddtree_viz.trace import SCHEMA_VERSION, Trace
 from tests.tiny import tiny_pair
 
@@ -50,3 +53,17 @@ def test_saved_traces_keep_lists_and_small_objects_on_one_line(tmp_path):
     lines = text.splitlines()
     assert any(line.strip().startswith('{"id": 1, "parent": 0') for line in lines)  # a node: one line
     assert any(line.strip().startswith('"target_argmax": [') and line.rstrip().endswith("],") for line in lines)
+
+
+def test_a_trace_past_the_total_node_limit_is_refused_before_its_nodes_are_checked():
+    """#27 'Also': a trace just past MAX_TOTAL_NODES was refused after checking every node (25.8 s on the CLI)."""
+    import time
+
+    from ddtree_viz.trace import MAX_TOTAL_NODES, trace_from_dict
+
+    half = MAX_TOTAL_NODES // 2 + 1
+    data = {"schema_version": 1, "steps": [{"nodes": [{}] * half}, {"nodes": [{}] * half}]}
+    start = time.perf_counter()
+    with pytest.raises(TraceError, match=f"{2 * half} tree positions over all rounds; a trace may hold at most"):
+        trace_from_dict(data)
+    assert time.perf_counter() - start < 1.0

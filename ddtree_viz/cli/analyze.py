@@ -86,18 +86,26 @@ def command(args) -> int:
         state.wait_for_everyone()
         if not main:
             (out / "traces").mkdir(parents=True, exist_ok=True)
-    interrupted = False
+    interrupted, failure = False, None
     try:
         _decode(args, items, out, state)
     except KeyboardInterrupt:
         interrupted = True
-    if state is not None:
-        state.wait_for_everyone()
+    except OSError as exc:  # a trace or record that cannot be written (disk full, the folder gone)
+        failure = f"cannot write into {out}: {exc.strerror or exc}"
+    failures = _failures(state, failure)  # every process reaches this point: none is left waiting at a barrier
+    if failure is not None:
+        raise InputError(failure)
+    if failures:
+        raise InputError(f"{failures} other process(es) failed (their error above): no report written")
     if not main:
         return 130 if interrupted else 0
     from ..promptset.summary import write_outputs
 
-    summary = write_outputs(out, budgets=args.budgets)
+    try:
+        summary = write_outputs(out, budgets=args.budgets)
+    except OSError as exc:
+        raise InputError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     _print_summary(summary, out)
     if interrupted:
         print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
@@ -166,6 +174,17 @@ def _settings(args) -> dict:
     """The run's settings as prompts.json keeps them."""
     return run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
                         args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
+
+
+def _failures(state, failure: str | None) -> int:
+    """How many other processes failed (each says why on its own stderr): all of them wait here, so one process's
+    write failure ends every process with a clear error, not one crashed and the others at a broken barrier."""
+    if state is None:
+        return 0
+    from accelerate.utils import gather_object
+
+    flags = gather_object([failure is not None])
+    return sum(flags) - (failure is not None)
 
 
 def _distributed_state(device: str = "cpu"):

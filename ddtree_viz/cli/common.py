@@ -14,16 +14,28 @@ from ..options import DEVICES, DTYPES, DecodeSettings, check_decode_settings, nu
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
-    """Refuse an output file that cannot be written, before the decode, bench or export that would fill it."""
+    """Refuse an output file that cannot be written, before the decode, bench or export that would fill it (a name
+    the file system refuses, over 255 bytes, is a clear error too, not a traceback after the work)."""
     out = Path(path)
     folder = out.parent
-    if out.is_dir():
-        raise InputError(f"cannot write {what} {out}: it is a directory")
-    if not folder.is_dir():
-        raise InputError(f"cannot write {what} {out}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise InputError(f"cannot write {what} {out}: permission denied")
+    try:
+        check_name_length(out, what)
+        if out.is_dir():
+            raise InputError(f"cannot write {what} {out}: it is a directory")
+        if not folder.is_dir():
+            raise InputError(f"cannot write {what} {out}: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise InputError(f"cannot write {what} {out}: permission denied")
+    except OSError as exc:
+        raise InputError(f"cannot write {what} {out}: {exc.strerror or type(exc).__name__}") from None
     return out
+
+
+def check_name_length(path: Path, what: str) -> None:
+    """A file or folder name longer than the file system takes (NAME_MAX: 255 bytes on most) is refused by name."""
+    size = len(os.fsencode(path.name))
+    if size > 255:
+        raise InputError(f"cannot write {what} {path}: its name is {size:,} bytes; file systems take at most 255")
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -104,12 +104,12 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
     round)."""
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        if tab.session.done:
+        if finished(tab.session, tab.other):  # compare mode: B goes on alone once A has finished, as Run does
             raise InputError(FINISHED)
         started, before = time.perf_counter(), len(tab.session.history)
         step_both(tab.session, tab.other)
         _refresh(tab, check, started, before)
-        tab.view = len(tab.trace.steps) - 1
+        tab.view = rounds_shown(tab) - 1
         tab.inspect = None
     return tab
 
@@ -126,7 +126,7 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     Reset is never followed by a round it ended)."""
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        if tab.session.done and (tab.other is None or tab.other.done):
+        if finished(tab.session, tab.other):
             raise InputError(FINISHED)
         tab.epoch += 1
         mine, session, other = tab.epoch, tab.session, tab.other

@@ -24,7 +24,7 @@ from ..render.text import esc, shorten
 from ..trace import MAX_ROUNDS
 from .actions import load_replay, move
 from .host import ModelHost
-from .state import MAX_UPLOAD_BYTES, LoadedReport, TabState, prompt_spec
+from .state import MAX_UPLOAD_BYTES, LoadedReport, TabState, check_prompt_chars, prompt_spec
 
 MAX_REPORT_BYTES = 128 * 1024 * 1024  # a report's files together (a directory's or the uploads)
 MAX_PATH_CHARS = 4096  # the directory box
@@ -72,12 +72,24 @@ def load_report_dir(tab: TabState, text, dirs: ReportDirs = ReportDirs()) -> Tab
             raise InputError(f"{shown} has no summary.json: it is not a report directory (analyze --out DIR writes one)")
         if not (folder / "traces").is_dir():
             raise InputError(f"{shown} has no traces/ folder: it is not a report directory")
-    except OSError as exc:  # a name too long, a permission denied on the way
+        files = report_files(folder)
+        if dirs.root is not None:
+            _inside_root(files, root, shown)
+    except RuntimeError:  # Path.resolve over a symbolic link loop (Python < 3.13)
+        raise InputError(f"cannot read {shown}: a symbolic link loop") from None
+    except OSError as exc:  # a name too long, a permission denied on the way, a link loop
         raise InputError(f"cannot read {shown}: {exc.strerror or type(exc).__name__}") from None
-    loaded = _read_report(report_files(folder), name=text)
-    with tab.lock:
-        tab.report = loaded
+    loaded = _read_report(files, name=text)
+    tab.show_report(loaded)
     return tab
+
+
+def _inside_root(files: dict[str, Path], root: Path, shown: str) -> None:
+    """Each of a report's files under the page's report root: a symbolic link in the report that leads out of it
+    is refused (named by its place in the report), not followed."""
+    for name, path in files.items():
+        if not path.resolve().is_relative_to(root):
+            raise InputError(f"{shown}: {name} leads out of the page's report root (a symbolic link): not read")
 
 
 def load_report_upload(tab: TabState, paths) -> TabState:
@@ -124,7 +136,21 @@ def load_report_upload(tab: TabState, paths) -> TabState:
         raise InputError("the upload has no summary.json: upload a report's summary.json with its traces/*.json")
     if not any(n.startswith("traces/") for n in names):
         raise InputError("the upload has no traces (traces/0000.json, ...): upload them with summary.json")
-    folder = tab.new_folder("report")
+    note = f"{ignored} other uploaded file(s) left out (only summary.json, prompts.json and traces/*.json are read)" \
+        if ignored else ""
+    folder = tab.report_folder()  # a new folder: the report on screen keeps its own files until this one is shown
+    try:
+        files = _keep_uploads(names, folder)
+        loaded = _read_report(files, name=f"{len(names)} uploaded files", note=note)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    tab.show_report(dataclasses.replace(loaded, folder=folder))
+    return tab
+
+
+def _keep_uploads(names: dict[str, Path], folder: Path) -> dict[str, Path]:
+    """The uploaded files copied into `folder` under their names in the report (gradio deletes its own copies)."""
     (folder / "traces").mkdir()
     files = {}
     try:
@@ -133,12 +159,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
             files[name] = folder / name
     except OSError as exc:
         raise InputError(f"cannot keep the uploaded files: {exc.strerror or type(exc).__name__}") from None
-    note = f"{ignored} other uploaded file(s) left out (only summary.json, prompts.json and traces/*.json are read)" \
-        if ignored else ""
-    loaded = _read_report(files, name=f"{len(names)} uploaded files", note=note)
-    with tab.lock:
-        tab.report = loaded
-    return tab
+    return files
 
 
 PAGE_SET_MAX_PROMPTS = 32  # a prompt set run from the page: at most this many prompts (the CLI's analyze: any)
@@ -169,6 +190,15 @@ def _set_spec(host: ModelHost, item: dict, chat, system, thinking) -> PromptSpec
     return check_spec(dataclasses.replace(spec, messages=tuple((m.get("role"), m.get("content")) for m in messages)))
 
 
+def _check_set_sizes(host: ModelHost, name: str, items: list[dict]) -> None:
+    """Each prompt of the set within the page's prompt size (state.check_prompt_chars), named by its place in the
+    user's own file."""
+    for k, item in enumerate(items, 1):
+        chars = len(item.get("prompt", "")) + sum(len(str(m.get("content", ""))) for m in item.get("messages", ())
+                                                  if isinstance(m, dict))
+        check_prompt_chars(host, chars, f"prompt {k} of {name}")
+
+
 def _set_items(source, upload) -> tuple[str, list[dict]]:
     """The set's name as the page shows it and its prompts: an uploaded prompt file (a path; it wins) or a shipped
     set by name."""
@@ -176,7 +206,7 @@ def _set_items(source, upload) -> tuple[str, list[dict]]:
         path = Path(upload)
         if not path.is_file() or path.stat().st_size > MAX_UPLOAD_BYTES:
             raise InputError(f"the prompt file must be a file of at most {MAX_UPLOAD_BYTES // (1024 * 1024)} MB")
-        return _named(path.name), read_prompts(path)
+        return _named(path.name), read_prompts(path, shown=_named(path.name))  # never the server's temp path
     if source not in prompt_sets():
         raise InputError(f"no prompt set named {_named(source or '')}: choose one of {', '.join(prompt_sets())}")
     return source, read_prompts(source)
@@ -186,38 +216,61 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
                    system="", thinking=True):
     """The Analyze tab's 'Run the set': the first `limit` prompts of a shipped set (`source`, by name) or of an
     uploaded prompt file (`upload`, a path; it wins), each decoded with DDTree (exact, greedy) and checked against
-    greedy as `analyze` does, into this tab's folder (a report directory: prompts.json, traces/, summary.json),
-    then shown in the tab. A generator: it yields a progress line after each prompt. The model is taken round by
-    round (other tabs' Steps go in between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and
-    the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on."""
+    greedy as `analyze` does, into a new folder of this tab (a report directory: prompts.json, traces/,
+    summary.json), then shown in the tab in place of the report before (whose files stay until then). A generator:
+    it yields a progress line after each prompt. The model is taken round by round (other tabs' Steps go in
+    between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and the report covers the prompts
+    done. A prompt that fails is recorded with its error and the set goes on. One set per tab at a time (a second
+    call while one runs is refused); a tab closed meanwhile ends it quietly."""
     budget = check_int("budget", budget, 1, MAX_BUDGET)
     max_new = check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
     limit = check_int("prompts", limit, 1, PAGE_SET_MAX_PROMPTS)
-    name, items = _set_items(source, upload)
-    pair = host.require()
-    items = items[:limit]
-    tab.set_stop.clear()
-    out = tab.new_folder("prompt-set")
+    if not tab.set_running.acquire(blocking=False):
+        raise InputError("a prompt set is already running in this tab: wait for it to finish, or press Stop")
+    try:
+        name, items = _set_items(source, upload)
+        items = items[:limit]
+        pair = host.require()
+        _check_set_sizes(host, name, items)  # before the model lock: a huge prompt is refused, not tokenized
+        tab.set_stop.clear()
+        out = tab.report_folder()
+        try:
+            spec_of = lambda item: _set_spec(host, item, chat, system, thinking)  # noqa: E731
+            yield from _decode_set_here(host, tab, pair, (name, items, spec_of), out, (budget, max_new))
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            if tab.closed:
+                return  # the tab went: its files with it, nothing to show or say
+            raise
+    finally:
+        tab.set_running.release()
+
+
+def _decode_set_here(host: ModelHost, tab: TabState, pair, the_set: tuple, out: Path, sizes: tuple[int, int]):
+    """run_prompt_set's decoding into `out`, then the report shown (progress lines yielded). the_set: its name, its
+    items and how an item becomes a PromptSpec."""
+    (name, items, spec_of), (budget, max_new) = the_set, sizes
     (out / "traces").mkdir()
     asked = run_settings(budget, max_new, dtype=host.args[2], device=host.args[3])
     write_json(out / "prompts.json", {"file": name, "prompts": items, "settings": asked})
     settings = DecodeSettings(budget=budget, max_new_tokens=max_new, engine=host.engine)  # DDTree, exact, greedy
     start, tokens, done = time.perf_counter(), 0, 0
-    for p in decode_set(pair, items, out, settings, lambda item: _set_spec(host, item, chat, system, thinking),
-                        stop=tab.set_stop.is_set, lock=host.lock, keep_engines=True):
+    for p in decode_set(pair, items, out, settings, spec_of, stop=tab.set_stop.is_set,
+                        lock=host.lock, keep_engines=True):
         tokens, done = tokens + p.tokens, p.done
         elapsed = time.perf_counter() - start
         eta = elapsed / done * (len(items) - done)
         yield (f"{done} of {len(items)} prompts, {tokens / elapsed:.1f} tokens/s, "
                f"about {int(eta) // 60}:{int(eta) % 60:02d} left")
+    if tab.closed:
+        raise InputError("the tab was closed")  # run_prompt_set ends quietly
     stopped = tab.set_stop.is_set() and done < len(items)
     if done == 0:
         raise InputError("stopped before the first prompt was done: nothing to show")
     note = f"run on this page: {done} of {len(items)} prompts" + (" (stopped)" if stopped else "")
     loaded = _read_report(report_files(out), f"{name} (run here)", note)  # the summary, from the traces once
     write_json(out / "summary.json", _plain(loaded.summary))  # a report directory like analyze's
-    with tab.lock:
-        tab.report = loaded
+    tab.show_report(dataclasses.replace(loaded, folder=out))
     yield f"done: {note}"
 
 
@@ -225,13 +278,17 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
     """Read and validate a report's files (analyze.read_report: every trace through Trace.load), compute its figures
     again from the traces (at summary.json's budgets) and build its body with page links."""
     report = read_report(files, names=True, max_bytes=MAX_REPORT_BYTES)
+    if not any(report.traces.values()) and not any(report.errors.values()):
+        raise InputError("the report has no traces and no error records in traces/: nothing to show (a run that "
+                         "has not finished its first prompt?)")
     written = report.summary or {}
     # the budgets the run asked for (prompts.json), else those summary.json's curve was written at
     summary = summarize_report(report, report.budgets if "prompts.json" in files else _budgets(written))
     notes = [note] if note else []
     if "prompts.json" not in files:
         notes.append("no prompts.json: the prompts' text and sources are not shown")
-    elif written and _plain(summary) != written:
+    if written and _comparable(_plain(summary), "prompts.json" in files) != _comparable(written, "prompts.json"
+                                                                                         in files, summary):
         notes.append("summary.json differs from what its traces give (a run still going, or an edited file): the "
                      "figures shown are computed from the traces")
     svgs = report_view.figures(summary, "svg")
@@ -239,6 +296,23 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
                                    files=False)
     return LoadedReport(name=name, summary=summary, html='<div class="ddv-report">' + body + "</div>",
                         files=dict(report.files), note="; ".join(notes))
+
+
+def _comparable(summary: dict, whole: bool, like: dict | None = None) -> dict:
+    """A summary as it can be held against summary.json: whole (prompts.json read), all of it; without prompts.json,
+    less what only prompts.json gives (each prompt's source and text) and the budget curve at the budgets `like`
+    (the one computed) has."""
+    if whole or not isinstance(summary, dict):
+        return summary
+    out = dict(summary)
+    if isinstance(out.get("per_prompt"), list):
+        out["per_prompt"] = [{k: v for k, v in p.items() if k not in ("source", "prompt")} if isinstance(p, dict)
+                             else p for p in out["per_prompt"]]
+    if like is not None and isinstance(out.get("budget_curve"), dict) and isinstance(like.get("budget_curve"), dict):
+        out["budget_curve"] = {k: v for k, v in out["budget_curve"].items() if str(k) in map(str, like["budget_curve"])}
+    if isinstance(out.get(DFLASH), dict):
+        out[DFLASH] = _comparable(out[DFLASH], whole, like.get(DFLASH) if isinstance(like, dict) else None)
+    return out
 
 
 def _budgets(summary: dict) -> list[int] | None:

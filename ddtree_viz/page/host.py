@@ -17,6 +17,9 @@ from ..render.cache_view import cache_layout_table, cache_table_html
 from ..render.text import esc
 
 
+MAX_PAGE_PROMPT_CHARS = 1 << 20  # a prompt typed, sent or uploaded to the page (and each of a set's)
+
+
 def cpu_threads(device: str = "cpu", cores: int | None = None) -> int:
     """Torch threads for the page's model work: one core less than this process may use (at least one), leaving a
     core to the server and the browser. On the CPU, two threads against a busy browser spin-wait in every
@@ -71,6 +74,7 @@ class ModelHost:
         self._thread: threading.Thread | None = None
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
         self._layout_html: str | None = None
+        self._longest_token: int | None = None  # characters of the vocabulary's longest entry (max_prompt_chars)
         self.warmup_s = 0.0  # the static runner's compile at load (engines.warm_runner; CUDA only)
 
     def start(self, background: bool = True) -> None:
@@ -152,6 +156,18 @@ class ModelHost:
             return ("its tokenizer has no chat template: prompts go in as raw text (the embedded pair has none; a "
                     "target that ships one, e.g. Qwen3.6-27B, switches 'Chat template' on)")
         return "chat template: yes" + (", with a thinking switch" if self.takes_thinking else ", no thinking switch")
+
+    def max_prompt_chars(self) -> int | None:
+        """The most characters a prompt on the page may have: more cannot fit the target's positions (no token
+        spells more characters than the vocabulary's longest entry), and at most MAX_PAGE_PROMPT_CHARS. Checked
+        before the model lock, so a huge prompt is refused at once, not tokenized while other tabs wait. None
+        before the models load."""
+        if self.pair is None:
+            return None
+        if self._longest_token is None:
+            vocab = self.pair.tokenizer.get_vocab()
+            self._longest_token = max((len(k) for k in vocab), default=1)
+        return min(self.pair.max_positions * max(self._longest_token, 1), MAX_PAGE_PROMPT_CHARS)
 
     def layout_html(self) -> str:
         """The per-layer cache layout measured at load (before the first step), as the page's compact table."""

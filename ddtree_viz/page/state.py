@@ -120,6 +120,7 @@ def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -
     thinking switch is passed only to a template that has one (else the template's default, None)."""
     if not isinstance(prompt, str):
         raise InputError("the prompt must be text")
+    check_prompt_chars(host, len(prompt) + (len(system) if chat and isinstance(system, str) else 0), "the prompt")
     if not chat:
         return check_spec(PromptSpec(text=prompt))
     if host.pair is not None and not host.has_chat_template:
@@ -127,6 +128,16 @@ def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -
     system = system if isinstance(system, str) and system.strip() else None
     return check_spec(PromptSpec(text=prompt, chat=True, system=system,
                                  thinking=bool(thinking) if host.takes_thinking else None))
+
+
+def check_prompt_chars(host: ModelHost, chars: int, what: str) -> None:
+    """Refuse a prompt of `chars` characters that cannot fit the target (host.max_prompt_chars), before any model
+    work: tokenizing megabytes under the shared model lock would hold every other tab up. `what` names the user's
+    own input ("the prompt", "prompt 3 of bad.txt")."""
+    limit = host.max_prompt_chars()
+    if limit is not None and chars > limit:
+        raise InputError(f"{what} is {chars:,} characters; the page takes at most {limit:,} (the target has "
+                         f"{host.pair.max_positions:,} positions)")
 
 
 # Files the page writes for a tab to download (a trace, an export) live in one folder per server process, one
@@ -174,6 +185,7 @@ class LoadedReport:
     html: str
     files: dict[str, Path]
     note: str = ""  # what else the page should say (summary.json differs from its traces, files ignored, ...)
+    folder: Path | None = None  # the tab's own copy its files are in (uploads, a set run here): deleted when replaced
 
 
 @dataclass
@@ -207,6 +219,8 @@ class TabState:
         self.lock = threading.RLock()
         self.folder: Path | None = None  # this tab's downloads and exports
         self.set_stop = threading.Event()  # the Analyze tab's Stop: the prompt set run from the page ends
+        self.set_running = threading.Lock()  # held by the tab's prompt set: one at a time, whatever the buttons say
+        self.closed = False  # the tab went (free): a prompt set still running ends quietly, its files gone
 
     def __deepcopy__(self, memo) -> "TabState":  # gradio copies a tab's initial value: a fresh lock, no folder
         return dataclasses.replace(self)
@@ -230,6 +244,7 @@ class TabState:
         self.set_stop.set()
         self.clear()
         with self.lock:
+            self.closed = True
             folder, self.folder, self.report = self.folder, None, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -238,12 +253,28 @@ class TabState:
         """An empty folder for the file this tab offers for download (`kind`: "trace" or "export"): the tab's
         earlier file of that kind is deleted first (gradio serves its own copy of what a handler returned)."""
         with self.lock:
-            if self.folder is None or not self.folder.is_dir():
-                self.folder = Path(tempfile.mkdtemp(prefix="tab-", dir=files_root()))
-            sub = self.folder / kind
+            sub = self._own_folder() / kind
             shutil.rmtree(sub, ignore_errors=True)
             sub.mkdir()
             return sub
+
+    def report_folder(self) -> Path:
+        """A new, empty folder for a report's files (an upload's copies, a prompt set run here), never one a report
+        on screen reads: the report shown keeps its files until show_report swaps the new one in (its links never
+        open another report's files)."""
+        with self.lock:
+            return Path(tempfile.mkdtemp(prefix="report-", dir=self._own_folder()))
+
+    def show_report(self, report: LoadedReport) -> None:
+        """Show `report` in the Analyze tab; the files of the report it replaces go when they were the tab's own."""
+        with self.lock:
+            old, self.report = self.report, report
+        drop_report_folder(old, keep=report.folder)
+
+    def _own_folder(self) -> Path:
+        if self.folder is None or not self.folder.is_dir():
+            self.folder = Path(tempfile.mkdtemp(prefix="tab-", dir=files_root()))
+        return self.folder
 
     def token_text(self):
         """Token id -> text for A's records: the live session's, or the replayed trace's."""
@@ -252,6 +283,12 @@ class TabState:
     def other_token_text(self):
         """The same for B (compare mode)."""
         return _texts(self.other, self.other_trace, self.replay)
+
+
+def drop_report_folder(report: LoadedReport | None, keep: Path | None = None) -> None:
+    """Delete the tab's own copy of a report no longer shown (not a directory the user typed: folder None)."""
+    if report is not None and report.folder is not None and report.folder != keep:
+        shutil.rmtree(report.folder, ignore_errors=True)
 
 
 def _texts(session: DecodeSession | None, trace: Trace | None, replay: bool):

@@ -21,6 +21,7 @@ from ..engine.models import ModelPair
 from ..engine.prompts import PromptSpec
 from ..engine.session import DecodeSession
 from ..options import DFLASH, DecodeSettings
+from ..errors import TraceError
 from ..trace import Trace
 from .files import record_failure, trace_path, write_json
 
@@ -44,7 +45,7 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
     """Decode `items` (read_prompts' dicts) into out/traces/ with `settings`, yielding a PromptDone after each.
 
     both: each prompt with `settings` (DDTree) and then with the DFlash chain (NNNN.dflash.json), the same settings
-    otherwise. resume: a side whose trace exists is skipped. stop: checked before each prompt and between rounds;
+    otherwise. resume: a side whose trace exists and loads is skipped (one that does not load is decoded again). stop: checked before each prompt and between rounds;
     once true the loop ends (a prompt stopped inside writes nothing). lock: held around each prefill, round and
     trace (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next
     prompt of that side (no new static state or graph capture per prompt); fresh ones after a failure, which may
@@ -58,7 +59,7 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
         i, tokens, decoded = item["index"], 0, False
         for side_settings, side in sides:
             dest = trace_path(out, i, side=side)
-            if resume and dest.exists():
+            if resume and _loads(dest):
                 continue
             trace_path(out, i, "error", side).unlink(missing_ok=True)
             start = time.perf_counter()
@@ -79,6 +80,17 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
                 write_json(trace_path(out, i, "meta", side), {"index": i, "wall_s": wall, "process": process})
             decoded = True
         yield PromptDone(i, done, len(items), tokens, decoded)
+
+
+def _loads(path: Path) -> bool:
+    """Whether resume may keep this trace: it is there and loads (a truncated or corrupt one is decoded again)."""
+    if not path.exists():
+        return False
+    try:
+        Trace.load(path)
+    except TraceError:
+        return False
+    return True
 
 
 def _decode_one(pair: ModelPair, item: dict, settings: DecodeSettings, spec_of, stop, lock,

@@ -30,12 +30,14 @@ def _exists(p: Path) -> bool:
         return False
 
 
-def read_prompts(path: str | Path) -> list[dict[str, Any]]:
+def read_prompts(path: str | Path, shown: str | None = None) -> list[dict[str, Any]]:
     """[{index, prompt | messages, source}] from a prompt file: JSONL (one object a line with 'prompt': str or
     'messages': [...]; a file named *.jsonl, or whose first non-blank character is '{') or plain text (one prompt
     per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
-    ddtree_viz/prompts/."""
+    ddtree_viz/prompts/. Messages name the file as `shown` (default: `path` as given; the page: the upload's own
+    name, never the server's temp path)."""
     p = Path(path)
+    path = path if shown is None else shown
     if not _exists(p) and not p.is_absolute() and len(p.parts) == 1:
         for cand in (PROMPTS_DIR / p.name, *sorted(PROMPTS_DIR.glob(p.name + ".*"))):
             if cand.is_file() and cand.suffix in (".txt", ".jsonl"):
@@ -117,7 +119,15 @@ def record_failure(out: Path, index: int, exc: BaseException, side: str = "") ->
 
 
 def prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
-    """An existing non-empty DIR is refused unless resume (keep its traces) or force (start afresh)."""
+    """An existing non-empty DIR is refused unless resume (keep its traces) or force (start afresh); a DIR that
+    cannot be made (a name over 255 bytes, permission denied) is a clear error."""
+    try:
+        _prepare_dir(out, resume, force, main)
+    except OSError as exc:
+        raise InputError(f"cannot write the output directory {out}: {exc.strerror or type(exc).__name__}") from None
+
+
+def _prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
     if out.exists() and not out.is_dir():
         raise InputError(f"{out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not (resume or force):

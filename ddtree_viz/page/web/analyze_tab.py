@@ -16,7 +16,7 @@ from ..analyze_tab import (MAX_REPORT_BYTES, PAGE_SET_MAX_PROMPTS, PAGE_SET_MAX_
 from ..state import MAX_UPLOAD_BYTES
 from .script import SHOW_STATUS_JS
 from .step_tab import StepTab
-from .wiring import MODEL, Page, shows_errors
+from .wiring import MODEL, REPORTS, Page, shows_errors
 
 # The tab's views by name: what each shows of the tab's report
 REPORT_VIEWS = {"status": report_status, "body": report_html}
@@ -108,10 +108,10 @@ class AnalyzeTab:
             page.add(request, t)
             return {**step.show(open_report_click(t, value), ph), page.selector: gr.Tabs(selected="step")}
 
-        c["load"].click(on_report_dir, [tab, c["path"]], shown, api_name="report_dir")
-        c["path"].submit(on_report_dir, [tab, c["path"]], shown)
-        c["upload"].upload(on_report_upload, [tab, c["upload"]], shown, api_name="report_upload")
+        c["load"].click(on_report_dir, [tab, c["path"]], shown, api_name="report_dir", **REPORTS)
+        c["path"].submit(on_report_dir, [tab, c["path"]], shown, **REPORTS)
+        c["upload"].upload(on_report_upload, [tab, c["upload"]], shown, api_name="report_upload", **REPORTS)
         c["set_run"].click(on_set_run, [tab], shown, inputs_kwargs=prompt_set, api_name="prompt_set", **MODEL)
         c["set_stop"].click(lambda t: t.set_stop.set(), [tab], None, api_name="prompt_set_stop")
         c["click"].change(on_report_round, [tab, step.controls["phase"], c["click"]], [*step.shown(), page.selector],
-                          api_name="report_round").success(None, js=SHOW_STATUS_JS)
+                          api_name="report_round", **REPORTS).success(None, js=SHOW_STATUS_JS)

@@ -19,6 +19,10 @@ MODEL_EVENTS = 16  # Step / Run events in flight at once (they take turns on the
 # Model work from several tabs may be in flight at once: they take turns on the model round by round
 # (ModelHost.lock, granted in order), so one tab's Run does not hold up another tab's Step.
 MODEL = dict(concurrency_id="model", concurrency_limit=MODEL_EVENTS)
+REPORT_EVENTS = 4  # report loads (and their round links) in flight at once
+# Reading a report takes no model but may take seconds (4,096 traces validated): its own group, so a load neither
+# waits for nor holds up the one-at-a-time events of other tabs (gradio's default group), nor another tab's load.
+REPORTS = dict(concurrency_id="reports", concurrency_limit=REPORT_EVENTS)
 
 
 @dataclass
