@@ -208,6 +208,24 @@ def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     assert tab.other is None and render_views(host, tab).tree_b is None
 
 
+def test_compare_replay_names_bs_tokens_from_bs_texts(host, tmp_path):
+    """Issue #26.2: a compare trace replayed names the tokens only B produced from B's own texts (A's do not hold
+    them), as the live page did."""
+    import dataclasses
+
+    from ddtree_viz.trace import CompareTrace
+
+    tab = actions.step(host, TabState(), settings(host, **sampled_args(temperature=0), **NO_CHAT, **COMPARE))
+    a, b = tab.trace, tab.other_trace
+    # B's texts told apart from A's (B's row must read B's, as it reads ids A never produced)
+    b = dataclasses.replace(b, token_texts={k: f"β{i}" for i, k in enumerate(b.token_texts)})
+    path = tmp_path / "compare.json"
+    CompareTrace(a, b).save(path)
+    v = render_views(ModelHost(None, None, "float32", "cpu"), actions.load_replay(TabState(), str(path)))
+    row_b = v.compare.split('data-side="B"')[1]
+    assert all(f">β{list(b.token_texts).index(str(t))}<" in row_b for t in b.output_ids), row_b
+
+
 def test_compare_naive_and_another_dtype(host):
     tab = TabState()
     naive = dict(COMPARE, compare_budget=8, compare_method="ddtree",

@@ -677,3 +677,15 @@ def test_page_figures_are_valid_plotly_though_built_unvalidated(oracle, naive):
     with pytest.raises(ValueError, match="colr"):  # what the check above would catch
         FigureSpec([dict(type="bar", x=[1], colr="red")], {}).figure()
     assert any(t.get("yaxis") == "y2" for t in cache_figure(naive.steps[-1]).to_plotly_json()["data"])
+
+
+def test_output_strip_wraps_between_tokens_and_gives_plain_text(oracle):
+    """Issue #26.1: every token its own box (a line breaks between any two, though visible whitespace leaves no
+    space in their text), and the output's own text beside it to copy; compare mode's rows too."""
+    text = lambda i: f" to{i}\n"  # noqa: E731 - spaces and newlines: shown as '·' and '⏎' in the boxes
+    html = output_vs_greedy_html(oracle, text)
+    assert html.count("display:inline-block") >= len(oracle.output_ids)
+    assert 'class="ddv-plain-text"' in html and esc("".join(text(i) for i in oracle.output_ids)) in html
+    assert_only_our_tags(html)
+    html = compare_html(oracle, oracle, text)
+    assert html.count('class="ddv-plain-text"') == 2 and html.count("display:inline-block") >= 2 * len(oracle.output_ids)

@@ -123,8 +123,9 @@ VIEWS: dict[str, View] = {
     "divergence": View(lambda s: _divergence(s.trace, s.k, s.text), _no_text),
     "view": View(lambda s: s.view, lambda s: 0),  # the round shown (0-based), of `rounds`
     "tree_b_spec": View(lambda s: _tree_b(s)),  # compare mode: configuration B's tree of the round
-    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view) if s.compare else "",
-                    _no_text),  # compare mode: both outputs token by token, where they part, verdicts
+    # compare mode: both outputs token by token, where they part, verdicts (B's tokens named by B's texts)
+    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
+                                           token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
     "budget_spec": View(lambda s: budget_spec(s.steps)),  # the budget that would have done: round and session
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
