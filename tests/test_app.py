@@ -208,6 +208,29 @@ def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     assert tab.other is None and render_views(host, tab).tree_b is None
 
 
+def test_step_in_a_replay_goes_on_through_it_and_its_prompt_fills_the_box(host, tmp_path):
+    """Issue #26.3: Step while a replay is shown shows its next round (no new live session from the Prompt box);
+    at its last round it says how to go live; the replay's prompt is what the Prompt box gets."""
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host)):
+        pass
+    path = tmp_path / "t.json"
+    tab.trace.save(path)
+    n = len(tab.trace.steps)
+    assert n >= 2
+    replay = actions.move(actions.load_replay(TabState(), str(path)), to=0)
+    other_prompt = settings(host, prompt="something else entirely")
+    for k in range(1, n):
+        replay = actions.step(host, replay, other_prompt)
+        assert replay.replay and replay.session is None and replay.view == k
+    assert render_views(host, replay).status.startswith(f"Round {n} of {n} (replay")
+    with pytest.raises(InputError, match="last round.*Reset"):
+        actions.step(host, replay, other_prompt)
+    assert actions.replay_prompt(replay.trace) == SETTINGS["prompt"]
+    actions.reset(replay)
+    assert actions.step(host, replay, other_prompt).session is not None  # after Reset: live
+
+
 def test_compare_replay_names_bs_tokens_from_bs_texts(host, tmp_path):
     """Issue #26.2: a compare trace replayed names the tokens only B produced from B's own texts (A's do not hold
     them), as the live page did."""

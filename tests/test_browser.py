@@ -748,3 +748,57 @@ def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
     finally:
         browser.close()
         p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #26: the page as a newcomer finds it
+# ---------------------------------------------------------------------------------------------------------
+
+STRIP_JS = """
+(sel) => {
+  // the token strip's box, its widest line, and the last token's box (in the window's coordinates)
+  const el = document.querySelector(sel);
+  const toks = [...el.querySelectorAll('.ddv-tok')];
+  const last = toks[toks.length - 1].getBoundingClientRect();
+  const panel = el.getBoundingClientRect();
+  const plain = el.querySelector('.ddv-plain-text');
+  return {panelLeft: panel.left, panelRight: panel.right, lastRight: last.right, lastLeft: last.left,
+          scroll: el.scrollWidth, client: el.clientWidth, tokens: toks.length, plain: plain ? plain.innerText : null,
+          lines: new Set(toks.map((t) => Math.round(t.getBoundingClientRect().top))).size};
+}
+"""
+
+
+def test_output_wraps_and_step_goes_on_through_a_replay(app_url, tmp_path):
+    """#26.1: after a 64-token Run the whole output strip fits its panel (it wraps) and carries the output as plain
+    text; #26.3: a replay loaded puts its prompt in the box, and Step shows its next round rather than starting a
+    live session from the box."""
+    p, browser, page = open_page(app_url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        page.get_by_role("button", name="Run", exact=True).click()
+        wait_status(page, "Finished")
+        strip = page.evaluate(STRIP_JS, "#ddv-diff")
+        assert strip["lines"] > 1 and strip["lastRight"] <= strip["panelRight"] + 1, strip
+        assert strip["scroll"] <= strip["client"] + 1, strip
+        assert strip["plain"] and "⟨" not in strip["plain"] and "·" not in strip["plain"], strip
+        with page.expect_download(timeout=30_000) as download:
+            page.get_by_role("button", name="Download trace (.json)").click()
+        saved = tmp_path / "run.json"
+        download.value.save_as(str(saved))
+        page.get_by_role("button", name="Reset", exact=True).click()
+        page.get_by_label("Prompt").fill("a prompt that is not the replay's")
+        page.locator("#ddv-upload input[type=file]").set_input_files(str(saved))
+        from ddtree_viz.trace import Trace
+
+        n = len(Trace.load(saved).steps)
+        wait_status(page, f"Round {n} of {n} (replay")
+        assert page.get_by_label("Prompt").input_value() == "def fibonacci(n):\n"
+        page.get_by_role("button", name="Back", exact=True).click()
+        wait_status(page, f"Round {n - 1} of {n} (replay")
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, f"Round {n} of {n} (replay")  # the replay's next round, not a new live session
+        page.screenshot(path="/work/notes/shots26/after-replay-step-1500x1100.png")
+    finally:
+        browser.close()
+        p.stop()

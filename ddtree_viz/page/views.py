@@ -199,6 +199,8 @@ def _status(tab: TabState, k: int) -> str:
     if is_sampled(trace.settings):
         status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
+    if tab.replay:
+        status += " **Step** shows the next round of the replay; **Reset**, then Step, decodes the prompt live."
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
     if trace.reference_pending:

@@ -215,6 +215,14 @@ class StepTab:
         """What `show` fills: the tab's state and every view's widget."""
         return [self.page.tab, *self.outputs()]
 
+    def show_replay(self, t, ph) -> dict:
+        """`show` for a replay just loaded, with its prompt put in the Prompt box (what Reset then Step decodes)."""
+        return {**self.show(t, ph), self.settings["prompt"]: actions.replay_prompt(t.trace)}
+
+    def shown_replay(self) -> list:
+        """What `show_replay` fills."""
+        return [*self.shown(), self.settings["prompt"]]
+
     def _wire_decoding(self, page: Page) -> None:
         """Step, Run, the checks, Reset, New seed. Step and Run show each round at once (check=False) and check it
         against the reference next (on_check, chained with .then): the page answers at the round's speed."""
@@ -293,12 +301,12 @@ class StepTab:
             # messages name the file as uploaded, never the server's temporary path. The upload itself stays for
             # gradio's delete_cache (file_ttl): gradio gives identical uploads one path, which another tab may be
             # about to read.
-            return self.show(actions.load_replay(t, path, name=os.path.basename(path)), ph)
+            return self.show_replay(actions.load_replay(t, path, name=os.path.basename(path)), ph)
 
         @shows_errors
         def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
             page.add(request, t)
-            return self.show(actions.load_replay(t, replay_path), ph)
+            return self.show_replay(actions.load_replay(t, replay_path), ph)
 
         def offered(path) -> gr.DownloadButton:
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
@@ -306,10 +314,10 @@ class StepTab:
         on_download = shows_errors(lambda t: offered(actions.write_trace(t)))
         on_export = shows_errors(lambda t, ph, **values: offered(actions.export_round(t, ph, **values)))
 
-        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], shown, api_name="replay")
+        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay")
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
             None, js=click_js("ddv-download-file"))
         c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
             None, js=click_js("ddv-export-file"))
         if replay_path:
-            page.demo.load(on_replay_file, [tab, phase], shown)
+            page.demo.load(on_replay_file, [tab, phase], self.shown_replay())
