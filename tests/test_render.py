@@ -518,9 +518,13 @@ def test_trace_without_token_names_falls_back(oracle):
 def test_acceptance_figure_and_stats(oracle):
     fig = acceptance_figure(oracle.steps)
     bars = [t for t in fig.data if t.type == "bar"]
-    assert list(bars[0].y) == [s.acceptance for s in oracle.steps]
+    # #26.4: the bars count the tokens each round kept; the oracle's last round is cut by max new tokens (its walk
+    # accepted more than it kept), and its hover says both (this assertion read s.acceptance, the walk, before)
+    assert list(bars[0].y) == [len(s.new_token_ids) for s in oracle.steps]
+    assert oracle.steps[-1].cut and oracle.steps[-1].kept < oracle.steps[-1].acceptance
+    assert f"{oracle.steps[-1].kept} kept" in bars[0].hovertext[-1] and "walk accepted" in bars[0].hovertext[-1]
     assert list(bars[0].x) == [s.index + 1 for s in oracle.steps]  # 1-based on screen
-    mean = sum(s.acceptance for s in oracle.steps) / len(oracle.steps)
+    mean = sum(len(s.new_token_ids) for s in oracle.steps) / len(oracle.steps)
     line = [t for t in fig.data if t.type == "scatter"][0]
     assert list(line.y) == [mean, mean]
     summary = stats_summary(oracle, greedy_tok_s=10.0, ddtree_tok_s=25.0)
@@ -645,7 +649,7 @@ def test_stats_carry_the_session_analysis(oracle):
     block = oracle.settings["block_size"]
     assert summary["acceptance_histogram"] == analysis.acceptance_histogram(oracle.steps, block)
     assert summary["per_depth_acceptance"] == analysis.per_depth_acceptance(oracle.steps, block)
-    assert summary["budget_curve"]["32"] == sum(s.acceptance for s in oracle.steps)
+    assert summary["budget_curve"]["32"] == sum(s.kept for s in oracle.steps)  # #26.4: kept, was the walk
     md = stats_markdown(summary)
     rows = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert all(ln.count("|") == 3 for ln in rows), rows  # no stray pipe splits a row

@@ -195,7 +195,7 @@ def _status(tab: TabState, k: int) -> str:
     mode = "replay of a saved trace (no model)" if tab.replay else "live"
     naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
     status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
-              f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+              f"+ bonus{_kept_note(step)}, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
     if is_sampled(trace.settings):
         status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
@@ -208,6 +208,11 @@ def _status(tab: TabState, k: int) -> str:
     if tab.other_trace is not None and tab.other_trace.steps:
         status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
     return status
+
+
+def _kept_note(step) -> str:
+    """A round the session stopped inside: how many of its walk's tokens it kept."""
+    return f" ({step.kept} kept: the session stopped there)" if step.cut else ""
 
 
 def _stats(tab: TabState) -> str:
@@ -277,7 +282,7 @@ def _tree_b(s: Shown) -> FigureSpec | None:
 def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
-    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.acceptance} token(s)"
+    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.kept} token(s)"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 
