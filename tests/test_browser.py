@@ -802,3 +802,21 @@ def test_output_wraps_and_step_goes_on_through_a_replay(app_url, tmp_path):
     finally:
         browser.close()
         p.stop()
+
+
+def test_an_error_names_the_field_in_the_status_and_leaves_the_panels(page):
+    """#26.5: a seed of -1 (and top-k 'abc') is a message in the status line naming the field; no panel turns into
+    a red 'Error' badge, and the round on screen stays drawn."""
+    first_round_drawn(page)
+    page.locator("#ddv-seed input, #ddv-seed textarea").first.fill("-1")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "seed must be between 0 and")
+    assert "Round 1 of 1" in page.locator("#ddv-status").inner_text()  # the round shown stays, under the message
+    page.wait_for_timeout(500)
+    badges = page.evaluate("[...document.querySelectorAll('.error')].filter((e) => e.offsetParent).length")
+    assert badges == 0
+    assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
+    page.locator("#ddv-seed input, #ddv-seed textarea").first.fill("0")
+    page.locator("#ddv-top-k input, #ddv-top-k textarea").first.fill("abc")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "top-k must be a whole number, not 'abc'")

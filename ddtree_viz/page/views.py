@@ -31,6 +31,7 @@ from ..trace import Trace, is_sampled, sampling_flags, sampling_label
 from .host import ModelHost
 from .state import TabState, rounds_shown, shown_step
 
+MARKUP_CHARS = set("<>&\"'\\`*_[]#|~!")  # written as character references in a Markdown view
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
 ROUND_VIEW_CACHE = 64  # per tab: the views of this many (round, phase) pairs are kept (a round's never change)
 
@@ -112,7 +113,7 @@ def _no_text(s: Shown) -> str:
 # The views in the order the page's Step outputs list their widgets (the served API's order). "stats" is built
 # last (it says what building the others cost).
 VIEWS: dict[str, View] = {
-    "status": View(lambda s: _status(s.tab, s.k), lambda s: _blank_status(s)),
+    "status": View(lambda s: _notice(s.tab) + _status(s.tab, s.k), lambda s: _notice(s.tab) + _blank_status(s)),
     "tree_spec": View(lambda s: s.round.tree),
     "mask_spec": View(lambda s: s.round.mask),
     "cache_html": View(lambda s: s.round.cache_html, _no_text),  # the round's per-layer cache (compact table)
@@ -159,7 +160,7 @@ def render_check(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     """The views a reference check changes (CHECKED), without redrawing the figures."""
     s = Shown(host, tab, phase)
     if s.empty:
-        return Views(status=_empty_status(), diff_html="", stats="")
+        return Views(status=VIEWS["status"].blank(s), diff_html="", stats="")
     return _build(s, CHECKED)
 
 
@@ -176,6 +177,15 @@ def inspector_view(tab: TabState) -> tuple[str, list, int | None]:
     node = tab.inspect if tab.inspect is not None and tab.inspect < len(step.nodes) else step.accepted[-1]
     text = tab.token_text()
     return inspector_html(step, node, text), node_choices(step, text), node
+
+
+def _notice(tab: TabState) -> str:
+    """The last action's error, first in the status line (Markdown: HTML and Markdown characters as character
+    references, so the message shows as typed; its own paragraph)."""
+    if not tab.notice:
+        return ""
+    text = "".join(f"&#{ord(ch)};" if ch in MARKUP_CHARS else ch for ch in tab.notice)
+    return f"**⚠ {text}**\n\n"
 
 
 def _empty_status() -> str:

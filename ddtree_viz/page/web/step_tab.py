@@ -19,7 +19,7 @@ from ..host import ModelHost
 from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
 from ..views import CHECKED, VIEWS, Views, inspector_view, render_check, render_views
 from .script import click_js
-from .wiring import MODEL, Page, shows_errors
+from .wiring import MODEL, Page, errors_in_status, shows_errors
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
 BLOCK_MAX = 16  # the block size sliders' end until the drafter's own is known (the page's timer sets it)
@@ -104,8 +104,10 @@ class StepTab:
             s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
                                          elem_id="ddv-temperature")
             s["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
-            s["top_k"] = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
-            s["seed"] = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", elem_id="ddv-seed")
+            # text boxes: what was typed reaches read_settings, whose message names the field (a gr.Number refuses
+            # "-1" or "abc" itself: "Value -1 is less than minimum value 0.")
+            s["top_k"] = gr.Textbox(value="0", max_lines=1, label="Top-k (0 = off)", elem_id="ddv-top-k")
+            s["seed"] = gr.Textbox(value="0", max_lines=1, label=f"Seed (0 to {MAX_SEED})", elem_id="ddv-seed")
             self.controls["new_seed"] = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
 
     def _buttons(self) -> None:
@@ -209,7 +211,13 @@ class StepTab:
     def show(self, t, ph) -> dict:
         """The tab and every view of the round it shows (figures go out as FigureSpecs: gr.Plot sends their
         to_json(), no plotly validation on the way)."""
+        t.notice = ""  # an error shown by the last action is gone once the tab is shown anew
         return {self.page.tab: t, **self.fill(render_views(self.host, t, ph))}
+
+    def note(self, t, message: str) -> dict:
+        """An action's error in the status line; every other panel stays as it was (wiring.errors_in_status)."""
+        t.notice = message
+        return {self.views["status"]: render_check(self.host, t)["status"]}
 
     def shown(self) -> list:
         """What `show` fills: the tab's state and every view's widget."""
@@ -230,12 +238,14 @@ class StepTab:
         phase, settings, shown = c["phase"], self.settings_by_name(), self.shown()
         checked = [tab, *self.outputs(CHECKED)]
 
-        @shows_errors
+        in_status = errors_in_status(self.note)
+
+        @in_status
         def on_step(t, ph, request: gr.Request, **values):
             page.add(request, t)
             return self.show(actions.step(host, t, read_settings(host, values), check=False), ph)
 
-        @shows_errors
+        @in_status
         def on_run(t, ph, request: gr.Request, progress=gr.Progress(), **values):
             page.add(request, t)
             # each round's views are made only while this Run is still the tab's (actions.run_rounds): a Reset is
@@ -250,8 +260,8 @@ class StepTab:
         def show_check(t, ph) -> dict:
             return {tab: t, **self.fill(render_check(host, t, ph))}
 
-        on_check = shows_errors(lambda t, ph: show_check(actions.check(host, t), ph))
-        on_independent = shows_errors(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
+        on_check = in_status(lambda t, ph: show_check(actions.check(host, t), ph))
+        on_independent = in_status(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
 
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **MODEL).then(
             on_check, [tab, phase], checked, api_name="check", **MODEL)
@@ -261,7 +271,7 @@ class StepTab:
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset")
-        c["new_seed"].click(actions.new_seed, None, [self.settings["seed"]], api_name="new_seed")
+        c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]], api_name="new_seed")
 
     def _wire_rounds(self, page: Page) -> None:
         """Moving between rounds, the phase, the node inspector."""
@@ -293,7 +303,7 @@ class StepTab:
         phase, shown = c["phase"], self.shown()
         export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title")}
 
-        @shows_errors
+        @errors_in_status(self.note)
         def on_upload(t, ph, path, request: gr.Request):
             if not path:
                 return self.show(t, ph)
@@ -303,7 +313,7 @@ class StepTab:
             # about to read.
             return self.show_replay(actions.load_replay(t, path, name=os.path.basename(path)), ph)
 
-        @shows_errors
+        @errors_in_status(self.note)
         def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
             page.add(request, t)
             return self.show_replay(actions.load_replay(t, replay_path), ph)
