@@ -860,3 +860,21 @@ def test_long_session_views_are_cached_per_round_and_bounded(host):
         ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
         ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
     assert set(map(int, tab.trace.token_texts)) == ids
+
+
+def test_first_screen_words_max_new_tokens_one_and_a_changed_setting(host):
+    """#26.6: the status says what to do before anything is stepped; max new tokens 1 finishes at the prefill and
+    says so (not 'this session has finished'); a changed setting says the next Step starts a new session."""
+    from ddtree_viz.page.views import NEW_SESSION, first_status, status_after_change
+
+    assert "press **Step**" in first_status() and render_views(host, TabState()).status == first_status()
+    tab = actions.step(host, TabState(), settings(host, max_new_tokens=1))
+    v = render_views(host, tab)
+    assert "prefill's token is the whole output" in v.status and "max new tokens 1" in v.status
+    assert "finished" not in v.status and len(tab.trace.output_ids) == 1
+    assert [x for x in actions.run_rounds(host, TabState(), settings(host, max_new_tokens=1))][-1].trace.steps == ()
+    tab = actions.step(host, TabState(), settings(host))
+    same = {**SETTINGS, **sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0)}
+    assert NEW_SESSION not in status_after_change(host, tab, same)
+    assert NEW_SESSION in status_after_change(host, tab, {**same, "budget": 5})
+    assert NEW_SESSION in status_after_change(host, tab, {**same, "prompt": "x = 1\n"})

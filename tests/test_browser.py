@@ -820,3 +820,42 @@ def test_an_error_names_the_field_in_the_status_and_leaves_the_panels(page):
     page.locator("#ddv-top-k input, #ddv-top-k textarea").first.fill("abc")
     page.get_by_role("button", name="Step", exact=True).click()
     wait_status(page, "top-k must be a whole number, not 'abc'")
+
+
+def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
+    """#26.6: at 1500x1100 and 1280x800 the Step button is in view on first load (the cache layout table folded)
+    and the status says what to do; Max new tokens 1 does not read as an error; a changed setting says the next
+    Step starts a new session; a Step click during a Step gets an answer."""
+    for size in ({"width": 1500, "height": 1100}, {"width": 1280, "height": 800}):
+        p, browser, page = open_page(app_url, size)
+        try:
+            box = page.get_by_role("button", name="Step", exact=True).bounding_box()
+            assert box and box["y"] + box["height"] <= size["height"], (size, box)
+            assert "press Step" in page.locator("#ddv-status").inner_text()
+            page.screenshot(path=f"/work/notes/shots26/after-first-{size['width']}x{size['height']}.png")
+        finally:
+            browser.close()
+            p.stop()
+    p, browser, page = open_page(app_url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        page.locator("#ddv-max-new input[type=number]").fill("1")
+        page.locator("#ddv-max-new input[type=number]").press("Enter")
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, "the whole output")
+        assert "finished" not in page.locator("#ddv-status").inner_text()
+        page.locator("#ddv-max-new input[type=number]").fill("64")
+        page.locator("#ddv-max-new input[type=number]").press("Enter")
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        wait_status(page, "Round 1 of 1")
+        page.locator("#ddv-budget-nodes input[type=number]").fill("8")
+        page.locator("#ddv-budget-nodes input[type=number]").press("Enter")
+        wait_status(page, "the next Step starts a new session")
+        page.evaluate("() => { const b = document.getElementById('ddv-step'); b.click(); b.click(); }")  # 2nd: on its way
+        page.wait_for_function("(document.getElementById('ddv-busy') || {}).textContent?.includes('Still working')",
+                               timeout=10_000)
+        wait_status(page, "Round 1 of 1")
+    finally:
+        browser.close()
+        p.stop()

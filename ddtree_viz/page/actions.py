@@ -108,6 +108,8 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
         return _replay_next(tab)
     with host.lock, tab.lock:
         _start(host, tab, settings)
+        if _done_at_prefill(tab, check):
+            return tab
         if tab.session.done:
             raise InputError(FINISHED)
         started, before = time.perf_counter(), len(tab.session.history)
@@ -116,6 +118,15 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
         tab.view = len(tab.trace.steps) - 1
         tab.inspect = None
     return tab
+
+
+def _done_at_prefill(tab: TabState, check: bool) -> bool:
+    """A session that finished at its prefill (max new tokens 1, or end of text at once) has no round: shown as
+    such (the status says why), not refused as finished (held: the tab's lock)."""
+    if not tab.session.done or tab.session.history or (tab.other is not None and not tab.other.done):
+        return False
+    _refresh(tab, check)
+    return True
 
 
 def _replay_next(tab: TabState) -> TabState:
@@ -149,10 +160,15 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     Reset is never followed by a round it ended)."""
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        if tab.session.done and (tab.other is None or tab.other.done):
+        at_prefill = _done_at_prefill(tab, check)
+        if not at_prefill and tab.session.done and (tab.other is None or tab.other.done):
             raise InputError(FINISHED)
         tab.epoch += 1
         mine, session, other = tab.epoch, tab.session, tab.other
+        shown = (views(tab) if views is not None else tab) if at_prefill else None
+    if at_prefill:
+        yield shown
+        return
     started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
     while True:
         with host.lock, tab.lock:

@@ -29,7 +29,8 @@ from ..render.text import esc
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
 from .host import ModelHost
-from .state import TabState, rounds_shown, shown_step
+from ..errors import InputError
+from .state import TabState, read_settings, rounds_shown, shown_step
 
 MARKUP_CHARS = set("<>&\"'\\`*_[]#|~!")  # written as character references in a Markdown view
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
@@ -164,6 +165,23 @@ def render_check(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     return _build(s, CHECKED)
 
 
+NEW_SESSION = ("*Settings changed: the next **Step** starts a new session with them (the rounds on screen are the "
+               "current session's).*")
+
+
+def status_after_change(host: ModelHost, tab: TabState, values: dict) -> str:
+    """The status line once a setting (or the prompt) changed: says so when the next Step starts a new session, so
+    that Step does not silently replace what is shown. A replay goes on with Step (actions.step): no note."""
+    status = render_check(host, tab)["status"]
+    if tab.session is None or tab.replay or tab.settings is None:
+        return status
+    try:
+        same = read_settings(host, values).same_session(tab.settings)
+    except InputError:
+        same = False  # Step will say what is wrong
+    return status if same else f"{status}\n\n{NEW_SESSION}"
+
+
 def _build(s: Shown, names: Iterable[str]) -> Views:
     return Views((name, VIEWS[name].build(s)) for name in names)
 
@@ -188,11 +206,20 @@ def _notice(tab: TabState) -> str:
     return f"**⚠ {text}**\n\n"
 
 
-def _empty_status() -> str:
+def first_status() -> str:
+    """What the status line says before anything is stepped: what to do."""
     return "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
 
 
+_empty_status = first_status
+
+
 def _blank_status(s: Shown) -> str:
+    tab = s.tab
+    if s.trace is not None and tab.session is not None and not tab.replay:  # live, finished at the prefill
+        return (f"The prefill's token is the whole output (**max new tokens {tab.session.max_new_tokens}**"
+                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): {len(s.trace.output_ids)} token, no "
+                "round to show. Raise Max new tokens (or change the prompt) and press **Step**.")
     if s.trace is not None and s.tab.replay:
         return ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
                 f"show. Its output so far: {len(s.trace.output_ids)} token(s). Load another trace, or type a prompt.")

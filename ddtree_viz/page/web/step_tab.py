@@ -17,7 +17,8 @@ from ...render.layout import PHASES
 from .. import actions
 from ..host import ModelHost
 from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
-from ..views import CHECKED, VIEWS, Views, inspector_view, render_check, render_views
+from ..views import (CHECKED, VIEWS, Views, first_status, inspector_view, render_check, render_views,
+                     status_after_change)
 from .script import click_js
 from .wiring import MODEL, Page, errors_in_status, shows_errors
 
@@ -48,14 +49,16 @@ class StepTab:
         self.settings: dict[str, gr.components.Component] = {}
         self.views: dict[str, gr.components.Component] = {}
         self.controls: dict[str, gr.components.Component] = {}
-        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
+        # closed: open, its table pushed Step below the fold at 1500x1100 and 1280x800 (issue #26)
+        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=False):
             self.controls["layout"] = gr.HTML(host.layout_html(), elem_id="ddv-layout")
         with gr.Row():
             with gr.Column(scale=3):
                 self._prompt()
+                self._buttons()  # under the prompt, beside the settings: in view at 1280x800 (issue #26)
             with gr.Column(scale=2):
                 self._decoding()
-        self._buttons()
+        self._rounds()
         self._compare()
         self._views()
         self._files()
@@ -115,11 +118,14 @@ class StepTab:
         with gr.Row():
             c["step"] = gr.Button("Step", variant="primary", elem_id="ddv-step")
             c["run"] = gr.Button("Run", elem_id="ddv-run")
-            c["check_transformers"] = gr.Button("Check against transformers' forward",
+            c["check_transformers"] = gr.Button("Check vs transformers",
                                                 elem_id="ddv-check-transformers")
             c["reset"] = gr.Button("Reset", elem_id="ddv-reset")
             c["back"] = gr.Button("Back", elem_id="ddv-back")
             c["forward"] = gr.Button("Forward", elem_id="ddv-forward")
+
+    def _rounds(self) -> None:
+        c = self.controls
         with gr.Row():
             self.views["view"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             c["phase"] = gr.Radio(list(PHASES), value="verified", label="Phase of the round")
@@ -143,7 +149,7 @@ class StepTab:
 
     def _views(self) -> None:
         v = self.views
-        v["status"] = gr.Markdown(elem_id="ddv-status")
+        v["status"] = gr.Markdown(first_status(), elem_id="ddv-status")  # what to do, from the first load on
         v["prompt"] = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
         with gr.Row():
             v["tree_spec"] = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
@@ -272,6 +278,16 @@ class StepTab:
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset")
         c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]], api_name="new_seed")
+        self._wire_changes(page, settings)
+
+    def _wire_changes(self, page: Page, settings: dict) -> None:
+        """A changed setting (or prompt) says in the status whether the next Step starts a new session."""
+        status = self.views["status"]
+        on_change = shows_errors(lambda t, **values: {status: status_after_change(self.host, t, values)})
+        for name, widget in settings.items():
+            if not name.startswith("compare_"):  # B's settings restart only B
+                widget.input(on_change, [page.tab], [status], inputs_kwargs=settings, show_progress="hidden",
+                             queue=False)
 
     def _wire_rounds(self, page: Page) -> None:
         """Moving between rounds, the phase, the node inspector."""
