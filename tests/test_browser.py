@@ -314,6 +314,8 @@ def test_chat_switch_is_off_and_disabled_without_a_template(page):
     chat = page.locator("#ddv-chat input[type=checkbox]")
     page.wait_for_function("document.querySelector('#ddv-chat').innerText.includes('no chat template')", timeout=30_000)
     assert chat.is_disabled() and not chat.is_checked()
+    thinking = page.locator("#ddv-thinking input[type=checkbox]")  # #26.7: drawn ticked, it read as on
+    assert thinking.is_disabled() and not thinking.is_checked()
     page.get_by_label("Prompt").fill("import os\n")
     page.get_by_role("button", name="Step", exact=True).click()
     wait_status(page, "Round 1 of 1")

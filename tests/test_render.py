@@ -693,3 +693,34 @@ def test_output_strip_wraps_between_tokens_and_gives_plain_text(oracle):
     assert_only_our_tags(html)
     html = compare_html(oracle, oracle, text)
     assert html.count('class="ddv-plain-text"') == 2 and html.count("display:inline-block") >= 2 * len(oracle.output_ids)
+
+
+def test_words_say_what_happened(oracle, naive):
+    """#26.7: the grid's note for a target token outside the drafter's top k; one name, 'tree ended'; naive stats
+    never say 'exact per round'; sampled stats say 'the target's own sampling'; compare mode's round past one
+    side's end; a top miss whose two tokens are the same says why it is a miss."""
+    from ddtree_viz.render.grid_view import stop_note
+    from ddtree_viz.render.report import misses_html
+    from ddtree_viz.render.stats_view import stats_markdown, stats_summary
+
+    g = dataclasses.replace(grid_data(oracle.steps[0]), stop_rank=None, stop_reason=analysis.STOP_TREE_ENDED,
+                            stop_depth=2, stop_token="be")
+    note = stop_note(g)
+    assert "is tree ended" not in note and f"outside the drafter's top {g.k}" in note and "tree ended (" in note
+    rows = divergence_rows(oracle.steps, None)
+    assert "tree exhausted" not in divergence_html(rows)
+    md = stats_markdown({**stats_summary(naive), "acceptance_histogram": [1], "per_depth_acceptance": [],
+                         "budget_curve": {"1": 1}})
+    assert "exact per round" not in md and "naive rounds are not exact" in md
+    md = stats_markdown({**stats_summary(oracle), "sampling": "sampling (T 0.7, seed 5)", "greedy_tok_s": 10.0,
+                         "ddtree_tok_s": 20.0, "speedup": 2.0})
+    assert "greedy tokens/s" not in md and "speedup over greedy" not in md
+    assert "the target's own sampling tokens/s" in md and "speedup over the target's own sampling" in md
+    short = dataclasses.replace(oracle, steps=oracle.steps[:3], output_ids=oracle.output_ids[:1 + sum(
+        len(s.new_token_ids) for s in oracle.steps[:3])], greedy_ids=None, first_divergence=None)
+    html = compare_html(short, oracle, view=len(oracle.steps) - 1)
+    assert f"showing round {len(oracle.steps)} (A finished at round 3" in html and "of each" not in html
+    miss = {"count": 2, "drafter_token_id": 5, "drafter_token": "be", "target_token_id": 5, "target_token": "be",
+            "examples": []}
+    assert "the same token" in misses_html({"top_misses": [miss]})
+    assert "the same token" not in misses_html({"top_misses": [{**miss, "target_token_id": 6}]})

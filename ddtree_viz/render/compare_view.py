@@ -70,7 +70,9 @@ def compare_html(a: Trace, b: Trace, token_text: TokenText | None = None, *, vie
         color = style.DIVERGE_COLOR if side["identical"] is False else "inherit"
         rows.append(f"<tr><td><b>{name}</b></td><td>{esc(label)}</td><td>{side['rounds']}</td><td>{side['tokens']}</td>"
                     f"<td>{mean}</td><td style=\"color:{color}\">{esc(_verdict(side, sampled))}</td></tr>")
-    shown = "" if view is None else f" · showing round {view + 1} of each"
+    shown = "" if view is None else f" · showing round {view + 1}" + "".join(
+        f" ({name} finished at round {len(t.steps)}: its last is shown)"
+        for name, t in (("A", a), ("B", b)) if len(t.steps) <= view)
     table = ("<table style=\"border-collapse:collapse;font-size:90%\"><thead><tr><th></th><th>configuration</th>"
              "<th>rounds</th><th>tokens</th><th>mean acceptance</th><th>verdict</th></tr></thead><tbody>"
              + "".join(rows) + "</tbody></table>")

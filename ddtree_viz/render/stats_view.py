@@ -145,15 +145,18 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                                                                 if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
         method = "DFlash" if summary.get("method") == "dflash" else "DDTree"
-        rows += [("greedy tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
+        sampled = summary.get("sampling", "greedy") != "greedy"
+        ref, over = (("the target's own sampling", "the target's own sampling") if sampled else ("greedy", "greedy"))
+        rows += [(f"{ref} tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
                  (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
-                 ("speedup over greedy (both model time only, none of the page's own work)",
+                 (f"speedup over {over} (both model time only, none of the page's own work)",
                   _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     if summary.get("acceptance_histogram"):
         unit = "chain length" if summary.get("method") == "dflash" else "budget"
         rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
                  ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
-                 (f"tokens by {unit} (same rounds; exact per round)",
+                 (f"tokens by {unit} (same rounds; "
+                  + ("as recorded: naive rounds are not exact)" if naive else "exact per round)"),
                   budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"

@@ -89,7 +89,8 @@ class StepTab:
         with gr.Row(elem_id="ddv-chat-row"):
             s["chat"] = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
                                     info="waiting for the model's tokenizer")
-            s["thinking"] = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+            # unticked while disabled (a disabled box drawn ticked read as on); ticked once a template has the switch
+            s["thinking"] = gr.Checkbox(value=False, interactive=False, label="Thinking", elem_id="ddv-thinking",
                                         info="the template's thinking switch (enable_thinking)")
         s["system"] = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
                                  elem_id="ddv-system")
