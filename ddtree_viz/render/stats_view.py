@@ -15,7 +15,7 @@ from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, plotly_text
 
 TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
-ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
+ACCEPTANCE_TITLE = "Tokens kept per round (accepted drafts + bonus, as output)"
 
 
 def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
