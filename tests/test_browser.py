@@ -427,6 +427,12 @@ TABLE_JS = """
 """
 
 
+def open_layout(page) -> None:
+    """Unfold the per-layer cache layout (folded by default since issue #26: it pushed Step below the fold)."""
+    page.get_by_text("Per-layer cache layout (measured before the first step)").click()
+    page.locator("#ddv-layout table").wait_for(state="visible", timeout=10_000)
+
+
 def open_page(url: str, viewport=VIEWPORT):
     """(playwright, browser, page) on the app at `url`, models loaded."""
     from playwright.sync_api import sync_playwright
@@ -520,6 +526,7 @@ def test_cache_chart_and_tables_at_8_layers(app_url):
         ARTIFACTS.mkdir(exist_ok=True)
         ids = page.evaluate("() => [...document.querySelectorAll('[id^=ddv-]')].map((e) => e.id)")
         assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # one element per ddv- id
+        open_layout(page)
         check_table_fits(page, "#ddv-layout", 8)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "issue17-layout-8-layers.png"))
@@ -562,6 +569,7 @@ def test_cache_chart_and_tables_at_64_layers(app_64_layers):
     p, browser, page = open_page(app_64_layers)
     try:
         ARTIFACTS.mkdir(exist_ok=True)
+        open_layout(page)
         check_table_fits(page, "#ddv-layout", 2)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "issue17-layout-64-layers.png"))
