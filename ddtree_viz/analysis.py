@@ -94,8 +94,10 @@ def session_budget_curve(steps: Sequence[StepRecord], budget: int | None = None)
     """{b: tokens all the rounds would have gained under budget b}, summed round by round (each round from the
     state it actually started in: later rounds would have started elsewhere). A round's curve is flat past its
     own end. `budget` defaults to the largest round's. Linear in the curves' lengths plus the budget (a curve's
-    flat tail is added once, where it starts, not at every budget past it)."""
-    curves = [recorded_curve(s) for s in steps]
+    flat tail is added once, where it starts, not at every budget past it). A round the session stopped inside
+    (max new tokens, end of text) counts at most what it kept (StepRecord.kept) at any budget: the rest was never
+    output."""
+    curves = [_capped(recorded_curve(s), s) for s in steps]
     top = max((max(c, default=0) for c in curves), default=0) if budget is None else int(budget)
     head = [0] * (top + 2)  # sum of the curves still rising at b
     flat = [0] * (top + 2)  # what curves that ended before b hold from there on, added where they end
@@ -104,12 +106,17 @@ def session_budget_curve(steps: Sequence[StepRecord], budget: int | None = None)
         for b in range(1, min(end, top) + 1):
             head[b] += c[b]
         if end < top:
-            flat[end + 1] += c[end] if c else s.acceptance
+            flat[end + 1] += c[end] if c else s.kept
     total, tail = {}, 0
     for b in range(1, top + 1):
         tail += flat[b]
         total[b] = head[b] + tail
     return total
+
+
+def _capped(curve: dict[int, int], step: StepRecord) -> dict[int, int]:
+    """A round's curve capped at what it kept (unchanged for a round that kept its whole walk)."""
+    return {b: min(v, step.kept) for b, v in curve.items()} if step.cut else curve
 
 
 def curve_caveat(method: str = "ddtree") -> str:
@@ -392,7 +399,7 @@ def compare_outputs(a, b) -> dict[str, Any]:
         return ids[i] if i is not None and i < len(ids) else None
 
     def side(t) -> dict[str, Any]:
-        acc = [s.acceptance for s in t.steps]
+        acc = [s.kept for s in t.steps]
         return {"identical": None if t.greedy_ids is None else t.first_divergence is None,
                 "first_divergence": t.first_divergence, "rounds": len(t.steps), "tokens": len(t.output_ids),
                 "mean_acceptance": sum(acc) / len(acc) if acc else None}

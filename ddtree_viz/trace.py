@@ -124,8 +124,20 @@ class StepRecord:
 
     @property
     def acceptance(self) -> int:
-        """Tokens gained this round per target forward (accepted drafts + the bonus)."""
+        """The walk's length: the accepted drafts + the bonus (the tree, the inspector, the histogram by accepted
+        drafts). What the round kept can be fewer: see `kept`."""
         return len(self.accepted)
+
+    @property
+    def kept(self) -> int:
+        """Tokens this round added to the output: its walk (acceptance) cut where the session stopped (max new
+        tokens, end of text). Every acceptance figure counts these (a cut walk's tail was never output)."""
+        return len(self.new_token_ids) if self.new_token_ids else len(self.accepted)
+
+    @property
+    def cut(self) -> bool:
+        """The session stopped inside this round's walk: it kept fewer tokens than the walk accepted."""
+        return self.kept < self.acceptance
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def test_session_figures_on_a_real_session(hybrid):
     rates = analysis.per_depth_acceptance(steps, session.block_size)
     assert len(rates) == session.block_size - 1 and all(r is None or 0 <= r <= 1 for r in rates)
     total = analysis.session_budget_curve(steps)
-    assert total[12] == sum(s.acceptance for s in steps)
+    assert total[12] == sum(s.kept for s in steps)  # #26.4: kept, was the walk
     assert all(total[b] <= total[b + 1] for b in range(1, 12)) and total[1] >= len(steps)
     summary = analysis.session_analysis(steps, session.block_size)
     json.dumps(summary)

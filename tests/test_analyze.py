@@ -85,9 +85,11 @@ def check_against_traces(summary: dict, out: Path, suffix: str = "") -> None:
     assert summary["prompts"] == 2 and summary["prompts_total"] == 3
     assert summary["rounds"] == len(steps) > 0
     assert summary["generated_tokens"] == sum(len(t.output_ids) for t in traces) == 12
-    gained = [len(s.accepted) for s in steps]
-    assert summary["mean_acceptance"] == pytest.approx(sum(gained) / len(gained))
-    counts = Counter(gained)
+    # #26.4: mean acceptance counts the tokens each round kept (StepRecord.kept; was len(accepted), the walk, which
+    # counted what max new tokens threw away); the histogram stays by the walk (accepted drafts + bonus)
+    kept = [s.kept for s in steps]
+    assert summary["mean_acceptance"] == pytest.approx(sum(kept) / len(kept))
+    counts = Counter(len(s.accepted) for s in steps)
     assert {int(k): v for k, v in summary["acceptance_histogram"].items() if v} == dict(counts)
     # per depth: rounds past depth d over rounds that reached it with a tree that deep
     for d, p in enumerate(summary["per_depth_acceptance"], 1):
@@ -96,7 +98,8 @@ def check_against_traces(summary: dict, out: Path, suffix: str = "") -> None:
         assert p == (pytest.approx(len(passed) / len(reached)) if reached else None)
     # the budget curve at the asked budgets, from each round's recorded counterfactual
     for b in (1, 2, 4, 8):
-        want = sum(analysis.recorded_curve(s)[min(b, max(analysis.recorded_curve(s)))] for s in steps) / len(steps)
+        want = sum(min(s.kept, analysis.recorded_curve(s)[min(b, max(analysis.recorded_curve(s)))])
+                   for s in steps) / len(steps)  # a cut round: at most what it kept
         assert summary["budget_curve"][str(b)] == pytest.approx(want)
     assert set(summary["budget_curve"]) == {"1", "2", "4", "8"}
     ident = [t.first_divergence is None for t in traces]
@@ -105,7 +108,7 @@ def check_against_traces(summary: dict, out: Path, suffix: str = "") -> None:
     assert [r["file"] for r in rows] == [f"traces/0000{suffix}.json", f"traces/0001{suffix}.json"]
     for r, t in zip(rows, traces):
         assert r["rounds"] == len(t.steps)
-        assert r["mean_acceptance"] == pytest.approx(sum(len(s.accepted) for s in t.steps) / len(t.steps))
+        assert r["mean_acceptance"] == pytest.approx(sum(s.kept for s in t.steps) / len(t.steps))
     assert sum(summary["stop_rank_histogram"].values()) == len(steps)
     assert sum(m["count"] for m in summary["top_misses"]) == sum(
         1 for s in steps if analysis.stop_info(s, 16)["reason"] != analysis.STOP_BLOCK_END)

@@ -227,6 +227,47 @@ def test_compare_step_goes_on_with_b_once_a_has_finished():
         actions.step(h, tab, s)
 
 
+def test_step_in_a_replay_goes_on_through_it_and_its_prompt_fills_the_box(host, tmp_path):
+    """Issue #26.3: Step while a replay is shown shows its next round (no new live session from the Prompt box);
+    at its last round it says how to go live; the replay's prompt is what the Prompt box gets."""
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, settings(host)):
+        pass
+    path = tmp_path / "t.json"
+    tab.trace.save(path)
+    n = len(tab.trace.steps)
+    assert n >= 2
+    replay = actions.move(actions.load_replay(TabState(), str(path)), to=0)
+    other_prompt = settings(host, prompt="something else entirely")
+    for k in range(1, n):
+        replay = actions.step(host, replay, other_prompt)
+        assert replay.replay and replay.session is None and replay.view == k
+    assert render_views(host, replay).status.startswith(f"Round {n} of {n} (replay")
+    with pytest.raises(InputError, match="last round.*Reset"):
+        actions.step(host, replay, other_prompt)
+    assert actions.replay_prompt(replay.trace) == SETTINGS["prompt"]
+    actions.reset(replay)
+    assert actions.step(host, replay, other_prompt).session is not None  # after Reset: live
+
+
+def test_compare_replay_names_bs_tokens_from_bs_texts(host, tmp_path):
+    """Issue #26.2: a compare trace replayed names the tokens only B produced from B's own texts (A's do not hold
+    them), as the live page did."""
+    import dataclasses
+
+    from ddtree_viz.trace import CompareTrace
+
+    tab = actions.step(host, TabState(), settings(host, **sampled_args(temperature=0), **NO_CHAT, **COMPARE))
+    a, b = tab.trace, tab.other_trace
+    # B's texts told apart from A's (B's row must read B's, as it reads ids A never produced)
+    b = dataclasses.replace(b, token_texts={k: f"β{i}" for i, k in enumerate(b.token_texts)})
+    path = tmp_path / "compare.json"
+    CompareTrace(a, b).save(path)
+    v = render_views(ModelHost(None, None, "float32", "cpu"), actions.load_replay(TabState(), str(path)))
+    row_b = v.compare.split('data-side="B"')[1]
+    assert all(f">β{list(b.token_texts).index(str(t))}<" in row_b for t in b.output_ids), row_b
+
+
 def test_compare_naive_and_another_dtype(host):
     tab = TabState()
     naive = dict(COMPARE, compare_budget=8, compare_method="ddtree",
@@ -281,13 +322,12 @@ def test_served_app_steps_and_reports_errors_over_http(model_dirs):
     try:
         client = Client(url, verbose=False)
         deadline = time.time() + 60
-        while True:  # the models load in the background; stepping before that is a clear error
-            try:
-                out = client.predict("verified", *args(), api_name="/step")
+        while True:  # the models load in the background; stepping before that is a clear error (in the status)
+            out = client.predict("verified", *args(), api_name="/step")
+            if "Round 1 of 1" in out[0]:
                 break
-            except Exception as exc:  # noqa: BLE001
-                assert "loading" in str(exc) or time.time() < deadline, exc
-                time.sleep(0.5)
+            assert "loading" in out[0] or time.time() < deadline, out[0]
+            time.sleep(0.5)
         status = out[0]
         assert "Round 1 of 1" in status
         out = client.predict("verified", *args(), api_name="/step")
@@ -296,8 +336,8 @@ def test_served_app_steps_and_reports_errors_over_http(model_dirs):
             client.predict("verified", *args(budget=0), api_name="/step")
         out = client.predict("verified", *args(), api_name="/step")  # still serving, same tab state
         assert "Round" in out[0]
-        with pytest.raises(Exception, match="prompt is empty"):
-            client.predict("verified", *args(prompt=""), api_name="/step")
+        # #26.5: a user's error is the status line's first words (no error raised: the other panels keep their values)
+        assert "prompt is empty" in client.predict("verified", *args(prompt=""), api_name="/step")[0]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -372,10 +412,31 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
     (dict(top_k=-3), "top-k"),
     (dict(top_k=2.5), "top-k"),
     (dict(seed=2**32), "seed"),
+    # #26.5: top-k and seed are text boxes, so what was typed reaches the check that names the field
+    (dict(seed="-1"), "seed must be between 0 and"),
+    (dict(top_k="abc"), "top-k must be a whole number, not 'abc'"),
 ])
 def test_bad_sampling_inputs_are_clear_errors(host, over, words):
     with pytest.raises(InputError, match=words):
         actions.step(host, TabState(), settings(host, **sampled_args(**over)))
+
+
+def test_typed_top_k_and_seed_read_as_numbers(host):
+    s = settings(host, **sampled_args(top_k=" 20 ", seed="7"))
+    assert (s.decode.top_k, s.decode.seed) == (20, 7)
+    assert settings(host, **sampled_args(top_k="", seed="")).decode.seed == 0  # blank: off / 0
+
+
+def test_an_error_is_the_status_lines_first_words_and_the_round_stays(host):
+    """#26.5: an action's error goes to the tab's notice, first in the status line; the round shown stays; the next
+    view of the tab drops it."""
+    tab = actions.step(host, TabState(), settings(host))
+    before = render_views(host, tab)
+    tab.notice = "seed must be between 0 and 4294967295, not -1 <b>*x*</b>"
+    after = render_views(host, tab)
+    assert after.status.startswith("**⚠ seed must be between 0 and 4294967295, not -1 &#60;b&#62;&#42;x&#42;")
+    assert after.status.endswith(before.status) and after.tree == before.tree
+    assert render_check(host, TabState(notice="prompt is empty")).status.startswith("**⚠ prompt is empty")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -530,16 +591,14 @@ def test_served_page_interleaves_tabs_reset_stops_run_and_hides_server_paths(mod
         for _ in b.submit("verified", *args(max_new_tokens=6), api_name="/run"):
             pass
         shown = b.predict("verified", api_name="/phase")[0]
-        with pytest.raises(Exception, match="finished"):
-            b.predict("verified", *args(max_new_tokens=6), api_name="/run")
+        assert "finished" in b.predict("verified", *args(max_new_tokens=6), api_name="/run")[0]  # in the status
         assert b.predict("verified", api_name="/phase")[0] == shown and "Finished" in shown
         # a bad upload names the file as uploaded, never the server's temporary folder
         bad = tmp_path / "my-trace.json"
         bad.write_bytes(b'{"schema_version": 1, "prompt": "\xff\xfe"}')  # not UTF-8: a message that names the file
-        with pytest.raises(Exception) as exc:
-            b.predict("verified", handle_file(str(bad)), api_name="/replay")
-        assert "cannot read trace file my-trace.json" in str(exc.value)
-        assert "/tmp" not in str(exc.value) and "gradio" not in str(exc.value)
+        said = b.predict("verified", handle_file(str(bad)), api_name="/replay")[0]  # the status line
+        assert "cannot read trace file my-trace.json" in said
+        assert "/tmp" not in said and "gradio" not in said
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -832,3 +891,21 @@ def test_report_loads_take_no_turn_in_the_one_at_a_time_queue():
     fns = {f.api_name: f for f in demo.fns.values()}
     for name in ("report_dir", "report_upload", "report_round"):
         assert fns[name].concurrency_id == "reports" and fns[name].concurrency_limit == REPORT_EVENTS > 1
+
+
+def test_first_screen_words_max_new_tokens_one_and_a_changed_setting(host):
+    """#26.6: the status says what to do before anything is stepped; max new tokens 1 finishes at the prefill and
+    says so (not 'this session has finished'); a changed setting says the next Step starts a new session."""
+    from ddtree_viz.page.views import NEW_SESSION, first_status, status_after_change
+
+    assert "press **Step**" in first_status() and render_views(host, TabState()).status == first_status()
+    tab = actions.step(host, TabState(), settings(host, max_new_tokens=1))
+    v = render_views(host, tab)
+    assert "prefill's token is the whole output" in v.status and "max new tokens 1" in v.status
+    assert "finished" not in v.status and len(tab.trace.output_ids) == 1
+    assert [x for x in actions.run_rounds(host, TabState(), settings(host, max_new_tokens=1))][-1].trace.steps == ()
+    tab = actions.step(host, TabState(), settings(host))
+    same = {**SETTINGS, **sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0)}
+    assert NEW_SESSION not in status_after_change(host, tab, same)
+    assert NEW_SESSION in status_after_change(host, tab, {**same, "budget": 5})
+    assert NEW_SESSION in status_after_change(host, tab, {**same, "prompt": "x = 1\n"})

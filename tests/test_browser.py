@@ -314,6 +314,8 @@ def test_chat_switch_is_off_and_disabled_without_a_template(page):
     chat = page.locator("#ddv-chat input[type=checkbox]")
     page.wait_for_function("document.querySelector('#ddv-chat').innerText.includes('no chat template')", timeout=30_000)
     assert chat.is_disabled() and not chat.is_checked()
+    thinking = page.locator("#ddv-thinking input[type=checkbox]")  # #26.7: drawn ticked, it read as on
+    assert thinking.is_disabled() and not thinking.is_checked()
     page.get_by_label("Prompt").fill("import os\n")
     page.get_by_role("button", name="Step", exact=True).click()
     wait_status(page, "Round 1 of 1")
@@ -425,6 +427,12 @@ TABLE_JS = """
 """
 
 
+def open_layout(page) -> None:
+    """Unfold the per-layer cache layout (folded by default since issue #26: it pushed Step below the fold)."""
+    page.get_by_text("Per-layer cache layout (measured before the first step)").click()
+    page.locator("#ddv-layout table").wait_for(state="visible", timeout=10_000)
+
+
 def open_page(url: str, viewport=VIEWPORT):
     """(playwright, browser, page) on the app at `url`, models loaded."""
     from playwright.sync_api import sync_playwright
@@ -518,6 +526,7 @@ def test_cache_chart_and_tables_at_8_layers(app_url):
         ARTIFACTS.mkdir(exist_ok=True)
         ids = page.evaluate("() => [...document.querySelectorAll('[id^=ddv-]')].map((e) => e.id)")
         assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)  # one element per ddv- id
+        open_layout(page)
         check_table_fits(page, "#ddv-layout", 8)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "issue17-layout-8-layers.png"))
@@ -560,6 +569,7 @@ def test_cache_chart_and_tables_at_64_layers(app_64_layers):
     p, browser, page = open_page(app_64_layers)
     try:
         ARTIFACTS.mkdir(exist_ok=True)
+        open_layout(page)
         check_table_fits(page, "#ddv-layout", 2)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(ARTIFACTS / "issue17-layout-64-layers.png"))
@@ -745,6 +755,117 @@ def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
         page.locator("#prompts a.ddv-open-round[data-file='traces/0001.json']").first.click()
         page.wait_for_function("document.querySelector('#ddv-status').innerText.includes('(replay')", timeout=30_000)
         assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+    finally:
+        browser.close()
+        p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #26: the page as a newcomer finds it
+# ---------------------------------------------------------------------------------------------------------
+
+STRIP_JS = """
+(sel) => {
+  // the token strip's box, its widest line, and the last token's box (in the window's coordinates)
+  const el = document.querySelector(sel);
+  const toks = [...el.querySelectorAll('.ddv-tok')];
+  const last = toks[toks.length - 1].getBoundingClientRect();
+  const panel = el.getBoundingClientRect();
+  const plain = el.querySelector('.ddv-plain-text');
+  return {panelLeft: panel.left, panelRight: panel.right, lastRight: last.right, lastLeft: last.left,
+          scroll: el.scrollWidth, client: el.clientWidth, tokens: toks.length, plain: plain ? plain.innerText : null,
+          lines: new Set(toks.map((t) => Math.round(t.getBoundingClientRect().top))).size};
+}
+"""
+
+
+def test_output_wraps_and_step_goes_on_through_a_replay(app_url, tmp_path):
+    """#26.1: after a 64-token Run the whole output strip fits its panel (it wraps) and carries the output as plain
+    text; #26.3: a replay loaded puts its prompt in the box, and Step shows its next round rather than starting a
+    live session from the box."""
+    p, browser, page = open_page(app_url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        page.get_by_role("button", name="Run", exact=True).click()
+        wait_status(page, "Finished")
+        strip = page.evaluate(STRIP_JS, "#ddv-diff")
+        assert strip["lines"] > 1 and strip["lastRight"] <= strip["panelRight"] + 1, strip
+        assert strip["scroll"] <= strip["client"] + 1, strip
+        assert strip["plain"] and "⟨" not in strip["plain"] and "·" not in strip["plain"], strip
+        with page.expect_download(timeout=30_000) as download:
+            page.get_by_role("button", name="Download trace (.json)").click()
+        saved = tmp_path / "run.json"
+        download.value.save_as(str(saved))
+        page.get_by_role("button", name="Reset", exact=True).click()
+        page.get_by_label("Prompt").fill("a prompt that is not the replay's")
+        page.locator("#ddv-upload input[type=file]").set_input_files(str(saved))
+        from ddtree_viz.trace import Trace
+
+        n = len(Trace.load(saved).steps)
+        wait_status(page, f"Round {n} of {n} (replay")
+        assert page.get_by_label("Prompt").input_value() == "def fibonacci(n):\n"
+        page.get_by_role("button", name="Back", exact=True).click()
+        wait_status(page, f"Round {n - 1} of {n} (replay")
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, f"Round {n} of {n} (replay")  # the replay's next round, not a new live session
+        page.screenshot(path="/work/notes/shots26/after-replay-step-1500x1100.png")
+    finally:
+        browser.close()
+        p.stop()
+
+
+def test_an_error_names_the_field_in_the_status_and_leaves_the_panels(page):
+    """#26.5: a seed of -1 (and top-k 'abc') is a message in the status line naming the field; no panel turns into
+    a red 'Error' badge, and the round on screen stays drawn."""
+    first_round_drawn(page)
+    page.locator("#ddv-seed input, #ddv-seed textarea").first.fill("-1")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "seed must be between 0 and")
+    assert "Round 1 of 1" in page.locator("#ddv-status").inner_text()  # the round shown stays, under the message
+    page.wait_for_timeout(500)
+    badges = page.evaluate("[...document.querySelectorAll('.error')].filter((e) => e.offsetParent).length")
+    assert badges == 0
+    assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
+    page.locator("#ddv-seed input, #ddv-seed textarea").first.fill("0")
+    page.locator("#ddv-top-k input, #ddv-top-k textarea").first.fill("abc")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "top-k must be a whole number, not 'abc'")
+
+
+def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
+    """#26.6: at 1500x1100 and 1280x800 the Step button is in view on first load (the cache layout table folded)
+    and the status says what to do; Max new tokens 1 does not read as an error; a changed setting says the next
+    Step starts a new session; a Step click during a Step gets an answer."""
+    for size in ({"width": 1500, "height": 1100}, {"width": 1280, "height": 800}):
+        p, browser, page = open_page(app_url, size)
+        try:
+            box = page.get_by_role("button", name="Step", exact=True).bounding_box()
+            assert box and box["y"] + box["height"] <= size["height"], (size, box)
+            assert "press Step" in page.locator("#ddv-status").inner_text()
+            page.screenshot(path=f"/work/notes/shots26/after-first-{size['width']}x{size['height']}.png")
+        finally:
+            browser.close()
+            p.stop()
+    p, browser, page = open_page(app_url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        page.locator("#ddv-max-new input[type=number]").fill("1")
+        page.locator("#ddv-max-new input[type=number]").press("Enter")
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, "the whole output")
+        assert "finished" not in page.locator("#ddv-status").inner_text()
+        page.locator("#ddv-max-new input[type=number]").fill("64")
+        page.locator("#ddv-max-new input[type=number]").press("Enter")
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        wait_status(page, "Round 1 of 1")
+        page.locator("#ddv-budget-nodes input[type=number]").fill("8")
+        page.locator("#ddv-budget-nodes input[type=number]").press("Enter")
+        wait_status(page, "the next Step starts a new session")
+        page.evaluate("() => { const b = document.getElementById('ddv-step'); b.click(); b.click(); }")  # 2nd: on its way
+        page.wait_for_function("(document.getElementById('ddv-busy') || {}).textContent?.includes('Still working')",
+                               timeout=10_000)
+        wait_status(page, "Round 1 of 1")
     finally:
         browser.close()
         p.stop()

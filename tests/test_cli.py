@@ -47,9 +47,9 @@ def test_run_end_to_end_writes_trace(model_args, tmp_path):
     assert trace.steps and len(trace.output_ids) == 16
     assert trace.first_divergence is None and trace.greedy_ids == trace.output_ids
     assert trace.settings["budget"] == 8 and trace.settings["verify"] == "exact"
-    # tokens per round printed == acceptance of each recorded step
+    # tokens per round printed == the tokens each recorded step kept (#26.4: was s.acceptance, the walk)
     per_round = out.split("tokens per round: ")[1].splitlines()[0].split()
-    assert [int(x) for x in per_round] == [s.acceptance for s in trace.steps]
+    assert [int(x) for x in per_round] == [s.kept for s in trace.steps]
 
 
 def test_run_naive_is_labelled_known_wrong(model_args, capsys):

@@ -680,7 +680,7 @@ def test_replay_print_lists_the_rounds(trace_file, trace, capsys):
     assert f"rounds: {len(trace.steps)}" in out
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d+\+bonus", line)]
     assert [int(r[0]) for r in rows] == list(range(1, len(trace.steps) + 1))
-    assert [int(r[1]) for r in rows] == [s.acceptance for s in trace.steps]
+    assert [int(r[1]) for r in rows] == [s.kept for s in trace.steps]  # #26.4: kept, was the walk
     assert f"output identical to greedy for {len(trace.output_ids)} tokens" in out
     assert repr(trace.output_text) in out
     assert cli.main(["replay", str(trace_file), "--summary"]) == 0

@@ -518,9 +518,13 @@ def test_trace_without_token_names_falls_back(oracle):
 def test_acceptance_figure_and_stats(oracle):
     fig = acceptance_figure(oracle.steps)
     bars = [t for t in fig.data if t.type == "bar"]
-    assert list(bars[0].y) == [s.acceptance for s in oracle.steps]
+    # #26.4: the bars count the tokens each round kept; the oracle's last round is cut by max new tokens (its walk
+    # accepted more than it kept), and its hover says both (this assertion read s.acceptance, the walk, before)
+    assert list(bars[0].y) == [len(s.new_token_ids) for s in oracle.steps]
+    assert oracle.steps[-1].cut and oracle.steps[-1].kept < oracle.steps[-1].acceptance
+    assert f"{oracle.steps[-1].kept} kept" in bars[0].hovertext[-1] and "walk accepted" in bars[0].hovertext[-1]
     assert list(bars[0].x) == [s.index + 1 for s in oracle.steps]  # 1-based on screen
-    mean = sum(s.acceptance for s in oracle.steps) / len(oracle.steps)
+    mean = sum(len(s.new_token_ids) for s in oracle.steps) / len(oracle.steps)
     line = [t for t in fig.data if t.type == "scatter"][0]
     assert list(line.y) == [mean, mean]
     summary = stats_summary(oracle, greedy_tok_s=10.0, ddtree_tok_s=25.0)
@@ -645,7 +649,7 @@ def test_stats_carry_the_session_analysis(oracle):
     block = oracle.settings["block_size"]
     assert summary["acceptance_histogram"] == analysis.acceptance_histogram(oracle.steps, block)
     assert summary["per_depth_acceptance"] == analysis.per_depth_acceptance(oracle.steps, block)
-    assert summary["budget_curve"]["32"] == sum(s.acceptance for s in oracle.steps)
+    assert summary["budget_curve"]["32"] == sum(s.kept for s in oracle.steps)  # #26.4: kept, was the walk
     md = stats_markdown(summary)
     rows = [ln for ln in md.splitlines() if ln.startswith("|")]
     assert all(ln.count("|") == 3 for ln in rows), rows  # no stray pipe splits a row
@@ -677,3 +681,46 @@ def test_page_figures_are_valid_plotly_though_built_unvalidated(oracle, naive):
     with pytest.raises(ValueError, match="colr"):  # what the check above would catch
         FigureSpec([dict(type="bar", x=[1], colr="red")], {}).figure()
     assert any(t.get("yaxis") == "y2" for t in cache_figure(naive.steps[-1]).to_plotly_json()["data"])
+
+
+def test_output_strip_wraps_between_tokens_and_gives_plain_text(oracle):
+    """Issue #26.1: every token its own box (a line breaks between any two, though visible whitespace leaves no
+    space in their text), and the output's own text beside it to copy; compare mode's rows too."""
+    text = lambda i: f" to{i}\n"  # noqa: E731 - spaces and newlines: shown as '·' and '⏎' in the boxes
+    html = output_vs_greedy_html(oracle, text)
+    assert html.count("display:inline-block") >= len(oracle.output_ids)
+    assert 'class="ddv-plain-text"' in html and esc("".join(text(i) for i in oracle.output_ids)) in html
+    assert_only_our_tags(html)
+    html = compare_html(oracle, oracle, text)
+    assert html.count('class="ddv-plain-text"') == 2 and html.count("display:inline-block") >= 2 * len(oracle.output_ids)
+
+
+def test_words_say_what_happened(oracle, naive):
+    """#26.7: the grid's note for a target token outside the drafter's top k; one name, 'tree ended'; naive stats
+    never say 'exact per round'; sampled stats say 'the target's own sampling'; compare mode's round past one
+    side's end; a top miss whose two tokens are the same says why it is a miss."""
+    from ddtree_viz.render.grid_view import stop_note
+    from ddtree_viz.render.report import misses_html
+    from ddtree_viz.render.stats_view import stats_markdown, stats_summary
+
+    g = dataclasses.replace(grid_data(oracle.steps[0]), stop_rank=None, stop_reason=analysis.STOP_TREE_ENDED,
+                            stop_depth=2, stop_token="be")
+    note = stop_note(g)
+    assert "is tree ended" not in note and f"outside the drafter's top {g.k}" in note and "tree ended (" in note
+    rows = divergence_rows(oracle.steps, None)
+    assert "tree exhausted" not in divergence_html(rows)
+    md = stats_markdown({**stats_summary(naive), "acceptance_histogram": [1], "per_depth_acceptance": [],
+                         "budget_curve": {"1": 1}})
+    assert "exact per round" not in md and "naive rounds are not exact" in md
+    md = stats_markdown({**stats_summary(oracle), "sampling": "sampling (T 0.7, seed 5)", "greedy_tok_s": 10.0,
+                         "ddtree_tok_s": 20.0, "speedup": 2.0})
+    assert "greedy tokens/s" not in md and "speedup over greedy" not in md
+    assert "the target's own sampling tokens/s" in md and "speedup over the target's own sampling" in md
+    short = dataclasses.replace(oracle, steps=oracle.steps[:3], output_ids=oracle.output_ids[:1 + sum(
+        len(s.new_token_ids) for s in oracle.steps[:3])], greedy_ids=None, first_divergence=None)
+    html = compare_html(short, oracle, view=len(oracle.steps) - 1)
+    assert f"showing round {len(oracle.steps)} (A finished at round 3" in html and "of each" not in html
+    miss = {"count": 2, "drafter_token_id": 5, "drafter_token": "be", "target_token_id": 5, "target_token": "be",
+            "examples": []}
+    assert "the same token" in misses_html({"top_misses": [miss]})
+    assert "the same token" not in misses_html({"top_misses": [{**miss, "target_token_id": 6}]})

@@ -171,7 +171,7 @@ def _speculative(session: DecodeSession, prompt_ids: list[int], sync) -> MethodR
     session.run()
     sync()
     seconds = time.perf_counter() - start
-    return MethodRun(list(session.generated), seconds, len(session.history), sum(r.acceptance for r in session.history))
+    return MethodRun(list(session.generated), seconds, len(session.history), sum(r.kept for r in session.history))
 
 
 def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> MethodRun:

@@ -845,7 +845,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                                     engine=engine(budget + 1), record=False)
             session.prefill(prompt_ids=prompt)
             session.run()
-            out, rounds = session.generated, [r.acceptance for r in session.history]
+            out, rounds = session.generated, [r.kept for r in session.history]
             idx = first_divergence(out, greedy)
             results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
@@ -1033,7 +1033,7 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
     records = [session.step() for _ in range(rounds)]
     phases = {k: statistics.median(r.timings_ms[k] for r in records) for k in records[0].timings_ms}
     return {"budget": budget, "rounds": rounds, "median_ms": phases, "round_ms": sum(phases.values()),
-            "mean_acceptance": sum(r.acceptance for r in records) / rounds}
+            "mean_acceptance": sum(r.kept for r in records) / rounds}
 
 
 @torch.no_grad()

@@ -156,12 +156,12 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
 def _print_summary(summary: dict, out: Path) -> None:
     n, total = summary["prompts"], summary["prompts_total"]
     print(f"{n} of {total} prompts decoded ({len(summary['failed'])} failed); mean acceptance "
-          f"{_fmt(summary['mean_acceptance'])} tokens per round over {summary['rounds']} rounds; identical to greedy "
+          f"{_fmt(summary['mean_acceptance'])} tokens kept per round over {summary['rounds']} rounds; identical to greedy "
           f"{summary['identical_prompts']}/{n}")
     chain = summary.get(DFLASH)
     if chain is not None:
         print(f"DFlash chain on the same prompts: {chain['prompts']} decoded ({len(chain['failed'])} failed); mean "
-              f"acceptance {_fmt(chain['mean_acceptance'])} tokens per round over {chain['rounds']} rounds; identical "
+              f"acceptance {_fmt(chain['mean_acceptance'])} tokens kept per round over {chain['rounds']} rounds; identical "
               f"to greedy {chain['identical_prompts']}/{chain['prompts']}")
     print(f"summary: {out / 'summary.json'}\nreport: {out / 'report.html'}")
 

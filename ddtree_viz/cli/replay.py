@@ -79,11 +79,11 @@ def print_trace_summary(trace, path) -> None:
     print(f"prompt given as: {prompt_summary(trace)}")
     mean = summary["mean_acceptance"]
     print(f"rounds: {len(trace.steps)}  generated tokens: {len(trace.output_ids)}  mean acceptance: "
-          f"{'-' if mean is None else f'{mean:.2f}'} tokens per target forward (bonus included)")
+          f"{'-' if mean is None else f'{mean:.2f}'} tokens kept per target forward (bonus included)")
     print(f"{'round':>5}  {'tokens':>6}  {'accepted':>8}  {'tree':>4}  {'committed':>9}  text added")
     for st in trace.steps:
         added = st.new_token_ids or tuple(st.nodes[i].token_id for i in st.accepted[1:]) + (st.bonus_token_id,)
-        print(f"{st.index + 1:>5}  {st.acceptance:>6}  {f'{st.acceptance - 1}+bonus':>8}  {len(st.nodes):>4}  "
+        print(f"{st.index + 1:>5}  {st.kept:>6}  {f'{st.acceptance - 1}+bonus':>8}  {len(st.nodes):>4}  "
               f"{st.committed_len:>9}  {texts(trace, added)!r}")
     print_session_analysis(trace.steps, s.get("block_size"), s.get("method", "ddtree"))
     text = trace.output_text or texts(trace, trace.output_ids)

@@ -134,10 +134,10 @@ def _print_result(args, session, records) -> None:
     print()
     print(printable(session.prompt) + printable(session.output_text))
     print()
-    per_round = [r.acceptance for r in records]
+    per_round = [r.kept for r in records]  # tokens kept: a round cut at max new tokens counts what it added
     print(f"rounds: {len(records)}  tokens per round: {' '.join(map(str, per_round)) or '-'}")
     print(f"generated tokens: {len(session.generated)} (1 from prefill + {len(session.generated) - 1} from rounds)")
-    print(f"mean acceptance: {session.mean_acceptance:.2f} tokens per target forward (bonus included)")
+    print(f"mean acceptance: {session.mean_acceptance:.2f} tokens kept per target forward (bonus included)")
     timings = {k: sum(r.timings_ms.get(k, 0.0) for r in records) for k in ("draft", "tree", "verify", "commit")}
     print(f"time: prefill {session.prefill_ms:.0f} ms, " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
     errors = [e for r in records for e in getattr(r, "naive_state_error", ()) if e is not None]
@@ -169,8 +169,8 @@ def _run_b(args, pair, settings, spec, session, trace_a):
     print()
     print(f"B: {config_label(trace_b.settings)}")
     print(printable(other.prompt) + printable(other.output_text))
-    print(f"rounds: {len(records)}  tokens per round: {' '.join(str(r.acceptance) for r in records) or '-'}")
-    print(f"mean acceptance: {other.mean_acceptance:.2f} tokens per target forward (bonus included)")
+    print(f"rounds: {len(records)}  tokens per round: {' '.join(str(r.kept) for r in records) or '-'}")
+    print(f"mean acceptance: {other.mean_acceptance:.2f} tokens kept per target forward (bonus included)")
     print_session_analysis(records, other.block_size, other.method)
     if not args.no_greedy:
         print(_greedy_line(other, other.verify))

@@ -757,7 +757,7 @@ class DecodeSession:
 
     @property
     def mean_acceptance(self) -> float:
-        return float(np.mean([r.acceptance for r in self.history])) if self.history else 0.0
+        return float(np.mean([r.kept for r in self.history])) if self.history else 0.0
 
     def to_trace(self, with_greedy: bool = True, extend: bool = True) -> Trace:
         """The session as a Trace. extend=False: the reference only as far as it has decoded (a page shows the

@@ -19,6 +19,8 @@ from ..trace import CompareTrace, Trace, load_any
 from .host import ModelHost
 from .state import SAME, CompareSettings, TabSettings, TabState, rounds_shown, shown_step
 
+REPLAY_END = ("this replay is at its last round ({n}): press Reset to start a live session from the Prompt box, or "
+              "scrub back to look again")
 RUN_REFRESH_S = 0.5  # Run redraws the page at most this often (and after the last round), not after every round
 FINISHED = "this session has finished (end of text or max new tokens): press Reset or change the prompt"
 
@@ -101,9 +103,13 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
     """One round (of both configurations in compare mode). A new prompt or changed settings (a new seed, the chat
     template, system prompt or thinking switch included) start a new session first. check=False: the reference is
     not extended to the new tokens here (the page calls `check` right after, so the round shows at the speed of the
-    round)."""
+    round). While a replay is shown, Step goes on through it (the next round) and never replaces it: Reset first."""
+    if tab.replay and tab.trace is not None:
+        return _replay_next(tab)
     with host.lock, tab.lock:
         _start(host, tab, settings)
+        if _done_at_prefill(tab, check):
+            return tab
         if finished(tab.session, tab.other):  # compare mode: B goes on alone once A has finished, as Run does
             raise InputError(FINISHED)
         started, before = time.perf_counter(), len(tab.session.history)
@@ -112,6 +118,34 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
         tab.view = rounds_shown(tab) - 1
         tab.inspect = None
     return tab
+
+
+def _done_at_prefill(tab: TabState, check: bool) -> bool:
+    """A session that finished at its prefill (max new tokens 1, or end of text at once) has no round: shown as
+    such (the status says why), not refused as finished (held: the tab's lock)."""
+    if not tab.session.done or tab.session.history or (tab.other is not None and not tab.other.done):
+        return False
+    _refresh(tab, check)
+    return True
+
+
+def _replay_next(tab: TabState) -> TabState:
+    """Step in a replay: the next recorded round (no model); at the last one, say how to go live."""
+    with tab.lock:
+        last = rounds_shown(tab) - 1
+        if tab.view >= last:
+            raise InputError(REPLAY_END.format(n=last + 1))
+        tab.view, tab.inspect = tab.view + 1, None
+    return tab
+
+
+def replay_prompt(trace: Trace | None) -> str:
+    """What the Prompt box holds for a replayed trace: the user's message as given (chat template), else its raw
+    prompt text, so Reset then Step decodes the same prompt live."""
+    if trace is None:
+        return ""
+    users = [m.get("content", "") for m in (trace.messages or ()) if m.get("role") == "user"]
+    return str(users[-1]) if users else trace.prompt
 
 
 def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool = True, views=None,
@@ -126,10 +160,15 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     Reset is never followed by a round it ended)."""
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        if finished(tab.session, tab.other):
+        at_prefill = _done_at_prefill(tab, check)
+        if not at_prefill and finished(tab.session, tab.other):
             raise InputError(FINISHED)
         tab.epoch += 1
         mine, session, other = tab.epoch, tab.session, tab.other
+        shown = (views(tab) if views is not None else tab) if at_prefill else None
+    if at_prefill:
+        yield shown
+        return
     started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
     while True:
         with host.lock, tab.lock:

@@ -81,13 +81,28 @@ def read_settings(host: ModelHost, values: Mapping[str, object]) -> TabSettings:
     v = _named_values(values)
     if v["verify"] not in VERIFY_LABELS:
         raise InputError(f"unknown verification mode {v['verify']!r}")
-    sampler = Sampler(v["temperature"], check_int("top-k", v["top_k"], 0, 2**31 - 1), v["top_p"],
-                      check_int("seed", v["seed"], 0, MAX_SEED))
+    sampler = Sampler(v["temperature"], check_int("top-k", _typed(v["top_k"]), 0, 2**31 - 1), v["top_p"],
+                      check_int("seed", _typed(v["seed"]), 0, MAX_SEED))
     prompt = prompt_spec(host, v["prompt"], v["chat"], v["system"], v["thinking"])
     decode = DecodeSettings(budget=v["budget"], max_new_tokens=v["max_new_tokens"], block_size=v["block_size"],
                             method=v["method"], verify=VERIFY_LABELS[v["verify"]], temperature=sampler.temperature,
                             top_k=sampler.top_k, top_p=sampler.top_p, seed=sampler.seed)
     return TabSettings(prompt, decode, _compare_settings(v))
+
+
+def _typed(value):
+    """A whole number typed in a text box (top-k, seed: text boxes, so that what was typed reaches check_int, which
+    names the field; a gradio Number refuses it first in words of its own): its int, blank as 0; anything else as
+    typed, for check_int to refuse by name."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        return value
 
 
 def _named_values(values: Mapping[str, object]) -> dict:
@@ -208,6 +223,7 @@ class TabState:
     other_trace: Trace | None = None  # B's records (live snapshot, or the replayed compare trace's)
     inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
     independent: str = ""  # the last check against transformers' forward, in words (Markdown)
+    notice: str = ""  # the last action's error, as the status line shows it (cleared by the next view of the tab)
     epoch: int = 0
     views: ViewCache = field(default_factory=ViewCache)
     # the last Step (or Run refresh) on the server, ms: "rounds" (engine time of its rounds), "reference" (the

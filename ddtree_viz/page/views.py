@@ -29,8 +29,10 @@ from ..render.text import esc
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
 from .host import ModelHost
-from .state import TabState, rounds_shown, shown_step
+from ..errors import InputError
+from .state import TabState, read_settings, rounds_shown, shown_step
 
+MARKUP_CHARS = set("<>&\"'\\`*_[]#|~!")  # written as character references in a Markdown view
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
 ROUND_VIEW_CACHE = 64  # per tab: the views of this many (round, phase) pairs are kept (a round's never change)
 
@@ -112,7 +114,7 @@ def _no_text(s: Shown) -> str:
 # The views in the order the page's Step outputs list their widgets (the served API's order). "stats" is built
 # last (it says what building the others cost).
 VIEWS: dict[str, View] = {
-    "status": View(lambda s: _status(s.tab, s.k), lambda s: _blank_status(s)),
+    "status": View(lambda s: _notice(s.tab) + _status(s.tab, s.k), lambda s: _notice(s.tab) + _blank_status(s)),
     "tree_spec": View(lambda s: s.round.tree),
     "mask_spec": View(lambda s: s.round.mask),
     "cache_html": View(lambda s: s.round.cache_html, _no_text),  # the round's per-layer cache (compact table)
@@ -123,8 +125,9 @@ VIEWS: dict[str, View] = {
     "divergence": View(lambda s: _divergence(s.trace, s.k, s.text), _no_text),
     "view": View(lambda s: s.view, lambda s: 0),  # the round shown (0-based), of `rounds`
     "tree_b_spec": View(lambda s: _tree_b(s)),  # compare mode: configuration B's tree of the round
-    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view) if s.compare else "",
-                    _no_text),  # compare mode: both outputs token by token, where they part, verdicts
+    # compare mode: both outputs token by token, where they part, verdicts (B's tokens named by B's texts)
+    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
+                                           token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
     "budget_spec": View(lambda s: budget_spec(s.steps)),  # the budget that would have done: round and session
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
@@ -158,8 +161,25 @@ def render_check(host: ModelHost, tab: TabState, phase: str = "verified") -> Vie
     """The views a reference check changes (CHECKED), without redrawing the figures."""
     s = Shown(host, tab, phase)
     if s.empty:
-        return Views(status=_empty_status(), diff_html="", stats="")
+        return Views(status=VIEWS["status"].blank(s), diff_html="", stats="")
     return _build(s, CHECKED)
+
+
+NEW_SESSION = ("*Settings changed: the next **Step** starts a new session with them (the rounds on screen are the "
+               "current session's).*")
+
+
+def status_after_change(host: ModelHost, tab: TabState, values: dict) -> str:
+    """The status line once a setting (or the prompt) changed: says so when the next Step starts a new session, so
+    that Step does not silently replace what is shown. A replay goes on with Step (actions.step): no note."""
+    status = render_check(host, tab)["status"]
+    if tab.session is None or tab.replay or tab.settings is None:
+        return status
+    try:
+        same = read_settings(host, values).same_session(tab.settings)
+    except InputError:
+        same = False  # Step will say what is wrong
+    return status if same else f"{status}\n\n{NEW_SESSION}"
 
 
 def _build(s: Shown, names: Iterable[str]) -> Views:
@@ -177,11 +197,29 @@ def inspector_view(tab: TabState) -> tuple[str, list, int | None]:
     return inspector_html(step, node, text), node_choices(step, text), node
 
 
-def _empty_status() -> str:
+def _notice(tab: TabState) -> str:
+    """The last action's error, first in the status line (Markdown: HTML and Markdown characters as character
+    references, so the message shows as typed; its own paragraph)."""
+    if not tab.notice:
+        return ""
+    text = "".join(f"&#{ord(ch)};" if ch in MARKUP_CHARS else ch for ch in tab.notice)
+    return f"**⚠ {text}**\n\n"
+
+
+def first_status() -> str:
+    """What the status line says before anything is stepped: what to do."""
     return "Type a prompt and press **Step** (one round) or **Run** (to the end). Keys: s = step, ← / → = back / forward."
 
 
+_empty_status = first_status
+
+
 def _blank_status(s: Shown) -> str:
+    tab = s.tab
+    if s.trace is not None and tab.session is not None and not tab.replay:  # live, finished at the prefill
+        return (f"The prefill's token is the whole output (**max new tokens {tab.session.max_new_tokens}**"
+                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): {len(s.trace.output_ids)} token, no "
+                "round to show. Raise Max new tokens (or change the prompt) and press **Step**.")
     if s.trace is not None and s.tab.replay:
         return ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
                 f"show. Its output so far: {len(s.trace.output_ids)} token(s). Load another trace, or type a prompt.")
@@ -194,10 +232,12 @@ def _status(tab: TabState, k: int) -> str:
     mode = "replay of a saved trace (no model)" if tab.replay else "live"
     naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
     status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
-              f"+ bonus, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+              f"+ bonus{_kept_note(step)}, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
     if is_sampled(trace.settings):
         status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")
+    if tab.replay:
+        status += " **Step** shows the next round of the replay; **Reset**, then Step, decodes the prompt live."
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
     if trace.reference_pending:
@@ -205,6 +245,11 @@ def _status(tab: TabState, k: int) -> str:
     if tab.other_trace is not None and tab.other_trace.steps:
         status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
     return status
+
+
+def _kept_note(step) -> str:
+    """A round the session stopped inside: how many of its walk's tokens it kept."""
+    return f" ({step.kept} kept: the session stopped there)" if step.cut else ""
 
 
 def _stats(tab: TabState) -> str:
@@ -274,7 +319,7 @@ def _tree_b(s: Shown) -> FigureSpec | None:
 def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
-    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.acceptance} token(s)"
+    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.kept} token(s)"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 

@@ -64,7 +64,7 @@ def _summarize_side(report: Report, budgets: list[int] | None, side: str) -> dic
         "prompts_total": max(len(items), n + len(errors)),
         "rounds": rounds,
         "generated_tokens": sum(len(traces[i].output_ids) for i in order),
-        "mean_acceptance": sum(s.acceptance for s in steps) / rounds if rounds else None,
+        "mean_acceptance": sum(s.kept for s in steps) / rounds if rounds else None,  # tokens kept (StepRecord.kept)
         "acceptance_histogram": {str(k + 1): v for k, v in enumerate(hist)},
         "per_depth_acceptance": analysis.per_depth_acceptance(steps, block) if steps else [],
         "per_depth_counts": [list(c) for c in analysis.per_depth_counts(steps, block)] if steps else [],
@@ -96,7 +96,7 @@ def _name(i: int, side: str) -> str:
 
 
 def _prompt_row(items: list[dict], i: int, t: Trace, side: str) -> dict[str, Any]:
-    acc = [s.acceptance for s in t.steps]
+    acc = [s.kept for s in t.steps]
     return {"index": i, "file": _name(i, side), "source": _source(items, i), "rounds": len(t.steps),
             "tokens": len(t.output_ids), "mean_acceptance": sum(acc) / len(acc) if acc else None,
             "first_divergence": t.first_divergence,
@@ -111,7 +111,7 @@ def _by_position(traces: dict[int, Trace], order: list[int]) -> list[dict[str, A
         t = traces[i]
         max_new = max(int(t.settings.get("max_new_tokens") or 1), 1)
         for s in t.steps:
-            by_pos[min(POSITION_BINS - 1, max(0, _out_index(t, s, 0)) * POSITION_BINS // max_new)].append(s.acceptance)
+            by_pos[min(POSITION_BINS - 1, max(0, _out_index(t, s, 0)) * POSITION_BINS // max_new)].append(s.kept)
     width = max(int(traces[order[0]].settings.get("max_new_tokens") or 1), 1) / POSITION_BINS if order else None
     positions = []
     for b, vals in enumerate(by_pos):

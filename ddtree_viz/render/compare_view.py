@@ -7,6 +7,7 @@ from __future__ import annotations
 from .. import analysis
 from ..trace import Trace
 from . import style
+from .diff_view import plain_text_html
 from .text import TokenText, esc, lookup, visible
 
 
@@ -29,7 +30,8 @@ def _row(trace: Trace, part: int | None, text, name: str) -> str:
     for i, t in enumerate(trace.output_ids):
         wrong = ref is not None and (i >= len(ref) or ref[i] != t)
         after = part is not None and i >= part
-        style_ = ["padding:0 1px", "border-radius:2px"]
+        style_ = ["padding:0 1px", "border-radius:2px", "display:inline-block", "white-space:pre-wrap",
+                  "overflow-wrap:anywhere", "max-width:100%"]  # a break point between any two tokens
         if after:
             style_.append("background:#fde9d9")
         if wrong:
@@ -38,15 +40,20 @@ def _row(trace: Trace, part: int | None, text, name: str) -> str:
             style_.append(f"outline:2px solid {style.PATH_COLOR}")
         spans.append(f'<span class="ddv-tok" data-i="{i}" style="{";".join(style_)}" title="token {i}, id {t}">'
                      f"{esc(visible(text(t)))}</span>")
-    return (f'<div class="ddv-compare-row" data-side="{esc(name)}"><b>{esc(name)}</b> '
-            f'<span style="font-family:monospace">{"".join(spans)}</span></div>')
+    return (f'<div class="ddv-compare-row" data-side="{esc(name)}" style="overflow-wrap:anywhere"><b>{esc(name)}</b> '
+            f'<span style="font-family:monospace">{"".join(spans)}</span>'
+            f'{plain_text_html(trace.output_ids, text, f"{name} as plain text (select to copy)")}</div>')
 
 
-def compare_html(a: Trace, b: Trace, token_text: TokenText | None = None, *, view: int | None = None) -> str:
+def compare_html(a: Trace, b: Trace, token_text: TokenText | None = None, *, view: int | None = None,
+                 token_text_b: TokenText | None = None) -> str:
     """Both outputs (tokens after the parting point shaded, the parting token outlined, tokens that differ from
-    a side's own reference underlined in red), the parting point, each side's verdict, rounds and acceptance."""
+    a side's own reference underlined in red), the parting point, each side's verdict, rounds and acceptance; each
+    output also as plain text to copy."""
     c = analysis.compare_outputs(a, b)
-    ta, tb = _texts(a, token_text), _texts(b, token_text)
+    # each side's ids named by its own lookup, then its own trace's texts: in a replay A's texts do not name the
+    # tokens only B produced (token_text_b: B's lookup; default A's, one tokenizer live)
+    ta, tb = _texts(a, token_text), _texts(b, token_text if token_text_b is None else token_text_b)
     la, lb = analysis.config_label(a.settings), analysis.config_label(b.settings)
     if c["part_at"] is None:
         part = (f"the two outputs are identical ({c['agree_upto']} tokens)" if len(a.output_ids) == len(b.output_ids)
@@ -63,7 +70,9 @@ def compare_html(a: Trace, b: Trace, token_text: TokenText | None = None, *, vie
         color = style.DIVERGE_COLOR if side["identical"] is False else "inherit"
         rows.append(f"<tr><td><b>{name}</b></td><td>{esc(label)}</td><td>{side['rounds']}</td><td>{side['tokens']}</td>"
                     f"<td>{mean}</td><td style=\"color:{color}\">{esc(_verdict(side, sampled))}</td></tr>")
-    shown = "" if view is None else f" · showing round {view + 1} of each"
+    shown = "" if view is None else f" · showing round {view + 1}" + "".join(
+        f" ({name} finished at round {len(t.steps)}: its last is shown)"
+        for name, t in (("A", a), ("B", b)) if len(t.steps) <= view)
     table = ("<table style=\"border-collapse:collapse;font-size:90%\"><thead><tr><th></th><th>configuration</th>"
              "<th>rounds</th><th>tokens</th><th>mean acceptance</th><th>verdict</th></tr></thead><tbody>"
              + "".join(rows) + "</tbody></table>")

@@ -22,6 +22,10 @@ NAIVE_NOTE = ("naive verification: the known-wrong flattened-tree behaviour (the
               "flattened tree as one sequence, so sibling branches leak into each other's state); a divergence "
               "from greedy is expected")
 EXACT_NOTE = "exact verification (tree-exact Gated DeltaNet): the output must equal the target's greedy output"
+# a token's box: its own line box (display:inline-block), so a line can break between any two tokens though their
+# text has no spaces (visible whitespace: '·to·be'), and inside an over-long one (overflow-wrap)
+TOKEN_BOX = ("border-radius:3px;padding:0 2px;margin:1px;font-family:monospace;white-space:pre-wrap;"
+             "display:inline-block;max-width:100%;overflow-wrap:anywhere")
 SAMPLED_NOTE = ("exact verification (tree-exact Gated DeltaNet), {label}: the output must equal the target's own "
                 "sampling with the same seed, token for token (the noise depends only on seed and position)")
 
@@ -133,7 +137,7 @@ def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, mar
                 extra += f'<span style="font-size:80%;padding:0 3px" class="ddv-verdict">{esc(verdict)}</span>'
     sub = {"draft": f"d{src.depth}", "bonus": "★", "prefill": "P"}.get(src.kind, "?")
     return (f'<span class="ddv-tok ddv-{src.kind}" title="{esc(title)}" style="background:{bg};border:{border};'
-            f'color:{color};border-radius:3px;padding:0 2px;margin:1px;font-family:monospace;white-space:pre">'
+            f'color:{color};{TOKEN_BOX}">'
             f'{esc(text)}<sub style="color:#777">{sub}</sub></span>{extra}')
 
 
@@ -169,13 +173,23 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
         '<div class="ddv-diff">'
         f'<div class="ddv-mode" style="{note_style}">{"⚠ " if cmp.naive else ""}{esc(note)}</div>'
         f'<div class="ddv-summary" style="font-weight:bold;{summary_style}">{esc(cmp.summary)}</div>'
-        f'<div class="ddv-tokens" style="line-height:2">{"".join(spans)}</div>'
+        f'<div class="ddv-tokens" style="line-height:2;overflow-wrap:anywhere">{"".join(spans)}</div>'
+        f'{plain_text_html([s.token_id for s in _shown_sources(trace, upto_step)], text)}'
         f'{_evidence(trace) if cmp.has_greedy else ""}'
         '<div class="ddv-legend" style="color:#777;font-size:85%">P = prefill token · d<i>n</i> = accepted draft at '
         f'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from {esc(ref)} · │ = round boundary'
         f'{" · dotted = not checked yet" if cmp.checked is not None else ""}</div>'
         "</div>"
     )
+
+
+def plain_text_html(ids: Sequence[int], text, label: str = "the output as plain text (select to copy)") -> str:
+    """The tokens' own text, joined as the tokenizer wrote it (no visible-whitespace marks, no boxes), wrapped and
+    escaped: what a person copies out of the page."""
+    body = esc("".join(text(int(i)) for i in ids))
+    return (f'<div class="ddv-plain" style="margin-top:4px"><div style="color:#777;font-size:85%">{esc(label)}</div>'
+            '<div class="ddv-plain-text" style="white-space:pre-wrap;overflow-wrap:anywhere;font-family:monospace;'
+            f'border:1px solid #ddd;border-radius:3px;padding:4px;max-height:12em;overflow-y:auto">{body}</div></div>')
 
 
 def _evidence(trace: Trace) -> str:

@@ -55,7 +55,7 @@ def _candidates_html(row: dict) -> str:
 
 def _verdict(row: dict) -> str:
     if not row["mismatch"]:
-        return "tree exhausted"
+        return analysis.STOP_TREE_ENDED  # one name for it everywhere (the grid, the stop line, analyze)
     if row["target_in_candidates"]:
         return "among the candidates"
     if row["target_in_tree_at_depth"] is not None:

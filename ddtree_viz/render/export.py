@@ -335,7 +335,7 @@ def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
             title = _title(o, ACCEPTANCE_TITLE)
             page = _page(o, mpl.acceptance_size(len(steps), title=bool(title), caption=_caption(o)), title,
                          _caption(o), fmt)
-            fig = mpl.acceptance_figure_mpl([s.index + 1 for s in steps], [s.acceptance for s in steps], scheme, page)
+            fig = mpl.acceptance_figure_mpl([s.index + 1 for s in steps], [s.kept for s in steps], scheme, page)
             meta = title or "ddtree-viz acceptance per round"
         return mpl.save(fig, fmt, page, meta)
 
@@ -395,7 +395,7 @@ def _tikz(trace: Trace, k: int, o: ExportOptions) -> str:
                               title=_title(o, _mask_title(step)), caption=_caption(o), standalone=o.standalone,
                               comment=comment)
     steps = trace.steps[: k + 1]
-    return tikz.acceptance_tikz([s.index + 1 for s in steps], [s.acceptance for s in steps], scheme,
+    return tikz.acceptance_tikz([s.index + 1 for s in steps], [s.kept for s in steps], scheme,
                                 title=_title(o, ACCEPTANCE_TITLE), caption=_caption(o), standalone=o.standalone,
                                 comment=comment)
 
@@ -517,7 +517,7 @@ def round_json(trace: Trace, k: int, o: ExportOptions) -> dict:
                        "positions": shown_positions(step), "tree_positions": len(step.nodes),
                        "visible": verify_mask(step).tolist()}
     if o.figure == "acceptance":
-        out["acceptance"] = [{"round": s.index + 1, "tokens": s.acceptance} for s in trace.steps[: k + 1]]
+        out["acceptance"] = [{"round": s.index + 1, "tokens": s.kept} for s in trace.steps[: k + 1]]
     if o.figure == "grid":
         gp = grid_parts(trace, k, o)
         out["grid"] = {"title": gp.title, "note": gp.note, "depths": gp.grid.depths, "k": gp.grid.k,

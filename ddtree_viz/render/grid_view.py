@@ -89,9 +89,16 @@ def stop_note(g: GridData) -> str:
     who = f"target's token {visible(g.stop_token)!s}"
     if g.stop_depth > g.depths:
         return f"walk accepted every drafted depth; the {who} is the bonus after the block"
+    why = STOP_WORDS.get(g.stop_reason, g.stop_reason)
     if g.stop_rank is not None:
-        return f"walk stopped at {where}: the {who} is the drafter's rank {g.stop_rank} ({g.stop_reason})"
-    return f"walk stopped at {where}: the {who} is {g.stop_reason}"
+        return f"walk stopped at {where}: the {who} is the drafter's rank {g.stop_rank}; {why}"
+    return f"walk stopped at {where}: the {who} is outside the drafter's top {g.k} there; {why}"
+
+
+# why the walk stopped, as a clause (analysis.stop_info's reasons; "tree ended" is the one name for a leaf)
+STOP_WORDS = {analysis.STOP_TREE_ENDED: "tree ended (the last accepted node has no child: the budget ran out there)",
+              analysis.STOP_NOT_TAKEN: "drafted, not taken (the tree did not take it under the last accepted node)",
+              analysis.STOP_NOT_DRAFTED: "not drafted (not among the drafter's candidates at that depth)"}
 
 
 def grid_figure(g: GridData, **options) -> go.Figure:

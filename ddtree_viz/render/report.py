@@ -241,8 +241,11 @@ def misses_html(summary: dict[str, Any], link=round_link) -> str:
             f"{link(x['file'], x['round'])} depth {_num(x['depth'])} ({e(str(x['reason']))}): "
             f"<span class=ctx>{esc(visible(x['before']))}</span>[{_tok(m['target_token'])}]"
             f"<span class=ctx>{esc(visible(x['after']))}</span>" for x in m["examples"])
+        same = ("<br><small>the same token: the drafter's top choice, but the tree had no branch for it under the "
+                "last accepted node (tree ended)</small>" if m.get("drafter_token_id") == m.get("target_token_id")
+                and m.get("drafter_token_id") is not None else "")
         parts.append(f"<tr><td>{_num(m['count'])}</td><td>{_tok(m['drafter_token'])}</td>"
-                     f"<td>{_tok(m['target_token'])}</td><td>{ex}</td></tr>")
+                     f"<td>{_tok(m['target_token'])}{same}</td><td>{ex}</td></tr>")
     parts.append("</tbody></table>\n")
     return "".join(parts)
 

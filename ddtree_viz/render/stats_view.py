@@ -15,7 +15,7 @@ from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, plotly_text
 
 TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
-ACCEPTANCE_TITLE = "Tokens gained per round (accepted drafts + bonus)"
+ACCEPTANCE_TITLE = "Tokens kept per round (accepted drafts + bonus, as output)"
 
 
 def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
@@ -25,11 +25,12 @@ def acceptance_figure(steps: Sequence[StepRecord], **options) -> go.Figure:
 
 def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, scheme: Scheme = PAGE_SCHEME,
                     legend: bool = True) -> FigureSpec:
-    """Bars: tokens gained per round (accepted drafts + the bonus = len(accepted)); a dashed mean line. Plain data
+    """Bars: tokens kept per round (StepRecord.kept: accepted drafts + the bonus, cut where the session stopped); a
+    dashed mean line. A cut round's hover says how many the walk accepted and how many were kept. Plain data
     (figure.FigureSpec)."""
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
-    y = [s.acceptance for s in steps]
-    hover = [f"round {s.index + 1}: {s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens<br>"
+    y = [s.kept for s in steps]
+    hover = [f"round {s.index + 1}: {_kept_words(s)}<br>"
              f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
     data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
                  name="tokens per round")]
@@ -57,19 +58,23 @@ def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _kept_words(s: StepRecord) -> str:
+    walk = f"{s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens"
+    return f"the walk accepted {walk}; {s.kept} kept (the session stopped there)" if s.cut else walk
+
+
 def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s: float | None = None) -> dict:
     """Session statistics (all decode-round numbers; prefill is not timed in the records).
 
-    rounds; generated_tokens (prefill token included); mean_acceptance (mean len(accepted): drafts + bonus,
-    before clipping at max new tokens / end of text); tokens_per_target_forward (tokens the rounds actually
+    rounds; generated_tokens (prefill token included); mean_acceptance (mean StepRecord.kept: drafts + bonus as
+    committed, a round cut at max new tokens / end of text counting what it kept); tokens_per_target_forward (tokens the rounds actually
     added / rounds); mean_accepted_drafts; max_acceptance; mean_tree_size; mean_ms per phase (draft, tree,
     verify, commit) and mean_round_ms; round_tok_s (tokens the rounds added / their summed time: excludes
     prefill and greedy); greedy_tok_s / ddtree_tok_s / speedup when measured and passed in; method, verify,
     budget, sampling ('greedy' or e.g. 'sampling (T 0.7, seed 5)'), identical_to_greedy / first_divergence
     (compared with the target's own decoding: greedy, or sampled with the same seed)."""
     steps = trace.steps
-    added = [len(s.new_token_ids) if s.new_token_ids else s.acceptance for s in steps]
-    acc = [s.acceptance for s in steps]
+    added = acc = [s.kept for s in steps]
     mean_ms = {p: _mean([float(s.timings_ms[p]) for s in steps if p in s.timings_ms]) for p in TIMING_PHASES}
     round_ms = [sum(float(v) for v in s.timings_ms.values()) for s in steps]
     total_s = sum(round_ms) / 1e3
@@ -124,7 +129,7 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
         ("target's choice", _num(summary.get("sampling", "greedy"))),
         ("rounds (target forwards after prefill)", _num(summary.get("rounds"))),
         ("generated tokens", _num(summary.get("generated_tokens"))),
-        ("mean acceptance (drafts + bonus per round)", _num(summary.get("mean_acceptance"))),
+        ("mean acceptance (tokens kept per round: drafts + bonus)", _num(summary.get("mean_acceptance"))),
         ("tokens per target forward", _num(summary.get("tokens_per_target_forward"))),
         ("max acceptance", _num(summary.get("max_acceptance"))),
         ("mean tree size", _num(summary.get("mean_tree_size"), 1)),
@@ -140,15 +145,18 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                                                                 if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
         method = "DFlash" if summary.get("method") == "dflash" else "DDTree"
-        rows += [("greedy tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
+        sampled = summary.get("sampling", "greedy") != "greedy"
+        ref, over = (("the target's own sampling", "the target's own sampling") if sampled else ("greedy", "greedy"))
+        rows += [(f"{ref} tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
                  (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
-                 ("speedup over greedy (both model time only, none of the page's own work)",
+                 (f"speedup over {over} (both model time only, none of the page's own work)",
                   _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     if summary.get("acceptance_histogram"):
         unit = "chain length" if summary.get("method") == "dflash" else "budget"
         rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
                  ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
-                 (f"tokens by {unit} (same rounds; exact per round)",
+                 (f"tokens by {unit} (same rounds; "
+                  + ("as recorded: naive rounds are not exact)" if naive else "exact per round)"),
                   budget_line({int(b): v for b, v in summary["budget_curve"].items()}))]
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"

@@ -106,12 +106,12 @@ class AnalyzeTab:
             if not value:
                 return {**step.show(t, ph), page.selector: gr.Tabs()}
             page.add(request, t)
-            return {**step.show(open_report_click(t, value), ph), page.selector: gr.Tabs(selected="step")}
+            return {**step.show_replay(open_report_click(t, value), ph), page.selector: gr.Tabs(selected="step")}
 
         c["load"].click(on_report_dir, [tab, c["path"]], shown, api_name="report_dir", **REPORTS)
         c["path"].submit(on_report_dir, [tab, c["path"]], shown, **REPORTS)
         c["upload"].upload(on_report_upload, [tab, c["upload"]], shown, api_name="report_upload", **REPORTS)
         c["set_run"].click(on_set_run, [tab], shown, inputs_kwargs=prompt_set, api_name="prompt_set", **MODEL)
         c["set_stop"].click(lambda t: t.set_stop.set(), [tab], None, api_name="prompt_set_stop")
-        c["click"].change(on_report_round, [tab, step.controls["phase"], c["click"]], [*step.shown(), page.selector],
+        c["click"].change(on_report_round, [tab, step.controls["phase"], c["click"]], [*step.shown_replay(), page.selector],
                           api_name="report_round", **REPORTS).success(None, js=SHOW_STATUS_JS)

@@ -126,9 +126,9 @@ def _wire_loading(page: Page, model_md: gr.Markdown, step: StepTab) -> None:
         if not host.has_chat_template:
             return {chat: gr.Checkbox(value=False, interactive=False, info="this tokenizer has no chat template (the "
                                       "embedded pair has none): prompts go in as raw text"),
-                    thinking: gr.Checkbox(interactive=False)}
+                    thinking: gr.Checkbox(value=False, interactive=False, info="no chat template: no thinking switch")}
         return {chat: gr.Checkbox(value=True, interactive=True, info="the prompt is sent as the user's message"),
-                thinking: gr.Checkbox(interactive=host.takes_thinking,
+                thinking: gr.Checkbox(value=host.takes_thinking, interactive=host.takes_thinking,
                                       info="the template's thinking switch (enable_thinking)" if host.takes_thinking
                                       else "this template has no thinking switch")}
 

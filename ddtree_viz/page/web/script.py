@@ -103,6 +103,34 @@ KEYS_JS = """
     // only while the Step tab is shown (its buttons are hidden under the Analyze tab)
     if (id) { const b = document.getElementById(id); if (b && b.offsetParent !== null) { b.click(); e.preventDefault(); } }
   });
+  // Step clicks while a Step is on its way (gradio drops them): said beside the buttons, not silently lost. A Step
+  // is on its way from its click until the status line changes (its answer, or its error); 60 s at most.
+  let stepping = 0;
+  document.addEventListener('click', (e) => {
+    const b = e.target && e.target.closest ? e.target.closest('#ddv-step') : null;
+    if (!b) return;
+    if (stepping && Date.now() - stepping < 60000) {
+      let n = document.getElementById('ddv-busy');
+      if (!n) {
+        n = document.createElement('div');
+        n.id = 'ddv-busy';
+        n.setAttribute('role', 'status');
+        n.style.cssText = 'color:#a15c00;font-size:90%;padding:2px 4px';
+        b.parentElement.insertAdjacentElement('afterend', n);
+      }
+      n.textContent = 'Still working on the last Step: this click is ignored (one Step at a time).';
+      n.hidden = false;
+      clearTimeout(n._ddvHide);
+      n._ddvHide = setTimeout(() => { n.hidden = true; }, 3000);
+      return;
+    }
+    const status = document.getElementById('ddv-status');
+    if (!status) return;
+    stepping = Date.now();
+    const seen = new MutationObserver(() => { stepping = 0; seen.disconnect(); });
+    // the Markdown's own text, not the progress tracker beside it (its timer ticks while the Step is on its way)
+    seen.observe(status.querySelector('.prose, .md') || status, {childList: true, subtree: true, characterData: true});
+  }, true);
   // the Analyze tab: a click on a round link of the report writes 'file|round|nonce' into the hidden
   // #ddv-report-click box, which opens that round in the Step tab (the link's own href goes nowhere)
   document.addEventListener('click', (e) => {

@@ -17,9 +17,10 @@ from ...render.layout import PHASES
 from .. import actions
 from ..host import ModelHost
 from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
-from ..views import CHECKED, VIEWS, Views, inspector_view, render_check, render_views
+from ..views import (CHECKED, VIEWS, Views, first_status, inspector_view, render_check, render_views,
+                     status_after_change)
 from .script import click_js
-from .wiring import MODEL, Page, shows_errors
+from .wiring import MODEL, Page, errors_in_status, shows_errors
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
 BLOCK_MAX = 16  # the block size sliders' end until the drafter's own is known (the page's timer sets it)
@@ -48,14 +49,16 @@ class StepTab:
         self.settings: dict[str, gr.components.Component] = {}
         self.views: dict[str, gr.components.Component] = {}
         self.controls: dict[str, gr.components.Component] = {}
-        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=True):
+        # closed: open, its table pushed Step below the fold at 1500x1100 and 1280x800 (issue #26)
+        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=False):
             self.controls["layout"] = gr.HTML(host.layout_html(), elem_id="ddv-layout")
         with gr.Row():
             with gr.Column(scale=3):
                 self._prompt()
+                self._buttons()  # under the prompt, beside the settings: in view at 1280x800 (issue #26)
             with gr.Column(scale=2):
                 self._decoding()
-        self._buttons()
+        self._rounds()
         self._compare()
         self._views()
         self._files()
@@ -86,7 +89,8 @@ class StepTab:
         with gr.Row(elem_id="ddv-chat-row"):
             s["chat"] = gr.Checkbox(value=False, interactive=False, label="Chat template", elem_id="ddv-chat",
                                     info="waiting for the model's tokenizer")
-            s["thinking"] = gr.Checkbox(value=True, interactive=False, label="Thinking", elem_id="ddv-thinking",
+            # unticked while disabled (a disabled box drawn ticked read as on); ticked once a template has the switch
+            s["thinking"] = gr.Checkbox(value=False, interactive=False, label="Thinking", elem_id="ddv-thinking",
                                         info="the template's thinking switch (enable_thinking)")
         s["system"] = gr.Textbox(value="", label="System message (chat template only; blank: none)", lines=1,
                                  elem_id="ddv-system")
@@ -104,8 +108,10 @@ class StepTab:
             s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
                                          elem_id="ddv-temperature")
             s["top_p"] = gr.Slider(0.01, 1, value=1, step=0.01, label="Top-p (1 = off)", elem_id="ddv-top-p")
-            s["top_k"] = gr.Number(value=0, precision=0, minimum=0, label="Top-k (0 = off)", elem_id="ddv-top-k")
-            s["seed"] = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", elem_id="ddv-seed")
+            # text boxes: what was typed reaches read_settings, whose message names the field (a gr.Number refuses
+            # "-1" or "abc" itself: "Value -1 is less than minimum value 0.")
+            s["top_k"] = gr.Textbox(value="0", max_lines=1, label="Top-k (0 = off)", elem_id="ddv-top-k")
+            s["seed"] = gr.Textbox(value="0", max_lines=1, label=f"Seed (0 to {MAX_SEED})", elem_id="ddv-seed")
             self.controls["new_seed"] = gr.Button("New seed", size="sm", elem_id="ddv-new-seed")
 
     def _buttons(self) -> None:
@@ -113,11 +119,14 @@ class StepTab:
         with gr.Row():
             c["step"] = gr.Button("Step", variant="primary", elem_id="ddv-step")
             c["run"] = gr.Button("Run", elem_id="ddv-run")
-            c["check_transformers"] = gr.Button("Check against transformers' forward",
+            c["check_transformers"] = gr.Button("Check vs transformers",
                                                 elem_id="ddv-check-transformers")
             c["reset"] = gr.Button("Reset", elem_id="ddv-reset")
             c["back"] = gr.Button("Back", elem_id="ddv-back")
             c["forward"] = gr.Button("Forward", elem_id="ddv-forward")
+
+    def _rounds(self) -> None:
+        c = self.controls
         with gr.Row():
             self.views["view"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             c["phase"] = gr.Radio(list(PHASES), value="verified", label="Phase of the round")
@@ -141,7 +150,7 @@ class StepTab:
 
     def _views(self) -> None:
         v = self.views
-        v["status"] = gr.Markdown(elem_id="ddv-status")
+        v["status"] = gr.Markdown(first_status(), elem_id="ddv-status")  # what to do, from the first load on
         v["prompt"] = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
         with gr.Row():
             v["tree_spec"] = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
@@ -209,11 +218,25 @@ class StepTab:
     def show(self, t, ph) -> dict:
         """The tab and every view of the round it shows (figures go out as FigureSpecs: gr.Plot sends their
         to_json(), no plotly validation on the way)."""
+        t.notice = ""  # an error shown by the last action is gone once the tab is shown anew
         return {self.page.tab: t, **self.fill(render_views(self.host, t, ph))}
+
+    def note(self, t, message: str) -> dict:
+        """An action's error in the status line; every other panel stays as it was (wiring.errors_in_status)."""
+        t.notice = message
+        return {self.views["status"]: render_check(self.host, t)["status"]}
 
     def shown(self) -> list:
         """What `show` fills: the tab's state and every view's widget."""
         return [self.page.tab, *self.outputs()]
+
+    def show_replay(self, t, ph) -> dict:
+        """`show` for a replay just loaded, with its prompt put in the Prompt box (what Reset then Step decodes)."""
+        return {**self.show(t, ph), self.settings["prompt"]: actions.replay_prompt(t.trace)}
+
+    def shown_replay(self) -> list:
+        """What `show_replay` fills."""
+        return [*self.shown(), self.settings["prompt"]]
 
     def _wire_decoding(self, page: Page) -> None:
         """Step, Run, the checks, Reset, New seed. Step and Run show each round at once (check=False) and check it
@@ -222,12 +245,14 @@ class StepTab:
         phase, settings, shown = c["phase"], self.settings_by_name(), self.shown()
         checked = [tab, *self.outputs(CHECKED)]
 
-        @shows_errors
+        in_status = errors_in_status(self.note)
+
+        @in_status
         def on_step(t, ph, request: gr.Request, **values):
             page.add(request, t)
             return self.show(actions.step(host, t, read_settings(host, values), check=False), ph)
 
-        @shows_errors
+        @in_status
         def on_run(t, ph, request: gr.Request, progress=gr.Progress(), **values):
             page.add(request, t)
             # each round's views are made only while this Run is still the tab's (actions.run_rounds): a Reset is
@@ -242,8 +267,8 @@ class StepTab:
         def show_check(t, ph) -> dict:
             return {tab: t, **self.fill(render_check(host, t, ph))}
 
-        on_check = shows_errors(lambda t, ph: show_check(actions.check(host, t), ph))
-        on_independent = shows_errors(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
+        on_check = in_status(lambda t, ph: show_check(actions.check(host, t), ph))
+        on_independent = in_status(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
 
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **MODEL).then(
             on_check, [tab, phase], checked, api_name="check", **MODEL)
@@ -253,7 +278,17 @@ class StepTab:
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset")
-        c["new_seed"].click(actions.new_seed, None, [self.settings["seed"]], api_name="new_seed")
+        c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]], api_name="new_seed")
+        self._wire_changes(page, settings)
+
+    def _wire_changes(self, page: Page, settings: dict) -> None:
+        """A changed setting (or prompt) says in the status whether the next Step starts a new session."""
+        status = self.views["status"]
+        on_change = shows_errors(lambda t, **values: {status: status_after_change(self.host, t, values)})
+        for name, widget in settings.items():
+            if not name.startswith("compare_"):  # B's settings restart only B
+                widget.input(on_change, [page.tab], [status], inputs_kwargs=settings, show_progress="hidden",
+                             queue=False)
 
     def _wire_rounds(self, page: Page) -> None:
         """Moving between rounds, the phase, the node inspector."""
@@ -285,7 +320,7 @@ class StepTab:
         phase, shown = c["phase"], self.shown()
         export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title")}
 
-        @shows_errors
+        @errors_in_status(self.note)
         def on_upload(t, ph, path, request: gr.Request):
             if not path:
                 return self.show(t, ph)
@@ -293,12 +328,12 @@ class StepTab:
             # messages name the file as uploaded, never the server's temporary path. The upload itself stays for
             # gradio's delete_cache (file_ttl): gradio gives identical uploads one path, which another tab may be
             # about to read.
-            return self.show(actions.load_replay(t, path, name=os.path.basename(path)), ph)
+            return self.show_replay(actions.load_replay(t, path, name=os.path.basename(path)), ph)
 
-        @shows_errors
+        @errors_in_status(self.note)
         def on_replay_file(t, ph, request: gr.Request):  # --replay FILE: read again at each page load
             page.add(request, t)
-            return self.show(actions.load_replay(t, replay_path), ph)
+            return self.show_replay(actions.load_replay(t, replay_path), ph)
 
         def offered(path) -> gr.DownloadButton:
             return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
@@ -306,10 +341,10 @@ class StepTab:
         on_download = shows_errors(lambda t: offered(actions.write_trace(t)))
         on_export = shows_errors(lambda t, ph, **values: offered(actions.export_round(t, ph, **values)))
 
-        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], shown, api_name="replay")
+        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay")
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
             None, js=click_js("ddv-download-file"))
         c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
             None, js=click_js("ddv-export-file"))
         if replay_path:
-            page.demo.load(on_replay_file, [tab, phase], shown)
+            page.demo.load(on_replay_file, [tab, phase], self.shown_replay())

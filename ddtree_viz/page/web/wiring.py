@@ -41,16 +41,21 @@ class Page:
         self.tabs.add(request.session_hash, tab)
 
 
+def page_message(exc: Exception) -> str:
+    """An error in words for the page (unescaped: whoever shows it escapes it for its medium)."""
+    if isinstance(exc, gr.Error):
+        return html.unescape(str(exc.message))
+    if isinstance(exc, DDTreeVizError):
+        return str(exc)
+    if "out of memory" in str(exc).lower():
+        return f"out of memory: {exc}. Try a smaller budget or fewer new tokens."
+    return f"{type(exc).__name__}: {exc}"
+
+
 def page_error(exc: Exception) -> gr.Error:
     """The message gradio shows for an error. gradio renders a message as HTML, and messages quote what the user
     gave (a prompt's character, a file's name, a trace's field): escaped, so it shows as text."""
-    if isinstance(exc, DDTreeVizError):
-        text = str(exc)
-    elif "out of memory" in str(exc).lower():
-        text = f"out of memory: {exc}. Try a smaller budget or fewer new tokens."
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return gr.Error(html.escape(text, quote=False))
+    return gr.Error(html.escape(page_message(exc), quote=False))
 
 
 @contextlib.contextmanager
@@ -61,6 +66,29 @@ def _as_page_error():
         raise
     except Exception as exc:  # noqa: BLE001
         raise page_error(exc) from None
+
+
+def errors_in_status(note):
+    """A decorator: an error in a handler whose first argument is the tab goes to `note(tab, message)`, whose
+    outputs (the status line) are what the handler returns instead: the other panels stay as they were, with no
+    error badge over them (a raised gr.Error marks every output of the event), and the message is where the user
+    looks rather than in a toast."""
+    def decorate(fn):
+        if inspect.isgeneratorfunction(fn):
+            def wrapped(t, *args, **kwargs):
+                try:
+                    yield from fn(t, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - every error is the user's message here
+                    yield note(t, page_message(exc))
+        else:
+            def wrapped(t, *args, **kwargs):
+                try:
+                    return fn(t, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001
+                    return note(t, page_message(exc))
+        functools.update_wrapper(wrapped, fn)
+        return wrapped
+    return decorate
 
 
 def shows_errors(fn):
