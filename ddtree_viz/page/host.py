@@ -164,10 +164,12 @@ class ModelHost:
         before the models load."""
         if self.pair is None:
             return None
-        if self._longest_token is None:
-            vocab = self.pair.tokenizer.get_vocab()
-            self._longest_token = max((len(k) for k in vocab), default=1)
-        return min(self.pair.max_positions * max(self._longest_token, 1), MAX_PAGE_PROMPT_CHARS)
+        if self._longest_token is None:  # 0: a tokenizer with no vocabulary to bound a token's text by
+            get_vocab = getattr(self.pair.tokenizer, "get_vocab", None)
+            self._longest_token = max((len(k) for k in (get_vocab() if callable(get_vocab) else ())), default=0)
+        if not self._longest_token:
+            return MAX_PAGE_PROMPT_CHARS
+        return min(self.pair.max_positions * self._longest_token, MAX_PAGE_PROMPT_CHARS)
 
     def layout_html(self) -> str:
         """The per-layer cache layout measured at load (before the first step), as the page's compact table."""
