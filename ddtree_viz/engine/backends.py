@@ -60,9 +60,10 @@ def kernels_follow_device(model: torch.nn.Module | None = None) -> int:
     for name in sorted(names):
         if not name.startswith("transformers.models."):
             continue
-        try:
-            module = sys.modules.get(name) or importlib.import_module(name)
-        except ImportError:
+        module = sys.modules.get(name)
+        if module is None and name == HYBRID_MODELING[0]:  # the hybrid the runner serves; others when loaded
+            module = importlib.import_module(name)
+        if module is None:
             continue
         switched += _switch_module(module)
     return switched
