@@ -782,27 +782,55 @@ def test_export_round_file_names_and_errors(trace, tmp_path):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_served_app_exports_the_round_on_screen(trace_file, trace):
-    from gradio_client import Client, handle_file
-
+@pytest.fixture(scope="module")
+def served_replay(trace_file):
+    """One app serving --replay for the served tests of this module (they only read: each is its own client)."""
     from tests.test_app import serve
 
     proc, url = serve("--replay", str(trace_file))
-    try:
-        client = Client(url, verbose=False)
-        out = client.predict("verified", handle_file(str(trace_file)), api_name="/replay")
-        assert f"Round {len(trace.steps)} of {len(trace.steps)}" in out[0]
-        client.predict("verified", api_name="/back")
-        got = client.predict("verified", "svg", "tree", "both", "grayscale", "", "1", True, api_name="/export")
-        path = Path(got["value"] if isinstance(got, dict) else got)
-        assert path.name == f"ddtree-round{len(trace.steps) - 1}-tree.svg"
-        assert path.read_bytes() == ex.export_figure(trace, len(trace.steps) - 1, "svg", show="both",
-                                                     colors="grayscale", max_depth=1)
-        with pytest.raises(Exception, match="max depth must be a whole number"):
-            client.predict("verified", "svg", "tree", "text", "colorblind", "", "1.5", True, api_name="/export")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_served_app_exports_the_round_on_screen(served_replay, trace_file, trace):
+    from gradio_client import Client, handle_file
+
+    client = Client(served_replay, verbose=False)
+    out = client.predict("verified", handle_file(str(trace_file)), api_name="/replay")
+    assert f"Round {len(trace.steps)} of {len(trace.steps)}" in out[0]
+    client.predict("verified", api_name="/back")
+    got = client.predict("verified", "svg", "tree", "both", "grayscale", "", "1", True, api_name="/export")
+    path = Path(got["value"] if isinstance(got, dict) else got)
+    assert path.name == f"ddtree-round{len(trace.steps) - 1}-tree.svg"
+    assert path.read_bytes() == ex.export_figure(trace, len(trace.steps) - 1, "svg", show="both",
+                                                 colors="grayscale", max_depth=1)
+    with pytest.raises(Exception, match="max depth must be a whole number"):
+        client.predict("verified", "svg", "tree", "text", "colorblind", "", "1.5", True, api_name="/export")
+
+
+def test_downloads_and_exports_are_served_only_to_the_browser_that_made_them(served_replay, trace_file, trace):
+    """#27 D13: a tab's trace download and figure export are refused (404) to a client without that browser's
+    cookie (a plain HTTP client, another client with its own cookie), and served to the one that made them; the
+    page's own files (its script) still load for anyone. Bound to 127.0.0.1 here; the same check serves --share and
+    --host, where others can reach the server."""
+    import httpx
+    from gradio_client import Client, handle_file
+
+    owner = Client(served_replay, verbose=False, download_files=False)
+    other = Client(served_replay, verbose=False)
+    owner.predict("verified", handle_file(str(trace_file)), api_name="/replay")
+    made = [owner.predict(api_name="/download"),
+            owner.predict("verified", "tikz", "tree", "text", "colorblind", "", "", True, api_name="/export")]
+    urls = [got["value"]["url"] if "value" in got else got["url"] for got in made]  # a DownloadButton's update
+    for url in urls:
+        assert httpx.get(url).status_code == 404
+        assert httpx.get(url, cookies=other.cookies).status_code == 404
+        assert httpx.get(url, cookies=owner.cookies).status_code == 200
+    assert Trace.from_json(httpx.get(urls[0], cookies=owner.cookies).content).output_ids == trace.output_ids
+    assert httpx.get(urls[1], cookies=owner.cookies).content == ex.export_figure(trace, len(trace.steps), "tikz")
+    assert httpx.get(served_replay).status_code == 200
+    assert owner.cookies.get("ddv_client") and other.cookies.get("ddv_client") != owner.cookies["ddv_client"]
 
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -14,6 +14,7 @@ import threading
 import time
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from ...errors import DDTreeVizError, InputError
 from ...options import check_port
@@ -24,6 +25,7 @@ from .analyze_tab import AnalyzeTab
 from .args import FILE_TTL_S, build_parser  # noqa: F401 - build_parser: the app's options (tests read them here)
 from .script import CSS, KEYS_JS
 from .step_tab import StepTab
+from .tabfiles import FileGuard
 from .wiring import Page
 
 STATE_TTL_S = 1800  # a tab left alone this long (with no browser heartbeat to say it closed) is freed
@@ -109,6 +111,7 @@ def build_app(host: ModelHost, replay_path: str | None = None, file_ttl: int = F
 
         demo.unload(on_unload)
         demo.ddtree_tabs = page.tabs  # for tests and the memory benchmark
+        demo.ddtree_files = page.files  # main's FileGuard: downloads and exports only to the browser that made them
     return demo
 
 
@@ -176,7 +179,8 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
             # the browser
             demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
                         show_error=True, footer_links=[], max_file_size=MAX_UPLOAD_BYTES,
-                        state_session_capacity=STATE_SESSIONS, run_history=False)
+                        state_session_capacity=STATE_SESSIONS, run_history=False,
+                        app_kwargs={"middleware": [Middleware(FileGuard, owners=demo.ddtree_files)]})
         except OSError as exc:  # the port was taken between the check and the launch
             raise InputError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another with --port") from None
     except DDTreeVizError as exc:

@@ -335,11 +335,18 @@ class StepTab:
             page.add(request, t)
             return self.show_replay(actions.load_replay(t, replay_path), ph)
 
-        def offered(path) -> gr.DownloadButton:
-            return gr.DownloadButton(f"Download {path.name}", value=str(path), visible=True)
+        def offered(button: gr.DownloadButton, path, request: gr.Request) -> gr.DownloadButton:
+            """The file for this browser only (tabfiles.py: D13)."""
+            return gr.DownloadButton(f"Download {path.name}", value=page.files.offer(button, path, request),
+                                     visible=True)
 
-        on_download = shows_errors(lambda t: offered(actions.write_trace(t)))
-        on_export = shows_errors(lambda t, ph, **values: offered(actions.export_round(t, ph, **values)))
+        @shows_errors
+        def on_download(t, request: gr.Request):
+            return offered(c["download_file"], actions.write_trace(t), request)
+
+        @shows_errors
+        def on_export(t, ph, request: gr.Request, **values):
+            return offered(c["export_file"], actions.export_round(t, ph, **values), request)
 
         c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay")
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(

@@ -7,13 +7,14 @@ import contextlib
 import functools
 import html
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
 from ...errors import DDTreeVizError
 from ..host import ModelHost
 from ..state import Tabs
+from .tabfiles import FileOwners
 
 MODEL_EVENTS = 16  # Step / Run events in flight at once (they take turns on the model)
 # Model work from several tabs may be in flight at once: they take turns on the model round by round
@@ -28,13 +29,15 @@ REPORTS = dict(concurrency_id="reports", concurrency_limit=REPORT_EVENTS)
 @dataclass
 class Page:
     """What every tab's handlers use: the app, the models, the tab's state (a gr.State of state.TabState: handlers
-    change it in place), the tabs open (freed when their browser tab closes), the tab selector."""
+    change it in place), the tabs open (freed when their browser tab closes), the tab selector, and who may fetch
+    the files the tabs download and export (tabfiles.py)."""
 
     demo: gr.Blocks
     host: ModelHost
     tab: gr.State
     tabs: Tabs
     selector: gr.Tabs
+    files: FileOwners = field(default_factory=FileOwners)
 
     def add(self, request: gr.Request, tab) -> None:
         """Note the browser tab's state (Tabs frees it when the browser tab closes)."""
