@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..options import DEVICES
+from . import fp8
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .drafter import DFlashDrafter, validate_pairing
@@ -135,6 +136,17 @@ class ModelPair:
     dtype: torch.dtype
     device: str
     checkpoint: CheckpointInfo | None = None  # the target's checkpoint on disk, when it is a local directory
+    # each model's weight format when it is not plain `dtype`, e.g. "fp8-e4m3 block 128 (dequantized to float32)"
+    target_format: str | None = None
+    draft_format: str | None = None
+
+    @property
+    def target_precision(self) -> str:
+        return self.target_format or str(self.dtype).removeprefix("torch.")
+
+    @property
+    def draft_precision(self) -> str:
+        return self.draft_format or str(self.dtype).removeprefix("torch.")
 
     @property
     def target_parameters(self) -> int:
@@ -175,8 +187,10 @@ class ModelPair:
         return int(getattr(cfg, "max_position_embeddings", 1 << 20))
 
     def describe(self) -> str:
+        precision = (f" | weights: target {self.target_precision}, drafter {self.draft_precision}"
+                     if self.target_format or self.draft_format else "")
         return (f"target {self.target_name} ({_billions(self.target_parameters)} parameters) | drafter {self.draft_name} | "
-                f"{str(self.dtype).removeprefix('torch.')} on {self.device}")
+                f"{str(self.dtype).removeprefix('torch.')} on {self.device}{precision}")
 
 
 # sizes a model config must give as whole numbers >= 1 when it gives them (at the top level or in text_config)
@@ -238,8 +252,9 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
 
     local = _check_local(name, "target")
     source = str(local) if local is not None else name
+    spec = None
     if local is not None:
-        check_config(local / "config.json", "target")
+        spec = fp8.spec_of(check_config(local / "config.json", "target"), "target")
     kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
     hub_down = local is None and not offline and hub_offline()
     if offline or local is not None or hub_down:
@@ -248,7 +263,10 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        if spec is not None:  # the FP8 layout: dequantized by us (engine/fp8.py says why)
+            model = fp8.load_causal_lm(local, spec, dtype, **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
         if hub_down:
             raise ModelLoadError(_offline_hint(name, "target")) from None
@@ -316,7 +334,20 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     validate_pairing(drafter.config, model.config)
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
-    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info)
+    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
+                     _weight_format(target, torch_dtype, "target"), _weight_format(draft, torch_dtype, "drafter"))
+
+
+def _weight_format(name: str, dtype: torch.dtype, what: str) -> str | None:
+    """A local checkpoint's weight format when it is not plain (the FP8 layout), for ModelPair's precision."""
+    config = Path(name).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        spec = fp8.spec_of(json.loads(config.read_text(encoding="utf-8")), what)
+    except (OSError, ValueError):
+        return None
+    return spec.label(dtype) if spec is not None else None
 
 
 def _display(name: str) -> str:
