@@ -193,3 +193,89 @@ def test_a_bad_drafter_is_refused_by_the_cli(checkpoints, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "error: drafter weight fc.weight is float8_e4m3fn but has no scales" in err
     assert "Traceback" not in err
+
+
+# ---- the precision audit (analyze --target-b / --draft-b / --dtype-b)
+
+PROMPTS = "def f(x):\n\nclass A:\n\nimport os\n\nfor i in range(10):\n"
+
+
+def _analyze(tmp_path, capsys, *flags):
+    (tmp_path / "p.txt").write_text(PROMPTS)
+    out = tmp_path / "out"
+    rc = cli.main(["analyze", "--prompts", str(tmp_path / "p.txt"), "--out", str(out), "--max-new-tokens", "24",
+                   "--budget", "4", *flags])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return out, json.loads((out / "summary.json").read_text()), captured
+
+
+def test_precision_audit_sets_a_target_beside_its_fp8_checkpoint(checkpoints, tmp_path, capsys):
+    """A: the plain pair; B: the FP8 target with A's drafter. Each side's figures are its own traces'; where the two
+    greedy decodings part is computed from the traces; the report shows the audit and the loud warning."""
+    target, draft, fp8_target, _, _ = checkpoints
+    out, summary, captured = _analyze(tmp_path, capsys, "--target", str(target), "--draft", str(draft),
+                                      "--target-b", str(fp8_target))
+    audit = summary["precision_audit"]
+    assert (audit["a"]["target_precision"], audit["b"]["target_precision"]) == ("float32", LABEL)
+    assert audit["a"]["draft_precision"] == audit["b"]["draft_precision"] == "float32"
+    assert audit["a"]["mean_acceptance"] == summary["mean_acceptance"]
+    assert audit["b"]["mean_acceptance"] == summary["b"]["mean_acceptance"]
+    assert audit["b"]["per_depth_acceptance"] == summary["b"]["per_depth_acceptance"]
+    assert audit["a"]["decode_tok_s"] > 0 and audit["b"]["decode_tok_s"] > 0
+    assert audit["prompts_compared"] == 4
+    for row in audit["per_prompt"]:
+        a, b = Trace.load(out / row["file_a"]), Trace.load(out / row["file_b"])
+        assert b.settings["target_precision"] == LABEL and b.prompt_ids == a.prompt_ids
+        n = min(len(a.greedy_ids), len(b.greedy_ids))
+        parted = [k for k in range(n) if a.greedy_ids[k] != b.greedy_ids[k]]
+        assert row["part_at"] == (parted[0] if parted else None)
+    report = (out / "report.html").read_text()
+    assert "<h2>Precision audit</h2>" in report and "id=audit" in report
+    if audit["a"]["mean_acceptance"] <= 1.05:  # the tiny random drafter: the warning is loud
+        assert "class=warning role=alert" in report and "WARNING: A: mean acceptance" in captured.err
+    assert f"B: target {LABEL}, drafter float32" in captured.out
+
+
+def test_part_margin_is_the_targets_own(checkpoints, tmp_path, capsys):
+    """A: the FP8 pair in float32; B: the same in bfloat16. Where they part (past the first token), A's margin is
+    the target's top-1 minus top-2 logit there, as a plain forward of the hand-dequantized model computes it."""
+    _, _, fp8_target, fp8_draft, reference = checkpoints
+    out, summary, _ = _analyze(tmp_path, capsys, "--target", str(fp8_target), "--draft", str(fp8_draft),
+                               "--dtype-b", "bfloat16")
+    audit = summary["precision_audit"]
+    assert audit["b"]["target_precision"] == "fp8-e4m3 block 128 (dequantized to bfloat16)"
+    later = [row for row in audit["per_prompt"] if row["part_at"]]
+    assert later, "no prompt parts past its first token"
+    for row in later:
+        a = Trace.load(out / row["file_a"])
+        ids = torch.tensor([list(a.prompt_ids) + list(a.greedy_ids[:row["part_at"]])])
+        with torch.no_grad():
+            top = reference(ids).logits[0, -1].topk(2).values
+        assert row["a_margin"] == pytest.approx((top[0] - top[1]).item(), abs=1e-4)
+        assert row["a_token_id"] == a.greedy_ids[row["part_at"]] and row["b_margin"] is not None
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dtype-b", "bfloat16", "--method", "both"], "decodes one method: not --method both"),
+    (["--target-b", "x"], "--target-b needs its drafter: pass --draft-b"),
+])
+def test_audit_options_refused_before_any_model_work(tmp_path, capsys, flags, message):
+    (tmp_path / "p.txt").write_text(PROMPTS)
+    rc = cli.main(["analyze", "--prompts", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), *flags])
+    assert rc == 2 and message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_mean_acceptance_of_about_one_is_warned_of_loudly():
+    """The page's stats (a session from WARN_ROUNDS rounds) and the report body (report.html and the page's Analyze
+    tab) both lead with the warning; a drafter that is accepted gets none."""
+    from ddtree_viz.render.report import report_body
+    from ddtree_viz.render.stats_view import stats_markdown
+
+    assert stats_markdown({"mean_acceptance": 1.0, "rounds": 10}).startswith("**⚠ Warning:** mean acceptance 1.00")
+    assert "Warning" not in stats_markdown({"mean_acceptance": 1.0, "rounds": 3})
+    assert "Warning" not in stats_markdown({"mean_acceptance": 2.5, "rounds": 10})
+    side = {"prompts": 1, "prompts_total": 1, "rounds": 12, "generated_tokens": 12, "mean_acceptance": 1.0,
+            "identical_prompts": 1, "failed": [], "top_misses": [], "per_prompt": []}
+    assert "class=warning role=alert" in report_body(side, {})
+    assert "class=warning" not in report_body({**side, "mean_acceptance": 3.0}, {})
