@@ -279,3 +279,13 @@ def test_mean_acceptance_of_about_one_is_warned_of_loudly():
             "identical_prompts": 1, "failed": [], "top_misses": [], "per_prompt": []}
     assert "class=warning role=alert" in report_body(side, {})
     assert "class=warning" not in report_body({**side, "mean_acceptance": 3.0}, {})
+
+
+def test_bench_says_each_models_precision(checkpoints, tmp_path, capsys):
+    """`bench` prints and writes the models' line with both precisions."""
+    _, draft, fp8_target, _, _ = checkpoints
+    rc = cli.main(["bench", "--target", str(fp8_target), "--draft", str(draft), "--prompt", "def f(x):",
+                   "--max-new-tokens", "6", "--budget", "4", "--json", str(tmp_path / "b.json")])
+    assert rc == 0
+    assert f"weights: target {LABEL}, drafter float32" in capsys.readouterr().out
+    assert f"weights: target {LABEL}, drafter float32" in (tmp_path / "b.json").read_text()
