@@ -426,6 +426,7 @@ class DFlashDrafter(nn.Module):
         if problems:
             raise ModelLoadError(f"Drafter weights in {path} do not match its config.json; " + "; ".join(problems))
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+        model.weight_format = spec.label(dtype) if spec is not None else None  # ModelPair.draft_precision
         return model.eval()
 
     def save_pretrained(self, path: str | Path) -> None:

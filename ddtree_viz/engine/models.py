@@ -335,11 +335,12 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
     return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
-                     _weight_format(target, torch_dtype, "target"), _weight_format(draft, torch_dtype, "drafter"))
+                     _weight_format(target, torch_dtype, "target"), getattr(drafter, "weight_format", None))
 
 
 def _weight_format(name: str, dtype: torch.dtype, what: str) -> str | None:
-    """A local checkpoint's weight format when it is not plain (the FP8 layout), for ModelPair's precision."""
+    """A local target checkpoint's weight format when it is not plain (the FP8 layout), for ModelPair's precision
+    (the drafter says its own: DFlashDrafter.weight_format, a hub id's snapshot included)."""
     config = Path(name).expanduser() / "config.json"
     if not config.is_file():
         return None
