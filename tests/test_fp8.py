@@ -112,17 +112,19 @@ def test_bfloat16_load_is_the_float32_product_rounded_once(checkpoints):
     assert pair.target_precision == "fp8-e4m3 block 128 (dequantized to bfloat16)"
 
 
-def test_run_decodes_fp8_target_as_its_greedy(checkpoints, capsys, tmp_path):
-    """`run --target FP8 --draft FP8`: identical to greedy, equal to the hand-dequantized model's own generation,
-    the precision printed and in the trace."""
+@pytest.mark.parametrize("engine", ["transformers", "runner"])
+def test_run_decodes_fp8_target_as_its_greedy(checkpoints, capsys, tmp_path, engine):
+    """`run --target FP8 --draft FP8` on both engines: identical to greedy, equal to the hand-dequantized model's own
+    generation, the precision printed and in the trace."""
     _, _, fp8_target, fp8_draft, reference = checkpoints
     trace_path = tmp_path / "t.json"
     rc = cli.main(["run", "--target", str(fp8_target), "--draft", str(fp8_draft), "--prompt", "def f(x):",
-                   "--max-new-tokens", "16", "--budget", "8", "--trace", str(trace_path)])
+                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
     out = capsys.readouterr().out
     assert rc == 0 and "identical to greedy for 16 tokens" in out and LABEL in out
     trace = Trace.load(trace_path)
     assert trace.settings["target_precision"] == trace.settings["draft_precision"] == LABEL
+    assert trace.settings["engine"] == engine
     ids = torch.tensor([list(trace.prompt_ids)])
     with torch.no_grad():
         generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
@@ -289,3 +291,22 @@ def test_bench_says_each_models_precision(checkpoints, tmp_path, capsys):
     assert rc == 0
     assert f"weights: target {LABEL}, drafter float32" in capsys.readouterr().out
     assert f"weights: target {LABEL}, drafter float32" in (tmp_path / "b.json").read_text()
+
+
+def test_a_hub_id_in_the_fp8_layout_is_read_by_us(checkpoints, tmp_path, monkeypatch):
+    """An FP8 target given as a hub id (here from a hub cache laid out as huggingface_hub keeps one, offline) goes
+    through the same reader: its weights dequantized by hand, its precision said."""
+    import huggingface_hub.constants
+
+    _, _, fp8_target, fp8_draft, reference = checkpoints
+    repo = tmp_path / "hub" / "models--org--tiny-FP8"
+    revision = "0" * 40
+    shutil.copytree(fp8_target, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pair = load_pair("org/tiny-FP8", str(fp8_draft))
+    assert pair.target_precision == LABEL
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(pair.target.state_dict()[name], reference.state_dict()[name])

@@ -30,6 +30,7 @@ from ..errors import ModelLoadError
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
+FORMAT_ATTR = "_ddtree_weight_format"  # set on a target loaded here: its Fp8Spec.label (ModelPair.target_precision)
 
 
 @dataclass(frozen=True)
@@ -228,4 +229,5 @@ def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, **kwargs) -> t
                              f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
+    setattr(model, FORMAT_ATTR, spec.label(dtype))
     return model

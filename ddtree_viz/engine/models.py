@@ -251,12 +251,14 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = _check_local(name, "target")
+    hub_down = local is None and not offline and hub_offline()
+    if local is None and not offline:
+        local = _quantized_snapshot(name, hub_down)
     source = str(local) if local is not None else name
     spec = None
     if local is not None:
         spec = fp8.spec_of(check_config(local / "config.json", "target"), "target")
     kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
-    hub_down = local is None and not offline and hub_offline()
     if offline or local is not None or hub_down:
         kwargs["local_files_only"] = True
     if device == "auto":
@@ -279,6 +281,26 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         model.to(device)
     kernels_follow_device(model)  # transformers' kernel choice by the tensors' device (fla is CUDA-only)
     return model.eval(), tokenizer
+
+
+def _quantized_snapshot(name: str, local_only: bool) -> Path | None:
+    """A hub id whose config.json has a quantization_config (the FP8 layout): its snapshot (configs, tokenizer,
+    safetensors) as a local directory, so that engine/fp8.py reads it (transformers' own FP8 loading is not the
+    dequantized model: fp8.py says why). None for any other hub id, or when its config cannot be had (transformers'
+    own load then says why)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    try:
+        config = json.loads(Path(hf_hub_download(name, "config.json", local_files_only=local_only)).read_text("utf-8"))
+    except Exception:  # noqa: BLE001 - no config here: the ordinary path reports the failure in its own words
+        return None
+    if not isinstance(config, dict) or config.get("quantization_config") is None:
+        return None
+    try:
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
+                                      local_files_only=local_only))
+    except Exception as exc:  # noqa: BLE001 - any hub failure is a load failure for the user
+        raise ModelLoadError(_offline_hint(name, "target") if local_only else f"cannot fetch target {name!r}: {exc}") from None
 
 
 def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
@@ -335,20 +357,7 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
     return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
-                     _weight_format(target, torch_dtype, "target"), getattr(drafter, "weight_format", None))
-
-
-def _weight_format(name: str, dtype: torch.dtype, what: str) -> str | None:
-    """A local target checkpoint's weight format when it is not plain (the FP8 layout), for ModelPair's precision
-    (the drafter says its own: DFlashDrafter.weight_format, a hub id's snapshot included)."""
-    config = Path(name).expanduser() / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        spec = fp8.spec_of(json.loads(config.read_text(encoding="utf-8")), what)
-    except (OSError, ValueError):
-        return None
-    return spec.label(dtype) if spec is not None else None
+                     getattr(model, fp8.FORMAT_ATTR, None), getattr(drafter, "weight_format", None))
 
 
 def _display(name: str) -> str:
