@@ -420,3 +420,55 @@ def config_label(settings: Mapping[str, Any]) -> str:
     if settings.get("dtype") not in (None, "float32"):
         parts.append(str(settings["dtype"]))
     return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Two precisions of the same pair (analyze --target-b / --draft-b / --dtype-b)
+# ----------------------------------------------------------------------------------------------------------
+
+# Mean acceptance (tokens kept per round, bonus included) at or below this: the drafter proposes (almost) nothing
+# the target accepts, every round gains only the target's own token: the silent failure of a quantized drafter.
+NO_ACCEPTANCE = 1.05
+
+
+def acceptance_warning(mean_acceptance: float | None, rounds: int = 0, who: str = "") -> str | None:
+    """The loud warning for a mean acceptance of about 1.0 (None when there is none to give)."""
+    if mean_acceptance is None or rounds < 1 or mean_acceptance > NO_ACCEPTANCE:
+        return None
+    return (f"{who + ': ' if who else ''}mean acceptance {mean_acceptance:.2f} tokens per round over {rounds} rounds: "
+            "the drafter proposes almost nothing the target accepts, so speculative decoding gains nothing (a drafter "
+            "trained for another target or precision, or one whose weights did not load as meant)")
+
+
+def output_margin(trace, k: int) -> float | None:
+    """The target's top-1 minus top-2 logit where it chose output token k (a round's verify pass; None for the first
+    token, which the prefill chose, and past where the output left the target's greedy)."""
+    if trace.first_divergence is not None and k >= trace.first_divergence:
+        return trace.divergence_margin if k == trace.first_divergence else None
+    start = len(trace.prompt_ids)
+    for step in trace.steps:
+        j = k - 1 - (step.committed_len - start)  # the accepted path's j-th node chose output token k
+        if 0 <= j < len(step.accepted):
+            return _margin(step, step.accepted[j])
+    return None
+
+
+def greedy_part(a, b) -> dict[str, Any]:
+    """Where two targets' greedy decodings of the same prompt part (traces a and b, their greedy references, else
+    their outputs): the output index (None when they agree over the tokens both have), each side's token there and
+    its target's margin there (a small margin: a near-tie the precision tipped)."""
+    ids_a, ids_b = a.greedy_ids or a.output_ids, b.greedy_ids or b.output_ids
+    common = min(len(ids_a), len(ids_b))
+    part = first_divergence(ids_a[:common], ids_b[:common])
+    return {"part_at": part, "compared": common if part is None else part,
+            "a_token_id": None if part is None else ids_a[part], "b_token_id": None if part is None else ids_b[part],
+            "a_margin": None if part is None else output_margin(a, part),
+            "b_margin": None if part is None else output_margin(b, part)}
+
+
+def decode_tok_s(traces) -> float | None:
+    """Tokens per second of the decodes: generated tokens over the engine's time (prefill and rounds; the greedy
+    reference's time left out), summed over the traces."""
+    tokens = sum(len(t.output_ids) for t in traces)
+    ms = sum(t.prefill_ms + sum(sum(s.timings_ms.values()) for s in t.steps) for t in traces)
+    return tokens / ms * 1e3 if ms > 0 else None

@@ -18,7 +18,7 @@ from .errors import InputError
 
 __all__ = [
     "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
-    "engine_for_verify", "DDTREE", "DFLASH", "METHODS", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
+    "engine_for_verify", "DDTREE", "DFLASH", "PRECISION_B", "METHODS", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
     "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
     "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
     "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "check_port", "DecodeSettings",
@@ -27,6 +27,9 @@ __all__ = [
 # A round's method: DDTree's best-first tree, or DFlash's top-1 chain.
 DDTREE, DFLASH = "ddtree", "dflash"
 METHODS = (DDTREE, DFLASH)
+# a prompt set's second configuration in a precision audit (analyze --target-b / --draft-b / --dtype-b): its traces
+# are NNNN.b.json, its figures summary["b"], the comparison summary["precision_audit"]
+PRECISION_B = "b"
 # The page's verify dropdown: label shown -> mode.
 VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
 DTYPES = ("float32", "bfloat16", "float16")

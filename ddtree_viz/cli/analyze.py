@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from .. import analysis
 from ..errors import InputError
-from ..options import DFLASH, whole_number
+from ..options import DFLASH, DTYPES, PRECISION_B, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
 from .common import add_decode_args, add_model_args, add_sampling_args, check_settings, decode_settings, load_models
 
@@ -43,6 +44,12 @@ def add_parser(sub) -> None:
                          "(traces/NNNN.dflash.json), the same settings otherwise; summary.json's 'dflash' holds the "
                          "chain's figures")
     add_model_args(an)
+    audit = an.add_argument_group(
+        "precision audit", "the same prompts decoded a second time with another precision of the target and/or the "
+        "drafter (B: the run's models and dtype with these changed); the report sets the two side by side")
+    audit.add_argument("--target-b", metavar="DIR|HUB_ID", help="B's target (e.g. the FP8 checkpoint of --target)")
+    audit.add_argument("--draft-b", metavar="DIR|HUB_ID", help="B's drafter")
+    audit.add_argument("--dtype-b", choices=DTYPES, help="B's dtype")
     add_decode_args(an)
     add_sampling_args(an)
     an.set_defaults(handler=command)
@@ -124,6 +131,10 @@ def _check(args) -> list[dict]:
     thinking = parse_thinking(args.thinking)
     for item in items[:1]:  # the chat options themselves (--thinking without --chat, ...), before any model work
         item_spec({"prompt": "x"} if "messages" in item else item, args.chat, args.system, thinking)
+    if _audit(args) and args.method == BOTH:
+        raise InputError("a precision audit (--target-b / --draft-b / --dtype-b) decodes one method: not --method both")
+    if args.target_b is not None and args.draft_b is None and args.draft is None and args.target is None:
+        raise InputError("--target-b needs its drafter: pass --draft-b DIR|HUB_ID (or --target and --draft)")
     if args.budgets and any(b < 1 for b in args.budgets):
         raise InputError("--budgets must be whole numbers of at least 1")
     check_settings(args)
@@ -147,10 +158,33 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
         raise InputError("--chat: the target's tokenizer has no chat template (the embedded pair has none)")
     thinking = parse_thinking(args.thinking)
     settings = decode_settings(args, method="ddtree" if args.method == BOTH else args.method, engine="transformers")
-    progress = Progress(len(mine), label)
-    for done in decode_set(pair, mine, out, settings, lambda item: item_spec(item, args.chat, args.system, thinking),
-                           both=args.method == BOTH, resume=args.resume, process=rank):
+    spec_of = lambda item: item_spec(item, args.chat, args.system, thinking)  # noqa: E731
+    progress = Progress(len(mine), label + ("A: " if _audit(args) else ""))
+    for done in decode_set(pair, mine, out, settings, spec_of, both=args.method == BOTH, resume=args.resume,
+                           process=rank):
         progress.update(done.tokens)
+    if not _audit(args):
+        return
+    del pair  # B's models in A's place (one pair in memory at a time)
+    pair = load_models(_args_b(args), gpu)
+    settings = decode_settings(_args_b(args), method=args.method, engine="transformers")
+    progress = Progress(len(mine), label + "B: ")
+    for done in decode_set(pair, mine, out, settings, spec_of, resume=args.resume, process=rank, side=PRECISION_B):
+        progress.update(done.tokens)
+
+
+def _audit(args) -> bool:
+    """Whether this run is a precision audit (any of B's flags given)."""
+    return any(getattr(args, k, None) is not None for k in ("target_b", "draft_b", "dtype_b"))
+
+
+def _args_b(args):
+    """B's flags: the run's, with B's target, drafter and dtype where given (a target without a drafter keeps A's
+    drafter: the usual audit of a target's precision)."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "target": args.target_b or args.target,
+                                 "draft": args.draft_b or args.draft, "dtype": args.dtype_b or args.dtype})
 
 
 def _print_summary(summary: dict, out: Path) -> None:
@@ -163,7 +197,24 @@ def _print_summary(summary: dict, out: Path) -> None:
         print(f"DFlash chain on the same prompts: {chain['prompts']} decoded ({len(chain['failed'])} failed); mean "
               f"acceptance {_fmt(chain['mean_acceptance'])} tokens kept per round over {chain['rounds']} rounds; identical "
               f"to greedy {chain['identical_prompts']}/{chain['prompts']}")
+    audit = summary.get("precision_audit")
+    if audit is not None:
+        for who in ("a", "b"):
+            x = audit[who]
+            print(f"{who.upper()}: target {x['target_precision']}, drafter {x['draft_precision']}: mean acceptance "
+                  f"{_fmt(x['mean_acceptance'])}, {_fmt(x['decode_tok_s'])} tokens/s")
+        print(f"the two targets' greedy decodings part in {audit['prompts_parted']} of {audit['prompts_compared']} "
+              f"prompts" + (f" (earliest at output token {audit['first_part']})" if audit["first_part"] is not None else ""))
+    for side in (summary, summary.get(DFLASH), summary.get(PRECISION_B)):
+        warning = side and analysis.acceptance_warning(side["mean_acceptance"], side["rounds"], _who(summary, side))
+        if warning:
+            print(f"WARNING: {warning}", file=sys.stderr)
     print(f"summary: {out / 'summary.json'}\nreport: {out / 'report.html'}")
+
+
+def _who(summary: dict, side: dict) -> str:
+    return "B" if side is summary.get(PRECISION_B) else "DFlash chain" if side is summary.get(DFLASH) else (
+        "A" if PRECISION_B in summary else "")
 
 
 def _fmt(x) -> str:
@@ -172,8 +223,11 @@ def _fmt(x) -> str:
 
 def _settings(args) -> dict:
     """The run's settings as prompts.json keeps them."""
-    return run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
-                        args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
+    settings = run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
+                            args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
+    if _audit(args):
+        settings[PRECISION_B] = {"target": args.target_b, "draft": args.draft_b, "dtype": args.dtype_b}
+    return settings
 
 
 def _failures(state, failure: str | None) -> int:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_viz.engine import fp8
 from ddtree_viz.engine.backends import sdpa_backends
 from ddtree_viz.errors import ModelLoadError, PairingError
 from ddtree_viz.trace import MAX_DEPTH
@@ -410,6 +411,9 @@ class DFlashDrafter(nn.Module):
                 state.update(load_file(str(f), device=str(device)))
             except (OSError, SafetensorError) as e:
                 raise ModelLoadError(f"Could not read drafter weights {f}: {e}") from None
+        spec = fp8.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
+        if spec is not None:  # the official FP8 layout: dequantized here, in float32, then cast (engine/fp8.py)
+            state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter")
         model = cls.from_config_meta(config)
         expected = {k: tuple(p.shape) for k, p in model.state_dict().items()}
         missing = sorted(expected.keys() - state.keys())
@@ -422,6 +426,7 @@ class DFlashDrafter(nn.Module):
         if problems:
             raise ModelLoadError(f"Drafter weights in {path} do not match its config.json; " + "; ".join(problems))
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+        model.weight_format = spec.label(dtype) if spec is not None else None  # ModelPair.draft_precision
         return model.eval()
 
     def save_pretrained(self, path: str | Path) -> None:

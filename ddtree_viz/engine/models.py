@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..options import DEVICES
+from . import fp8
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .drafter import DFlashDrafter, validate_pairing
@@ -135,6 +136,17 @@ class ModelPair:
     dtype: torch.dtype
     device: str
     checkpoint: CheckpointInfo | None = None  # the target's checkpoint on disk, when it is a local directory
+    # each model's weight format when it is not plain `dtype`, e.g. "fp8-e4m3 block 128 (dequantized to float32)"
+    target_format: str | None = None
+    draft_format: str | None = None
+
+    @property
+    def target_precision(self) -> str:
+        return self.target_format or str(self.dtype).removeprefix("torch.")
+
+    @property
+    def draft_precision(self) -> str:
+        return self.draft_format or str(self.dtype).removeprefix("torch.")
 
     @property
     def target_parameters(self) -> int:
@@ -175,8 +187,10 @@ class ModelPair:
         return int(getattr(cfg, "max_position_embeddings", 1 << 20))
 
     def describe(self) -> str:
+        precision = (f" | weights: target {self.target_precision}, drafter {self.draft_precision}"
+                     if self.target_format or self.draft_format else "")
         return (f"target {self.target_name} ({_billions(self.target_parameters)} parameters) | drafter {self.draft_name} | "
-                f"{str(self.dtype).removeprefix('torch.')} on {self.device}")
+                f"{str(self.dtype).removeprefix('torch.')} on {self.device}{precision}")
 
 
 # sizes a model config must give as whole numbers >= 1 when it gives them (at the top level or in text_config)
@@ -237,18 +251,24 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     local = _check_local(name, "target")
-    source = str(local) if local is not None else name
-    if local is not None:
-        check_config(local / "config.json", "target")
-    kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
     hub_down = local is None and not offline and hub_offline()
+    if local is None and not offline:
+        local = _quantized_snapshot(name, hub_down)
+    source = str(local) if local is not None else name
+    spec = None
+    if local is not None:
+        spec = fp8.spec_of(check_config(local / "config.json", "target"), "target")
+    kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
     if offline or local is not None or hub_down:
         kwargs["local_files_only"] = True
     if device == "auto":
         kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        if spec is not None:  # the FP8 layout: dequantized by us (engine/fp8.py says why)
+            model = fp8.load_causal_lm(local, spec, dtype, **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
         if hub_down:
             raise ModelLoadError(_offline_hint(name, "target")) from None
@@ -261,6 +281,26 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         model.to(device)
     kernels_follow_device(model)  # transformers' kernel choice by the tensors' device (fla is CUDA-only)
     return model.eval(), tokenizer
+
+
+def _quantized_snapshot(name: str, local_only: bool) -> Path | None:
+    """A hub id whose config.json has a quantization_config (the FP8 layout): its snapshot (configs, tokenizer,
+    safetensors) as a local directory, so that engine/fp8.py reads it (transformers' own FP8 loading is not the
+    dequantized model: fp8.py says why). None for any other hub id, or when its config cannot be had (transformers'
+    own load then says why)."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    try:
+        config = json.loads(Path(hf_hub_download(name, "config.json", local_files_only=local_only)).read_text("utf-8"))
+    except Exception:  # noqa: BLE001 - no config here: the ordinary path reports the failure in its own words
+        return None
+    if not isinstance(config, dict) or config.get("quantization_config") is None:
+        return None
+    try:
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
+                                      local_files_only=local_only))
+    except Exception as exc:  # noqa: BLE001 - any hub failure is a load failure for the user
+        raise ModelLoadError(_offline_hint(name, "target") if local_only else f"cannot fetch target {name!r}: {exc}") from None
 
 
 def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
@@ -316,7 +356,8 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     validate_pairing(drafter.config, model.config)
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
-    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info)
+    return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
+                     getattr(model, fp8.FORMAT_ATTR, None), getattr(drafter, "weight_format", None))
 
 
 def _display(name: str) -> str:

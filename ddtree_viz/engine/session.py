@@ -455,7 +455,8 @@ class DecodeSession:
         return dict(
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
             max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
-            reference=self.reference, **self.sampler.settings,
+            reference=self.reference, target_precision=self.pair.target_precision,
+            draft_precision=self.pair.draft_precision, **self.sampler.settings,
         )
 
     def token_text(self, token_id: int) -> str:

@@ -41,7 +41,7 @@ class PromptDone:
 def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSettings,
                spec_of: Callable[[dict], PromptSpec], *, both: bool = False, resume: bool = False,
                stop: Callable[[], bool] = lambda: False, lock: ContextManager = contextlib.nullcontext(),
-               keep_engines: bool = False, process: int | None = None) -> Iterator[PromptDone]:
+               keep_engines: bool = False, process: int | None = None, side: str = "") -> Iterator[PromptDone]:
     """Decode `items` (read_prompts' dicts) into out/traces/ with `settings`, yielding a PromptDone after each.
 
     both: each prompt with `settings` (DDTree) and then with the DFlash chain (NNNN.dflash.json), the same settings
@@ -50,21 +50,21 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
     trace (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next
     prompt of that side (no new static state or graph capture per prompt); fresh ones after a failure, which may
     have left them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
-    process); None writes none."""
-    sides = [(settings, "")] + ([(settings.replace(method=DFLASH), DFLASH)] if both else [])
-    engines: dict[str, dict] = {side: {} for _, side in sides}  # side -> DecodeSession's runtime engines
+    process); None writes none. side: the files' side (PRECISION_B: the audit's second configuration, NNNN.b.json)."""
+    sides = [(settings, side)] + ([(settings.replace(method=DFLASH), DFLASH)] if both else [])
+    engines: dict[str, dict] = {name: {} for _, name in sides}  # side -> DecodeSession's runtime engines
     for done, item in enumerate(items, 1):
         if stop():
             return
         i, tokens, decoded = item["index"], 0, False
-        for side_settings, side in sides:
-            dest = trace_path(out, i, side=side)
+        for side_settings, name in sides:
+            dest = trace_path(out, i, side=name)
             if resume and _loads(dest):
                 continue
-            trace_path(out, i, "error", side).unlink(missing_ok=True)
+            trace_path(out, i, "error", name).unlink(missing_ok=True)
             start = time.perf_counter()
             try:
-                trace = _decode_one(pair, item, side_settings, spec_of, stop, lock, engines[side] if keep_engines
+                trace = _decode_one(pair, item, side_settings, spec_of, stop, lock, engines[name] if keep_engines
                                     else None)
                 if trace is None:
                     return  # stopped inside this prompt: it is left out
@@ -73,11 +73,11 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
                 os.replace(tmp, dest)
                 tokens += len(trace.output_ids)
             except Exception as exc:  # a failed prompt (too long, out of memory, a bug) is recorded; the set goes on
-                record_failure(out, i, exc, side)
-                engines[side].clear()
+                record_failure(out, i, exc, name)
+                engines[name].clear()
             if process is not None:
                 wall = round(time.perf_counter() - start, 3)
-                write_json(trace_path(out, i, "meta", side), {"index": i, "wall_s": wall, "process": process})
+                write_json(trace_path(out, i, "meta", name), {"index": i, "wall_s": wall, "process": process})
             decoded = True
         yield PromptDone(i, done, len(items), tokens, decoded)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ..errors import TraceError
 from ..files import read_limited
-from ..options import DFLASH
+from ..options import DFLASH, PRECISION_B
 from ..trace import MAX_TEXT_CHARS, MAX_TRACE_BYTES, Trace, check_text, parse_json
 
 
-TRACE_NAME = re.compile(r"(\d{1,6})(?:\.(" + DFLASH + r"))?(?:\.(error|meta))?\.json")
+TRACE_NAME = re.compile(r"(\d{1,6})(?:\.(" + DFLASH + "|" + PRECISION_B + r"))?(?:\.(error|meta))?\.json")
 MAX_SMALL_BYTES = 1 << 20  # an error or meta record
 MAX_REPORT_TRACES = 4096  # trace files of one report (2048 prompts with --method both)
 
@@ -37,8 +37,8 @@ class Report:
 
     @property
     def sides(self) -> list[str]:
-        """"" and, when the report has any of the chain's files (--method both), DFLASH."""
-        return [""] + ([DFLASH] if self.traces.get(DFLASH) or self.errors.get(DFLASH) else [])
+        """"" and, when the report has any of its files, DFLASH (--method both) and PRECISION_B (a precision audit)."""
+        return [""] + [s for s in (DFLASH, PRECISION_B) if self.traces.get(s) or self.errors.get(s)]
 
 
 def report_files(out: str | Path) -> dict[str, Path]:

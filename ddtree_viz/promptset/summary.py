@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import analysis
-from ..options import DFLASH
+from ..options import DFLASH, PRECISION_B
 from ..trace import Trace
 from .files import trace_path, write_json
 from .report import Report, load_dir
@@ -30,7 +30,39 @@ def summarize_report(report: Report, budgets: list[int] | None = None) -> dict[s
     summary = _summarize_side(report, budgets, "")
     if DFLASH in report.sides:
         summary[DFLASH] = _summarize_side(report, budgets, DFLASH)
+    if PRECISION_B in report.sides:
+        summary[PRECISION_B] = _summarize_side(report, budgets, PRECISION_B)
+        summary["precision_audit"] = precision_audit(report, summary, summary[PRECISION_B])
     return summary
+
+
+def precision_audit(report: Report, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The same prompts with two precisions (configuration A: the run's; B: --target-b / --draft-b / --dtype-b): each
+    side's precision, mean acceptance, acceptance by depth, budget curve and decode tokens/s side by side, and per
+    prompt where the two targets' greedy decodings part (the output index, each side's token and its target's
+    margin there: analysis.greedy_part)."""
+    ta, tb = report.traces.get("", {}), report.traces.get(PRECISION_B, {})
+    both = sorted(ta.keys() & tb.keys())
+    parts = []
+    for i in both:
+        part = analysis.greedy_part(ta[i], tb[i])
+        for who, t in (("a", ta[i]), ("b", tb[i])):
+            tok = part[f"{who}_token_id"]
+            part[f"{who}_token"] = None if tok is None else _text(t, tok)
+        parts.append({"index": i, "file_a": _name(i, ""), "file_b": _name(i, PRECISION_B), **part})
+    parted = [p for p in parts if p["part_at"] is not None]
+
+    def side(summary: dict[str, Any], traces: dict[int, Trace]) -> dict[str, Any]:
+        settings = summary.get("settings") or {}
+        return {"target": (summary.get("model") or {}).get("target"), "draft": (summary.get("model") or {}).get("draft"),
+                "target_precision": settings.get("target_precision", settings.get("dtype")),
+                "draft_precision": settings.get("draft_precision", settings.get("dtype")),
+                "mean_acceptance": summary["mean_acceptance"], "per_depth_acceptance": summary["per_depth_acceptance"],
+                "budget_curve": summary["budget_curve"], "decode_tok_s": analysis.decode_tok_s(traces.values()),
+                "warning": analysis.acceptance_warning(summary["mean_acceptance"], summary["rounds"])}
+
+    return {"a": side(a, ta), "b": side(b, tb), "prompts_compared": len(parts), "prompts_parted": len(parted),
+            "first_part": min((p["part_at"] for p in parted), default=None), "per_prompt": parts}
 
 
 def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..analysis import config_label
+from ..analysis import acceptance_warning, config_label
 from .text import esc, shorten, visible
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
@@ -18,6 +18,7 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
 FIGURES = ("acceptance_histogram", "per_depth_acceptance", "budget_curve", "stop_rank", "acceptance_by_position")
 BLUE, ORANGE, GREEN, GREY = "#0072B2", "#E69F00", "#009E73", "#999999"
 DFLASH = "dflash"  # summary["dflash"]: the DFlash chain's figures on the same prompts (analyze --method both)
+PRECISION_B = "b"  # summary["b"]: configuration B of a precision audit (options.PRECISION_B; render sits below it)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -78,16 +79,18 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
                      "rounds", fmt=fmt)
     if name == "per_depth_acceptance":  # with --method both, the DFlash chain's curve on the same axes
         series = []
-        for side, color in ((summary, BLUE), (summary.get(DFLASH), ORANGE)):
+        for side, color in ((summary, BLUE), (summary.get(DFLASH), ORANGE), (summary.get(PRECISION_B), GREY)):
             if side is not None and side.get("rounds"):
                 p = side["per_depth_acceptance"]
-                series.append((side_label(side), list(range(1, len(p) + 1)), p, color))
+                series.append((_label(summary, side), list(range(1, len(p) + 1)), p, color))
         return _lines(series, "Acceptance by depth", "depth d",
                       "P(accepted >= d | >= d-1, tree >= d)", fmt=fmt, ylim=(0, 1.05))
-    if name == "budget_curve":
-        c = summary["budget_curve"]
-        return _lines([("budget curve", [int(b) for b in c], list(c.values()), GREEN)],
-                      "Budget curve (exact per-round counterfactual)", "budget (tree nodes)",
+    if name == "budget_curve":  # with a precision audit, B's curve beside
+        series = [(_label(summary, side, "budget curve"), [int(b) for b in side["budget_curve"]],
+                   list(side["budget_curve"].values()), color)
+                  for side, color in ((summary, GREEN), (summary.get(PRECISION_B), GREY))
+                  if side is not None and side.get("budget_curve")]
+        return _lines(series, "Budget curve (exact per-round counterfactual)", "budget (tree nodes)",
                       "mean tokens gained per round", fmt=fmt)
     if name == "stop_rank":
         h = summary["stop_rank_histogram"]
@@ -104,6 +107,16 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
 def figures(summary: dict[str, Any], fmt: str = "svg") -> dict[str, bytes]:
     """Every figure of FIGURES (none when the summary has no rounds)."""
     return {name: figure(summary, name, fmt) for name in FIGURES} if summary.get("rounds") else {}
+
+
+def _label(summary: dict[str, Any], side: dict[str, Any], plain: str | None = None) -> str:
+    """A figure's series name: with a precision audit "A: <target precision>" / "B: ...", else side_label (or
+    `plain`)."""
+    audit = summary.get("precision_audit")
+    if isinstance(audit, dict):
+        who = "b" if side is summary.get(PRECISION_B) else "a"
+        return f"{who.upper()}: target {audit[who]['target_precision']}, drafter {audit[who]['draft_precision']}"
+    return plain or side_label(side)
 
 
 def side_label(side: dict[str, Any]) -> str:
@@ -163,7 +176,8 @@ document.addEventListener('click', function (ev) {
 CSS = ("table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}"
        "th{background:#f3f3f3;cursor:pointer}code.tok{background:#f6f6f6;padding:0 .2em;white-space:pre}"
        ".ctx{font-family:monospace;white-space:pre-wrap;color:#555}.figs{display:flex;flex-wrap:wrap;gap:1em}"
-       ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}")
+       ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}"
+       ".warning{background:#fde8e8;border:2px solid #c00;color:#900;padding:.5em .8em;font-size:1.1em}")
 
 
 def scoped_css(scope: str) -> str:
@@ -281,8 +295,10 @@ def prompts_html(summary: dict[str, Any], items: list[dict] | None = None,
 
 def failed_html(summary: dict[str, Any]) -> str:
     e = html.escape
-    sides = _sides(summary)
-    rows = [(side_label(s) if len(sides) > 1 else None, f) for s in sides for f in s["failed"]]
+    sides = [(side_label(s), s) for s in _sides(summary)]
+    if isinstance(summary.get(PRECISION_B), dict):  # a precision audit: A's and B's
+        sides = [("A", summary), ("B", summary[PRECISION_B])]
+    rows = [(label if len(sides) > 1 else None, f) for label, s in sides for f in s["failed"]]
     if not rows:
         return ""
     parts = ["<table id=failed><tr><th>#</th><th>source</th>" + ("<th>method</th>" if len(sides) > 1 else "")
@@ -295,6 +311,60 @@ def failed_html(summary: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def warnings_html(summary: dict[str, Any]) -> str:
+    """The loud warning, first in the report, for each side whose mean acceptance is about 1.0."""
+    audit = isinstance(summary.get("precision_audit"), dict)
+    parts = []
+    for side, who in ((summary, "A" if audit else ""), (summary.get(DFLASH), "DFlash chain"), (summary.get(PRECISION_B), "B")):
+        if isinstance(side, dict):
+            warning = acceptance_warning(side.get("mean_acceptance"), side.get("rounds") or 0, who)
+            if warning:
+                parts.append(f"<p class=warning role=alert><b>Warning:</b> {html.escape(warning)}</p>\n")
+    return "".join(parts)
+
+
+def audit_html(summary: dict[str, Any], link=round_link) -> str:
+    """A precision audit (summary["precision_audit"]): A and B side by side (precisions, mean acceptance, decode
+    tokens/s, acceptance by depth, the budget curve) and where the two targets' greedy decodings part, per prompt."""
+    audit = summary.get("precision_audit")
+    if not isinstance(audit, dict):
+        return ""
+    e = html.escape
+    a, b = audit["a"], audit["b"]
+    depths = max(len(a["per_depth_acceptance"]), len(b["per_depth_acceptance"]))
+    budgets = sorted(set(a["budget_curve"]) | set(b["budget_curve"]), key=int)
+    rows = [("target", [visible(str(x["target"])) for x in (a, b)]),
+            ("target precision", [str(x["target_precision"]) for x in (a, b)]),
+            ("drafter", [visible(str(x["draft"])) for x in (a, b)]),
+            ("drafter precision", [str(x["draft_precision"]) for x in (a, b)]),
+            ("mean acceptance (tokens per round, bonus included)", [_num(x["mean_acceptance"]) for x in (a, b)]),
+            ("decode tokens/s (engine time: prefill + rounds)", [_num(x["decode_tok_s"], 1) for x in (a, b)])]
+    rows += [(f"acceptance at depth {d + 1}", [_num(_at(x["per_depth_acceptance"], d), 3) for x in (a, b)])
+             for d in range(depths)]
+    rows += [(f"budget {k}: tokens per round", [_num(x["budget_curve"].get(k)) for x in (a, b)]) for k in budgets]
+    parts = ["<h2>Precision audit</h2>\n<p class=meta>The same prompts decoded by configuration A and by B. Where "
+             "the two targets' greedy decodings part: the first output token they differ at, each target's token "
+             "and its top-1 minus top-2 logit margin there (a small margin: a near-tie the precision tipped).</p>\n",
+             "<table id=audit><tr><th></th><th>A</th><th>B</th></tr>"]
+    parts += [f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>" for k, vals in rows]
+    parts.append(f"</table>\n<p>The greedy decodings part in {_num(audit['prompts_parted'])} of "
+                 f"{_num(audit['prompts_compared'])} prompts.</p>\n")
+    parts.append("<table id=parts class=sortable><thead><tr><th>#</th><th>part at</th><th>A's token</th><th>A's margin"
+                 "</th><th>B's token</th><th>B's margin</th><th>traces</th></tr></thead><tbody>")
+    for p in audit["per_prompt"]:
+        at = p["part_at"]
+        parts.append(f"<tr><td>{_num(p['index'])}</td><td data-v=\"{-1 if at is None else _num(at)}\">"
+                     f"{'identical' if at is None else _num(at)}</td><td>{_tok(p.get('a_token'))}</td>"
+                     f"<td>{_num(p['a_margin'], 3)}</td><td>{_tok(p.get('b_token'))}</td><td>{_num(p['b_margin'], 3)}</td>"
+                     f"<td>{link(p['file_a'], 0)}<br>{link(p['file_b'], 0)}</td></tr>")
+    parts.append("</tbody></table>\n")
+    return "".join(parts)
+
+
+def _at(values: list, d: int):
+    return values[d] if d < len(values) else None
+
+
 def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
                 metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True) -> str:
     """The report's content (everything inside <body> but the title and the script): headline numbers, the figures
@@ -303,7 +373,8 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
     e = html.escape
     both = (f"<p class=meta>The figures are {e(side_label(summary))}'s; acceptance by depth draws the DFlash chain's "
             "on the same prompts beside it.</p>\n" if DFLASH in summary and svgs else "")
-    parts = [meta_html(summary), headline_html(summary, metas), "<h2>Figures</h2>\n", both, figures_html(svgs, files),
+    parts = [warnings_html(summary), meta_html(summary), headline_html(summary, metas), audit_html(summary, link),
+             "<h2>Figures</h2>\n", both, figures_html(svgs, files),
              f"<p class=meta>Budget curve: {e(str(summary.get('budget_curve_caveat', '')))}</p>\n"]
     top = f" ({e(side_label(summary))})" if DFLASH in summary else ""
     parts.append(f"<h2>Top misses{top}</h2>\n<p class=meta>At the depth where the walk stopped: the drafter's first "

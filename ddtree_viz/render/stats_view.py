@@ -164,4 +164,9 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
     rows.append((f"identical to {ref}", "–" if same is None else
                  ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
     rows += list(extra)
-    return "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+    warning = analysis.acceptance_warning(summary.get("mean_acceptance"), summary.get("rounds") or 0)
+    loud = f"**⚠ Warning:** {esc(warning)}\n\n" if warning and (summary.get("rounds") or 0) >= WARN_ROUNDS else ""
+    return loud + "| statistic | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+
+
+WARN_ROUNDS = 8  # a session's mean acceptance of about 1.0 is warned of from this many rounds (fewer: too few to say)

@@ -1,0 +1,71 @@
+"""The FP8 GEMM (engine/fp8_gemm.py) against the float32 product with the weights dequantized (engine/fp8.py),
+for the runner's 1 to 129 rows, partial 128-blocks (dimensions that are not multiples of 128) and fused
+projections. Without a GPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set before the module is
+imported); skipped where Triton is not installed (the CPU build of torch has none).
+
+In the interpreter, float32 -> bfloat16 rounds toward zero (a GPU rounds to nearest even), so bfloat16 results
+are held to a bfloat16 step of the output; float32 to the order of the sums."""
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # before Triton is imported (it reads the switch then)
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from ddtree_viz.engine import fp8  # noqa: E402
+from ddtree_viz.engine.fp8_gemm import FusedFp8Linear, fp8_linear  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+BLOCK = (128, 128)
+
+
+def quantized(n: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q, s = fp8.quantize(torch.randn(n, k, generator=gen) * 0.05, BLOCK)
+    return q.to(DEVICE), s.to(DEVICE)
+
+
+def reference(x, q, s) -> torch.Tensor:
+    """The dequantized model's product: the weight e4m3 x scale in float32, rounded once to x's dtype."""
+    w = fp8.dequantize(q.cpu(), s.cpu(), BLOCK).to(x.dtype).float()
+    return x.float().cpu() @ w.T
+
+
+@pytest.mark.parametrize("rows", [1, 2, 17, 65, 129])
+@pytest.mark.parametrize("n, k", [(192, 320), (256, 128), (64, 200)])
+def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
+    q, s = quantized(n, k, rows)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    y = fp8_linear(x, q, s, BLOCK)
+    assert y.shape == (rows, n) and y.dtype == torch.float32
+    torch.testing.assert_close(y.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_gemm_in_half_precision(dtype):
+    """Activations stay in their dtype: y in it, each product of the weight rounded once to it."""
+    q, s = quantized(192, 320, 3)
+    x = torch.randn(3, 5, 320, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    y = fp8_linear(x, q, s, BLOCK)
+    ref = reference(x.reshape(-1, 320), q, s).reshape(3, 5, 192)
+    assert y.shape == (3, 5, 192) and y.dtype == dtype
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+
+
+def test_fused_fp8_projections_split_as_their_parts():
+    """gate + up (MLP) as one FP8 weight: each output equals its own part's product."""
+    gate, up = quantized(256, 192, 5), quantized(130, 192, 6)
+    fused = FusedFp8Linear.stack([gate, up], BLOCK)
+    x = torch.randn(9, 192, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    y_gate, y_up = fused(x)
+    torch.testing.assert_close(y_gate.cpu(), reference(x, *gate), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y_up.cpu(), reference(x, *up), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="do not stack in blocks of 128"):
+        FusedFp8Linear.stack([up, gate], BLOCK)
+    with pytest.raises(ValueError, match="not whole tiles"):
+        fp8_linear(x, *gate, (32, 32))
