@@ -1002,6 +1002,67 @@ def bare_rounds(pair, budget: int, max_new: int, prompt_ids: list[int], steps: i
     return out
 
 
+# the oracle drafter's rank of the true token, position by position (cycled): the chain stops at the first rank
+# above 0, a tree reaches ranks 1-3 where its budget allows: an acceptance the run controls
+COST_RANKS = (0, 0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 3)
+
+
+@torch.no_grad()
+def cost_study(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512,
+               rounds: int = 8, ranks=COST_RANKS) -> dict:
+    """issue #30 at real shapes: the runner's cost table (engine/costs.py: a round per budget, the chain's round,
+    greedy's step) with the DFlash drafter's real pass, and S(b) (speedup.py) at an acceptance the run controls: the
+    oracle drafter drafts the target's own greedy tokens at ranks `ranks`, a session at the largest budget gives the
+    exact counterfactual for every smaller one, a chain session the chain's tokens per round."""
+    from ..engine.costs import measure_costs
+    from ..engine.oracle import OracleProposer
+    from ..engine.session import DecodeSession, EngineGreedy
+    from ..speedup import predict, tokens_per_round
+
+    target, drafter, sync, out = measured_models(bench, layers, dtype)
+    pair = pair_of(bench, target, drafter, dtype)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
+    t0 = time.perf_counter()
+    table = measure_costs(pair, prompt, budgets, engine="runner", rounds=rounds)
+    out["measure_s"] = time.perf_counter() - t0
+    out["costs"] = table.to_dict()
+    block = table.block_size
+    new = rounds * block + 2 * block
+    probe = DecodeSession(pair, budget=1, engine="runner", record=False, max_new_tokens=new)
+    greedy = EngineGreedy(probe.target_engine, prompt, set(), with_margins=False).extend_to(new).ids
+    del probe
+    oracle = lambda: OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block)  # noqa: E731
+    runs = {}
+    for method, budget in (("ddtree", max(budgets)), ("dflash", 1)):
+        session = DecodeSession(pair, budget=budget, method=method, engine="runner", max_new_tokens=new,
+                                proposer=oracle(), block_size=block, draft_top_k=0, target_top_k=0)
+        session.prefill(prompt_ids=prompt)
+        runs[method] = session.run()
+        out[f"oracle_{method}_identical_to_greedy"] = session.generated == list(greedy[:len(session.generated)])
+        del session
+    prediction = predict(runs["ddtree"], table, tokens_per_round(runs["dflash"]))
+    out["oracle_ranks"] = list(ranks)
+    out["speedup"] = prediction.to_dict()
+    out["cost_table"] = cost_lines(table, prediction)
+    return out
+
+
+def cost_lines(table, prediction) -> str:
+    """The cost table and S(b) as text: one row per budget, the chain last."""
+    head = (f"{'budget':>7} {'draft':>7} {'tree':>7} {'verify':>7} {'commit':>7} {'host':>7} {'round':>8} "
+            f"{'x step':>7} {'tau':>6} {'S(b)':>6}")
+    lines = [f"greedy step {table.greedy_ms:.2f} ms", head]
+    rows = [(str(b), c, prediction.budgets.get(b)) for b, c in sorted(table.rounds.items())]
+    rows.append(("chain", table.chain, prediction.chain))
+    for label, c, p in rows:
+        tail = f" {p.tau:>6.2f} {p.speedup:>6.2f}" if p is not None else ""
+        lines.append(f"{label:>7} {c.draft:>7.2f} {c.tree:>7.2f} {c.verify:>7.2f} {c.commit:>7.2f} {c.host:>7.2f} "
+                     f"{c.total:>8.2f} {c.total / table.greedy_ms:>7.2f}{tail}")
+    lines.append(f"best budget {prediction.best_budget}, break-even budget {prediction.break_even_budget}")
+    return "\n".join(lines)
+
+
 def ui_targets(out: dict) -> dict:
     """Issue #13's targets from ui_speed's figures: a Step <= 1.3x the bare round + 10 ms; the first Step after a
     new prompt <= 2x its prefill."""
@@ -1105,6 +1166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")
+    p.add_argument("--costs", action="store_true",
+                   help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
     a = p.parse_args(argv)
     bench = BenchConfig.from_args(a)
@@ -1123,6 +1186,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.skip_speed:
         report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
+        save()
+    if a.costs:
+        report["costs"] = cost_study(bench, a.layers, getattr(torch, a.dtype), a.budgets)
+        print(report["costs"]["cost_table"], flush=True)
         save()
     if a.ui:
         report["ui"] = ui_speed(bench, a.layers, getattr(torch, a.dtype), prompt_len=a.ui_prompt_tokens,
