@@ -186,6 +186,11 @@ def test_analyze_writes_the_speedup_contract(study_dir):
         (b, m) for b in ("code", "text") for m in ("greedy", "DFlash chain", "DDTree")]
     assert all(r["measured"] == "yes" for r in table)
     assert r"\toprule" in (out / "table.tex").read_text()
+    # the report shows the study: its section, the best budget, predicted vs measured
+    report = (out / "code" / "report.html").read_text()
+    assert "Speed-up by budget" in report and "measured tok/s" in report
+    code = json.loads((out / "code" / "speedup.json").read_text())
+    assert json.loads((out / "code" / "summary.json").read_text())["speedup"] == code
 
 
 def test_second_set_uses_the_cached_costs(study_dir):
@@ -202,3 +207,35 @@ def test_table_compiles(study_dir, tmp_path):
     r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatch):
+    """The page's budget panel: no speed-up axis until this machine's costs are cached for the pair and engine
+    (`bench --costs` / analyze measure them), then S(b) of the rounds on screen, the best budget marked."""
+    from ddtree_viz.engine.costs import measure_costs
+    from ddtree_viz.page import actions
+    from ddtree_viz.page.host import ModelHost
+    from ddtree_viz.page.state import TabState, read_settings
+    from ddtree_viz.page.views import render_views
+    from tests import tiny
+
+    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "cache"))
+    dirs = tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path / "models")
+    host = ModelHost(str(dirs[0]), str(dirs[1]), "float32", "cpu", engine="transformers")
+    host.start(background=False)
+    tab = TabState()
+    values = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=24, verify="exact", method="ddtree")
+    for _ in range(3):
+        tab = actions.step(host, tab, read_settings(host, values))
+    names = lambda v: [t.get("name") for t in v.budget_spec.data]  # noqa: E731
+    assert "predicted speed-up" not in names(render_views(host, tab))
+    ids = host.pair.tokenizer.encode("def f(x):\n")
+    table = measure_costs(host.pair, ids, [1, 2, 4, 8], engine="transformers", block_size=8, rounds=2)
+    assert set(table.rounds) == {1, 2, 4, 8} and table.greedy_ms > 0 and table.chain is not None
+    speedup.save_costs(table)
+    shown = render_views(host, tab)
+    trace = next(t for t in shown.budget_spec.data if t.get("name") == "predicted speed-up")
+    expected = speedup.predict(tab.session.history, table)
+    assert trace["x"] == [1, 2, 4, 8]
+    assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
+    assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])

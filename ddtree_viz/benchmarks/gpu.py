@@ -1130,7 +1130,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from ..engine.delta_rule.dispatch import GDN_KERNELS
     from ..engine.runner import BLAS_CHOICES
 
@@ -1169,7 +1169,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--costs", action="store_true",
                    help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")

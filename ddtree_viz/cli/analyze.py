@@ -151,8 +151,12 @@ def _one_set(args, prompts: str, out: Path) -> int:
 
 
 def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool) -> int:
+    """The speed-up study first (its figures go into the summary and report), then summary.json and report.html."""
     from ..promptset.summary import write_outputs
 
+    study = None
+    if not interrupted and not args.no_speedup:
+        study = _study(args, items, out)
     try:
         summary = write_outputs(out, budgets=args.budgets)
     except OSError as exc:
@@ -162,8 +166,7 @@ def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool)
         print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
               file=sys.stderr)
         return 130
-    if not args.no_speedup and summary["rounds"]:
-        study = _study(args, items, out)
+    if study is not None:
         _write_table(args, out, {set_dirname(prompts): study})
         _print_study(study, out)
     return 0
@@ -215,7 +218,7 @@ def _pair(args, gpu=None):
     return args.loaded_pair
 
 
-def _study(args, items: list[dict], out: Path) -> dict:
+def _study(args, items: list[dict], out: Path) -> dict | None:
     """The speed-up study (promptset/speedup.py) of the set just decoded into `out`."""
     from ..engine.prompts import parse_thinking
     from ..promptset.speedup import study
@@ -223,6 +226,9 @@ def _study(args, items: list[dict], out: Path) -> dict:
     thinking = parse_thinking(args.thinking)
     settings = decode_settings(args, method="ddtree", engine="transformers")
     validate = False if args.no_validate else (args.validate or True)
+    if not any((out / "traces").glob("[0-9][0-9][0-9][0-9].json")):
+        print("speed-up: no prompt decoded, nothing to predict from", file=sys.stderr)
+        return None
     return study(_pair(args), out, items, lambda item: item_spec(item, args.chat, args.system, thinking), settings,
                  engine=args.engine, budgets=args.speedup_budgets, validate=validate, cost_rounds=args.cost_rounds,
                  remeasure=args.remeasure, say=lambda text: print(text, file=sys.stderr, flush=True))

@@ -139,7 +139,8 @@ def _prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
         raise InputError(f"{out} already exists: give --resume to skip the prompts whose traces exist, or --force "
                          "to start again")
     if main and force and not resume and out.exists():
-        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json"):
+        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json", "speedup.json", "table.tex",
+                     "table.csv"):
             target = out / name
             if target.is_dir():
                 shutil.rmtree(target)
