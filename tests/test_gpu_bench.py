@@ -125,7 +125,7 @@ def test_gpu_bench_smoke_costs(tmp_path):
     assert set(table["rounds"]) == {"4", "8"} and table["greedy_ms"] > 0 and table["chain"]["total"] > 0
     for c in table["rounds"].values():
         assert c["total"] >= c["draft"] + c["verify"] and c["host"] >= 0
-    assert costs["oracle_ddtree_identical_to_greedy"] and costs["oracle_dflash_identical_to_greedy"]
+    assert costs["oracle"]["ddtree_identical_to_greedy"] and costs["oracle"]["dflash_identical_to_greedy"]
     s = costs["speedup"]
     assert set(s["budgets"]) == {"4", "8"} and s["best_budget"] in (4, 8) and s["chain"]["tau"] >= 1
     # the oracle's ranks (top-1 but for a few depths) give the tree more tokens per round at the larger budget

@@ -1011,12 +1011,12 @@ COST_RANKS = (0, 0, 1, 0, 0, 2, 0, 0, 0, 1, 0, 3)
 def cost_study(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512,
                rounds: int = 8, ranks=COST_RANKS) -> dict:
     """issue #30 at real shapes: the runner's cost table (engine/costs.py: a round per budget, the chain's round,
-    greedy's step) with the DFlash drafter's real pass, and S(b) (speedup.py) at an acceptance the run controls: the
-    oracle drafter drafts the target's own greedy tokens at ranks `ranks`, a session at the largest budget gives the
-    exact counterfactual for every smaller one, a chain session the chain's tokens per round."""
+    greedy's step) with the DFlash drafter's real pass, and S(b) (speedup.py) at an acceptance the run controls.
+    Tokens per round come from an oracle drafter (the target's own greedy tokens at ranks `ranks`) on the target at
+    real widths, 8 layers, float32, where the tree's decode equals greedy exactly (a bf16 target with random weights
+    has near-zero margins: its greedy and its tree passes part at once, and the oracle would draft the wrong tokens);
+    a session at the largest budget gives the counterfactual for every smaller one, a chain session the chain's."""
     from ..engine.costs import measure_costs
-    from ..engine.oracle import OracleProposer
-    from ..engine.session import DecodeSession, EngineGreedy
     from ..speedup import predict, tokens_per_round
 
     target, drafter, sync, out = measured_models(bench, layers, dtype)
@@ -1027,25 +1027,46 @@ def cost_study(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: lis
     table = measure_costs(pair, prompt, budgets, engine="runner", rounds=rounds)
     out["measure_s"] = time.perf_counter() - t0
     out["costs"] = table.to_dict()
-    block = table.block_size
-    new = rounds * block + 2 * block
-    probe = DecodeSession(pair, budget=1, engine="runner", record=False, max_new_tokens=new)
-    greedy = EngineGreedy(probe.target_engine, prompt, set(), with_margins=False).extend_to(new).ids
-    del probe
-    oracle = lambda: OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block)  # noqa: E731
-    runs = {}
-    for method, budget in (("ddtree", max(budgets)), ("dflash", 1)):
-        session = DecodeSession(pair, budget=budget, method=method, engine="runner", max_new_tokens=new,
-                                proposer=oracle(), block_size=block, draft_top_k=0, target_top_k=0)
-        session.prefill(prompt_ids=prompt)
-        runs[method] = session.run()
-        out[f"oracle_{method}_identical_to_greedy"] = session.generated == list(greedy[:len(session.generated)])
-        del session
+    del pair, target, drafter
+    if bench.cuda:
+        torch.cuda.empty_cache()
+    runs, out["oracle"] = oracle_rounds(bench, max(budgets), table.block_size, rounds, ranks)
     prediction = predict(runs["ddtree"], table, tokens_per_round(runs["dflash"]))
-    out["oracle_ranks"] = list(ranks)
     out["speedup"] = prediction.to_dict()
     out["cost_table"] = cost_lines(table, prediction)
     return out
+
+
+def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, ranks, prompt_len: int = 64):
+    """DDTree at `budget` and the chain, oracle drafts at `ranks`, on the fp32 8-layer real-width target: their
+    rounds, and what they were (ranks, layers, whether each decode equals the runner's greedy)."""
+    from ..engine.engines import RunnerEngine
+    from ..engine.oracle import OracleProposer
+    from ..engine.runner import StaticRunner
+    from ..engine.session import DecodeSession, EngineGreedy
+
+    layers = 8 if not bench.smoke else 4
+    target, pair, prompt = exactness_setup(bench, layers, torch.float32, prompt_len)
+    new = (rounds + 2) * block
+    runner = StaticRunner(target, max_len=prompt_len + new + 512, sizes=[1, block, budget + 1],
+                          options=bench.runner_options())
+
+    def engine(tree_size: int) -> RunnerEngine:
+        return RunnerEngine(target, None, tree_size=tree_size, block_size=block, max_new_tokens=new, runner=runner)
+
+    greedy = list(EngineGreedy(engine(1), prompt, set(), with_margins=False).extend_to(new).ids)
+    runs, info = {}, {"ranks": list(ranks), "layers": layers, "dtype": "float32", "budget": budget}
+    for method, b, size in (("ddtree", budget, budget + 1), ("dflash", 1, block)):
+        oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=block)
+        session = DecodeSession(pair, budget=b, method=method, max_new_tokens=new, proposer=oracle,
+                                engine=engine(size), record=False, block_size=block)
+        session.prefill(prompt_ids=prompt)
+        runs[method] = session.run()
+        info[f"{method}_identical_to_greedy"] = session.generated == greedy[:len(session.generated)]
+    del runner, target
+    if bench.cuda:
+        torch.cuda.empty_cache()
+    return runs, info
 
 
 def cost_lines(table, prediction) -> str:

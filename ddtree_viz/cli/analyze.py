@@ -276,7 +276,8 @@ def _print_study(study: dict, out: Path) -> None:
     print(line)
     for r in study["validation"]:
         print(f"  budget {r['budget']}: predicted {r['predicted_tokens_per_s']:.1f} tok/s, measured "
-              f"{r['measured_tokens_per_s']:.1f} tok/s ({r['error']:+.1%})")
+              f"{r['measured_tokens_per_s']:.1f} tok/s ({r['error']:+.1%}); tokens/round {r['predicted_tau']:.2f} vs "
+              f"{r['measured_tau']:.2f}, ms/round {r['predicted_round_ms']:.2f} vs {r['measured_round_ms'] or 0:.2f}")
     if study["degenerate"]["flagged"]:
         print(f"warning: {study['degenerate']['flagged']} of {study['degenerate']['outputs']} outputs look degenerate "
               f"({study['degenerate']['example']}): fast garbage is still garbage")

@@ -50,66 +50,84 @@ def _session(pair: ModelPair, method: str, budget: int, block_size: int | None, 
                          time_phases=True, max_new_tokens=max_new, sampler=sampler)
 
 
-def _round_cost(session: DecodeSession, prompt_ids: list[int], rounds: int) -> RoundCost:
-    """Median phases and wall time of `rounds` rounds (a finished session starts the prompt again, untimed)."""
-    phases = {p: [] for p in PHASES}
-    totals = []
-    session.prefill(prompt_ids=prompt_ids)
-    session.step()  # warm-up: first use of this tree size (allocations, compiled pieces, graphs)
-    while len(totals) < rounds:
-        if session.done:
-            session.prefill(prompt_ids=prompt_ids)
+class _Timed:
+    """One budget's (or the chain's) session and the times of its rounds."""
+
+    def __init__(self, session: DecodeSession):
+        self.session = session
+        self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
+        self.totals: list[float] = []
+
+    def start(self, context: list[int]) -> None:
+        self.session.prefill(prompt_ids=context)
+        self.session.step()  # warm-up: first use of this tree size here (allocations, compiled pieces, graphs)
+
+    def time_round(self, context: list[int]) -> None:
+        session = self.session
+        if session.done:  # a finished session starts the context again, untimed
+            self.start(context)
         session.target_engine.sync()
         start = time.perf_counter()
         step = session.step()
         session.target_engine.sync()
         total = (time.perf_counter() - start) * 1e3
-        totals.append(total)
+        self.totals.append(total)
         for p in PHASES[:-1]:
-            phases[p].append(step.timings_ms.get(p, 0.0))
-        phases["host"].append(max(total - sum(step.timings_ms.get(p, 0.0) for p in PHASES[:-1]), 0.0))
-    med = {p: statistics.median(v) for p, v in phases.items()}
-    return RoundCost(**med, total=statistics.median(totals), rounds=len(totals))
+            self.phases[p].append(step.timings_ms.get(p, 0.0))
+        self.phases["host"].append(max(total - sum(step.timings_ms.get(p, 0.0) for p in PHASES[:-1]), 0.0))
+
+    def cost(self) -> RoundCost:
+        med = {p: statistics.median(v) for p, v in self.phases.items()}
+        return RoundCost(**med, total=statistics.median(self.totals), rounds=len(self.totals))
 
 
-def greedy_step_ms(session: DecodeSession, prompt_ids: list[int], steps: int = GREEDY_STEPS) -> float:
-    """The engine's one-token step: `steps` steps after the prefill and a first token (both untimed)."""
-    greedy = EngineGreedy(session.target_engine, prompt_ids, set(), with_margins=False, sampler=session.sampler)
-    greedy.extend_to(2)
-    before = greedy.seconds
-    greedy.extend_to(2 + steps)
-    return (greedy.seconds - before) * 1e3 / steps
+def greedy_step_ms(session: DecodeSession, contexts: list[list[int]], steps: int = GREEDY_STEPS) -> float:
+    """The engine's one-token step: the median over contexts of `steps` steps after the prefill and a first token
+    (both untimed)."""
+    per = []
+    for ids in contexts:
+        greedy = EngineGreedy(session.target_engine, ids, set(), with_margins=False, sampler=session.sampler)
+        greedy.extend_to(2)
+        before = greedy.seconds
+        greedy.extend_to(2 + steps)
+        per.append((greedy.seconds - before) * 1e3 / steps)
+    return statistics.median(per)
 
 
-def measure_costs(pair: ModelPair, prompt_ids: list[int], budgets, *, engine: str = "auto",
-                  block_size: int | None = None, rounds: int = 8, chain: bool = True,
-                  sampler: Sampler = GREEDY, progress=None) -> CostTable:
+def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", block_size: int | None = None,
+                  rounds: int = 8, chain: bool = True, sampler: Sampler = GREEDY, progress=None) -> CostTable:
     """The cost table of `pair` on `engine` at `budgets` (each 1..MAX_BUDGET), the chain's round at the block size
-    when `chain`, and greedy's step. `prompt_ids`: the context the rounds start from (a real prompt of the set)."""
+    when `chain`, and greedy's step. `contexts`: the prompts the rounds start from (token ids; one prompt or a
+    list), `rounds` timed rounds per context and budget. The budgets take turns round by round (interleaved), so a
+    drift in the machine's speed (other work, clocks) falls on every budget alike; each figure is a median."""
     rounds = check_int("cost rounds", rounds, MIN_ROUNDS, MAX_ROUNDS)
     budgets = sorted({check_int("budget", b, 1, 10**9) for b in budgets})
+    contexts = [list(contexts)] if contexts and isinstance(contexts[0], int) else [list(c) for c in contexts]
     if not budgets:
         raise InputError("cost measurement needs at least one budget")
-    if not prompt_ids:
+    if not contexts or not all(contexts):
         raise InputError("cost measurement needs a prompt")
     say = progress or (lambda text: None)
     engine = engine_for(engine, EXACT, pair.target)
     max_new = min(MAX_NEW_TOKENS, (rounds + 2) * 64)  # enough for every timed round; a finished session restarts
-    costs = {}
-    for b in budgets:
-        say(f"budget {b}: {rounds} rounds")
-        session = _session(pair, DDTREE, b, block_size, engine, max_new, sampler)
-        costs[b] = _round_cost(session, prompt_ids, rounds)
-    say("greedy step")
-    greedy_ms = greedy_step_ms(session, prompt_ids)
-    chain_cost = None
+    timed = {b: _Timed(_session(pair, DDTREE, b, block_size, engine, max_new, sampler)) for b in budgets}
+    block = timed[budgets[0]].session.block_size
     if chain:
-        say(f"chain (block {session.block_size}): {rounds} rounds")
-        chain_cost = _round_cost(_session(pair, DFLASH, 1, session.block_size, engine, max_new, sampler),
-                                 prompt_ids, rounds)
-    return CostTable(key=pair_key(pair, engine, session.block_size), device=str(pair.device),
-                     device_name=device_name(pair), engine=engine, block_size=session.block_size,
-                     greedy_ms=greedy_ms, rounds=costs, chain=chain_cost, measured_at=now())
+        timed["chain"] = _Timed(_session(pair, DFLASH, 1, block, engine, max_new, sampler))
+    for i, context in enumerate(contexts):
+        say(f"context {i + 1}/{len(contexts)} ({len(context)} tokens): {rounds} rounds at each of "
+            f"{', '.join(map(str, timed))}")
+        for t in timed.values():
+            t.start(context)
+        for _ in range(rounds):
+            for t in timed.values():
+                t.time_round(context)
+    say("greedy step")
+    greedy_ms = greedy_step_ms(timed[budgets[0]].session, contexts)
+    return CostTable(key=pair_key(pair, engine, block), device=str(pair.device), device_name=device_name(pair),
+                     engine=engine, block_size=block, greedy_ms=greedy_ms,
+                     rounds={b: timed[b].cost() for b in budgets},
+                     chain=timed["chain"].cost() if chain else None, measured_at=now())
 
 
 @dataclass(frozen=True)

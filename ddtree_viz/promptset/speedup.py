@@ -34,7 +34,18 @@ def budget_grid(top: int) -> list[int]:
     return grid + [top]
 
 
-def costs_for(pair: ModelPair, prompt_ids: list[int], budgets: list[int], *, engine: str, block_size: int,
+COST_CONTEXTS = 4  # prompts of the set the costs are timed from (spread over its prompt lengths)
+
+
+def cost_contexts(prompts: list[list[int]], n: int = COST_CONTEXTS) -> list[list[int]]:
+    """Up to n prompts spread over the set's prompt lengths (shortest to longest)."""
+    ordered = sorted(prompts, key=len)
+    if len(ordered) <= n:
+        return ordered
+    return [ordered[round(i * (len(ordered) - 1) / (n - 1))] for i in range(n)]
+
+
+def costs_for(pair: ModelPair, contexts: list[list[int]], budgets: list[int], *, engine: str, block_size: int,
               rounds: int, remeasure: bool, sampler: Sampler, say) -> tuple[speedup.CostTable, bool]:
     """The cached cost table when it has every budget asked for (and not `remeasure`), else measured and cached.
     Returns (table, whether it came from the cache)."""
@@ -47,7 +58,7 @@ def costs_for(pair: ModelPair, prompt_ids: list[int], budgets: list[int], *, eng
     if table is not None and set(budgets) <= set(table.rounds) and table.chain is not None:
         say(f"costs: cached ({table.measured_at}, {table.device_name})")
         return table, True
-    table = measure_costs(pair, prompt_ids, budgets, engine=engine, block_size=block_size, rounds=rounds,
+    table = measure_costs(pair, contexts, budgets, engine=engine, block_size=block_size, rounds=rounds,
                           sampler=sampler, progress=lambda t: say("costs: " + t))
     try:
         speedup.save_costs(table)
@@ -69,7 +80,8 @@ def _validate(pair, prompts, prediction: speedup.Prediction, budgets: list[int],
         say(f"validation: budget {b}")
         run = timed_runs(pair, prompts, budget=b, block_size=settings.block_size, **common)
         point = prediction.budgets[b]
-        rows.append(dict(budget=b, predicted_tau=point.tau, measured_tau=run.tau,
+        rows.append(dict(budget=b, predicted_tau=point.tau, measured_tau=run.tau, predicted_round_ms=point.round_ms,
+                         measured_round_ms=1e3 * run.seconds / run.rounds if run.rounds else None,
                          predicted_tokens_per_s=point.tokens_per_s, measured_tokens_per_s=run.tokens_per_s,
                          error=speedup.relative_error(point.tokens_per_s, run.tokens_per_s),
                          measured_speedup=run.tokens_per_s / greedy.tokens_per_s if greedy.tokens_per_s else None,
@@ -115,10 +127,9 @@ def study(pair: ModelPair, out: Path, items: list[dict], spec_of: Callable[[dict
                          f"knows nothing past it, not {max(grid)}")
     by_index = {it["index"]: it for it in items}
     prompts = [list(encode(pair.tokenizer, spec_of(by_index[i])).ids) for i in order]
-    context = sorted(prompts, key=len)[len(prompts) // 2]  # the median prompt: where the rounds are timed
     sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, settings.seed)
     first = traces[order[0]]
-    costs, cached = costs_for(pair, context, grid, engine=engine, block_size=first.settings["block_size"],
+    costs, cached = costs_for(pair, cost_contexts(prompts), grid, engine=engine, block_size=first.settings["block_size"],
                               rounds=cost_rounds, remeasure=remeasure, sampler=sampler, say=say)
     chain_traces = report.traces.get(DFLASH, {})
     chain_tau = speedup.tokens_per_round([s for t in chain_traces.values() for s in t.steps])

@@ -327,13 +327,15 @@ def speedup_html(study: Any) -> str:
     checks = [r for r in study.get("validation") or () if isinstance(r, dict)]
     if checks:
         parts.append("<table><tr><th>budget</th><th>predicted tok/s</th><th>measured tok/s</th><th>error</th>"
-                     "<th>tokens/round predicted / measured</th><th>identical to greedy</th></tr>\n")
+                     "<th>tokens/round predicted / measured</th><th>ms/round predicted / measured</th>"
+                     "<th>identical to greedy</th></tr>\n")
         for r in checks:
             err = r.get("error")
             parts.append(f"<tr><td>{e(str(r.get('budget')))}</td><td>{_num(r.get('predicted_tokens_per_s'), 1)}</td>"
                          f"<td>{_num(r.get('measured_tokens_per_s'), 1)}</td><td>"
                          f"{f'{err:+.1%}' if isinstance(err, float) else '-'}</td><td>{_num(r.get('predicted_tau'))}"
-                         f" / {_num(r.get('measured_tau'))}</td><td>{e(str(r.get('identical_to_greedy', '-')))}"
+                         f" / {_num(r.get('measured_tau'))}</td><td>{_num(r.get('predicted_round_ms'))} / "
+                         f"{_num(r.get('measured_round_ms'))}</td><td>{e(str(r.get('identical_to_greedy', '-')))}"
                          "</td></tr>\n")
         parts.append("</table>\n")
     parts.append(f"<p class=meta>{e(SPEEDUP_BIAS)}</p>\n")
