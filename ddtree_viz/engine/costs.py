@@ -77,29 +77,32 @@ class _Timed:
         self.phases["host"].append(max(total - sum(step.timings_ms.get(p, 0.0) for p in PHASES[:-1]), 0.0))
 
     def cost(self) -> RoundCost:
-        med = {p: statistics.median(v) for p, v in self.phases.items()}
-        return RoundCost(**med, total=statistics.median(self.totals), rounds=len(self.totals))
+        """Means, not medians: a decode's tokens/s is its tokens over the sum of its rounds' times, slow rounds
+        (a collection, a longer context) included, and the prediction divides by the same mean."""
+        mean = {p: statistics.fmean(v) for p, v in self.phases.items()}
+        return RoundCost(**mean, total=statistics.fmean(self.totals), rounds=len(self.totals))
 
 
 def greedy_step_ms(session: DecodeSession, contexts: list[list[int]], steps: int = GREEDY_STEPS) -> float:
-    """The engine's one-token step: the median over contexts of `steps` steps after the prefill and a first token
+    """The engine's one-token step: the mean over contexts of `steps` steps after the prefill and a first token
     (both untimed)."""
-    per = []
+    seconds = 0.0
     for ids in contexts:
         greedy = EngineGreedy(session.target_engine, ids, set(), with_margins=False, sampler=session.sampler)
         greedy.extend_to(2)
         before = greedy.seconds
         greedy.extend_to(2 + steps)
-        per.append((greedy.seconds - before) * 1e3 / steps)
-    return statistics.median(per)
+        seconds += greedy.seconds - before
+    return seconds * 1e3 / (steps * len(contexts))
 
 
 def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", block_size: int | None = None,
                   rounds: int = 8, chain: bool = True, sampler: Sampler = GREEDY, progress=None) -> CostTable:
     """The cost table of `pair` on `engine` at `budgets` (each 1..MAX_BUDGET), the chain's round at the block size
     when `chain`, and greedy's step. `contexts`: the prompts the rounds start from (token ids; one prompt or a
-    list), `rounds` timed rounds per context and budget. The budgets take turns round by round (interleaved), so a
-    drift in the machine's speed (other work, clocks) falls on every budget alike; each figure is a median."""
+    list), `rounds` timed rounds per context and budget, one after another as a decode runs them (budgets taking
+    turns round by round ran ~25% slower on a CPU: each session's working set evicted the others'); the contexts
+    are passes over every budget, so a drift in the machine's speed falls on all of them. Each figure is a mean."""
     rounds = check_int("cost rounds", rounds, MIN_ROUNDS, MAX_ROUNDS)
     budgets = sorted({check_int("budget", b, 1, 10**9) for b in budgets})
     contexts = [list(contexts)] if contexts and isinstance(contexts[0], int) else [list(c) for c in contexts]
@@ -119,8 +122,7 @@ def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", b
             f"{', '.join(map(str, timed))}")
         for t in timed.values():
             t.start(context)
-        for _ in range(rounds):
-            for t in timed.values():
+            for _ in range(rounds):
                 t.time_round(context)
     say("greedy step")
     greedy_ms = greedy_step_ms(timed[budgets[0]].session, contexts)
