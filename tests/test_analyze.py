@@ -24,7 +24,7 @@ from ddtree_viz.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-SETTINGS = ["--max-new-tokens", "6", "--budget", "8"]
+SETTINGS = ["--max-new-tokens", "6", "--budget", "8", "--no-speedup"]  # the study: tests/test_speedup.py
 PROMPTS = "def add(a, b):\n\nclass Point:\n    def __init__(self, x, y):\n\n" + "x = 1\n" * 1200 + "\n"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 

@@ -23,7 +23,7 @@ from ddtree_viz.errors import InputError, TraceError
 from ddtree_viz.trace import Trace
 
 PROMPTS = "def add(a, b):\n\nclass Point:\n    def __init__(self, x, y):\n"
-SETTINGS = ["--max-new-tokens", "8", "--budget", "8"]
+SETTINGS = ["--max-new-tokens", "8", "--budget", "8", "--no-speedup"]  # the study: tests/test_speedup.py
 
 
 def write_report(base: Path) -> Path:

@@ -114,3 +114,20 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
     assert fast["targets"]["exactness_fp32"]["met"]
+
+
+def test_gpu_bench_smoke_costs(tmp_path):
+    """issue #30 at real shapes, its code path at toy widths: the runner's cost table (a round per budget, the chain,
+    greedy's step) and S(b) at an oracle-controlled acceptance, whose decodes equal the target's greedy."""
+    report = _bench(tmp_path, "--skip-speed", "--costs")
+    costs = report["costs"]
+    table = costs["costs"]
+    assert set(table["rounds"]) == {"4", "8"} and table["greedy_ms"] > 0 and table["chain"]["total"] > 0
+    for c in table["rounds"].values():
+        assert c["total"] >= c["draft"] + c["verify"] and c["host"] >= 0
+    assert costs["oracle"]["ddtree_identical_to_greedy"] and costs["oracle"]["dflash_identical_to_greedy"]
+    s = costs["speedup"]
+    assert set(s["budgets"]) == {"4", "8"} and s["best_budget"] in (4, 8) and s["chain"]["tau"] >= 1
+    # the oracle's ranks (top-1 but for a few depths) give the tree more tokens per round at the larger budget
+    assert s["budgets"]["8"]["tau"] >= s["budgets"]["4"]["tau"] > 1
+    assert "best budget" in costs["cost_table"]

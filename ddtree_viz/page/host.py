@@ -128,6 +128,16 @@ class ModelHost:
             return f"**Model load failed:** {esc(self.error)}. The page still serves: you can replay a saved trace."
         return f"**Loading models…** {esc(self.stage)} ({time.monotonic() - self.started:.0f} s)"
 
+    def costs(self, block_size: int):
+        """This machine's cost table for the loaded pair on the exact engine at `block_size` (speedup.py's cache,
+        filled by `bench --costs` or `analyze`), or None: the budget panel's speed-up axis."""
+        if self.pair is None:
+            return None
+        from ..engine.costs import pair_key
+        from ..speedup import cached_costs
+
+        return cached_costs(pair_key(self.pair, self.exact_engine, block_size))
+
     @property
     def exact_engine(self) -> str:
         """The engine exact rounds run on (the named one, or auto's choice for the loaded target)."""

@@ -129,7 +129,7 @@ VIEWS: dict[str, View] = {
     "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
                                            token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
-    "budget_spec": View(lambda s: budget_spec(s.steps)),  # the budget that would have done: round and session
+    "budget_spec": View(lambda s: budget_spec(s.steps, prediction=_prediction(s))),  # round and session; S(b)
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
     "stop": View(lambda s: stop_html(s.step, s.text) if s.step.nodes else "", _no_text),  # where and why it stopped
     "inspector": View(lambda s: s.inspector[0], _no_text),  # the node inspector
@@ -348,6 +348,23 @@ def _round_views(s: Shown) -> RoundViews:
                              cache_chart=cache_spec(step), cache_rows=rows, cache_html=cache_table_html(rows))
         _keep(cache.rounds, key, got)
     return got
+
+
+def _prediction(s: Shown):
+    """S(b) for the rounds on screen when this machine's costs are cached for the pair (speedup.py), else None."""
+    from ..errors import InputError
+    from ..speedup import predict, tree_rounds
+
+    trace = s.trace
+    if trace.settings.get("method") != "ddtree" or not tree_rounds(s.steps) or s.tab.replay:
+        return None
+    costs = s.host.costs(trace.settings.get("block_size") or 0)
+    if costs is None:
+        return None
+    try:
+        return predict(s.steps, costs)
+    except InputError:
+        return None
 
 
 def _grid(s: Shown) -> FigureSpec | None:

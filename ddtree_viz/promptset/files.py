@@ -36,7 +36,11 @@ def read_prompts(path: str | Path, shown: str | None = None) -> list[dict[str, A
     per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
     ddtree_viz/prompts/. Messages name the file as `shown` (default: `path` as given; the page: the upload's own
     name, never the server's temp path)."""
+    from .sources import is_source, read_source
+
     p = Path(path)
+    if isinstance(path, str) and is_source(path) and not _exists(p):
+        return read_source(path)  # humaneval[:N], hf:NAME[:SPLIT] (promptset/sources.py)
     path = path if shown is None else shown
     if not _exists(p) and not p.is_absolute() and len(p.parts) == 1:
         for cand in (PROMPTS_DIR / p.name, *sorted(PROMPTS_DIR.glob(p.name + ".*"))):
@@ -72,10 +76,11 @@ def _jsonl_prompts(text: str, path: str | Path, name: str) -> list[dict[str, Any
         if not isinstance(obj, dict):
             raise InputError(f"{path} line {no}: expected an object with 'prompt' or 'messages'")
         source = obj.get("source") if isinstance(obj.get("source"), str) else f"{name}:{no}"
+        extra = {"category": obj["category"]} if isinstance(obj.get("category"), str) and obj["category"] else {}
         if isinstance(obj.get("prompt"), str) and obj["prompt"]:
-            items.append({"index": len(items), "prompt": obj["prompt"], "source": source})
+            items.append({"index": len(items), "prompt": obj["prompt"], "source": source, **extra})
         elif isinstance(obj.get("messages"), list) and obj["messages"]:
-            items.append({"index": len(items), "messages": obj["messages"], "source": source})
+            items.append({"index": len(items), "messages": obj["messages"], "source": source, **extra})
         else:
             raise InputError(f"{path} line {no}: expected a non-empty 'prompt' (text) or 'messages' (list)")
     return items
@@ -134,7 +139,8 @@ def _prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
         raise InputError(f"{out} already exists: give --resume to skip the prompts whose traces exist, or --force "
                          "to start again")
     if main and force and not resume and out.exists():
-        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json"):
+        for name in ("traces", "figures", "summary.json", "report.html", "prompts.json", "speedup.json", "table.tex",
+                     "table.csv"):
             target = out / name
             if target.is_dir():
                 shutil.rmtree(target)

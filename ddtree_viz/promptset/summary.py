@@ -3,6 +3,7 @@ and the report written from them (summary.json, report.html, figures/). The cont
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,12 @@ def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str
     out = Path(out)
     report = load_dir(out)
     summary = summarize_report(report, budgets)
+    study = out / "speedup.json"  # the speed-up study (promptset/speedup.py), when analyze ran it first
+    if study.is_file():
+        try:
+            summary["speedup"] = json.loads(study.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass  # the study's own file, written just before: unreadable only if something else broke it
     write_json(out / "summary.json", summary)
     write_report(out, summary, report.items, report.metas)
     return summary

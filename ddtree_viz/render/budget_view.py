@@ -41,9 +41,10 @@ def budget_figure(steps: Sequence[StepRecord], k: int | None = None, **options) 
 
 
 def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
-                title: str | None = None) -> FigureSpec:
-    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k. Plain data
-    (figure.FigureSpec)."""
+                title: str | None = None, prediction=None) -> FigureSpec:
+    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k, and with a
+    `prediction` (speedup.Prediction from this machine's measured costs) the predicted speed-up S(b) on a second
+    axis, the best budget marked. Plain data (figure.FigureSpec)."""
     steps = list(steps)
     k = len(steps) - 1 if k is None else k
     step = steps[k]
@@ -64,18 +65,40 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
         suffix = "" if col == 1 else "2"
         layout["xaxis" + suffix].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
         layout["yaxis" + suffix].update(title=dict(text="tokens gained"), rangemode="tozero")
+    if prediction is not None and prediction.budgets:
+        _speedup_axis(data, layout, prediction, scheme)
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
     # plotly does not wrap text: the caveat in lines that fit a half-width panel, under the axis titles
     lines = textwrap.wrap(analysis.curve_caveat(step.method) + exact, CAVEAT_CHARS)
     layout.update(
         title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
-        height=250 + 13 * len(lines), margin=dict(l=20, r=20, t=60, b=50 + 13 * len(lines)), plot_bgcolor="white",
+        height=250 + 13 * len(lines), plot_bgcolor="white",
+        margin=dict(l=20, r=20 if "yaxis3" not in layout else 64, t=60, b=50 + 13 * len(lines)),
         showlegend=False,
         annotations=layout["annotations"] + [dict(
             text="<br>".join(esc(line) for line in lines), xref="paper", yref="paper", x=0, y=0, yshift=-42,
             yanchor="top", align="left", showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
     )
     return FigureSpec(data, layout)
+
+
+def _speedup_axis(data: list, layout: dict, prediction, scheme: Scheme) -> None:
+    """The session panel's second y axis: predicted S(b) = tau(b) x greedy step / round cost(b) at the measured
+    budgets (docs/SPEEDUP.md), the best budget marked."""
+    xs = sorted(prediction.budgets)
+    best = prediction.best_budget
+    data.append(dict(type="scatter", x=xs, y=[prediction.budgets[b].speedup for b in xs], mode="lines+markers",
+                     line=dict(color=scheme.mean, width=2, dash="dot"), marker=dict(size=6),
+                     customdata=[[prediction.budgets[b].tau, prediction.budgets[b].round_ms] for b in xs],
+                     name="predicted speed-up", xaxis="x2", yaxis="y3",
+                     hovertemplate="budget %{x}: S = %{y:.2f}x (%{customdata[0]:.2f} tokens/round, "
+                                   "%{customdata[1]:.2f} ms/round)<extra>predicted</extra>"))
+    layout["yaxis3"] = dict(overlaying="y2", side="right", anchor="x2", rangemode="tozero", showgrid=False,
+                            title=dict(text="speed-up (pred.)", font=dict(color=scheme.mean)),
+                            tickfont=dict(color=scheme.mean), tickformat=".2f", ticksuffix="x")
+    layout["annotations"].append(dict(x=best, y=prediction.budgets[best].speedup, xref="x2", yref="y3",
+                                      text=f"best {best}: {prediction.budgets[best].speedup:.2f}x", showarrow=True,
+                                      arrowhead=2, ax=0, ay=-24, font=dict(size=10, color=scheme.mean)))
 
 
 def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, **options) -> go.Figure:

@@ -365,6 +365,58 @@ def _at(values: list, d: int):
     return values[d] if d < len(values) else None
 
 
+SPEEDUP_BIAS = ("Predicted: tokens per round from each round's exact budget counterfactual (from the state that round "
+                "really started in) over this machine's measured round cost. The real run at a smaller budget starts "
+                "its later rounds elsewhere (it accepts less, so it visits other states, more of them early in the "
+                "output) and at other context lengths: the error below is that bias plus timing noise.")
+
+
+def speedup_html(study: Any) -> str:
+    """The speed-up study (summary['speedup'], from speedup.json): S(b) per measured budget, the chain's point, the
+    best and break-even budgets, predicted vs measured, degenerate outputs. Every value checked: a report is
+    untrusted input."""
+    if not isinstance(study, dict) or not isinstance(study.get("budgets"), dict):
+        return ""
+    e = html.escape
+    best, even = study.get("best_budget"), study.get("break_even_budget")
+    parts = [f"<p class=meta>{e(str(study.get('engine', '?')))} engine on {e(str(study.get('device_name', '?')))}; "
+             f"greedy step {_num(study.get('greedy_ms'), 3)} ms; best budget <b>{e(str(best))}</b>, break-even budget "
+             f"{e(str(even))} (the largest budget still at least as fast as the chain).</p>\n",
+             "<table class=sortable><thead><tr><th>budget</th><th>tokens/round</th><th>round ms</th>"
+             "<th>predicted tok/s</th><th>predicted speed-up</th></tr></thead><tbody>\n"]
+    rows = [(b, p) for b, p in study["budgets"].items() if isinstance(p, dict)]
+    chain = study.get("chain")
+    if isinstance(chain, dict):
+        rows.append(("chain", chain))
+    for b, p in rows:
+        mark = " <b>best</b>" if str(b) == str(best) else ""
+        parts.append(f"<tr><td>{e(str(b))}{mark}</td><td>{_num(p.get('tau'))}</td><td>{_num(p.get('round_ms'), 3)}"
+                     f"</td><td>{_num(p.get('predicted_tokens_per_s'), 1)}</td><td>{_num(p.get('predicted_speedup'))}"
+                     "</td></tr>\n")
+    parts.append("</tbody></table>\n")
+    checks = [r for r in study.get("validation") or () if isinstance(r, dict)]
+    if checks:
+        parts.append("<table><tr><th>budget</th><th>predicted tok/s</th><th>measured tok/s</th><th>error</th>"
+                     "<th>tokens/round predicted / measured</th><th>ms/round predicted / measured</th>"
+                     "<th>identical to greedy</th></tr>\n")
+        for r in checks:
+            err = r.get("error")
+            parts.append(f"<tr><td>{e(str(r.get('budget')))}</td><td>{_num(r.get('predicted_tokens_per_s'), 1)}</td>"
+                         f"<td>{_num(r.get('measured_tokens_per_s'), 1)}</td><td>"
+                         f"{f'{err:+.1%}' if isinstance(err, float) else '-'}</td><td>{_num(r.get('predicted_tau'))}"
+                         f" / {_num(r.get('measured_tau'))}</td><td>{_num(r.get('predicted_round_ms'))} / "
+                         f"{_num(r.get('measured_round_ms'))}</td><td>{e(str(r.get('identical_to_greedy', '-')))}"
+                         "</td></tr>\n")
+        parts.append("</table>\n")
+    parts.append(f"<p class=meta>{e(SPEEDUP_BIAS)}</p>\n")
+    bad = study.get("degenerate")
+    if isinstance(bad, dict) and isinstance(bad.get("flagged"), int) and bad["flagged"]:
+        parts.append(f"<p><b>Warning</b>: {bad['flagged']} of {e(str(bad.get('outputs')))} outputs look degenerate "
+                     f"({esc(visible(str(bad.get('example'))))}): a loop drafts easily and decodes fast; its speed-up "
+                     "is no speed-up.</p>\n")
+    return "".join(parts)
+
+
 def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
                 metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True) -> str:
     """The report's content (everything inside <body> but the title and the script): headline numbers, the figures
@@ -381,6 +433,9 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
                  "choice there and the target's token, the most frequent pairs over all rounds (rounds that accepted "
                  "every drafted depth left out), with the output around them.</p>\n")
     parts.append(misses_html(summary, link))
+    speed = speedup_html(summary.get("speedup"))
+    if speed:
+        parts.append("<h2>Speed-up by budget</h2>\n" + speed)
     parts.append("<h2>Prompts</h2>\n<p class=meta>Click a header to sort.</p>\n")
     parts.append(prompts_html(summary, items, metas, link))
     failed = failed_html(summary)

@@ -1,0 +1,252 @@
+"""Does the tree beat the chain, and at which budget? Measured costs and exact counterfactuals put together.
+
+A round's cost at budget b, `c(b)` = draft + tree + verify(b) + commit + host, and the greedy step `g` are measured
+on the machine in use (`engine/costs.py: measure_costs`, cached here by model, engine and device). A session's (or a
+prompt set's) rounds give, for every budget b up to their own, the tokens they would have gained under b
+(`analysis.session_budget_curve`, exact per round). Together:
+
+    tau(b) = tokens gained under b / rounds         (tokens per round)
+    S(b)   = tau(b) * g / c(b)                       (tokens/s over greedy's tokens/s)
+
+The DFlash chain's point comes from real chain rounds (its own tau) and its own measured cost. The best budget is
+the measured budget with the largest S; the break-even budget is the largest measured budget at which the tree is
+still at least as fast as the chain (as greedy when there is no chain point): past it a bigger tree loses.
+
+The caveat (docs/SPEEDUP.md): each round's counterfactual starts from the state that round really started in; a
+session run at budget b would have started its later rounds elsewhere, and its costs at other context lengths.
+`analyze` checks the prediction by real runs (the `validation` rows). Pure functions and plain data: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import analysis
+from .errors import InputError
+from .trace import StepRecord
+
+PHASES = ("draft", "tree", "verify", "commit", "host")
+CACHE_ENV = "DDTREE_VIZ_CACHE"  # a folder; default ~/.cache/ddtree-viz
+CACHE_FILE = "costs.json"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RoundCost:
+    """One round's measured cost in milliseconds: the median over the timed rounds of each phase and of the whole
+    round (host = the round's wall time minus the phases: building records, the session's own bookkeeping)."""
+
+    draft: float
+    tree: float
+    verify: float
+    commit: float
+    host: float
+    total: float
+    rounds: int  # rounds timed
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RoundCost":
+        return cls(**{f.name: (int if f.name == "rounds" else float)(d[f.name]) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """The costs of one model pair on one engine and device: greedy's step and a round per budget (and the chain's
+    round at the block size). `key` names what was measured (costs_key); `measured_at` is an ISO date-time."""
+
+    key: str
+    device: str
+    device_name: str
+    engine: str
+    block_size: int
+    greedy_ms: float
+    rounds: dict[int, RoundCost]
+    chain: RoundCost | None
+    measured_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rounds"] = {str(b): dataclasses.asdict(c) for b, c in sorted(self.rounds.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CostTable":
+        try:
+            rounds = {int(b): RoundCost.from_dict(c) for b, c in d["rounds"].items()}
+            chain = RoundCost.from_dict(d["chain"]) if d.get("chain") else None
+            return cls(key=str(d["key"]), device=str(d["device"]), device_name=str(d["device_name"]),
+                       engine=str(d["engine"]), block_size=int(d["block_size"]), greedy_ms=float(d["greedy_ms"]),
+                       rounds=rounds, chain=chain, measured_at=str(d["measured_at"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"not a cost table: {type(exc).__name__} {exc}") from None
+
+
+def costs_key(target: str, draft: str, dtype: str, device: str, device_name: str, engine: str, block_size: int,
+              record: bool) -> str:
+    """What a cost table depends on, as one string (the cache's key)."""
+    return json.dumps(dict(target=target, draft=draft, dtype=dtype, device=device, device_name=device_name,
+                           engine=engine, block_size=block_size, record=record), sort_keys=True)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The cache: one JSON file of tables by key
+# ----------------------------------------------------------------------------------------------------------
+
+
+def cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "ddtree-viz")
+    return Path(root) / CACHE_FILE
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache's tables by key; an unreadable or foreign file counts as empty (it is only a cache)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("tables"), dict):
+        return {}
+    return data["tables"]
+
+
+def cached_costs(key: str, path: Path | None = None) -> CostTable | None:
+    entry = _read_cache(path or cache_path()).get(key)
+    if entry is None:
+        return None
+    try:
+        return CostTable.from_dict(entry)
+    except InputError:
+        return None
+
+
+def save_costs(table: CostTable, path: Path | None = None) -> Path:
+    """Add (or replace) `table` in the cache; written to a temporary file and renamed, so a reader never sees half."""
+    path = path or cache_path()
+    tables = _read_cache(path)
+    tables[table.key] = table.to_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": CACHE_VERSION, "tables": tables}, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The prediction
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method at one budget: tokens per round, a round's cost, tokens/s and the speed-up over greedy."""
+
+    tau: float
+    round_ms: float
+    tokens_per_s: float
+    speedup: float
+
+    @classmethod
+    def of(cls, tau: float, round_ms: float, greedy_ms: float) -> "Point":
+        return cls(tau, round_ms, 1e3 * tau / round_ms, tau * greedy_ms / round_ms)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    greedy_ms: float
+    budgets: dict[int, Point]
+    chain: Point | None
+    best_budget: int | None
+    break_even_budget: int | None
+    rounds: int  # DDTree rounds the counterfactual is summed over
+
+    def to_dict(self) -> dict[str, Any]:
+        def point(p: Point) -> dict:
+            return dict(tau=p.tau, round_ms=p.round_ms, predicted_tokens_per_s=p.tokens_per_s,
+                        predicted_speedup=p.speedup)
+
+        return dict(greedy_ms=self.greedy_ms, budgets={str(b): point(p) for b, p in sorted(self.budgets.items())},
+                    best_budget=self.best_budget, break_even_budget=self.break_even_budget,
+                    chain=point(self.chain) if self.chain else None, rounds=self.rounds)
+
+
+def tree_rounds(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The rounds whose counterfactual a prediction may use: DDTree rounds in exact verify mode."""
+    return [s for s in steps if s.method == "ddtree" and analysis.curve_is_exact(s)]
+
+
+def predict(steps: Sequence[StepRecord], costs: CostTable, chain_tau: float | None = None) -> Prediction:
+    """S(b) at every measured budget the rounds reach (their own budget or less), the chain's point from its tokens
+    per round in real chain rounds (`chain_tau`, None: no chain point) and the table's chain cost, the best and the
+    break-even budgets."""
+    rounds = tree_rounds(steps)
+    if not rounds:
+        raise InputError("no exact DDTree rounds to predict from (naive verify mode and the DFlash chain have no "
+                         "budget counterfactual)")
+    top = max(analysis.tree_size(s) - 1 for s in rounds)
+    curve = analysis.session_budget_curve(rounds, top)
+    points = {b: Point.of(curve[b] / len(rounds), c.total, costs.greedy_ms)
+              for b, c in sorted(costs.rounds.items()) if b <= top}
+    chain = None
+    if chain_tau is not None and costs.chain is not None:
+        chain = Point.of(chain_tau, costs.chain.total, costs.greedy_ms)
+    best = max(points, key=lambda b: (points[b].speedup, -b)) if points else None
+    floor = chain.speedup if chain else 1.0
+    even = [b for b, p in points.items() if best is not None and b >= best and p.speedup >= floor]
+    return Prediction(costs.greedy_ms, points, chain, best, max(even) if even else None, len(rounds))
+
+
+def tokens_per_round(steps: Sequence[StepRecord]) -> float | None:
+    """Tokens kept per round (None: no rounds): a chain's tau from its real rounds."""
+    return sum(s.kept for s in steps) / len(steps) if steps else None
+
+
+def validation_budgets(prediction: Prediction) -> list[int]:
+    """The budgets real runs check: the best, the measured budget below it and the one above (where they exist)."""
+    budgets = sorted(prediction.budgets)
+    if prediction.best_budget is None:
+        return []
+    i = budgets.index(prediction.best_budget)
+    return budgets[max(i - 1, 0): i + 2]
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0 if measured > 0 else math.inf
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fast garbage: a degenerate output
+# ----------------------------------------------------------------------------------------------------------
+
+LOOP_SHARE = 0.5  # one token this share of the output (or more)...
+REPEAT_SHARE = 0.5  # ...or this share of the output's 4-grams repeats of earlier ones
+NGRAM = 4
+MIN_TOKENS = 16  # shorter outputs are not judged
+
+
+def degenerate(ids: Sequence[int]) -> str | None:
+    """Why an output looks degenerate, or None: one token looping, or mostly repeated n-grams. Fast decoders that
+    loop report high throughput and acceptance (a loop is easy to draft): every throughput figure shows this."""
+    ids = list(ids)
+    if len(ids) < MIN_TOKENS:
+        return None
+    token, count = Counter(ids).most_common(1)[0]
+    if count >= LOOP_SHARE * len(ids):
+        return f"one token is {count} of {len(ids)} output tokens (id {token})"
+    grams = [tuple(ids[i:i + NGRAM]) for i in range(len(ids) - NGRAM + 1)]
+    repeats = len(grams) - len(set(grams))
+    if repeats >= REPEAT_SHARE * len(grams):
+        return f"{repeats} of {len(grams)} {NGRAM}-grams repeat earlier ones"
+    return None

@@ -1,0 +1,244 @@
+"""Does the tree beat the chain, and at which budget (issue #30): the speed-up model on hand-made records, the cost
+cache, the papers' prompt sets (HumanEval from the real package, hub rows from a local file), the degenerate-output
+flag, the papers' table, and `analyze`'s whole study on the embedded pair (real runs checking the prediction)."""
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_viz import speedup
+from ddtree_viz.cli import main
+from ddtree_viz.errors import InputError
+from ddtree_viz.promptset.files import read_prompts
+from ddtree_viz.promptset.sources import rows_to_items
+from ddtree_viz.render.table import table_csv, table_latex
+from ddtree_viz.trace import StepRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _step(accepted, size, kept=None, method="ddtree"):
+    """A round whose accepted path has tree positions `accepted` (root first) in a tree of `size` nodes (the root
+    apart): only what the counterfactual reads."""
+    return StepRecord(index=0, committed_len=0, root_token_id=0, nodes=(), target_argmax=tuple(range(size + 1)),
+                      accepted=tuple(accepted), bonus_token_id=0, timings_ms={}, cache=(),
+                      new_token_ids=tuple(range(kept if kept is not None else len(accepted))), method=method)
+
+
+def _cost(total):
+    return speedup.RoundCost(draft=total / 4, tree=0.0, verify=total / 2, commit=total / 4, host=0.0, total=total,
+                             rounds=3)
+
+
+def _table(rounds: dict[int, float], greedy_ms=10.0, chain=12.0):
+    return speedup.CostTable(key="k", device="cpu", device_name="test cpu", engine="runner", block_size=8,
+                             greedy_ms=greedy_ms, rounds={b: _cost(c) for b, c in rounds.items()},
+                             chain=_cost(chain) if chain else None, measured_at="2026-12-01T00:00:00+00:00")
+
+
+def test_prediction_from_counterfactuals_and_costs():
+    # round 1: path at tree positions 0, 1, 3, 6 -> gains under b=1: 2, b=2: 2, b=4: 3, b=8: 4
+    # round 2: path 0, 2 -> b=1: 1, b>=2: 2
+    steps = [_step((0, 1, 3, 6), 8), _step((0, 2), 8)]
+    costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 20.0})
+    p = speedup.predict(steps, costs, chain_tau=2.5)
+    assert {b: p.budgets[b].tau for b in p.budgets} == {1: 1.5, 2: 2.0, 4: 2.5, 8: 3.0}
+    for b, c in {1: 11.0, 2: 12.0, 4: 14.0, 8: 20.0}.items():
+        assert p.budgets[b].speedup == pytest.approx(p.budgets[b].tau * 10.0 / c)
+        assert p.budgets[b].tokens_per_s == pytest.approx(1e3 * p.budgets[b].tau / c)
+    # S: 1.364, 1.667, 1.786, 1.5 -> best 4; chain 2.5 * 10 / 12 = 2.083 beats them all: no break-even budget
+    assert p.best_budget == 4 and p.chain.speedup == pytest.approx(2.5 * 10 / 12)
+    assert p.break_even_budget is None
+    p = speedup.predict(steps, costs, chain_tau=1.7)  # chain 1.417: the tree still wins at 4 and 8
+    assert p.break_even_budget == 8 and p.best_budget == 4
+    assert speedup.validation_budgets(p) == [2, 4, 8]
+    # budgets past the rounds' own are not predicted (the counterfactual knows nothing there)
+    assert 16 not in speedup.predict(steps, _table({8: 20.0, 16: 30.0})).budgets
+    # a round cut by max new tokens counts what it kept
+    cut = speedup.predict([_step((0, 1, 3, 6), 8, kept=2)], costs)
+    assert cut.budgets[8].tau == 2.0
+    with pytest.raises(InputError, match="no exact DDTree rounds"):
+        speedup.predict([_step((0, 1), 1, method="dflash")], costs)
+
+
+def test_cost_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "c"))
+    table = _table({1: 5.0, 2: 6.0})
+    assert speedup.cached_costs("k") is None
+    path = speedup.save_costs(table)
+    assert path == tmp_path / "c" / "costs.json"
+    assert speedup.cached_costs("k") == table and speedup.cached_costs("other") is None
+    other = speedup.CostTable(**{**table.__dict__, "key": "other", "greedy_ms": 3.0})
+    speedup.save_costs(other)
+    assert speedup.cached_costs("k") == table and speedup.cached_costs("other").greedy_ms == 3.0
+    for junk in ("{", "[]", json.dumps({"version": 1, "tables": {"k": {"rounds": 3}}})):  # only a cache
+        path.write_text(junk)
+        assert speedup.cached_costs("k") is None
+    speedup.save_costs(table)  # a broken cache is replaced, not a crash
+    assert speedup.cached_costs("k") == table
+
+
+def test_degenerate_outputs():
+    assert speedup.degenerate([7] * 20).startswith("one token is 20 of 20")
+    assert "4-grams repeat" in speedup.degenerate([1, 2, 3, 4, 5] * 6)
+    assert speedup.degenerate(list(range(40))) is None
+    assert speedup.degenerate([7] * 5) is None  # too short to judge
+
+
+def test_humaneval_from_the_real_package():
+    items = read_prompts("humaneval:3")
+    assert [it["source"] for it in items] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert "def has_close_elements" in items[0]["prompt"] and items[0]["category"] == "humaneval"
+    assert len(read_prompts("humaneval")) == 164
+    for bad in ("humaneval:0", "humaneval:x"):
+        with pytest.raises(InputError, match="whole number"):
+            read_prompts(bad)
+
+
+def test_hub_rows_from_a_local_file(tmp_path):
+    """The hub's row shapes (GSM8K's question, MT-Bench's turns + category, Alpaca's instruction + input), read from
+    a local file through the same mapping as a hub download; the hub itself refused in seconds when offline."""
+    (tmp_path / "gsm8k.jsonl").write_text(
+        json.dumps({"question": "Tom has 3 apples.", "answer": "3"}) + "\n"
+        + json.dumps({"question": "Two plus two?", "answer": "4"}) + "\n")
+    items = read_prompts(f"hf:{tmp_path / 'gsm8k.jsonl'}")
+    assert [it["prompt"] for it in items] == ["Tom has 3 apples.", "Two plus two?"]
+    (tmp_path / "mt.json").write_text(json.dumps([{"prompt": ["Write a poem.", "Shorter."], "category": "writing"},
+                                                  {"prompt": ["Solve x+1=2."], "category": "math"}]))
+    items = read_prompts(f"hf:{tmp_path / 'mt.json'}")
+    assert [(it["prompt"], it["category"]) for it in items] == [("Write a poem.", "writing"), ("Solve x+1=2.", "math")]
+    alpaca = rows_to_items([{"instruction": "Translate.", "input": "bonjour", "output": "hello"}], "instruction", "a")
+    assert alpaca[0]["prompt"] == "Translate.\n\nbonjour"
+    with pytest.raises(InputError, match="no prompt text"):
+        rows_to_items([{"answer": "4"}], None, "x")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "ddtree_viz", "analyze", "--prompts", "hf:gsm8k", "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+    assert "datasets" in r.stderr or "offline" in r.stderr
+    assert time.monotonic() - start < 60 and not (tmp_path / "o").exists()
+
+
+def test_table_escapes_and_marks_predictions():
+    rows = [dict(benchmark="a&b_%$#{}", method="greedy", speedup=1.0, tau=1.0, measured=True),
+            dict(benchmark="a&b_%$#{}", method="DDTree (b=4)", speedup=1.5, tau=2.25, measured=False)]
+    tex = table_latex(rows, "caption with 50% & _under")
+    assert r"a\&b\_\%\$\#\{\}" in tex and "a&b" not in tex and r"50\% \& \_under" in tex
+    assert r"\toprule" in tex and r"\bottomrule" in tex and tex.count(r"$^\dagger$") == 3  # 2 cells + the note
+    parsed = list(csv.DictReader(io.StringIO(table_csv(rows))))
+    assert parsed[1] == {"benchmark": "a&b_%$#{}", "method": "DDTree (b=4)", "speedup": "1.500", "tau": "2.250",
+                         "measured": "predicted"}
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory):
+    """analyze on two shipped sets of the embedded pair, tiny settings: the costs measured (a fresh cache), the
+    prediction checked by real runs at budgets 2 and 4 (4 = the run's own budget)."""
+    base = tmp_path_factory.mktemp("speedup")
+    old = os.environ.get(speedup.CACHE_ENV)
+    os.environ[speedup.CACHE_ENV] = str(base / "cache")
+    try:
+        code = main(["analyze", "--prompts", str(_two_prompts(base, "code")), str(_two_prompts(base, "text")),
+                     "--out", str(base / "out"), "--max-new-tokens", "8", "--budget", "4", "--cost-rounds", "2",
+                     "--validate", "2", "4"])
+    finally:
+        os.environ.pop(speedup.CACHE_ENV) if old is None else os.environ.__setitem__(speedup.CACHE_ENV, old)
+    assert code == 0
+    return base
+
+
+def _two_prompts(base: Path, name: str) -> Path:
+    path = base / f"{name}.txt"
+    path.write_text({"code": "def add(a, b):\n\nclass Point:\n", "text": "import os\n\ndef main():\n"}[name])
+    return path
+
+
+def test_analyze_writes_the_speedup_contract(study_dir):
+    out = study_dir / "out"
+    for name in ("code", "text"):
+        s = json.loads((out / name / "speedup.json").read_text())
+        assert {"device", "engine", "greedy_ms", "budgets", "best_budget", "break_even_budget", "chain",
+                "validation"} <= set(s)
+        assert set(s["budgets"]) == {"1", "2", "4"} and s["best_budget"] in (1, 2, 4)
+        for p in s["budgets"].values():
+            assert p["round_ms"] > 0 and p["predicted_speedup"] == pytest.approx(p["tau"] * s["greedy_ms"]
+                                                                                   / p["round_ms"])
+        assert s["chain"]["tau"] >= 1 and s["chain"]["round_ms"] > 0
+        rows = {r["budget"]: r for r in s["validation"]}
+        assert set(rows) == {2, 4} and all(r["identical_to_greedy"] for r in rows.values())
+        # at the run's own budget the real run visits the same states as the traces: the same tokens per round
+        assert rows[4]["measured_tau"] == pytest.approx(rows[4]["predicted_tau"])
+        assert rows[4]["error"] == pytest.approx(rows[4]["predicted_tokens_per_s"]
+                                                 / rows[4]["measured_tokens_per_s"] - 1)
+    top = json.loads((out / "speedup.json").read_text())
+    assert set(top["sets"]) == {"code", "text"}
+    table = list(csv.DictReader(io.StringIO((out / "table.csv").read_text())))
+    assert [(r["benchmark"], r["method"].split(" (")[0]) for r in table] == [
+        (b, m) for b in ("code", "text") for m in ("greedy", "DFlash chain", "DDTree")]
+    for r in table:  # DDTree's row is measured when its best budget was among the validated ones, else predicted
+        best = json.loads((out / r["benchmark"] / "speedup.json").read_text())["best_budget"]
+        ran = not r["method"].startswith("DDTree") or best in (2, 4)
+        assert r["measured"] == ("yes" if ran else "predicted")
+    assert r"\toprule" in (out / "table.tex").read_text()
+    # the report shows the study: its section, the best budget, predicted vs measured
+    report = (out / "code" / "report.html").read_text()
+    assert "Speed-up by budget" in report and "measured tok/s" in report
+    code = json.loads((out / "code" / "speedup.json").read_text())
+    assert json.loads((out / "code" / "summary.json").read_text())["speedup"] == code
+
+
+def test_second_set_uses_the_cached_costs(study_dir):
+    s = [json.loads((study_dir / "out" / n / "speedup.json").read_text()) for n in ("code", "text")]
+    assert s[0]["costs_cached"] is False and s[1]["costs_cached"] is True
+    assert s[0]["costs"] == s[1]["costs"]
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no TeX on this machine")
+def test_table_compiles(study_dir, tmp_path):
+    shutil.copy(study_dir / "out" / "table.tex", tmp_path / "table.tex")
+    (tmp_path / "doc.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}"
+                                      "\\input{table.tex}\\end{document}\n")
+    r = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "doc.tex"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatch):
+    """The page's budget panel: no speed-up axis until this machine's costs are cached for the pair and engine
+    (`bench --costs` / analyze measure them), then S(b) of the rounds on screen, the best budget marked."""
+    from ddtree_viz.engine.costs import measure_costs
+    from ddtree_viz.page import actions
+    from ddtree_viz.page.host import ModelHost
+    from ddtree_viz.page.state import TabState, read_settings
+    from ddtree_viz.page.views import render_views
+    from tests import tiny
+
+    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "cache"))
+    dirs = tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path / "models")
+    host = ModelHost(str(dirs[0]), str(dirs[1]), "float32", "cpu", engine="transformers")
+    host.start(background=False)
+    tab = TabState()
+    values = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=24, verify="exact", method="ddtree")
+    for _ in range(3):
+        tab = actions.step(host, tab, read_settings(host, values))
+    names = lambda v: [t.get("name") for t in v.budget_spec.data]  # noqa: E731
+    assert "predicted speed-up" not in names(render_views(host, tab))
+    ids = host.pair.tokenizer.encode("def f(x):\n")
+    table = measure_costs(host.pair, ids, [1, 2, 4, 8], engine="transformers", block_size=8, rounds=2)
+    assert set(table.rounds) == {1, 2, 4, 8} and table.greedy_ms > 0 and table.chain is not None
+    speedup.save_costs(table)
+    shown = render_views(host, tab)
+    trace = next(t for t in shown.budget_spec.data if t.get("name") == "predicted speed-up")
+    expected = speedup.predict(tab.session.history, table)
+    assert trace["x"] == [1, 2, 4, 8]
+    assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
+    assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])
