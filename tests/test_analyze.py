@@ -249,7 +249,7 @@ def test_ctrl_c_keeps_what_is_done(tmp_path):
     (tmp_path / "p.txt").write_text("\n\n".join(f"def {name}(a, b):" for name in names) + "\n")
     out = tmp_path / "out"
     proc = subprocess.Popen([PY, "-m", "ddtree_viz", "analyze", "--prompts", str(tmp_path / "p.txt"), "--out",
-                             str(out), "--max-new-tokens", "32", "--budget", "8"], cwd=ROOT, env=ENV,
+                             str(out), "--max-new-tokens", "32", "--budget", "8", "--no-speedup"], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             # as from a terminal: a test run started in the background (`cmd &` in a script) ignores
                             # SIGINT, its children inherit that, and Python then installs no KeyboardInterrupt

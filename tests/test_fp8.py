@@ -206,7 +206,7 @@ def _analyze(tmp_path, capsys, *flags):
     (tmp_path / "p.txt").write_text(PROMPTS)
     out = tmp_path / "out"
     rc = cli.main(["analyze", "--prompts", str(tmp_path / "p.txt"), "--out", str(out), "--max-new-tokens", "24",
-                   "--budget", "4", *flags])
+                   "--budget", "4", "--no-speedup", *flags])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     return out, json.loads((out / "summary.json").read_text()), captured
