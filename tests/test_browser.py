@@ -869,3 +869,44 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
     finally:
         browser.close()
         p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Figures and export (issue #26.8, #26.9)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_html_panels_have_headings_and_the_live_tree_takes_the_filters(page):
+    """gr.HTML draws no label: 'Where drafter and target disagree' and 'Output vs the target's own decoding' had no
+    heading. A budget-512 tree was a blob with the max-depth / log-prob filters only in the export row: the tree on
+    screen takes them (the same boxes the export reads)."""
+    first_round_drawn(page)
+    for heading in ("Where drafter and target disagree", "Output vs the target's own decoding"):
+        assert page.get_by_text(heading).first.is_visible(), heading
+    depth = page.locator("#ddv-tree-depth textarea, #ddv-tree-depth input").first
+    depth.fill("1")
+    depth.press("Enter")
+    page.wait_for_function("document.querySelector('#ddv-tree').innerText.includes('hidden')", timeout=30_000)
+    assert "hidden" in page.locator("#ddv-tree .gtitle").text_content()
+    depth.fill("x")
+    depth.press("Enter")
+    wait_status(page, "max depth")  # the error, where the user looks; the tree stays
+    assert "hidden" in page.locator("#ddv-tree .gtitle").text_content()
+
+
+def test_a_changed_export_setting_withdraws_the_last_file_at_once(page):
+    """After an SVG export, changing the format left the old 'Download' button live for the 1-3 s the PNG took (a
+    PNG asked, the SVG downloaded): it goes the moment a setting changes, and the next export offers the PNG."""
+    first_round_drawn(page)
+    with page.expect_download(timeout=60_000) as svg:
+        page.get_by_role("button", name="Export figure").click()
+    assert svg.value.suggested_filename.endswith(".svg")
+    old = page.locator("#ddv-export-file")
+    page.wait_for_function("(() => { const e = document.getElementById('ddv-export-file'); "
+                           "return e && e.offsetParent !== null; })()", timeout=30_000)
+    page.locator("#ddv-export-format input").click()
+    page.get_by_role("option", name="png", exact=True).click()
+    assert old.is_hidden()  # at once: no round trip to the server first
+    with page.expect_download(timeout=60_000) as png:
+        page.get_by_role("button", name="Export figure").click()
+    assert png.value.suggested_filename.endswith(".png")
