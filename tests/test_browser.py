@@ -910,3 +910,27 @@ def test_a_changed_export_setting_withdraws_the_last_file_at_once(page):
     with page.expect_download(timeout=60_000) as png:
         page.get_by_role("button", name="Export figure").click()
     assert png.value.suggested_filename.endswith(".png")
+
+
+def test_a_prompt_set_run_here_fits_its_column_and_has_wall_times(app_url):
+    """Issue #26.8: the Analyze tab's prompts table was ~110 px wider than its column (a prompt written with visible
+    whitespace has no break point), and its 'wall s' column read '-' for a set run from the page."""
+    p, browser, page = open_page(app_url, {"width": 1280, "height": 800})
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.get_by_text("…or run a prompt set here, on the loaded model").click()
+        page.get_by_role("button", name="Run the set").wait_for()
+        set_number(page, "ddv-set-limit", 2)
+        set_number(page, "ddv-set-max-new", 8)
+        set_number(page, "ddv-set-budget", 8)
+        page.get_by_role("button", name="Run the set").click()
+        wait_text(page, "#ddv-report-status", "run on this page: 2 of 2 prompts", 300)
+        heads = page.locator("#ddv-report #prompts thead th").all_inner_texts()
+        wall = heads.index("wall s") + 1
+        walls = page.locator(f"#ddv-report #prompts tbody td:nth-child({wall})").all_inner_texts()
+        assert len(walls) == 2 and all(float(w) > 0 for w in walls), walls
+        table, column = (page.locator(sel).bounding_box() for sel in ("#ddv-report #prompts", "#ddv-report"))
+        assert table["x"] + table["width"] <= column["x"] + column["width"] + 1, (table, column)
+    finally:
+        browser.close()
+        p.stop()
