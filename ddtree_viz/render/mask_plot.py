@@ -73,7 +73,7 @@ def page_title(step: StepRecord) -> str:
     return f"Verify mask, round {step.index + 1}{cut_note(step, shown_positions(step))}"
 
 
-KEYS_NOTE = "columns: keys (the prefix, then tree positions) · each tree position sees the prefix + its ancestors"
+KEYS_NOTE = "columns: keys (the prefix, then tree positions)"  # fits under a half-width mask (590 px)
 
 
 def mask_figure(step: StepRecord, **options) -> go.Figure:
