@@ -291,7 +291,8 @@ def test_a_prompt_set_runs_on_the_page_into_the_tabs_report(embedded):
     assert r.summary["generated_tokens"] == 16 and r.name == "heldout-code (run here)"
     assert "run on this page" in report_status(tab)
     folder = tab.report.folder
-    assert sorted(p.name for p in (folder / "traces").iterdir()) == ["0000.json", "0001.json"]
+    assert sorted(p.name for p in (folder / "traces").iterdir()) == ["0000.json", "0000.meta.json", "0001.json",
+                                                                  "0001.meta.json"]  # each with its wall time
     assert json.loads((folder / "summary.json").read_text())["prompts"] == 2
     # its rounds open in the step view like any report's
     t = open_report_click(tab, "traces/0001.json|0|1")

@@ -889,3 +889,68 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
     finally:
         browser.close()
         p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Figures and export (issue #26.8, #26.9)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_html_panels_have_headings_and_the_live_tree_takes_the_filters(page):
+    """gr.HTML draws no label: 'Where drafter and target disagree' and 'Output vs the target's own decoding' had no
+    heading. A budget-512 tree was a blob with the max-depth / log-prob filters only in the export row: the tree on
+    screen takes them (the same boxes the export reads)."""
+    first_round_drawn(page)
+    for heading in ("Where drafter and target disagree", "Output vs the target's own decoding"):
+        assert page.get_by_text(heading).first.is_visible(), heading
+    depth = page.locator("#ddv-tree-depth textarea, #ddv-tree-depth input").first
+    depth.fill("1")
+    depth.press("Enter")
+    page.wait_for_function("document.querySelector('#ddv-tree').innerText.includes('hidden')", timeout=30_000)
+    assert "hidden" in page.locator("#ddv-tree .gtitle").text_content()
+    depth.fill("x")
+    depth.press("Enter")
+    wait_status(page, "max depth")  # the error, where the user looks; the tree stays
+    assert "hidden" in page.locator("#ddv-tree .gtitle").text_content()
+
+
+def test_a_changed_export_setting_withdraws_the_last_file_at_once(page):
+    """After an SVG export, changing the format left the old 'Download' button live for the 1-3 s the PNG took (a
+    PNG asked, the SVG downloaded): it goes the moment a setting changes, and the next export offers the PNG."""
+    first_round_drawn(page)
+    with page.expect_download(timeout=60_000) as svg:
+        page.get_by_role("button", name="Export figure").click()
+    assert svg.value.suggested_filename.endswith(".svg")
+    old = page.locator("#ddv-export-file")
+    page.wait_for_function("(() => { const e = document.getElementById('ddv-export-file'); "
+                           "return e && e.offsetParent !== null; })()", timeout=30_000)
+    page.locator("#ddv-export-format input").click()
+    page.get_by_role("option", name="png", exact=True).click()
+    assert old.is_hidden()  # at once: no round trip to the server first
+    with page.expect_download(timeout=60_000) as png:
+        page.get_by_role("button", name="Export figure").click()
+    assert png.value.suggested_filename.endswith(".png")
+
+
+def test_a_prompt_set_run_here_fits_its_column_and_has_wall_times(app_url):
+    """Issue #26.8: the Analyze tab's prompts table was ~110 px wider than its column (a prompt written with visible
+    whitespace has no break point), and its 'wall s' column read '-' for a set run from the page."""
+    p, browser, page = open_page(app_url, {"width": 1280, "height": 800})
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.get_by_text("…or run a prompt set here, on the loaded model").click()
+        page.get_by_role("button", name="Run the set").wait_for()
+        set_number(page, "ddv-set-limit", 2)
+        set_number(page, "ddv-set-max-new", 8)
+        set_number(page, "ddv-set-budget", 8)
+        page.get_by_role("button", name="Run the set").click()
+        wait_text(page, "#ddv-report-status", "run on this page: 2 of 2 prompts", 300)
+        heads = page.locator("#ddv-report #prompts thead th").all_inner_texts()
+        wall = heads.index("wall s") + 1
+        walls = page.locator(f"#ddv-report #prompts tbody td:nth-child({wall})").all_inner_texts()
+        assert len(walls) == 2 and all(float(w) > 0 for w in walls), walls
+        table, column = (page.locator(sel).bounding_box() for sel in ("#ddv-report #prompts", "#ddv-report"))
+        assert table["x"] + table["width"] <= column["x"] + column["width"] + 1, (table, column)
+    finally:
+        browser.close()
+        p.stop()

@@ -920,3 +920,33 @@ def test_hostile_text_in_the_grid_and_a_round_without_one(trace, k):
                                                   for s in trace.steps))
     with pytest.raises(InputError, match="no drafter grid"):
         ex.export_figure(bare, k, "svg", figure="grid")
+
+
+@pytest.mark.parametrize("budget", [32, 128])
+def test_default_tree_export_is_page_sized_with_readable_labels(pair, budget):
+    """Issue #26.9: the exported tree was 6 x 15 in for 33 nodes, too tall for a paper page. By default it is a
+    column wide (3.5 or 7 in) and at most 9 in tall while labels of at least 6 pt fit (beside their nodes when
+    above them does not); a tree with more rows than that (128 nodes, ~120 leaves) is as short as 6 pt labels
+    allow. SVG and PDF agree."""
+    from ddtree_viz.render import mpl
+
+    s = DecodeSession(pair, budget=budget, max_new_tokens=8)  # the random drafter: wide, shallow trees
+    s.prefill(PROMPT)
+    s.run()
+    trace = s.to_trace()
+    k = 1 + max(range(len(trace.steps)), key=lambda i: len(trace.steps[i].nodes))  # as the page numbers it
+    assert len(trace.steps[k - 1].nodes) == budget + 1
+    svg = ex.export_figure(trace, k, "svg")
+    root = ET.fromstring(svg)
+    w_in, h_in = (float(root.get(a).removesuffix("pt")) / 72 for a in ("width", "height"))
+    media = re.search(rb"MediaBox \[ 0 0 ([\d.]+) ([\d.]+) \]", ex.export_figure(trace, k, "pdf"))
+    assert (round(float(media[1]) / 72, 2), round(float(media[2]) / 72, 2)) == (round(w_in, 2), round(h_in, 2))
+    assert w_in in mpl.PAGE_WIDTHS
+    rows = layout_of(trace, k).height
+    if budget == 32:
+        assert h_in <= mpl.MAX_PAGE_HEIGHT
+    else:  # as tall as its rows need at the smallest label, no taller
+        assert h_in <= max(mpl.MAX_PAGE_HEIGHT, rows * mpl.LABEL_MIN_PT * 1.35 / 72 + 3.0), (rows, h_in)  # + title, legend
+    sizes = [float(re.search(r"font-size: ([\d.]+)px", t.get("style"))[1])
+             for g in by_id(root, "ddt-label-") for t in g.iter(f"{SVG_NS}text")]
+    assert len(sizes) == len(layout_of(trace, k).nodes) and min(sizes) >= mpl.LABEL_MIN_PT

@@ -281,15 +281,28 @@ def write_trace(tab: TabState) -> Path:
     return path
 
 
+def tree_filter(min_lp, depth) -> tuple[int | None, float | None]:
+    """The tree filters as typed in the page ('Max depth', 'Hide below log-prob'; blank: off) as (max depth, lowest
+    log-prob): one reading for the tree on screen and the export."""
+    return (exporter.optional_number(depth, "max depth", integer=True),
+            exporter.optional_number(min_lp, "hide below log-prob"))
+
+
+def set_tree_filter(tab: TabState, min_lp, depth) -> TabState:
+    """The tree on screen hides what the filters say (never the accepted path); the views redraw it."""
+    tab.tree_filter = tree_filter(min_lp, depth)
+    return tab
+
+
 def export_round(tab: TabState, phase: str, fmt, figure, show, colors, min_lp, depth, title) -> Path:
     """'Export figure': the round on screen as a file in the tab's own folder (render/export.py; blank filters:
     none)."""
     if tab.trace is None or not tab.trace.steps:
         raise InputError("nothing to export yet: step, run or replay a trace first")
+    max_depth, min_logprob = tree_filter(min_lp, depth)
     return exporter.export_round_file(
         tab.trace, tab.view, fmt, directory=tab.new_folder("export"), phase=phase, figure=figure, show=show,
-        colors=colors, min_logprob=exporter.optional_number(min_lp, "hide below log-prob"),
-        max_depth=exporter.optional_number(depth, "max depth", integer=True), show_title=bool(title))
+        colors=colors, min_logprob=min_logprob, max_depth=max_depth, show_title=bool(title))
 
 
 def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:

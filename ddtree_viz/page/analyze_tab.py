@@ -255,8 +255,10 @@ def _decode_set_here(host: ModelHost, tab: TabState, pair, the_set: tuple, out: 
     write_json(out / "prompts.json", {"file": name, "prompts": items, "settings": asked})
     settings = DecodeSettings(budget=budget, max_new_tokens=max_new, engine=host.engine)  # DDTree, exact, greedy
     start, tokens, done = time.perf_counter(), 0, 0
+    # process 0 (the page is one process): each prompt's wall time is written, as analyze writes it (the report's
+    # "wall s" read "-" for a set run here)
     for p in decode_set(pair, items, out, settings, spec_of, stop=tab.set_stop.is_set,
-                        lock=host.lock, keep_engines=True):
+                        lock=host.lock, keep_engines=True, process=0):
         tokens, done = tokens + p.tokens, p.done
         elapsed = time.perf_counter() - start
         eta = elapsed / done * (len(items) - done)

@@ -230,6 +230,9 @@ class TabState:
     # reference's model time), "step" (wall time of actions.step / the refresh), "views" (building the views)
     timing: dict = field(default_factory=dict)
     report: LoadedReport | None = None  # the Analyze tab's report (kept by a Reset or a replay: clear())
+    # the tree's filters as set in the page's boxes, (max depth, lowest log-prob shown), None: off (actions.tree_filter;
+    # kept by a Reset or a replay, as the boxes keep them)
+    tree_filter: tuple = (None, None)
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
@@ -251,7 +254,7 @@ class TabState:
         (opening one of its rounds replays it here)."""
         with self.lock:
             for f in dataclasses.fields(self):
-                if f.name not in ("epoch", "report"):
+                if f.name not in ("epoch", "report", "tree_filter"):
                     setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
             self.epoch += 1
 

@@ -298,9 +298,11 @@ def _divergence(trace: Trace, k: int, text) -> str:
     return table
 
 
-def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None, lo: float | None = None) -> FigureSpec:
+def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None, lo: float | None = None,
+             tree_filter: tuple = (None, None)) -> FigureSpec:
     step = shown_step(trace, k)
-    layout = tree_layout(step, phase=phase, token_text=text)
+    max_depth, min_logprob = tree_filter
+    layout = tree_layout(step, phase=phase, token_text=text, max_depth=max_depth, min_logprob=min_logprob)
     if lo is None:
         lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
               if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
@@ -313,7 +315,8 @@ def _tree_b(s: Shown) -> FigureSpec | None:
         return None
     other = s.tab.other_trace
     kb = max(0, min(s.tab.view, len(other.steps) - 1))
-    return _tree_of(other, kb, s.phase, s.tab.other_token_text(), _side_title("B", other, kb))
+    return _tree_of(other, kb, s.phase, s.tab.other_token_text(), _side_title("B", other, kb),
+                    tree_filter=s.tab.tree_filter)
 
 
 def _side_title(side: str, trace: Trace, k: int) -> str:
@@ -338,14 +341,15 @@ def _round_views(s: Shown) -> RoundViews:
     """Round k's tree, mask and cache views, built once per tab (the ROUND_VIEW_CACHE most recent are kept)."""
     lo = _color_floor(s)
     title = _side_title("A", s.trace, s.view) if s.compare else None
-    cache, key = s.cache, (s.k, s.phase, lo, title)
+    cache, key = s.cache, (s.k, s.phase, lo, title, s.tab.tree_filter)
     with cache.lock:
         got = cache.rounds.pop(key, None)
         if got is None:
             step = s.trace.steps[s.k]
             rows = cache_table(step)
-            got = RoundViews(tree=_tree_of(s.trace, s.k, s.phase, s.text, title, lo=lo), mask=mask_spec(step),
-                             cache_chart=cache_spec(step), cache_rows=rows, cache_html=cache_table_html(rows))
+            tree = _tree_of(s.trace, s.k, s.phase, s.text, title, lo=lo, tree_filter=s.tab.tree_filter)
+            got = RoundViews(tree=tree, mask=mask_spec(step), cache_chart=cache_spec(step), cache_rows=rows,
+                             cache_html=cache_table_html(rows))
         _keep(cache.rounds, key, got)
     return got
 

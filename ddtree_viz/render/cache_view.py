@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from ..trace import LayerCache, StepRecord
 from . import style
-from .figure import FigureSpec
+from .figure import FigureSpec, bottom_legend
 from .style import layer_type_name
 from .text import plotly_text as esc
 
@@ -115,8 +115,8 @@ def cache_spec(step: StepRecord, *, title: str | None = None) -> FigureSpec:
         barmode="overlay",
         xaxis=dict(title=dict(text="layer"), range=[min(layers, default=0) - 0.5, max(layers, default=0) + 0.5],
                    **layer_ticks(layers)),
-        yaxis=dict(title=dict(text="bytes")), height=360,
-        margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
+        yaxis=dict(title=dict(text="bytes")), height=420,
+        margin=dict(l=20, r=20, t=50, b=110), legend=bottom_legend(),
         plot_bgcolor="white",
     )
     if errors:

@@ -28,6 +28,13 @@ def _template() -> Any:
     return _TEMPLATES[name]
 
 
+def bottom_legend() -> dict:
+    """A horizontal legend at the figure's bottom edge, in the bottom margin (the figure leaves room for it: an axis
+    title, then two lines of legend). A legend placed in fractions of the plot (y=-0.2) lands on the x axis's
+    title whenever the figure is short (issue #26)."""
+    return dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0)
+
+
 _COLORSCALES: dict[str, list] = {}
 
 
@@ -100,4 +107,4 @@ class FigureSpec:
         return go.Figure(data=self.data, layout=self.layout)
 
 
-__all__ = ["FigureSpec", "colorscale"]
+__all__ = ["FigureSpec", "bottom_legend", "colorscale"]

@@ -67,6 +67,15 @@ def default_title(step: StepRecord) -> str:
             + cut_note(step, shown_positions(step)))
 
 
+def page_title(step: StepRecord) -> str:
+    """The page's title, short (clear of the toolbar at the top right); what the columns are goes under the mask
+    (KEYS_NOTE)."""
+    return f"Verify mask, round {step.index + 1}{cut_note(step, shown_positions(step))}"
+
+
+KEYS_NOTE = "columns: keys (the prefix, then tree positions)"  # fits under a half-width mask (590 px)
+
+
 def mask_figure(step: StepRecord, **options) -> go.Figure:
     """mask_spec(step, **options) as a checked plotly go.Figure."""
     return mask_spec(step, **options).figure()
@@ -91,12 +100,17 @@ def mask_spec(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted: 
     )
     shapes = [dict(type="rect", x0=-0.5, x1=n + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=scheme.path, width=2))
               for r in sorted(accepted)]
+    # the title at the very top, left and short (the toolbar is at the right), the margin grown to hold it above the
+    # rotated key labels, the keys named under the mask (the title sat on the labels, and the keys' own axis title
+    # under the toolbar: issue #26)
     return FigureSpec([heat], dict(
-        title=dict(text=esc(title) if title is not None else default_title(step), font=dict(size=14)),
-        xaxis=dict(type="category", tickangle=-60, side="top", title=dict(text="keys"), showgrid=False,
-                   nticks=MAX_TICKS),
+        title=dict(text=esc(title) if title is not None else page_title(step), font=dict(size=14), yref="container",
+                   y=1.0, yanchor="top", x=0.0, xanchor="left", pad=dict(t=8, l=8), automargin=True),
+        xaxis=dict(type="category", tickangle=-60, side="top", showgrid=False, nticks=MAX_TICKS, automargin=True),
         yaxis=dict(type="category", autorange="reversed", title=dict(text="queries (tree positions)"), showgrid=False,
                    nticks=MAX_TICKS),
-        height=height or int(min(max(360, 140 + 16 * n), 1600)), margin=dict(l=20, r=20, t=120, b=20),
+        height=height or int(min(max(360, 190 + 16 * n), 1600)), margin=dict(l=20, r=20, t=150, b=40),
+        annotations=[dict(text=KEYS_NOTE, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
+                          yshift=-6, showarrow=False, font=dict(size=11, color="#555555"))],
         plot_bgcolor="white", **({"shapes": shapes} if shapes else {}), **({} if legend else {"showlegend": False}),
     ))

@@ -34,6 +34,7 @@ from matplotlib.patches import Rectangle
 from . import style
 from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_at, path_outlined
 from .scheme import Scheme, edge_color, fixed_fill, outline_color, scale_samples
+from .text import shorten
 
 SANS = ["DejaVu Sans"]
 MONO = ["DejaVu Sans Mono", "DejaVu Sans"]  # per-glyph fallback: Mono lacks a few symbols
@@ -203,15 +204,58 @@ def legend_rows(width: float, entries: int = 6) -> int:
     return -(-entries // legend_columns(width))
 
 
+PAGE_WIDTHS = (3.5, 7.0)  # a paper's single and double column (in)
+MAX_PAGE_HEIGHT = 9.0  # a tree's default height stays within a page (in), while its labels stay >= LABEL_MIN_PT
+ROW_ABOVE = 0.42  # a row (in) with each label above its node and the rank under it
+ROW_BESIDE = 0.15  # a row (in) with each label beside its node, on one line (7 pt)
+LABEL_PT, LABEL_MIN_PT = 7.5, 6.0
+
+
+def _tree_extras(width: float, *, title: bool, caption: str | None, legend: bool) -> float:
+    """Inches of a tree figure that are not rows: the depth axis, title, legend and caption."""
+    h = 0.9 + (0.35 if title else 0) + (legend_rows(width) * 0.2 + 0.15 if legend else 0)
+    return h + (0.16 * len(caption_lines(caption, width)) + 0.12 if caption else 0)
+
+
 def tree_size(layout: TreeLayout, *, title: bool, caption: str | None, legend: bool) -> tuple[float, float]:
-    """Default figure size (inches) for a tree: a depth column as wide as the longest label (at least 1 in),
-    0.42 in per row, plus room for the colour bar, title, legend and caption."""
-    column = max(1.0, 0.0625 * max(len(n.label) for n in layout.nodes) + 0.4)  # 7.5 pt mono: 0.0625 in a character
-    w = min(max(column * layout.width + 2.0, 5.5), 40.0)
-    h = 0.42 * layout.height + 0.9 + (0.35 if title else 0) + (legend_rows(w) * 0.2 + 0.15 if legend else 0)
-    if caption:
-        h += 0.16 * len(caption_lines(caption, w)) + 0.12
-    return w, min(max(h, 2.4), 120.0)
+    """Default figure size (inches) for a tree, page-sized: a single column (3.5 in) for a tree of up to 4 depths,
+    else a double column (7 in); ROW_ABOVE a row (labels above the nodes) while that fits in MAX_PAGE_HEIGHT, else
+    the labels beside the nodes (tree_style), rows as close as LABEL_MIN_PT text allows: a taller tree than that
+    grows past the page (hide some with the filters). It was 6 x 15 in for 33 nodes (issue #26)."""
+    w = PAGE_WIDTHS[0] if layout.width <= 4 else PAGE_WIDTHS[1]
+    extras = _tree_extras(w, title=title, caption=caption, legend=legend)
+    rows = layout.height
+    h = ROW_ABOVE * rows + extras
+    if h > MAX_PAGE_HEIGHT:
+        dense = LABEL_MIN_PT * 1.35 / 72  # one line of the smallest label, and a gap
+        h = max(MAX_PAGE_HEIGHT, dense * rows + extras) if ROW_BESIDE * rows + extras > MAX_PAGE_HEIGHT \
+            else ROW_BESIDE * rows + extras
+    return w, max(h, 2.4)
+
+
+@dataclass(frozen=True)
+class TreeStyle:
+    """How a tree's nodes are labelled at a figure's size: above them (room for it) or beside them, one line."""
+
+    beside: bool
+    label_pt: float
+    marker_scale: float  # of MARKER_SIZE
+    label_chars: int | None  # beside: labels cut to fit a depth column (None: as laid out)
+
+
+def tree_style(layout: TreeLayout, page: Page) -> TreeStyle:
+    """The labels' placement and size for the rows the figure's height leaves (tree_size chose that height; a
+    height set by hand gets the same treatment)."""
+    rows, cols = layout.height, layout.width
+    pitch = (page.height - _tree_extras(page.width, title=bool(page.title), caption=page.caption,
+                                        legend=page.legend)) / max(rows, 1)
+    if pitch >= ROW_ABOVE * 0.9:
+        return TreeStyle(False, LABEL_PT, 1.0, None)
+    pt = max(LABEL_MIN_PT, min(7.0, pitch * 72 / 1.35))
+    scale = max(0.55, min(1.0, pitch * 72 * 0.8 / MARKER_SIZE["other"]))
+    column = (page.width - 1.1) / max(cols, 1)  # in: the colour bar and margins out
+    room = column - (MARKER_SIZE["other"] * scale / 2 + 2.5) / 72
+    return TreeStyle(True, pt, scale, max(2, int(room / (0.6 * pt / 72))))
 
 
 def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, page: Page, *, cmin: float,
@@ -226,10 +270,11 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
         a, b, text = spot
         ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(0, -3), textcoords="offset points", ha="center",
                     va="top", fontsize=6.5, style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
-    _draw_nodes(ax, layout, fills, scheme, ranks)
+    look = tree_style(layout, page)
+    _draw_nodes(ax, layout, fills, scheme, ranks, look)
 
     ax.set_xlim(-0.5, cols - 0.5 + 0.25)
-    ax.set_ylim(rows - 1 + 0.55, -0.85)  # rows grow downward, as on the page
+    ax.set_ylim(rows - 1 + 0.55, -0.6 if look.beside else -0.85)  # rows grow downward, as on the page
     ax.set_xticks(range(int(cols)))
     ax.set_xlabel("depth", fontsize=8)
     ax.tick_params(axis="x", labelsize=7, length=2)
@@ -278,8 +323,9 @@ def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
         ax.add_line(line)
 
 
-def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, ranks: bool) -> None:
-    """One scatter per role in DRAW_ORDER, then each node's label above it and its rank below."""
+def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, ranks: bool, look: TreeStyle) -> None:
+    """One scatter per role in DRAW_ORDER, then each node's label: above it and its rank below, or (look.beside)
+    beside it with its rank, one line."""
     for role in DRAW_ORDER:
         nodes = [n for n in layout.nodes if n.role == role]
         if not nodes:
@@ -287,12 +333,19 @@ def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, r
         face = [fixed_fill(scheme, role) or fills[n.id] for n in nodes]
         edge = [outline_color(scheme, role, n.on_path) for n in nodes]
         lw = [1.6 if path_outlined(role, n.on_path) else (0.9 if role == "first_rejected" else 0.5) for n in nodes]
-        sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=MARKER_SIZE[role] ** 2, marker=MARKER[role],
-                        c=face, edgecolors=edge, linewidths=lw, zorder=3)
+        sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=(MARKER_SIZE[role] * look.marker_scale) ** 2,
+                        marker=MARKER[role], c=face, edgecolors=edge, linewidths=lw, zorder=3)
         sc.set_gid(f"ddt-nodes-{role}")
     for n in layout.nodes:
+        if look.beside:
+            rank = f" r{n.rank}" if ranks and n.rank >= 0 else ""
+            text = shorten(n.label, max(1, look.label_chars - len(rank))) + rank
+            ax.annotate(text, (n.x, n.y), xytext=(MARKER_SIZE[n.role] * look.marker_scale / 2 + 1.5, 0),
+                        textcoords="offset points", ha="left", va="center", fontsize=look.label_pt, family=MONO,
+                        gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
+            continue
         ax.annotate(n.label, (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=7.5, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
+                    fontsize=look.label_pt, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
         if ranks and n.rank >= 0:
             ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
                         va="top", fontsize=5.5, color=scheme.text_muted, gid=f"ddt-rank-{n.id}", zorder=5)

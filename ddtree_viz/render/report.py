@@ -175,7 +175,8 @@ document.addEventListener('click', function (ev) {
 
 CSS = ("table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}"
        "th{background:#f3f3f3;cursor:pointer}code.tok{background:#f6f6f6;padding:0 .2em;white-space:pre}"
-       ".ctx{font-family:monospace;white-space:pre-wrap;color:#555}.figs{display:flex;flex-wrap:wrap;gap:1em}"
+       ".ctx{font-family:monospace;white-space:pre-wrap;overflow-wrap:anywhere;color:#555}"
+       ".figs{display:flex;flex-wrap:wrap;gap:1em}"
        ".figs figure{margin:0}.figs svg{max-width:34em;height:auto}.meta{color:#666;font-size:.85em}"
        ".warning{background:#fde8e8;border:2px solid #c00;color:#900;padding:.5em .8em;font-size:1.1em}")
 

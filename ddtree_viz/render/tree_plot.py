@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import style
-from .figure import FigureSpec
+from .figure import FigureSpec, bottom_legend
 from .figure import colorscale as figure_colorscale
 from .layout import (
     DRAW_ORDER, EDGE_KINDS, EDGE_NAME, PHASES, LayoutNode, TreeLayout, edges_of, for_phase, legend_name, path_label_at,
@@ -15,6 +15,14 @@ from .scheme import PAGE_SCHEME, Scheme, edge_color, fixed_fill, outline_color
 from .text import TokenText, lookup, plotly_text as esc, visible
 
 EDGE_LINE = {"edge": (style.EDGE_WIDTH, "solid"), "path": (style.PATH_EDGE_WIDTH, "solid"), "bonus": (2, "dash")}
+# the accepted path's edges toggle with the accepted nodes and have no legend entry of their own: "accepted path"
+# was in the legend twice (issue #26)
+EDGE_GROUP = {"edge": "", "path": "accepted", "bonus": "bonus edge"}
+ROW_PX = 38  # a row of the tree: a node (16 px) and the label above it (~17 px with its rank) and a gap
+TOP_PX = 100  # the top margin: the title (gradio's Plot makes it at least 100 px under a title)
+BOTTOM_PX = 110  # the bottom margin: depth ticks, the axis title, then the legend (two lines when narrow)
+LABEL_ROOM = 0.75  # columns right of the deepest node: its label, centred on it, stays off the colour bar
+MAX_HEIGHT = 3600
 
 
 def _fmt(v: float | None, nd: int = 3) -> str:
@@ -78,7 +86,7 @@ def _edge_trace(layout: TreeLayout, kind: str, scheme: Scheme) -> dict:
     width, dash = EDGE_LINE[kind]
     name = EDGE_NAME[kind]
     return dict(type="scatter", x=xs, y=ys, mode="lines", line=dict(color=edge_color(scheme, kind), width=width, dash=dash),
-                hoverinfo="skip", name=name, showlegend=name != "", legendgroup=name)
+                hoverinfo="skip", name=name, showlegend=kind == "bonus", legendgroup=EDGE_GROUP[kind])
 
 
 # traces are plain dicts (figure.FigureSpec): the page sends them as they are, go.Figure validates them once
@@ -141,17 +149,12 @@ def tree_spec(
             traces.append(_node_trace(nodes, role, phase, argmax_text, show_text, scheme, ranks))
 
     lo, hi = layout.logprob_range
-    rows = layout.height
     spec = FigureSpec(traces, dict(
         title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
         coloraxis=dict(colorscale=figure_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
                        cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
-        xaxis=dict(title=dict(text="depth"), dtick=1, range=[-0.5, layout.width - 0.3], zeroline=False, showgrid=True),
-        yaxis=dict(autorange="reversed", showticklabels=False, zeroline=False, showgrid=False),
-        height=height or int(min(max(360, 60 + 30 * rows), 2400)),
-        margin=dict(l=20, r=20, t=50, b=40), plot_bgcolor="white", hovermode="closest",
-        legend=dict(orientation="h", yanchor="top", y=-0.08, x=0),
+        plot_bgcolor="white", hovermode="closest", **_frame(layout, height),
     ))
     if path_label:
         _add_path_label(spec, layout, scheme)
@@ -159,6 +162,23 @@ def tree_spec(
         spec.layout["coloraxis"]["showscale"] = False
         spec.layout["showlegend"] = False
     return spec
+
+
+def _frame(layout: TreeLayout, height: int | None) -> dict:
+    """Axes, height, margins and legend: ROW_PX a row (a label above its node clears the node on the row above:
+    `·to r4` drew as `·t● r4` at ~25 px a row), room right of the deepest column for its label (the bonus star's
+    sat under the colour bar's title), and the legend in the bottom margin, under the depth axis's title (it sat on
+    it in short figures: a legend placed in plot fractions moves with the figure's height)."""
+    rows = layout.height
+    height = height or int(min(max(360, TOP_PX + BOTTOM_PX + ROW_PX * (rows + 0.6)), MAX_HEIGHT))
+    return dict(
+        xaxis=dict(title=dict(text="depth"), dtick=1, range=[-0.5, layout.width - 1 + LABEL_ROOM], zeroline=False,
+                   showgrid=True),
+        # rows grow downward; the top row's label has room above it
+        yaxis=dict(range=[rows - 1 + 0.5, -0.9], showticklabels=False, zeroline=False, showgrid=False),
+        height=height, margin=dict(l=20, r=20, t=TOP_PX, b=BOTTOM_PX),
+        legend=bottom_legend(),
+    )
 
 
 def _add_path_label(spec: FigureSpec, layout: TreeLayout, scheme: Scheme) -> None:

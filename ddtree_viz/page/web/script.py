@@ -152,6 +152,7 @@ def click_js(elem_id: str) -> str:
     return """
 () => new Promise((done) => setTimeout(() => {
   const el = document.getElementById('%s');
+  if (el) el.classList.remove('ddv-stale');  // the new file's button (STALE_JS hid the old one)
   const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
   if (b) b.click();
   done();
@@ -159,10 +160,17 @@ def click_js(elem_id: str) -> str:
 """ % elem_id
 
 
+def stale_js(elem_id: str) -> str:
+    """A download button's file no longer matches the settings (one changed, or a new file is being made): hidden at
+    once, in the browser. The server's answer took 1-3 s, during which the old file (an SVG, with PNG asked) was one
+    click away (issue #26); click_js shows the button again with the new file."""
+    return ("() => { const el = document.getElementById('%s'); if (el) el.classList.add('ddv-stale'); }" % elem_id)
+
+
 # after a report's round opened in the Step tab: its status line (and the tree under it) at the top of the window
 SHOW_STATUS_JS = "() => { const s = document.getElementById('ddv-status'); if (s) s.scrollIntoView({block: 'start'}); }"
 
 CSS = (".ddv-out { font-family: monospace; } #ddv-status { min-height: 2.5em; } "
-       ".ddv-hidden { display: none !important; } "
+       ".ddv-hidden, .ddv-stale { display: none !important; } "
        ".ddv-special { color: #0072B2; } .ddv-ws { color: #999999; } "  # prompt view: template markers, whitespace
        + report_view.scoped_css("#ddv-report"))  # the Analyze tab's copy of an analyze report

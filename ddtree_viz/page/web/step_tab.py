@@ -19,7 +19,7 @@ from ..host import ModelHost
 from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
 from ..views import (CHECKED, VIEWS, Views, first_status, inspector_view, render_check, render_views,
                      status_after_change)
-from .script import click_js
+from .script import click_js, stale_js
 from .wiring import MODEL, Page, errors_in_status, shows_errors
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
@@ -130,6 +130,12 @@ class StepTab:
         with gr.Row():
             self.views["view"] = gr.Slider(0, 1, value=0, step=1, label="Round", elem_id="ddv-round")
             c["phase"] = gr.Radio(list(PHASES), value="verified", label="Phase of the round")
+            # the tree's filters, for the tree on screen and its export alike (actions.tree_filter): a budget-512 tree
+            # is a blob without them. Text boxes, not gr.Number: an empty Number arrives as 0, and blank means "off"
+            c["depth"] = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1,
+                                    elem_id="ddv-tree-depth")
+            c["min_lp"] = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
+                                     elem_id="ddv-tree-minlp")
 
     def _compare(self) -> None:
         s = self.settings
@@ -172,15 +178,19 @@ class StepTab:
             v["cache_chart_spec"] = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
         gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
         v["cache_html"] = gr.HTML(elem_id="ddv-cache")
-        v["diff_html"] = gr.HTML(label="Output vs the target's own decoding (greedy, or sampled with the same seed)",
-                                 elem_id="ddv-diff")
+        # gr.HTML draws no label: each panel's heading is a Markdown line of its own (issue #26)
+        gr.Markdown("**Output vs the target's own decoding** (greedy, or sampled with the same seed)",
+                    elem_id="ddv-diff-heading")
+        v["diff_html"] = gr.HTML(elem_id="ddv-diff")
         with gr.Row():
             v["acceptance_spec"] = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
             v["depth_spec"] = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
         with gr.Row():
             v["budget_spec"] = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
             v["stats"] = gr.Markdown(elem_id="ddv-stats")
-        v["divergence"] = gr.HTML(label="Where drafter and target disagree", elem_id="ddv-divergence")
+        gr.Markdown("**Where drafter and target disagree** (per round: where the walk stopped, the drafter's "
+                    "candidates there)", elem_id="ddv-divergence-heading")
+        v["divergence"] = gr.HTML(elem_id="ddv-divergence")
 
     def _files(self) -> None:
         c = self.controls
@@ -197,11 +207,6 @@ class StepTab:
                                  elem_id="ddv-export-show")
             c["colors"] = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours",
                                    elem_id="ddv-export-colors")
-            # text boxes, not gr.Number: an empty Number arrives as 0, and blank must mean "no filter"
-            c["min_lp"] = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
-                                     elem_id="ddv-export-minlp")
-            c["depth"] = gr.Textbox(label="Max depth", placeholder="blank: all depths", max_lines=1,
-                                    elem_id="ddv-export-depth")
             c["title"] = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
             c["export"] = gr.Button("Export figure", elem_id="ddv-export")
             # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
@@ -311,6 +316,11 @@ class StepTab:
         v["view"].release(lambda t, ph, value: self.show(actions.move(t, to=int(value) - 1), ph),
                           [tab, phase, v["view"]], shown, api_name="goto_round")
         phase.change(self.show, [tab, phase], shown, api_name="phase")
+        on_filter = errors_in_status(self.note)(
+            lambda t, ph, min_lp, depth: self.show(actions.set_tree_filter(t, min_lp, depth), ph))
+        for box in (c["min_lp"], c["depth"]):  # Enter, or leaving the box
+            for event in (box.submit, box.blur):
+                event(on_filter, [tab, phase, c["min_lp"], c["depth"]], shown, api_name=False)
         v["inspect"].input(on_inspect, [tab, v["inspect"]], inspected, api_name="inspect")
         c["inspect_click"].change(on_click_node, [tab, c["inspect_click"]], inspected, api_name="inspect_click")
 
@@ -353,5 +363,13 @@ class StepTab:
             None, js=click_js("ddv-download-file"))
         c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
             None, js=click_js("ddv-export-file"))
+        # the last export's file stays offered only while the settings it was made with are shown
+        stale = dict(fn=None, js=stale_js("ddv-export-file"), api_name=False)
+        hide = dict(fn=lambda: gr.DownloadButton(value=None, visible=False), inputs=None, outputs=[c["export_file"]],
+                    queue=False, show_progress="hidden", api_name=False)
+        c["export"].click(**stale)
+        for widget in export.values():
+            widget.change(**stale)
+            widget.change(**hide)
         if replay_path:
             page.demo.load(on_replay_file, [tab, phase], self.shown_replay())

@@ -1,0 +1,162 @@
+"""The page's figures as plotly.js draws them (issue #26.8): each FigureSpec drawn in headless Chromium by the same
+plotly.js version gradio bundles, with gradio's own changes to a figure (gr.Plot: autosize, responsive, top margin at
+least 100 px under a title, margins that grow), then the drawn boxes measured: no label under another node's marker,
+no axis title on a legend or colour bar, no title on the rotated tick labels, each legend entry once. No app, no
+model: a tiny pair's rounds, so these run in seconds."""
+
+import json
+from pathlib import Path
+
+import plotly
+import pytest
+
+from ddtree_viz.engine.session import DecodeSession
+from ddtree_viz.render.budget_view import budget_spec, depth_spec
+from ddtree_viz.render.cache_view import cache_spec
+from ddtree_viz.render.grid_view import grid_data, grid_spec
+from ddtree_viz.render.layout import tree_layout
+from ddtree_viz.render.mask_plot import mask_spec
+from ddtree_viz.render.stats_view import acceptance_spec
+from ddtree_viz.render.tree_plot import tree_spec
+from tests.test_browser import ARGS, CHROMIUM, pytestmark  # noqa: F401 - skipped where test_browser is
+from tests.tiny import tiny_pair
+
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+# what gradio's Plot does to a figure before Plotly.react (gradio/templates/frontend/assets/PlotlyPlot-*.js), and the
+# boxes of what was drawn, by kind
+DRAW_JS = """
+async ([fig, width]) => {
+  const div = document.getElementById('g');
+  div.style.width = width + 'px';
+  fig.config = {responsive: true, displayModeBar: true};
+  fig.layout.autosize = true;
+  fig.layout.margin = fig.layout.margin || {};
+  if (fig.layout.title) fig.layout.margin.t = Math.max(100, fig.layout.margin.t || 0);
+  fig.layout.margin.autoexpand = true;
+  await Plotly.react(div, fig.data, fig.layout, fig.config);
+  const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const all = (sel) => [...div.querySelectorAll(sel)].filter((el) => {
+    const r = el.getBoundingClientRect(); return r.width > 0 && r.height > 0; }).map(box);
+  const markers = [...div.querySelectorAll('.scatterlayer .trace')].map((t, i) =>
+    [...t.querySelectorAll('.points path.point')].map((p, j) => [i, j, ...box(p)])).flat();
+  const labels = [...div.querySelectorAll('.scatterlayer .trace')].map((t, i) =>
+    [...t.querySelectorAll('.text text')].map((p, j) => [i, j, ...box(p)])).flat();
+  return {title: all('.gtitle'), xtitle: all('.g-xtitle'), ytitle: all('.g-ytitle'), legend: all('.legend .bg'),
+          colorbar: all('.colorbar'), cbtitle: all('.colorbar .cbtitle'), modebar: all('.modebar'),
+          xticks: all('.xaxislayer-above .xtick text'), markers, labels,
+          legend_names: [...div.querySelectorAll('.legend .traces .legendtext')].map((t) => t.textContent),
+          main: box(div.querySelector('.main-svg'))};
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def draw():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.set_content("<html><body style='margin:0'><div id='g'></div></body></html>")
+        page.add_script_tag(path=str(PLOTLY_JS))
+
+        def drawn(spec, width: int = 1190) -> dict:
+            return page.evaluate(DRAW_JS, [json.loads(spec.to_json()), width])
+
+        yield drawn
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """Budget 32 with the tiny random drafter: wide columns of siblings (its candidates are near uniform)."""
+    s = DecodeSession(tiny_pair("hybrid"), budget=32, max_new_tokens=24)
+    s.prefill("def f(x):\n")
+    s.run()
+    return s.to_trace()
+
+
+def overlap(a, b, slack: float = 0.5) -> bool:
+    """Two boxes [left, top, right, bottom] overlap (by more than `slack` px each way)."""
+    return min(a[2], b[2]) - max(a[0], b[0]) > slack and min(a[3], b[3]) - max(a[1], b[1]) > slack
+
+
+def overlaps(boxes_a, boxes_b) -> list:
+    return [(a, b) for a in boxes_a for b in boxes_b if overlap(a, b)]
+
+
+def tallest_column_step(trace):
+    """The round with the most siblings in one depth column."""
+    def widest(step):
+        depths = [n.depth for n in step.nodes]
+        return max(depths.count(d) for d in set(depths))
+    return max(trace.steps, key=widest)
+
+
+@pytest.fixture(scope="module")
+def oracle_trace():
+    """Greedy's tokens drafted at ranks 0/1/2: long accepted paths, the bonus star in the deepest column."""
+    from ddtree_viz.engine.oracle import OracleProposer
+    from tests.test_exactness import greedy_ids
+
+    pair = tiny_pair("hybrid")
+    ids, greedy = greedy_ids(pair, "def f(x):\n")
+    proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
+    s = DecodeSession(pair, budget=32, max_new_tokens=24, proposer=proposer)
+    s.prefill("def f(x):\n")
+    s.run()
+    return s.to_trace()
+
+
+WIDTHS = (1190, 590)  # the tree's panel at 1500x1100; half of it (compare mode, the two-figure rows)
+
+
+def test_tree_labels_clear_the_other_nodes_the_axis_title_and_the_colour_bar(draw, trace, oracle_trace):
+    """Issue #26.8: in a tall column of siblings each label sat half under the next node's marker (`·to r4` drew as
+    `·t● r4`); 'accepted path' was twice in the legend; the depth axis's title sat on the legend in short figures;
+    the colour bar's title on the bonus star's label."""
+    deepest = max(oracle_trace.steps, key=lambda s: max(n.depth for n in s.nodes))
+    for step in (tallest_column_step(trace), deepest, oracle_trace.steps[0]):
+        spec = tree_spec(tree_layout(step))
+        for width in WIDTHS:
+            d = draw(spec, width)
+            assert d["labels"] and d["markers"]
+            covered = [(label, m) for label in d["labels"] for m in d["markers"]
+                       if label[:2] != m[:2] and overlap(label[2:], m[2:])]
+            assert not covered, (step.index, width, covered[:3])
+            labels = [label[2:] for label in d["labels"]]
+            assert not overlaps(d["cbtitle"] + d["colorbar"], labels), (step.index, width)
+            assert not overlaps(d["xtitle"] + d["xticks"], d["legend"]), (step.index, width)
+            assert len(d["legend_names"]) == len(set(d["legend_names"])), d["legend_names"]
+
+
+def test_mask_title_clears_the_key_labels_and_the_toolbar(draw, trace, oracle_trace):
+    """Issue #26.8: the mask's title sat over its rotated prefix label, and the keys' axis title under the plotly
+    toolbar (drawn here as gradio's Plot draws it on hover)."""
+    for step in (tallest_column_step(trace), oracle_trace.steps[0]):
+        for width in WIDTHS:
+            d = draw(mask_spec(step), width)
+            assert d["title"] and d["xticks"] and d["modebar"]
+            assert not overlaps(d["title"] + d["xtitle"], d["xticks"]), (step.index, width)
+            assert not overlaps(d["title"] + d["xtitle"], d["modebar"]), (step.index, width)
+
+
+def test_cache_chart_layer_title_clears_its_legend(draw, trace):
+    """Issue #26.8: the cache chart's 'layer' axis title sat on its legend."""
+    for width in WIDTHS:
+        d = draw(cache_spec(trace.steps[0]), width)
+        assert d["legend"] and d["xtitle"]
+        assert not overlaps(d["xtitle"] + d["xticks"], d["legend"]), width
+
+
+def test_other_figures_keep_their_titles_off_their_legends(draw, trace, oracle_trace):
+    """The grid, acceptance, budget and depth figures: axis titles off their legends, each legend entry once."""
+    step = oracle_trace.steps[0]
+    specs = (grid_spec(grid_data(step, None)), acceptance_spec(oracle_trace.steps), budget_spec(oracle_trace.steps),
+             depth_spec(oracle_trace.steps, 16))
+    for spec in specs:
+        for width in WIDTHS:
+            d = draw(spec, width)
+            assert not overlaps(d["xtitle"], d["legend"]), (spec.layout.get("title"), width)
+            assert len(d["legend_names"]) == len(set(d["legend_names"])), d["legend_names"]
