@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import TraceError
 from .files import read_limited
-from .options import MAX_TOP_K, METHODS, VERIFY_MODES
+from .options import DRAFTER_FAMILIES, MARGINAL, MAX_TOP_K, METHODS, TREE_SCORINGS, VERIFY_MODES
 from .treeops import check_parents, depths_of, follow, is_parent_chain
 
 SCHEMA_VERSION = 1
@@ -176,6 +176,16 @@ class Trace:
     chat_template: bool = False
     thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def tree_scoring(self) -> str:
+        """How DDTree scored its nodes: "marginal" (traces from before DFlash2 say nothing: that) or "selector"."""
+        return self.settings.get("tree_scoring", MARGINAL)
+
+    @property
+    def drafter_family(self) -> str:
+        """The drafter's family: "dflash" (older traces say nothing: that) or "dflash2"."""
+        return self.settings.get("drafter_family", "dflash")
 
     def to_json(self, indent: int | None = None) -> str:
         return dumps(to_plain(self), indent)
@@ -713,6 +723,8 @@ def _check_settings(settings: dict[str, Any], where: str) -> None:
     need("block_size", lambda v: whole(2)(v) and v <= MAX_DEPTH + 1, f"a whole number from 2 to {MAX_DEPTH + 1}")
     need("max_new_tokens", whole(1), "a whole number >= 1")
     need("method", lambda v: v in METHODS, " or ".join(METHODS))
+    need("tree_scoring", lambda v: v in TREE_SCORINGS, " or ".join(TREE_SCORINGS))
+    need("drafter_family", lambda v: v in DRAFTER_FAMILIES, " or ".join(DRAFTER_FAMILIES))
     need("verify", lambda v: v in VERIFY_MODES, " or ".join(VERIFY_MODES))
     for key in ("dtype", "device", "engine", "reference"):
         need(key, lambda v: isinstance(v, str), "a string")
