@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import treeops
+from .options import CHAINS, DFLASH, MARGINAL
 from .trace import StepRecord
 
 NOT_DRAFTED = "not drafted"
@@ -120,7 +121,7 @@ def _capped(curve: dict[int, int], step: StepRecord) -> dict[int, int]:
 
 
 def curve_caveat(method: str = "ddtree") -> str:
-    unit = "chain length" if method == "dflash" else "budget"
+    unit = "chain length" if method in CHAINS else "budget"
     return (f"Exact for each round from the state it started in (the smaller {unit}'s tree is a prefix of this one "
             f"and the target's choice at a node depends only on its path); a whole session at that {unit} would "
             "have started its later rounds elsewhere.")
@@ -383,7 +384,7 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | N
 
 
 COMPARED_SETTINGS = ("budget", "block_size", "method", "verify", "engine", "dtype", "device", "max_new_tokens",
-                     "temperature", "top_k", "top_p", "seed")
+                     "temperature", "top_k", "top_p", "seed", "tree_scoring", "drafter_family")
 
 
 def compare_outputs(a, b) -> dict[str, Any]:
@@ -413,7 +414,10 @@ def compare_outputs(a, b) -> dict[str, Any]:
 def config_label(settings: Mapping[str, Any]) -> str:
     """A configuration in a few words: 'DDTree budget 32, block 16, exact' / 'DFlash chain, block 16, naive'."""
     method = settings.get("method", "ddtree")
-    head = "DFlash chain" if method == "dflash" else f"DDTree budget {settings.get('budget', '?')}"
+    head = {DFLASH: "DFlash chain", "dflash2": "DFlash2 chain"}.get(method, f"DDTree budget {settings.get('budget', '?')}")
+    scoring = settings.get("tree_scoring", MARGINAL)
+    if method not in CHAINS and scoring != MARGINAL:
+        head += f" ({scoring} scoring)"
     parts = [head, f"block {settings.get('block_size', '?')}", str(settings.get("verify", "exact"))]
     if settings.get("engine") not in (None, "transformers"):
         parts.append(f"{settings['engine']} engine")

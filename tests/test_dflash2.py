@@ -424,3 +424,55 @@ def test_traces_record_the_family_and_the_scoring_and_older_ones_replay(tiny2, t
     data["settings"]["tree_scoring"] = "joint"
     with pytest.raises(Exception, match="tree_scoring"):
         Trace.from_json(json.dumps(data))
+
+
+# -- the command line and the page -------------------------------------------------------------------------------
+
+
+def test_run_takes_tree_scoring_and_refuses_selector_with_dflash1(tiny_dirs, tmp_path, capsys):
+    from ddtree_viz.cli import main
+
+    target, draft2 = map(str, tiny_dirs)
+    trace = tmp_path / "t.json"
+    assert main(["run", "--target", target, "--draft", draft2, "--prompt", PROMPTS[0], "--tree-scoring", "selector",
+                 "--budget", "8", "--max-new-tokens", "8", "--trace", str(trace), "--compare", "method=dflash2"]) == 0
+    out = capsys.readouterr().out
+    assert "DDTree (selector scoring)" in out and "IDENTICAL" in out.upper()
+    saved = json.loads(trace.read_text())
+    assert saved["a"]["settings"]["tree_scoring"] == "selector" and saved["b"]["settings"]["method"] == "dflash2"
+    assert main(["run", "--target", target, "--draft", str(tiny_dirs[0].parent / "draft"), "--prompt", "x",
+                 "--tree-scoring", "selector", "--max-new-tokens", "4"]) == 2
+    assert "error: tree scoring selector needs a DFlash2 drafter" in capsys.readouterr().err
+
+
+def test_analyze_takes_tree_scoring(tiny_dirs, tmp_path):
+    from ddtree_viz.cli import main
+
+    (tmp_path / "p.txt").write_text("def f(x):\n\nclass A:\n")
+    out = tmp_path / "out"
+    assert main(["analyze", "--target", str(tiny_dirs[0]), "--draft", str(tiny_dirs[1]), "--prompts",
+                 str(tmp_path / "p.txt"), "--out", str(out), "--budget", "8", "--max-new-tokens", "6",
+                 "--tree-scoring", "selector"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["tree_scoring"] == "selector" and summary["identical_to_greedy"] == 1.0
+
+
+def test_the_page_reads_the_scoring_and_says_why_selector_needs_dflash2(tiny_dirs):
+    from ddtree_viz.page import actions
+    from ddtree_viz.page.host import ModelHost
+    from ddtree_viz.page.state import TabState, read_settings
+
+    base = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=6, verify="exact", method="ddtree")
+    one = ModelHost(str(tiny_dirs[0]), str(tiny_dirs[0].parent / "draft"), "float32", "cpu", engine="transformers")
+    one.start(background=False)
+    with pytest.raises(InputError, match="tree scoring selector needs a DFlash2 drafter"):
+        actions.step(one, TabState(), read_settings(one, {**base, "tree_scoring": "selector"}))
+    with pytest.raises(InputError, match="tree scoring must be one of"):
+        read_settings(one, {**base, "tree_scoring": "joint"})
+    two = ModelHost(str(tiny_dirs[0]), str(tiny_dirs[1]), "float32", "cpu", engine="transformers")
+    two.start(background=False)
+    compare = dict(compare_on=True, compare_method="ddtree", compare_tree_scoring="selector", compare_budget=8,
+                   compare_block_size=8, compare_engine="same", compare_dtype="same")
+    tab = actions.step(two, TabState(), read_settings(two, {**base, **compare}))
+    assert tab.session.tree_scoring == "marginal" and tab.other.tree_scoring == "selector"
+    assert tab.other.settings["drafter_family"] == "dflash2"

@@ -13,7 +13,8 @@ from pathlib import Path
 from ..errors import InputError
 from ..options import DFLASH, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
-from .common import add_decode_args, add_model_args, add_sampling_args, check_settings, decode_settings, load_models
+from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_settings,
+                     decode_settings, load_models)
 
 CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
 
@@ -44,6 +45,7 @@ def add_parser(sub) -> None:
                          "chain's figures")
     add_model_args(an)
     add_decode_args(an)
+    add_scoring_arg(an)
     add_sampling_args(an)
     an.set_defaults(handler=command)
 
@@ -51,8 +53,9 @@ def add_parser(sub) -> None:
 class Progress:
     """One line on stderr, redrawn: prompts done, tokens/s, ETA."""
 
-    def __init__(self, total: int, label: str = "", stream=sys.stderr):
-        self.total, self.label, self.stream = total, label, stream
+    def __init__(self, total: int, label: str = "", stream=None):
+        # sys.stderr as it is now (a default bound at import would keep a stream replaced since, perhaps closed)
+        self.total, self.label, self.stream = total, label, stream if stream is not None else sys.stderr
         self.done = self.tokens = 0
         self.start = time.perf_counter()
         self.tty = getattr(stream, "isatty", lambda: False)()
@@ -173,7 +176,7 @@ def _fmt(x) -> str:
 def _settings(args) -> dict:
     """The run's settings as prompts.json keeps them."""
     return run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
-                        args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
+                        args.block_size, args.temperature, args.top_k, args.top_p, args.seed, args.tree_scoring)
 
 
 def _failures(state, failure: str | None) -> int:
