@@ -350,6 +350,9 @@ def node_info(step: StepRecord, position: int, index: RoundIndex | None = None) 
         "target_margin_here": _margin(step, position),
         "target_top": [], "target_prob_of_node": None, "target_choice_at_parent": None, "node_is_choice": None,
         "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None,
+        # a selector round (DFlash2): the node's unary score and its pair score after its parent's token
+        "selector_unary": step.selector_unary[position] if len(step.selector_unary) == len(step.nodes) else None,
+        "selector_pair": step.selector_pair[position] if len(step.selector_pair) == len(step.nodes) else None,
     }
     if node.parent < 0:
         return info

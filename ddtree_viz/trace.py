@@ -116,6 +116,10 @@ class StepRecord:
     # softmax(logits) when greedy, under the filtered tempered distribution when sampling
     target_top_ids: tuple[tuple[int, ...], ...] = ()
     target_top_probs: tuple[tuple[float, ...], ...] = ()
+    # a tree or chain built from a DFlash2 drafter's candidate selector, one per tree position (the root 0): the
+    # node's unary score U_t(b) and its pair score S_t(parent's token, b) (rounded to 3 decimals). Else empty.
+    selector_unary: tuple[float, ...] = ()
+    selector_pair: tuple[float, ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -471,7 +475,8 @@ LIST_LIMITS = {
     "cache": MAX_LAYERS, "cache_before_commit": MAX_LAYERS, "prefill_cache": MAX_LAYERS, "naive_state_error": MAX_LAYERS,
     "tensors": 16, "shape": 8, "token_texts": 2 * MAX_PROMPT_TOKENS, "timings_ms": 64, "settings": 256,
     "draft_top_ids": MAX_DEPTH, "draft_top_logprobs": MAX_DEPTH, "target_top_ids": MAX_NODES,
-    "target_top_probs": MAX_NODES, "budget_curve": MAX_NODES, "messages": 4096,
+    "target_top_probs": MAX_NODES, "budget_curve": MAX_NODES, "messages": 4096, "selector_unary": MAX_NODES,
+    "selector_pair": MAX_NODES,
 }
 
 
@@ -603,7 +608,7 @@ def _check_positions(step: StepRecord, where: str) -> None:
     """The per-position arrays (one entry per tree position), the top-k rows (matching entry for entry, within
     MAX_TOP_K), log-probs <= 0, probabilities in [0, 1], and the budget curve's keys 1..B."""
     n = len(step.nodes)
-    for name in ("target_argmax", "target_margin", "target_choice", "target_prob"):
+    for name in ("target_argmax", "target_margin", "target_choice", "target_prob", "selector_unary", "selector_pair"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
             raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")

@@ -476,3 +476,29 @@ def test_the_page_reads_the_scoring_and_says_why_selector_needs_dflash2(tiny_dir
     tab = actions.step(two, TabState(), read_settings(two, {**base, **compare}))
     assert tab.session.tree_scoring == "marginal" and tab.other.tree_scoring == "selector"
     assert tab.other.settings["drafter_family"] == "dflash2"
+
+
+def test_rounds_record_each_nodes_unary_and_pair_score_and_the_inspector_shows_them(tiny2, tmp_path):
+    from ddtree_viz.render.inspect_view import inspector_html
+
+    session = DecodeSession(tiny2, tree_scoring="selector", budget=12, engine="transformers", max_new_tokens=8)
+    session.prefill(PROMPTS[0])
+    step = session.step()
+    scores = session.proposer.selector_scores()
+    assert len(step.selector_unary) == len(step.selector_pair) == len(step.nodes)
+    for node in step.nodes[1:]:
+        j, d = node.rank, node.depth
+        assert step.selector_unary[node.id] == round(float(scores.unary[d - 1, j]), 3)
+        i = step.nodes[node.parent].rank
+        want = scores.root[j] if d == 1 else scores.pair[d - 2, i, j]
+        assert step.selector_pair[node.id] == round(float(want), 3)
+        # the node's log-prob is the selector's: log_softmax over the K successors of its parent's token
+        row = scores.root if d == 1 else scores.pair[d - 2, i]
+        assert abs(node.logprob - float(torch.log_softmax(row, -1)[j])) < 1e-5
+    html = inspector_html(step, 1)
+    assert f"unary {step.selector_unary[1]:.3f}, pair {step.selector_pair[1]:.3f}" in html
+    path = tmp_path / "t.json"
+    session.to_trace().save(path)
+    assert Trace.load(path).steps[0].selector_pair == step.selector_pair
+    marginal = decode(tiny2, PROMPTS[0], budget=12, engine="transformers", max_new_tokens=4)
+    assert marginal.history[0].selector_pair == () and "selector:" not in inspector_html(marginal.history[0], 1)

@@ -180,6 +180,17 @@ def make_proposer(drafter, target, **options) -> DFlashProposer:
         drafter, target, **options)
 
 
+def selector_fields(tree: DraftTree, scores: SelectorScores) -> dict:
+    """Per tree position (the root 0): the node's unary score U_t(b) and pair score S_t(parent's token, b), rounded
+    to 3 decimals; a node's rank is its candidate's index at its depth (tree.build_selector_tree)."""
+    unary, pair = [0.0], [0.0]
+    for pos in range(1, len(tree)):
+        d, j, parent = tree.depths[pos], tree.ranks[pos], tree.parents[pos]
+        unary.append(round(float(scores.unary[d - 1, j]), 3))
+        pair.append(round(float(scores.root[j] if d == 1 else scores.pair[d - 2, tree.ranks[parent], j]), 3))
+    return dict(selector_unary=tuple(unary), selector_pair=tuple(pair))
+
+
 def check_family(proposer, method: str, tree_scoring: str) -> str:
     """The tree scoring, checked against the method and the drafter: the `selector` scoring and the `dflash2` chain
     need a candidate selector (a DFlash2 drafter); a DFlash 1 drafter has none (InputError saying so)."""
@@ -616,7 +627,7 @@ class DecodeSession:
         logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
         lap("draft")
 
-        tree = self._tree(root, logprobs)
+        tree, scores = self._tree(root, logprobs)
         lap("tree")
 
         tree_pass = engine.forward(tree)
@@ -659,6 +670,7 @@ class DecodeSession:
             naive_state_error=state_error if state_error is not None else (),
             budget_curve={str(b): v for b, v in analysis.budget_curve_of(accepted, own).items()} if record else {},
             **(target_top if record else {}), **(self._draft_grid(logprobs) if record else {}),
+            **(selector_fields(tree, scores) if record and scores is not None else {}),
         )
         self.committed_len += len(accepted)
         self.history.append(step)
@@ -667,23 +679,25 @@ class DecodeSession:
                                 (t for row in step.draft_top_ids for t in row))
         return step
 
-    def _tree(self, root: int, logprobs: torch.Tensor) -> DraftTree:
+    def _tree(self, root: int, logprobs: torch.Tensor) -> tuple[DraftTree, SelectorScores | None]:
         """This round's tree, by method and scoring: DFlash's chain, DFlash2's selector chain (sampled with the
         target's position-keyed noise at T > 0: the token at depth d sits at position committed_len + d), or
-        DDTree's best-first tree over the per-depth marginals or over the selector's pair scores."""
+        DDTree's best-first tree over the per-depth marginals or over the selector's pair scores; and the selector's
+        scores where the tree came from them (None elsewhere)."""
         if self.method == DFLASH:
-            return DraftTree.chain_from_logprobs(root, logprobs)
+            return DraftTree.chain_from_logprobs(root, logprobs), None
         if self.method == DDTREE and self.tree_scoring == MARGINAL:
-            return DraftTree.from_logprobs(root, logprobs, self.budget)
+            return DraftTree.from_logprobs(root, logprobs, self.budget), None
         scores = self.proposer.selector_scores()
         cond_root, cond_pair = (t.numpy() for t in scores.conditional())
         if self.method == DDTREE:
-            return build_selector_tree(root, cond_root, cond_pair, scores.ids.numpy(), self.budget)
+            return build_selector_tree(root, cond_root, cond_pair, scores.ids.numpy(), self.budget), scores
         noise = None
         if not self.sampler.greedy:
             positions = torch.arange(1, scores.ids.shape[0] + 1) + self.committed_len
             noise = gumbel_noise(self.sampler.seed, positions, logprobs.shape[-1]).gather(1, scores.ids).numpy()
-        return selector_chain(root, cond_root, cond_pair, scores.ids.numpy(), noise, self.sampler.temperature or 1.0)
+        return selector_chain(root, cond_root, cond_pair, scores.ids.numpy(), noise,
+                              self.sampler.temperature or 1.0), scores
 
     def _target_top(self, logits: torch.Tensor) -> dict:
         """The target's top-k ids and probabilities [T, k] (the distribution it chooses from: softmax of the
