@@ -502,3 +502,18 @@ def test_rounds_record_each_nodes_unary_and_pair_score_and_the_inspector_shows_t
     assert Trace.load(path).steps[0].selector_pair == step.selector_pair
     marginal = decode(tiny2, PROMPTS[0], budget=12, engine="transformers", max_new_tokens=4)
     assert marginal.history[0].selector_pair == () and "selector:" not in inspector_html(marginal.history[0], 1)
+
+
+def test_the_chains_noise_is_the_targets_noise_at_its_candidates():
+    from ddtree_viz.engine.sampling import gumbel_noise, gumbel_noise_at
+
+    positions = torch.tensor([5, 6, 7, 2**33 + 1])
+    ids = torch.tensor([[0, 9, 257], [3, 3, 1], [256, 100, 7], [1, 2, 4]])
+    assert torch.equal(gumbel_noise_at(11, positions, ids), gumbel_noise(11, positions, 258).gather(1, ids))
+
+
+def test_the_static_drafter_refuses_dflash2_and_auto_takes_the_dynamic_path(tiny2):
+    proposer = DFlash2Proposer(tiny2.drafter, tiny2.target)
+    assert proposer.path == "dynamic" and "DFlash 1 drafters only" in proposer.static_blocker
+    with pytest.raises(ValueError, match="the static drafter cannot run here: .*DFlash 1 drafters only"):
+        DFlash2Proposer(tiny2.drafter, tiny2.target, static=True)

@@ -31,7 +31,7 @@ from .cache import compact_kv
 from .engines import AUTO, ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
-from .sampling import GREEDY, Sampler, gumbel_noise, margin
+from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
 from .tree import DraftTree, build_chain, build_selector_tree, follow_tree, one_node, selector_chain
@@ -533,7 +533,7 @@ class DecodeSession:
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
             max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
             reference=self.reference, **self.sampler.settings, tree_scoring=self.tree_scoring,
-            drafter_family=getattr(self.proposer, "family", "dflash"),
+            **({"drafter_family": self.proposer.family} if hasattr(self.proposer, "family") else {}),
         )
 
     def token_text(self, token_id: int) -> str:
@@ -695,7 +695,7 @@ class DecodeSession:
         noise = None
         if not self.sampler.greedy:
             positions = torch.arange(1, scores.ids.shape[0] + 1) + self.committed_len
-            noise = gumbel_noise(self.sampler.seed, positions, logprobs.shape[-1]).gather(1, scores.ids).numpy()
+            noise = gumbel_noise_at(self.sampler.seed, positions, scores.ids).numpy()
         return selector_chain(root, cond_root, cond_pair, scores.ids.numpy(), noise,
                               self.sampler.temperature or 1.0), scores
 
