@@ -80,6 +80,8 @@ class GroupedDynamicCausalConv(nn.Module):
     def __init__(self, hidden: int, kernel: int, group: int):
         super().__init__()
         self.kernel, self.group = kernel, group
+        # training packs several blocks of `segment` positions in one row (train/distill.py): each convolves alone
+        self.segment: int | None = None
         self.base_kernel = nn.Parameter(torch.zeros(2, kernel, hidden))
         self.kernel_projection = nn.Linear(hidden, 2 * kernel * (hidden // group), bias=False)
 
@@ -101,10 +103,19 @@ class GroupedDynamicCausalConv(nn.Module):
     def prepare(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The normed input convolved with the "before" taps, and the "after" taps for `finish`."""
         taps = self.taps(x)
-        return self.convolve(taps[:, :, 0], x), taps[:, :, 1]
+        return self._blocks(taps[:, :, 0], x), taps[:, :, 1]
 
     def finish(self, y: Tensor, after: Tensor) -> Tensor:
-        return self.convolve(after, y)
+        return self._blocks(after, y)
+
+    def _blocks(self, taps: Tensor, x: Tensor) -> Tensor:
+        """convolve, each packed block of `segment` positions on its own (a row of L = n * segment positions)."""
+        B, L, H = x.shape
+        s = self.segment
+        if s is None or L <= s or L % s:
+            return self.convolve(taps, x)
+        out = self.convolve(taps.reshape(B * L // s, s, *taps.shape[2:]), x.reshape(B * L // s, s, H))
+        return out.reshape(B, L, H)
 
 
 class DFlash2DecoderLayer(DFlashDecoderLayer):
