@@ -286,17 +286,18 @@ def _new_drafter(cfg, device, init_from: str | Path | None):
         if drafter.config != cfg:
             raise ValueError(f"--init-draft {init_from} has another config: {drafter.config} != {cfg}")
         log(f"drafter: continuing from {init_from}")
-        return _pack_blocks(drafter)
+        return pack_blocks(drafter, cfg.block_size)
     drafter = family(cfg).to(device)
     init_drafter_(drafter)
-    return _pack_blocks(drafter)
+    return pack_blocks(drafter, cfg.block_size)
 
 
-def _pack_blocks(drafter):
-    """A DFlash2 drafter's convolutions see one block at a time in training's packed rows (dflash2.py: segment)."""
+def pack_blocks(drafter, block_size: int):
+    """A DFlash2 drafter's convolutions see one block of `block_size` at a time in rows of packed blocks
+    (block_batch's; dflash2.py: segment). Nothing to do for a DFlash drafter."""
     for module in drafter.modules():
         if hasattr(module, "segment"):
-            module.segment = drafter.block_size
+            module.segment = block_size
     return drafter
 
 
