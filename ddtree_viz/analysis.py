@@ -349,7 +349,7 @@ def node_info(step: StepRecord, position: int, index: RoundIndex | None = None) 
         "target_choice_here": choices[position] if position < n else None,
         "target_margin_here": _margin(step, position),
         "target_top": [], "target_prob_of_node": None, "target_choice_at_parent": None, "node_is_choice": None,
-        "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None,
+        "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None, "selector_siblings": [],
         # a selector round (DFlash2): the node's unary score and its pair score after its parent's token
         "selector_unary": step.selector_unary[position] if len(step.selector_unary) == len(step.nodes) else None,
         "selector_pair": step.selector_pair[position] if len(step.selector_pair) == len(step.nodes) else None,
@@ -365,8 +365,18 @@ def node_info(step: StepRecord, position: int, index: RoundIndex | None = None) 
         node_is_choice=want == node.token_id,
         choice_sibling_rank=index.child_rank.get(parent, {}).get(want),
         choice_draft_rank=NOT_DRAFTED if rank is None else rank, target_margin_at_parent=_margin(step, parent),
+        selector_siblings=_selector_siblings(step, index, parent),
     )
     return info
+
+
+def _selector_siblings(step: StepRecord, index: RoundIndex, parent: int) -> list[tuple[int, float]]:
+    """A selector round: the pair scores from the parent, [(token id, S_t(parent's token, b))] for its children in
+    the tree (the node and its siblings), best first; [] in other rounds."""
+    if len(step.selector_pair) != len(step.nodes):
+        return []
+    kids = index.children.get(parent, [])
+    return sorted(((step.nodes[c].token_id, step.selector_pair[c]) for c in kids), key=lambda t: -t[1])
 
 
 def _margin(step: StepRecord, position: int) -> float | None:

@@ -74,6 +74,9 @@ def inspector_html(step: StepRecord | None, position: int | None, token_text: To
         rank_mark = {info["token_id"]}
         tables.append(_top_table(info["draft_top"], text, rank_mark, f"drafter's top-{len(info['draft_top'])} at "
                                  f"depth {info['depth']} (log-prob)", lambda v: f"{v:.3f}"))
+        if info["selector_siblings"]:
+            tables.append(_top_table(info["selector_siblings"], text, rank_mark, "selector's pair scores from the "
+                                     "parent (this node and its siblings in the tree)", lambda v: f"{v:.3f}"))
         tables.append(_top_table(info["target_top"], text, {info["target_choice_at_parent"]},
                                  f"target's top-{len(info['target_top'])} at the parent (probability)",
                                  lambda v: f"{v:.4f}"))
