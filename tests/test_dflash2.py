@@ -497,7 +497,7 @@ def test_rounds_record_each_nodes_unary_and_pair_score_and_the_inspector_shows_t
         assert abs(node.logprob - float(torch.log_softmax(row, -1)[j])) < 1e-5
     html = inspector_html(step, 1)
     assert f"unary {step.selector_unary[1]:.3f}, pair {step.selector_pair[1]:.3f}" in html
-    assert "selector's pair scores from the parent" in html
+    assert "pair scores from the parent (this node and its siblings in the tree)" in html
     siblings = analysis.node_info(step, 1)["selector_siblings"]
     assert [t for t, _ in siblings] == sorted((n.token_id for n in step.nodes if n.parent == 0),
                                               key=lambda t: -step.selector_pair[[n.token_id for n in step.nodes].index(t)])
