@@ -119,8 +119,8 @@ def _print_setup(args, pair, session) -> None:
     """The models, the method and its settings, the engine, the sampling and the naive warning."""
     print(pair.describe())
     print(pair.parameters_line())
-    method = {"ddtree": f"DDTree ({args.tree_scoring} scoring)", "dflash": "DFlash (chain)",
-              "dflash2": "DFlash2 (selector chain)"}[args.method]
+    scoring = f" ({args.tree_scoring} scoring)" if args.tree_scoring != "marginal" else ""
+    method = {"ddtree": f"DDTree{scoring}", "dflash": "DFlash (chain)", "dflash2": "DFlash2 (selector chain)"}[args.method]
     shape = f"budget {session.budget}, " if args.method == "ddtree" else ""  # a chain is block_size - 1 long
     chosen = " (auto: the fastest exact engine for this target)" if args.engine == "auto" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
