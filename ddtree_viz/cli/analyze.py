@@ -53,9 +53,8 @@ def add_parser(sub) -> None:
 class Progress:
     """One line on stderr, redrawn: prompts done, tokens/s, ETA."""
 
-    def __init__(self, total: int, label: str = "", stream=None):
-        # sys.stderr as it is now (a default bound at import would keep a stream replaced since, perhaps closed)
-        self.total, self.label, self.stream = total, label, stream if stream is not None else sys.stderr
+    def __init__(self, total: int, label: str = "", stream=sys.stderr):
+        self.total, self.label, self.stream = total, label, stream
         self.done = self.tokens = 0
         self.start = time.perf_counter()
         self.tty = getattr(stream, "isatty", lambda: False)()
