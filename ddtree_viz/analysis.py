@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import treeops
+from .options import CHAINS, DFLASH, MARGINAL
 from .trace import StepRecord
 
 NOT_DRAFTED = "not drafted"
@@ -120,7 +121,7 @@ def _capped(curve: dict[int, int], step: StepRecord) -> dict[int, int]:
 
 
 def curve_caveat(method: str = "ddtree") -> str:
-    unit = "chain length" if method == "dflash" else "budget"
+    unit = "chain length" if method in CHAINS else "budget"
     return (f"Exact for each round from the state it started in (the smaller {unit}'s tree is a prefix of this one "
             f"and the target's choice at a node depends only on its path); a whole session at that {unit} would "
             "have started its later rounds elsewhere.")
@@ -348,7 +349,10 @@ def node_info(step: StepRecord, position: int, index: RoundIndex | None = None) 
         "target_choice_here": choices[position] if position < n else None,
         "target_margin_here": _margin(step, position),
         "target_top": [], "target_prob_of_node": None, "target_choice_at_parent": None, "node_is_choice": None,
-        "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None,
+        "choice_sibling_rank": None, "choice_draft_rank": None, "target_margin_at_parent": None, "selector_siblings": [],
+        # a selector round (DFlash2): the node's unary score and its pair score after its parent's token
+        "selector_unary": step.selector_unary[position] if len(step.selector_unary) == len(step.nodes) else None,
+        "selector_pair": step.selector_pair[position] if len(step.selector_pair) == len(step.nodes) else None,
     }
     if node.parent < 0:
         return info
@@ -361,8 +365,18 @@ def node_info(step: StepRecord, position: int, index: RoundIndex | None = None) 
         node_is_choice=want == node.token_id,
         choice_sibling_rank=index.child_rank.get(parent, {}).get(want),
         choice_draft_rank=NOT_DRAFTED if rank is None else rank, target_margin_at_parent=_margin(step, parent),
+        selector_siblings=_selector_siblings(step, index, parent),
     )
     return info
+
+
+def _selector_siblings(step: StepRecord, index: RoundIndex, parent: int) -> list[tuple[int, float]]:
+    """A selector round: the pair scores from the parent, [(token id, S_t(parent's token, b))] for its children in
+    the tree (the node and its siblings), best first; [] in other rounds."""
+    if len(step.selector_pair) != len(step.nodes):
+        return []
+    kids = index.children.get(parent, [])
+    return sorted(((step.nodes[c].token_id, step.selector_pair[c]) for c in kids), key=lambda t: -t[1])
 
 
 def _margin(step: StepRecord, position: int) -> float | None:
@@ -383,7 +397,7 @@ def first_divergence(output: Sequence[int], reference: Sequence[int]) -> int | N
 
 
 COMPARED_SETTINGS = ("budget", "block_size", "method", "verify", "engine", "dtype", "device", "max_new_tokens",
-                     "temperature", "top_k", "top_p", "seed")
+                     "temperature", "top_k", "top_p", "seed", "tree_scoring", "drafter_family")
 
 
 def compare_outputs(a, b) -> dict[str, Any]:
@@ -413,7 +427,10 @@ def compare_outputs(a, b) -> dict[str, Any]:
 def config_label(settings: Mapping[str, Any]) -> str:
     """A configuration in a few words: 'DDTree budget 32, block 16, exact' / 'DFlash chain, block 16, naive'."""
     method = settings.get("method", "ddtree")
-    head = "DFlash chain" if method == "dflash" else f"DDTree budget {settings.get('budget', '?')}"
+    head = {DFLASH: "DFlash chain", "dflash2": "DFlash2 chain"}.get(method, f"DDTree budget {settings.get('budget', '?')}")
+    scoring = settings.get("tree_scoring", MARGINAL)
+    if method not in CHAINS and scoring != MARGINAL:
+        head += f" ({scoring} scoring)"
     parts = [head, f"block {settings.get('block_size', '?')}", str(settings.get("verify", "exact"))]
     if settings.get("engine") not in (None, "transformers"):
         parts.append(f"{settings['engine']} engine")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # torch-free at import: the CLI reads COMPARE_KEYS while pars
     from .engine.session import DecodeSession
 
 # What B may change: its DecodeSettings fields, and the dtype (which picks B's pair: the caller's).
-COMPARE_KEYS = ("budget", "block_size", "method", "verify", "engine", "dtype")
+COMPARE_KEYS = ("budget", "block_size", "method", "verify", "engine", "dtype", "tree_scoring")
 
 
 def settings_b(a: DecodeSettings, changes: Mapping) -> DecodeSettings:

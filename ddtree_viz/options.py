@@ -18,15 +18,23 @@ from .errors import InputError
 
 __all__ = [
     "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
-    "engine_for_verify", "DDTREE", "DFLASH", "PRECISION_B", "METHODS", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
+    "engine_for_verify", "DDTREE", "DFLASH", "DFLASH2", "PRECISION_B", "METHODS", "CHAINS", "MARGINAL", "SELECTOR",
+    "TREE_SCORINGS", "DRAFTER_FAMILIES", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
     "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
     "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
     "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "check_port", "DecodeSettings",
 ]
 
-# A round's method: DDTree's best-first tree, or DFlash's top-1 chain.
-DDTREE, DFLASH = "ddtree", "dflash"
-METHODS = (DDTREE, DFLASH)
+# A round's method: DDTree's best-first tree, DFlash's top-1 chain, or DFlash2's chain (its candidate selector's
+# greedy walk, or its sample at T > 0; a DFlash2 drafter only).
+DDTREE, DFLASH, DFLASH2 = "ddtree", "dflash", "dflash2"
+METHODS = (DDTREE, DFLASH, DFLASH2)
+CHAINS = (DFLASH, DFLASH2)  # the methods whose tree is one chain of block_size - 1 drafts
+# How DDTree scores a node: the sum along its path of the drafter's per-depth log-probs (marginal), or of the
+# candidate selector's log_softmax over its K candidates of S_t(parent's token, b) (selector: a DFlash2 drafter only).
+MARGINAL, SELECTOR = "marginal", "selector"
+TREE_SCORINGS = (MARGINAL, SELECTOR)
+DRAFTER_FAMILIES = ("dflash", "dflash2")  # the drafter families a trace may name
 # a prompt set's second configuration in a precision audit (analyze --target-b / --draft-b / --dtype-b): its traces
 # are NNNN.b.json, its figures summary["b"], the comparison summary["precision_audit"]
 PRECISION_B = "b"
@@ -131,6 +139,7 @@ class DecodeSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    tree_scoring: str = MARGINAL
 
     def replace(self, **changes) -> "DecodeSettings":
         return dataclasses.replace(self, **changes)
@@ -138,7 +147,8 @@ class DecodeSettings:
     def check(self) -> "DecodeSettings":
         """The checks that need no model (ranges, names); returns self. The session checks the rest."""
         check_decode_settings(self.budget, self.max_new_tokens, self.block_size)
-        for name, value, allowed in (("method", self.method, METHODS), ("verify mode", self.verify, VERIFY_MODES),
+        for name, value, allowed in (("method", self.method, METHODS), ("tree scoring", self.tree_scoring, TREE_SCORINGS),
+                                     ("verify mode", self.verify, VERIFY_MODES),
                                      ("engine", self.engine, ENGINE_CHOICES), ("reference", self.reference, REFERENCES)):
             if value not in allowed:
                 raise InputError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")

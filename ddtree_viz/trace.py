@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import TraceError
 from .files import read_limited
-from .options import MAX_TOP_K, METHODS, VERIFY_MODES
+from .options import DRAFTER_FAMILIES, MARGINAL, MAX_TOP_K, METHODS, TREE_SCORINGS, VERIFY_MODES
 from .treeops import check_parents, depths_of, follow, is_parent_chain
 
 SCHEMA_VERSION = 1
@@ -116,6 +116,10 @@ class StepRecord:
     # softmax(logits) when greedy, under the filtered tempered distribution when sampling
     target_top_ids: tuple[tuple[int, ...], ...] = ()
     target_top_probs: tuple[tuple[float, ...], ...] = ()
+    # a tree or chain built from a DFlash2 drafter's candidate selector, one per tree position (the root 0): the
+    # node's unary score U_t(b) and its pair score S_t(parent's token, b) (rounded to 3 decimals). Else empty.
+    selector_unary: tuple[float, ...] = ()
+    selector_pair: tuple[float, ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -176,6 +180,16 @@ class Trace:
     chat_template: bool = False
     thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def tree_scoring(self) -> str:
+        """How DDTree scored its nodes: "marginal" (traces from before DFlash2 say nothing: that) or "selector"."""
+        return self.settings.get("tree_scoring", MARGINAL)
+
+    @property
+    def drafter_family(self) -> str:
+        """The drafter's family: "dflash" (older traces say nothing: that) or "dflash2"."""
+        return self.settings.get("drafter_family", "dflash")
 
     def to_json(self, indent: int | None = None) -> str:
         return dumps(to_plain(self), indent)
@@ -461,7 +475,8 @@ LIST_LIMITS = {
     "cache": MAX_LAYERS, "cache_before_commit": MAX_LAYERS, "prefill_cache": MAX_LAYERS, "naive_state_error": MAX_LAYERS,
     "tensors": 16, "shape": 8, "token_texts": 2 * MAX_PROMPT_TOKENS, "timings_ms": 64, "settings": 256,
     "draft_top_ids": MAX_DEPTH, "draft_top_logprobs": MAX_DEPTH, "target_top_ids": MAX_NODES,
-    "target_top_probs": MAX_NODES, "budget_curve": MAX_NODES, "messages": 4096,
+    "target_top_probs": MAX_NODES, "budget_curve": MAX_NODES, "messages": 4096, "selector_unary": MAX_NODES,
+    "selector_pair": MAX_NODES,
 }
 
 
@@ -593,7 +608,7 @@ def _check_positions(step: StepRecord, where: str) -> None:
     """The per-position arrays (one entry per tree position), the top-k rows (matching entry for entry, within
     MAX_TOP_K), log-probs <= 0, probabilities in [0, 1], and the budget curve's keys 1..B."""
     n = len(step.nodes)
-    for name in ("target_argmax", "target_margin", "target_choice", "target_prob"):
+    for name in ("target_argmax", "target_margin", "target_choice", "target_prob", "selector_unary", "selector_pair"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
             raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
@@ -713,6 +728,8 @@ def _check_settings(settings: dict[str, Any], where: str) -> None:
     need("block_size", lambda v: whole(2)(v) and v <= MAX_DEPTH + 1, f"a whole number from 2 to {MAX_DEPTH + 1}")
     need("max_new_tokens", whole(1), "a whole number >= 1")
     need("method", lambda v: v in METHODS, " or ".join(METHODS))
+    need("tree_scoring", lambda v: v in TREE_SCORINGS, " or ".join(TREE_SCORINGS))
+    need("drafter_family", lambda v: v in DRAFTER_FAMILIES, " or ".join(DRAFTER_FAMILIES))
     need("verify", lambda v: v in VERIFY_MODES, " or ".join(VERIFY_MODES))
     for key in ("dtype", "device", "engine", "reference"):
         need(key, lambda v: isinstance(v, str), "a string")

@@ -322,7 +322,7 @@ def test_click_a_node_to_inspect_it_then_compare_two_configurations(page):
     # compare mode: B = the DFlash chain, stepped in lockstep; two trees side by side
     page.get_by_text("Compare with a second configuration").click()
     page.locator("#ddv-compare-on input").check()
-    page.locator("#ddv-compare-method").get_by_text("dflash").click()
+    page.locator("#ddv-compare-method").get_by_text("dflash", exact=True).click()  # not dflash2
     page.get_by_role("button", name="Step", exact=True).click()
     wait_status(page, "Compare mode")
     page.wait_for_selector("#ddv-tree-b .js-plotly-plot", timeout=30_000)

@@ -113,3 +113,62 @@ def test_drafter_training_steps_on_a_tiny_target(tmp_path):
     drafter = DFlashDrafter.from_pretrained(tmp_path / "draft")
     assert drafter.block_size == 4 and drafter.mask_token_id == MASK_ID
     validate_pairing(drafter.config, target.config)
+
+
+def test_dflash2_drafter_training_steps_on_a_tiny_target(tmp_path):
+    """The same objective for a DFlash2 drafter, its selector trained beside it (distill.selector_loss); it starts as
+    the identity convolution, each packed block convolved on its own, and saves in the published layout."""
+    from ddtree_viz.engine.dflash2 import DFlash2Drafter
+    from ddtree_viz.engine.drafter import validate_pairing
+    from ddtree_viz.train.distill import greedy_generate, train_drafter
+
+    from .tiny import MASK_ID, target_model
+
+    target = target_model("hybrid", seed=0)
+    torch.manual_seed(0)
+    greedy = greedy_generate(target, torch.randint(0, 256, (8, 6)), 30, batch=8)
+    fields = {"conv_group_size": 16, "conv_kernel_size": 2, "selector_rank": 8, "selector_top_k": 16}
+    summary = train_drafter(target, greedy, torch.tensor([6] * 8), tmp_path / "draft", torch.device("cpu"),
+                            num_layers=1, block_size=4, batch=4, anchors=6, steps=3, warmup=1, target_layer_ids=(0, 2),
+                            mask_token_id=MASK_ID, dflash2=fields)
+    assert summary["steps"] == 3 and np.isfinite(summary["final"]["ce"])
+    drafter = DFlash2Drafter.from_pretrained(tmp_path / "draft")
+    assert drafter.config.selector_top_k == 16 and drafter.block_size == 4
+    validate_pairing(drafter.config, target.config)
+    # packed blocks convolve alone: a row of two blocks gives each block's own convolution
+    conv = drafter.layers[0].attention_conv.float()
+    conv.segment = 4
+    x = torch.randn(1, 8, conv.base_kernel.shape[-1])
+    both = conv.prepare(x)[0]
+    assert torch.allclose(both[:, 4:], conv.prepare(x[:, 4:])[0], atol=1e-6)
+    conv.segment = None
+    assert not torch.allclose(conv.prepare(x)[0][:, 4:], both[:, 4:], atol=1e-6)
+
+
+def test_selector_loss_counts_the_positions_whose_true_token_is_a_candidate():
+    """selector_loss: cross-entropy over the K candidates of S_t(true previous token, b), at block positions past
+    the root whose true token the drafter ranked in its top-K; the selector's weights get its gradient."""
+    from ddtree_viz.engine.dflash2 import DFlash2Drafter
+    from ddtree_viz.train.distill import drafter_config, init_drafter_, selector_loss
+
+    from .tiny import MASK_ID, target_model
+
+    target = target_model("hybrid", seed=0)
+    cfg = drafter_config(target.config, num_layers=1, block_size=4, mask_token_id=MASK_ID, target_layer_ids=(0, 2),
+                         intermediate_size=64, head_dim=16, dflash2={"conv_group_size": 16, "conv_kernel_size": 2,
+                                                                   "selector_rank": 4, "selector_top_k": 3})
+    drafter = DFlash2Drafter(cfg)
+    torch.manual_seed(0)
+    init_drafter_(drafter)
+    assert torch.equal(drafter.layers[0].mlp_conv.base_kernel[:, 0], torch.ones(2, 64))  # the identity at the start
+    labels = torch.randint(0, 256, (2, 8))
+    labels[:, ::4] = -100  # block entries 0: the roots
+    block_ids = torch.full((2, 8), MASK_ID)
+    block_ids[:, ::4] = torch.randint(0, 256, (2, 2))
+    logits = torch.randn(2, 8, 258)
+    logits.scatter_(2, labels.clamp(min=0)[..., None], 50.0)  # every true token the drafter's best candidate
+    logits[:, 3] = torch.randn(258)  # but at one position
+    loss, count = selector_loss(drafter, torch.randn(2, 8, 64), logits, block_ids, labels, 4)
+    assert count == 2 * 6 - 2 + int((torch.topk(logits[:, 3], 3).indices == labels[:, 3, None]).any(-1).sum())
+    loss.backward()
+    assert drafter.candidate_selector.successor_codebook.grad.abs().sum() > 0

@@ -15,7 +15,8 @@ from .. import analysis
 from ..errors import InputError
 from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
-from .common import add_decode_args, add_model_args, add_sampling_args, check_settings, decode_settings, load_models
+from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_settings,
+                     decode_settings, load_models)
 
 CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
 
@@ -72,6 +73,7 @@ def add_parser(sub) -> None:
     audit.add_argument("--draft-b", metavar="DIR|HUB_ID", help="B's drafter")
     audit.add_argument("--dtype-b", choices=DTYPES, help="B's dtype")
     add_decode_args(an)
+    add_scoring_arg(an)
     add_sampling_args(an)
     an.set_defaults(handler=command)
 
@@ -356,7 +358,7 @@ def _fmt(x) -> str:
 def _settings(args) -> dict:
     """The run's settings as prompts.json keeps them."""
     settings = run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
-                            args.block_size, args.temperature, args.top_k, args.top_p, args.seed)
+                            args.block_size, args.temperature, args.top_k, args.top_p, args.seed, args.tree_scoring)
     if _audit(args):
         settings[PRECISION_B] = {"target": args.target_b, "draft": args.draft_b, "dtype": args.dtype_b}
     return settings

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..options import DEVICES, DTYPES, DecodeSettings, check_decode_settings, number, whole_number
+from ..options import DEVICES, DTYPES, MARGINAL, TREE_SCORINGS, DecodeSettings, check_decode_settings, number, whole_number
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
@@ -46,7 +46,8 @@ def check_name_length(path: Path, what: str) -> None:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
-    g.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter for the target (default: the embedded one)")
+    g.add_argument("--draft", metavar="DIR|HUB_ID",
+                   help="DFlash or DFlash2 drafter for the target, by its config's architectures (default: the embedded one)")
     g.add_argument("--dtype", default="float32", choices=DTYPES, help="default: float32")
     g.add_argument("--device", default="cpu", choices=DEVICES,
                    help="cpu, cuda (one GPU) or auto (all visible GPUs via accelerate); default: cpu")
@@ -59,6 +60,14 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=whole_number, default=64, help="tokens to generate (default: 64)")
     g.add_argument("--block-size", type=whole_number, default=None,
                    help="drafter block: root + drafted depths (default: the drafter's own)")
+
+
+def add_scoring_arg(p: argparse.ArgumentParser) -> None:
+    """--tree-scoring: how DDTree scores a node (run, analyze; a trace records it, so export and replay read it)."""
+    p.add_argument("--tree-scoring", default=MARGINAL, choices=TREE_SCORINGS,
+                   help="how DDTree scores a node: marginal (default: the sum of the drafter's per-depth log-probs "
+                        "along its path) or selector (a DFlash2 drafter's candidate selector: the sum of log_softmax "
+                        "over its top-K of the pair scores S_t(parent's token, b))")
 
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ printed: the settings, each round, the verdict; --round K one round in full."""
 from __future__ import annotations
 
 from ..errors import InputError
-from ..options import REFERENCE_NAMES, check_port
+from ..options import CHAINS, REFERENCE_NAMES, check_port
 from ..page.web.args import add_server_args
 from ..trace import is_sampled, reference_of, sampling_flags, sampling_label, verdict_text
 from .common import printable
@@ -127,7 +127,7 @@ def print_round(trace, k: int) -> None:
     print(f"stopped at depth {stop['depth']} after node {stop['last_accepted']}: target's token "
           f"{_tok(trace, stop['target_token_id'])}{prob}; drafter's rank for it: "
           f"{'-' if rank is None else rank}{vocab}; drafter's top there: {top}; reason: {stop['reason']}")
-    unit = "chain length" if st.method == "dflash" else "budget"
+    unit = "chain length" if st.method in CHAINS else "budget"
     print(f"{unit} curve ({unit}:tokens gained, where it steps up): {budget_line(analysis.recorded_curve(st))}")
     if st.draft_top_ids:
         taken = {(n.depth, n.rank) for n in st.nodes[1:]}

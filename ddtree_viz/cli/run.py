@@ -8,10 +8,11 @@ from pathlib import Path
 
 from ..compare import COMPARE_KEYS
 from ..errors import InputError
-from ..options import DTYPES, ENGINE_CHOICES, METHODS, REFERENCE_NAMES, REFERENCES, VERIFY_MODES, whole_number
+from ..options import (DTYPES, ENGINE_CHOICES, METHODS, REFERENCE_NAMES, REFERENCES, TREE_SCORINGS, VERIFY_MODES,
+                       whole_number)
 from ..trace import sampling_label, verdict_words
-from .common import (add_chat_args, add_decode_args, add_model_args, add_sampling_args, check_output_path,
-                     decode_settings, load_models, printable, prompt_spec)
+from .common import (add_chat_args, add_decode_args, add_model_args, add_sampling_args, add_scoring_arg,
+                     check_output_path, decode_settings, load_models, printable, prompt_spec)
 from .show import print_compare, print_session_analysis, reference_words
 
 
@@ -47,7 +48,9 @@ def add_parser(sub) -> None:
     run.add_argument("--verify", default="exact", choices=VERIFY_MODES,
                      help="exact (tree-exact GDN) or naive (the known-wrong flattened-tree behaviour); default: exact")
     run.add_argument("--method", default="ddtree", choices=METHODS,
-                     help="ddtree (draft tree) or dflash (top-1 chain); default: ddtree")
+                     help="ddtree (draft tree), dflash (the drafter's top-1 chain) or dflash2 (a DFlash2 drafter's "
+                          "candidate-selector chain); default: ddtree")
+    add_scoring_arg(run)
     run.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                      help="auto (default: the fastest exact engine that applies: runner for exact rounds on a Qwen3.5 "
                           "hybrid target on one device, else transformers), transformers (the target's own forward with "
@@ -107,7 +110,7 @@ def command(args) -> int:
 def _check_compare(changes: dict) -> None:
     """Configuration B's named values, checked before any model loads."""
     for key, allowed in (("method", METHODS), ("verify", VERIFY_MODES), ("engine", ENGINE_CHOICES),
-                         ("dtype", DTYPES)):
+                         ("dtype", DTYPES), ("tree_scoring", TREE_SCORINGS)):
         if key in changes and changes[key] not in allowed:
             raise InputError(f"--compare {key} must be one of {', '.join(allowed)}, not {changes[key]!r}")
 
@@ -116,8 +119,9 @@ def _print_setup(args, pair, session) -> None:
     """The models, the method and its settings, the engine, the sampling and the naive warning."""
     print(pair.describe())
     print(pair.parameters_line())
-    method = "DDTree" if args.method == "ddtree" else "DFlash (chain)"
-    shape = f"budget {session.budget}, " if args.method == "ddtree" else ""
+    scoring = f" ({args.tree_scoring} scoring)" if args.tree_scoring != "marginal" else ""
+    method = {"ddtree": f"DDTree{scoring}", "dflash": "DFlash (chain)", "dflash2": "DFlash2 (selector chain)"}[args.method]
+    shape = f"budget {session.budget}, " if args.method == "ddtree" else ""  # a chain is block_size - 1 long
     chosen = " (auto: the fastest exact engine for this target)" if args.engine == "auto" else ""
     print(f"{method}, {shape}block size {session.block_size}, max new tokens {session.max_new_tokens}, verify {args.verify}, "
           f"engine {session.engine}{chosen}")

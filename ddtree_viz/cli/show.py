@@ -3,6 +3,7 @@ a session's acceptance analysis, and two configurations compared."""
 
 from __future__ import annotations
 
+from ..options import CHAINS
 from ..trace import is_sampled
 
 
@@ -30,7 +31,7 @@ def print_session_analysis(steps, block_size, method: str) -> None:
     print("acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " + " ".join(map(str, hist)))
     print("per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): "
           + rates_line(analysis.per_depth_acceptance(steps, block_size)))
-    unit = "chain length" if method == "dflash" else "budget"
+    unit = "chain length" if method in CHAINS else "budget"
     exact = "" if all(analysis.curve_is_exact(s) for s in steps) else " [naive verify: the same choices only]"
     print(f"session {unit} curve ({unit}:tokens gained, where it steps up){exact}: "
           + budget_line(analysis.session_budget_curve(steps)))

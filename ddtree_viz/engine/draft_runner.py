@@ -50,6 +50,9 @@ ATTENTION_KINDS = ("eager", "sdpa")
 def static_blocker(drafter, target) -> str | None:
     """Why the static path cannot run this drafter (None when it can): it needs the drafter, the target's input
     embeddings and its lm_head whole on one device, with no dispatch hooks."""
+    if getattr(drafter, "family", "dflash") != "dflash":
+        return (f"the static drafter runs DFlash 1 drafters only; this one is {drafter.family} (its convolutions and "
+                f"candidate selector run on the dynamic path)")
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     if embed is None or head is None:
         return "the target has no input embeddings or no lm_head"
@@ -198,7 +201,7 @@ class StaticDrafter:
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = d.norm(x)[0, 1:]
-        return torch.log_softmax(self.lm_head(hidden).float(), dim=-1)
+        return torch.log_softmax(d.compute_logits(self.lm_head(hidden)), dim=-1)
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ never be seen again by a later block (its positions only grow).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -77,6 +78,10 @@ class DFlashConfig:
     # every layer causal (True) or bidirectional (False) over the block, from `is_causal` or `dflash_config.causal`;
     # None: by layer type (sliding layers causal, full layers bidirectional): see layer_causal
     is_causal: bool | None = None
+    # compute_logits: the lm_head's logits times output_multiplier, then tanh soft-capped at final_logit_softcapping
+    # (None: not applied); DFlash2 drafters carry them, a DFlash 1 checkpoint may too
+    output_multiplier: float | None = None
+    final_logit_softcapping: float | None = None
 
     @property
     def layer_causal(self) -> tuple[bool, ...]:
@@ -104,6 +109,10 @@ class DFlashConfig:
                 raise ModelLoadError(f"Drafter config: {name} must be at least 1, got {getattr(config, name)}.")
         if config.block_size > MAX_BLOCK_SIZE:
             raise ModelLoadError(f"Drafter block_size must be at most {MAX_BLOCK_SIZE}, got {config.block_size}.")
+        for name in ("output_multiplier", "final_logit_softcapping"):
+            value = getattr(config, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ModelLoadError(f"Drafter config: {name} must be a positive number or absent, got {value}.")
         return config
 
     @classmethod
@@ -155,6 +164,7 @@ class DFlashConfig:
                 raise ModelLoadError(f"Drafter layer_types has sliding_attention layers but sliding_window is "
                                      f"{window!r}; it must be a positive whole number.")
         is_causal = d.get("is_causal", dflash.get("is_causal", dflash.get("causal")))
+        scales = {k: d.get(k, dflash.get(k)) for k in ("output_multiplier", "final_logit_softcapping")}
         if is_causal is not None and not isinstance(is_causal, bool):
             raise ModelLoadError(f"Drafter is_causal must be true, false or absent, not {is_causal!r}.")
         return cls(
@@ -167,6 +177,7 @@ class DFlashConfig:
             layer_types=layer_types, sliding_window=None if window is None else int(window),
             num_target_layers=num_target_layers, block_size=block_size, mask_token_id=mask_token_id,
             target_layer_ids=tuple(int(i) for i in layer_ids), is_causal=is_causal,
+            **{k: None if v is None else float(v) for k, v in scales.items()},
         )
 
     @classmethod
@@ -187,8 +198,9 @@ class DFlashConfig:
         dflash = {k: d.pop(k) for k in ("block_size", "mask_token_id", "target_layer_ids")}
         dflash["target_layer_ids"] = list(dflash["target_layer_ids"])
         d["layer_types"] = list(self.layer_types)
-        if d.pop("is_causal") is not None:
-            d["is_causal"] = self.is_causal
+        for key in ("is_causal", "output_multiplier", "final_logit_softcapping"):
+            if d[key] is None:
+                del d[key]
         # Qwen3Config drops sliding_window unless use_sliding_window is set.
         d["use_sliding_window"] = "sliding_attention" in self.layer_types
         d["rope_parameters"] = {"rope_theta": self.rope_theta, "rope_type": "default"}
@@ -364,12 +376,19 @@ class DFlashDecoderLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
+    """A drafter family is this class or a subclass (engine/dflash2.py): its `family` name (traces record it), its
+    config class, its decoder layer, and what it adds after the layers."""
+
+    family = "dflash"
+    config_class = DFlashConfig
+    layer_class = DFlashDecoderLayer
+
     def __init__(self, config: DFlashConfig):
         super().__init__()
         self.config = config
         self.target_layer_ids = list(config.target_layer_ids)
         self.block_size, self.mask_token_id = config.block_size, config.mask_token_id
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -390,7 +409,7 @@ class DFlashDrafter(nn.Module):
         path = Path(path)
         if not path.is_dir():
             raise ModelLoadError(f"Drafter directory not found: {path}")
-        config = DFlashConfig.from_file(path / "config.json")
+        config = cls.config_class.from_file(path / "config.json")
         index = path / "model.safetensors.index.json"
         if (path / "model.safetensors").is_file():
             files = [path / "model.safetensors"]
@@ -414,6 +433,7 @@ class DFlashDrafter(nn.Module):
         spec = fp8.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
         if spec is not None:  # the official FP8 layout: dequantized here, in float32, then cast (engine/fp8.py)
             state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter")
+        cls.check_fields(config, state)
         model = cls.from_config_meta(config)
         expected = {k: tuple(p.shape) for k, p in model.state_dict().items()}
         missing = sorted(expected.keys() - state.keys())
@@ -428,6 +448,22 @@ class DFlashDrafter(nn.Module):
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
         model.weight_format = spec.label(dtype) if spec is not None else None  # ModelPair.draft_precision
         return model.eval()
+
+    @classmethod
+    def check_fields(cls, config: DFlashConfig, state: dict[str, Tensor]) -> None:
+        """Config fields that disagree with the weights, refused naming the field (a family with such fields
+        overrides this; DFlash 1's sizes show up as mis-shaped weights)."""
+
+    def compute_logits(self, logits: Tensor) -> Tensor:
+        """The drafter's logits from the lm_head's (float32): times output_multiplier, then tanh soft-capped at
+        final_logit_softcapping, each where the config sets it."""
+        logits = logits.float()
+        if self.config.output_multiplier is not None:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def save_pretrained(self, path: str | Path) -> None:
         from safetensors.torch import save_file

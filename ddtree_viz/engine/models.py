@@ -21,6 +21,7 @@ from ..options import DEVICES
 from . import fp8
 from .backends import kernels_follow_device
 from .cache import layer_types
+from .dflash2 import DFlash2Drafter, is_dflash2
 from .drafter import DFlashDrafter, validate_pairing
 
 # The embedded pair is the repository's top-level assets/, found from this file (not from the working directory):
@@ -315,7 +316,17 @@ def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
             if hub_down:
                 raise ModelLoadError(_offline_hint(name, "drafter")) from None
             raise ModelLoadError(f"cannot fetch drafter {name!r}: {exc}") from None
-    return DFlashDrafter.from_pretrained(local, dtype=dtype, device=device).eval()
+    return drafter_class(local).from_pretrained(local, dtype=dtype, device=device).eval()
+
+
+def drafter_class(path: Path) -> type[DFlashDrafter]:
+    """The drafter family a checkpoint's config.json names (`architectures`): DFlash2DraftModel is DFlash2, anything
+    else DFlash (whose loader says what is wrong with a config it cannot read)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return DFlashDrafter
+    return DFlash2Drafter if is_dflash2(config) else DFlashDrafter
 
 
 def check_embedded(draft_too: bool = True) -> None:

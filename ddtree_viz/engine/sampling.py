@@ -59,11 +59,17 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seed: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """G(seed, p, v) as float32 [len(positions), vocab], on positions' device."""
+    tokens = torch.arange(vocab, dtype=torch.int64, device=positions.device)
+    return gumbel_noise_at(seed, positions, tokens[None].expand(len(positions), vocab))
+
+
+def gumbel_noise_at(seed: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """G(seed, p, v) as float32 [N, k] for the tokens [N, k] at positions [N] only (a DFlash2 chain's K candidates per
+    position): the same numbers as gumbel_noise's columns, without hashing the whole vocabulary."""
     device = positions.device
     seed_key = mix32(torch.tensor(seed ^ SEED_SALT, dtype=torch.int64, device=device))
     rows = mix32(seed_key ^ mix32((positions.to(torch.int64) & _M32) ^ POSITION_SALT))
-    columns = mix32(torch.arange(vocab, dtype=torch.int64, device=device))
-    h = mix32(rows[:, None] ^ columns[None, :])
+    h = mix32(rows[:, None] ^ mix32(tokens.to(device, torch.int64)))
     u = (h.to(torch.float64) + 0.5) * 2.0**-32
     return (-torch.log(-torch.log(u))).to(torch.float32)
 

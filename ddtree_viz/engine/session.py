@@ -22,17 +22,19 @@ import torch
 from .. import analysis
 from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
-from ..options import (DRAFT_TOP_K, DecodeSettings, MAX_BUDGET, MAX_NEW_TOKENS, MAX_TOP_K, METHODS, REFERENCE_ENGINE, REFERENCES,
-                       TARGET_TOP_K, VERIFY_MODES, check_int)
+from ..options import (CHAINS, DDTREE, DFLASH, DFLASH2, DRAFT_TOP_K, DecodeSettings, MARGINAL, MAX_BUDGET, MAX_NEW_TOKENS,
+                       MAX_TOP_K, METHODS, REFERENCE_ENGINE, REFERENCES, SELECTOR, TARGET_TOP_K, TREE_SCORINGS,
+                       VERIFY_MODES, check_int)
 from ..trace import VERDICT_MISMATCH, VERDICT_NOISE, StepRecord, Trace, TreeNode
 from .backends import sdpa_backends
 from .cache import compact_kv
 from .engines import AUTO, ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
-from .sampling import GREEDY, Sampler, margin
+from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
-from .tree import DraftTree, build_chain, follow_tree, one_node
+from .dflash2 import SelectorScores
+from .tree import DraftTree, build_chain, build_selector_tree, follow_tree, one_node, selector_chain
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
@@ -50,7 +52,8 @@ class Proposer(Protocol):
     def reset(self) -> None: ...
 
     def propose(self, root_token_id: int, committed_len: int, new_features: torch.Tensor | None, block_size: int) -> torch.Tensor:
-        """Log-probs [block_size - 1, vocab] (fp32) for depths 1..block_size-1."""
+        """Log-probs [block_size - 1, vocab] (fp32) for depths 1..block_size-1. A proposer with a candidate selector
+        (DFlash2Proposer) also has `selector_scores()`: the selector over its last proposal (dflash2.SelectorScores)."""
 
 
 class DFlashProposer:
@@ -68,6 +71,7 @@ class DFlashProposer:
         from .draft_runner import static_blocker
 
         self.drafter, self.target = drafter, target
+        self.family = getattr(drafter, "family", "dflash")  # the drafter family, as traces record it
         self.block_size = drafter.block_size
         self.feature_layer_ids = list(drafter.target_layer_ids)
         self.mask_token_id = drafter.mask_token_id
@@ -120,7 +124,13 @@ class DFlashProposer:
     @torch.no_grad()
     def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
         """The reference path: the drafter's own forward over its DraftKVCache, eagerly."""
-        embed, lm_head = self.target.get_input_embeddings(), self.target.get_output_embeddings()
+        hidden = self._hidden(root_token_id, committed_len, new_features, block_size)
+        lm_head = self.target.get_output_embeddings()
+        return torch.log_softmax(self.drafter.compute_logits(lm_head(hidden.to(lm_head.weight.device))), dim=-1)
+
+    def _hidden(self, root_token_id, committed_len, new_features, block_size) -> torch.Tensor:
+        """The drafter's normed output at depths 1..block_size-1 [block_size - 1, hidden] (its cache extended)."""
+        embed = self.target.get_input_embeddings()
         block = torch.tensor([[root_token_id] + [self.mask_token_id] * (block_size - 1)], device=embed.weight.device)
         p = next(self.drafter.parameters())
         noise = embed(block).to(p.device, p.dtype)
@@ -129,9 +139,73 @@ class DFlashProposer:
         if start + ctx.shape[1] != committed_len:
             raise RuntimeError(f"drafter context out of step: {start} cached + {ctx.shape[1]} new != {committed_len}")
         positions = torch.arange(start, committed_len + block_size, device=p.device)[None]
-        hidden = self.drafter(noise, ctx, positions, cache=self.cache)
-        logits = lm_head(hidden[0, 1:].to(lm_head.weight.device))
-        return torch.log_softmax(logits.float(), dim=-1)
+        return self.drafter(noise, ctx, positions, cache=self.cache)[0, 1:]
+
+
+class DFlash2Proposer(DFlashProposer):
+    """A DFlash2 drafter: DFlash's pass (with its convolutions) on the dynamic path (the static drafter runs DFlash 1
+    only: draft_runner.static_blocker), and the candidate selector's scores of the last proposal (`selector_scores`:
+    what the `selector` tree scoring and the `dflash2` chain are built from)."""
+
+    def __init__(self, drafter, target, **options):
+        super().__init__(drafter, target, **options)
+        self.top_k = drafter.top_k
+        self._last = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._last = None
+
+    @torch.no_grad()
+    def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
+        hidden = self._hidden(root_token_id, committed_len, new_features, block_size)
+        lm_head = self.target.get_output_embeddings()
+        logits = self.drafter.compute_logits(lm_head(hidden.to(lm_head.weight.device)))
+        self._last = (hidden, logits, int(root_token_id))
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.no_grad()
+    def selector_scores(self) -> SelectorScores:
+        """The selector over the last proposal: top-K candidates per depth, unary and pair scores."""
+        if self._last is None:
+            raise RuntimeError("selector_scores before any proposal")
+        hidden, logits, root = self._last
+        selector = self.drafter.candidate_selector
+        return selector(hidden.to(selector.hidden_projection.weight.device), logits, root, min(self.top_k, logits.shape[-1]))
+
+
+def make_proposer(drafter, target, **options) -> DFlashProposer:
+    """The proposer of a drafter's family: DFlash2Proposer for a DFlash2 drafter, DFlashProposer otherwise."""
+    return (DFlash2Proposer if getattr(drafter, "family", "dflash") == "dflash2" else DFlashProposer)(
+        drafter, target, **options)
+
+
+def selector_fields(tree: DraftTree, scores: SelectorScores) -> dict:
+    """Per tree position (the root 0): the node's unary score U_t(b) and pair score S_t(parent's token, b), rounded
+    to 3 decimals; a node's rank is its candidate's index at its depth (tree.build_selector_tree)."""
+    unary, pair = [0.0], [0.0]
+    for pos in range(1, len(tree)):
+        d, j, parent = tree.depths[pos], tree.ranks[pos], tree.parents[pos]
+        unary.append(round(float(scores.unary[d - 1, j]), 3))
+        pair.append(round(float(scores.root[j] if d == 1 else scores.pair[d - 2, tree.ranks[parent], j]), 3))
+    return dict(selector_unary=tuple(unary), selector_pair=tuple(pair))
+
+
+def check_family(proposer, method: str, tree_scoring: str) -> str:
+    """The tree scoring, checked against the method and the drafter: the `selector` scoring and the `dflash2` chain
+    need a candidate selector (a DFlash2 drafter); a DFlash 1 drafter has none (InputError saying so)."""
+    if tree_scoring not in TREE_SCORINGS:
+        raise InputError(f"tree scoring must be one of {', '.join(TREE_SCORINGS)}, not {tree_scoring!r}")
+    if hasattr(proposer, "selector_scores"):
+        return tree_scoring
+    family = getattr(proposer, "family", "dflash")
+    if method == DFLASH2:
+        raise InputError(f"method dflash2 (the candidate selector's chain) needs a DFlash2 drafter; this drafter is "
+                         f"{family} and has no candidate selector: pick method ddtree or dflash, or load a DFlash2 drafter")
+    if method == DDTREE and tree_scoring == SELECTOR:
+        raise InputError(f"tree scoring selector needs a DFlash2 drafter (its candidate selector's pair scores); this "
+                         f"drafter is {family} and has none: use tree scoring marginal, or load a DFlash2 drafter")
+    return tree_scoring
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -366,6 +440,7 @@ class DecodeSession:
         reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
+        tree_scoring: str = MARGINAL,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -374,13 +449,14 @@ class DecodeSession:
         drafter's top min(budget, `draft_top_k`) candidates at every depth (DFlash chain: `draft_top_k`); 0 records
         none. `reference`: "engine" checks the output against the target's own decoding on a second engine of the
         session's kind (`reference_engine`, if given), "transformers" on transformers' own forward
-        (docs/EXACTNESS.md, "The reference")."""
+        (docs/EXACTNESS.md, "The reference"). `tree_scoring`: how DDTree scores a node, "marginal" (the drafter's
+        per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family)."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
             if pair.drafter is None:
                 raise InputError("no drafter loaded")
-            proposer = DFlashProposer(pair.drafter, pair.target)
+            proposer = make_proposer(pair.drafter, pair.target)
         self.proposer = proposer
         self.budget = check_int("budget", budget, 1, MAX_BUDGET)
         self.max_new_tokens = check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
@@ -389,6 +465,7 @@ class DecodeSession:
         if method not in METHODS:
             raise InputError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
         self.verify, self.method, self.record = verify, method, record
+        self.tree_scoring = check_family(proposer, method, tree_scoring)
         self.time_phases = record if time_phases is None else time_phases
         if not isinstance(sampler, Sampler):
             raise InputError(f"sampler must be a Sampler, not {type(sampler).__name__}")
@@ -397,7 +474,7 @@ class DecodeSession:
         self.draft_top_k = check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
         self.block_size = check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
-        tree_size = self.budget + 1 if method == "ddtree" else self.block_size
+        tree_size = self.budget + 1 if method == DDTREE else self.block_size
         if isinstance(engine, str):
             engine = make_engine(engine, self.target, proposer.feature_layer_ids, verify=verify,
                                  reference_gdn=reference_gdn, tree_size=tree_size, block_size=self.block_size,
@@ -425,7 +502,7 @@ class DecodeSession:
         sampler = Sampler(s.temperature, s.top_k, s.top_p, s.seed)
         return cls(pair, budget=s.budget, max_new_tokens=s.max_new_tokens, verify=s.verify, method=s.method,
                    block_size=s.block_size, engine=runtime.pop("engine", s.engine), reference=s.reference,
-                   sampler=runtime.pop("sampler", sampler), **runtime)
+                   sampler=runtime.pop("sampler", sampler), tree_scoring=s.tree_scoring, **runtime)
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -456,7 +533,8 @@ class DecodeSession:
             budget=self.budget, block_size=self.block_size, verify=self.verify, dtype=str(self.pair.dtype).removeprefix("torch."),
             max_new_tokens=self.max_new_tokens, method=self.method, device=self.pair.device, engine=self.engine,
             reference=self.reference, target_precision=self.pair.target_precision,
-            draft_precision=self.pair.draft_precision, **self.sampler.settings,
+            draft_precision=self.pair.draft_precision, **self.sampler.settings, tree_scoring=self.tree_scoring,
+            **({"drafter_family": self.proposer.family} if hasattr(self.proposer, "family") else {}),
         )
 
     def token_text(self, token_id: int) -> str:
@@ -550,8 +628,7 @@ class DecodeSession:
         logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
         lap("draft")
 
-        tree = (DraftTree.chain_from_logprobs(root, logprobs) if self.method == "dflash"
-                else DraftTree.from_logprobs(root, logprobs, self.budget))
+        tree, scores = self._tree(root, logprobs)
         lap("tree")
 
         tree_pass = engine.forward(tree)
@@ -582,7 +659,7 @@ class DecodeSession:
 
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         state_error = engine.state_error(tree, accepted)
-        own = len(tree) - 1 if self.method == "dflash" else self.budget
+        own = len(tree) - 1 if self.method in CHAINS else self.budget
         step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
@@ -594,6 +671,7 @@ class DecodeSession:
             naive_state_error=state_error if state_error is not None else (),
             budget_curve={str(b): v for b, v in analysis.budget_curve_of(accepted, own).items()} if record else {},
             **(target_top if record else {}), **(self._draft_grid(logprobs) if record else {}),
+            **(selector_fields(tree, scores) if record and scores is not None else {}),
         )
         self.committed_len += len(accepted)
         self.history.append(step)
@@ -601,6 +679,26 @@ class DecodeSession:
                                 (t for row in step.target_top_ids for t in row),
                                 (t for row in step.draft_top_ids for t in row))
         return step
+
+    def _tree(self, root: int, logprobs: torch.Tensor) -> tuple[DraftTree, SelectorScores | None]:
+        """This round's tree, by method and scoring: DFlash's chain, DFlash2's selector chain (sampled with the
+        target's position-keyed noise at T > 0: the token at depth d sits at position committed_len + d), or
+        DDTree's best-first tree over the per-depth marginals or over the selector's pair scores; and the selector's
+        scores where the tree came from them (None elsewhere)."""
+        if self.method == DFLASH:
+            return DraftTree.chain_from_logprobs(root, logprobs), None
+        if self.method == DDTREE and self.tree_scoring == MARGINAL:
+            return DraftTree.from_logprobs(root, logprobs, self.budget), None
+        scores = self.proposer.selector_scores()
+        cond_root, cond_pair = (t.numpy() for t in scores.conditional())
+        if self.method == DDTREE:
+            return build_selector_tree(root, cond_root, cond_pair, scores.ids.numpy(), self.budget), scores
+        noise = None
+        if not self.sampler.greedy:
+            positions = torch.arange(1, scores.ids.shape[0] + 1) + self.committed_len
+            noise = gumbel_noise_at(self.sampler.seed, positions, scores.ids).numpy()
+        return selector_chain(root, cond_root, cond_pair, scores.ids.numpy(), noise,
+                              self.sampler.temperature or 1.0), scores
 
     def _target_top(self, logits: torch.Tensor) -> dict:
         """The target's top-k ids and probabilities [T, k] (the distribution it chooses from: softmax of the
@@ -619,7 +717,7 @@ class DecodeSession:
     def _draft_grid(self, logprobs: torch.Tensor) -> dict:
         """The drafter's top candidates per depth: what the tree was built from (k = min(budget, cap); the chain:
         the cap). Log-probs rounded to 3 decimals (floored at -999: JSON has no infinity)."""
-        k = min(self.draft_top_k if self.method == "dflash" else min(self.budget, self.draft_top_k), logprobs.shape[-1])
+        k = min(self.draft_top_k if self.method in CHAINS else min(self.budget, self.draft_top_k), logprobs.shape[-1])
         if k == 0:
             return {}
         top = torch.topk(logprobs, k, dim=-1)

@@ -99,6 +99,71 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
 
+def build_selector_tree(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
+                        budget: int) -> DraftTree:
+    """DDTree's best-first tree over the candidate selector's pair scores (tree scoring `selector`).
+
+    cand_ids [D, K]: the candidates of depths 1..D; cond_root [K]: log_softmax_b S_1(root, b); cond_pair [D-1, K, K]:
+    cond_pair[d-2, i, j] = log_softmax_j S_d(cand_ids[d-2, i], cand_ids[d-1, j]). A node's score is the sum of these
+    along its path: each term is <= 0, so a child never outscores its parent and the first `budget` pops are the
+    `budget` best prefixes, as with per-depth marginals (build_tree); a budget's tree is a prefix of a larger
+    budget's (the exact budget counterfactual holds). A popped node pushes its next sibling (the next best successor
+    of the same parent) and its best child. A node's rank is its candidate's index at its depth (best unary first:
+    the grid's column), its log-prob its selector log-prob given its parent's token.
+    """
+    depth_limit, k = np.asarray(cand_ids).shape
+    token_ids, parents, depths, ranks, logprobs = [root_token_id], [-1], [0], [-1], [0.0]
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+    rows = _successor_rows(cond_root, cond_pair)  # (depth, parent's candidate) -> (order, values), best first
+    push, pop = heapq.heappush, heapq.heappop
+    order, values = rows[(1, -1)]
+    # entries: (-score, sibling-rank path, parent position, depth, sibling rank, parent's candidate)
+    heap = [(-values[0], (0,), 0, 1, 0, -1)]
+    while heap and len(parents) <= budget:
+        neg, path, parent, depth, sib, pcand = pop(heap)
+        order, values = rows[(depth, pcand)]
+        cand, value, pos = order[sib], values[sib], len(parents)
+        parents.append(parent)
+        depths.append(depth)
+        ranks.append(cand)
+        logprobs.append(value)
+        if sib + 1 < k:
+            push(heap, (neg + value - values[sib + 1], path[:-1] + (sib + 1,), parent, depth, sib + 1, pcand))
+        if depth < depth_limit:
+            push(heap, (neg - rows[(depth + 1, cand)][1][0], path + (0,), pos, depth + 1, 0, cand))
+    token_ids += np.asarray(cand_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
+    return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+
+def _successor_rows(cond_root: np.ndarray, cond_pair: np.ndarray) -> dict:
+    """(depth, parent's candidate index; -1 for the root) -> (successor indices best first, their log-probs), as
+    Python lists (the best-first loop reads them once per node)."""
+    rows = {}
+    for key, row in [((1, -1), np.asarray(cond_root, dtype=np.float64))] + [
+            ((d + 2, i), r) for d, m in enumerate(np.asarray(cond_pair, dtype=np.float64)) for i, r in enumerate(m)]:
+        order = np.argsort(-row, kind="stable")
+        rows[key] = (order.tolist(), row[order].tolist())
+    return rows
+
+
+def selector_chain(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
+                   noise: np.ndarray | None = None, temperature: float = 1.0) -> DraftTree:
+    """DFlash2's chain: from the root, the best successor at every depth under the selector (greedy), or at
+    temperature T > 0 the argmax of cond / T + noise (noise [D, K]: Gumbel noise of each candidate's token at its
+    position, the project's position-keyed noise: a sample from softmax(S / T) over the K candidates)."""
+    depth_limit = np.asarray(cand_ids).shape[0]
+    picks, values, prev = [], [], None
+    for d in range(depth_limit):
+        row = np.asarray(cond_root if d == 0 else cond_pair[d - 1][prev], dtype=np.float64)
+        score = row if noise is None else row / temperature + np.asarray(noise[d], dtype=np.float64)
+        prev = int(np.argmax(score))
+        picks.append(prev)
+        values.append(float(row[prev]))
+    chain = build_chain(root_token_id, [int(cand_ids[d][j]) for d, j in enumerate(picks)], values)
+    return DraftTree(chain.token_ids, chain.parents, chain.depths, (-1, *picks), chain.logprobs)
+
+
 def build_chain(root_token_id: int, token_ids: list[int], logprobs: list[float]) -> DraftTree:
     """DFlash's chain: the drafter's top-1 token at every depth, one after the other."""
     n = len(token_ids)

@@ -70,7 +70,8 @@ def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> 
     pair = host.pair_for(None if c.dtype == SAME else c.dtype)
     engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify, pair.target)
     b = settings_b(s.decode, {"budget": c.budget, "block_size": min(c.block_size, pair.drafter.block_size),
-                              "method": c.method, "verify": c.verify, "engine": engine})
+                              "method": c.method, "verify": c.verify, "engine": engine,
+                              "tree_scoring": c.tree_scoring})
     other = start_b(pair, b, s.prompt, tab.session.sampler, rounds=len(tab.session.history))
     tab.other, tab.other_settings = other, c
     tab.other_trace = other.to_trace()

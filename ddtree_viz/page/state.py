@@ -20,7 +20,8 @@ from ..engine.prompts import PromptSpec, check_spec
 from ..engine.sampling import Sampler
 from ..engine.session import DecodeSession
 from ..errors import InputError
-from ..options import DTYPES, ENGINE_CHOICES, MAX_BUDGET, MAX_SEED, VERIFY_LABELS, DecodeSettings, check_int
+from ..options import (DTYPES, ENGINE_CHOICES, MARGINAL, MAX_BUDGET, MAX_SEED, TREE_SCORINGS, VERIFY_LABELS,
+                       DecodeSettings, check_int)
 from ..trace import Trace
 from .host import ModelHost
 
@@ -36,6 +37,8 @@ SETTINGS: dict[str, object] = {
     # compare mode: configuration B, on the same prompt
     "compare_on": False, "compare_budget": 32, "compare_block_size": 16, "compare_method": "ddtree",
     "compare_verify": "exact", "compare_engine": SAME, "compare_dtype": SAME,
+    # how DDTree scores a node (marginal, or a DFlash2 drafter's selector), for A and for B
+    "tree_scoring": MARGINAL, "compare_tree_scoring": MARGINAL,
 }
 
 
@@ -49,6 +52,7 @@ class CompareSettings:
     verify: str
     engine: str  # an engine name, or SAME
     dtype: str  # a dtype, or SAME
+    tree_scoring: str = MARGINAL
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class TabSettings:
 
 
 def _shape(d: DecodeSettings) -> tuple:
-    return d.budget, d.block_size, d.max_new_tokens, d.verify, d.method
+    return d.budget, d.block_size, d.max_new_tokens, d.verify, d.method, d.tree_scoring
 
 
 def read_settings(host: ModelHost, values: Mapping[str, object]) -> TabSettings:
@@ -86,7 +90,8 @@ def read_settings(host: ModelHost, values: Mapping[str, object]) -> TabSettings:
     prompt = prompt_spec(host, v["prompt"], v["chat"], v["system"], v["thinking"])
     decode = DecodeSettings(budget=v["budget"], max_new_tokens=v["max_new_tokens"], block_size=v["block_size"],
                             method=v["method"], verify=VERIFY_LABELS[v["verify"]], temperature=sampler.temperature,
-                            top_k=sampler.top_k, top_p=sampler.top_p, seed=sampler.seed)
+                            top_k=sampler.top_k, top_p=sampler.top_p, seed=sampler.seed,
+                            tree_scoring=_scoring(v["tree_scoring"]))
     return TabSettings(prompt, decode, _compare_settings(v))
 
 
@@ -127,7 +132,14 @@ def _compare_settings(v: dict) -> CompareSettings | None:
         raise InputError(f"dtype must be one of {SAME}, {', '.join(DTYPES)}, not {dtype!r}")
     return CompareSettings(check_int("compare budget", v["compare_budget"], 1, MAX_BUDGET),
                            check_int("compare block size", v["compare_block_size"], 2, 4096), v["compare_method"],
-                           VERIFY_LABELS[verify], engine, dtype)
+                           VERIFY_LABELS[verify], engine, dtype, _scoring(v["compare_tree_scoring"]))
+
+
+def _scoring(value) -> str:
+    """A tree scoring from the page's dropdown, or an InputError naming the choices."""
+    if value not in TREE_SCORINGS:
+        raise InputError(f"tree scoring must be one of {', '.join(TREE_SCORINGS)}, not {value!r}")
+    return value
 
 
 def prompt_spec(host: ModelHost, prompt, chat=False, system="", thinking=True) -> PromptSpec:

@@ -151,8 +151,8 @@ def _prepare_dir(out: Path, resume: bool, force: bool, main: bool) -> None:
 
 def run_settings(budget: int, max_new_tokens: int, dtype: str, device: str, budgets=(), method: str = "ddtree",
                  block_size: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, tree_scoring: str = "marginal") -> dict:
     """A run's settings as prompts.json keeps them (analyze's, or a prompt set run from the page)."""
     return {"budget": budget, "budgets": list(budgets or []), "max_new_tokens": max_new_tokens, "method": method,
             "block_size": block_size, "dtype": dtype, "device": device, "temperature": temperature, "top_k": top_k,
-            "top_p": top_p, "seed": seed}
+            "top_p": top_p, "seed": seed, "tree_scoring": tree_scoring}

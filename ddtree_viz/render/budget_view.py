@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from .. import analysis
+from ..options import CHAINS
 from ..trace import StepRecord
 from .figure import FigureSpec
 from .scheme import PAGE_SCHEME, Scheme
@@ -48,7 +49,7 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
     steps = list(steps)
     k = len(steps) - 1 if k is None else k
     step = steps[k]
-    unit = "chain length" if step.method == "dflash" else "budget"
+    unit = "chain length" if step.method in CHAINS else "budget"
     curve = analysis.recorded_curve(step)
     total = analysis.session_budget_curve(steps[: k + 1])
     layout = _two_panels(f"round {k + 1}", f"rounds 1..{k + 1} summed")

@@ -49,6 +49,8 @@ def inspector_html(step: StepRecord | None, position: int | None, token_text: To
     path = " → ".join(_tok(text, t) for t in info["path_token_ids"])
     head = (f"<b>Node {position}</b> (round {step.index + 1}) · {_tok(text, info['token_id'])} · depth {info['depth']}"
             + (f" · drafter rank {info['draft_rank']}, log-prob {info['draft_logprob']:.3f}" if info["depth"] else " · the root")
+            + (f" · selector: unary {info['selector_unary']:.3f}, pair {info['selector_pair']:.3f} after its parent"
+               if info["depth"] and info["selector_pair"] is not None else "")
             + (" · <b>on the accepted path</b>" if info["accepted"] and position else ""))
     parts = [f'<div class="ddv-inspector" data-node="{position}"><p>{head}</p>',
              f"<p>path (positions {esc(' → '.join(map(str, info['path'])))}): {path}</p>"]
@@ -72,6 +74,9 @@ def inspector_html(step: StepRecord | None, position: int | None, token_text: To
         rank_mark = {info["token_id"]}
         tables.append(_top_table(info["draft_top"], text, rank_mark, f"drafter's top-{len(info['draft_top'])} at "
                                  f"depth {info['depth']} (log-prob)", lambda v: f"{v:.3f}"))
+        if info["selector_siblings"]:
+            tables.append(_top_table(info["selector_siblings"], text, rank_mark, "selector's pair scores from the "
+                                     "parent (this node and its siblings in the tree)", lambda v: f"{v:.3f}"))
         tables.append(_top_table(info["target_top"], text, {info["target_choice_at_parent"]},
                                  f"target's top-{len(info['target_top'])} at the parent (probability)",
                                  lambda v: f"{v:.4f}"))

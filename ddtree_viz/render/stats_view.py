@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from .. import analysis
-from ..options import REFERENCE_NAMES
+from ..options import CHAINS, REFERENCE_NAMES
 from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
 from .figure import FigureSpec
@@ -144,7 +144,7 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                      _num(REFERENCE_NAMES.get(where, where)) + (f", {_num(summary['reference_ms'], 0)} ms"
                                                                 if summary.get("reference_ms") else "")))
     if summary.get("greedy_tok_s") is not None or summary.get("ddtree_tok_s") is not None:
-        method = "DFlash" if summary.get("method") == "dflash" else "DDTree"
+        method = {"dflash": "DFlash", "dflash2": "DFlash2"}.get(summary.get("method"), "DDTree")
         sampled = summary.get("sampling", "greedy") != "greedy"
         ref, over = (("the target's own sampling", "the target's own sampling") if sampled else ("greedy", "greedy"))
         rows += [(f"{ref} tokens/s (the reference's model time, prefill included)", _num(summary.get("greedy_tok_s"), 1)),
@@ -152,7 +152,7 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                  (f"speedup over {over} (both model time only, none of the page's own work)",
                   _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
     if summary.get("acceptance_histogram"):
-        unit = "chain length" if summary.get("method") == "dflash" else "budget"
+        unit = "chain length" if summary.get("method") in CHAINS else "budget"
         rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
                  ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
                  (f"tokens by {unit} (same rounds; "

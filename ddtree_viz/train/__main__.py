@@ -84,6 +84,10 @@ class GreedyConfig:
     gen_batch: int
 
 
+# a DFlash2 drafter for the embedded target (hidden 256): its dflash_config fields (`drafter --family dflash2`)
+DFLASH2_FIELDS = {"conv_group_size": 16, "conv_kernel_size": 2, "selector_rank": 64, "selector_top_k": 16}
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     draft_layers: int
@@ -97,6 +101,7 @@ class DrafterConfig:
     drafter_time_budget: float | None
     init_draft: str | None
     draft_warmup: int
+    family: str = "dflash"
 
 
 @dataclass(frozen=True)
@@ -254,14 +259,15 @@ def cmd_drafter(run: Run, cfg: DrafterConfig, out: str, target, greedy, deadline
                             anchors=cfg.anchors, lr=cfg.draft_lr, gamma=cfg.gamma, steps=cfg.drafter_steps,
                             time_budget_s=cfg.drafter_time_budget, target_layer_ids=cfg.target_layer_ids,
                             precompute_features=device.type == "cuda", deadline=deadline,
-                            init_from=cfg.init_draft, warmup=cfg.draft_warmup)
+                            init_from=cfg.init_draft, warmup=cfg.draft_warmup,
+                            dflash2=DFLASH2_FIELDS if cfg.family == "dflash2" else None)
     run.write_summary("drafter", summary)
     return summary
 
 
 def cmd_eval(run: Run, cfg: EvalConfig, target, drafter, out_json: str | None = None) -> dict:
     """Held-out figures of the pair; ``target`` and ``drafter``: the models, or their folders."""
-    from ddtree_viz.engine.drafter import DFlashDrafter
+    from ddtree_viz.engine.models import drafter_class
 
     from .data import load_tokens
     from .evaluate import evaluate_pair
@@ -277,7 +283,7 @@ def cmd_eval(run: Run, cfg: EvalConfig, target, drafter, out_json: str | None = 
     if isinstance(target, (str, Path)):
         target = load_target(target, device)
     if isinstance(drafter, (str, Path)):
-        drafter = DFlashDrafter.from_pretrained(drafter, dtype=torch.float32, device=device)
+        drafter = drafter_class(Path(drafter)).from_pretrained(drafter, dtype=torch.float32, device=device)
     tok = load_tokenizer(Path(run.data) / "tokenizer")
     res = evaluate_pair(target, drafter, tok, load_tokens(run.data), n_prompts=cfg.n_prompts,
                         new_tokens=cfg.eval_new_tokens, out_json=out_json)
@@ -314,7 +320,7 @@ def cmd_gpu(run: Run, gpu: GpuConfig, target_cfg: TargetConfig, greedy_cfg: Gree
     """Everything that wants the accelerator, in one process: target, greedy data, drafter, eval, into ``out``."""
     import torch
 
-    from ddtree_viz.engine.drafter import DFlashDrafter
+    from ddtree_viz.engine.models import drafter_class
 
     from .data import load_tokens
     from .target import load_target
@@ -350,7 +356,7 @@ def cmd_gpu(run: Run, gpu: GpuConfig, target_cfg: TargetConfig, greedy_cfg: Gree
     # leave time for the final evaluation and the copy back
     deadline = t_start + gpu.wall_budget - gpu.eval_reserve if gpu.wall_budget is not None else None
     cmd_drafter(run, drafter_cfg, str(out / "draft"), target, greedy, deadline=deadline)
-    drafter = DFlashDrafter.from_pretrained(out / "draft", dtype=torch.float32, device=device)
+    drafter = drafter_class(out / "draft").from_pretrained(out / "draft", dtype=torch.float32, device=device)
     cmd_eval(run, eval_cfg, target, drafter)
     hw["wall_s"] = time.time() - t_start
     run.write_summary("run", hw)
@@ -444,6 +450,8 @@ def _drafter_args(sp):
     sp.add_argument("--drafter-time-budget", type=float, default=None)
     sp.add_argument("--init-draft", default=None, help="continue from this drafter's weights")
     sp.add_argument("--draft-warmup", type=int, default=30)
+    sp.add_argument("--family", choices=("dflash", "dflash2"), default="dflash",
+                    help="dflash2: a DFlash2 drafter (convolutions and candidate selector, DFLASH2_FIELDS)")
 
 
 def _eval_args(sp):

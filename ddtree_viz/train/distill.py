@@ -70,10 +70,14 @@ def newline_token_ids(tok) -> set[int]:
 # ------------------------------------------------------------------------- drafter
 def drafter_config(target_cfg, *, num_layers: int = 3, block_size: int = 16, mask_token_id: int = 1,
                    target_layer_ids=(1, 3, 5, 6), intermediate_size: int = 704, num_heads: int = 4,
-                   num_kv_heads: int = 2, head_dim: int = 64, rope_theta: float = 10000.0):
+                   num_kv_heads: int = 2, head_dim: int = 64, rope_theta: float = 10000.0,
+                   dflash2: dict | None = None):
+    """The drafter's config: DFlash, or with `dflash2` (its dflash_config fields: conv_group_size, conv_kernel_size,
+    selector_rank, selector_top_k) a DFlash2 drafter's."""
+    from ddtree_viz.engine.dflash2 import DFlash2Config
     from ddtree_viz.engine.drafter import DFlashConfig
 
-    return DFlashConfig.from_dict({
+    return (DFlashConfig if dflash2 is None else DFlash2Config).from_dict({
         "hidden_size": target_cfg.hidden_size,
         "intermediate_size": intermediate_size,
         "num_hidden_layers": num_layers,
@@ -91,16 +95,21 @@ def drafter_config(target_cfg, *, num_layers: int = 3, block_size: int = 16, mas
         "num_target_layers": target_cfg.num_hidden_layers,
         "block_size": block_size,
         "dflash_config": {"block_size": block_size, "mask_token_id": mask_token_id,
-                          "target_layer_ids": list(target_layer_ids)},
+                          "target_layer_ids": list(target_layer_ids), **(dflash2 or {})},
     })
 
 
 def init_drafter_(drafter, std: float = 0.02) -> None:
+    """Matrices normal(0, std), norms 1, the rest 0; a DFlash2 drafter's convolutions start as the identity (base tap
+    1 at offset 0, 0 elsewhere; the dynamic taps near 0), so it starts as the DFlash drafter it extends."""
     import torch
 
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            if p.dim() >= 2:
+            if name.endswith("base_kernel"):
+                p.zero_()
+                p[:, 0] = 1.0
+            elif p.dim() >= 2:
                 p.normal_(0.0, std)
             elif "norm" in name:
                 p.fill_(1.0)
@@ -148,9 +157,40 @@ def block_batch(ids, anchors, block_size: int, mask_token_id: int):
 
 
 def drafter_logits(drafter, target, feats, block_ids, position_ids, mask):
+    return drafter_outputs(drafter, target, feats, block_ids, position_ids, mask)[0]
+
+
+def drafter_outputs(drafter, target, feats, block_ids, position_ids, mask):
+    """The drafter's logits (compute_logits: output_multiplier and soft-capping where its config sets them) and its
+    normed hidden states, over packed blocks."""
     noise = target.get_input_embeddings()(block_ids)
     out = drafter(noise, feats.to(noise.dtype), position_ids, attention_mask=mask)
-    return target.get_output_embeddings()(out)
+    return drafter.compute_logits(target.get_output_embeddings()(out)), out
+
+
+def selector_loss(drafter, hidden, logits, block_ids, labels, block_size: int):
+    """A DFlash2 drafter's candidate selector, trained teacher-forced: at each block position whose true token is
+    among the drafter's top-K, cross-entropy over the K candidates of S_t(true previous token, b) (the previous token
+    is the root at depth 1). The unary scores are detached: the block-diffusion loss trains the logits. Returns
+    (loss, positions counted)."""
+    import torch
+    import torch.nn.functional as F
+
+    sel = drafter.candidate_selector
+    S, L = labels.shape
+    true = labels.clone()
+    entry0 = torch.arange(L, device=labels.device) % block_size == 0
+    true[:, entry0] = block_ids[:, entry0]
+    prev = torch.full_like(true, -100)
+    prev[:, 1:] = true[:, :-1]
+    unary, ids = torch.topk(logits.float().detach(), drafter.config.selector_top_k, dim=-1)  # [S, L, K]
+    query = sel.predecessor_codebook[prev.clamp(min=0)] * sel.hidden_projection(hidden)  # [S, L, R]
+    pair = unary + torch.einsum("slr,slkr->slk", query.float(), sel.successor_codebook[ids].float())
+    hit = ids == labels[..., None]
+    valid = hit.any(-1) & (labels != -100) & (prev >= 0) & ~entry0[None]
+    if not bool(valid.any()):
+        return pair.sum() * 0.0, 0
+    return F.cross_entropy(pair[valid], hit[valid].float().argmax(-1)), int(valid.sum())
 
 
 def position_weights(block_size: int, gamma: float, device):
@@ -187,15 +227,16 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
                   weight_decay: float = 0.01, warmup: int = 30, gamma: float = 7.0, steps: int | None = None,
                   time_budget_s: float | None = None, val_frac: float = 0.02, store_dtype: str = "bfloat16",
                   precompute_features: bool = False, deadline: float | None = None,
-                  init_from: str | Path | None = None) -> dict:
+                  init_from: str | Path | None = None, dflash2: dict | None = None) -> dict:
     """Train a DFlash drafter on the target's greedy sequences ``greedy`` [N, T], whose first
-    ``prompt_lens[i]`` tokens are the prompt."""
+    ``prompt_lens[i]`` tokens are the prompt. ``dflash2`` (its dflash_config fields): a DFlash2 drafter, its
+    selector trained beside the block-diffusion objective (selector_loss)."""
     import torch
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     cfg = drafter_config(target.config, num_layers=num_layers, block_size=block_size,
-                         mask_token_id=mask_token_id, target_layer_ids=target_layer_ids)
+                         mask_token_id=mask_token_id, target_layer_ids=target_layer_ids, dflash2=dflash2)
     drafter = _new_drafter(cfg, device, init_from)
     drafter.train()
     for p in target.parameters():
@@ -236,16 +277,27 @@ def train_drafter(target, greedy, prompt_lens, out_dir: str | Path, device, *, s
 def _new_drafter(cfg, device, init_from: str | Path | None):
     """A drafter of config ``cfg``: freshly initialised, or continued from ``init_from``'s weights (same config)."""
     import torch
+    from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter
     from ddtree_viz.engine.drafter import DFlashDrafter
 
+    family = DFlash2Drafter if isinstance(cfg, DFlash2Config) else DFlashDrafter
     if init_from:
-        drafter = DFlashDrafter.from_pretrained(init_from, dtype=torch.float32, device=device)
+        drafter = family.from_pretrained(init_from, dtype=torch.float32, device=device)
         if drafter.config != cfg:
             raise ValueError(f"--init-draft {init_from} has another config: {drafter.config} != {cfg}")
         log(f"drafter: continuing from {init_from}")
-        return drafter
-    drafter = DFlashDrafter(cfg).to(device)
+        return pack_blocks(drafter, cfg.block_size)
+    drafter = family(cfg).to(device)
     init_drafter_(drafter)
+    return pack_blocks(drafter, cfg.block_size)
+
+
+def pack_blocks(drafter, block_size: int):
+    """A DFlash2 drafter's convolutions see one block of `block_size` at a time in rows of packed blocks
+    (block_batch's; dflash2.py: segment). Nothing to do for a DFlash drafter."""
+    for module in drafter.modules():
+        if hasattr(module, "segment"):
+            module.segment = block_size
     return drafter
 
 
@@ -278,7 +330,8 @@ class _Blocks:
             f"({self.feats.numel() * 2 / 2**30:.1f} GiB)")
 
     def forward(self, rows, gen):
-        """Drafter logits and labels of the sequences ``rows``, at anchors drawn with ``gen``."""
+        """Drafter logits, labels, hidden states and block ids of the sequences ``rows``, at anchors drawn with
+        ``gen``."""
         import torch
 
         ids = self.greedy[rows]
@@ -287,7 +340,8 @@ class _Blocks:
         feats = self.feats[rows] if self.feats is not None else target_features(self.target, ids, self.layer_ids)
         bi, lab, pos, mask = block_batch(ids, a, self.block_size, self.mask_token_id)
         with self.amp:
-            return drafter_logits(self.drafter, self.target, feats, bi, pos, mask), lab
+            logits, hidden = drafter_outputs(self.drafter, self.target, feats, bi, pos, mask)
+        return logits, lab, hidden, bi
 
     def evaluate(self, val_idx, batch: int, seed: int) -> dict:
         """Chain acceptance and cross-entropy on the validation sequences (anchors drawn with seed + 1)."""
@@ -299,7 +353,7 @@ class _Blocks:
         accs, losses = [], []
         with torch.no_grad():
             for i in range(0, len(val_idx), batch):
-                logits, lab = self.forward(val_idx[i:i + batch], gen)
+                logits, lab, _, _ = self.forward(val_idx[i:i + batch], gen)
                 accs.append(chain_acceptance(logits.argmax(-1), lab, self.block_size))
                 ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
                                      ignore_index=-100)
@@ -325,11 +379,14 @@ def _train_steps(blocks: _Blocks, optim, train_idx, val_idx, *, batch: int, gamm
     while step < optim.total:
         optim.set_lr(step)
         rows = train_idx[torch.from_numpy(gen.integers(0, train_idx.numel(), size=batch)).to(device)]
-        logits, lab = blocks.forward(rows, gen)
+        logits, lab, hidden, block_ids = blocks.forward(rows, gen)
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), lab.reshape(-1),
                              ignore_index=-100, reduction="none").reshape(lab.shape[0], -1, block_size)
         wt = w[None, None, :] * (lab.reshape(ce.shape) != -100)
         loss = (ce * wt).sum() / wt.sum()
+        if hasattr(blocks.drafter, "candidate_selector"):  # DFlash2: its selector beside the block objective
+            with blocks.amp:
+                loss = loss + selector_loss(blocks.drafter, hidden, logits, block_ids, lab, block_size)[0]
         gnorm = optim.step(step, loss)
         if step % 50 == 0:
             acc = chain_acceptance(logits.detach().argmax(-1), lab, block_size).mean().item()

@@ -104,8 +104,9 @@ def all_anchor_logprobs(drafter, target, ids, prompt_len: int, block_size: int, 
     """Drafter log-probs for every anchor ``prompt_len .. T-block_size`` of one sequence ``ids`` [T]."""
     import torch
 
-    from .distill import block_batch, drafter_logits, target_features
+    from .distill import block_batch, drafter_logits, pack_blocks, target_features
 
+    pack_blocks(drafter, block_size)
     T = ids.shape[0]
     feats = target_features(target, ids[None], drafter.target_layer_ids)
     out = {}

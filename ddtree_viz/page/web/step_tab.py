@@ -10,7 +10,7 @@ import os
 
 import gradio as gr
 
-from ...options import DTYPES, ENGINE_CHOICES, MAX_SEED, METHODS, VERIFY_LABELS
+from ...options import DTYPES, ENGINE_CHOICES, MARGINAL, MAX_SEED, METHODS, TREE_SCORINGS, VERIFY_LABELS
 from ...prompts import DEFAULT_PROMPTS
 from ...render import export as exporter
 from ...render.layout import PHASES
@@ -104,6 +104,8 @@ class StepTab:
         with gr.Row():
             s["verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="Verification")
             s["method"] = gr.Radio(list(METHODS), value="ddtree", label="Method")
+            s["tree_scoring"] = gr.Dropdown(list(TREE_SCORINGS), value=MARGINAL, elem_id="ddv-tree-scoring",
+                                            label="Tree scoring (selector: a DFlash2 drafter's pair scores)")
         with gr.Row(elem_id="ddv-sampling"):  # the target's choice: greedy, or position-keyed sampling
             s["temperature"] = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)",
                                          elem_id="ddv-temperature")
@@ -148,6 +150,8 @@ class StepTab:
                 s["compare_block_size"] = gr.Slider(2, BLOCK_MAX, value=BLOCK_MAX, step=1, label="B: block size")
                 s["compare_method"] = gr.Radio(list(METHODS), value="ddtree", label="B: method",
                                                elem_id="ddv-compare-method")
+                s["compare_tree_scoring"] = gr.Dropdown(list(TREE_SCORINGS), value=MARGINAL, label="B: tree scoring",
+                                                        elem_id="ddv-compare-tree-scoring")
                 s["compare_verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="B: verification",
                                                elem_id="ddv-compare-verify")
                 s["compare_engine"] = gr.Dropdown([SAME, *ENGINE_CHOICES], value=SAME, label="B: engine")
