@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..options import DDTREE, DFLASH, MAX_NEW_TOKENS, check_int
+from ..options import DDTREE, DFLASH, MARGINAL, MAX_NEW_TOKENS, check_int
 from ..speedup import PHASES, CostTable, RoundCost, costs_key, now
 from .engines import engine_for
 from .models import ModelPair
@@ -45,9 +45,10 @@ def pair_key(pair: ModelPair, engine: str, block_size: int, record: bool = False
 
 
 def _session(pair: ModelPair, method: str, budget: int, block_size: int | None, engine: str, max_new: int,
-             sampler: Sampler) -> DecodeSession:
+             sampler: Sampler, tree_scoring: str = MARGINAL) -> DecodeSession:
     return DecodeSession(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
-                         time_phases=True, max_new_tokens=max_new, sampler=sampler)
+                         time_phases=True, max_new_tokens=max_new, sampler=sampler,
+                         tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
 
 
 class _Timed:
@@ -97,7 +98,8 @@ def greedy_step_ms(session: DecodeSession, contexts: list[list[int]], steps: int
 
 
 def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", block_size: int | None = None,
-                  rounds: int = 8, chain: bool = True, sampler: Sampler = GREEDY, progress=None) -> CostTable:
+                  rounds: int = 8, chain: bool = True, sampler: Sampler = GREEDY, progress=None,
+                  tree_scoring: str = MARGINAL) -> CostTable:
     """The cost table of `pair` on `engine` at `budgets` (each 1..MAX_BUDGET), the chain's round at the block size
     when `chain`, and greedy's step. `contexts`: the prompts the rounds start from (token ids; one prompt or a
     list), `rounds` timed rounds per context and budget, one after another as a decode runs them (budgets taking
@@ -113,7 +115,8 @@ def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", b
     say = progress or (lambda text: None)
     engine = engine_for(engine, EXACT, pair.target)
     max_new = min(MAX_NEW_TOKENS, (rounds + 2) * 64)  # enough for every timed round; a finished session restarts
-    timed = {b: _Timed(_session(pair, DDTREE, b, block_size, engine, max_new, sampler)) for b in budgets}
+    timed = {b: _Timed(_session(pair, DDTREE, b, block_size, engine, max_new, sampler, tree_scoring))
+             for b in budgets}
     block = timed[budgets[0]].session.block_size
     if chain:
         timed["chain"] = _Timed(_session(pair, DFLASH, 1, block, engine, max_new, sampler))
@@ -152,11 +155,12 @@ class TimedRun:
 
 def timed_runs(pair: ModelPair, prompts: list[list[int]], *, method: str = DDTREE, budget: int = 32,
                block_size: int | None = None, max_new_tokens: int = 64, engine: str = "auto",
-               sampler: Sampler = GREEDY) -> TimedRun:
+               sampler: Sampler = GREEDY, tree_scoring: str = MARGINAL) -> TimedRun:
     """Decode each prompt for real (lean rounds, as measure_costs times them); the rounds' wall time summed."""
     engine = engine_for(engine, EXACT, pair.target)
     session = DecodeSession(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
-                            max_new_tokens=max_new_tokens, sampler=sampler)
+                            max_new_tokens=max_new_tokens, sampler=sampler,
+                            tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
     tokens = rounds = 0
     seconds = 0.0
     outputs = []

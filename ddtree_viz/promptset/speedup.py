@@ -46,7 +46,8 @@ def cost_contexts(prompts: list[list[int]], n: int = COST_CONTEXTS) -> list[list
 
 
 def costs_for(pair: ModelPair, contexts: list[list[int]], budgets: list[int], *, engine: str, block_size: int,
-              rounds: int, remeasure: bool, sampler: Sampler, say) -> tuple[speedup.CostTable, bool]:
+              rounds: int, remeasure: bool, sampler: Sampler, say, tree_scoring: str = "marginal"
+              ) -> tuple[speedup.CostTable, bool]:
     """The cached cost table when it has every budget asked for (and not `remeasure`), else measured and cached.
     Returns (table, whether it came from the cache)."""
     from ..engine.engines import engine_for
@@ -59,7 +60,7 @@ def costs_for(pair: ModelPair, contexts: list[list[int]], budgets: list[int], *,
         say(f"costs: cached ({table.measured_at}, {table.device_name})")
         return table, True
     table = measure_costs(pair, contexts, budgets, engine=engine, block_size=block_size, rounds=rounds,
-                          sampler=sampler, progress=lambda t: say("costs: " + t))
+                          sampler=sampler, progress=lambda t: say("costs: " + t), tree_scoring=tree_scoring)
     try:
         speedup.save_costs(table)
     except OSError as exc:  # only a cache: say so and go on
@@ -78,7 +79,8 @@ def _validate(pair, prompts, prediction: speedup.Prediction, budgets: list[int],
     rows = []
     for b in budgets:
         say(f"validation: budget {b}")
-        run = timed_runs(pair, prompts, budget=b, block_size=settings.block_size, **common)
+        run = timed_runs(pair, prompts, budget=b, block_size=settings.block_size, tree_scoring=settings.tree_scoring,
+                         **common)
         point = prediction.budgets[b]
         rows.append(dict(budget=b, predicted_tau=point.tau, measured_tau=run.tau, predicted_round_ms=point.round_ms,
                          measured_round_ms=1e3 * run.seconds / run.rounds if run.rounds else None,
@@ -130,7 +132,8 @@ def study(pair: ModelPair, out: Path, items: list[dict], spec_of: Callable[[dict
     sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, settings.seed)
     first = traces[order[0]]
     costs, cached = costs_for(pair, cost_contexts(prompts), grid, engine=engine, block_size=first.settings["block_size"],
-                              rounds=cost_rounds, remeasure=remeasure, sampler=sampler, say=say)
+                              rounds=cost_rounds, remeasure=remeasure, sampler=sampler, say=say,
+                              tree_scoring=settings.tree_scoring)
     chain_traces = report.traces.get(DFLASH, {})
     chain_tau = speedup.tokens_per_round([s for t in chain_traces.values() for s in t.steps])
     prediction = speedup.predict(steps, costs, chain_tau)
