@@ -179,6 +179,8 @@ def test_analyze_writes_the_speedup_contract(study_dir):
         assert rows[4]["measured_tau"] == pytest.approx(rows[4]["predicted_tau"])
         assert rows[4]["error"] == pytest.approx(rows[4]["predicted_tokens_per_s"]
                                                  / rows[4]["measured_tokens_per_s"] - 1)
+    settings = json.loads((out / "code" / "prompts.json").read_text())["settings"]
+    assert settings["chat_template"] is False and settings["thinking"] is None  # recorded per set
     top = json.loads((out / "speedup.json").read_text())
     assert set(top["sets"]) == {"code", "text"}
     table = list(csv.DictReader(io.StringIO((out / "table.csv").read_text())))
@@ -242,3 +244,13 @@ def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatc
     assert trace["x"] == [1, 2, 4, 8]
     assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
     assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])
+
+
+def test_degenerate_output_is_flagged_beside_the_page_throughput():
+    """The page's stats table: a looping output gets a warning row beside the tokens/s rows."""
+    from ddtree_viz.render.stats_view import stats_markdown
+
+    base = dict(rounds=9, mean_acceptance=3.0, greedy_tok_s=10.0, ddtree_tok_s=30.0, speedup=3.0)
+    assert "degenerate" not in stats_markdown({**base, "degenerate": None})
+    table = stats_markdown({**base, "degenerate": speedup.degenerate([5] * 20)})
+    assert "output looks degenerate" in table and "one token is 20 of 20" in table

@@ -359,6 +359,7 @@ def _settings(args) -> dict:
     """The run's settings as prompts.json keeps them."""
     settings = run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
                             args.block_size, args.temperature, args.top_k, args.top_p, args.seed, args.tree_scoring)
+    settings.update(chat_template=bool(args.chat), thinking=args.thinking)  # how the set's prompts went in
     if _audit(args):
         settings[PRECISION_B] = {"target": args.target_b, "draft": args.draft_b, "dtype": args.dtype_b}
     return settings

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..options import CHAINS, REFERENCE_NAMES
+from ..speedup import degenerate
 from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
 from .figure import FigureSpec
@@ -98,6 +99,7 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
         "first_divergence": trace.first_divergence,
+        "degenerate": degenerate(trace.output_ids),  # why the output looks like a loop (speedup.py), or None
         # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
         **analysis.session_analysis(steps, trace.settings.get("block_size")),
         "reference": reference_of(trace.settings) if trace.greedy_ids is not None else None,
@@ -151,6 +153,8 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
                  (f"{method} tokens/s (engine time, prefill included)", _num(summary.get("ddtree_tok_s"), 1)),
                  (f"speedup over {over} (both model time only, none of the page's own work)",
                   _num(summary.get("speedup")) + ("×" if summary.get("speedup") else ""))]
+    if summary.get("degenerate"):  # beside the throughput: a loop drafts easily and decodes fast
+        rows.append(("⚠ output looks degenerate (its tokens/s is no speed-up)", _num(summary["degenerate"])))
     if summary.get("acceptance_histogram"):
         unit = "chain length" if summary.get("method") in CHAINS else "budget"
         rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
