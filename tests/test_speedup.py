@@ -254,3 +254,17 @@ def test_degenerate_output_is_flagged_beside_the_page_throughput():
     assert "degenerate" not in stats_markdown({**base, "degenerate": None})
     table = stats_markdown({**base, "degenerate": speedup.degenerate([5] * 20)})
     assert "output looks degenerate" in table and "one token is 20 of 20" in table
+
+
+def test_report_shows_the_study_per_category_escaped():
+    """analyze's report: the speed-up section with a table per category of the prompts (names escaped: a report is
+    untrusted input), and nothing from a study that is not one."""
+    from ddtree_viz.render.report import speedup_html
+
+    study = {"budgets": {"4": {"tau": 2.0, "round_ms": 10.0, "predicted_tokens_per_s": 200.0, "predicted_speedup": 1.5}},
+             "best_budget": 4, "break_even_budget": 4, "engine": "runner", "device_name": "cpu", "greedy_ms": 7.5,
+             "validation": [], "categories": {"<b>math</b>": {"rounds": 3, "best_budget": 4, "break_even_budget": 4,
+                                                             "budgets": {"4": {"predicted_speedup": 1.25}}}}}
+    got = speedup_html(study)
+    assert "&lt;b&gt;math&lt;/b&gt;" in got and "<b>math</b>" not in got and "1.25" in got
+    assert speedup_html({"budgets": "x"}) == "" and speedup_html(None) == ""

@@ -410,12 +410,31 @@ def speedup_html(study: Any) -> str:
                          "</td></tr>\n")
         parts.append("</table>\n")
     parts.append(f"<p class=meta>{e(SPEEDUP_BIAS)}</p>\n")
+    parts.append(_categories_html(study.get("categories")))
     bad = study.get("degenerate")
     if isinstance(bad, dict) and isinstance(bad.get("flagged"), int) and bad["flagged"]:
         parts.append(f"<p><b>Warning</b>: {bad['flagged']} of {e(str(bad.get('outputs')))} outputs look degenerate "
                      f"({esc(visible(str(bad.get('example'))))}): a loop drafts easily and decodes fast; its speed-up "
                      "is no speed-up.</p>\n")
     return "".join(parts)
+
+
+def _categories_html(categories: Any) -> str:
+    """Per category of the prompts (their own 'category'): rounds, best and break-even budgets, S at the best."""
+    if not isinstance(categories, dict) or not categories:
+        return ""
+    e = html.escape
+    rows = ["<table><tr><th>category</th><th>rounds</th><th>best budget</th><th>predicted speed-up there</th>"
+            "<th>break-even budget</th></tr>\n"]
+    for name, c in categories.items():
+        if not isinstance(c, dict):
+            continue
+        best = c.get("best_budget")
+        point = (c.get("budgets") or {}).get(str(best)) if isinstance(c.get("budgets"), dict) else None
+        rows.append(f"<tr><td>{esc(visible(str(name)))}</td><td>{_num(c.get('rounds'))}</td><td>{e(str(best))}</td>"
+                    f"<td>{_num(point.get('predicted_speedup') if isinstance(point, dict) else None)}</td>"
+                    f"<td>{e(str(c.get('break_even_budget')))}</td></tr>\n")
+    return "".join(rows) + "</table>\n"
 
 
 def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
