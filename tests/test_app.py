@@ -639,7 +639,9 @@ def test_abandoned_tabs_leave_memory_and_temp_files_bounded(tmp_path):
         return [p for p in root.rglob("*") if p.is_file()]
 
     def abandoned_tab(i):
-        client = Client(url, verbose=False)
+        # a generous read timeout: four tabs at once on a loaded 2-core machine (CI with other work, or the suite's
+        # other worker) can keep a replay's answer past httpx's default 5 s; the test is about memory, not speed
+        client = Client(url, verbose=False, httpx_kwargs={"timeout": 180})
         out = client.predict("verified", handle_file(str(big)), api_name="/replay")
         assert "Round 300 of 300" in out[0]
         if i % 5 == 0:
