@@ -158,6 +158,11 @@ class Point:
     tokens_per_s: float
     speedup: float
 
+    def to_dict(self) -> dict[str, float]:
+        """speedup.json's keys for one point."""
+        return dict(tau=self.tau, round_ms=self.round_ms, predicted_tokens_per_s=self.tokens_per_s,
+                    predicted_speedup=self.speedup)
+
     @classmethod
     def of(cls, tau: float, round_ms: float, greedy_ms: float) -> "Point":
         return cls(tau, round_ms, 1e3 * tau / round_ms, tau * greedy_ms / round_ms)
@@ -173,13 +178,9 @@ class Prediction:
     rounds: int  # DDTree rounds the counterfactual is summed over
 
     def to_dict(self) -> dict[str, Any]:
-        def point(p: Point) -> dict:
-            return dict(tau=p.tau, round_ms=p.round_ms, predicted_tokens_per_s=p.tokens_per_s,
-                        predicted_speedup=p.speedup)
-
-        return dict(greedy_ms=self.greedy_ms, budgets={str(b): point(p) for b, p in sorted(self.budgets.items())},
+        return dict(greedy_ms=self.greedy_ms, budgets={str(b): p.to_dict() for b, p in sorted(self.budgets.items())},
                     best_budget=self.best_budget, break_even_budget=self.break_even_budget,
-                    chain=point(self.chain) if self.chain else None, rounds=self.rounds)
+                    chain=self.chain.to_dict() if self.chain else None, rounds=self.rounds)
 
 
 def tree_rounds(steps: Sequence[StepRecord]) -> list[StepRecord]:

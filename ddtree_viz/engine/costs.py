@@ -45,10 +45,20 @@ def pair_key(pair: ModelPair, engine: str, block_size: int, record: bool = False
 
 
 def _session(pair: ModelPair, method: str, budget: int, block_size: int | None, engine: str, max_new: int,
-             sampler: Sampler, tree_scoring: str = MARGINAL) -> DecodeSession:
+             sampler: Sampler, tree_scoring: str = MARGINAL, time_phases: bool = True) -> DecodeSession:
+    """A lean session (no records), as a decoder in production runs; the scoring applies to DDTree only."""
     return DecodeSession(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
-                         time_phases=True, max_new_tokens=max_new, sampler=sampler,
+                         time_phases=time_phases, max_new_tokens=max_new, sampler=sampler,
                          tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
+
+
+def _timed_step(session: DecodeSession):
+    """One round between device waits: (its record, its wall time in ms)."""
+    session.target_engine.sync()
+    start = time.perf_counter()
+    step = session.step()
+    session.target_engine.sync()
+    return step, (time.perf_counter() - start) * 1e3
 
 
 class _Timed:
@@ -67,11 +77,7 @@ class _Timed:
         session = self.session
         if session.done:  # a finished session starts the context again, untimed
             self.start(context)
-        session.target_engine.sync()
-        start = time.perf_counter()
-        step = session.step()
-        session.target_engine.sync()
-        total = (time.perf_counter() - start) * 1e3
+        step, total = _timed_step(session)
         self.totals.append(total)
         for p in PHASES[:-1]:
             self.phases[p].append(step.timings_ms.get(p, 0.0))
@@ -158,20 +164,16 @@ def timed_runs(pair: ModelPair, prompts: list[list[int]], *, method: str = DDTRE
                sampler: Sampler = GREEDY, tree_scoring: str = MARGINAL) -> TimedRun:
     """Decode each prompt for real (lean rounds, as measure_costs times them); the rounds' wall time summed."""
     engine = engine_for(engine, EXACT, pair.target)
-    session = DecodeSession(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
-                            max_new_tokens=max_new_tokens, sampler=sampler,
-                            tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
+    session = _session(pair, method, budget, block_size, engine, max_new_tokens, sampler, tree_scoring,
+                       time_phases=False)
     tokens = rounds = 0
     seconds = 0.0
     outputs = []
     for ids in prompts:
         session.prefill(prompt_ids=ids)
         while not session.done:
-            session.target_engine.sync()
-            start = time.perf_counter()
-            step = session.step()
-            session.target_engine.sync()
-            seconds += time.perf_counter() - start
+            step, ms = _timed_step(session)
+            seconds += ms / 1e3
             tokens, rounds = tokens + step.kept, rounds + 1
         outputs.append(tuple(session.generated))
     return TimedRun(tokens, rounds, seconds, tuple(outputs))

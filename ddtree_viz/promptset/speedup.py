@@ -104,12 +104,6 @@ def _degenerate(outputs) -> dict[str, Any]:
     return dict(outputs=len(outputs), flagged=len(reasons), example=reasons[0] if reasons else None)
 
 
-def _point_dict(p: speedup.Point | None) -> dict[str, Any] | None:
-    if p is None:
-        return None
-    return dict(tau=p.tau, round_ms=p.round_ms, predicted_tokens_per_s=p.tokens_per_s, predicted_speedup=p.speedup)
-
-
 def study(pair: ModelPair, out: Path, items: list[dict], spec_of: Callable[[dict], Any], settings: DecodeSettings, *,
           engine: str = "auto", budgets: Sequence[int] | None = None, validate: Sequence[int] | None | bool = True,
           cost_rounds: int = 8, remeasure: bool = False, say=lambda text: None) -> dict[str, Any]:
@@ -157,7 +151,7 @@ def _result(prediction, costs, cached, checked, items, traces: dict[int, Trace])
     result = dict(device=costs.device, device_name=costs.device_name, engine=costs.engine, greedy_ms=costs.greedy_ms,
                   budgets=d["budgets"],
                   best_budget=prediction.best_budget, break_even_budget=prediction.break_even_budget,
-                  chain=_point_dict(prediction.chain), rounds=prediction.rounds,
+                  chain=prediction.chain.to_dict() if prediction.chain else None, rounds=prediction.rounds,
                   validation=checked["rows"] if checked else [],
                   measured=dict(greedy=checked["greedy"], chain=checked["chain"]) if checked else None,
                   costs=costs.to_dict(), costs_cached=cached,
@@ -178,7 +172,7 @@ def _categories(items: list[dict], traces: dict[int, Trace], costs) -> dict[str,
     for name, steps in sorted(cats.items()):
         p = speedup.predict(steps, costs)
         out[name] = dict(best_budget=p.best_budget, break_even_budget=p.break_even_budget, rounds=p.rounds,
-                         budgets={str(b): _point_dict(q) for b, q in p.budgets.items()})
+                         budgets={str(b): q.to_dict() for b, q in p.budgets.items()})
     return out
 
 
