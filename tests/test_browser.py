@@ -828,7 +828,8 @@ def test_output_wraps_and_step_goes_on_through_a_replay(app_url, tmp_path):
         wait_status(page, f"Round {n - 1} of {n} (replay")
         page.get_by_role("button", name="Step", exact=True).click()
         wait_status(page, f"Round {n} of {n} (replay")  # the replay's next round, not a new live session
-        page.screenshot(path="/work/notes/shots26/after-replay-step-1500x1100.png")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "after-replay-step-1500x1100.png"))
     finally:
         browser.close()
         p.stop()
@@ -862,7 +863,8 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
             box = page.get_by_role("button", name="Step", exact=True).bounding_box()
             assert box and box["y"] + box["height"] <= size["height"], (size, box)
             assert "press Step" in page.locator("#ddv-status").inner_text()
-            page.screenshot(path=f"/work/notes/shots26/after-first-{size['width']}x{size['height']}.png")
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"first-screen-{size['width']}x{size['height']}.png"))
         finally:
             browser.close()
             p.stop()

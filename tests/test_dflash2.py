@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ddtree_viz import analysis
+from ddtree_viz.configs import CONFIGS
 from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv, SelectorScores
 from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter
 from ddtree_viz.engine.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
@@ -127,7 +128,7 @@ def test_loads_the_published_layout_through_load_pair(tiny2, tiny_dirs):
 
 
 def test_the_published_config_reads_with_its_fields():
-    config = json.loads(open("/work/shared/fixtures/qwen3.8-27b-dflash2-config.json").read())
+    config = json.loads((CONFIGS / "qwen3.8-27b-dflash2-config.json").read_text())
     c = DFlash2Config.from_dict(config)
     assert (c.block_size, c.conv_group_size, c.conv_kernel_size, c.selector_rank, c.selector_top_k) == (8, 16, 2, 256, 16)
     assert c.layer_windows == (2048,) * 5 and c.to_dict()["architectures"] == ["DFlash2DraftModel"]

@@ -148,15 +148,32 @@ KEYS_JS = """
 
 
 def click_js(elem_id: str) -> str:
-    """After a file is prepared, click its (now filled) download button: one click for the user saves it."""
+    """After a file is prepared, click its download button once it holds the new file: one click for the user saves
+    it. The button is waited for (up to 30 s), not assumed: the first time it shows, Gradio loads its component's
+    code before drawing it, which took over 250 ms on a loaded machine and the click found no button (a CI failure).
+    A button that still shows the file clicked last (same label) is given 3 s to change; a file of the same name
+    (made within the same second) is clicked then."""
     return """
-() => new Promise((done) => setTimeout(() => {
-  const el = document.getElementById('%s');
-  if (el) el.classList.remove('ddv-stale');  // the new file's button (STALE_JS hid the old one)
-  const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
-  if (b) b.click();
-  done();
-}, 250))
+() => new Promise((done) => {
+  const start = Date.now();
+  const tick = () => {
+    const el = document.getElementById('%s');
+    const b = el && (el.tagName === 'BUTTON' ? el : el.querySelector('button'));
+    const label = b ? b.textContent.trim() : '';
+    const waited = Date.now() - start;
+    if (b && (label !== el.dataset.ddvClicked || waited > 3000)) {
+      el.classList.remove('ddv-stale');  // the new file's button (stale_js hid the old one)
+      el.dataset.ddvClicked = label;
+      b.click();
+      done();
+    } else if (waited > 30000) {
+      done();
+    } else {
+      setTimeout(tick, 100);
+    }
+  };
+  setTimeout(tick, 100);
+})
 """ % elem_id
 
 
