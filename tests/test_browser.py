@@ -956,3 +956,24 @@ def test_a_prompt_set_run_here_fits_its_column_and_has_wall_times(app_url):
     finally:
         browser.close()
         p.stop()
+
+
+PROGRESS_JS = """async () => {
+  // click Step; two frames later, the components that show gradio's progress overlay (spinner and timer)
+  document.getElementById('ddv-step').click();
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return [...document.querySelectorAll('[data-testid="status-tracker"]')]
+    .filter((e) => !e.classList.contains('hide') && e.offsetParent !== null)
+    .map((e) => (e.closest('[id^="ddv-"]') || {}).id || '?');
+}"""
+
+
+def test_a_step_in_flight_shows_its_progress_on_the_status_only(page):
+    """#26.10: gradio's default drew a spinner with a ticking timer over every output of a Step (about 15 panels);
+    their animation frames and repaints were most of the browser's work before the answer came. Only the status
+    line shows the Step's progress now, and every figure is still drawn once the answer is in."""
+    first_round_drawn(page)
+    page.wait_for_timeout(500)
+    assert page.evaluate(PROGRESS_JS) == ["ddv-status"]
+    wait_status(page, "Round 2 of 2")
+    page.wait_for_function("document.querySelector('#ddv-grid').innerText.includes('round 2')", timeout=30_000)

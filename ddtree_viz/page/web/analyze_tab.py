@@ -113,5 +113,6 @@ class AnalyzeTab:
         c["upload"].upload(on_report_upload, [tab, c["upload"]], shown, api_name="report_upload", **REPORTS)
         c["set_run"].click(on_set_run, [tab], shown, inputs_kwargs=prompt_set, api_name="prompt_set", **MODEL)
         c["set_stop"].click(lambda t: t.set_stop.set(), [tab], None, api_name="prompt_set_stop")
-        c["click"].change(on_report_round, [tab, step.controls["phase"], c["click"]], [*step.shown_replay(), page.selector],
-                          api_name="report_round", **REPORTS).success(None, js=SHOW_STATUS_JS)
+        c["click"].change(on_report_round, [tab, step.controls["phase"], c["click"]],
+                          [*step.shown_replay(), page.selector], api_name="report_round", **step.at_status,
+                          **REPORTS).success(None, js=SHOW_STATUS_JS)

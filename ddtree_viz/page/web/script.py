@@ -25,8 +25,8 @@ KEYS_JS = """
   // figure into the old div, which is then removed: every figure was drawn twice a Step (~0.3 s of the browser's
   // ~0.6 s on a 2-core machine). A div of the page that has been drawn is not drawn again: a new figure always
   // arrives in a new div (and the same figure again needs no drawing).
-  // And a figure of the page off screen is drawn after the ones in view: right after them, one figure a task, or
-  // sooner if it scrolls near the window (a Step shows what is in view first; the rest follows).
+  // And only the tree is drawn in the update that brings it: every other figure follows, those in view first,
+  // one figure a task after the frame that shows the status and the tree, or sooner if it scrolls near the window.
   const drawOnce = () => {
     const P = window.Plotly;
     if (!P || P._ddvOnce) return;
@@ -40,7 +40,10 @@ KEYS_JS = """
     const drawn = (gd) => {
       gd._ddvDrawn = true;
       P._ddvDraws += 1;
-      P._ddvOrder.push((ours(gd) || {}).id);
+      const id = (ours(gd) || {}).id;
+      // the start of the frame that paints a new tree (bench_page's "click to the tree drawn")
+      if (id === 'ddv-tree') requestAnimationFrame(() => { P._ddvTreeFrame = performance.now(); });
+      P._ddvOrder.push(id);
       if (P._ddvOrder.length > 64) P._ddvOrder.shift();
     };
     const near = (gd) => {
@@ -71,7 +74,8 @@ KEYS_JS = """
     const drain = () => {
       draining = false;
       for (const gd of pending) if (!gd.isConnected) draw(gd);  // gone: forgotten
-      const next = [...pending].find((gd) => gd.offsetParent !== null);
+      const shown = [...pending].filter((gd) => gd.offsetParent !== null);
+      const next = shown.find(near) || shown[0];  // those in view first
       if (next) draw(next);
       if (pending.size) schedule(next ? 'next' : 'later');  // hidden ones (another tab): looked at again shortly
     };
@@ -79,7 +83,9 @@ KEYS_JS = """
       if (gd && ours(gd)) {
         if (gd._ddvDrawn) return Promise.resolve(gd);
         const waiting = pending.has(gd);  // then a newer figure for it replaces the older
-        if (waiting || !near(gd)) {
+        // only the tree is drawn at once (in view): the status and the tree are painted first, every other
+        // figure follows one a task (issue #26: click to tree drawn)
+        if (waiting || !near(gd) || !gd.closest('#ddv-tree')) {
           gd._ddvArgs = args;
           if (!waiting) { pending.add(gd); seen.observe(gd); }
           schedule('frame');

@@ -235,6 +235,13 @@ class StepTab:
         t.notice = message
         return {self.views["status"]: render_check(self.host, t)["status"]}
 
+    @property
+    def at_status(self) -> dict:
+        """Where an event that redraws the round shows its progress: on the status line only. Gradio's default
+        puts a spinner with a ticking timer over every output (about 15 panels), and those overlays' animation
+        frames and repaints took most of the browser's time between a Step's click and its answer (issue #26)."""
+        return dict(show_progress_on=[self.views["status"]])
+
     def shown(self) -> list:
         """What `show` fills: the tab's state and every view's widget."""
         return [self.page.tab, *self.outputs()]
@@ -279,14 +286,16 @@ class StepTab:
         on_check = in_status(lambda t, ph: show_check(actions.check(host, t), ph))
         on_independent = in_status(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
 
-        c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **MODEL).then(
-            on_check, [tab, phase], checked, api_name="check", **MODEL)
-        run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **MODEL)
-        run.then(on_check, [tab, phase], checked, api_name="check_run", **MODEL)
-        c["check_transformers"].click(on_independent, [tab, phase], checked, api_name="check_transformers", **MODEL)
+        at = self.at_status
+        c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
+            on_check, [tab, phase], checked, api_name="check", **at, **MODEL)
+        run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **at, **MODEL)
+        run.then(on_check, [tab, phase], checked, api_name="check_run", **at, **MODEL)
+        c["check_transformers"].click(on_independent, [tab, phase], checked, api_name="check_transformers", **at,
+                                      **MODEL)
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
-        c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset")
+        c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset", **at)
         c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]], api_name="new_seed")
         self._wire_changes(page, settings)
 
@@ -314,17 +323,19 @@ class StepTab:
         on_click_node = shows_errors(
             lambda t, value: show_inspector(actions.inspect(t, (value or "").partition(":")[0])))
 
-        c["back"].click(lambda t, ph: self.show(actions.move(t, delta=-1), ph), [tab, phase], shown, api_name="back")
+        at = self.at_status
+        c["back"].click(lambda t, ph: self.show(actions.move(t, delta=-1), ph), [tab, phase], shown, api_name="back",
+                        **at)
         c["forward"].click(lambda t, ph: self.show(actions.move(t, delta=+1), ph), [tab, phase], shown,
-                           api_name="forward")
+                           api_name="forward", **at)
         v["view"].release(lambda t, ph, value: self.show(actions.move(t, to=int(value) - 1), ph),
-                          [tab, phase, v["view"]], shown, api_name="goto_round")
-        phase.change(self.show, [tab, phase], shown, api_name="phase")
+                          [tab, phase, v["view"]], shown, api_name="goto_round", **at)
+        phase.change(self.show, [tab, phase], shown, api_name="phase", **at)
         on_filter = errors_in_status(self.note)(
             lambda t, ph, min_lp, depth: self.show(actions.set_tree_filter(t, min_lp, depth), ph))
         for box in (c["min_lp"], c["depth"]):  # Enter, or leaving the box
             for event in (box.submit, box.blur):
-                event(on_filter, [tab, phase, c["min_lp"], c["depth"]], shown, api_name=False)
+                event(on_filter, [tab, phase, c["min_lp"], c["depth"]], shown, api_name=False, **at)
         v["inspect"].input(on_inspect, [tab, v["inspect"]], inspected, api_name="inspect")
         c["inspect_click"].change(on_click_node, [tab, c["inspect_click"]], inspected, api_name="inspect_click")
 
@@ -362,7 +373,8 @@ class StepTab:
         def on_export(t, ph, request: gr.Request, **values):
             return offered(c["export_file"], actions.export_round(t, ph, **values), request)
 
-        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay")
+        c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay",
+                             **self.at_status)
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
             None, js=click_js("ddv-download-file"))
         c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
