@@ -170,7 +170,10 @@ class CandidateSelector(nn.Module):
         unary, ids = torch.topk(logits.to(device).float(), top_k, dim=-1)  # [D, K]
         proj = self.hidden_projection(hidden.to(device)).float()  # [D, R]
         succ = self.successor_codebook[ids].float()  # [D, K, R]
-        pred_root = self.predecessor_codebook[root].float()  # [R]
+        # the root's row by index_select: indexing with a 0-d tensor would read it on the host (a sync, which a
+        # CUDA graph's capture refuses)
+        root = torch.as_tensor(root, device=device).reshape(1)
+        pred_root = self.predecessor_codebook.index_select(0, root)[0].float()  # [R]
         root_scores = unary[0] + succ[0] @ (pred_root * proj[0])
         pred = self.predecessor_codebook[ids[:-1]].float() * proj[1:, None, :]  # [D-1, K, R]
         pair = unary[1:, None, :] + torch.einsum("dir,djr->dij", pred, succ[1:])
