@@ -156,3 +156,14 @@ def test_gpu_bench_smoke_dflash2(tmp_path):
     assert draft["dflash_static_ms"] == report["speed"]["drafter_pass"]["static_ms"]  # DFlash 1 beside it (block 16)
     assert rnd["ratio"] == selector["round_ms"] / fast["greedy_step_ms"] and rnd["target"] == "<= 1.45x"
     assert rnd["dflash_round_ms"] == fast["round_budget_64"]["round_ms"] and isinstance(rnd["met"], bool)
+
+
+def test_gpu_bench_dflash2_needs_the_runner(capsys):
+    import pytest
+
+    from ddtree_viz.benchmarks.gpu import main
+
+    for argv in (["--smoke", "--dflash2"], ["--smoke", "--fast", "--dflash2", "--device-map", "auto"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and "--dflash2 measures on the static runner" in capsys.readouterr().err

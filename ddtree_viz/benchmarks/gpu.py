@@ -1266,7 +1266,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
+        parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
