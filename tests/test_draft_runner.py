@@ -153,6 +153,24 @@ def test_dflash2_with_a_block_shorter_than_the_drafters(target):
     rounds(drafter, target, [5, 3, 6, 2, 1, 4, 2], block_sizes=[3, 3, 6, 3, 2, 6, 4])
 
 
+@pytest.mark.parametrize("family", ["dflash", "dflash2"])
+def test_the_static_function_reads_nothing_back_to_the_host(target, family):
+    """What a CUDA graph's capture refuses, found on a CPU: under FakeTensorMode (shapes, no data) any op that reads
+    a device value on the host (.item(), indexing by a 0-d tensor, nonzero) raises; the whole static function,
+    DFlash2's convolutions and candidate selector included, runs there (the CUDA-graph tests need a GPU)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    make = drafter_for if family == "dflash" else dflash2_for
+    runner = StaticDrafter(make(target, **LAYOUTS["sliding causal, window 6"]), target, max_len=256)
+    feats, block = runner._inputs(4, 4)
+    runner._fill_block(4, 5, 0, 0)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with pytest.raises(DataDependentOutputException):  # the check sees a host read
+            torch.zeros(10, 3)[mode.from_tensor(torch.tensor(3))]
+        out = runner._draft(mode.from_tensor(feats), mode.from_tensor(block), 256)
+    assert [tuple(t.shape) for t in out] == [(3, tiny.VOCAB)] + ([(3, 6), (3, 6), (6,), (2, 6, 6)] if family == "dflash2" else [])
+
+
 def test_reset_and_a_new_prompt_reuse_the_buffers(target):
     """After reset the stale rows of the last sequence stay in the buffers; none of them may be seen."""
     drafter = drafter_for(target, **LAYOUTS["sliding causal, window 6"])
