@@ -5,20 +5,24 @@ correct version, itself tested against z-lab's semantics in test_drafter.py. The
 by position, padded new rows, a key-length bucket, masks from positions) must give the same log-probs (float32
 on a CPU: within 1e-5, the same argmax) round after round, on drafters whose sliding windows are shorter than
 the context (eviction there, masking here), and DecodeSessions drafting through either must build the same
-trees and decode greedy's tokens. On a GPU the captured graphs are compared with both."""
+trees and decode greedy's tokens. DFlash2 drafters too: their convolutions and candidate selector run inside the
+static function (the same top-K candidates, unary and pair scores as the dynamic drafter's). On a GPU the captured
+graphs are compared with both."""
 
 import copy
 
 import pytest
 import torch
 
+from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter
 from ddtree_viz.engine.draft_runner import StaticDrafter, length_buckets, static_blocker
 from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter
 from ddtree_viz.engine.models import ModelPair
-from ddtree_viz.engine.session import DecodeSession, DFlashProposer
+from ddtree_viz.engine.session import DecodeSession, DFlash2Proposer, DFlashProposer, make_proposer
 from tests import tiny
 
 ATOL = 1e-5
+SCORE_TOL = 1e-4  # selector scores: sums over the rank of products of unit-size codebooks (tens), float32
 
 # drafter layer layouts over the tiny hybrid target (block 4); every window is shorter than the contexts below
 LAYOUTS = {
@@ -48,11 +52,37 @@ def drafter_for(target, block_size: int = 4, seed: int = 1, **layout) -> DFlashD
     return model
 
 
+def dflash2_for(target, block_size: int = 4, seed: int = 1, kernel: int = 2, **layout) -> DFlash2Drafter:
+    """A DFlash2 drafter over the tiny target: drafter_for's weights, convolutions near the identity (a base tap of
+    about 1 at offset 0) and codebooks large enough that the pair scores reorder the candidates."""
+    d = tiny.drafter_config(target.config, block_size=block_size, layers=3).to_dict()
+    d.update(layout, architectures=["DFlash2DraftModel"])
+    d["dflash_config"].update(conv_group_size=16, conv_kernel_size=kernel, selector_rank=8, selector_top_k=6)
+    torch.manual_seed(seed)
+    model = DFlash2Drafter(DFlash2Config.from_dict(d)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else
+                    torch.randn_like(p) if "codebook" in name else 0.15 * torch.randn_like(p))
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel[:, 0] += 1.0
+    return model
+
+
+def same_selection(a, b, where: str) -> None:
+    """Two proposers' selector scores of their last proposal: the same candidates, scores within SCORE_TOL."""
+    sa, sb = a.selector_scores(), b.selector_scores()
+    assert torch.equal(sa.ids, sb.ids), where
+    for name in ("unary", "root", "pair"):
+        torch.testing.assert_close(getattr(sb, name), getattr(sa, name), atol=SCORE_TOL, rtol=SCORE_TOL,
+                                   msg=lambda m: f"{where}, {name}: {m}")
+
+
 def rounds(drafter, target, new_rows, block_sizes=None, seed=0, proposers=None, check_rows=True):
     """Drive a dynamic and a static proposer through the same rounds (new context rows, a root each); every
     round's log-probs must agree."""
-    dyn, st = proposers or (DFlashProposer(drafter, target, static=False),
-                            DFlashProposer(drafter, target, static=True))
+    dyn, st = proposers or (make_proposer(drafter, target, static=False), make_proposer(drafter, target, static=True))
     gen = torch.Generator().manual_seed(seed)
     width = drafter.fc.in_features
     committed = dyn.cache.seq_length
@@ -66,6 +96,8 @@ def rounds(drafter, target, new_rows, block_sizes=None, seed=0, proposers=None, 
         assert a.shape == b.shape == (block - 1, tiny.VOCAB) and b.dtype == torch.float32
         torch.testing.assert_close(b, a, atol=ATOL, rtol=ATOL, msg=lambda m: f"round {r}: {m}")
         assert torch.equal(a.argmax(-1), b.argmax(-1)), f"round {r}"
+        if hasattr(dyn, "selector_scores"):
+            same_selection(dyn, st, f"round {r}")
     if check_rows:  # the static K/V rows are the dynamic cache's (a sliding layer's: its newest rows)
         runner = st.runner
         for i in range(drafter.config.num_hidden_layers):
@@ -97,6 +129,46 @@ def test_a_block_shorter_than_the_drafters(target):
     round whose new rows exceed this block (the eager shape)."""
     drafter = drafter_for(target, block_size=6, **LAYOUTS["sliding causal, window 6"])
     rounds(drafter, target, [5, 3, 6, 2, 1, 4, 2], block_sizes=[3, 3, 6, 3, 2, 6, 4])
+
+
+DFLASH2_LAYOUTS = ["full", "sliding causal, window 6", "all causal, window 5"]
+
+
+@pytest.mark.parametrize("kernel", [2, 3])
+@pytest.mark.parametrize("layout", DFLASH2_LAYOUTS)
+def test_dflash2_static_equals_dynamic_over_rounds(target, layout, kernel):
+    """DFlash2 (issue #28 item 7): the convolutions around each sublayer and the candidate selector inside the static
+    function; every round (the prompt's rows first: the eager unpadded shape; then the padded one; contexts past
+    the windows) gives the dynamic drafter's log-probs, top-K candidates, unary and pair scores."""
+    drafter = dflash2_for(target, kernel=kernel, **LAYOUTS[layout])
+    dyn, st = rounds(drafter, target, [9, 2, 4, 1, 3, 0, 4, 4, 1, 2, 3])
+    assert isinstance(st, DFlash2Proposer) and st.path == "static eager" and st.runner.eager_passes == 11
+    scores = st.selector_scores()
+    assert scores.ids.shape == (3, 6) and scores.pair.shape == (2, 6, 6) and scores.root.shape == (6,)
+    assert bool((scores.pair.argmax(-1) != 0).any())  # the pair term reorders the unary order somewhere
+
+
+def test_dflash2_with_a_block_shorter_than_the_drafters(target):
+    drafter = dflash2_for(target, block_size=6, **LAYOUTS["sliding causal, window 6"])
+    rounds(drafter, target, [5, 3, 6, 2, 1, 4, 2], block_sizes=[3, 3, 6, 3, 2, 6, 4])
+
+
+@pytest.mark.parametrize("family", ["dflash", "dflash2"])
+def test_the_static_function_reads_nothing_back_to_the_host(target, family):
+    """What a CUDA graph's capture refuses, found on a CPU: under FakeTensorMode (shapes, no data) any op that reads
+    a device value on the host (.item(), indexing by a 0-d tensor, nonzero) raises; the whole static function,
+    DFlash2's convolutions and candidate selector included, runs there (the CUDA-graph tests need a GPU)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    make = drafter_for if family == "dflash" else dflash2_for
+    runner = StaticDrafter(make(target, **LAYOUTS["sliding causal, window 6"]), target, max_len=256)
+    feats, block = runner._inputs(4, 4)
+    runner._fill_block(4, 5, 0, 0)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with pytest.raises(DataDependentOutputException):  # the check sees a host read
+            torch.zeros(10, 3)[mode.from_tensor(torch.tensor(3))]
+        out = runner._draft(mode.from_tensor(feats), mode.from_tensor(block), 256)
+    assert [tuple(t.shape) for t in out] == [(3, tiny.VOCAB)] + ([(3, 6), (3, 6), (6,), (2, 6, 6)] if family == "dflash2" else [])
 
 
 def test_reset_and_a_new_prompt_reuse_the_buffers(target):
@@ -183,14 +255,30 @@ class Recording:
         return out
 
 
-def sessions_agree(pair, prompts, *, method="ddtree", engine="transformers", budget=12, max_new=24, **static_kw):
+class RecordingSelector(Recording):
+    """Recording for a DFlash2 proposer: the selector's scores of each round too (the ones its tree was built from)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.family, self.scores = inner.family, []
+
+    def selector_scores(self):
+        scores = self.inner.selector_scores()
+        self.scores.append(scores)
+        return scores
+
+
+def sessions_agree(pair, prompts, *, method="ddtree", engine="transformers", budget=12, max_new=24, tree_scoring="marginal",
+                   **static_kw):
     """Two sessions (dynamic / static drafter) over the prompts, one after the other on the same session (a new
-    prompt resets the proposer): same log-probs each round, same trees, same output, and that output is greedy's."""
+    prompt resets the proposer): same log-probs each round (a DFlash2 drafter: the same selector scores), same
+    trees, same output, and that output is greedy's."""
     runs = {}
     for static in (False, True):
-        proposer = Recording(DFlashProposer(pair.drafter, pair.target, static=static, **static_kw))
+        inner = make_proposer(pair.drafter, pair.target, static=static, **static_kw)
+        proposer = (RecordingSelector if hasattr(inner, "selector_scores") else Recording)(inner)
         session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, method=method, engine=engine,
-                                proposer=proposer)
+                                proposer=proposer, tree_scoring=tree_scoring)
         outs = []
         for prompt in prompts:
             session.prefill(prompt)
@@ -198,13 +286,18 @@ def sessions_agree(pair, prompts, *, method="ddtree", engine="transformers", bud
             assert tuple(session.generated) == session.greedy().ids  # exact whatever drafts
             outs.append((list(session.generated), [(r.accepted, tuple(n.token_id for n in r.nodes),
                                                     tuple(n.parent for n in r.nodes)) for r in session.history]))
-        runs[static] = (outs, proposer.outputs, proposer.inner)
-    (dyn_outs, dyn_lp, _), (st_outs, st_lp, st) = runs[False], runs[True]
+        runs[static] = (outs, proposer.outputs, proposer.inner, getattr(proposer, "scores", []))
+    (dyn_outs, dyn_lp, _, dyn_sel), (st_outs, st_lp, st, st_sel) = runs[False], runs[True]
     assert st.path.startswith("static") and st.runner is not None
     assert len(dyn_lp) == len(st_lp) > len(prompts)
     for r, (a, b) in enumerate(zip(dyn_lp, st_lp)):
         torch.testing.assert_close(b, a, atol=ATOL, rtol=ATOL, msg=lambda m: f"propose {r}: {m}")
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert len(dyn_sel) == len(st_sel) and (len(st_sel) > len(prompts)) == (method == "dflash2" or tree_scoring == "selector")
+    for r, (a, b) in enumerate(zip(dyn_sel, st_sel)):
+        assert torch.equal(a.ids, b.ids), f"round {r}"
+        for name in ("unary", "root", "pair"):
+            torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=SCORE_TOL, rtol=SCORE_TOL)
     assert st_outs == dyn_outs  # the same trees, walks and outputs, round by round
     return st
 
@@ -225,6 +318,22 @@ def swa_pair(target):
 def test_sessions_with_a_sliding_drafter_agree(swa_pair, method, engine):
     st = sessions_agree(swa_pair, PROMPTS, method=method, engine=engine)
     assert st.runner.length > 8  # contexts longer than the window
+
+
+@pytest.fixture(scope="module")
+def dflash2_pair(target):
+    """The tiny hybrid with a DFlash2 drafter of causal sliding layers (window 8) and a full one (block 4)."""
+    drafter = dflash2_for(target, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                          sliding_window=8)
+    return ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-dflash2", torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("method, scoring", [("ddtree", "selector"), ("ddtree", "marginal"), ("dflash2", "marginal")])
+def test_dflash2_sessions_on_the_runner_engine_agree(dflash2_pair, method, scoring):
+    """The runner engine with a DFlash2 drafter drafting on the static path: DDTree under both scorings and the
+    DFlash2 chain build the dynamic drafter's trees round by round and decode greedy's tokens."""
+    st = sessions_agree(dflash2_pair, PROMPTS, method=method, engine="runner", tree_scoring=scoring)
+    assert isinstance(st, DFlash2Proposer) and st.runner.length > 8
 
 
 def test_a_forked_session_drafts_as_the_original(swa_pair):
@@ -295,3 +404,34 @@ def test_cuda_graphs_equal_the_eager_static_and_the_dynamic_paths(attention):
     pair = ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-swa", torch.float32, "cuda")
     st = sessions_agree(pair, PROMPTS, engine="runner")
     assert st.path == "static graphs" and st.runner.replays > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_cuda_graphs_of_a_dflash2_drafter_equal_the_eager_static_and_the_dynamic_paths():
+    """On a GPU (float32): the DFlash2 drafter's graphs (convolutions and candidate selector captured) give, round
+    after round, the log-probs and the selector's candidates and scores of the same function run eagerly and of the
+    dynamic drafter; sessions on the runner engine under both scorings and the DFlash2 chain equal greedy."""
+    target = tiny.target_model("hybrid", seed=0)
+    drafter = dflash2_for(target, **LAYOUTS["sliding causal, window 6"]).to("cuda")
+    target.to("cuda")
+    graphed = DFlash2Proposer(drafter, target)
+    assert graphed.path == "static graphs"
+    eager = DFlash2Proposer(drafter, target, static=True, graphs=False)
+    dyn = DFlash2Proposer(drafter, target, static=False)
+    gen = torch.Generator().manual_seed(0)
+    committed = 0
+    for r, n in enumerate([9, 2, 4, 1, 3, 4] + [4] * 70):  # past the first bucket of 256 rows
+        feats = torch.randn(n, drafter.fc.in_features, generator=gen).cuda()
+        committed += n
+        outs = [p.propose(r % 200, committed, feats, 4) for p in (graphed, eager, dyn)]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[0], outs[2], atol=1e-4, rtol=1e-4)
+        same_selection(eager, graphed, f"round {r}, graphs vs eager")
+        same_selection(dyn, graphed, f"round {r}, graphs vs dynamic")
+    runner = graphed.runner
+    assert runner.graphs and runner.replays == 75 and runner.eager_passes == 1
+
+    pair = ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-dflash2", torch.float32, "cuda")
+    for method, scoring in (("ddtree", "selector"), ("ddtree", "marginal"), ("dflash2", "marginal")):
+        st = sessions_agree(pair, PROMPTS, method=method, engine="runner", tree_scoring=scoring)
+        assert st.path == "static graphs" and st.runner.replays > 0

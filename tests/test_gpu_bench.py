@@ -131,3 +131,39 @@ def test_gpu_bench_smoke_costs(tmp_path):
     # the oracle's ranks (top-1 but for a few depths) give the tree more tokens per round at the larger budget
     assert s["budgets"]["8"]["tau"] >= s["budgets"]["4"]["tau"] > 1
     assert "best budget" in costs["cost_table"]
+
+
+def test_gpu_bench_smoke_dflash2(tmp_path):
+    """issue #28 item 7 (--dflash2): the DFlash2 drafter of the shipped config (toy widths here) on the runner beside
+    DFlash 1 in one run: its pass at its block (8) each way, static == dynamic, whole rounds at budget 64 with the
+    selector tree and the DFlash2 chain, and the two targets with DFlash 1's figures beside them."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--dflash2", "--variants")
+    fast = report["speed"]["fast"]
+    d2, targets = fast["dflash2"], fast["targets"]
+    assert d2["config"] == "qwen3.8-27b-dflash2-config.json" and d2["block"] == 8 and d2["selector_top_k"] == 16
+    passes = d2["drafter_pass"]
+    assert passes["block"] == 8 and passes["target"] == "<= 3.5 ms"
+    for row in passes["contexts"].values():
+        assert row["dynamic"]["path"] == "dynamic" and row["static"]["path"] == "static eager"
+        for name in ("static", "static_eager", "static_sdpa"):
+            assert row[name]["argmax_agreement_vs_dynamic"] >= 0.5 and row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1
+    selector = d2["selector"]["round_budget_64"]
+    assert selector["tree_scoring"] == "selector" and selector["draft_path"] == "static eager" and selector["round_ms"] > 0
+    assert d2["selector"]["round_budget_64_dynamic_draft"]["draft_path"] == "dynamic"
+    assert d2["chain"]["round_budget_64"]["method"] == "dflash2" and d2["chain"]["round_budget_64"]["round_ms"] > 0
+    draft, rnd = targets["dflash2_draft_pass"], targets["dflash2_round_64"]
+    assert draft["ms"] == passes["static_ms"] and draft["target"] == "<= 3.5 ms" and isinstance(draft["met"], bool)
+    assert draft["dflash_static_ms"] == report["speed"]["drafter_pass"]["static_ms"]  # DFlash 1 beside it (block 16)
+    assert rnd["ratio"] == selector["round_ms"] / fast["greedy_step_ms"] and rnd["target"] == "<= 1.45x"
+    assert rnd["dflash_round_ms"] == fast["round_budget_64"]["round_ms"] and isinstance(rnd["met"], bool)
+
+
+def test_gpu_bench_dflash2_needs_the_runner(capsys):
+    import pytest
+
+    from ddtree_viz.benchmarks.gpu import main
+
+    for argv in (["--smoke", "--dflash2"], ["--smoke", "--fast", "--dflash2", "--device-map", "auto"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and "--dflash2 measures on the static runner" in capsys.readouterr().err

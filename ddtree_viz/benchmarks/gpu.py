@@ -6,6 +6,9 @@
                                                         # its figures against their targets (speed.fast.targets)
     python -m ddtree_viz.benchmarks.gpu --fast --fast-only --budgets 64 128 --variants compile   # the runner compiled
                                                         # and eager side by side, compile_s (~70 s on an H200)
+    python -m ddtree_viz.benchmarks.gpu --fast --fast-only --dflash2 --budgets 64 --variants --json gpu.json
+                                                        # issue #28 item 7: the DFlash2 drafter (Qwen3.8-27B's shapes)
+                                                        # beside DFlash 1 on the runner (speed.fast.dflash2, targets)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
 weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import random
 import statistics
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,13 +66,14 @@ class BenchConfig:
     compile: bool | None = None
     blas: str = "auto"
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
+    dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   variants=tuple(a.variants))
+                   variants=tuple(a.variants), dflash2=a.dflash2)
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
@@ -177,19 +183,31 @@ def layer_devices(model) -> dict[str, list[int]]:
     return out
 
 
-def build_drafter(bench: BenchConfig, target, dtype: torch.dtype):
-    from ..engine.drafter import DFlashConfig, DFlashDrafter, build_target_layer_ids
+DFLASH_CONFIG = "qwen3.6-27b-dflash-config.json"  # DFlash 1 for Qwen3.6-27B
+DFLASH2_CONFIG = "qwen3.8-27b-dflash2-config.json"  # DFlash2 for Qwen3.8-27B (the target has Qwen3.6-27B's text shapes)
+
+
+def build_drafter(bench: BenchConfig, target, dtype: torch.dtype, config: str = DFLASH_CONFIG):
+    """A drafter of the shipped config's shapes (its family from its `architectures`) with random weights; a
+    DFlash2 drafter's convolutions start near the identity (offset 0's base tap 1), as the signal would pass."""
+    from ..engine.dflash2 import DFlash2Drafter, is_dflash2
+    from ..engine.drafter import DFlashDrafter, build_target_layer_ids
 
     device = target.get_input_embeddings().weight.device if bench.split else bench.device  # split: first GPU
-    raw = json.loads((CONFIGS / "qwen3.6-27b-dflash-config.json").read_text())
+    raw = json.loads((CONFIGS / config).read_text())
     n = target.config.num_hidden_layers
     raw["num_target_layers"] = n
     raw["dflash_config"]["target_layer_ids"] = build_target_layer_ids(n, raw["num_hidden_layers"])
     if bench.smoke:
         raw.update(SMOKE_DRAFT)
         raw["dflash_config"]["mask_token_id"] = SMOKE_DRAFT["vocab_size"] - 1
-    drafter = DFlashDrafter.from_config_meta(DFlashConfig.from_dict(raw)).to_empty(device=device).to(dtype)
+    cls = DFlash2Drafter if is_dflash2(raw) else DFlashDrafter
+    drafter = cls.from_config_meta(cls.config_class.from_dict(raw)).to_empty(device=device).to(dtype)
     random_init_(drafter, seed=1)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("conv.base_kernel"):
+                p[:, 0] += 1.0
     return drafter.eval()
 
 
@@ -317,8 +335,12 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
                                                                   want_hidden=True), repeats=5)
         out["rounds"] = session_rounds(bench, target, drafter, dtype, prompt[0].tolist())
     if bench.fast and not bench.split:
+        dflash2 = None
+        if bench.dflash2:  # the DFlash2 drafter beside DFlash 1: same target, prompt and runner
+            drafter2 = build_drafter(bench, target, dtype, DFLASH2_CONFIG)
+            dflash2 = (drafter2, extract_context_features(prefill.hidden_states, drafter2.target_layer_ids)[0])
         out["fast"] = fast_speed(bench, pair_of(bench, target, drafter, dtype), prompt[0].tolist(), budgets, logprobs,
-                                 bound_ms, out["greedy_step_ms"], out["draft_ms"], sync, out["drafter_pass"])
+                                 bound_ms, out["greedy_step_ms"], out["draft_ms"], sync, out["drafter_pass"], dflash2)
     out["peak_memory_GiB"] = peak_memory_gib(bench)
     for key in ("greedy_step_ms", "draft_ms", "dflash_chain_verify_ms", "prefill_ms"):
         if key in out:
@@ -376,7 +398,7 @@ def verify_commit_ms(target, base, tree, prompt_len: int, mode: str, sync) -> tu
     return v, (time.perf_counter() - s) * 1e3
 
 
-DRAFT_PATHS = {  # drafter_pass: each path's DFlashProposer options
+DRAFT_PATHS = {  # drafter_pass: each path's proposer options (session.make_proposer: the drafter's family)
     "dynamic": dict(static=False),  # drafter.py over its DraftKVCache, eager: the reference
     "static": dict(static=True),  # draft_runner.py: CUDA graphs on a GPU (eager on a CPU), eager attention
     "static_eager": dict(static=True, graphs=False),  # the same function without graphs
@@ -386,13 +408,14 @@ DRAFT_PATHS = {  # drafter_pass: each path's DFlashProposer options
 
 @torch.no_grad()
 def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048), new_rows: int = 4,
-                 repeats: int = 20) -> dict:
+                 repeats: int = 20, limit_ms: float = 3.0) -> dict:
     """The drafter's pass of a round, each way of DRAFT_PATHS side by side: a context of `c` rows (the prompt's
     features, repeated to c rows) drafted once (the prompt's pass: eager on every path), then rounds of `new_rows`
     new context rows + the block, timed (median of `repeats` after 2 warm-up rounds, which capture the graphs).
     Every path sees the same rounds; its last round's log-probs are compared with the dynamic path's. Ratios:
-    `dynamic_per_static` (the graphs' speed-up) and each other path per the static one."""
-    from ..engine.session import DFlashProposer
+    `dynamic_per_static` (the graphs' speed-up) and each other path per the static one; the static pass against
+    `limit_ms` (issue #18: DFlash 1 at block 16, 3 ms; issue #28: DFlash2 at block 8, with its selector, 3.5 ms)."""
+    from ..engine.session import make_proposer
 
     timed = timer(sync)
     block = drafter.block_size
@@ -403,7 +426,7 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
         reference = None
         for name, options in DRAFT_PATHS.items():
             try:
-                proposer = DFlashProposer(drafter, target, **options)
+                proposer = make_proposer(drafter, target, **options)
             except ValueError as exc:  # a split target: no static path
                 row[name] = {"error": str(exc)}
                 continue
@@ -445,25 +468,26 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
     if "ms" in first.get("static", {}):
         out["static_ms"], out["dynamic_ms"] = first["static"]["ms"], first["dynamic"]["ms"]
         out["dynamic_per_static"] = first["dynamic_per_static"]
-        out["target"], out["met"] = "<= 3 ms", first["static"]["ms"] <= 3.0
+        out["target"], out["met"] = f"<= {limit_ms:g} ms", first["static"]["ms"] <= limit_ms
     return out
 
 
 @torch.no_grad()
 def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], logprobs, bound_ms: float,
-               hf_greedy_ms: float, draft_ms: float, sync, draft_pass: dict | None = None) -> dict:
+               hf_greedy_ms: float, draft_ms: float, sync, draft_pass: dict | None = None, dflash2=None) -> dict:
     """The static runner (engine/runner.py): the same measurements with preallocated state and CUDA graphs, its
     prefill at 512 and 2,048 tokens, the same passes with each of its options switched (``variants``) and every
     figure against issue #18's target (``targets``). ``sync`` waits for the models' devices
     (``engine.verify.device_sync``); ``draft_ms`` is the isolated drafter pass measured before (the dynamic
-    drafter's first pass of the prompt), ``draft_pass`` the round's pass both ways (``drafter_pass``)."""
+    drafter's first pass of the prompt), ``draft_pass`` the round's pass both ways (``drafter_pass``). ``dflash2``:
+    (DFlash2 drafter, its context features of the prompt) to measure beside DFlash 1 on this runner (dflash2_speed)."""
     from ..engine.engines import RunnerEngine
     from ..engine.tree import DraftTree
 
     target, drafter = pair.target, pair.drafter
     timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
-    sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
+    sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets), *([dflash2[0].block_size] if dflash2 else [])})
     options = bench.runner_options()
     start = time.perf_counter()
     runner, graphs_error = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids, options)
@@ -495,6 +519,12 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
     out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
+    if dflash2 is not None:
+        try:
+            out["dflash2"] = dflash2_speed(bench, pair, dflash2, engine, runner, prompt, rounds_tokens, root, sync)
+        except Exception as exc:  # report what broke (traceback on stderr); DFlash 1's figures and the rest come back
+            traceback.print_exc()
+            out["dflash2"] = {"error": f"{type(exc).__name__}: {exc}"}
     out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
     out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
     del engine, runner
@@ -532,36 +562,60 @@ def greedy_stepper(engine, token: int):
     return greedy_step
 
 
-def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int) -> dict:
+def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str = "ddtree",
+                  tree_scoring: str = "marginal") -> dict:
     """Whole rounds as a session runs them on the runner's engine (phases timed, no records), median of 12 after 2
     warm-up rounds (the drafter's graphs are captured in those); host time apart: the tree phase (top-k to the host,
-    best-first build) + the runner's own host work (inputs, path). The drafter: the static path (CUDA graphs; what a
-    session takes on CUDA), then the same rounds with the dynamic one."""
-    from ..engine.session import DecodeSession, DFlashProposer
+    best-first build; the selector's scores to the host) + the runner's own host work (inputs, path). The drafter
+    (its family's proposer): the static path (CUDA graphs; what a session takes on CUDA), then the same rounds with
+    the dynamic one. DDTree at budget 64 (`tree_scoring`), or `method` dflash / dflash2 (the chains)."""
+    from ..engine.session import DecodeSession, make_proposer
 
     out: dict = {}
     for key, static in (("round_budget_64", True), ("round_budget_64_dynamic_draft", False)):
-        proposer = DFlashProposer(pair.drafter, pair.target, static=static)
+        proposer = make_proposer(pair.drafter, pair.target, static=static)
         session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
-                                time_phases=True, proposer=proposer)
+                                time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring)
         session.prefill(prompt_ids=prompt)
         assert session.cache is runner, "the runner made above has room for these rounds"
         runner.host_ms.clear()
         phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+        kept = []
         for r in range(14):
-            t = session.step().timings_ms
+            step = session.step()
+            t = step.timings_ms
             if r >= 2:  # warm-up rounds (the drafter's graphs are captured in the first two)
                 phases["draft"].append(t["draft"])
                 phases["tree"].append(t["tree"])
                 phases["verify_commit"].append(t["verify"] + t["commit"])
                 phases["host"].append(t["tree"] + runner.host_ms[-1])
+                kept.append(step.kept)
         out[key] = {k: statistics.median(v) for k, v in phases.items()}
         out[key]["round_ms"] = sum(out[key][k] for k in ("draft", "tree", "verify_commit"))
-        out[key]["draft_path"] = proposer.path
+        out[key].update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring,
+                        mean_kept=sum(kept) / len(kept))
         out[key]["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
         del session, proposer
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
+    return out
+
+
+@torch.no_grad()
+def dflash2_speed(bench: BenchConfig, pair, dflash2, engine, runner, prompt: list[int], rounds_tokens: int, token: int,
+                  sync) -> dict:
+    """Issue #28 item 7, beside DFlash 1 in the same run (same target, prompt and runner): the DFlash2 drafter (the
+    shipped Qwen3.8-27B config's shapes, random weights) at its block (8). Its round's pass each way (drafter_pass:
+    the static path's graph holds the convolutions and the candidate selector; target <= 3.5 ms), whole rounds at
+    budget 64 with the selector tree (target <= 1.45x the runner's greedy step) and the DFlash2 chain."""
+    drafter, feats = dflash2
+    pair2 = dataclasses.replace(pair, drafter=drafter, draft_name="DFlash2 shapes (random weights)")
+    out: dict = {"config": DFLASH2_CONFIG, "block": drafter.block_size, "selector_top_k": drafter.top_k,
+                 "selector_rank": drafter.config.selector_rank}
+    out["drafter_pass"] = drafter_pass(pair.target, drafter, feats, token, sync, repeats=4 if bench.smoke else 20,
+                                       limit_ms=3.5)
+    out["selector"] = runner_rounds(pair2, engine, runner, prompt, rounds_tokens, tree_scoring="selector")
+    out["chain"] = runner_rounds(pair2, engine, runner, prompt, rounds_tokens, method="dflash2")
     return out
 
 
@@ -794,6 +848,25 @@ def fast_targets(fast: dict, bound_ms: float, draft_ms: float, draft_pass: dict 
     if prefill is not None:
         out["prefill_2048"] = {"ms": prefill, "target": "<= 400 ms", "met": prefill <= 400.0,
                                "fla_active": fast["prefill"]["kernels"]["fla_active"]}
+    if "dflash2" in fast and "error" not in fast["dflash2"]:
+        out.update(dflash2_targets(fast["dflash2"], step, rnd, draft_pass))
+    return out
+
+
+def dflash2_targets(d2: dict, step: float, rnd: dict, draft_pass: dict | None) -> dict:
+    """Issue #28 item 7's targets, each beside DFlash 1's figure of the same run: the DFlash2 drafter's static pass
+    at block 8 <= 3.5 ms (DFlash 1's at block 16 beside it), its selector round at budget 64 <= 1.45x the runner's
+    greedy step (DFlash 1's marginal round beside it)."""
+    passes, sel = d2["drafter_pass"], d2["selector"]["round_budget_64"]
+    static = passes.get("static_ms")
+    out = {"dflash2_draft_pass": {"ms": static, "target": "<= 3.5 ms", "met": static is not None and static <= 3.5,
+                                  "block": d2["block"], "path": passes["contexts"]["512"].get("static", {}).get("path"),
+                                  "dynamic_ms": passes.get("dynamic_ms"), "in_round_ms": sel["draft"],
+                                  "dflash_static_ms": (draft_pass or {}).get("static_ms"), "dflash_in_round_ms": rnd["draft"]}}
+    out["dflash2_round_64"] = {**_target(sel["round_ms"], step, 1.45, "runner greedy step"),
+                               "tree_scoring": "selector", "draft_path": sel["draft_path"], "host_ms": sel["host"],
+                               "dflash_round_ms": rnd["round_ms"], "dflash_ratio": rnd["round_ms"] / step,
+                               "dflash2_chain_round_ms": d2["chain"]["round_budget_64"]["round_ms"]}
     return out
 
 
@@ -1187,6 +1260,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")
+    p.add_argument("--dflash2", action="store_true",
+                   help="--fast: also the DFlash2 drafter (qwen3.8-27b-dflash2-config.json, random weights) beside DFlash "
+                        "1 on the runner: its pass at block 8 and whole rounds at budget 64 with the selector tree "
+                        "(speed.fast.dflash2; targets dflash2_draft_pass, dflash2_round_64)")
     p.add_argument("--costs", action="store_true",
                    help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
@@ -1194,7 +1271,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
+        parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")

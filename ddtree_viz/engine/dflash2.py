@@ -124,11 +124,15 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.attention_conv = GroupedDynamicCausalConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
         self.mlp_conv = GroupedDynamicCausalConv(c.hidden_size, c.conv_kernel_size, c.conv_group_size)
 
-    def forward(self, x, x_ctx, rope, mask, cache):
-        h, after = self.attention_conv.prepare(self.input_layernorm(x))
-        x = x + self.attention_conv.finish(self.self_attn(h, x_ctx, rope, mask, cache), after)
+    def attention_input(self, x):
+        return self.attention_conv.prepare(self.input_layernorm(x))
+
+    def attention_output(self, y, after):
+        return self.attention_conv.finish(y, after)
+
+    def mlp_block(self, x):
         h, after = self.mlp_conv.prepare(self.post_attention_layernorm(x))
-        return x + self.mlp_conv.finish(self.mlp(h), after)
+        return self.mlp_conv.finish(self.mlp(h), after)
 
 
 @dataclass(frozen=True)
@@ -157,14 +161,23 @@ class CandidateSelector(nn.Module):
 
     def forward(self, hidden: Tensor, logits: Tensor, root_token_id: int, top_k: int) -> SelectorScores:
         """hidden [D, H]: the drafter's normed output at depths 1..D; logits [D, vocab]: its compute_logits."""
-        unary, ids = torch.topk(logits.float(), top_k, dim=-1)  # [D, K]
-        proj = self.hidden_projection(hidden).float()  # [D, R]
+        return SelectorScores(*(t.cpu() for t in self.scores(hidden, logits, root_token_id, top_k)))
+
+    def scores(self, hidden: Tensor, logits: Tensor, root: Tensor | int, top_k: int) -> tuple[Tensor, ...]:
+        """SelectorScores' fields (ids, unary, root, pair) on the selector's device, shapes fixed by D and top_k (the
+        static drafter captures this in its graph); `root`: the root's token id, an int or a 0-d tensor."""
+        device = self.hidden_projection.weight.device
+        unary, ids = torch.topk(logits.to(device).float(), top_k, dim=-1)  # [D, K]
+        proj = self.hidden_projection(hidden.to(device)).float()  # [D, R]
         succ = self.successor_codebook[ids].float()  # [D, K, R]
-        pred_root = self.predecessor_codebook[root_token_id].float()  # [R]
-        root = unary[0] + succ[0] @ (pred_root * proj[0])
+        # the root's row by index_select: indexing with a 0-d tensor would read it on the host (a sync, which a
+        # CUDA graph's capture refuses)
+        root = torch.as_tensor(root, device=device).reshape(1)
+        pred_root = self.predecessor_codebook.index_select(0, root)[0].float()  # [R]
+        root_scores = unary[0] + succ[0] @ (pred_root * proj[0])
         pred = self.predecessor_codebook[ids[:-1]].float() * proj[1:, None, :]  # [D-1, K, R]
         pair = unary[1:, None, :] + torch.einsum("dir,djr->dij", pred, succ[1:])
-        return SelectorScores(ids.cpu(), unary.cpu(), root.cpu(), pair.cpu())
+        return ids, unary, root_scores, pair
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -178,6 +191,10 @@ class DFlash2Drafter(DFlashDrafter):
         super().__init__(config)
         self.top_k = config.selector_top_k
         self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank)
+
+    def extra_outputs(self, hidden, logits, root):
+        """The candidate selector's (ids, unary, root, pair) over this pass (SelectorScores' fields, on the device)."""
+        return self.candidate_selector.scores(hidden, logits, root, min(self.top_k, logits.shape[-1]))
 
     @classmethod
     def check_fields(cls, config: DFlash2Config, state: dict[str, Tensor]) -> None:

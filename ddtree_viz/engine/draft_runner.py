@@ -13,7 +13,10 @@ keeps the same arithmetic over fixed shapes:
                     (the target's embeddings), fc + hidden_norm of the new rows, every layer with the new rows' and
                     the block's K/V written at their positions (index_copy_ by position), attention over the first
                     K rows (a length bucket, K >= committed + L), drafter norm, the target's lm_head over the
-                    drafted positions, log_softmax.
+                    drafted positions, log_softmax; then the family's extra outputs (drafter.extra_outputs:
+                    DFlash2's candidate selector, top-K ids, unary, root and pair scores). A family's layer
+                    changes (DFlash2's convolutions around each sublayer, over the block only) come through the
+                    layer's hooks (attention_input, attention_output, mlp_block), the ones its dynamic forward uses.
 
 The mask is built on the device from positions, layer by layer kind, exactly as the dynamic drafter's: a key
 is visible when it is a committed context row or a row of this block, and, for a causal layer, not ahead of the
@@ -50,9 +53,6 @@ ATTENTION_KINDS = ("eager", "sdpa")
 def static_blocker(drafter, target) -> str | None:
     """Why the static path cannot run this drafter (None when it can): it needs the drafter, the target's input
     embeddings and its lm_head whole on one device, with no dispatch hooks."""
-    if getattr(drafter, "family", "dflash") != "dflash":
-        return (f"the static drafter runs DFlash 1 drafters only; this one is {drafter.family} (its convolutions and "
-                f"candidate selector run on the dynamic path)")
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     if embed is None or head is None:
         return "the target has no input embeddings or no lm_head"
@@ -78,7 +78,7 @@ class _Slot:
     pad: int
     block: int
     cols: int
-    out: torch.Tensor | None = None
+    out: tuple[torch.Tensor, ...] | None = None
     graph: object = None
 
 
@@ -161,10 +161,10 @@ class StaticDrafter:
             masks[causal, window] = visible.repeat(self.rep, 1)[None, None]
         return masks
 
-    def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> torch.Tensor:
+    def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> tuple[torch.Tensor, ...]:
         """feats [P, F] new context rows (rows past committed - start are padding), block [L + 2]: the block's ids,
-        start, committed; writes K/V rows start .. start+P-1 and committed .. committed+L-1. Log-probs [L-1, V]
-        fp32."""
+        start, committed; writes K/V rows start .. start+P-1 and committed .. committed+L-1. (log-probs [L-1, V]
+        fp32, then the family's extra outputs: DFlash2's candidate selector, drafter.extra_outputs)."""
         d = self.drafter
         P, L = feats.shape[0], block.shape[0] - 2
         ids, start, committed = block[:L], block[L], block[L + 1]
@@ -176,7 +176,7 @@ class StaticDrafter:
         masks = self._masks(q_pos, cols, L)
         for i, layer in enumerate(d.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
+            h, state = layer.attention_input(x)  # DFlash2: convolved over the block (drafter.py's hooks)
             q = attn.q_norm(attn.q_proj(h).view(1, L, self.n_heads, self.head_dim)).transpose(1, 2)
             both = torch.cat([x_ctx, h], dim=1)
             k = attn.k_norm(attn.k_proj(both).view(1, P + L, self.n_kv, self.head_dim)).transpose(1, 2)
@@ -198,10 +198,11 @@ class StaticDrafter:
                 scores = (qg.float() @ keys.float().transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
                 o = scores.softmax(-1).to(values.dtype) @ values
             o = o.reshape(1, self.n_heads, L, self.head_dim).transpose(1, 2).reshape(1, L, -1)
-            x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.attention_output(attn.o_proj(o), state)
+            x = x + layer.mlp_block(x)
         hidden = d.norm(x)[0, 1:]
-        return torch.log_softmax(d.compute_logits(self.lm_head(hidden)), dim=-1)
+        logits = d.compute_logits(self.lm_head(hidden))
+        return (torch.log_softmax(logits, dim=-1), *d.extra_outputs(hidden, logits, ids[0]))
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 
@@ -235,7 +236,7 @@ class StaticDrafter:
             raise ValueError(f"the static drafter's max_len {self.max_len} is full ({need} rows needed)")
         return fitting[0]
 
-    def _run_slot(self, pad: int, block: int, cols: int) -> torch.Tensor:
+    def _run_slot(self, pad: int, block: int, cols: int) -> tuple[torch.Tensor, ...]:
         """Run (replay, or capture on first use and replay) the slot for these shapes; inputs already filled."""
         key = (pad, block, cols)
         slot = self._slots.get(key)
@@ -272,6 +273,13 @@ class StaticDrafter:
                 block_size: int) -> torch.Tensor:
         """The round's new context rows (positions length .. committed_len-1) and the block at committed_len:
         log-probs [block_size - 1, vocab] fp32 (a fresh tensor)."""
+        return self.draft(root_token_id, committed_len, new_features, block_size)[0]
+
+    @torch.no_grad()
+    def draft(self, root_token_id: int, committed_len: int, new_features: torch.Tensor | None,
+              block_size: int) -> tuple[torch.Tensor, ...]:
+        """propose's log-probs, then the family's extra outputs (DFlash2: the candidate selector's ids, unary, root
+        and pair scores, drafter.extra_outputs), all fresh tensors on the device."""
         start = self.length
         n = 0 if new_features is None else int(new_features.shape[0])
         if start + n != committed_len:
@@ -290,6 +298,6 @@ class StaticDrafter:
                 feats[:n].copy_(new_features)
             if n < pad:
                 feats[n:].zero_()
-            out = self._run_slot(pad, block_size, cols).clone()  # the graph's buffer is the next replay's
+            out = tuple(t.clone() for t in self._run_slot(pad, block_size, cols))  # the graph's buffers: the next replay's
         self.length = committed_len
         return out

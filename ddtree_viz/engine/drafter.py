@@ -369,10 +369,25 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
+    # A family's sublayer hooks (DFlash2 wraps each sublayer in its convolutions): the dynamic forward below and the
+    # static drafter (draft_runner.py) both go through them, so a family changes its layer in one place.
+    def attention_input(self, x: Tensor) -> tuple[Tensor, Any]:
+        """The attention's input (its queries and the block's keys and values) and what attention_output needs."""
+        return self.input_layernorm(x), None
+
+    def attention_output(self, y: Tensor, state: Any) -> Tensor:
+        """The attention's output (after o_proj) as added to the residual."""
+        return y
+
+    def mlp_block(self, x: Tensor) -> Tensor:
+        """The MLP sublayer's contribution to the residual."""
+        return self.mlp(self.post_attention_layernorm(x))
+
     def forward(self, x, x_ctx, rope, mask, cache):
         # The context features enter every layer as they left hidden_norm (no input_layernorm).
-        x = x + self.self_attn(self.input_layernorm(x), x_ctx, rope, mask, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, state = self.attention_input(x)
+        x = x + self.attention_output(self.self_attn(h, x_ctx, rope, mask, cache), state)
+        return x + self.mlp_block(x)
 
 
 class DFlashDrafter(nn.Module):
@@ -453,6 +468,12 @@ class DFlashDrafter(nn.Module):
     def check_fields(cls, config: DFlashConfig, state: dict[str, Tensor]) -> None:
         """Config fields that disagree with the weights, refused naming the field (a family with such fields
         overrides this; DFlash 1's sizes show up as mis-shaped weights)."""
+
+    def extra_outputs(self, hidden: Tensor, logits: Tensor, root: Tensor | int) -> tuple[Tensor, ...]:
+        """What this family drafts beside its log-probs, as device tensors of fixed shapes (so that the static
+        drafter's CUDA graph captures them): nothing for DFlash; DFlash2's candidate selector (dflash2.py).
+        hidden [D, H]: the normed output at the drafted depths; logits [D, vocab]: compute_logits'."""
+        return ()
 
     def compute_logits(self, logits: Tensor) -> Tensor:
         """The drafter's logits from the lm_head's (float32): times output_multiplier, then tanh soft-capped at

@@ -143,35 +143,41 @@ class DFlashProposer:
 
 
 class DFlash2Proposer(DFlashProposer):
-    """A DFlash2 drafter: DFlash's pass (with its convolutions) on the dynamic path (the static drafter runs DFlash 1
-    only: draft_runner.static_blocker), and the candidate selector's scores of the last proposal (`selector_scores`:
-    what the `selector` tree scoring and the `dflash2` chain are built from)."""
+    """A DFlash2 drafter: DFlash's pass with its convolutions, on either path, and the candidate selector's scores of
+    the last proposal (`selector_scores`: what the `selector` tree scoring and the `dflash2` chain are built from),
+    computed in the same pass (the static path's CUDA graph includes the selector: drafter.extra_outputs)."""
 
     def __init__(self, drafter, target, **options):
         super().__init__(drafter, target, **options)
         self.top_k = drafter.top_k
-        self._last = None
+        self._last = None  # the selector's (ids, unary, root, pair) of the last proposal, on the device
 
     def reset(self) -> None:
         super().reset()
         self._last = None
 
     @torch.no_grad()
+    def propose(self, root_token_id, committed_len, new_features, block_size):
+        if not self.static:
+            return self.propose_dynamic(root_token_id, committed_len, new_features, block_size)
+        logprobs, *selected = self._static_runner(committed_len + 2 * block_size).draft(
+            root_token_id, committed_len, new_features, block_size)
+        self._last = tuple(selected)
+        return logprobs
+
+    @torch.no_grad()
     def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
         hidden = self._hidden(root_token_id, committed_len, new_features, block_size)
         lm_head = self.target.get_output_embeddings()
         logits = self.drafter.compute_logits(lm_head(hidden.to(lm_head.weight.device)))
-        self._last = (hidden, logits, int(root_token_id))
+        self._last = self.drafter.extra_outputs(hidden, logits, int(root_token_id))
         return torch.log_softmax(logits, dim=-1)
 
-    @torch.no_grad()
     def selector_scores(self) -> SelectorScores:
-        """The selector over the last proposal: top-K candidates per depth, unary and pair scores."""
+        """The selector over the last proposal: top-K candidates per depth, unary and pair scores (on the host)."""
         if self._last is None:
             raise RuntimeError("selector_scores before any proposal")
-        hidden, logits, root = self._last
-        selector = self.drafter.candidate_selector
-        return selector(hidden.to(selector.hidden_projection.weight.device), logits, root, min(self.top_k, logits.shape[-1]))
+        return SelectorScores(*(t.cpu() for t in self._last))
 
 
 def make_proposer(drafter, target, **options) -> DFlashProposer:
