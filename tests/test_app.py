@@ -190,6 +190,8 @@ def test_compare_mode_steps_both_in_lockstep_and_replays(host, tmp_path):
     assert v.tree_b is not None and "Compare mode" in v.status and "DFlash chain" in v.status
     assert 'data-side="A"' in v.compare and 'data-side="B"' in v.compare
     assert "B: DFlash chain" in v.tree_b.layout.title.text
+    # two lines: the configuration, then the round (one line ran past the half-width panel's edge)
+    assert v.tree_b.layout.title.text.split("<br>")[1].startswith("round 2 · ")
     for tab in actions.run_rounds(host, tab, settings(host, **sampled_args(temperature=0), **NO_CHAT, **COMPARE)):
         pass
     assert tab.session.done and tab.other.done

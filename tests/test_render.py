@@ -474,7 +474,7 @@ def test_hostile_token_text_is_escaped_everywhere(naive, oracle):
         for step in evil.steps[:4]:
             lay = tree_layout(step, token_text=text)
             for fig in (tree_figure(lay, token_text=text), tree_figure(lay, phase="drafted"), mask_figure(step),
-                        tree_figure(lay, title=EVIL[1])):
+                        tree_figure(lay, title=EVIL[1]), tree_figure(lay, title=f"{EVIL[1]}\n{EVIL[0]}")):
                 assert_no_raw_html(all_strings(fig.to_plotly_json()))
         assert_only_our_tags(html)
         assert_only_our_tags(divergence_html(divergence_rows(evil.steps, text)))

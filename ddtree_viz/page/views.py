@@ -322,7 +322,8 @@ def _tree_b(s: Shown) -> FigureSpec | None:
 def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
-    return (f"{side}: {config_label(trace.settings)} · round {step.index + 1}{note} · {step.kept} token(s)"
+    # two lines: in the half-width panel of compare mode one line ran past the figure's right edge
+    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {step.kept} token(s)"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 

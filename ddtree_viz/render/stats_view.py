@@ -44,7 +44,7 @@ def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, sc
     if len(steps) <= 40:
         xaxis["dtick"] = 1
     yaxis = dict(title=dict(text="tokens"), rangemode="tozero")
-    if max(y, default=0) <= 16:
+    if max(y, default=0) <= 8:  # whole tokens; past 8 a label a token crowds the 320 px axis (the default ticks)
         yaxis["dtick"] = 1
     return FigureSpec(data, dict(
         title=dict(text=plotly_text(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),

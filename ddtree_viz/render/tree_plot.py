@@ -150,7 +150,8 @@ def tree_spec(
 
     lo, hi = layout.logprob_range
     spec = FigureSpec(traces, dict(
-        title=dict(text=esc(title) if title is not None else default_title(layout), font=dict(size=14)),
+        title=dict(text="<br>".join(esc(line) for line in title.split("\n")) if title is not None
+                   else default_title(layout), font=dict(size=14)),  # a line break in a title: a new line
         coloraxis=dict(colorscale=figure_colorscale(colorscale or scheme.colorscale), cmin=lo if cmin is None else cmin,
                        cmax=hi if cmax is None else cmax,
                        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=14)),
