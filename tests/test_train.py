@@ -172,3 +172,40 @@ def test_selector_loss_counts_the_positions_whose_true_token_is_a_candidate():
     assert count == 2 * 6 - 2 + int((torch.topk(logits[:, 3], 3).indices == labels[:, 3, None]).any(-1).sum())
     loss.backward()
     assert drafter.candidate_selector.successor_codebook.grad.abs().sum() > 0
+
+
+def test_a_dflash2_drafter_warm_starts_from_a_dflash_drafter(tmp_path):
+    """`--family dflash2 --init-draft <a DFlash drafter>`: the DFlash2 drafter starts with every weight the two
+    share (fc, norms, the first layers' attention and MLP), the convolutions as the identity and a fresh selector,
+    then trains; a DFlash drafter of other widths is refused, naming the weight."""
+    from ddtree_viz.engine.dflash2 import DFlash2Drafter
+    from ddtree_viz.train.distill import drafter_config, greedy_generate, train_drafter, warm_start_dflash2
+
+    from .tiny import MASK_ID, target_model
+
+    target = target_model("hybrid", seed=0)
+    torch.manual_seed(0)
+    greedy = greedy_generate(target, torch.randint(0, 256, (8, 6)), 30, batch=8)
+    common = dict(batch=4, anchors=6, steps=2, warmup=1, target_layer_ids=(0, 2), mask_token_id=MASK_ID)
+    train_drafter(target, greedy, torch.tensor([6] * 8), tmp_path / "d1", torch.device("cpu"), num_layers=2,
+                  block_size=4, **common)
+    fields = {"conv_group_size": 16, "conv_kernel_size": 2, "selector_rank": 8, "selector_top_k": 16}
+    cfg = drafter_config(target.config, num_layers=1, block_size=4, mask_token_id=MASK_ID, target_layer_ids=(0, 2),
+                         dflash2=fields)
+    warm = warm_start_dflash2(cfg, tmp_path / "d1", torch.device("cpu")).state_dict()
+    from ddtree_viz.engine.drafter import DFlashDrafter
+
+    source = DFlashDrafter.from_pretrained(tmp_path / "d1", dtype=torch.float32).state_dict()
+    shared = [k for k in warm if k in source]
+    assert "fc.weight" in shared and "layers.0.mlp.down_proj.weight" in shared
+    assert not any(k.startswith("layers.1.") for k in warm)  # the DFlash drafter's second layer is left out
+    assert all(torch.equal(warm[k], source[k]) for k in shared)
+    base = warm["layers.0.attention_conv.base_kernel"]  # [2, k, H]: the identity tap at offset 0
+    assert torch.equal(base[:, 0], torch.ones_like(base[:, 0])) and not base[:, 1:].any()
+    summary = train_drafter(target, greedy, torch.tensor([6] * 8), tmp_path / "d2", torch.device("cpu"), num_layers=1,
+                            block_size=4, init_from=tmp_path / "d1", dflash2=fields, **common)
+    assert summary["steps"] == 2 and DFlash2Drafter.from_pretrained(tmp_path / "d2").config.selector_rank == 8
+    wide = drafter_config(target.config, num_layers=1, block_size=4, mask_token_id=MASK_ID, target_layer_ids=(0, 2),
+                          intermediate_size=96, dflash2=fields)
+    with pytest.raises(ValueError, match="layers.0.mlp"):
+        warm_start_dflash2(wide, tmp_path / "d1", torch.device("cpu"))

@@ -102,6 +102,7 @@ class DrafterConfig:
     init_draft: str | None
     draft_warmup: int
     family: str = "dflash"
+    selector_rank: int = DFLASH2_FIELDS["selector_rank"]
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ def cmd_drafter(run: Run, cfg: DrafterConfig, out: str, target, greedy, deadline
                             time_budget_s=cfg.drafter_time_budget, target_layer_ids=cfg.target_layer_ids,
                             precompute_features=device.type == "cuda", deadline=deadline,
                             init_from=cfg.init_draft, warmup=cfg.draft_warmup,
-                            dflash2=DFLASH2_FIELDS if cfg.family == "dflash2" else None)
+                            dflash2={**DFLASH2_FIELDS, "selector_rank": cfg.selector_rank}
+                            if cfg.family == "dflash2" else None)
     run.write_summary("drafter", summary)
     return summary
 
@@ -448,10 +450,14 @@ def _drafter_args(sp):
     sp.add_argument("--gamma", type=float, default=7.0)
     sp.add_argument("--drafter-steps", type=int, default=None)
     sp.add_argument("--drafter-time-budget", type=float, default=None)
-    sp.add_argument("--init-draft", default=None, help="continue from this drafter's weights")
+    sp.add_argument("--init-draft", default=None,
+                    help="continue from this drafter's weights (with --family dflash2, a DFlash drafter's folder "
+                         "warm-starts the DFlash2 drafter: shared weights copied, convolutions identity, selector new)")
     sp.add_argument("--draft-warmup", type=int, default=30)
     sp.add_argument("--family", choices=("dflash", "dflash2"), default="dflash",
                     help="dflash2: a DFlash2 drafter (convolutions and candidate selector, DFLASH2_FIELDS)")
+    sp.add_argument("--selector-rank", type=int, default=DFLASH2_FIELDS["selector_rank"],
+                    help="a DFlash2 drafter's candidate selector rank (default %(default)s)")
 
 
 def _eval_args(sp):

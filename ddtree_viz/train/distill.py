@@ -281,6 +281,8 @@ def _new_drafter(cfg, device, init_from: str | Path | None):
     from ddtree_viz.engine.drafter import DFlashDrafter
 
     family = DFlash2Drafter if isinstance(cfg, DFlash2Config) else DFlashDrafter
+    if init_from and family is DFlash2Drafter and drafter_family(init_from) == "dflash":
+        return pack_blocks(warm_start_dflash2(cfg, init_from, device), cfg.block_size)
     if init_from:
         drafter = family.from_pretrained(init_from, dtype=torch.float32, device=device)
         if drafter.config != cfg:
@@ -290,6 +292,38 @@ def _new_drafter(cfg, device, init_from: str | Path | None):
     drafter = family(cfg).to(device)
     init_drafter_(drafter)
     return pack_blocks(drafter, cfg.block_size)
+
+
+def drafter_family(path: str | Path) -> str:
+    """'dflash2' or 'dflash': the family a drafter folder's config.json names."""
+    import json
+
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    return "dflash2" if "DFlash2DraftModel" in (config.get("architectures") or ()) else "dflash"
+
+
+def warm_start_dflash2(cfg, dflash_dir: str | Path, device):
+    """A DFlash2 drafter of config ``cfg`` that starts as the DFlash drafter in ``dflash_dir``: every weight the two
+    share (fc, hidden_norm, norm, and the first ``cfg.num_hidden_layers`` layers' attention, MLP and norms) copied,
+    the convolutions as the identity and the candidate selector fresh (init_drafter_). A weight the DFlash drafter
+    has in another shape is refused by name; its layers past the DFlash2 drafter's are left out (logged)."""
+    import torch
+    from ddtree_viz.engine.dflash2 import DFlash2Drafter
+    from ddtree_viz.engine.drafter import DFlashDrafter
+
+    source = DFlashDrafter.from_pretrained(dflash_dir, dtype=torch.float32, device=device).state_dict()
+    drafter = DFlash2Drafter(cfg).to(device)
+    init_drafter_(drafter)
+    own = drafter.state_dict()
+    shared = {k: v for k, v in source.items() if k in own}
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in shared.items() if v.shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"--init-draft {dflash_dir}: weights of another shape: {', '.join(wrong)}")
+    drafter.load_state_dict(shared, strict=False)
+    fresh = sorted({k.split(".")[2] if k.startswith("layers.") else k.split(".")[0] for k in own if k not in shared})
+    log(f"drafter: DFlash2 warm-started from the DFlash drafter {dflash_dir}: {len(shared)} of {len(own)} tensors "
+        f"copied, fresh: {', '.join(fresh)}; left out: {len(set(source) - set(own))} tensors of its later layers")
+    return drafter
 
 
 def pack_blocks(drafter, block_size: int):
