@@ -530,3 +530,22 @@ def test_the_static_drafter_runs_dflash2_and_auto_takes_the_dynamic_path_on_a_cp
     proposer = DFlash2Proposer(tiny2.drafter, tiny2.target)
     assert proposer.path == "dynamic" and proposer.static_blocker is None
     assert DFlash2Proposer(tiny2.drafter, tiny2.target, static=True).path == "static eager"
+
+
+def test_engine_eval_reports_both_chains_and_both_scorings_for_a_dflash2(tiny_dirs):
+    """`train engine-eval` on a DFlash2 drafter: the per-depth chain, the selector's chain, and DDTree under both
+    scorings at each budget, every session checked against greedy (the held-out acceptance table of
+    docs/EMBEDDED.md is made this way)."""
+    import numpy as np
+
+    from ddtree_viz.train.evaluate import engine_acceptance
+    from tests.tiny import byte_tokenizer
+
+    tok = byte_tokenizer()
+    stream = np.array(tok("def f(x):\n    return x\n" * 40, add_special_tokens=False)["input_ids"], dtype=np.int64)
+    tokens = {"eval": stream, "eval_doc_offsets": np.array([0, len(stream)])}
+    out = engine_acceptance(tokens, tok, budgets=[4, 8], new_tokens=8, n_prompts=2, prompt_len=6,
+                            target=str(tiny_dirs[0]), draft=str(tiny_dirs[1]))
+    assert set(out) == {"chain", "dflash2-chain", "4", "8", "selector-4", "selector-8"}
+    for key, row in out.items():
+        assert row["divergences"] == [] and row["rounds"] > 0 and row["acceptance"] >= 1.0, (key, row)

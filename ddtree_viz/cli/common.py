@@ -47,7 +47,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
     g.add_argument("--draft", metavar="DIR|HUB_ID",
-                   help="DFlash or DFlash2 drafter for the target, by its config's architectures (default: the embedded one)")
+                   help="DFlash or DFlash2 drafter for the target, by its config's architectures (default: the "
+                        "embedded one; with the embedded target, 'dflash2' names its embedded DFlash2 drafter)")
     g.add_argument("--dtype", default="float32", choices=DTYPES, help="default: float32")
     g.add_argument("--device", default="cpu", choices=DEVICES,
                    help="cpu, cuda (one GPU) or auto (all visible GPUs via accelerate); default: cpu")
@@ -144,7 +145,7 @@ def load_models(args, gpu: int | None = None):
     check_settings(args)
     quiet_transformers(args.verbose)
     if args.target is None:
-        check_embedded(draft_too=args.draft is None)
+        check_embedded(args.draft)
     if gpu is not None:
         import torch
 

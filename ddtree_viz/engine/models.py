@@ -30,6 +30,8 @@ from .drafter import DFlashDrafter, validate_pairing
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 EMBEDDED_TARGET = ASSETS / "tiny-qwen35-target"
 EMBEDDED_DRAFT = ASSETS / "tiny-qwen35-dflash"
+# `--draft NAME` beside the embedded target: its drafters by family (the DFlash one is the default)
+EMBEDDED_DRAFTS = {"dflash": EMBEDDED_DRAFT, "dflash2": ASSETS / "tiny-qwen35-dflash2"}
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # options.DTYPES
 
@@ -329,9 +331,19 @@ def drafter_class(path: Path) -> type[DFlashDrafter]:
     return DFlash2Drafter if is_dflash2(config) else DFlashDrafter
 
 
-def check_embedded(draft_too: bool = True) -> None:
-    """A clear error when the embedded default pair is not on disk (a non-editable install has no assets/)."""
-    for path in (EMBEDDED_TARGET, EMBEDDED_DRAFT) if draft_too else (EMBEDDED_TARGET,):
+def embedded_draft(draft: str | None) -> str | None:
+    """The drafter beside the embedded target: None -> the embedded DFlash drafter; a family name of EMBEDDED_DRAFTS
+    ('dflash', 'dflash2') -> that embedded drafter; anything else (a folder, a hub id) as given."""
+    if draft is None:
+        return str(EMBEDDED_DRAFT)
+    return str(EMBEDDED_DRAFTS[draft]) if draft in EMBEDDED_DRAFTS else draft
+
+
+def check_embedded(draft: str | None = None) -> None:
+    """A clear error when the embedded target, or the embedded drafter `draft` names (embedded_draft), is not on
+    disk (a non-editable install has no assets/)."""
+    named = draft is None or draft in EMBEDDED_DRAFTS
+    for path in (EMBEDDED_TARGET, Path(embedded_draft(draft))) if named else (EMBEDDED_TARGET,):
         if not path.is_dir():
             raise ModelLoadError(
                 f"the embedded default model is not installed ({path} is missing; it is the repository's assets/ "
@@ -355,9 +367,9 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     device = resolve_device(device)
     embedded = target is None
     if target is None:
-        check_embedded(draft_too=draft is None)
+        check_embedded(draft)
         target = str(EMBEDDED_TARGET)
-        draft = draft or str(EMBEDDED_DRAFT)
+        draft = embedded_draft(draft)
     if draft is None:
         raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
     model, tokenizer = load_target(target, torch_dtype, device, offline=embedded)

@@ -387,6 +387,19 @@ def cmd_assets(data: str, target: str, draft: str, out: str) -> None:
     log(f"assets written: {tdir}, {ddir}; total {total / 2**20:.2f} MiB")
 
 
+def cmd_draft_asset(draft: str, out: str, name: str) -> None:
+    """One more drafter beside the embedded target: assets/<name>/ with its config and weights (a drafter reads the
+    target's tokenizer, so none is copied); the target and the other drafter stay as they are."""
+    ddir = Path(out) / name
+    if ddir.exists():
+        shutil.rmtree(ddir)
+    ddir.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copyfile(Path(draft) / f, ddir / f)
+    total = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+    log(f"drafter asset written: {ddir}; assets total {total / 2**20:.2f} MiB")
+
+
 def run_command(a: argparse.Namespace) -> None:
     """The one place where the parsed arguments become the stages' configs, and the subcommand runs."""
     run = _config(Run, a)
@@ -403,6 +416,7 @@ def run_command(a: argparse.Namespace) -> None:
         "gpu": lambda: cmd_gpu(run, _config(GpuConfig, a), _config(TargetConfig, a), _config(GreedyConfig, a),
                                _config(DrafterConfig, a), _config(EvalConfig, a), a.out),
         "assets": lambda: cmd_assets(run.data, a.target, a.draft, a.out),
+        "draft-asset": lambda: cmd_draft_asset(a.draft, a.out, a.name),
     }
     commands[a.cmd]()
 
@@ -527,6 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", default=".train")
     sp.add_argument("--target", required=True)
     sp.add_argument("--draft", required=True)
+    sp.add_argument("--out", default="assets")
+    sp = sub.add_parser("draft-asset", help="add one more drafter beside the embedded target in assets/")
+    sp.add_argument("--draft", required=True)
+    sp.add_argument("--name", default="tiny-qwen35-dflash2")
     sp.add_argument("--out", default="assets")
     return p
 

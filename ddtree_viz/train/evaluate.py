@@ -193,7 +193,9 @@ def engine_acceptance(tokens: dict, tok, *, budgets=(32,), new_tokens: int = 256
     """The same held-out prompts through the project's engine (``DecodeSession``, exact verification).
 
     Acceptance is pooled over rounds (sum of ``StepRecord.acceptance`` / rounds); every session is
-    also checked against the target's greedy tokens (``divergences`` lists the prompts that differ).
+    also checked against the target's greedy tokens (``divergences`` lists the prompts that differ). Keys: "chain"
+    (the per-depth argmax chain), each budget (DDTree over the drafter's marginals); with a DFlash2 drafter also
+    "dflash2-chain" (the selector's chain) and "selector-B" (DDTree under the selector's pair scores).
     """
     import time
 
@@ -205,16 +207,20 @@ def engine_acceptance(tokens: dict, tok, *, budgets=(32,), new_tokens: int = 256
     pair = load_pair(target, draft)
     prompts = sample_prompts(tokens["eval"], tokens["eval_doc_offsets"], n_prompts, prompt_len,
                              newline_token_ids(tok), seed)
-    runs = [("dflash", None)] if with_chain else []
-    runs += [("ddtree", b) for b in budgets]
+    dflash2 = getattr(pair.drafter, "family", "dflash") == "dflash2"
+    # (key, method, budget, tree scoring): a DFlash2 drafter adds its selector's chain and the selector tree
+    runs = [("chain", "dflash", None, "marginal")] if with_chain else []
+    runs += [("dflash2-chain", "dflash2", None, "marginal")] if with_chain and dflash2 else []
+    runs += [(str(b), "ddtree", b, "marginal") for b in budgets]
+    runs += [(f"selector-{b}", "ddtree", b, "selector") for b in budgets] if dflash2 else []
     out = {}
-    for method, budget in runs:
-        key = "chain" if method == "dflash" else str(budget)
+    for key, method, budget, scoring in runs:
         gained = rounds = 0
         divergences, round_ms = [], []
         t0 = time.time()
         for i, p in enumerate(prompts):
-            s = DecodeSession(pair, budget=budget or 1, max_new_tokens=new_tokens, method=method)
+            s = DecodeSession(pair, budget=budget or 1, max_new_tokens=new_tokens, method=method,
+                              tree_scoring=scoring)
             s.prefill(prompt_ids=p.tolist())
             for r in s.run():
                 gained += r.acceptance
@@ -224,6 +230,6 @@ def engine_acceptance(tokens: dict, tok, *, budgets=(32,), new_tokens: int = 256
                 divergences.append(i)
         out[key] = {"acceptance": gained / rounds, "rounds": rounds, "divergences": divergences,
                     "median_round_ms": float(np.median(round_ms)), "wall_s": time.time() - t0}
-        log(f"engine {method} budget {budget}: acceptance {gained / rounds:.2f} over {rounds} rounds, "
+        log(f"engine {key} ({method}, budget {budget}, {scoring}): acceptance {gained / rounds:.2f} over {rounds} rounds, "
             f"median round {out[key]['median_round_ms']:.1f} ms, divergent prompts {divergences}")
     return out

@@ -21,7 +21,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="ddtree-viz: a step-through debugger for DDTree on hybrid models.")
     p.add_argument("--target", metavar="DIR|HUB_ID", help="target model (default: the embedded tiny Qwen3.5-style model)")
-    p.add_argument("--draft", metavar="DIR|HUB_ID", help="DFlash drafter (default: the embedded one)")
+    p.add_argument("--draft", metavar="DIR|HUB_ID",
+                   help="DFlash or DFlash2 drafter (default: the embedded one; with the embedded target, 'dflash2' "
+                        "names its embedded DFlash2 drafter)")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
