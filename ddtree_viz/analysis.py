@@ -425,13 +425,16 @@ def compare_outputs(a, b) -> dict[str, Any]:
 
 
 def config_label(settings: Mapping[str, Any]) -> str:
-    """A configuration in a few words: 'DDTree budget 32, block 16, exact' / 'DFlash chain, block 16, naive'."""
+    """A configuration in a few words: 'DDTree budget 32, block 16, exact' / 'DFlash chain, block 16, naive' /
+    'DDTree budget 32 (selector scoring), block 8, exact, dflash2 drafter'."""
     method = settings.get("method", "ddtree")
     head = {DFLASH: "DFlash chain", "dflash2": "DFlash2 chain"}.get(method, f"DDTree budget {settings.get('budget', '?')}")
     scoring = settings.get("tree_scoring", MARGINAL)
     if method not in CHAINS and scoring != MARGINAL:
         head += f" ({scoring} scoring)"
     parts = [head, f"block {settings.get('block_size', '?')}", str(settings.get("verify", "exact"))]
+    if settings.get("drafter_family", DFLASH) != DFLASH and method != "dflash2":  # (that chain's head names it)
+        parts.append(f"{settings['drafter_family']} drafter")
     if settings.get("engine") not in (None, "transformers"):
         parts.append(f"{settings['engine']} engine")
     if settings.get("dtype") not in (None, "float32"):

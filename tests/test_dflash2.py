@@ -549,3 +549,34 @@ def test_engine_eval_reports_both_chains_and_both_scorings_for_a_dflash2(tiny_di
     assert set(out) == {"chain", "dflash2-chain", "4", "8", "selector-4", "selector-8"}
     for key, row in out.items():
         assert row["divergences"] == [] and row["rounds"] > 0 and row["acceptance"] >= 1.0, (key, row)
+
+
+def test_compare_mode_puts_the_embedded_dflash2_beside_the_embedded_dflash(tiny_dirs):
+    """#28.6: the page offers both embedded drafters: A = DDTree over the DFlash drafter's marginals, B = the
+    embedded DFlash2's selector tree (compare mode's 'B: drafter'); both outputs equal greedy, B's label names its
+    drafter. Beside a target of the user's own, the embedded drafters are refused with a clear message."""
+    from ddtree_viz.engine.models import EMBEDDED_DRAFTS
+    from ddtree_viz.page import actions
+    from ddtree_viz.page.host import ModelHost
+    from ddtree_viz.page.state import TabState, read_settings
+    from ddtree_viz.page.views import render_views
+
+    assert (EMBEDDED_DRAFTS["dflash2"] / "model.safetensors").is_file()
+    base = dict(prompt="def fibonacci(n):\n", budget=16, block_size=16, max_new_tokens=24, verify="exact",
+                method="ddtree")
+    compare = dict(compare_on=True, compare_method="ddtree", compare_tree_scoring="selector", compare_budget=16,
+                   compare_block_size=16, compare_engine="same", compare_dtype="same", compare_drafter="dflash2")
+    host = ModelHost(None, None, "float32", "cpu", engine="auto")
+    host.start(background=False)
+    tab = TabState()
+    for tab in actions.run_rounds(host, tab, read_settings(host, {**base, **compare})):
+        pass
+    assert tab.trace.drafter_family == "dflash" and tab.other_trace.drafter_family == "dflash2"
+    views = render_views(host, tab)
+    assert views.compare.count("identical to greedy") == 2 and tab.session.generated == tab.other.generated
+    assert "selector scoring), block 16, exact, dflash2 drafter" in views.status
+    own = ModelHost(str(tiny_dirs[0]), str(tiny_dirs[1]), "float32", "cpu", engine="transformers")
+    own.start(background=False)
+    small = dict(base, budget=8, block_size=8, max_new_tokens=4)
+    with pytest.raises(InputError, match="the embedded drafters go with the embedded target only"):
+        actions.step(own, TabState(), read_settings(own, {**small, **compare, "compare_block_size": 8}))

@@ -67,7 +67,7 @@ def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> 
     if tab.other is not None and tab.other_settings == c:
         return
     s = tab.settings
-    pair = host.pair_for(None if c.dtype == SAME else c.dtype)
+    pair = host.pair_for(None if c.dtype == SAME else c.dtype, None if c.drafter == SAME else c.drafter)
     engine = engine_for(host.engine if c.engine == SAME else c.engine, c.verify, pair.target)
     b = settings_b(s.decode, {"budget": c.budget, "block_size": min(c.block_size, pair.drafter.block_size),
                               "method": c.method, "verify": c.verify, "engine": engine,

@@ -9,7 +9,7 @@ import time
 
 from ..engine.cache import cache_layout
 from ..engine.engines import default_engine, engine_for, warm_runner
-from ..engine.models import ModelPair, load_pair
+from ..engine.models import ModelPair, embedded_draft, load_pair
 from ..engine.prompts import has_chat_template, takes_thinking
 from ..errors import DDTreeVizError, InputError, ModelLoadError
 from ..options import AUTO, DTYPES
@@ -195,18 +195,25 @@ class ModelHost:
             raise ModelLoadError(self.error or "the models are still loading; try again in a moment")
         return self.pair
 
-    def pair_for(self, dtype: str | None) -> ModelPair:
-        """The loaded pair (dtype None: the host's), or (compare mode) the same models in another dtype, loaded
-        once on first use."""
+    def pair_for(self, dtype: str | None, drafter: str | None = None) -> ModelPair:
+        """The loaded pair (dtype and drafter None: the host's), or (compare mode) the same models in another dtype,
+        or the embedded target with its drafter of another family (`drafter`: 'dflash' or 'dflash2', the names
+        `--draft` takes beside the embedded target), loaded once on first use."""
         pair = self.require()
-        if dtype in (None, "") or dtype == self.args[2]:
+        target, draft, own_dtype, device = self.args
+        dtype = own_dtype if dtype in (None, "") else dtype
+        if drafter is not None and target is not None:
+            raise InputError("B's drafter: the embedded drafters go with the embedded target only (this page runs "
+                             f"{pair.target_name}); start another app with --draft for another drafter")
+        draft = draft if drafter is None else drafter
+        if dtype == own_dtype and (draft == self.args[1] or embedded_draft(draft) == embedded_draft(self.args[1])):
             return pair
         if dtype not in DTYPES:
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        if dtype not in self._pairs:
-            target, draft, _, device = self.args
-            self._pairs[dtype] = load_pair(target, draft, dtype=dtype, device=device)
-        return self._pairs[dtype]
+        key = f"{dtype}/{draft}"
+        if key not in self._pairs:
+            self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device)
+        return self._pairs[key]
 
 
 def _threads() -> int:

@@ -20,8 +20,8 @@ from ..engine.prompts import PromptSpec, check_spec
 from ..engine.sampling import Sampler
 from ..engine.session import DecodeSession
 from ..errors import InputError
-from ..options import (DTYPES, ENGINE_CHOICES, MARGINAL, MAX_BUDGET, MAX_SEED, TREE_SCORINGS, VERIFY_LABELS,
-                       DecodeSettings, check_int)
+from ..options import (DRAFTER_FAMILIES, DTYPES, ENGINE_CHOICES, MARGINAL, MAX_BUDGET, MAX_SEED, TREE_SCORINGS,
+                       VERIFY_LABELS, DecodeSettings, check_int)
 from ..trace import Trace
 from .host import ModelHost
 
@@ -36,7 +36,7 @@ SETTINGS: dict[str, object] = {
     "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "chat": False, "system": "", "thinking": True,
     # compare mode: configuration B, on the same prompt
     "compare_on": False, "compare_budget": 32, "compare_block_size": 16, "compare_method": "ddtree",
-    "compare_verify": "exact", "compare_engine": SAME, "compare_dtype": SAME,
+    "compare_verify": "exact", "compare_engine": SAME, "compare_dtype": SAME, "compare_drafter": SAME,
     # how DDTree scores a node (marginal, or a DFlash2 drafter's selector), for A and for B
     "tree_scoring": MARGINAL, "compare_tree_scoring": MARGINAL,
 }
@@ -53,6 +53,7 @@ class CompareSettings:
     engine: str  # an engine name, or SAME
     dtype: str  # a dtype, or SAME
     tree_scoring: str = MARGINAL
+    drafter: str = SAME  # beside the embedded target: its drafter of another family (DRAFTER_FAMILIES), or SAME
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,12 @@ def _compare_settings(v: dict) -> CompareSettings | None:
         raise InputError(f"engine must be one of {SAME}, {', '.join(ENGINE_CHOICES)}, not {engine!r}")
     if dtype not in (SAME, *DTYPES):
         raise InputError(f"dtype must be one of {SAME}, {', '.join(DTYPES)}, not {dtype!r}")
+    drafter = v["compare_drafter"]
+    if drafter not in (SAME, *DRAFTER_FAMILIES):
+        raise InputError(f"B's drafter must be one of {SAME}, {', '.join(DRAFTER_FAMILIES)}, not {drafter!r}")
     return CompareSettings(check_int("compare budget", v["compare_budget"], 1, MAX_BUDGET),
                            check_int("compare block size", v["compare_block_size"], 2, 4096), v["compare_method"],
-                           VERIFY_LABELS[verify], engine, dtype, _scoring(v["compare_tree_scoring"]))
+                           VERIFY_LABELS[verify], engine, dtype, _scoring(v["compare_tree_scoring"]), drafter)
 
 
 def _scoring(value) -> str:

@@ -103,6 +103,7 @@ class DrafterConfig:
     draft_warmup: int
     family: str = "dflash"
     selector_rank: int = DFLASH2_FIELDS["selector_rank"]
+    precompute_features: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,8 @@ def cmd_drafter(run: Run, cfg: DrafterConfig, out: str, target, greedy, deadline
                             num_layers=cfg.draft_layers, block_size=cfg.block_size, batch=cfg.draft_batch,
                             anchors=cfg.anchors, lr=cfg.draft_lr, gamma=cfg.gamma, steps=cfg.drafter_steps,
                             time_budget_s=cfg.drafter_time_budget, target_layer_ids=cfg.target_layer_ids,
-                            precompute_features=device.type == "cuda", deadline=deadline,
+                            precompute_features=cfg.precompute_features or device.type == "cuda",
+                            deadline=deadline,
                             init_from=cfg.init_draft, warmup=cfg.draft_warmup,
                             dflash2={**DFLASH2_FIELDS, "selector_rank": cfg.selector_rank}
                             if cfg.family == "dflash2" else None)
@@ -470,6 +472,9 @@ def _drafter_args(sp):
     sp.add_argument("--draft-warmup", type=int, default=30)
     sp.add_argument("--family", choices=("dflash", "dflash2"), default="dflash",
                     help="dflash2: a DFlash2 drafter (convolutions and candidate selector, DFLASH2_FIELDS)")
+    sp.add_argument("--precompute-features", action="store_true",
+                    help="the target's context features of every sequence once, before training (always on CUDA; on "
+                         "a CPU it saves the target's forward per step when steps x batch exceed the sequences)")
     sp.add_argument("--selector-rank", type=int, default=DFLASH2_FIELDS["selector_rank"],
                     help="a DFlash2 drafter's candidate selector rank (default %(default)s)")
 

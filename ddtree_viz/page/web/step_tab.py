@@ -10,7 +10,8 @@ import os
 
 import gradio as gr
 
-from ...options import DTYPES, ENGINE_CHOICES, MARGINAL, MAX_SEED, METHODS, TREE_SCORINGS, VERIFY_LABELS
+from ...options import (DRAFTER_FAMILIES, DTYPES, ENGINE_CHOICES, MARGINAL, MAX_SEED, METHODS, TREE_SCORINGS,
+                        VERIFY_LABELS)
 from ...prompts import DEFAULT_PROMPTS
 from ...render import export as exporter
 from ...render.layout import PHASES
@@ -157,6 +158,9 @@ class StepTab:
                 s["compare_engine"] = gr.Dropdown([SAME, *ENGINE_CHOICES], value=SAME, label="B: engine")
                 s["compare_dtype"] = gr.Dropdown([SAME, *DTYPES], value=SAME,
                                                  label="B: dtype (another load of the models)")
+                s["compare_drafter"] = gr.Dropdown([SAME, *DRAFTER_FAMILIES], value=SAME,
+                                                   label="B: drafter (beside the embedded target: its DFlash or "
+                                                         "DFlash2 drafter)", elem_id="ddv-compare-drafter")
 
     def _views(self) -> None:
         v = self.views
