@@ -319,14 +319,19 @@ def test_replay_port_in_use_or_out_of_range(tmp_path, capsys):
         assert exc.value.code == 2 and "must be a port number from 1 to 65535" in capsys.readouterr().err
 
 
-def test_app_py_on_a_port_in_use_is_an_error():
+@pytest.mark.parametrize("entry", [["app.py"], ["-m", "ddtree_viz", "app"]])
+def test_app_py_on_a_port_in_use_is_an_error(entry):
+    """The error comes before gradio and torch are imported (-X importtime lists every import on stderr): in a
+    second, not after half a minute of imports."""
     sock, port = _busy_port()
     try:
-        proc = _python("app.py", "--port", str(port), timeout=120)
+        proc = _python("-X", "importtime", *entry, "--port", str(port), timeout=120)
     finally:
         sock.close()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}: it is in use" in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "ddtree_viz.page.web.args" in imported and not {"gradio", "torch"} & imported
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])
