@@ -79,11 +79,12 @@ def test_run_no_greedy_skips_comparison(model_args, capsys, tmp_path):
     assert Trace.load(path).greedy_ids is None
 
 
-def test_bench_json_end_to_end(model_args, tmp_path):
+def test_bench_json_end_to_end(model_args, tmp_path, capsys):
     path = tmp_path / "bench.json"
-    proc = _python("-m", "ddtree_viz", "bench", *model_args, "--prompt", "def f(x):", "--prompt", "import sys",
-                   "--max-new-tokens", "6", "--budget", "4", "--json", str(path))
-    assert proc.returncode == 0, proc.stderr
+    rc = cli.main(["bench", *model_args, "--prompt", "def f(x):", "--prompt", "import sys", "--max-new-tokens", "6",
+                   "--budget", "4", "--json", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
     data = json.loads(path.read_text())
     for key in BENCH_KEYS:
         assert isinstance(data[key], float) and data[key] > 0, key
@@ -91,7 +92,7 @@ def test_bench_json_end_to_end(model_args, tmp_path):
     assert [p["prompt"] for p in data["prompts"]] == ["def f(x):", "import sys"]
     assert all(p[m]["tokens"] == 6 for p in data["prompts"] for m in ("greedy", "dflash", "ddtree"))
     for m in ("greedy", "dflash", "ddtree"):
-        assert m in proc.stdout and "tok/s" in proc.stdout
+        assert m in out.out and "tok/s" in out.out
 
 
 def test_cli_user_error_exits_2_without_traceback(tmp_path):
@@ -161,12 +162,13 @@ def test_app_help():
     assert "127.0.0.1" in proc.stdout
 
 
-def test_bench_runner_end_to_end(tmp_path):
+def test_bench_runner_end_to_end(tmp_path, capsys):
     """--runner: greedy and DDTree through the static runner on the embedded pair, checked against greedy."""
     path = tmp_path / "bench.json"
-    proc = _python("-m", "ddtree_viz", "bench", "--prompt", "class Stack:\n    def __init__(self):\n", "--max-new-tokens",
-                   "24", "--budget", "8", "--runner", "--json", str(path))
-    assert proc.returncode == 0, proc.stderr
+    rc = cli.main(["bench", "--prompt", "class Stack:\n    def __init__(self):\n", "--max-new-tokens", "24", "--budget",
+                   "8", "--runner", "--json", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
     data = json.loads(path.read_text())
     assert data["runner_identical_to_greedy"] is True
     assert data["runner_ddtree_mean_acceptance"] >= 1.0 and data["runner_greedy_tok_s"] > 0
@@ -174,25 +176,30 @@ def test_bench_runner_end_to_end(tmp_path):
     prompt = data["prompts"][0]
     assert prompt["runner-greedy"]["tokens"] == prompt["runner-ddtree"]["tokens"] == prompt["greedy"]["tokens"] > 1
     assert prompt["runner-ddtree"]["first_divergence"] is None
-    assert "runner-ddtree vs runner-greedy" in proc.stdout
+    assert "runner-ddtree vs runner-greedy" in out.out
 
 
-def test_bench_runner_refuses_a_pure_attention_target(tmp_path):
+# In the test process (cli.main, as the tests above): the subprocess path (`python -m ddtree_viz`, its exit status
+# and stderr) is test_run_end_to_end_writes_trace's and test_cli_user_error_exits_2_without_traceback's; each
+# subprocess pays the imports of torch and transformers again (~10 s on a loaded 2-core machine).
+def test_bench_runner_refuses_a_pure_attention_target(tmp_path, capsys):
     target, draft = tiny.save_pair(tiny.tiny_pair("attention"), tmp_path)
-    proc = _python("-m", "ddtree_viz", "bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi",
-                   "--max-new-tokens", "4", "--runner")
-    assert proc.returncode == 2 and "hybrid" in proc.stderr and "Traceback" not in proc.stderr
+    rc = cli.main(["bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi", "--max-new-tokens", "4",
+                   "--runner"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: " in err and "hybrid" in err and "Traceback" not in err
 
 
-def test_run_on_the_runner_engine(tmp_path):
+def test_run_on_the_runner_engine(tmp_path, capsys):
     path = tmp_path / "t.json"
-    proc = _python("-m", "ddtree_viz", "run", "--prompt", "import os\n", "--engine", "runner", "--max-new-tokens", "20",
-                   "--trace", str(path))
-    assert proc.returncode == 0, proc.stderr
-    assert "engine runner" in proc.stdout and "output identical to greedy for 20 tokens" in proc.stdout
+    rc = cli.main(["run", "--prompt", "import os\n", "--engine", "runner", "--max-new-tokens", "20", "--trace", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "engine runner" in out.out and "output identical to greedy for 20 tokens" in out.out
     assert Trace.load(path).settings["engine"] == "runner"
-    bad = _python("-m", "ddtree_viz", "run", "--prompt", "x", "--engine", "runner", "--verify", "naive")
-    assert bad.returncode == 2 and "naive" in bad.stderr and "Traceback" not in bad.stderr
+    rc = cli.main(["run", "--prompt", "x", "--engine", "runner", "--verify", "naive"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "naive" in err and "Traceback" not in err
 
 
 def test_run_sampled_writes_a_reproducible_trace_and_replay_prints_it(model_args, capsys, tmp_path):
