@@ -95,11 +95,13 @@ def test_bench_json_end_to_end(model_args, tmp_path, capsys):
         assert m in out.out and "tok/s" in out.out
 
 
-def test_cli_user_error_exits_2_without_traceback(tmp_path):
-    proc = _python("-m", "ddtree_viz", "run", "--target", "/nonexistent/dir", "--draft", str(tmp_path), "--prompt", "hi")
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: ") and "/nonexistent/dir" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_cli_user_error_exits_2_without_traceback(tmp_path, capsys):
+    """In the test process: the exit status and stderr of a real process are test_app_py_on_a_port_in_use_is_an_error's
+    (`python -m ddtree_viz app`), which needs no torch import first."""
+    assert cli.main(["run", "--target", "/nonexistent/dir", "--draft", str(tmp_path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "/nonexistent/dir" in err
+    assert "Traceback" not in err
 
 
 def test_cli_bad_settings_are_errors(model_args, capsys, tmp_path):
@@ -179,9 +181,9 @@ def test_bench_runner_end_to_end(tmp_path, capsys):
     assert "runner-ddtree vs runner-greedy" in out.out
 
 
-# In the test process (cli.main, as the tests above): the subprocess path (`python -m ddtree_viz`, its exit status
-# and stderr) is test_run_end_to_end_writes_trace's and test_cli_user_error_exits_2_without_traceback's; each
-# subprocess pays the imports of torch and transformers again (~10 s on a loaded 2-core machine).
+# In the test process (cli.main, as most tests here): the subprocess path (`python -m ddtree_viz`, its exit status
+# and stderr) is test_run_end_to_end_writes_trace's and test_app_py_on_a_port_in_use_is_an_error's; each subprocess
+# that decodes pays the imports of torch and transformers again (10-50 s on a loaded 2-core machine).
 def test_bench_runner_refuses_a_pure_attention_target(tmp_path, capsys):
     target, draft = tiny.save_pair(tiny.tiny_pair("attention"), tmp_path)
     rc = cli.main(["bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi", "--max-new-tokens", "4",
@@ -264,15 +266,14 @@ def test_bench_measures_several_temperatures_in_one_run(model_args, tmp_path, ca
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_prompt_with_invalid_utf8_bytes_is_an_error_not_a_traceback(model_args):
-    """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer failed on them with a TypeError."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "ddtree_viz", "run", *model_args, "--prompt", b"def f(\xff\xfe):"],
-                          cwd=ROOT, env=env, capture_output=True, timeout=240)
-    err = proc.stderr.decode("utf-8", "replace")
-    assert proc.returncode == 2 and "Traceback" not in err, err
-    assert "error: the prompt is not valid text: character 6 is the byte 0xff, which is not UTF-8" in err
-    assert proc.stdout == b""  # refused before the models load
+def test_prompt_with_invalid_utf8_bytes_is_an_error_not_a_traceback(model_args, capsys):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (os.fsdecode: what the interpreter does to its
+    argv); the tokenizer failed on them with a TypeError."""
+    rc = cli.main(["run", *model_args, "--prompt", os.fsdecode(b"def f(\xff\xfe):")])
+    out = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in out.err, out.err
+    assert "error: the prompt is not valid text: character 6 is the byte 0xff, which is not UTF-8" in out.err
+    assert out.out == ""  # refused before the models load
 
 
 def _model_dir_with_config(model_args, tmp_path, config) -> str:
