@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import torch
 
@@ -25,3 +26,17 @@ def pytest_collection_modifyitems(config, items):
     """The slowest files first (SLOWEST_FILES), each file's tests in their own order; the rest as collected."""
     rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The seconds of each of the slowest test files (setup + call + teardown, on whichever worker ran it): what
+    SLOWEST_FILES is ordered by, printed after --durations' tests. Nothing for a run of one file."""
+    totals: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(getattr(report, "duration", None), float) and getattr(report, "when", None):
+                name = report.nodeid.split("::")[0]
+                totals[name] = totals.get(name, 0.0) + report.duration
+    if len(totals) > 1:
+        slowest = sorted(totals.items(), key=lambda kv: -kv[1])[:12]
+        terminalreporter.write_line("seconds per file: " + ", ".join(f"{Path(n).name} {s:.0f}" for n, s in slowest))
