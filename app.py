@@ -9,11 +9,16 @@ trust_remote_code. The page itself is ddtree_viz/page/ (its Gradio app: ddtree_v
 
 import sys
 
-from ddtree_viz.page.web.args import build_parser
+from ddtree_viz.errors import DDTreeVizError
+from ddtree_viz.page.web.args import checked_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    build_parser().parse_args(argv)  # --help and a bad option answered before gradio and torch load
+    try:  # --help, a bad option, a port in use: answered before gradio and torch load
+        checked_args(argv)
+    except DDTreeVizError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from ddtree_viz.page.web.app import main as serve
 
     return serve(argv)

@@ -242,6 +242,20 @@ def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(
     assert err.startswith(f"error: cannot write into {out}") and "Traceback" not in err, err
 
 
+def test_progress_writes_to_the_stderr_of_the_moment():
+    """Progress's stream is sys.stderr when it starts, not when cli/analyze.py was imported: a redirect_stderr is
+    followed (analyze in a test process failed with "I/O operation on closed file" once another test, whose
+    captured stderr was closed since, had imported the module)."""
+    import contextlib
+    import io
+
+    from ddtree_viz.cli.analyze import Progress
+
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        Progress(2).update(5)
+    assert "1/2 prompts" in err.getvalue()
+
+
 def test_ctrl_c_keeps_what_is_done(tmp_path):
     """Ctrl-C once the first trace is written: the prompts done are kept and summarised (16 prompts of 32 tokens:
     seconds of work left after the first)."""

@@ -347,17 +347,14 @@ def test_chat_switch_is_off_and_disabled_without_a_template(page):
     assert "raw text (no chat template)" in page.locator("#ddv-prompt-view").inner_text()
 
 
-def test_chat_template_system_message_and_thinking(tmp_path_factory):
-    """A target whose tokenizer has a Qwen-style chat template: the switch is on by default, the system message
-    and thinking switch go into the templated prompt, which the page shows with its special tokens marked."""
-    from tests import tiny
-
-    target, draft = tiny.save_pair(tiny.chat_pair(seed=4), tmp_path_factory.mktemp("chat-models"))
-    proc, url = serve("--target", str(target), "--draft", str(draft))
+def test_chat_template_system_message_and_thinking(app_64_layers):
+    """A target whose tokenizer has a Qwen-style chat template (app_64_layers' 64-layer target): the switch is on by
+    default, the system message and thinking switch go into the templated prompt, which the page shows with its
+    special tokens marked."""
+    context = chromium().new_context(viewport={"width": 1400, "height": 2200})
     try:
-        context = chromium().new_context(viewport={"width": 1400, "height": 2200})
         page = context.new_page()
-        page.goto(url)
+        page.goto(app_64_layers)
         page.get_by_label("Prompt").wait_for(timeout=60_000)
         page.wait_for_function("document.querySelector('#ddv-model').innerText.includes('chat template: yes')",
                                timeout=120_000)
@@ -376,10 +373,8 @@ def test_chat_template_system_message_and_thinking(tmp_path_factory):
         assert view.locator("b.ddv-special").count() >= 6  # 3 x <|im_start|>, 2 x <|im_end|>, think tags
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "ui-chat.png"), full_page=True)
-        context.close()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        context.close()
 
 
 def test_token_text_shows_as_typed_in_the_plots_and_replay_mode_says_no_model(replay_page):
@@ -569,12 +564,13 @@ def test_cache_chart_and_tables_at_8_layers(app_url):
 
 @pytest.fixture(scope="module")
 def app_64_layers(tmp_path_factory):
-    """The app on a tiny 64-layer hybrid (attention every 4th layer, as Qwen3.6-27B) built here."""
+    """The app on a tiny 64-layer hybrid (attention every 4th layer, as Qwen3.6-27B) built here, whose tokenizer has
+    the Qwen-style chat template: one server for the 64-layer test and the chat test (an app's start is 20-80 s)."""
     from tests import tiny
     from tests.test_app import serve
 
-    target = tiny.target_model("hybrid", seed=0, layers=64)
-    pair = tiny.ModelPair(target, tiny.byte_tokenizer(), tiny.drafter_model(target, 1, block_size=8), "tiny-64",
+    target = tiny.target_model("hybrid", seed=0, layers=64, vocab_size=tiny.CHAT_VOCAB)
+    pair = tiny.ModelPair(target, tiny.chat_tokenizer(), tiny.drafter_model(target, 1, block_size=8), "tiny-64",
                           "tiny-dflash", tiny.torch.float32, "cpu")
     dirs = tiny.save_pair(pair, tmp_path_factory.mktemp("models64"))
     proc, url = serve("--target", str(dirs[0]), "--draft", str(dirs[1]))

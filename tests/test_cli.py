@@ -79,11 +79,12 @@ def test_run_no_greedy_skips_comparison(model_args, capsys, tmp_path):
     assert Trace.load(path).greedy_ids is None
 
 
-def test_bench_json_end_to_end(model_args, tmp_path):
+def test_bench_json_end_to_end(model_args, tmp_path, capsys):
     path = tmp_path / "bench.json"
-    proc = _python("-m", "ddtree_viz", "bench", *model_args, "--prompt", "def f(x):", "--prompt", "import sys",
-                   "--max-new-tokens", "6", "--budget", "4", "--json", str(path))
-    assert proc.returncode == 0, proc.stderr
+    rc = cli.main(["bench", *model_args, "--prompt", "def f(x):", "--prompt", "import sys", "--max-new-tokens", "6",
+                   "--budget", "4", "--json", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
     data = json.loads(path.read_text())
     for key in BENCH_KEYS:
         assert isinstance(data[key], float) and data[key] > 0, key
@@ -91,14 +92,16 @@ def test_bench_json_end_to_end(model_args, tmp_path):
     assert [p["prompt"] for p in data["prompts"]] == ["def f(x):", "import sys"]
     assert all(p[m]["tokens"] == 6 for p in data["prompts"] for m in ("greedy", "dflash", "ddtree"))
     for m in ("greedy", "dflash", "ddtree"):
-        assert m in proc.stdout and "tok/s" in proc.stdout
+        assert m in out.out and "tok/s" in out.out
 
 
-def test_cli_user_error_exits_2_without_traceback(tmp_path):
-    proc = _python("-m", "ddtree_viz", "run", "--target", "/nonexistent/dir", "--draft", str(tmp_path), "--prompt", "hi")
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("error: ") and "/nonexistent/dir" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_cli_user_error_exits_2_without_traceback(tmp_path, capsys):
+    """In the test process: the exit status and stderr of a real process are test_app_py_on_a_port_in_use_is_an_error's
+    (`python -m ddtree_viz app`), which needs no torch import first."""
+    assert cli.main(["run", "--target", "/nonexistent/dir", "--draft", str(tmp_path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "/nonexistent/dir" in err
+    assert "Traceback" not in err
 
 
 def test_cli_bad_settings_are_errors(model_args, capsys, tmp_path):
@@ -161,12 +164,13 @@ def test_app_help():
     assert "127.0.0.1" in proc.stdout
 
 
-def test_bench_runner_end_to_end(tmp_path):
+def test_bench_runner_end_to_end(tmp_path, capsys):
     """--runner: greedy and DDTree through the static runner on the embedded pair, checked against greedy."""
     path = tmp_path / "bench.json"
-    proc = _python("-m", "ddtree_viz", "bench", "--prompt", "class Stack:\n    def __init__(self):\n", "--max-new-tokens",
-                   "24", "--budget", "8", "--runner", "--json", str(path))
-    assert proc.returncode == 0, proc.stderr
+    rc = cli.main(["bench", "--prompt", "class Stack:\n    def __init__(self):\n", "--max-new-tokens", "24", "--budget",
+                   "8", "--runner", "--json", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
     data = json.loads(path.read_text())
     assert data["runner_identical_to_greedy"] is True
     assert data["runner_ddtree_mean_acceptance"] >= 1.0 and data["runner_greedy_tok_s"] > 0
@@ -174,25 +178,30 @@ def test_bench_runner_end_to_end(tmp_path):
     prompt = data["prompts"][0]
     assert prompt["runner-greedy"]["tokens"] == prompt["runner-ddtree"]["tokens"] == prompt["greedy"]["tokens"] > 1
     assert prompt["runner-ddtree"]["first_divergence"] is None
-    assert "runner-ddtree vs runner-greedy" in proc.stdout
+    assert "runner-ddtree vs runner-greedy" in out.out
 
 
-def test_bench_runner_refuses_a_pure_attention_target(tmp_path):
+# In the test process (cli.main, as most tests here): the subprocess path (`python -m ddtree_viz`, its exit status
+# and stderr) is test_run_end_to_end_writes_trace's and test_app_py_on_a_port_in_use_is_an_error's; each subprocess
+# that decodes pays the imports of torch and transformers again (10-50 s on a loaded 2-core machine).
+def test_bench_runner_refuses_a_pure_attention_target(tmp_path, capsys):
     target, draft = tiny.save_pair(tiny.tiny_pair("attention"), tmp_path)
-    proc = _python("-m", "ddtree_viz", "bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi",
-                   "--max-new-tokens", "4", "--runner")
-    assert proc.returncode == 2 and "hybrid" in proc.stderr and "Traceback" not in proc.stderr
+    rc = cli.main(["bench", "--target", str(target), "--draft", str(draft), "--prompt", "hi", "--max-new-tokens", "4",
+                   "--runner"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: " in err and "hybrid" in err and "Traceback" not in err
 
 
-def test_run_on_the_runner_engine(tmp_path):
+def test_run_on_the_runner_engine(tmp_path, capsys):
     path = tmp_path / "t.json"
-    proc = _python("-m", "ddtree_viz", "run", "--prompt", "import os\n", "--engine", "runner", "--max-new-tokens", "20",
-                   "--trace", str(path))
-    assert proc.returncode == 0, proc.stderr
-    assert "engine runner" in proc.stdout and "output identical to greedy for 20 tokens" in proc.stdout
+    rc = cli.main(["run", "--prompt", "import os\n", "--engine", "runner", "--max-new-tokens", "20", "--trace", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "engine runner" in out.out and "output identical to greedy for 20 tokens" in out.out
     assert Trace.load(path).settings["engine"] == "runner"
-    bad = _python("-m", "ddtree_viz", "run", "--prompt", "x", "--engine", "runner", "--verify", "naive")
-    assert bad.returncode == 2 and "naive" in bad.stderr and "Traceback" not in bad.stderr
+    rc = cli.main(["run", "--prompt", "x", "--engine", "runner", "--verify", "naive"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and "naive" in err and "Traceback" not in err
 
 
 def test_run_sampled_writes_a_reproducible_trace_and_replay_prints_it(model_args, capsys, tmp_path):
@@ -257,15 +266,14 @@ def test_bench_measures_several_temperatures_in_one_run(model_args, tmp_path, ca
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_prompt_with_invalid_utf8_bytes_is_an_error_not_a_traceback(model_args):
-    """Bytes that are not UTF-8 reach Python as lone surrogates; the tokenizer failed on them with a TypeError."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "ddtree_viz", "run", *model_args, "--prompt", b"def f(\xff\xfe):"],
-                          cwd=ROOT, env=env, capture_output=True, timeout=240)
-    err = proc.stderr.decode("utf-8", "replace")
-    assert proc.returncode == 2 and "Traceback" not in err, err
-    assert "error: the prompt is not valid text: character 6 is the byte 0xff, which is not UTF-8" in err
-    assert proc.stdout == b""  # refused before the models load
+def test_prompt_with_invalid_utf8_bytes_is_an_error_not_a_traceback(model_args, capsys):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (os.fsdecode: what the interpreter does to its
+    argv); the tokenizer failed on them with a TypeError."""
+    rc = cli.main(["run", *model_args, "--prompt", os.fsdecode(b"def f(\xff\xfe):")])
+    out = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in out.err, out.err
+    assert "error: the prompt is not valid text: character 6 is the byte 0xff, which is not UTF-8" in out.err
+    assert out.out == ""  # refused before the models load
 
 
 def _model_dir_with_config(model_args, tmp_path, config) -> str:
@@ -319,14 +327,19 @@ def test_replay_port_in_use_or_out_of_range(tmp_path, capsys):
         assert exc.value.code == 2 and "must be a port number from 1 to 65535" in capsys.readouterr().err
 
 
-def test_app_py_on_a_port_in_use_is_an_error():
+@pytest.mark.parametrize("entry", [["app.py"], ["-m", "ddtree_viz", "app"]])
+def test_app_py_on_a_port_in_use_is_an_error(entry):
+    """The error comes before gradio and torch are imported (-X importtime lists every import on stderr): in a
+    second, not after half a minute of imports."""
     sock, port = _busy_port()
     try:
-        proc = _python("app.py", "--port", str(port), timeout=120)
+        proc = _python("-X", "importtime", *entry, "--port", str(port), timeout=120)
     finally:
         sock.close()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"error: cannot listen on 127.0.0.1:{port}: it is in use" in proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "ddtree_viz.page.web.args" in imported and not {"gradio", "torch"} & imported
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])

@@ -446,21 +446,15 @@ def test_run_takes_tree_scoring_and_refuses_selector_with_dflash1(tiny_dirs, tmp
     assert "error: tree scoring selector needs a DFlash2 drafter" in capsys.readouterr().err
 
 
-def test_analyze_takes_tree_scoring(tiny_dirs, tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_analyze_takes_tree_scoring(tiny_dirs, tmp_path, capsys):
+    """In the test process, as the other CLI tests (a subprocess imports torch and transformers again)."""
+    from ddtree_viz.cli import main
 
     (tmp_path / "p.txt").write_text("def f(x):\n\nclass A:\n")
     out = tmp_path / "out"
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "ddtree_viz", "analyze", "--target", str(tiny_dirs[0]), "--draft",
-                           str(tiny_dirs[1]), "--prompts", str(tmp_path / "p.txt"), "--out", str(out), "--budget", "8",
-                           "--max-new-tokens", "6", "--tree-scoring", "selector"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    rc = main(["analyze", "--target", str(tiny_dirs[0]), "--draft", str(tiny_dirs[1]), "--prompts", str(tmp_path / "p.txt"),
+               "--out", str(out), "--budget", "8", "--max-new-tokens", "6", "--tree-scoring", "selector"])
+    assert rc == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["settings"]["tree_scoring"] == "selector" and summary["identical_to_greedy"] == 1.0
 

@@ -2,19 +2,16 @@
 there, the exactness checks pass, and the split (--device-map auto) and runner (--fast) paths run."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from ddtree_viz.benchmarks import gpu
 
 
 def _bench(tmp_path, *extra) -> dict:
+    """The script's main (what `python -m ddtree_viz.benchmarks.gpu` runs) in the test process, on its one torch thread
+    (conftest.py): a subprocess would import torch and transformers again and run on every core, its OpenMP threads
+    spin-waiting against the other work of a loaded 2-core machine (the first test took 166 s that way in CI)."""
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, "-m", "ddtree_viz.benchmarks.gpu", "--smoke", "--layers", "4", "--budgets", "4", "8",
-                           "--new-tokens", "8", "--json", str(out), *extra], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert gpu.main(["--smoke", "--layers", "4", "--budgets", "4", "8", "--new-tokens", "8", "--json", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
 

@@ -31,15 +31,20 @@ def test_pyproject_dependencies_are_the_requirements_pins():
 
 
 def test_app_subcommand_hands_its_options_to_the_web_parser(monkeypatch):
+    import socket
+
     from ddtree_viz.page.web import app as web
 
+    with socket.socket() as s:  # a free port: `app` refuses a port in use before it hands over
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     seen = {}
     monkeypatch.setattr(web, "main", lambda argv, prog="app.py": seen.update(argv=argv, prog=prog) or 0)
-    argv = ["--port", "7999", "--replay", "t.json", "--engine", "runner"]
+    argv = ["--port", str(port), "--replay", "t.json", "--engine", "runner"]
     assert cli.main(["app", *argv]) == 0
     assert seen["argv"] == argv and seen["prog"].endswith(" app")
     args = web.build_parser().parse_args(seen["argv"])
-    assert (args.port, args.replay, args.engine, args.host, args.share) == (7999, "t.json", "runner", "127.0.0.1", False)
+    assert (args.port, args.replay, args.engine, args.host, args.share) == (port, "t.json", "runner", "127.0.0.1", False)
 
 
 def test_app_subcommand_help_is_the_web_ui_options(capsys):

@@ -79,13 +79,15 @@ def add_parser(sub) -> None:
 
 
 class Progress:
-    """One line on stderr, redrawn: prompts done, tokens/s, ETA."""
+    """One line on stderr, redrawn: prompts done, tokens/s, ETA. `stream` (default: sys.stderr as it is when the
+    progress starts, not when this module was imported: a caller's redirect_stderr is followed, and a stream
+    closed since is not written to)."""
 
-    def __init__(self, total: int, label: str = "", stream=sys.stderr):
-        self.total, self.label, self.stream = total, label, stream
+    def __init__(self, total: int, label: str = "", stream=None):
+        self.total, self.label, self.stream = total, label, sys.stderr if stream is None else stream
         self.done = self.tokens = 0
         self.start = time.perf_counter()
-        self.tty = getattr(stream, "isatty", lambda: False)()
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
 
     def update(self, tokens: int = 0) -> None:
         self.done += 1

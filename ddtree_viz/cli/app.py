@@ -11,9 +11,9 @@ def add_parser(sub) -> None:
 
 
 def command(args) -> int:
-    from ..page.web.args import build_parser
+    from ..page.web.args import checked_args
 
-    build_parser(f"{args.prog} app").parse_args(args.app_args)  # --help, a bad option: answered before gradio loads
+    checked_args(args.app_args, f"{args.prog} app")  # --help, a bad option, a port in use: answered before gradio loads
     from ..page.web import app as web  # imports gradio: only here, so the other commands start quickly
 
     return web.main(args.app_args, prog=f"{args.prog} app")

@@ -17,12 +17,11 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from ...errors import DDTreeVizError, InputError
-from ...options import check_port
 from ..analyze_tab import ReportDirs
 from ..host import ModelHost, cpu_threads
 from ..state import MAX_UPLOAD_BYTES, TabState, Tabs, free_tab
 from .analyze_tab import AnalyzeTab
-from .args import FILE_TTL_S, build_parser  # noqa: F401 - build_parser: the app's options (tests read them here)
+from .args import FILE_TTL_S, build_parser, checked_args  # noqa: F401 - build_parser: the app's options (tests read them here)
 from .script import CSS, KEYS_JS
 from .step_tab import StepTab
 from .tabfiles import FileGuard
@@ -153,13 +152,10 @@ def _wire_loading(page: Page, model_md: gr.Markdown, step: StepTab) -> None:
 
 def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
     """Serve the page. A user error (a port in use, a bad --replay file) prints `error: ...` and returns 2."""
-    args = build_parser(prog).parse_args(argv)
     try:
+        args = checked_args(argv, prog)  # before the models load: a port in use is a clear error at once
         import torch
 
-        if args.threads is not None and args.threads < 1:
-            raise InputError(f"--threads must be at least 1, not {args.threads}")
-        check_port(args.host, args.port)  # before the models load: a port in use is a clear error at once
         on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
         torch.set_num_threads(args.threads or cpu_threads("cpu" if on_cpu else "cuda"))
         host = ModelHost(args.target, args.draft, args.dtype, args.device, args.engine)

@@ -1,11 +1,12 @@
-"""The web UI's options, apart from the app: `app.py --help` and a mistyped option are answered before gradio,
-torch and the models load (a second, not half a minute). Imports nothing heavy."""
+"""The web UI's options, apart from the app: `app.py --help`, a mistyped option, a bad --threads and a port in use
+are answered before gradio, torch and the models load (a second, not half a minute). Imports nothing heavy."""
 
 from __future__ import annotations
 
 import argparse
 
-from ...options import DEVICES, DTYPES, ENGINE_CHOICES, port_number
+from ...errors import InputError
+from ...options import DEVICES, DTYPES, ENGINE_CHOICES, check_port, port_number
 
 FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
 
@@ -43,6 +44,18 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--file-ttl", type=_seconds, default=FILE_TTL_S, metavar="SECONDS",
                    help=f"how long uploads and served downloads stay in gradio's temporary folder (default: {FILE_TTL_S})")
     return p
+
+
+def checked_args(argv: list[str] | None, prog: str = "app.py") -> argparse.Namespace:
+    """The options parsed (--help and a bad option exit here) and the checks that need no gradio, torch or model
+    (--threads, a port in use): the entry points call it before importing the app, so these errors come in a
+    second, not after the imports (half a minute on a loaded machine). The app calls it again (the port may have
+    been taken since). A user error is an InputError."""
+    args = build_parser(prog).parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, not {args.threads}")
+    check_port(args.host, args.port)
+    return args
 
 
 def _seconds(text: str) -> int:
