@@ -372,34 +372,41 @@ def cmd_assets(data: str, target: str, draft: str, out: str) -> None:
     from .target import write_sharded
 
     out = Path(out)
-    tdir, ddir = out / TARGET_ASSET, out / DRAFT_ASSET
-    for d in (tdir, ddir):
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
+    tdir = _fresh_dir(out / TARGET_ASSET)
     for f in ("config.json", "generation_config.json"):
         shutil.copyfile(Path(target) / f, tdir / f)
     write_sharded(Path(target) / "model.safetensors", tdir)  # shards under 8 MiB each
-    for f in ("config.json", "model.safetensors"):
-        shutil.copyfile(Path(draft) / f, ddir / f)
+    ddir = _drafter_asset(draft, out / DRAFT_ASSET)
     for d in (tdir, ddir):
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(Path(data) / "tokenizer" / f, d / f)
-    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    log(f"assets written: {tdir}, {ddir}; total {total / 2**20:.2f} MiB")
+    log(f"assets written: {tdir}, {ddir}; total {_mib(out):.2f} MiB")
 
 
 def cmd_draft_asset(draft: str, out: str, name: str) -> None:
     """One more drafter beside the embedded target: assets/<name>/ with its config and weights (a drafter reads the
     target's tokenizer, so none is copied); the target and the other drafter stay as they are."""
-    ddir = Path(out) / name
-    if ddir.exists():
-        shutil.rmtree(ddir)
-    ddir.mkdir(parents=True)
+    ddir = _drafter_asset(draft, Path(out) / name)
+    log(f"drafter asset written: {ddir}; assets total {_mib(Path(out)):.2f} MiB")
+
+
+def _fresh_dir(d: Path) -> Path:
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
+def _drafter_asset(draft: str, ddir: Path) -> Path:
+    """`ddir` made anew with the drafter's config and weights."""
+    _fresh_dir(ddir)
     for f in ("config.json", "model.safetensors"):
         shutil.copyfile(Path(draft) / f, ddir / f)
-    total = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
-    log(f"drafter asset written: {ddir}; assets total {total / 2**20:.2f} MiB")
+    return ddir
+
+
+def _mib(out: Path) -> float:
+    return sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20
 
 
 def run_command(a: argparse.Namespace) -> None:
