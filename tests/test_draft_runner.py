@@ -384,18 +384,7 @@ def test_cuda_graphs_equal_the_eager_static_and_the_dynamic_paths(attention):
     target = tiny.target_model("hybrid", seed=0)
     drafter = drafter_for(target, **LAYOUTS["sliding causal, window 6"]).to("cuda")
     target.to("cuda")
-    graphed = DFlashProposer(drafter, target, attention=attention)
-    assert graphed.path == "static graphs"
-    eager = DFlashProposer(drafter, target, static=True, graphs=False, attention=attention)
-    dyn = DFlashProposer(drafter, target, static=False)
-    gen = torch.Generator().manual_seed(0)
-    committed = 0
-    for r, n in enumerate([9, 2, 4, 1, 3, 4] + [4] * 70):  # past the first bucket of 256 rows
-        feats = torch.randn(n, drafter.fc.in_features, generator=gen).cuda()
-        committed += n
-        outs = [p.propose(r % 200, committed, feats, 4) for p in (graphed, eager, dyn)]
-        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(outs[0], outs[2], atol=1e-4, rtol=1e-4)
+    graphed = graphs_agree_over_rounds(DFlashProposer, drafter, target, attention=attention)
     runner = graphed.runner
     assert runner.graphs and runner.replays == 75 and runner.eager_passes == 1 and runner.capture_s > 0
     # the buffers grew from 256 to 512 rows at 251 rows (the graphs dropped), then one graph per bucket met
@@ -406,6 +395,27 @@ def test_cuda_graphs_equal_the_eager_static_and_the_dynamic_paths(attention):
     assert st.path == "static graphs" and st.runner.replays > 0
 
 
+def graphs_agree_over_rounds(proposer, drafter, target, after_round=None, **options):
+    """76 rounds (past the first bucket of 256 rows) drafted three ways, `proposer`'s CUDA graphs, the same static
+    function run eagerly and the dynamic drafter: the same log-probs each round (`after_round(r, graphed, eager,
+    dyn)` checks more). Returns the graphed proposer."""
+    graphed = proposer(drafter, target, **options)
+    assert graphed.path == "static graphs"
+    eager = proposer(drafter, target, static=True, graphs=False, **options)
+    dyn = proposer(drafter, target, static=False)
+    gen = torch.Generator().manual_seed(0)
+    committed = 0
+    for r, n in enumerate([9, 2, 4, 1, 3, 4] + [4] * 70):
+        feats = torch.randn(n, drafter.fc.in_features, generator=gen).cuda()
+        committed += n
+        outs = [p.propose(r % 200, committed, feats, 4) for p in (graphed, eager, dyn)]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[0], outs[2], atol=1e-4, rtol=1e-4)
+        if after_round is not None:
+            after_round(r, graphed, eager, dyn)
+    return graphed
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 def test_cuda_graphs_of_a_dflash2_drafter_equal_the_eager_static_and_the_dynamic_paths():
     """On a GPU (float32): the DFlash2 drafter's graphs (convolutions and candidate selector captured) give, round
@@ -414,20 +424,11 @@ def test_cuda_graphs_of_a_dflash2_drafter_equal_the_eager_static_and_the_dynamic
     target = tiny.target_model("hybrid", seed=0)
     drafter = dflash2_for(target, **LAYOUTS["sliding causal, window 6"]).to("cuda")
     target.to("cuda")
-    graphed = DFlash2Proposer(drafter, target)
-    assert graphed.path == "static graphs"
-    eager = DFlash2Proposer(drafter, target, static=True, graphs=False)
-    dyn = DFlash2Proposer(drafter, target, static=False)
-    gen = torch.Generator().manual_seed(0)
-    committed = 0
-    for r, n in enumerate([9, 2, 4, 1, 3, 4] + [4] * 70):  # past the first bucket of 256 rows
-        feats = torch.randn(n, drafter.fc.in_features, generator=gen).cuda()
-        committed += n
-        outs = [p.propose(r % 200, committed, feats, 4) for p in (graphed, eager, dyn)]
-        torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(outs[0], outs[2], atol=1e-4, rtol=1e-4)
+    def selections_agree(r, graphed, eager, dyn):
         same_selection(eager, graphed, f"round {r}, graphs vs eager")
         same_selection(dyn, graphed, f"round {r}, graphs vs dynamic")
+
+    graphed = graphs_agree_over_rounds(DFlash2Proposer, drafter, target, after_round=selections_agree)
     runner = graphed.runner
     assert runner.graphs and runner.replays == 75 and runner.eager_passes == 1
 

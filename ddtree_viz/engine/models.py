@@ -331,7 +331,7 @@ def drafter_class(path: Path) -> type[DFlashDrafter]:
     return DFlash2Drafter if is_dflash2(config) else DFlashDrafter
 
 
-def embedded_draft(draft: str | None) -> str | None:
+def embedded_draft(draft: str | None) -> str:
     """The drafter beside the embedded target: None -> the embedded DFlash drafter; a family name of EMBEDDED_DRAFTS
     ('dflash', 'dflash2') -> that embedded drafter; anything else (a folder, a hub id) as given."""
     if draft is None:

@@ -200,13 +200,13 @@ class ModelHost:
         or the embedded target with its drafter of another family (`drafter`: 'dflash' or 'dflash2', the names
         `--draft` takes beside the embedded target), loaded once on first use."""
         pair = self.require()
-        target, draft, own_dtype, device = self.args
+        target, own_draft, own_dtype, device = self.args
         dtype = own_dtype if dtype in (None, "") else dtype
         if drafter is not None and target is not None:
             raise InputError("B's drafter: the embedded drafters go with the embedded target only (this page runs "
                              f"{pair.target_name}); start another app with --draft for another drafter")
-        draft = draft if drafter is None else drafter
-        if dtype == own_dtype and (draft == self.args[1] or embedded_draft(draft) == embedded_draft(self.args[1])):
+        draft = own_draft if drafter is None else drafter
+        if dtype == own_dtype and embedded_draft(draft) == embedded_draft(own_draft):  # the same drafter by any name
             return pair
         if dtype not in DTYPES:
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")

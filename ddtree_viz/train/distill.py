@@ -279,9 +279,10 @@ def _new_drafter(cfg, device, init_from: str | Path | None):
     import torch
     from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter
     from ddtree_viz.engine.drafter import DFlashDrafter
+    from ddtree_viz.engine.models import drafter_class
 
     family = DFlash2Drafter if isinstance(cfg, DFlash2Config) else DFlashDrafter
-    if init_from and family is DFlash2Drafter and drafter_family(init_from) == "dflash":
+    if init_from and family is DFlash2Drafter and drafter_class(Path(init_from)) is DFlashDrafter:
         return pack_blocks(warm_start_dflash2(cfg, init_from, device), cfg.block_size)
     if init_from:
         drafter = family.from_pretrained(init_from, dtype=torch.float32, device=device)
@@ -292,14 +293,6 @@ def _new_drafter(cfg, device, init_from: str | Path | None):
     drafter = family(cfg).to(device)
     init_drafter_(drafter)
     return pack_blocks(drafter, cfg.block_size)
-
-
-def drafter_family(path: str | Path) -> str:
-    """'dflash2' or 'dflash': the family a drafter folder's config.json names."""
-    import json
-
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    return "dflash2" if "DFlash2DraftModel" in (config.get("architectures") or ()) else "dflash"
 
 
 def warm_start_dflash2(cfg, dflash_dir: str | Path, device):
