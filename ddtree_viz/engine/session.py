@@ -34,7 +34,7 @@ from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
-from .tree import DraftTree, build_chain, build_selector_tree, follow_tree, one_node, selector_chain
+from .tree import DraftTree, build_chain, build_selector_tree, follow_tree, one_node, selector_chain, to_host
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
@@ -177,7 +177,7 @@ class DFlash2Proposer(DFlashProposer):
         """The selector over the last proposal: top-K candidates per depth, unary and pair scores (on the host)."""
         if self._last is None:
             raise RuntimeError("selector_scores before any proposal")
-        return SelectorScores(*(t.cpu() for t in self._last))
+        return SelectorScores(*to_host(*self._last))
 
 
 def make_proposer(drafter, target, **options) -> DFlashProposer:

@@ -115,37 +115,47 @@ def build_selector_tree(root_token_id: int, cond_root: np.ndarray, cond_pair: np
     token_ids, parents, depths, ranks, logprobs = [root_token_id], [-1], [0], [-1], [0.0]
     if budget <= 0 or depth_limit == 0 or k == 0:
         return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
-    rows = _successor_rows(cond_root, cond_pair)  # (depth, parent's candidate) -> (order, values), best first
+    row_of, best = _successor_rows(cond_root, cond_pair)  # row r: its successors best first, their log-probs
+    # row of (depth, parent's candidate): 0 for depth 1 (the root's successors), 1 + (depth - 2) * k + candidate
     push, pop = heapq.heappush, heapq.heappop
-    order, values = rows[(1, -1)]
-    # entries: (-score, sibling-rank path, parent position, depth, sibling rank, parent's candidate)
-    heap = [(-values[0], (0,), 0, 1, 0, -1)]
+    # entries: (-score, sibling-rank path, parent position, depth, sibling rank, row of the parent's successors)
+    heap = [(-best[0], (0,), 0, 1, 0, 0)]
     while heap and len(parents) <= budget:
-        neg, path, parent, depth, sib, pcand = pop(heap)
-        order, values = rows[(depth, pcand)]
+        neg, path, parent, depth, sib, row = pop(heap)
+        order, values = row_of(row)
         cand, value, pos = order[sib], values[sib], len(parents)
         parents.append(parent)
         depths.append(depth)
         ranks.append(cand)
         logprobs.append(value)
         if sib + 1 < k:
-            push(heap, (neg + value - values[sib + 1], path[:-1] + (sib + 1,), parent, depth, sib + 1, pcand))
+            push(heap, (neg + value - values[sib + 1], path[:-1] + (sib + 1,), parent, depth, sib + 1, row))
         if depth < depth_limit:
-            push(heap, (neg - rows[(depth + 1, cand)][1][0], path + (0,), pos, depth + 1, 0, cand))
+            child_row = 1 + (depth - 1) * k + cand
+            push(heap, (neg - best[child_row], path + (0,), pos, depth + 1, 0, child_row))
     token_ids += np.asarray(cand_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
 
-def _successor_rows(cond_root: np.ndarray, cond_pair: np.ndarray) -> dict:
-    """(depth, parent's candidate index; -1 for the root) -> (successor indices best first, their log-probs), as
-    Python lists (the best-first loop reads them once per node). Every row sorted in one call (a budget-64 round's
-    host time: 1 + (D-1) x K rows, 97 at DFlash2's block 8 and top-K 16)."""
+def _successor_rows(cond_root: np.ndarray, cond_pair: np.ndarray) -> tuple:
+    """Every row of successors sorted in one call: row 0 the root's (depth 1), row 1 + (d - 2) * K + i those of
+    candidate i at depth d - 1 (depth d's). Returns row_of(r) -> (successor indices best first, their log-probs) as
+    Python lists, made on a row's first use (a budget-64 tree reads a few dozen of DFlash2's 1 + 7 x 16 rows at
+    block 8 and top-K 16), and every row's best log-prob (a list)."""
     k = np.asarray(cond_root).shape[-1]
     rows = np.concatenate([np.asarray(cond_root, dtype=np.float64)[None],
                            np.asarray(cond_pair, dtype=np.float64).reshape(-1, k)])
     order = np.argsort(-rows, axis=-1, kind="stable")
-    keys = [(1, -1)] + [(d + 2, i) for d in range(np.asarray(cond_pair).shape[0]) for i in range(k)]
-    return dict(zip(keys, zip(order.tolist(), np.take_along_axis(rows, order, -1).tolist())))
+    values = np.take_along_axis(rows, order, -1)
+    made: dict[int, tuple[list, list]] = {}
+
+    def row_of(r: int) -> tuple[list, list]:
+        got = made.get(r)
+        if got is None:
+            got = made[r] = (order[r].tolist(), values[r].tolist())
+        return got
+
+    return row_of, values[:, 0].tolist()
 
 
 def selector_chain(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
