@@ -95,6 +95,23 @@ def test_bench_json_end_to_end(model_args, tmp_path, capsys):
         assert m in out.out and "tok/s" in out.out
 
 
+def test_bench_times_a_dflash2_drafters_selector_methods(tmp_path, capsys):
+    """With the embedded DFlash2 drafter, bench times its selector's chain and the selector tree beside the rest."""
+    path = tmp_path / "bench.json"
+    rc = cli.main(["bench", "--draft", "dflash2", "--prompt", "def f(x):", "--max-new-tokens", "6", "--budget", "4",
+                   "--json", str(path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    data = json.loads(path.read_text())
+    for key in ("dflash2", "ddtree_selector"):
+        assert data[f"{key}_tok_s"] > 0 and data[f"{key}_mean_acceptance"] >= 1, key
+        assert data[f"{key}_identical_to_greedy"] is True, key
+    assert data["identical_to_greedy"] is True
+    assert {m for m in data["prompts"][0] if isinstance(data["prompts"][0][m], dict)} == {
+        "greedy", "dflash", "ddtree", "dflash2", "ddtree-selector"}
+    assert "ddtree-selector" in out.out and "dflash2 " in out.out
+
+
 def test_cli_user_error_exits_2_without_traceback(tmp_path, capsys):
     """In the test process: the exit status and stderr of a real process are test_app_py_on_a_port_in_use_is_an_error's
     (`python -m ddtree_viz app`), which needs no torch import first."""

@@ -36,7 +36,10 @@ from ..engine.sampling import GREEDY, Sampler
 from ..engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
 from ..engine.verify import EXACT, device_sync
 
-BENCH_METHODS = ("greedy", "dflash", "ddtree")
+# the speculative methods' sessions, and a DFlash2 drafter's two more: its selector's own chain and DDTree's tree
+# under the selector's pair scores (the marginal tree and the per-depth argmax chain run for it too)
+SPECULATIVE = {"dflash": dict(method="dflash"), "ddtree": dict(method="ddtree")}
+SELECTOR_METHODS = {"dflash2": dict(method="dflash2"), "ddtree-selector": dict(method="ddtree", tree_scoring="selector")}
 RUNNER_METHODS = ("runner-greedy", "runner-ddtree")  # --runner: the static runner (engine/runner.py), same prompts
 MAX_REPEATS = 100
 WARMUP_TOKENS = 8
@@ -102,6 +105,17 @@ class BenchResult:
     def identical_to_greedy(self, method: str) -> bool:
         return all(p.divergence(method) is None for p in self.prompts)
 
+    def _selector_keys(self) -> dict:
+        """A DFlash2 drafter's methods (SELECTOR_METHODS) under the seven keys' names, where they ran."""
+        out = {}
+        for m in SELECTOR_METHODS:
+            if m in self.prompts[0].runs:
+                key = m.replace("-", "_")
+                out.update({f"{key}_tok_s": self.tok_s(m), f"{key}_speedup": self.speedup(m),
+                            f"{key}_mean_acceptance": self.mean_acceptance(m),
+                            f"{key}_identical_to_greedy": self.identical_to_greedy(m)})
+        return out
+
     def degenerate(self, method: str) -> list[str]:
         """Why outputs of `method` look degenerate (speedup.degenerate: a token looping, repeated n-grams), one
         reason per flagged prompt (first repeat): fast garbage reads as a high tokens/s."""
@@ -118,9 +132,11 @@ class BenchResult:
             "dflash_speedup": self.speedup("dflash"),
             "ddtree_mean_acceptance": self.mean_acceptance("ddtree"),
             "dflash_mean_acceptance": self.mean_acceptance("dflash"),
-            "identical_to_greedy": self.identical_to_greedy("dflash") and self.identical_to_greedy("ddtree"),
+            "identical_to_greedy": all(self.identical_to_greedy(m) for m in self.prompts[0].runs
+                                       if not m.endswith("greedy")),
             "dflash_identical_to_greedy": self.identical_to_greedy("dflash"),
             "ddtree_identical_to_greedy": self.identical_to_greedy("ddtree"),
+            **self._selector_keys(),
             **({"runner_greedy_tok_s": self.tok_s("runner-greedy"), "runner_ddtree_tok_s": self.tok_s("runner-ddtree"),
                 "runner_ddtree_speedup_vs_runner_greedy": _ratio(self.tok_s("runner-ddtree"), self.tok_s("runner-greedy")),
                 "runner_ddtree_speedup": self.speedup("runner-ddtree"),
@@ -199,7 +215,8 @@ def run_bench(
     sampler: Sampler = GREEDY, engine: str = AUTO,
 ) -> BenchResult:
     """Measure greedy, DFlash chain and DDTree (exact) on each prompt, all choosing with `sampler` (greedy by
-    default). A prompt is raw text or a PromptSpec (engine/prompts.py: the chat template, a system prompt,
+    default); with a DFlash2 drafter also its selector's chain (`dflash2`) and DDTree under the selector's pair
+    scores (`ddtree-selector`). A prompt is raw text or a PromptSpec (engine/prompts.py: the chat template, a system prompt,
     thinking); each result's `prompt` is the text that went into the prefill (templated, with --chat). DFlash and
     DDTree run on `engine` ("auto": engines.default_engine, the fastest exact engine for the target, as `run` and
     the page use; "transformers" for the reference path). `progress(text)` is called between runs."""
@@ -220,8 +237,9 @@ def run_bench(
     # Sessions validate budget / max new tokens / block size before anything runs. The runner's DDTree records
     # only what decoding needs (its greedy runs through the same engine, so they share one static runner).
     engine = engine_for(engine, EXACT, pair.target)
-    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size, method=m,
-                                 sampler=sampler, engine=engine) for m in ("dflash", "ddtree")}
+    kinds = dict(SPECULATIVE, **(SELECTOR_METHODS if getattr(pair.drafter, "family", "dflash") == "dflash2" else {}))
+    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size,
+                                 sampler=sampler, engine=engine, **kind) for m, kind in kinds.items()}
     if runner:
         sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
                                                   block_size=block_size, engine="runner", record=False, sampler=sampler)
@@ -229,7 +247,7 @@ def run_bench(
     prompts = [p.text for p in prompted]
     encoded = [list(p.ids) for p in prompted]
     sync = _sync(pair)
-    methods = BENCH_METHODS + (RUNNER_METHODS if runner else ())
+    methods = ("greedy", *kinds) + (RUNNER_METHODS if runner else ())
 
     def timed(method: str, ids: list[int]) -> MethodRun:
         if method == "greedy":
@@ -242,9 +260,9 @@ def run_bench(
         say("warming up")
         warm = min(max_new_tokens, WARMUP_TOKENS)
         _greedy(pair, encoded[0], warm, sync, sampler)
-        for m in ("dflash", "ddtree"):
-            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size, method=m,
-                              sampler=sampler, engine=engine)
+        for m, kind in kinds.items():
+            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size,
+                              sampler=sampler, engine=engine, **kind)
             _speculative(s, encoded[0], sync)
         if runner:  # on the benchmarked session itself: that is where the graphs are captured
             fast = sessions["runner-ddtree"]
@@ -258,7 +276,7 @@ def run_bench(
         for r in range(repeats):
             say(f"prompt {i + 1}/{len(prompts)}, repeat {r + 1}/{repeats}")
             # Speculative sessions first: their prefill checks the prompt (empty / too long) before greedy runs.
-            for m in ("ddtree", "dflash", "greedy") + (RUNNER_METHODS if runner else ()):
+            for m in (*reversed(tuple(kinds)), "greedy") + (RUNNER_METHODS if runner else ()):
                 result.runs[m].append(timed(m, ids))
         results.append(result)
 
@@ -305,5 +323,5 @@ def sweep_dict(results: list[BenchResult]) -> dict:
     return out
 
 
-__all__ = ["DEFAULT_PROMPTS", "RUNNER_METHODS", "BenchResult", "MethodRun", "PromptResult", "run_bench", "run_sweep",
+__all__ = ["DEFAULT_PROMPTS", "RUNNER_METHODS", "SELECTOR_METHODS", "BenchResult", "MethodRun", "PromptResult", "run_bench", "run_sweep",
            "sweep_dict"]
