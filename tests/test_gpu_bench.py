@@ -109,6 +109,8 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default"}
     assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
+    # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's
+    assert set(fast["tree_build"]) == {"4", "8", "128"} and all(t["same_tree"] for t in fast["tree_build"].values())
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
     assert fast["targets"]["exactness_fp32"]["met"]
 

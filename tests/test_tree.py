@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddtree_viz.engine.tree import build_chain, build_tree, follow_tree, verify_inputs
+from ddtree_viz.engine.tree import DraftTree, build_chain, build_tree, follow_tree, tree_on_device, verify_inputs
 
 
 def candidates(depth: int, k: int, seed: int):
@@ -40,8 +40,8 @@ def test_best_first_picks_the_highest_scoring_prefixes(budget, seed):
 
 
 def build_tree_reference(root_token_id, top_logprobs, top_token_ids, budget):
-    """build_tree as first written (numpy scalars, the score carried in each heap entry): the twin the faster
-    one must equal node for node."""
+    """build_tree written plainly (numpy scalars, the score carried in each heap entry, a node's score its parent's
+    plus its own log-prob): the twin the faster one must equal node for node."""
     import heapq
 
     from ddtree_viz.engine.tree import DraftTree
@@ -51,9 +51,9 @@ def build_tree_reference(root_token_id, top_logprobs, top_token_ids, budget):
     if budget <= 0 or depth_limit == 0 or k == 0:
         return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
     lp = top_logprobs.astype(np.float64)
-    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0])]
+    heap = [(-lp[0, 0], (0,), 0, 1, 0, lp[0, 0], 0.0)]
     while heap and len(token_ids) - 1 < budget:
-        _, rank_path, parent, depth, rank, score = heapq.heappop(heap)
+        _, rank_path, parent, depth, rank, score, above = heapq.heappop(heap)
         pos = len(token_ids)
         token_ids.append(int(top_token_ids[depth - 1, rank]))
         parents.append(parent)
@@ -61,11 +61,11 @@ def build_tree_reference(root_token_id, top_logprobs, top_token_ids, budget):
         ranks.append(rank)
         logprobs.append(float(lp[depth - 1, rank]))
         if rank + 1 < k:
-            s = score - lp[depth - 1, rank] + lp[depth - 1, rank + 1]
-            heapq.heappush(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, s))
+            s = above + lp[depth - 1, rank + 1]
+            heapq.heappush(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, s, above))
         if depth < depth_limit:
             s = score + lp[depth, 0]
-            heapq.heappush(heap, (-s, rank_path + (0,), pos, depth + 1, 0, s))
+            heapq.heappush(heap, (-s, rank_path + (0,), pos, depth + 1, 0, s, score))
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
 
@@ -82,9 +82,27 @@ def test_build_tree_equals_its_reference_twin(seed):
         variants = [lp, np.round(lp, 1), np.where(np.arange(k) >= k // 2, -np.inf, lp).astype(np.float32)]
         for values in variants:
             for b in (0, 1, budget // 3, budget):
-                with np.errstate(invalid="ignore"):  # -inf - -inf in the reference's numpy scalars
-                    want = build_tree_reference(11, values, ids, b)
+                want = build_tree_reference(11, values, ids, b)
                 assert build_tree(11, values, ids, b) == want
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tree_built_on_the_device_is_build_trees(seed):
+    """tree_on_device (tensor ops where the log-probs are, no host read) against build_tree, node for node: float32
+    log-probs, many ties (rounded: the rank path decides, also across depths), -inf candidates, every budget size
+    up to more than all paths, through DraftTree.from_logprobs as a session calls it."""
+    rng = np.random.default_rng(100 + seed)
+    for depth, k, budget in [(15, 64, 64), (8, 16, 128), (3, 4, 200), (1, 4, 3), (15, 1, 30), (4, 3, 7)]:
+        logits = torch.tensor(rng.normal(size=(depth, max(k, 2))) * rng.choice([0.5, 3.0]), dtype=torch.float32)
+        logp = torch.log_softmax(logits, -1)
+        for values in (logp, torch.round(logp, decimals=1), torch.round(logp * 2) / 2,
+                       logp.masked_fill(torch.rand(logp.shape, generator=torch.Generator().manual_seed(seed)) < 0.97,
+                                        -torch.inf)):
+            for b in (0, 1, 2, budget // 3, budget):
+                want = DraftTree.from_logprobs(11, values, b)
+                got = DraftTree.from_logprobs(11, values, b, on_device=True)
+                assert got == want, (depth, k, b)
+    assert len(tree_on_device(torch.zeros(2, 3), 100)[0]) == 1 + 3 + 9
 
 
 def test_depth_is_capped_by_the_drafted_rows():

@@ -516,6 +516,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
         rows.append({"budget": budget, "positions": len(tree), "verify_ms": verify_ms, "commit_ms": both_ms - verify_ms,
                      "verify_per_bound": verify_ms / bound_ms, "verify_per_fast_greedy_step": verify_ms / out["greedy_step_ms"]})
     out["budgets"] = rows
+    out["tree_build"] = tree_build(root, logprobs, sorted({*budgets, 128}), timed)
     chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
     out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
@@ -560,6 +561,23 @@ def greedy_stepper(engine, token: int):
         engine.commit(tree_pass, [0])
 
     return greedy_step
+
+
+def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
+    """Issue #31 item 1's first part: the round's tree phase from the drafter's log-probs on the device to the tree on
+    the host, built on the host (top-k copied back, build_tree) and on the device (tree_on_device, the nodes copied
+    back), per budget: ms each (medians of 20) and whether the two trees are the same."""
+    from ..engine.tree import DraftTree
+
+    out = {}
+    for budget in budgets:
+        host = DraftTree.from_logprobs(root, logprobs, budget)
+        device = DraftTree.from_logprobs(root, logprobs, budget, on_device=True)
+        out[str(budget)] = {
+            "host_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget), repeats=20),
+            "device_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget, on_device=True), repeats=20),
+            "same_tree": host == device}
+    return out
 
 
 def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str = "ddtree",

@@ -37,10 +37,18 @@ class DraftTree:
         return treeops.ancestor_matrix(self.parents)
 
     @classmethod
-    def from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor, budget: int) -> "DraftTree":
-        """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device)."""
-        values, ids = to_host(*torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1))
-        return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
+    def from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor, budget: int,
+                      on_device: bool = False) -> "DraftTree":
+        """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device): built on the
+        host (build_tree), or with on_device where the log-probs are (tree_on_device; the same tree) and copied once."""
+        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+        if not on_device:
+            values, ids = to_host(values, ids)
+            return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
+        parents, depths, ranks, lps = tree_on_device(values, budget)
+        tokens = ids[(depths[1:] - 1), ranks[1:]]
+        tokens, parents, depths, ranks, lps = (t.tolist() for t in to_host(tokens, parents, depths, ranks, lps))
+        return cls((int(root_token_id), *tokens), tuple(parents), tuple(depths), tuple(ranks), tuple(lps))
 
     @classmethod
     def chain_from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor) -> "DraftTree":
@@ -77,26 +85,82 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
     # scalars cost several times a float's indexing and arithmetic; token ids are gathered once at the end
     lp = np.asarray(top_logprobs, dtype=np.float64).tolist()
     push, pop = heapq.heappush, heapq.heappop
-    # entries: (-score, rank path, parent position, depth, rank); ties on the score go to the smaller rank path
-    heap = [(-lp[0][0], (0,), 0, 1, 0)]
+    # entries: (-score, rank path, parent position, depth, rank, parent's score); ties on the score go to the smaller
+    # rank path. A node's score is its parent's plus its own log-prob, summed from the root down (what tree_on_device
+    # computes too, bit for bit)
+    heap = [(-lp[0][0], (0,), 0, 1, 0, 0.0)]
     while heap and len(parents) <= budget:
-        neg, rank_path, parent, depth, rank = pop(heap)
+        neg, rank_path, parent, depth, rank, above = pop(heap)
         row = lp[depth - 1]
-        value = row[rank]
         pos = len(parents)
         parents.append(parent)
         depths.append(depth)
         ranks.append(rank)
-        logprobs.append(value)
-        score = -neg
+        logprobs.append(row[rank])
         if rank + 1 < k:
-            s = score - value + row[rank + 1]
-            push(heap, (-s, rank_path[:-1] + (rank + 1,), parent, depth, rank + 1))
+            push(heap, (-(above + row[rank + 1]), rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, above))
         if depth < depth_limit:
-            s = score + lp[depth][0]
-            push(heap, (-s, rank_path + (0,), pos, depth + 1, 0))
+            push(heap, (neg - lp[depth][0], rank_path + (0,), pos, depth + 1, 0, -neg))
     token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+
+def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """build_tree's nodes computed by tensor ops where the log-probs are (no value read back to the host): parents,
+    depths, ranks [n] (int64) and log-probs [n] (float64), root first, node for node build_tree's, ties included.
+
+    top_logprobs [depth_limit, k], each row sorted descending. The budget's best prefixes are found depth by depth: the
+    best `budget` paths of length d extend the best `budget` of length d - 1 (a path whose prefix is not among those
+    is beaten by `budget` paths that each extend a better prefix by rank 0). Order everywhere: score descending, then
+    the rank path ascending (a prefix before its extensions), as build_tree's heap pops; a score is the parent's
+    plus the node's log-prob in float64, as build_tree sums it. n = 1 + min(budget, number of paths): shapes follow
+    from the sizes alone."""
+    device = top_logprobs.device
+    depth_limit, k = top_logprobs.shape
+    none = torch.empty(0, dtype=torch.long, device=device)
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return (torch.tensor([-1], device=device), torch.zeros(1, dtype=torch.long, device=device),
+                torch.tensor([-1], device=device), torch.zeros(1, dtype=torch.float64, device=device))
+    width = min(k, budget)  # a node of rank r follows its r better siblings: ranks >= budget never make it
+    lp = top_logprobs[:, :width].to(torch.float64)
+    ranks_row = torch.arange(width, device=device)
+    score, digits, parent = lp[0], torch.full((width, depth_limit), -1, device=device), none.new_full((width,), -1)
+    digits[:, 0] = ranks_row
+    beams = []  # per depth: (score, rank path padded with -1, parent's index in the previous depth's beam)
+    for d in range(depth_limit):
+        if d:
+            m = score.shape[0]
+            score = (score[:, None] + lp[d][None, :]).reshape(-1)
+            digits = digits.repeat_interleave(width, dim=0)
+            digits[:, d] = ranks_row.repeat(m)
+            parent = torch.arange(m, device=device).repeat_interleave(width)
+        keep = _best_first_order(score, digits)[:budget]
+        score, digits, parent = score[keep], digits[keep], parent[keep]
+        beams.append((score, digits, parent))
+    offsets = [0]
+    for b in beams:
+        offsets.append(offsets[-1] + b[0].shape[0])
+    scores = torch.cat([b[0] for b in beams])
+    paths = torch.cat([b[1] for b in beams])
+    depth = torch.cat([torch.full_like(b[2], d + 1) for d, b in enumerate(beams)])
+    above = torch.cat([b[2] + offsets[d - 1] if d else b[2] for d, b in enumerate(beams)])  # -1: the root
+    order = _best_first_order(scores, paths)[:budget]
+    position = torch.zeros(scores.shape[0] + 1, dtype=torch.long, device=device)  # index -1 (the root's) -> 0
+    position[order] = torch.arange(1, order.shape[0] + 1, device=device)
+    rank = paths[order, depth[order] - 1]
+    return (torch.cat([none.new_full((1,), -1), position[above[order]]]),
+            torch.cat([none.new_zeros(1), depth[order]]),
+            torch.cat([none.new_full((1,), -1), rank]),
+            torch.cat([lp.new_zeros(1), lp[depth[order] - 1, rank]]))
+
+
+def _best_first_order(score: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
+    """Indices sorting by score descending, ties by rank path ascending (paths padded with -1: a prefix first):
+    stable sorts from the last digit to the first, then by score."""
+    idx = torch.arange(score.shape[0], device=score.device)
+    for j in reversed(range(paths.shape[1])):
+        idx = idx[torch.sort(paths[idx, j], stable=True).indices]
+    return idx[torch.sort(-score[idx], stable=True).indices]
 
 
 def build_selector_tree(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
