@@ -17,7 +17,8 @@ if not CUDA:  # before Triton is imported (it reads the switch then)
 pytest.importorskip("triton")
 
 from ddtree_viz.engine import fp8  # noqa: E402
-from ddtree_viz.engine.fp8_gemm import FusedFp8Linear, fp8_linear  # noqa: E402
+from ddtree_viz.engine.fp8_gemm import fp8_linear  # noqa: E402
+from ddtree_viz.engine.fused import fuse_linears  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 BLOCK = (128, 128)
@@ -58,14 +59,19 @@ def test_fp8_gemm_in_half_precision(dtype):
 
 
 def test_fused_fp8_projections_split_as_their_parts():
-    """gate + up (MLP) as one FP8 weight: each output equals its own part's product."""
+    """gate + up (MLP) as one FP8 weight (fused.fuse_linears over Fp8Linears): each output equals its own part's
+    product; parts that would share a scale block are not stacked (one GEMM each)."""
     gate, up = quantized(256, 192, 5), quantized(130, 192, 6)
-    fused = FusedFp8Linear.stack([gate, up], BLOCK)
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = fp8.Fp8Linear(*gate, BLOCK), fp8.Fp8Linear(*up, BLOCK)
+    fused = fuse_linears(mlp, ("gate_proj", "up_proj"))
+    assert isinstance(fused, fp8.FusedFp8Linear) and fused.weight.shape == (386, 192)
     x = torch.randn(9, 192, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     y_gate, y_up = fused(x)
     torch.testing.assert_close(y_gate.cpu(), reference(x, *gate), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y_up.cpu(), reference(x, *up), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="do not stack in blocks of 128"):
-        FusedFp8Linear.stack([up, gate], BLOCK)
+    swapped = torch.nn.Module()
+    swapped.up_proj, swapped.gate_proj = fp8.Fp8Linear(*up, BLOCK), fp8.Fp8Linear(*gate, BLOCK)
+    assert fuse_linears(swapped, ("up_proj", "gate_proj")).counts == (1, 1)  # 130 rows: not whole 128-row blocks
     with pytest.raises(ValueError, match="not whole tiles"):
         fp8_linear(x, *gate, (32, 32))

@@ -10,8 +10,10 @@ the runner with the weights dequantized at load compute the same products, up to
 A program computes a [BLOCK_M, BLOCK_N] tile of y, walking the input dimension BLOCK_K columns at a time; BLOCK_K
 divides the scale block's columns (128) and BLOCK_N its rows, so a tile needs one scale column and one scale per
 row. Partial blocks (a dimension that is not a multiple of 128) are masked. Imported only where this kind is
-chosen (Triton at the top); without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8.py).
-Not yet measured on a GPU, nor wired into the runner (the loader dequantizes at load today).
+chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input); without a GPU it runs in Triton's
+interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the runner's compiled pieces (between
+them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs capture its launches as they capture
+cuBLAS's (the runner's warm-up runs compile it first).
 
 Shapes: x [M, K] (M <= 129 rows; float32, bfloat16 or float16), weight [N, K] float8_e4m3fn, scale
 [ceil(N/bn), ceil(K/bk)] float32; returns y [M, N] in x's dtype.
@@ -20,7 +22,6 @@ Shapes: x [M, K] (M <= 129 rows; float32, bfloat16 or float16), weight [N, K] fl
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -53,9 +54,14 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym,
     tl.store(y_ptr + rm[:, None] * s_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 
 
+def fits(block: tuple[int, int]) -> bool:
+    """Scale blocks this kernel's tiles divide (the official 128 x 128 does)."""
+    return block[0] % BLOCK_N == 0 and block[1] % BLOCK_K == 0
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """y = x (weight x scale per block)^T for x [..., K] (the leading dimensions flattened to M rows)."""
-    if block[0] % BLOCK_N or block[1] % BLOCK_K:
+    if not fits(block):
         raise ValueError(f"fp8_linear: scale blocks of {block} are not whole tiles of {BLOCK_N}x{BLOCK_K}")
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K).contiguous()
@@ -67,27 +73,3 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                     SB_N=block[0], SB_K=block[1], BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                     PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED)
     return y.reshape(*lead, N)
-
-
-@dataclass(frozen=True)
-class FusedFp8Linear:
-    """fused.FusedLinear's FP8 kind: several Linears of one input as one FP8 weight (their rows stacked, each
-    group's rows a whole number of scale blocks) and its scale grid; y = x W^T split into their outputs."""
-
-    weight: torch.Tensor  # [sum of out_features, in_features] float8_e4m3fn
-    scale: torch.Tensor  # [ceil(rows / block[0]), ceil(in / block[1])] float32
-    block: tuple[int, int]
-    sizes: tuple[int, ...]
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return fp8_linear(x, self.weight, self.scale, self.block).split(self.sizes, dim=-1)
-
-    @classmethod
-    def stack(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], block: tuple[int, int]) -> "FusedFp8Linear":
-        """One fused FP8 weight from (weight, scale) pairs of one input width; every part but the last must be a
-        whole number of scale blocks tall (a block would otherwise hold rows of two parts under one scale)."""
-        if any(w.shape[0] % block[0] for w, _ in parts[:-1]):
-            raise ValueError(f"FusedFp8Linear: parts of {[w.shape[0] for w, _ in parts]} rows do not stack in "
-                             f"blocks of {block[0]}")
-        return cls(torch.cat([w for w, _ in parts]), torch.cat([s for _, s in parts]), block,
-                   tuple(w.shape[0] for w, _ in parts))
