@@ -75,3 +75,56 @@ def test_fused_fp8_projections_split_as_their_parts():
     assert fuse_linears(swapped, ("up_proj", "gate_proj")).counts == (1, 1)  # 130 rows: not whole 128-row blocks
     with pytest.raises(ValueError, match="not whole tiles"):
         fp8_linear(x, *gate, (32, 32))
+
+
+def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` with each Fp8Linear a plain Linear of its weight dequantized (float32 product, cast once):
+    the function the FP8 weights are held to."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for name, m in list(twin.named_modules()):
+        if isinstance(m, fp8.Fp8Linear):
+            plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=dtype)
+            plain.weight.data.copy_(fp8.dequantize(m.weight, m.weight_scale_inv, m.block).to(dtype))
+            parent, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent), attr, plain)
+    return twin
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA graphs, the Triton GEMM)")
+def test_runner_with_fp8_weights_in_cuda_graphs():
+    """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused FP8 projections through the Triton GEMM)
+    over FP8 weights, float32: greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle
+    drafts, the FP8 drafter's trees too); a tree pass's logits equal the dequantized model's runner's to the order
+    of the sums."""
+    from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
+    from tests.tiny import tiny_pair
+    from ddtree_viz.engine.oracle import OracleProposer
+    from ddtree_viz.engine.runner import StaticRunner
+    from ddtree_viz.engine.session import DFlashProposer, GreedyReference
+    from ddtree_viz.engine.tree import DraftTree
+
+    pair = tiny_pair("hybrid", seed=0, layers=8, hidden=256)
+    assert fp8.quantize_linears(pair.target, BLOCK) > 0
+    pair.target.to("cuda")
+    pair.drafter.to("cuda")
+    twin = dequantized_twin(pair.target, torch.float32)
+    prompt, new = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"], 40
+    ref = GreedyReference(twin, prompt, set()).extend_to(new)
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    assert runner.graphs and runner.options.fused
+    assert any(isinstance(f, fp8.FusedFp8Linear) for f in runner._fused.values())
+    assert runner_greedy(runner, prompt, new) == list(ref.ids)
+    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
+        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+        assert runner_ddtree(pair, runner, oracle, prompt, new, budget)[0] == list(ref.ids)
+    out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, new, 16)
+    assert out == list(ref.ids)
+    plain = StaticRunner(twin, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, pair.target.config.vocab_size).log_softmax(-1))
+    logits = []
+    for r in (runner, plain):
+        r.prefill(prompt)
+        logits.append(r.forward(tree)[0].clone())
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)

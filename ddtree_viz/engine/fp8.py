@@ -17,9 +17,9 @@ so both engines meet plain Linear weights (docs/ARCHITECTURE.md "Add a weight fo
 Kept as FP8 (`load_causal_lm(..., keep_fp8=True)`, what a target on one CUDA GPU gets): each converted Linear
 becomes an `Fp8Linear` holding the checkpoint's e4m3 bytes and float32 scales (about 1 byte a parameter), whose
 forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/fp8_gemm.py (the bytes
-and scales read as stored, dequantized in registers, rounded once to the activations' dtype) for up to
-KERNEL_ROWS rows; elsewhere, and for longer inputs (a prefill), the weight dequantized for the call (float32
-product, cast once) and F.linear. The static runner fuses them as it fuses plain Linears (engine/fused.py).
+and scales read as stored, dequantized in registers, rounded once to the activations' dtype; no dequantized copy of
+a weight is ever made, so a prefill's peak memory is the FP8 model's); elsewhere the weight dequantized for the
+call (float32 product, cast once) and F.linear. The static runner fuses them as it fuses plain Linears (engine/fused.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
 FORMAT_ATTR = "_ddtree_weight_format"  # set on a target loaded here: its Fp8Spec.label (ModelPair.target_precision)
-KERNEL_ROWS = 256  # Fp8Linear on CUDA: the Triton GEMM up to this many rows (decode, tree verify), dequantize + cuBLAS past it
 # the modules the official Qwen3.6-27B-FP8 layout leaves in bf16 (the tests' and the bench's FP8 weights follow it)
 NOT_CONVERTED = ("lm_head", "model.embed_tokens", "linear_attn.in_proj_a", "linear_attn.in_proj_b")
 
@@ -280,11 +279,11 @@ _GEMM = None
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
-    product rounded once to x's dtype, as a load in that dtype rounds it). On CUDA, up to KERNEL_ROWS rows, the
-    Triton GEMM reads the fp8 bytes and scales as stored; elsewhere (a CPU, a prefill) the weight is dequantized for
-    this call and multiplied by F.linear (on a CPU bit for bit the model dequantized at load)."""
-    rows = x.numel() // max(1, x.shape[-1])
-    gemm = _gemm_module() if x.is_cuda and rows <= KERNEL_ROWS else None
+    product rounded once to x's dtype, as a load in that dtype rounds it). On CUDA the Triton GEMM reads the fp8
+    bytes and scales as stored (any number of rows: decode, tree verify, prefill); elsewhere (a CPU, no Triton) the
+    weight is dequantized for this call and multiplied by F.linear (on a CPU bit for bit the model dequantized at
+    load)."""
+    gemm = _gemm_module() if x.is_cuda else None
     if gemm is not None and gemm.fits(block):
         return gemm.fp8_linear(x, weight, scale, block)
     return F.linear(x, dequantize(weight, scale, block).to(x.dtype))
@@ -324,6 +323,22 @@ class FusedFp8Linear:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return linear(x, self.weight, self.scale, self.block).split(self.sizes, dim=-1)
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, block: tuple[int, int] = (128, 128), skip: Iterable[str] = NOT_CONVERTED) -> int:
+    """Every Linear of `model` whose name has none of `skip` in it replaced by an Fp8Linear of its weight quantized
+    as the official checkpoints are (`quantize`, on the weight's device), one at a time (the transient is one
+    weight in float32). The bench's and the GPU tests' FP8 models. Returns how many."""
+    done = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and not any(s in name for s in skip):
+            q, scale = quantize(module.weight, block)
+            bias = None if module.bias is None else module.bias.detach()
+            owner, attr = _owner_of(model, name)
+            setattr(owner, attr, Fp8Linear(q, scale, block, bias))
+            done += 1
+    return done
 
 
 def _owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
