@@ -17,7 +17,7 @@ if not CUDA:  # before Triton is imported (it reads the switch then)
 pytest.importorskip("triton")
 
 from ddtree_viz.engine import fp8  # noqa: E402
-from ddtree_viz.engine.fp8_gemm import fp8_linear  # noqa: E402
+from ddtree_viz.engine.fp8_gemm import Config, choose, fp8_linear  # noqa: E402
 from ddtree_viz.engine.fused import fuse_linears  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -44,6 +44,25 @@ def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
     y = fp8_linear(x, q, s, BLOCK)
     assert y.shape == (rows, n) and y.dtype == torch.float32
     torch.testing.assert_close(y.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 65, 129])
+@pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8)],
+                         ids=["split3", "split2-wide", "one-block"])
+def test_fp8_gemm_configs_compute_the_same_product(rows, config):
+    """Every config (several row blocks, split-K with its float32 partial sums, 128-row weight tiles) gives the
+    dequantized product; K = 1000 leaves a partial last block and an uneven last split."""
+    q, s = quantized(320, 1000, rows)
+    x = torch.randn(rows, 1000, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
+
+
+def test_the_chosen_config_splits_narrow_long_weights():
+    """down_proj's [5120, 17408] fills the SMs only split along K; a wide gate+up, and the verify's rows, need not."""
+    cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
+    assert choose(1, 5120, 17408, cuda132).split_k == 2 and choose(1, 34816, 5120, cuda132).split_k == 1
+    assert choose(65, 34816, 5120, cuda132).block_m == 128 and choose(129, 34816, 5120, cuda132).block_m == 128
+    assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -128,3 +147,19 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
         r.prefill(prompt)
         logits.append(r.forward(tree)[0].clone())
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_benchs_other_configs_compute_the_same_product():
+    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (gpu.gemm_configs): each one runs and
+    gives the dequantized product."""
+    from ddtree_viz.benchmarks import gpu
+    from ddtree_viz.engine import fp8_gemm
+
+    q, s = quantized(256, 1024, 11)
+    for rows in (1, 65):
+        x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+        configs = gpu.gemm_configs(fp8_gemm, rows, q)
+        assert configs["chosen"] == choose(rows, 256, 1024, q.device) and len(configs) >= 7
+        for label, config in configs.items():
+            torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu(), reference(x, q, s), rtol=1e-5,
+                                       atol=1e-5, msg=label)

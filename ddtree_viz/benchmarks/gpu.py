@@ -725,38 +725,57 @@ def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, ro
 def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
     """Each GEMM of a layer as the runner runs it (the fused FP8 groups of layer 0 and the first attention layer, and
     their single projections), microseconds a call (`per_call_us`: a CUDA graph of `calls` calls on a GPU) for each
-    row count, FP8 (fp8.linear) beside cuBLAS's bf16 GEMM on the dequantized weight, and the FP8 bytes a call reads
-    over its time."""
+    row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose picks) beside cuBLAS's bf16 GEMM on
+    the dequantized weight, the FP8 bytes a call reads over its time, and at 1 and 65 rows other configs beside the
+    chosen one (`gemm_configs`), to tune `choose` from one run."""
     from ..engine import fp8
     from ..engine.fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
     from ..engine.verify import gdn_modules
 
     per_call = functools.partial(per_call_us, bench, timed, calls)
     layers = target.model.layers
-    gdn_ids = set(gdn_modules(target))
-    attn = next(i for i in range(len(layers)) if i not in gdn_ids)
-    parts = {"gdn_in_proj": fuse_linears(layers[0].linear_attn, GDN_PROJECTIONS),
-             "attention_qkv": fuse_linears(layers[attn].self_attn, ATTENTION_PROJECTIONS),
-             "mlp_gate_up": fuse_linears(layers[0].mlp, MLP_PROJECTIONS)}
-    weights = {name: next(r for r in getattr(f, "runs", (f,)) if isinstance(r, fp8.FusedFp8Linear))
-               for name, f in parts.items() if f is not None}
-    weights = {n: (w.weight, w.scale) for n, w in weights.items()}
-    for name, module in (("gdn_out_proj", layers[0].linear_attn.out_proj), ("attention_o_proj", layers[attn].self_attn.o_proj),
-                         ("mlp_down", layers[0].mlp.down_proj)):
+    attn = next(i for i in range(len(layers)) if i not in set(gdn_modules(target)))
+    weights = {}
+    for name, (owner, names) in {"gdn_in_proj": (layers[0].linear_attn, GDN_PROJECTIONS),
+                                 "attention_qkv": (layers[attn].self_attn, ATTENTION_PROJECTIONS),
+                                 "mlp_gate_up": (layers[0].mlp, MLP_PROJECTIONS)}.items():
+        fused = fuse_linears(owner, names)  # the runner's (already made: fusing is idempotent)
+        run = next(r for r in getattr(fused, "runs", (fused,)) if isinstance(r, fp8.FusedFp8Linear))
+        weights[name] = (run.weight, run.scale)
+    for name, module in (("gdn_out_proj", layers[0].linear_attn.out_proj),
+                         ("attention_o_proj", layers[attn].self_attn.o_proj), ("mlp_down", layers[0].mlp.down_proj)):
         weights[name] = (module.weight, module.weight_scale_inv)
+    kernel = fp8._gemm_module() if bench.cuda else None  # other configs: where the Triton GEMM runs
     dtype, out = target.get_input_embeddings().weight.dtype, {}
     for name, (w, s) in weights.items():
         dense = fp8.dequantize(w, s, FP8_BLOCK).to(dtype)
-        row = {"shape": list(w.shape)}
+        row: dict = {"shape": list(w.shape)}
         for m in rows:
             x = torch.randn(m, w.shape[1], device=w.device, dtype=dtype)
             us = per_call(lambda: fp8.linear(x, w, s, FP8_BLOCK))
-            row[str(m)] = {"fp8_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
+            cell = row[str(m)] = {"fp8_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
             if isinstance(us, float) and us > 0:
-                row[str(m)]["fp8_TBps"] = (w.numel() + s.numel() * 4) / (us * 1e-6) / 1e12
+                cell["fp8_TBps"] = (w.numel() + s.numel() * 4) / (us * 1e-6) / 1e12
+            if kernel is not None and m in (1, 65):
+                cell["configs"] = {label: {"config": asdict(c), "us": per_call(lambda: kernel.fp8_linear(x, w, s, FP8_BLOCK, c))}
+                                   for label, c in gemm_configs(kernel, m, w).items()}
         out[name] = row
         del dense
     return out
+
+
+def gemm_configs(kernel, m: int, w) -> dict:
+    """fp8_gemm's chosen config for an [m, K] x w^T product and its neighbours, one field changed each."""
+    c = kernel.choose(m, w.shape[0], w.shape[1], w.device)
+    alts = {"chosen": c, "block_n_32": dataclasses.replace(c, block_n=32),
+            "block_n_128": dataclasses.replace(c, block_n=128), "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
+            "warps_other": dataclasses.replace(c, num_warps=12 - c.num_warps),
+            "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
+    if c.block_m > 64:
+        alts["block_m_64"] = dataclasses.replace(c, block_m=64)
+    if c.split_k > 1:
+        alts["no_split"] = dataclasses.replace(c, split_k=1)
+    return alts
 
 
 def fp8_targets(f: dict) -> dict:
