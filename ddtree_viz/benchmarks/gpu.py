@@ -73,7 +73,7 @@ class BenchConfig:
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
-    fp8_cap_gib: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap while the FP8 target runs
+    fp8_cap_gb: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap (GB, 1e9 bytes) while the FP8 target runs
     fp8_context: int = 4096  # --fp8-context: the prompt length of the FP8 peak-memory session
 
     @classmethod
@@ -81,7 +81,7 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gib=a.fp8_memory_cap,
+                   variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gb=a.fp8_memory_cap,
                    fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
@@ -617,13 +617,14 @@ def weight_bytes_of(target) -> dict:
             "other_bytes": total - fp8_bytes - scale_bytes}
 
 
-def memory_cap(bench: BenchConfig, gib: float | None) -> float | None:
-    """Cap this process's GPU memory (torch's caching allocator) at `gib` GiB (None: lift the cap); the cap set."""
+def memory_cap(bench: BenchConfig, gb: float | None) -> float | None:
+    """Cap this process's GPU memory (torch's caching allocator: every tensor, CUDA graph pools included) at `gb` GB
+    (None: lift the cap); the cap set."""
     if not bench.cuda:
         return None
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(1.0 if gib is None else min(1.0, gib * 2**30 / total), 0)
-    return gib
+    torch.cuda.set_per_process_memory_fraction(1.0 if gb is None else min(1.0, gb * 1e9 / total), 0)
+    return gb
 
 
 def free_cuda(bench: BenchConfig) -> None:
@@ -637,7 +638,7 @@ def free_cuda(bench: BenchConfig) -> None:
 def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], drafter, prompt: list[int],
               logprobs, bandwidth: float, bf16: dict) -> dict:
     """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with FP8 weights made at random
-    (build_fp8_target) under the process's memory cap (`bench.fp8_cap_gib`), on the runner with the options of the
+    (build_fp8_target) under the process's memory cap (`bench.fp8_cap_gb`), on the runner with the options of the
     bf16 run: its weight-read bound (fp8 bytes + scales + the bf16 rest at the copy bandwidth measured before), the
     greedy step, each budget's verify, whole rounds at budget 64 (the same bf16 drafter), the peak memory of a
     session at a `bench.fp8_context`-token prompt and budget 64 (fp8_peak_memory), the GEMMs one by one
@@ -647,7 +648,7 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     from ..engine.verify import device_sync
 
     free_cuda(bench)
-    out: dict = {"memory_cap_GiB": memory_cap(bench, bench.fp8_cap_gib), "block": list(FP8_BLOCK),
+    out: dict = {"memory_cap_GB": memory_cap(bench, bench.fp8_cap_gb), "block": list(FP8_BLOCK),
                  "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None}
     t0 = time.perf_counter()
     target = build_fp8_target(bench, layers, dtype)
@@ -790,7 +791,7 @@ def fp8_targets(f: dict) -> dict:
     out["fp8_round_64"] = _target(f["round_budget_64"]["round_ms"], step, 1.5, "FP8 runner greedy step")
     peak = f["peak_memory"]
     out["fp8_peak_memory"] = {"GB": peak.get("peak_GB"), "target": "<= 36 GB", "met": peak.get("met"),
-                              "context": peak["context"], "budget": peak["budget"], "cap_GiB": f["memory_cap_GiB"]}
+                              "context": peak["context"], "budget": peak["budget"], "cap_GB": f["memory_cap_GB"]}
     return out
 
 
@@ -1531,8 +1532,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "verify, rounds at budget 64, each GEMM, and the peak memory of a session at --fp8-context "
                         "tokens and budget 64 under --fp8-memory-cap (speed.fast.fp8; targets fp8_*); with --exactness "
                         "the runner's exactness on FP8 weights too")
-    p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GIB",
-                   help="--fp8: the process's GPU memory cap (GiB) while the FP8 target runs (default: 40)")
+    p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GB",
+                   help="--fp8: the process's GPU memory cap (GB) while the FP8 target runs (default: 40)")
     p.add_argument("--fp8-context", type=int, default=4096, help="--fp8: the peak-memory session's prompt (default: 4096)")
     p.add_argument("--costs", action="store_true",
                    help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")

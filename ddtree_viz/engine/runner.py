@@ -59,7 +59,7 @@ from transformers import DynamicCache
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
-from . import fused as fz
+from . import fp8, fused as fz
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
@@ -192,7 +192,8 @@ class StaticRunner:
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
         # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
-        self._model_key = (str(self.device), self.dtype, target.config.to_json_string())
+        self._model_key = (str(self.device), self.dtype, target.config.to_json_string(),
+                           any(isinstance(m, fp8.Fp8Linear) for m in target.modules()))  # FP8 weights kept: GEMMs differ
         self._allocate_state(gdn)
         self._layer_weights(gdn)
         self.committed = 0
