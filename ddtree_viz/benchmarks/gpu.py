@@ -768,8 +768,8 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
 def gemm_configs(kernel, m: int, w) -> dict:
     """fp8_gemm's chosen config for an [m, K] x w^T product and its neighbours, one field changed each."""
     c = kernel.choose(m, w.shape[0], w.shape[1], w.device)
-    alts = {"chosen": c, "block_n_32": dataclasses.replace(c, block_n=32),
-            "block_n_128": dataclasses.replace(c, block_n=128), "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
+    alts = {"chosen": c, **{f"block_n_{n}": dataclasses.replace(c, block_n=n) for n in (32, 64, 128) if n != c.block_n},
+            "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
             "warps_other": dataclasses.replace(c, num_warps=12 - c.num_warps),
             "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
     if c.block_m > 64:

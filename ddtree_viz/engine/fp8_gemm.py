@@ -11,7 +11,8 @@ A program computes a [BLOCK_M, BLOCK_N] tile of y, walking its share of the inpu
 time; BLOCK_K divides the scale block's columns (128) and BLOCK_N its rows, so a tile needs one scale column and one
 scale per row. Partial blocks (a dimension that is not a multiple of 128) are masked. `choose` picks the tiles from
 the shape (`Config`): one row block for up to 128 rows (each weight byte read and dequantized once: the runner's
-decode and tree verify), 128-row blocks past that (a prefill), and split-K where the tiles alone would leave SMs
+decode and tree verify), 128 weight rows a program past 32 rows, 128-row blocks past 128 rows (a prefill), and
+split-K where the tiles alone would leave SMs
 idle (a narrow, long weight such as down_proj [5120, 17408]: its partial sums in float32, added in a fixed order,
 so the result does not depend on timing). The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside it. Imported only where this kind is
 chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input); without a GPU it runs in Triton's
@@ -92,7 +93,10 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     """The config for an [M, K] x [N, K]^T product: the tiles (see the module's docstring), then split-K doubled while
     the programs fill fewer than the SMs and each split keeps at least 8 steps of BLOCK_K."""
     block_m = max(16, triton.next_power_of_2(M)) if M <= 128 else 128
-    block_n = 64 if M <= 128 else 128
+    # a program reads all its rows of x for each BLOCK_N weight rows: 2 M / BLOCK_N times the weight's bytes in x
+    # (from L2); past 32 rows 128-row weight tiles keep that at or under the weight's own (section 10: 65 rows,
+    # 128 x 128 tiles 201 us against 253 us at 64 x 64)
+    block_n = 64 if M <= 32 else 128
     programs = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
     split = 1
     while programs * split < sm_count(device) and K // (BLOCK_K * split * 2) >= 8:
