@@ -392,6 +392,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
     if bench.fp8 and "fast" in out:  # the FP8 target after the bf16 one is freed (one 27B model at a time)
+        print(json.dumps({"bf16_targets": out["fast"]["targets"]}), flush=True)  # kept in the log if a limit hits
         del target, base, prefill, cache
         out["fast"]["fp8"] = fp8_speed_or_error(bench, layers, dtype, budgets, drafter, prompt[0].tolist(), logprobs,
                                                 out["copy_bandwidth_TBps"] * 1e12, out["fast"])
@@ -681,14 +682,21 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
     out.update(greedy_step_per_bound=step / bound_ms, bf16_greedy_step_ms=bf16["greedy_step_ms"],
                greedy_step_vs_bf16=step / bf16["greedy_step_ms"])
+    progress("fp8", {k: v for k, v in out.items() if k != "blas"})
     del engine, runner
     free_cuda(bench)
     out["peak_memory"] = fp8_peak_memory(bench, pair, bench.fp8_context, budget=64)
+    progress("fp8_peak_memory", out["peak_memory"])
     out["gemms"] = fp8_gemms(bench, target, timer(sync))
     del pair, target
     free_cuda(bench)
     memory_cap(bench, None)
     return out
+
+
+def progress(name: str, figures: dict) -> None:
+    """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them)."""
+    print(json.dumps({name: figures}, default=str), flush=True)
 
 
 def peak_gib(bench: BenchConfig) -> float | None:
