@@ -171,18 +171,89 @@ BAD_LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "fp8-kept"])
 @pytest.mark.parametrize("case", sorted(BAD_LAYOUTS))
-def test_bad_layouts_are_refused(checkpoints, tmp_path, case):
+def test_bad_layouts_are_refused(checkpoints, tmp_path, case, keep):
     _, _, fp8_target, fp8_draft, _ = checkpoints
     broken = tmp_path / "target"
     shutil.copytree(fp8_target, broken)
     change, message = BAD_LAYOUTS[case]
     _edit(broken, change)
     with pytest.raises(ModelLoadError) as info:
-        load_pair(str(broken), str(fp8_draft))
+        load_pair(str(broken), str(fp8_draft), keep_fp8=keep)
     assert message in str(info.value)
     if case == "missing weight":
         assert GATE in str(info.value)
+
+
+# ---- FP8 weights kept (fp8.Fp8Linear: what a target on one CUDA GPU gets), on the CPU
+
+
+KEPT_LABEL = "fp8-e4m3 block 128 (fp8 weights, float32 activations)"
+
+
+def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
+    """keep_fp8: each converted Linear holds the checkpoint's e4m3 bytes and float32 scales (about 1 byte a
+    parameter), the modules left out stay plain; transformers' own forward gives the hand-dequantized model's
+    logits bit for bit (float32 on a CPU: the weight dequantized for the call, F.linear)."""
+    _, _, fp8_target, fp8_draft, reference = checkpoints
+    pair = load_pair(str(fp8_target), str(fp8_draft), keep_fp8=True)
+    stored = load_file(str(fp8_target / "model.safetensors"))
+    kept = {n: m for n, m in pair.target.named_modules() if isinstance(m, fp8.Fp8Linear)}
+    assert set(f"{n}.weight" for n in kept) == {k.removesuffix("_scale_inv") for k in stored if k.endswith("_scale_inv")}
+    for name, m in kept.items():
+        assert m.weight.dtype == torch.float8_e4m3fn and m.weight_scale_inv.dtype == torch.float32
+        assert torch.equal(m.weight.view(torch.uint8), stored[f"{name}.weight"].view(torch.uint8)), name
+        assert torch.equal(m.weight_scale_inv, stored[f"{name}.weight_scale_inv"]), name
+    params = sum(m.weight.numel() for m in kept.values())
+    nbytes = sum(m.weight.numel() * m.weight.element_size() + m.weight_scale_inv.numel() * 4 for m in kept.values())
+    assert nbytes / params < 1.01  # float32 dequantized: 4 bytes a parameter
+    assert type(pair.target.model.layers[0].linear_attn.in_proj_a) is torch.nn.Linear
+    assert type(pair.target.lm_head) is torch.nn.Linear
+    assert pair.target_precision == KEPT_LABEL and pair.draft_precision == LABEL
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkpoints, fused):
+    """The static runner over Fp8Linear weights on the CPU (the function its CUDA graphs capture, the FP8 GEMM there):
+    its greedy and its DDTree (the FP8 drafter's trees) equal the hand-dequantized model's own greedy, token for
+    token, in float32. Fused: the FP8 parts stacked (bytes and scales as one storage), the official layout's bf16
+    in_proj_b / in_proj_a a run of their own, parts that are not whole 128-row blocks not stacked after."""
+    from ddtree_viz.engine.engines import RunnerEngine
+    from ddtree_viz.engine.fused import FusedRuns
+    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.session import DecodeSession, EngineGreedy
+
+    _, _, fp8_target, fp8_draft, reference = checkpoints
+    pair = load_pair(str(fp8_target), str(fp8_draft), keep_fp8=True)  # its own: fusing rewires the weights
+    prompt, new = list(b"def fibonacci(n):"), 24
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        want = reference.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, len(prompt):].tolist()
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
+                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+    if fused:
+        gdn, attention, mlp = runner._fused[0, "mixer"], runner._fused[3, "mixer"], runner._fused[0, "mlp"]
+        # qkv (64 rows: a partial block) and z in FP8, each its own run; b + a plain, one run
+        assert isinstance(gdn, FusedRuns) and gdn.counts == (1, 1, 2)
+        assert [type(r).__name__ for r in gdn.runs] == ["FusedFp8Linear", "FusedFp8Linear", "FusedLinear"]
+        assert isinstance(attention, FusedRuns) and attention.counts == (2, 1)  # q (128 rows) + k; v after k's 32
+        assert isinstance(mlp, fp8.FusedFp8Linear) and mlp.weight.dtype == torch.float8_e4m3fn
+        layer = pair.target.model.layers[0].mlp
+        assert layer.up_proj.weight.data_ptr() == mlp.weight[layer.gate_proj.out_features].data_ptr()
+        assert layer.up_proj.weight_scale_inv.data_ptr() == mlp.scale[3].data_ptr()  # 384 rows: 3 scale rows
+    engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
+                                       block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
+    assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want
+    session = DecodeSession(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
+    session.prefill(prompt_ids=prompt)
+    session.run()
+    stop = want.index(tiny.EOS_ID) + 1 if tiny.EOS_ID in want else new  # the session stops at end of text
+    assert session.generated == want[:stop] and stop > 16
 
 
 def test_a_bad_drafter_is_refused_by_the_cli(checkpoints, tmp_path, capsys):

@@ -17,7 +17,8 @@ if not CUDA:  # before Triton is imported (it reads the switch then)
 pytest.importorskip("triton")
 
 from ddtree_viz.engine import fp8  # noqa: E402
-from ddtree_viz.engine.fp8_gemm import FusedFp8Linear, fp8_linear  # noqa: E402
+from ddtree_viz.engine.fp8_gemm import Config, choose, fp8_linear  # noqa: E402
+from ddtree_viz.engine.fused import fuse_linears  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 BLOCK = (128, 128)
@@ -45,6 +46,25 @@ def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
     torch.testing.assert_close(y.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 65, 129])
+@pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8)],
+                         ids=["split3", "split2-wide", "one-block"])
+def test_fp8_gemm_configs_compute_the_same_product(rows, config):
+    """Every config (several row blocks, split-K with its float32 partial sums, 128-row weight tiles) gives the
+    dequantized product; K = 1000 leaves a partial last block and an uneven last split."""
+    q, s = quantized(320, 1000, rows)
+    x = torch.randn(rows, 1000, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
+
+
+def test_the_chosen_config_splits_narrow_long_weights():
+    """down_proj's [5120, 17408] fills the SMs only split along K; a wide gate+up, and the verify's rows, need not."""
+    cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
+    assert choose(1, 5120, 17408, cuda132).split_k == 2 and choose(1, 34816, 5120, cuda132).split_k == 1
+    assert choose(65, 34816, 5120, cuda132).block_m == 128 and choose(129, 34816, 5120, cuda132).block_m == 128
+    assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_gemm_in_half_precision(dtype):
     """Activations stay in their dtype: y in it, each product of the weight rounded once to it."""
@@ -58,14 +78,88 @@ def test_fp8_gemm_in_half_precision(dtype):
 
 
 def test_fused_fp8_projections_split_as_their_parts():
-    """gate + up (MLP) as one FP8 weight: each output equals its own part's product."""
+    """gate + up (MLP) as one FP8 weight (fused.fuse_linears over Fp8Linears): each output equals its own part's
+    product; parts that would share a scale block are not stacked (one GEMM each)."""
     gate, up = quantized(256, 192, 5), quantized(130, 192, 6)
-    fused = FusedFp8Linear.stack([gate, up], BLOCK)
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = fp8.Fp8Linear(*gate, BLOCK), fp8.Fp8Linear(*up, BLOCK)
+    fused = fuse_linears(mlp, ("gate_proj", "up_proj"))
+    assert isinstance(fused, fp8.FusedFp8Linear) and fused.weight.shape == (386, 192)
     x = torch.randn(9, 192, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     y_gate, y_up = fused(x)
     torch.testing.assert_close(y_gate.cpu(), reference(x, *gate), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y_up.cpu(), reference(x, *up), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="do not stack in blocks of 128"):
-        FusedFp8Linear.stack([up, gate], BLOCK)
+    swapped = torch.nn.Module()
+    swapped.up_proj, swapped.gate_proj = fp8.Fp8Linear(*up, BLOCK), fp8.Fp8Linear(*gate, BLOCK)
+    assert fuse_linears(swapped, ("up_proj", "gate_proj")).counts == (1, 1)  # 130 rows: not whole 128-row blocks
     with pytest.raises(ValueError, match="not whole tiles"):
         fp8_linear(x, *gate, (32, 32))
+
+
+def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `model` with each Fp8Linear a plain Linear of its weight dequantized (float32 product, cast once):
+    the function the FP8 weights are held to."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for name, m in list(twin.named_modules()):
+        if isinstance(m, fp8.Fp8Linear):
+            plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=dtype)
+            plain.weight.data.copy_(fp8.dequantize(m.weight, m.weight_scale_inv, m.block).to(dtype))
+            parent, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(parent), attr, plain)
+    return twin
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA graphs, the Triton GEMM)")
+def test_runner_with_fp8_weights_in_cuda_graphs():
+    """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused FP8 projections through the Triton GEMM)
+    over FP8 weights, float32: greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle
+    drafts, the FP8 drafter's trees too); a tree pass's logits equal the dequantized model's runner's to the order
+    of the sums."""
+    from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
+    from tests.tiny import tiny_pair
+    from ddtree_viz.engine.oracle import OracleProposer
+    from ddtree_viz.engine.runner import StaticRunner
+    from ddtree_viz.engine.session import DFlashProposer, GreedyReference
+    from ddtree_viz.engine.tree import DraftTree
+
+    pair = tiny_pair("hybrid", seed=0, layers=8, hidden=256)
+    assert fp8.quantize_linears(pair.target, BLOCK) > 0
+    pair.target.to("cuda")
+    pair.drafter.to("cuda")
+    twin = dequantized_twin(pair.target, torch.float32)
+    prompt, new = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"], 40
+    ref = GreedyReference(twin, prompt, set()).extend_to(new)
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    assert runner.graphs and runner.options.fused
+    assert any(isinstance(f, fp8.FusedFp8Linear) for f in runner._fused.values())
+    assert runner_greedy(runner, prompt, new) == list(ref.ids)
+    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
+        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+        assert runner_ddtree(pair, runner, oracle, prompt, new, budget)[0] == list(ref.ids)
+    out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, new, 16)
+    assert out == list(ref.ids)
+    plain = StaticRunner(twin, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, pair.target.config.vocab_size).log_softmax(-1))
+    logits = []
+    for r in (runner, plain):
+        r.prefill(prompt)
+        logits.append(r.forward(tree)[0].clone())
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_benchs_other_configs_compute_the_same_product():
+    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (gpu.gemm_configs): each one runs and
+    gives the dequantized product."""
+    from ddtree_viz.benchmarks import gpu
+    from ddtree_viz.engine import fp8_gemm
+
+    q, s = quantized(256, 1024, 11)
+    for rows in (1, 65):
+        x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+        configs = gpu.gemm_configs(fp8_gemm, rows, q)
+        assert configs["chosen"] == choose(rows, 256, 1024, q.device) and len(configs) >= 7
+        for label, config in configs.items():
+            torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu(), reference(x, q, s), rtol=1e-5,
+                                       atol=1e-5, msg=label)

@@ -166,3 +166,33 @@ def test_gpu_bench_dflash2_needs_the_runner(capsys):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2 and "--dflash2 measures on the static runner" in capsys.readouterr().err
+
+
+def test_gpu_bench_smoke_fp8(tmp_path):
+    """issue #29 items 2 and 5 (--fp8): the same shapes with FP8 weights made at random (fp8.Fp8Linear, built layer by
+    layer) on the runner beside bf16 in one run: its own weight-read bound (fp8 bytes + scales + the bf16 rest), greedy
+    step, verify, rounds at budget 64, each GEMM beside bf16's, the peak-memory session, the four targets; with
+    --exactness the runner's DDTree == its greedy on FP8 weights."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--fp8", "--variants", "--exactness", "--fp8-context", "300")
+    fast = report["speed"]["fast"]
+    f = fast["fp8"]
+    assert "error" not in f, f.get("error")
+    w = f["weights"]
+    assert w["fp8_bytes"] > 0 and w["scale_bytes"] > 0 and w["bytes"] == w["fp8_bytes"] + w["scale_bytes"] + w["other_bytes"]
+    assert w["bytes"] < report["speed"]["weight_bytes"]  # the bf16 target's
+    assert f["weight_read_bound_ms"] < report["speed"]["weight_read_bound_ms"]
+    assert f["greedy_step_ms"] > 0 and f["bf16_greedy_step_ms"] == fast["greedy_step_ms"]
+    assert [row["budget"] for row in f["budgets"]] == [4, 8] and all(row["verify_ms"] > 0 for row in f["budgets"])
+    assert f["round_budget_64"]["round_ms"] > 0 and f["options"] == fast["options"]
+    peak = f["peak_memory"]
+    assert peak["context"] == 256 and peak["budget"] == 64 and peak["rounds"] >= 1 and peak["runner_max_len"] >= 256
+    gemms = f["gemms"]
+    assert set(gemms) == {"gdn_in_proj", "attention_qkv", "mlp_gate_up", "gdn_out_proj", "attention_o_proj", "mlp_down"}
+    assert all(gemms[name]["65"]["fp8_us"] > 0 and gemms[name]["65"]["bf16_us"] > 0 for name in gemms)
+    targets = fast["targets"]
+    for name in ("fp8_step", "fp8_round_64", "fp8_peak_memory", "fp8_exactness_fp32"):
+        assert name in targets, name
+    assert targets["fp8_step"]["ratio"] == f["greedy_step_ms"] / f["weight_read_bound_ms"]
+    fp8_runs = report["fast_exactness_fp8_fp32_8_layers"]
+    assert fp8_runs and all(r["identical"] and r["weights"] == "fp8" for r in fp8_runs)
+    assert targets["fp8_exactness_fp32"]["met"]

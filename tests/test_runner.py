@@ -482,3 +482,15 @@ def test_compiled_pieces_hold_many_models_in_one_process():
     for rank in range(1, 13):
         x = torch.ones((2,) * rank)
         assert torch.equal(piece(x), x * 2)
+
+
+def test_prefill_features_are_transformers_hidden_states():
+    """The prefill keeps the drafter's context features by hooks (not every layer's hidden state: 2.7 GB at 4,096
+    tokens of a 27B model): the same tensors as output_hidden_states=True's [i + 1], the last layer's after the
+    final norm."""
+    target = tiny_pair("hybrid", seed=0, layers=8).target
+    ids, prompt = [1, 6, 7], list(range(3, 40))
+    _, feats = StaticRunner(target, max_len=256, sizes=(1,), feature_layer_ids=ids).prefill(prompt)
+    with torch.no_grad():
+        hidden = target(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    assert torch.equal(feats, torch.cat([hidden[i + 1][0] for i in ids], dim=-1))

@@ -9,6 +9,11 @@
     python -m ddtree_viz.benchmarks.gpu --fast --fast-only --dflash2 --budgets 64 --variants --json gpu.json
                                                         # issue #28 item 7: the DFlash2 drafter (Qwen3.8-27B's shapes)
                                                         # beside DFlash 1 on the runner (speed.fast.dflash2, targets)
+    python -m ddtree_viz.benchmarks.gpu --fast --fast-only --fp8 --budgets 64 --variants --json gpu.json
+                                                        # issue #29 items 2 and 5: the same shapes with FP8 weights
+                                                        # made at random on the runner beside bf16, its bound, its
+                                                        # peak memory at a 4,096-token context under a 40 GB cap
+                                                        # (speed.fast.fp8, targets fp8_*)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
 weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.
@@ -67,13 +72,17 @@ class BenchConfig:
     blas: str = "auto"
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
+    fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
+    fp8_cap_gb: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap (GB, 1e9 bytes) while the FP8 target runs
+    fp8_context: int = 4096  # --fp8-context: the prompt length of the FP8 peak-memory session
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   variants=tuple(a.variants), dflash2=a.dflash2)
+                   variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gb=a.fp8_memory_cap,
+                   fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
@@ -101,10 +110,13 @@ def target_config(bench: BenchConfig, layers: int | None = None):
 
 
 @torch.no_grad()
-def random_init_(model: torch.nn.Module, seed: int = 0) -> None:
-    """Initialise weights in place on the GPU: normal(0, 0.02) matrices, identity-like norms, GDN decay params."""
+def random_init_(model: torch.nn.Module, seed: int = 0, prefix: str = "") -> None:
+    """Initialise weights in place on the GPU: normal(0, 0.02) matrices, identity-like norms, GDN decay params
+    (`prefix`: only the parameters whose names start with it)."""
     gens: dict = {}
     for name, p in model.named_parameters():
+        if not name.startswith(prefix):
+            continue
         if p.device not in gens:
             gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
         gen = gens[p.device]
@@ -137,6 +149,37 @@ def build_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
     model = model.to_empty(device=device)
     random_init_(model)
     model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(device)  # buffers were left empty by to_empty
+    return model.eval()
+
+
+FP8_BLOCK = (128, 128)  # the official checkpoints' weight_block_size
+
+
+@torch.no_grad()
+def build_fp8_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
+    """build_target's model with FP8 weights made at random: each decoder layer materialised on the device, initialised
+    as build_target does and its Linears quantized in 128 x 128 blocks (fp8.quantize_linears: e4m3 bytes + float32
+    scales, the official layout's bf16 modules left as they are) before the next, so the build's peak is the FP8
+    model plus one layer in `dtype`, never the bf16 model."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    from ..engine import fp8
+
+    cfg = target_config(bench, layers)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    for i, layer in enumerate(model.model.layers):
+        layer.to_empty(device=bench.device)
+        random_init_(model, seed=i, prefix=f"model.layers.{i}.")
+        fp8.quantize_linears(layer, FP8_BLOCK)
+    for part in (model.model.embed_tokens, model.model.norm, model.lm_head):
+        part.to_empty(device=bench.device)
+    random_init_(model, seed=len(model.model.layers), prefix="model.embed_tokens.")
+    random_init_(model, seed=len(model.model.layers) + 1, prefix="model.norm.")
+    random_init_(model, seed=len(model.model.layers) + 2, prefix="lm_head.")
+    model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(bench.device)
+    assert not any(t.is_meta for t in (*model.parameters(), *model.buffers())), "a part left unmaterialised"
     return model.eval()
 
 
@@ -348,10 +391,29 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     for row in rows:
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
-    if bench.cuda:  # the caller builds the next model; free this one's memory first
-        del target, drafter, base, prefill
+    if bench.fp8 and "fast" in out:  # the FP8 target after the bf16 one is freed (one 27B model at a time)
+        print(json.dumps({"bf16_targets": out["fast"]["targets"]}), flush=True)  # kept in the log if a limit hits
+        del target, base, prefill, cache
+        out["fast"]["fp8"] = fp8_speed_or_error(bench, layers, dtype, budgets, drafter, prompt[0].tolist(), logprobs,
+                                                out["copy_bandwidth_TBps"] * 1e12, out["fast"])
+        if "error" not in out["fast"]["fp8"]:
+            out["fast"]["targets"].update(fp8_targets(out["fast"]["fp8"]))
+    elif bench.cuda:  # the caller builds the next model; free this one's memory first
+        del target, base, prefill
+    if bench.cuda:
+        del drafter
         torch.cuda.empty_cache()
     return out
+
+
+def fp8_speed_or_error(*args) -> dict:
+    """fp8_speed, or what broke (traceback on stderr; the cap lifted): the bf16 figures still come back."""
+    try:
+        return fp8_speed(*args)
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory under the cap: that is a finding, reported
+        traceback.print_exc()
+        memory_cap(args[0], None)
+        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
 
 def verify_rows(target, base, token: int, logprobs, budgets: list[int], prompt_len: int, sync) -> list[dict]:
@@ -534,6 +596,211 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
     out["tree_forms"] = tree_forms(bench, target, sync)
     out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# FP8 weights (issue #29 items 2 and 5)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def weight_bytes_of(target) -> dict:
+    """What a decode step reads of the target: its FP8 weights' bytes and scales, every other parameter (bf16
+    embeddings and lm_head, the modules left in bf16, norms); `bytes` their sum."""
+    from ..engine import fp8
+
+    fp8_bytes = scale_bytes = 0
+    for m in target.modules():
+        if isinstance(m, fp8.Fp8Linear):
+            fp8_bytes += m.weight.numel() * m.weight.element_size()
+            scale_bytes += m.weight_scale_inv.numel() * m.weight_scale_inv.element_size()
+    total = sum(p.numel() * p.element_size() for p in target.parameters())
+    return {"bytes": total, "fp8_bytes": fp8_bytes, "scale_bytes": scale_bytes,
+            "other_bytes": total - fp8_bytes - scale_bytes}
+
+
+def memory_cap(bench: BenchConfig, gb: float | None) -> float | None:
+    """Cap this process's GPU memory (torch's caching allocator: every tensor, CUDA graph pools included) at `gb` GB
+    (None: lift the cap); the cap set."""
+    if not bench.cuda:
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(1.0 if gb is None else min(1.0, gb * 1e9 / total), 0)
+    return gb
+
+
+def free_cuda(bench: BenchConfig) -> None:
+    if bench.cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+@torch.no_grad()
+def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], drafter, prompt: list[int],
+              logprobs, bandwidth: float, bf16: dict) -> dict:
+    """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with FP8 weights made at random
+    (build_fp8_target) under the process's memory cap (`bench.fp8_cap_gb`), on the runner with the options of the
+    bf16 run: its weight-read bound (fp8 bytes + scales + the bf16 rest at the copy bandwidth measured before), the
+    greedy step, each budget's verify, whole rounds at budget 64 (the same bf16 drafter), the peak memory of a
+    session at a `bench.fp8_context`-token prompt and budget 64 (fp8_peak_memory), the GEMMs one by one
+    (fp8_gemms), each beside the bf16 run's figure."""
+    from ..engine.engines import RunnerEngine
+    from ..engine.tree import DraftTree
+    from ..engine.verify import device_sync
+
+    free_cuda(bench)
+    out: dict = {"memory_cap_GB": memory_cap(bench, bench.fp8_cap_gb), "block": list(FP8_BLOCK),
+                 "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None}
+    t0 = time.perf_counter()
+    target = build_fp8_target(bench, layers, dtype)
+    out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
+    out["weight_read_bound_ms"] = bound_ms = out["weights"]["bytes"] / bandwidth * 1e3
+    sync = device_sync(target, drafter)
+    timed = timer(sync)
+    pair = pair_of(bench, target, drafter, dtype)
+    root = int(logprobs.argmax(-1)[0])
+    sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
+    start = time.perf_counter()
+    runner, out["graphs_error"] = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids,
+                                               bench.runner_options())
+    logits, _ = runner.prefill(prompt)
+    for size in sizes:
+        runner.slot_for(size)
+    out.update(options=asdict(runner.options), graphs=runner.graphs, compile_error=runner.compile_error,
+               capture_s=time.perf_counter() - start, blas=dict(runner.blas))
+    rounds_tokens = 16 * drafter.block_size
+    engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
+                          max_new_tokens=rounds_tokens, runner=runner)
+    out["greedy_step_ms"] = step = timed(greedy_stepper(engine, int(logits.argmax())), repeats=30)
+    bf16_verify = {row["budget"]: row["verify_ms"] for row in bf16["budgets"]}
+    out["budgets"] = []
+    for budget in budgets:
+        tree = DraftTree.from_logprobs(root, logprobs, budget)
+        ms = timed(lambda: runner.forward(tree), repeats=20)
+        out["budgets"].append({"budget": budget, "positions": len(tree), "verify_ms": ms, "verify_per_fp8_step": ms / step,
+                               "bf16_verify_ms": bf16_verify.get(budget)})
+    out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
+    out.update(greedy_step_per_bound=step / bound_ms, bf16_greedy_step_ms=bf16["greedy_step_ms"],
+               greedy_step_vs_bf16=step / bf16["greedy_step_ms"])
+    progress("fp8", {k: v for k, v in out.items() if k != "blas"})
+    del engine, runner
+    free_cuda(bench)
+    out["peak_memory"] = fp8_peak_memory(bench, pair, bench.fp8_context, budget=64)
+    progress("fp8_peak_memory", out["peak_memory"])
+    out["gemms"] = fp8_gemms(bench, target, timer(sync))
+    del pair, target
+    free_cuda(bench)
+    memory_cap(bench, None)
+    return out
+
+
+def progress(name: str, figures: dict) -> None:
+    """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them)."""
+    print(json.dumps({name: figures}, default=str), flush=True)
+
+
+def peak_gib(bench: BenchConfig) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if bench.cuda else None
+
+
+@torch.no_grad()
+def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, rounds: int = 6) -> dict:
+    """Item 5: a session as a user runs it (DecodeSession on the runner engine: its runner sized for the prompt, CUDA
+    graphs, the static drafter) on a `context`-token prompt at `budget`, `rounds` rounds; the peak GPU memory
+    torch allocated (reset first: the models are resident, the rest is the session's) and what stays allocated."""
+    from ..engine.session import DecodeSession, make_proposer
+
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, pair.target.config.vocab_size, (context,), generator=gen).tolist()
+    resident = torch.cuda.memory_allocated() if bench.cuda else None
+    proposer = make_proposer(pair.drafter, pair.target, static=True)
+    session = DecodeSession(pair, budget=budget, max_new_tokens=(rounds + 2) * pair.drafter.block_size,
+                            engine="runner", record=False, proposer=proposer)
+    start = time.perf_counter()
+    session.prefill(prompt_ids=prompt)
+    prefill_s = time.perf_counter() - start
+    session.run(max_steps=rounds)
+    out = {"context": context, "budget": budget, "rounds": len(session.history), "prefill_s": prefill_s,
+           "runner_max_len": session.cache.max_len, "target": "<= 36 GB"}
+    if bench.cuda:
+        peak = torch.cuda.max_memory_allocated()
+        out.update(peak_GB=peak / 1e9, peak_GiB=peak / 2**30, models_GiB=resident / 2**30,
+                   session_GiB=(peak - resident) / 2**30, after_GiB=torch.cuda.memory_allocated() / 2**30,
+                   reserved_peak_GiB=torch.cuda.max_memory_reserved() / 2**30, met=peak <= 36e9)
+    del session, proposer
+    return out
+
+
+def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
+    """Each GEMM of a layer as the runner runs it (the fused FP8 groups of layer 0 and the first attention layer, and
+    their single projections), microseconds a call (`per_call_us`: a CUDA graph of `calls` calls on a GPU) for each
+    row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose picks) beside cuBLAS's bf16 GEMM on
+    the dequantized weight, the FP8 bytes a call reads over its time, and at 1 and 65 rows other configs beside the
+    chosen one (`gemm_configs`), to tune `choose` from one run."""
+    from ..engine import fp8
+    from ..engine.fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
+    from ..engine.verify import gdn_modules
+
+    per_call = functools.partial(per_call_us, bench, timed, calls)
+    layers = target.model.layers
+    attn = next(i for i in range(len(layers)) if i not in set(gdn_modules(target)))
+    weights = {}
+    for name, (owner, names) in {"gdn_in_proj": (layers[0].linear_attn, GDN_PROJECTIONS),
+                                 "attention_qkv": (layers[attn].self_attn, ATTENTION_PROJECTIONS),
+                                 "mlp_gate_up": (layers[0].mlp, MLP_PROJECTIONS)}.items():
+        fused = fuse_linears(owner, names)  # the runner's (already made: fusing is idempotent)
+        run = next(r for r in getattr(fused, "runs", (fused,)) if isinstance(r, fp8.FusedFp8Linear))
+        weights[name] = (run.weight, run.scale)
+    for name, module in (("gdn_out_proj", layers[0].linear_attn.out_proj),
+                         ("attention_o_proj", layers[attn].self_attn.o_proj), ("mlp_down", layers[0].mlp.down_proj)):
+        weights[name] = (module.weight, module.weight_scale_inv)
+    kernel = fp8._gemm_module() if bench.cuda else None  # other configs: where the Triton GEMM runs
+    dtype, out = target.get_input_embeddings().weight.dtype, {}
+    for name, (w, s) in weights.items():
+        dense = fp8.dequantize(w, s, FP8_BLOCK).to(dtype)
+        row: dict = {"shape": list(w.shape)}
+        for m in rows:
+            x = torch.randn(m, w.shape[1], device=w.device, dtype=dtype)
+            us = per_call(lambda: fp8.linear(x, w, s, FP8_BLOCK))
+            cell = row[str(m)] = {"fp8_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
+            if isinstance(us, float) and us > 0:
+                cell["fp8_TBps"] = (w.numel() + s.numel() * 4) / (us * 1e-6) / 1e12
+            if kernel is not None and m in (1, 65):
+                cell["configs"] = {label: {"config": asdict(c), "us": per_call(lambda: kernel.fp8_linear(x, w, s, FP8_BLOCK, c))}
+                                   for label, c in gemm_configs(kernel, m, w).items()}
+        out[name] = row
+        del dense
+    return out
+
+
+def gemm_configs(kernel, m: int, w) -> dict:
+    """fp8_gemm's chosen config for an [m, K] x w^T product and its neighbours, one field changed each."""
+    c = kernel.choose(m, w.shape[0], w.shape[1], w.device)
+    alts = {"chosen": c, **{f"block_n_{n}": dataclasses.replace(c, block_n=n) for n in (32, 64, 128) if n != c.block_n},
+            "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
+            "warps_other": dataclasses.replace(c, num_warps=12 - c.num_warps),
+            "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
+    if c.block_m > 64:
+        alts["block_m_64"] = dataclasses.replace(c, block_m=64)
+    if c.split_k > 1:
+        alts["no_split"] = dataclasses.replace(c, split_k=1)
+    return alts
+
+
+def fp8_targets(f: dict) -> dict:
+    """Issue #29's targets from fp8_speed's figures: the FP8 greedy step <= 1.35x its own bound, verify at budget 64
+    <= 1.25x and a whole round at 64 <= 1.5x the FP8 step, the peak at 4,096 tokens and budget 64 <= 36 GB."""
+    step = f["greedy_step_ms"]
+    out = {"fp8_step": {**_target(step, f["weight_read_bound_ms"], 1.35, "FP8 weight-read bound"),
+                        "bf16_step_ms": f["bf16_greedy_step_ms"]}}
+    verify = {row["budget"]: row["verify_ms"] for row in f["budgets"]}
+    if 64 in verify:
+        out["fp8_verify_64"] = _target(verify[64], step, 1.25, "FP8 runner greedy step")
+    out["fp8_round_64"] = _target(f["round_budget_64"]["round_ms"], step, 1.5, "FP8 runner greedy step")
+    peak = f["peak_memory"]
+    out["fp8_peak_memory"] = {"GB": peak.get("peak_GB"), "target": "<= 36 GB", "met": peak.get("met"),
+                              "context": peak["context"], "budget": peak["budget"], "cap_GB": f["memory_cap_GB"]}
     return out
 
 
@@ -895,10 +1162,10 @@ def exactness_target(results: list[dict]) -> dict:
             "target": "every fp32 run identical", "met": bool(results) and all(r["identical"] for r in results)}
 
 
-def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int):
-    """The exactness checks' target (real widths, random weights), its pair (no drafter: oracle drafts) and a
-    seeded random prompt."""
-    target = build_target(bench, layers, dtype)
+def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int, fp8: bool = False):
+    """The exactness checks' target (real widths, random weights; `fp8`: FP8 weights made at random), its pair (no
+    drafter: oracle drafts) and a seeded random prompt."""
+    target = (build_fp8_target if fp8 else build_target)(bench, layers, dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
     return target, pair_of(bench, target, None, dtype), prompt
@@ -906,14 +1173,15 @@ def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_
 
 @torch.no_grad()
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
-                   prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
-    """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers'."""
+                   prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), fp8: bool = False) -> list[dict]:
+    """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`fp8`:
+    on FP8 weights made at random, each result saying so)."""
     from ..engine.engines import RunnerEngine
     from ..engine.oracle import OracleProposer
     from ..engine.runner import StaticRunner
     from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
 
-    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, fp8)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
                           options=bench.runner_options())
 
@@ -924,7 +1192,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     greedy, margins = list(reference.ids), reference.margins
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
-    results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner greedy vs transformers greedy",
+    results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": "fp8" if fp8 else "plain",
+                "check": "runner greedy vs transformers greedy",
                 "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
                 "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
@@ -938,7 +1207,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
             session.run()
             out, rounds = session.generated, [r.kept for r in session.history]
             idx = first_divergence(out, greedy)
-            results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "check": "runner ddtree vs runner greedy",
+            results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": "fp8" if fp8 else "plain",
+                            "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
                             "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
                             "greedy_margin_at_divergence": margins[idx] if idx is not None else None,
@@ -1282,6 +1552,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--fast: also the DFlash2 drafter (qwen3.8-27b-dflash2-config.json, random weights) beside DFlash "
                         "1 on the runner: its pass at block 8 and whole rounds at budget 64 with the selector tree "
                         "(speed.fast.dflash2; targets dflash2_draft_pass, dflash2_round_64)")
+    p.add_argument("--fp8", action="store_true",
+                   help="--fast: also the target with FP8 weights made at random (128x128 blocks, kept as fp8 on the GPU) "
+                        "on the runner beside bf16, after the bf16 target is freed: its weight-read bound, greedy step, "
+                        "verify, rounds at budget 64, each GEMM, and the peak memory of a session at --fp8-context "
+                        "tokens and budget 64 under --fp8-memory-cap (speed.fast.fp8; targets fp8_*); with --exactness "
+                        "the runner's exactness on FP8 weights too")
+    p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GB",
+                   help="--fp8: the process's GPU memory cap (GB) while the FP8 target runs (default: 40)")
+    p.add_argument("--fp8-context", type=int, default=4096, help="--fp8: the peak-memory session's prompt (default: 4096)")
     p.add_argument("--costs", action="store_true",
                    help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
@@ -1293,6 +1572,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
+    if a.fp8 and (not a.fast or a.skip_speed or a.device_map == "auto"):
+        parser.error("--fp8 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
@@ -1330,9 +1611,18 @@ def main(argv: list[str] | None = None) -> int:
         report[f"{name}_bf16_full_depth"] = check(bench, a.layers, torch.bfloat16, [32], a.new_tokens,
                                                   ranks_list=((0,), (1,)))
         save()
+    if a.exactness and bench.fp8:  # issue #29: the runner's exactness on FP8 weights
+        report["fast_exactness_fp8_fp32_8_layers"] = fast_exactness(bench, 8 if not a.smoke else 4, torch.float32,
+                                                                    [4, 32, 64], a.new_tokens, fp8=True)
+        save()
+        report["fast_exactness_fp8_bf16_full_depth"] = fast_exactness(bench, a.layers, torch.bfloat16, [32, 64],
+                                                                      a.new_tokens, ranks_list=((0,), (1,)), fp8=True)
+        save()
     fast = report.get("speed", {}).get("fast")
     if fast is not None and "fast_exactness_fp32_8_layers" in report:
         fast["targets"]["exactness_fp32"] = exactness_target(report["fast_exactness_fp32_8_layers"])
+    if fast is not None and "fast_exactness_fp8_fp32_8_layers" in report:
+        fast["targets"]["fp8_exactness_fp32"] = exactness_target(report["fast_exactness_fp8_fp32_8_layers"])
     if fast is not None:
         print(json.dumps({"targets": fast["targets"]}, indent=1), flush=True)
         print(forms_table(fast, report["speed"]["weight_read_bound_ms"]), flush=True)

@@ -13,6 +13,13 @@ which tensor is missing or mis-shaped; and its FP8Linear path computes with FP8-
 the function we hold the runner to. Here the weights are dequantized once at load, the product computed in float32
 and only then cast to the dtype asked for; the model is then built from its config without the quantization entry,
 so both engines meet plain Linear weights (docs/ARCHITECTURE.md "Add a weight format").
+
+Kept as FP8 (`load_causal_lm(..., keep_fp8=True)`, what a target on one CUDA GPU gets): each converted Linear
+becomes an `Fp8Linear` holding the checkpoint's e4m3 bytes and float32 scales (about 1 byte a parameter), whose
+forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/fp8_gemm.py (the bytes
+and scales read as stored, dequantized in registers, rounded once to the activations' dtype; no dequantized copy of
+a weight is ever made, so a prefill's peak memory is the FP8 model's); elsewhere the weight dequantized for the
+call (float32 product, cast once) and F.linear. The static runner fuses them as it fuses plain Linears (engine/fused.py).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from ..errors import ModelLoadError
 
@@ -31,6 +40,8 @@ SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3fn value
 FORMAT_ATTR = "_ddtree_weight_format"  # set on a target loaded here: its Fp8Spec.label (ModelPair.target_precision)
+# the modules the official Qwen3.6-27B-FP8 layout leaves in bf16 (the tests' and the bench's FP8 weights follow it)
+NOT_CONVERTED = ("lm_head", "model.embed_tokens", "linear_attn.in_proj_a", "linear_attn.in_proj_b")
 
 
 @dataclass(frozen=True)
@@ -40,11 +51,13 @@ class Fp8Spec:
     block: tuple[int, int]  # (rows, columns) of the weight each scale multiplies
     skip: tuple[str, ...] = ()  # modules_to_not_convert, as given (informational: the scales decide)
 
-    def label(self, dtype: torch.dtype) -> str:
-        """The precision as people read it, e.g. 'fp8-e4m3 block 128 (dequantized to float32)'."""
+    def label(self, dtype: torch.dtype, kept: bool = False) -> str:
+        """The precision as people read it, e.g. 'fp8-e4m3 block 128 (dequantized to float32)', or with the FP8
+        weights kept 'fp8-e4m3 block 128 (fp8 weights, bfloat16 activations)'."""
         bo, bi = self.block
         block = str(bo) if bo == bi else f"{bo}x{bi}"
-        return f"fp8-e4m3 block {block} (dequantized to {str(dtype).removeprefix('torch.')})"
+        name = str(dtype).removeprefix("torch.")
+        return f"fp8-e4m3 block {block} ({f'fp8 weights, {name} activations' if kept else f'dequantized to {name}'})"
 
 
 def spec_of(config: Mapping, what: str) -> Fp8Spec | None:
@@ -92,7 +105,7 @@ def quantize(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor
     largest magnitude is FP8_MAX. For the tests' checkpoints and the bench's random FP8 weights."""
     out, inn = weight.shape
     rows, cols = grid(weight.shape, block)
-    padded = torch.zeros(rows * block[0], cols * block[1], dtype=torch.float32)
+    padded = torch.zeros(rows * block[0], cols * block[1], dtype=torch.float32, device=weight.device)
     padded[:out, :inn] = weight.float()
     tiles = padded.reshape(rows, block[0], cols, block[1])
     amax = tiles.abs().amax(dim=(1, 3)).clamp(min=1e-12)
@@ -129,11 +142,12 @@ def _check_pair(name: str, weight: torch.Tensor, scale: torch.Tensor, spec: Fp8S
 
 
 def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Fp8Spec,
-                     dtype: torch.dtype, what: str) -> dict[str, torch.Tensor]:
+                     dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype`: each FP8 weight times its scales (float32, then
     cast), every other tensor cast as is. `get(name)` reads one tensor (lazily, so a 27B checkpoint is read one
     tensor at a time). Refused, naming the tensor: an FP8 weight without scales, scales without their weight,
-    scales of the wrong shape or dtype."""
+    scales of the wrong shape or dtype. With `keep` (a dict), each FP8 weight goes in as its e4m3 values (exact in
+    any float dtype, not yet scaled: `keep_linears` replaces them) and keep[name] = (e4m3 weight, scales)."""
     names = list(names)
     present = set(names)
     state: dict[str, torch.Tensor] = {}
@@ -146,7 +160,10 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
         if name + SCALE_SUFFIX in present:
             scale = get(name + SCALE_SUFFIX)
             _check_pair(name, tensor, scale, spec, what)
-            tensor = dequantize(tensor, scale, spec.block)
+            if keep is not None:
+                keep[name] = (tensor, scale)
+            else:
+                tensor = dequantize(tensor, scale, spec.block)
         elif tensor.dtype == FP8_DTYPE:
             raise ModelLoadError(f"{what} weight {name} is float8_e4m3fn but has no scales ({name}{SCALE_SUFFIX} is missing)")
         elif name.endswith(("activation_scale", "input_scale")):
@@ -189,8 +206,10 @@ def checkpoint_files(path: Path, what: str) -> list[Path]:
     return files
 
 
-def read_checkpoint(path: Path, spec: Fp8Spec, dtype: torch.dtype, what: str) -> dict[str, torch.Tensor]:
-    """Every tensor of a local FP8 checkpoint, dequantized (dequantize_state), read one tensor at a time."""
+def read_checkpoint(path: Path, spec: Fp8Spec, dtype: torch.dtype, what: str,
+                    keep: dict | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of a local FP8 checkpoint, dequantized (dequantize_state; `keep`: its FP8 pairs kept), read one
+    tensor at a time."""
     from safetensors import SafetensorError, safe_open
 
     where: dict[str, object] = {}
@@ -198,16 +217,17 @@ def read_checkpoint(path: Path, spec: Fp8Spec, dtype: torch.dtype, what: str) ->
         handles = [safe_open(str(f), framework="pt", device="cpu") for f in checkpoint_files(path, what)]
         for h in handles:
             where.update(dict.fromkeys(h.keys(), h))
-        return dequantize_state(where, lambda name: where[name].get_tensor(name), spec, dtype, what)
+        return dequantize_state(where, lambda name: where[name].get_tensor(name), spec, dtype, what, keep)
     except (OSError, SafetensorError) as exc:
         raise ModelLoadError(f"cannot read {what} weights in {path}: {exc}") from None
 
 
-def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, **kwargs) -> torch.nn.Module:
+def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, keep_fp8: bool = False, **kwargs) -> torch.nn.Module:
     """The target from an FP8 checkpoint: its config without the quantization entry (transformers builds plain
     Linear layers), the dequantized tensors as its state dict (transformers' own renaming applies, as for a bf16
     checkpoint: model.language_model.* -> model.*), its generation config. Refused when a weight the model needs is
-    not in the checkpoint (transformers would initialise it at random)."""
+    not in the checkpoint (transformers would initialise it at random). `keep_fp8`: each converted Linear an
+    Fp8Linear of the checkpoint's bytes and scales (`keep_linears`), the other tensors in `dtype`."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -220,14 +240,140 @@ def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, **kwargs) -> t
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     if model_class.config_class == config.sub_configs.get("text_config"):  # as AutoModelForCausalLM does
         config = config.get_text_config()
-    state = read_checkpoint(path, spec, dtype, "target")
+    kept: dict | None = {} if keep_fp8 else None
+    state = read_checkpoint(path, spec, dtype, "target", kept)
     model, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=dtype,
                                               output_loading_info=True, **kwargs)
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise ModelLoadError(f"target weights missing from {path}: {', '.join(missing[:5])}"
                              f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
+    del state  # (kept: the e4m3 values in `dtype`, each freed as its Linear is replaced)
+    if kept:
+        keep_linears(model, kept, spec.block, f"target {path}")
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
-    setattr(model, FORMAT_ATTR, spec.label(dtype))
+    setattr(model, FORMAT_ATTR, spec.label(dtype, kept=keep_fp8))
     return model
+
+
+# ------------------------------------------------------------------------------------------------------------
+# FP8 weights kept: Fp8Linear, its function, its fused kind
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _gemm_module():
+    """engine/fp8_gemm.py (Triton at its top) where Triton imports, else None; imported once, on first use."""
+    global _GEMM
+    if _GEMM is None:
+        try:
+            from . import fp8_gemm as module
+        except ImportError:
+            module = False
+        _GEMM = module
+    return _GEMM or None
+
+
+_GEMM = None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
+    product rounded once to x's dtype, as a load in that dtype rounds it). On CUDA the Triton GEMM reads the fp8
+    bytes and scales as stored (any number of rows: decode, tree verify, prefill); elsewhere (a CPU, no Triton) the
+    weight is dequantized for this call and multiplied by F.linear (on a CPU bit for bit the model dequantized at
+    load)."""
+    gemm = _gemm_module() if x.is_cuda else None
+    if gemm is not None and gemm.fits(block):
+        return gemm.fp8_linear(x, weight, scale, block)
+    return F.linear(x, dequantize(weight, scale, block).to(x.dtype))
+
+
+class Fp8Linear(nn.Module):
+    """A Linear kept as the checkpoint stores it: `weight` float8_e4m3fn [out, in] and `weight_scale_inv` float32
+    [ceil(out / bo), ceil(in / bi)] (parameters, no gradient), computing `linear` (the dequantized model's
+    function). transformers' forward calls it like the Linear it replaces."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                 bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.block = (int(block[0]), int(block[1]))
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(scale, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x, self.weight, self.weight_scale_inv, self.block)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, fp8-e4m3"
+
+
+@dataclass(frozen=True)
+class FusedFp8Linear:
+    """fused.FusedLinear's FP8 kind: several Fp8Linears of one input as one FP8 weight (their rows stacked, each part
+    but the last a whole number of scale blocks tall) and its scale grid; y = x W^T split into their outputs."""
+
+    weight: torch.Tensor  # [sum of out_features, in_features] float8_e4m3fn
+    scale: torch.Tensor  # [ceil(rows / block[0]), ceil(in / block[1])] float32
+    block: tuple[int, int]
+    sizes: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return linear(x, self.weight, self.scale, self.block).split(self.sizes, dim=-1)
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, block: tuple[int, int] = (128, 128), skip: Iterable[str] = NOT_CONVERTED) -> int:
+    """Every Linear of `model` whose name has none of `skip` in it replaced by an Fp8Linear of its weight quantized
+    as the official checkpoints are (`quantize`, on the weight's device), one at a time (the transient is one
+    weight in float32). The bench's and the GPU tests' FP8 models. Returns how many."""
+    done = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and not any(s in name for s in skip):
+            q, scale = quantize(module.weight, block)
+            bias = None if module.bias is None else module.bias.detach()
+            owner, attr = _owner_of(model, name)
+            setattr(owner, attr, Fp8Linear(q, scale, block, bias))
+            done += 1
+    return done
+
+
+def _owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    parent, _, attr = name.rpartition(".")
+    return (model.get_submodule(parent) if parent else model), attr
+
+
+def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, torch.Tensor]], block: tuple[int, int],
+                 what: str) -> int:
+    """Each Linear of `model` loaded from a converted checkpoint weight (kept: checkpoint name -> (e4m3 weight,
+    scales)) replaced by an Fp8Linear of those bytes and scales. The checkpoint name is found through transformers'
+    renaming (model.language_model.layers.0... -> model.layers.0...): the names that end as the Linear's does, or
+    failing that the weights of its shape, and the one whose e4m3 values the Linear was loaded with. Returns how
+    many were replaced; refused when a Linear was loaded with e4m3 values it cannot be paired with."""
+    by_tail: dict[str, list[str]] = {}
+    for name in kept:
+        parts = name.split(".")
+        for i in range(len(parts) - 1):
+            by_tail.setdefault(".".join(parts[i:]), []).append(name)
+    done = 0
+    for module_name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear:
+            continue
+        w = module.weight.detach()
+        named = by_tail.get(module_name + ".weight") or by_tail.get(module_name.split(".", 1)[-1] + ".weight") or []
+        candidates = named or [n for n, (q, _) in kept.items() if q.shape == w.shape]
+        match = [n for n in candidates
+                 if kept[n][0].shape == w.shape and torch.equal(kept[n][0].to(device=w.device, dtype=w.dtype), w)]
+        if not match:
+            if named:
+                raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the FP8 weight {named[0]}")
+            continue
+        q, scale = kept[match[0]]
+        bias = None if module.bias is None else module.bias.detach()
+        owner, attr = _owner_of(model, module_name)
+        setattr(owner, attr, Fp8Linear(q.to(w.device), scale.to(w.device), block, bias))
+        done += 1
+    return done

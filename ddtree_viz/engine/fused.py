@@ -8,6 +8,10 @@ one GEMM of them:
     attention  q_proj (query + gate) + k_proj + v_proj
     MLP        gate_proj + up_proj
 
+FP8 weights kept (engine/fp8.py's Fp8Linear) fuse the same way, bytes and block scales stacked (fp8.FusedFp8Linear,
+the Triton GEMM on CUDA); a group of two kinds (the official FP8 layout keeps in_proj_b / in_proj_a in bf16) is one
+fused GEMM per run of one kind (FusedRuns). Every fused kind is called alike: x -> the parts' outputs.
+
 Memory: the fused weight *is* the storage. Each original Linear's weight becomes a Parameter viewing its rows of
 the fused matrix, so the model (transformers' own forward, the prefill, the transformers engine) computes with
 the same numbers and no byte is duplicated; building it copies one group at a time, so the transient cost is
@@ -33,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
+from . import fp8
 from .delta_rule.parallel import tree_delta_rule_masked, tree_delta_rule_parts
 from .delta_rule.step import delta_rule_step
 from .gdn_tree import l2norm, tree_conv
@@ -53,45 +58,115 @@ class FusedLinear:
         return torch.nn.functional.linear(x, self.weight).split(self.sizes, dim=-1)
 
 
+@dataclass(frozen=True)
+class FusedRuns:
+    """A group whose parts are not all of one kind (an FP8 checkpoint's bf16 in_proj_b / in_proj_a beside its FP8
+    in_proj_qkv / in_proj_z) or do not stack in whole FP8 scale blocks: one fused GEMM per run of parts, the outputs
+    in the parts' order."""
+
+    runs: tuple  # FusedLinear | fp8.FusedFp8Linear, each for `counts[i]` consecutive parts
+    counts: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(y for run in self.runs for y in run(x))
+
+
+def _kind(m: nn.Module):
+    """What a part fuses with: plain bias-free Linears of one dtype, or bias-free Fp8Linears of one scale block;
+    None for anything else (quantised some other way, with a bias, hooked)."""
+    if getattr(m, "_hf_hook", None) is not None or getattr(m, "bias", None) is not None:
+        return None
+    if type(m) is nn.Linear:
+        return ("plain", m.weight.dtype)
+    if type(m) is fp8.Fp8Linear:
+        return ("fp8", m.block)
+    return None
+
+
 def fusable(owner: nn.Module, names: tuple[str, ...]) -> bool:
-    """Plain bias-free Linears of one input width, dtype and device (quantised or hooked layers are left alone)."""
+    """Bias-free Linears (plain or FP8-kept) of one input width and device."""
     mods = [getattr(owner, n, None) for n in names]
-    if not all(type(m) is nn.Linear and m.bias is None for m in mods):
+    if any(m is None or _kind(m) is None for m in mods):
         return False
     w = [m.weight for m in mods]
-    return (len({x.shape[1] for x in w}) == 1 and len({x.dtype for x in w}) == 1 and len({x.device for x in w}) == 1
-            and all(getattr(m, "_hf_hook", None) is None for m in mods))
+    return len({x.shape[1] for x in w}) == 1 and len({x.device for x in w}) == 1
 
 
-def _views_of(weight: torch.Tensor, mods) -> bool:
-    offset, row = 0, weight.stride(0) * weight.element_size()
-    for m in mods:
-        w = m.weight
-        if w.data_ptr() != weight.data_ptr() + offset * row or w.shape[0] + offset > weight.shape[0]:
+def _runs(mods) -> list[list[nn.Module]]:
+    """Consecutive parts of one kind, an FP8 run broken after a part that is not a whole number of scale blocks
+    tall (a block would otherwise hold rows of two parts under one scale)."""
+    runs = [[mods[0]]]
+    for m in mods[1:]:
+        last = runs[-1][-1]
+        whole = _kind(last)[0] == "plain" or last.out_features % last.block[0] == 0
+        if _kind(m) == _kind(last) and whole:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    return runs
+
+
+def _views_of(storage: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    """The parts are consecutive row blocks of `storage`, covering it."""
+    offset, row = 0, storage.stride(0) * storage.element_size()
+    for w in parts:
+        if w.data_ptr() != storage.data_ptr() + offset * row or w.shape[0] + offset > storage.shape[0]:
             return False
         offset += w.shape[0]
-    return offset == weight.shape[0]
+    return offset == storage.shape[0]
+
+
+def _still_fused(done, mods) -> bool:
+    """`done` (a fused group made before) still is the storage of `mods`' weights (and scales)."""
+    runs, counts = (done.runs, done.counts) if isinstance(done, FusedRuns) else ((done,), (len(mods),))
+    start = 0
+    for run, n in zip(runs, counts):
+        part = mods[start:start + n]
+        start += n
+        if not _views_of(run.weight, [m.weight for m in part]):
+            return False
+        if isinstance(run, fp8.FusedFp8Linear) and not _views_of(run.scale, [m.weight_scale_inv for m in part]):
+            return False
+    return start == len(mods)
+
+
+def _stack(mods, attr: str) -> torch.Tensor:
+    """The parts' `attr` tensors stacked by rows into one new tensor, each part's `attr` then a Parameter viewing
+    its rows of it (the old tensor freed): built one group at a time, no second copy of the model."""
+    parts = [getattr(m, attr) for m in mods]
+    first = parts[0]
+    storage = torch.empty(sum(p.shape[0] for p in parts), first.shape[1], dtype=first.dtype, device=first.device)
+    offset = 0
+    for m, p in zip(mods, parts):
+        n = p.shape[0]
+        storage[offset : offset + n].copy_(p)
+        setattr(m, attr, nn.Parameter(storage[offset : offset + n], requires_grad=p.requires_grad))
+        offset += n
+    return storage
+
+
+def _fuse_run(mods):
+    sizes = tuple(m.out_features for m in mods)
+    if _kind(mods[0])[0] == "fp8":
+        return fp8.FusedFp8Linear(_stack(mods, "weight"), _stack(mods, "weight_scale_inv"), mods[0].block, sizes)
+    return FusedLinear(_stack(mods, "weight"), sizes)
 
 
 @torch.no_grad()
-def fuse_linears(owner: nn.Module, names: tuple[str, ...]) -> FusedLinear | None:
-    """Fuse `owner`'s Linears `names` (in this order) into one weight whose row blocks become their weights.
-    None when they cannot be fused (see `fusable`)."""
+def fuse_linears(owner: nn.Module, names: tuple[str, ...]) -> FusedLinear | fp8.FusedFp8Linear | FusedRuns | None:
+    """Fuse `owner`'s Linears `names` (in this order) into one weight whose row blocks become their weights (FP8-kept
+    parts: their bytes and their scales); parts of two kinds, or FP8 parts that do not stack in whole scale blocks,
+    one fused weight per run (FusedRuns). Each is called as x -> the parts' outputs. None when they cannot be fused
+    (see `fusable`)."""
     if not fusable(owner, names):
         return None
     mods = [getattr(owner, n) for n in names]
-    sizes = tuple(m.out_features for m in mods)
     done = getattr(owner, "_ddtree_fused", {}).get(names)
-    if done is not None and _views_of(done.weight, mods):
+    if done is not None and _still_fused(done, mods):
         return done
-    first = mods[0].weight
-    weight = torch.empty(sum(sizes), first.shape[1], dtype=first.dtype, device=first.device)
-    offset = 0
-    for m, n in zip(mods, sizes):
-        weight[offset : offset + n].copy_(m.weight)
-        m.weight = nn.Parameter(weight[offset : offset + n], requires_grad=m.weight.requires_grad)  # frees the old
-        offset += n
-    fused = FusedLinear(weight, sizes)
+    runs = _runs(mods)
+    fused = (_fuse_run(mods) if len(runs) == 1
+             else FusedRuns(tuple(_fuse_run(r) for r in runs), tuple(len(r) for r in runs)))
     owner.__dict__.setdefault("_ddtree_fused", {})[names] = fused  # not a submodule or buffer: no state_dict entry
     return fused
 

@@ -245,8 +245,10 @@ def _offline_hint(name: str, what: str) -> str:
             f"network, then point at the directory: {flag} /path/to/model (a directory with config.json)")
 
 
-def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False):
-    """The target as a causal LM + its tokenizer. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
+def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_fp8: bool | None = None):
+    """The target as a causal LM + its tokenizer. An FP8 checkpoint keeps its FP8 weights (engine/fp8.py's
+    Fp8Linear: half of bf16's memory, the runner's FP8 GEMM) where `keep_fp8` says so, by default on one CUDA GPU;
+    elsewhere it is dequantized at load. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
     vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
     published) loads as its text model only: transformers' AutoModelForCausalLM maps model_type qwen3_5 to
     Qwen3_5ForCausalLM, renames model.language_model.* to model.* and never reads model.visual.* or mtp.* (their
@@ -269,7 +271,9 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
         if spec is not None:  # the FP8 layout: dequantized by us (engine/fp8.py says why)
-            model = fp8.load_causal_lm(local, spec, dtype, **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
+            keep = device == "cuda" if keep_fp8 is None else keep_fp8
+            model = fp8.load_causal_lm(local, spec, dtype, keep_fp8=keep,
+                                       **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
         else:
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
@@ -361,8 +365,9 @@ def quiet_transformers(verbose: bool = False) -> None:
     transformers.logging.disable_progress_bar()
 
 
-def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu") -> ModelPair:
-    """Load target + tokenizer + drafter and check that they fit together."""
+def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu",
+              keep_fp8: bool | None = None) -> ModelPair:
+    """Load target + tokenizer + drafter and check that they fit together (`keep_fp8`: load_target's)."""
     torch_dtype = parse_dtype(dtype)
     device = resolve_device(device)
     embedded = target is None
@@ -372,7 +377,7 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
         draft = embedded_draft(draft)
     if draft is None:
         raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
-    model, tokenizer = load_target(target, torch_dtype, device, offline=embedded)
+    model, tokenizer = load_target(target, torch_dtype, device, offline=embedded, keep_fp8=keep_fp8)
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
     drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device)

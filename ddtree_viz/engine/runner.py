@@ -59,7 +59,7 @@ from transformers import DynamicCache
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
-from . import fused as fz
+from . import fp8, fused as fz
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
@@ -192,7 +192,8 @@ class StaticRunner:
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
         # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
-        self._model_key = (str(self.device), self.dtype, target.config.to_json_string())
+        self._model_key = (str(self.device), self.dtype, target.config.to_json_string(),
+                           any(isinstance(m, fp8.Fp8Linear) for m in target.modules()))  # FP8 weights kept: GEMMs differ
         self._allocate_state(gdn)
         self._layer_weights(gdn)
         self.committed = 0
@@ -520,9 +521,8 @@ class StaticRunner:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
-        with sdpa_backends(self.device):
-            out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1,
-                              output_hidden_states=bool(self.feature_layer_ids))
+        with sdpa_backends(self.device), self._features_kept() as kept:
+            out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         n = len(prompt_ids)
         for i, layer in enumerate(cache.layers):
             if i in self.conv:
@@ -533,10 +533,27 @@ class StaticRunner:
                 self.values[i][:, :, :n].copy_(layer.values)
         self.committed = n
         self.committed_t.fill_(n)
-        feats = None
-        if self.feature_layer_ids:
-            feats = torch.cat([out.hidden_states[i + 1][0] for i in self.feature_layer_ids], dim=-1)
+        feats = torch.cat([kept[i][0] for i in self.feature_layer_ids], dim=-1) if self.feature_layer_ids else None
         return out.logits[0, -1].float(), feats
+
+    @contextmanager
+    def _features_kept(self):
+        """The drafter's context features of a prefill, kept by hooks as the forward makes them: layer i's output
+        (the last layer's through the final norm, as transformers' hidden_states[L] is), what
+        output_hidden_states=True gives at [i + 1], without holding every layer's (65 x 42 MB at 4,096 tokens of a
+        27B model: 2.7 GB at the prefill's peak)."""
+        kept: dict[int, torch.Tensor] = {}
+        last = len(self.layers) - 1
+        hooks = []
+        for i in self.feature_layer_ids:
+            module = self.target.model.norm if i == last else self.layers[i]
+            hooks.append(module.register_forward_hook(
+                lambda m, args, out, i=i: kept.__setitem__(i, out[0] if isinstance(out, tuple) else out)))
+        try:
+            yield kept
+        finally:
+            for h in hooks:
+                h.remove()
 
     @torch.no_grad()
     def forward(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
