@@ -102,7 +102,7 @@ def _print_bench(result, runner: bool, several: bool) -> None:
         head = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
         print(f"prompt {i + 1}: {head!r} ({p.prompt_tokens} tokens)")
         for m in p.runs:
-            line = f"  {name(m):<13} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
+            line = f"  {name(m):<15} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
             if m != "greedy":
                 div = p.divergence(m)
                 same = f"identical to {who}" if div is None else f"DIVERGES from {who} at token {div}"
@@ -110,15 +110,15 @@ def _print_bench(result, runner: bool, several: bool) -> None:
                 line += f"  x{_ratio(p.tok_s(m), p.tok_s('greedy')):.2f}{acc}  {same}"
             print(line)
     print()
-    print(f"{'overall':<14} {'tok/s':>9}  {'vs ' + who:>11}  {'mean acceptance':>15}  identical to {who}")
+    print(f"{'overall':<16} {'tok/s':>9}  {'vs ' + who:>11}  {'mean acceptance':>15}  identical to {who}")
     for m in result.prompts[0].runs:
         same = "yes" if result.identical_to_greedy(m) else "NO"
         if m == "greedy":
-            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {'1.00x':>11}  {'-':>15}  -")
+            print(f"{name(m):<16} {result.tok_s(m):>9.1f}  {'1.00x':>11}  {'-':>15}  -")
         elif m == "runner-greedy":
-            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {'-':>15}  {same}")
+            print(f"{name(m):<16} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {'-':>15}  {same}")
         else:
-            print(f"{name(m):<14} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
+            print(f"{name(m):<16} {result.tok_s(m):>9.1f}  {result.speedup(m):>10.2f}x  {result.mean_acceptance(m):>15.2f}  {same}")
     for m in result.prompts[0].runs:
         for reason in result.degenerate(m):
             print(f"warning: {name(m)} output looks degenerate, {reason}: its tokens/s is no speed-up")
