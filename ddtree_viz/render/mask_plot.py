@@ -14,11 +14,11 @@ from .text import plotly_text as esc, shorten, visible
 
 MAX_TICKS = style.MASK_MAX_TICKS
 # The page's mask labels fewer keys and queries than it has (every n-th, plotly.js's choice; the hover names each):
-# a column label rotated on a ~440 px wide plot needs ~18 px, a row label ~18 px of the figure's height. Each label
-# drawn is measured by plotly.js in the browser (a layout of the page), so labels no one can read cost time too: at
-# budget 128, 64 per axis overlapped on the keys axis (issue #26).
+# a column label rotated on a ~440 px wide plot needs ~18 px, a row label ~15 px of the figure's height (a row is
+# 16 px up to the figure's 1600 px cap: every row labelled until then). Each label drawn is measured by plotly.js in
+# the browser (a layout of the page), so labels no one can read cost time too: at budget 128, 64 keys overlapped.
 KEY_TICKS = 24
-ROW_TICK_PX = 18
+ROW_TICK_PX = 15
 # A mask figure (the page's, and every export's) shows at most this many tree positions: the first ones, which
 # form a whole subtree because positions are numbered parents first (invariant 6). The mask grows as the square
 # of the tree; this is the page's largest budget (512) + the root, so every round the page makes shows whole, and
