@@ -28,6 +28,7 @@ PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 DRAW_JS = """
 async ([fig, width]) => {
   const div = document.getElementById('g');
+  Plotly.purge(div);  // a new figure, as gradio's Plot draws each new figure into a new div (no state of the last)
   div.style.width = width + 'px';
   fig.config = {responsive: true, displayModeBar: true};
   fig.layout.autosize = true;
@@ -46,6 +47,9 @@ async ([fig, width]) => {
           colorbar: all('.colorbar'), cbtitle: all('.colorbar .cbtitle'), modebar: all('.modebar'),
           xticks: all('.xaxislayer-above .xtick text'), markers, labels,
           legend_names: [...div.querySelectorAll('.legend .traces .legendtext')].map((t) => t.textContent),
+          yticks: all('.yaxislayer-above .ytick text'),
+          size: ['l', 'r', 't', 'b'].map((k) => div._fullLayout._size[k]),
+          margin: ['l', 'r', 't', 'b'].map((k) => fig.layout.margin[k]),
           main: box(div.querySelector('.main-svg'))};
 }
 """
@@ -160,3 +164,55 @@ def test_other_figures_keep_their_titles_off_their_legends(draw, trace, oracle_t
             d = draw(spec, width)
             assert not overlaps(d["xtitle"], d["legend"]), (spec.layout.get("title"), width)
             assert len(d["legend_names"]) == len(set(d["legend_names"])), d["legend_names"]
+
+
+@pytest.fixture(scope="module")
+def big_trace():
+    """Budget 128: a mask of 129 x 130 cells, the tree at its largest on the page's default budgets."""
+    s = DecodeSession(tiny_pair("hybrid"), budget=128, max_new_tokens=12)
+    s.prefill("def f(x):\n")
+    s.run()
+    return s.to_trace()
+
+
+def test_each_figure_is_laid_out_once_its_margins_hold_what_it_draws(draw, trace, oracle_trace, big_trace):
+    """Issue #26.10: plotly.js measures the tick labels, axis titles, colour bar and legend it drew and, when the
+    layout's margins are narrower than those, grows them and draws the whole figure a second time (~15% of the
+    browser's time for a Step). Every page figure leaves margins that hold what it draws: the margins plotly.js
+    ends with are the figure's own (one drawing), at the width each has on the page at 1500x1100 (the tree and the
+    grid across it, the others in half-width columns), at budgets 32 and 128. (Compare mode's half-width trees wrap
+    their legend to a third line: drawn twice there.)"""
+    steps = oracle_trace.steps
+    full, half = WIDTHS
+    for step in (tallest_column_step(trace), steps[0], big_trace.steps[0]):
+        specs = {"tree": (tree_spec(tree_layout(step)), full), "grid": (grid_spec(grid_data(step, None)), full),
+                 "mask": (mask_spec(step), half), "cache": (cache_spec(step), half)}
+        if step is steps[0]:
+            specs.update(acceptance=(acceptance_spec(steps), half), budget=(budget_spec(steps), half),
+                         depth=(depth_spec(steps, 16), half))
+        for name, (spec, width) in specs.items():
+            d = draw(spec, width)
+            grown = [abs(a - b) > 1 for a, b in zip(d["size"], d["margin"])]
+            assert not any(grown), (name, len(step.nodes), width, d["margin"], d["size"])
+
+
+def test_mask_labels_what_can_be_read_and_hovers_every_position(draw, big_trace):
+    """Issue #26.10: at budget 128 the mask labelled 64 keys over ~440 px (rotated labels on top of each other), each
+    measured by plotly.js in the browser. It labels at most 24 keys (mask_plot.KEY_TICKS) and a query every ~15
+    px or more, drawn apart; the hover still names every position (the heatmap's categories are all the labels)."""
+    from ddtree_viz.render.mask_plot import tick_labels
+
+    step = big_trace.steps[0]
+    assert len(step.nodes) > 100
+    spec = mask_spec(step)
+    rows, cols, _ = tick_labels(step)
+    heat = spec.data[0]
+    assert len(heat["y"]) == len(rows) == len(step.nodes) and len(heat["x"]) == len(cols) == len(step.nodes) + 1
+    assert "%{x}" in heat["hovertemplate"] and "%{y}" in heat["hovertemplate"]
+    d = draw(spec, 590)
+    assert 4 <= len(d["xticks"]) <= 24, len(d["xticks"])
+    assert 8 <= len(d["yticks"]) <= (spec.layout["height"] - 190) // 15 + 1, len(d["yticks"])
+    tops = sorted(box[1] for box in d["yticks"])
+    assert min(b - a for a, b in zip(tops, tops[1:])) >= 14  # rows labelled apart (a 12 px font)
+    lefts = sorted(box[0] for box in d["xticks"])
+    assert min(b - a for a, b in zip(lefts, lefts[1:])) >= 12  # keys labelled apart

@@ -43,6 +43,23 @@ def _template() -> Any:
     return _TEMPLATES[name]
 
 
+# Margins that already hold what a figure draws in them (tick labels, axis titles, the colour bar, a legend):
+# plotly.js measures those after drawing the figure and, when they need more room than the layout's margins give,
+# grows the margins and draws the whole figure again ("auto-margin": about 15% of the browser's time for a Step of
+# the page, issue #26). Margins at least as wide as what it measures are kept as they are: one drawing. An estimate
+# that falls short costs only the second drawing (the figure still grows its margins), never a label cut off.
+COLORBAR_PX = 125  # right of the plot: the colour bar (thickness 12-14), its tick labels and its two-line title
+TICK_CHAR_PX = 7.5  # a character of a 12 px tick label (plotly.js's default font), rounded up
+AXIS_TITLE_PX = 34  # an axis title beside its tick labels, with plotly.js's gaps
+
+
+def label_px(labels, font_size: int = 12) -> int:
+    """The width in px a column of these tick labels takes (the longest, rounded up): the room a margin leaves for
+    them beside an axis."""
+    longest = max((len(str(label)) for label in labels), default=0)
+    return int(longest * TICK_CHAR_PX * font_size / 12 + 0.999)
+
+
 def bottom_legend() -> dict:
     """A horizontal legend at the figure's bottom edge, in the bottom margin (the figure leaves room for it: an axis
     title, then two lines of legend). A legend placed in fractions of the plot (y=-0.2) lands on the x axis's
@@ -122,4 +139,4 @@ class FigureSpec:
         return go.Figure(data=self.data, layout=self.to_dict()["layout"])
 
 
-__all__ = ["FigureSpec", "bottom_legend", "colorscale"]
+__all__ = ["AXIS_TITLE_PX", "COLORBAR_PX", "FigureSpec", "bottom_legend", "colorscale", "label_px"]

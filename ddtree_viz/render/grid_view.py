@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..trace import StepRecord
-from .figure import FigureSpec
+from .figure import AXIS_TITLE_PX, COLORBAR_PX, FigureSpec, bottom_legend, label_px
 from .figure import colorscale as figure_colorscale
 from .scheme import PAGE_SCHEME, Scheme
 from .text import TokenText, plotly_text as esc, lookup, shorten, token_texts_from_steps, visible
@@ -145,9 +145,13 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
         xaxis=dict(title=dict(text="depth"), dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
         yaxis=dict(title=dict(text="drafter rank"), range=[g.k - 0.5, -0.5], **({"dtick": 1} if g.k <= 20 else {}),
                    zeroline=False, showgrid=False),
-        height=height or int(min(max(300, 120 + 26 * g.k), 900)), margin=dict(l=20, r=20, t=50, b=40),
+        # margins that hold the rank labels and their title, the colour bar, the depth title and the legend under
+        # it (figure.COLORBAR_PX: drawn once)
+        height=height or int(min(max(300, 120 + 26 * g.k), 900)),
+        margin=dict(l=AXIS_TITLE_PX + label_px([g.k - 1]) + 10, r=COLORBAR_PX if legend else 20, t=50,
+                    b=105 if legend else 60),
         plot_bgcolor="white", hovermode="closest", showlegend=legend,
-        legend=dict(orientation="h", yanchor="top", y=-0.15, x=0),
+        legend=bottom_legend(),  # under the depth title, in the margin (figure.bottom_legend)
         annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
                           showarrow=False, font=dict(size=10, color=scheme.text_muted))],
     ))

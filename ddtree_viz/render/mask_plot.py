@@ -8,11 +8,17 @@ import plotly.graph_objects as go
 from ..trace import StepRecord
 from ..treeops import ancestor_matrix
 from . import style
-from .figure import FigureSpec
+from .figure import AXIS_TITLE_PX, FigureSpec, label_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc, shorten, visible
 
 MAX_TICKS = style.MASK_MAX_TICKS
+# The page's mask labels fewer keys and queries than it has (every n-th, plotly.js's choice; the hover names each):
+# a column label rotated on a ~440 px wide plot needs ~18 px, a row label ~15 px of the figure's height (a row is
+# 16 px up to the figure's 1600 px cap: every row labelled until then). Each label drawn is measured by plotly.js in
+# the browser (a layout of the page), so labels no one can read cost time too: at budget 128, 64 keys overlapped.
+KEY_TICKS = 24
+ROW_TICK_PX = 15
 # A mask figure (the page's, and every export's) shows at most this many tree positions: the first ones, which
 # form a whole subtree because positions are numbered parents first (invariant 6). The mask grows as the square
 # of the tree; this is the page's largest budget (512) + the root, so every round the page makes shows whole, and
@@ -102,14 +108,17 @@ def mask_spec(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted: 
               for r in sorted(accepted)]
     # the title at the very top, left and short (the toolbar is at the right), the margin grown to hold it above the
     # rotated key labels, the keys named under the mask (the title sat on the labels, and the keys' own axis title
-    # under the toolbar: issue #26)
+    # under the toolbar: issue #26); the left margin holds the query labels and their title, the right one the
+    # last key label's slant (figure.label_px: drawn once)
+    height = height or int(min(max(360, 190 + 16 * n), 1600))
     return FigureSpec([heat], dict(
         title=dict(text=esc(title) if title is not None else page_title(step), font=dict(size=14), yref="container",
                    y=1.0, yanchor="top", x=0.0, xanchor="left", pad=dict(t=8, l=8), automargin=True),
-        xaxis=dict(type="category", tickangle=-60, side="top", showgrid=False, nticks=MAX_TICKS, automargin=True),
+        xaxis=dict(type="category", tickangle=-60, side="top", showgrid=False, nticks=min(MAX_TICKS, KEY_TICKS),
+                   automargin=True),
         yaxis=dict(type="category", autorange="reversed", title=dict(text="queries (tree positions)"), showgrid=False,
-                   nticks=MAX_TICKS),
-        height=height or int(min(max(360, 190 + 16 * n), 1600)), margin=dict(l=20, r=20, t=150, b=40),
+                   nticks=min(MAX_TICKS, max(8, (height - 190) // ROW_TICK_PX))),
+        height=height, margin=dict(l=AXIS_TITLE_PX + label_px(rows) + 10, r=20 + label_px(cols[-1:]) // 2, t=150, b=40),
         annotations=[dict(text=KEYS_NOTE, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
                           yshift=-6, showarrow=False, font=dict(size=11, color="#555555"))],
         plot_bgcolor="white", **({"shapes": shapes} if shapes else {}), **({} if legend else {"showlegend": False}),

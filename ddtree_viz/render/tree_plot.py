@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from . import style
-from .figure import FigureSpec, bottom_legend
+from .figure import COLORBAR_PX, FigureSpec, bottom_legend
 from .figure import colorscale as figure_colorscale
 from .layout import (
     DRAW_ORDER, EDGE_KINDS, EDGE_NAME, PHASES, LayoutNode, TreeLayout, edges_of, for_phase, legend_name, path_label_at,
@@ -162,6 +162,7 @@ def tree_spec(
     if not legend:
         spec.layout["coloraxis"]["showscale"] = False
         spec.layout["showlegend"] = False
+        spec.layout["margin"]["r"] = 20
     return spec
 
 
@@ -169,7 +170,8 @@ def _frame(layout: TreeLayout, height: int | None) -> dict:
     """Axes, height, margins and legend: ROW_PX a row (a label above its node clears the node on the row above:
     `·to r4` drew as `·t● r4` at ~25 px a row), room right of the deepest column for its label (the bonus star's
     sat under the colour bar's title), and the legend in the bottom margin, under the depth axis's title (it sat on
-    it in short figures: a legend placed in plot fractions moves with the figure's height)."""
+    it in short figures: a legend placed in plot fractions moves with the figure's height); the right margin holds
+    the colour bar (figure.COLORBAR_PX: drawn once)."""
     rows = layout.height
     height = height or int(min(max(360, TOP_PX + BOTTOM_PX + ROW_PX * (rows + 0.6)), MAX_HEIGHT))
     return dict(
@@ -177,7 +179,7 @@ def _frame(layout: TreeLayout, height: int | None) -> dict:
                    showgrid=True),
         # rows grow downward; the top row's label has room above it
         yaxis=dict(range=[rows - 1 + 0.5, -0.9], showticklabels=False, zeroline=False, showgrid=False),
-        height=height, margin=dict(l=20, r=20, t=TOP_PX, b=BOTTOM_PX),
+        height=height, margin=dict(l=20, r=COLORBAR_PX, t=TOP_PX, b=BOTTOM_PX),
         legend=bottom_legend(),
     )
 
