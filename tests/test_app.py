@@ -349,6 +349,13 @@ def test_served_app_steps_and_reports_errors_over_http(served):
     assert "Round" in out[0]
     # #26.5: a user's error is the status line's first words (no error raised: the other panels keep their values)
     assert "prompt is empty" in client.predict("verified", *args(prompt=""), api_name="/step")[0]
+    # #26.6: a round's check ends after the round is shown; a setting changed meanwhile keeps its note in the status
+    # the check writes (the check read the old status and dropped the note: CI's browser test met it under load)
+    from ddtree_viz.page.views import NEW_SESSION
+
+    client.predict("verified", *args(), api_name="/step")
+    assert NEW_SESSION not in client.predict("verified", *args(), api_name="/check")[0]
+    assert NEW_SESSION in client.predict("verified", *args(budget=5), api_name="/check")[0]
 
 
 def test_app_binds_localhost_and_does_not_share_by_default():

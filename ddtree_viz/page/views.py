@@ -172,14 +172,20 @@ NEW_SESSION = ("*Settings changed: the next **Step** starts a new session with t
 def status_after_change(host: ModelHost, tab: TabState, values: dict) -> str:
     """The status line once a setting (or the prompt) changed: says so when the next Step starts a new session, so
     that Step does not silently replace what is shown. A replay goes on with Step (actions.step): no note."""
-    status = render_check(host, tab)["status"]
+    return render_check(host, tab)["status"] + change_note(host, tab, values)
+
+
+def change_note(host: ModelHost, tab: TabState, values: dict) -> str:
+    """NEW_SESSION as the status line's last paragraph when the page's settings (`values`) would start a new session
+    at the next Step, else ''. Also what a round's check (which ends after the round is shown) keeps in the status: a
+    setting changed while it ran must not lose its note."""
     if tab.session is None or tab.replay or tab.settings is None:
-        return status
+        return ""
     try:
         same = read_settings(host, values).same_session(tab.settings)
     except InputError:
         same = False  # Step will say what is wrong
-    return status if same else f"{status}\n\n{NEW_SESSION}"
+    return "" if same else f"\n\n{NEW_SESSION}"
 
 
 def _build(s: Shown, names: Iterable[str]) -> Views:

@@ -18,7 +18,7 @@ from ...render.layout import PHASES
 from .. import actions
 from ..host import ModelHost
 from ..state import MAX_UPLOAD_BYTES, SAME, SETTINGS, read_settings
-from ..views import (CHECKED, VIEWS, Views, first_status, inspector_view, render_check, render_views,
+from ..views import (CHECKED, VIEWS, Views, change_note, first_status, inspector_view, render_check, render_views,
                      status_after_change)
 from .script import click_js, stale_js
 from .wiring import MODEL, Page, errors_in_status, shows_errors
@@ -284,19 +284,22 @@ class StepTab:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
                 yield out
 
-        def show_check(t, ph) -> dict:
-            return {tab: t, **self.fill(render_check(host, t, ph))}
+        def show_check(t, ph, values: dict) -> dict:
+            """The check's views; the status keeps the note of a setting changed while the check ran."""
+            views = render_check(host, t, ph)
+            views["status"] += change_note(host, t, values)
+            return {tab: t, **self.fill(views)}
 
-        on_check = in_status(lambda t, ph: show_check(actions.check(host, t), ph))
-        on_independent = in_status(lambda t, ph: show_check(actions.check_transformers(host, t), ph))
+        on_check = in_status(lambda t, ph, **values: show_check(actions.check(host, t), ph, values))
+        on_independent = in_status(lambda t, ph, **values: show_check(actions.check_transformers(host, t), ph, values))
 
         at = self.at_status
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
-            on_check, [tab, phase], checked, api_name="check", **at, **MODEL)
+            on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check", **at, **MODEL)
         run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **at, **MODEL)
-        run.then(on_check, [tab, phase], checked, api_name="check_run", **at, **MODEL)
-        c["check_transformers"].click(on_independent, [tab, phase], checked, api_name="check_transformers", **at,
-                                      **MODEL)
+        run.then(on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check_run", **at, **MODEL)
+        c["check_transformers"].click(on_independent, [tab, phase], checked, inputs_kwargs=settings,
+                                      api_name="check_transformers", **at, **MODEL)
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset", **at)
