@@ -4,6 +4,7 @@ tiny models, and the real Gradio app served on a free port and called through gr
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -356,6 +357,38 @@ def test_served_app_steps_and_reports_errors_over_http(served):
     client.predict("verified", *args(), api_name="/step")
     assert NEW_SESSION not in client.predict("verified", *args(), api_name="/check")[0]
     assert NEW_SESSION in client.predict("verified", *args(budget=5), api_name="/check")[0]
+
+
+def test_a_handler_that_ends_after_a_setting_changed_keeps_its_note(host):
+    """#26.6 under load (CI's browser test): a round's check is chained after the Step, so its inputs are the
+    page's settings when it started; a budget changed while it ran wrote the note, then the check's answer wrote
+    the status without it. The page's change handler records the settings on the tab (TabState.edit) and the check
+    (as the app wires it) reads the newest."""
+    from ddtree_viz.page.views import NEW_SESSION
+    from ddtree_viz.page.web.app import build_app
+
+    demo = build_app(host)
+    fns = {f.api_name: f for f in demo.fns.values()}
+    budget = next(b._id for b in demo.blocks.values() if getattr(b, "elem_id", None) == "ddv-budget-nodes")
+    on_budget = next(f for f in demo.fns.values() if any(t[0] == budget and t[1] == "input" for t in f.targets))
+    values = {**SETTINGS, **sampled_args(temperature=0.0, top_p=1.0, top_k=0, seed=0)}
+    tab = actions.step(host, TabState(), settings(host), check=False)
+
+    def status_of(out: dict) -> str:
+        return next(v for k, v in out.items() if getattr(k, "elem_id", "") == "ddv-status")
+
+    assert NEW_SESSION not in status_of(fns["check"].fn(tab, "verified", **values))
+    answers = []
+    with host.lock:  # the check starts, with the old budget, and waits for the model
+        waiting = host.lock._next + 1
+        check = threading.Thread(target=lambda: answers.append(fns["check"].fn(tab, "verified", **values)))
+        check.start()
+        while host.lock._next < waiting:
+            time.sleep(0.01)
+        changed = on_budget.fn(tab, **{**values, "budget": 5})  # the page's own handler, as the browser calls it
+        assert NEW_SESSION in next(iter(changed.values()))
+    check.join(timeout=120)
+    assert NEW_SESSION in status_of(answers[0]), status_of(answers[0])
 
 
 def test_app_binds_localhost_and_does_not_share_by_default():

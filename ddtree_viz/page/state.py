@@ -11,6 +11,7 @@ import dataclasses
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -249,6 +250,9 @@ class TabState:
     # the tree's filters as set in the page's boxes, (max depth, lowest log-prob shown), None: off (actions.tree_filter;
     # kept by a Reset or a replay, as the boxes keep them)
     tree_filter: tuple = (None, None)
+    # the page's settings as a changed setting last sent them, and when (time.monotonic()): a handler's inputs are
+    # the page's at its start, so one that ends after a change reads the change from here (newest_settings)
+    edited: tuple = (0.0, None)
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
@@ -259,6 +263,16 @@ class TabState:
 
     def __deepcopy__(self, memo) -> "TabState":  # gradio copies a tab's initial value: a fresh lock, no folder
         return dataclasses.replace(self)
+
+    def edit(self, values: dict) -> None:
+        """Record the page's settings sent by a changed setting (its `.input` event)."""
+        self.edited = (time.monotonic(), dict(values))
+
+    def newest_settings(self, values: dict, since: float) -> dict:
+        """The page's settings now: `values` (a handler's inputs, read when it started at `since`), unless a
+        setting changed after that."""
+        at, edited = self.edited
+        return edited if edited is not None and at > since else values
 
     def snapshot(self) -> "TabState":
         """A consistent copy of the tab to draw from (a Run in another handler may be changing the tab itself)."""

@@ -7,6 +7,7 @@ views.VIEWS' names (what they show), `controls` for the rest. A handler's inputs
 from __future__ import annotations
 
 import os
+import time
 
 import gradio as gr
 
@@ -267,14 +268,22 @@ class StepTab:
 
         in_status = errors_in_status(self.note)
 
+        def noted(out: dict, t, values: dict, since: float) -> dict:
+            """`out` with the note of a setting changed while its handler ran (its answer rewrites the status)."""
+            out[self.views["status"]] += change_note(host, t, t.newest_settings(values, since))
+            return out
+
         @in_status
         def on_step(t, ph, request: gr.Request, **values):
             page.add(request, t)
-            return self.show(actions.step(host, t, read_settings(host, values), check=False), ph)
+            since = time.monotonic()
+            return noted(self.show(actions.step(host, t, read_settings(host, values), check=False), ph), t, values,
+                         since)
 
         @in_status
         def on_run(t, ph, request: gr.Request, progress=gr.Progress(), **values):
             page.add(request, t)
+            since = time.monotonic()
             # each round's views are made only while this Run is still the tab's (actions.run_rounds): a Reset is
             # never followed by a round it ended
             for out in actions.run_rounds(host, t, read_settings(host, values), check=False,
@@ -282,16 +291,17 @@ class StepTab:
                 session = t.session  # None once a Reset has cleared the tab
                 if session is not None:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
-                yield out
+                yield noted(out, t, values, since)
 
-        def show_check(t, ph, values: dict) -> dict:
-            """The check's views; the status keeps the note of a setting changed while the check ran."""
-            views = render_check(host, t, ph)
-            views["status"] += change_note(host, t, values)
-            return {tab: t, **self.fill(views)}
+        def check_handler(check):
+            """A check's handler: its views, and the status keeps the note of a setting changed while it ran (its
+            inputs are the page's at its start: TabState.newest_settings)."""
+            def on(t, ph, **values) -> dict:
+                since = time.monotonic()
+                return noted({tab: t, **self.fill(render_check(host, check(host, t), ph))}, t, values, since)
+            return in_status(on)
 
-        on_check = in_status(lambda t, ph, **values: show_check(actions.check(host, t), ph, values))
-        on_independent = in_status(lambda t, ph, **values: show_check(actions.check_transformers(host, t), ph, values))
+        on_check, on_independent = check_handler(actions.check), check_handler(actions.check_transformers)
 
         at = self.at_status
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
@@ -303,17 +313,24 @@ class StepTab:
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset", **at)
-        c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]], api_name="new_seed")
-        self._wire_changes(page, settings)
+        seeded = c["new_seed"].click(lambda: str(actions.new_seed()), None, [self.settings["seed"]],
+                                     api_name="new_seed")
+        self._wire_changes(page, settings, seeded)
 
-    def _wire_changes(self, page: Page, settings: dict) -> None:
-        """A changed setting (or prompt) says in the status whether the next Step starts a new session."""
+    def _wire_changes(self, page: Page, settings: dict, seeded) -> None:
+        """A changed setting (or prompt, or New seed's seed) says in the status whether the next Step starts a new
+        session; the tab records the settings sent (TabState.edit) for the handlers that end after the change."""
         status = self.views["status"]
-        on_change = shows_errors(lambda t, **values: {status: status_after_change(self.host, t, values)})
+        def on_change(t, **values) -> dict:
+            t.edit(values)
+            return {status: status_after_change(self.host, t, values)}
+
+        on_change = shows_errors(on_change)
         for name, widget in settings.items():
             if not name.startswith("compare_"):  # B's settings restart only B
                 widget.input(on_change, [page.tab], [status], inputs_kwargs=settings, show_progress="hidden",
                              queue=False)
+        seeded.then(on_change, [page.tab], [status], inputs_kwargs=settings, show_progress="hidden", queue=False)
 
     def _wire_rounds(self, page: Page) -> None:
         """Moving between rounds, the phase, the node inspector."""
