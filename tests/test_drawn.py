@@ -72,13 +72,19 @@ def draw():
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def trace():
-    """Budget 32 with the tiny random drafter: wide columns of siblings (its candidates are near uniform)."""
-    s = DecodeSession(tiny_pair("hybrid"), budget=32, max_new_tokens=24)
+def decoded(budget: int, max_new_tokens: int):
+    """A whole session's trace on the tiny hybrid pair (its random drafter's candidates are near uniform: wide
+    columns of siblings)."""
+    s = DecodeSession(tiny_pair("hybrid"), budget=budget, max_new_tokens=max_new_tokens)
     s.prefill("def f(x):\n")
     s.run()
     return s.to_trace()
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """Budget 32: wide columns of siblings."""
+    return decoded(32, 24)
 
 
 def overlap(a, b, slack: float = 0.5) -> bool:
@@ -169,10 +175,7 @@ def test_other_figures_keep_their_titles_off_their_legends(draw, trace, oracle_t
 @pytest.fixture(scope="module")
 def big_trace():
     """Budget 128: a mask of 129 x 130 cells, the tree at its largest on the page's default budgets."""
-    s = DecodeSession(tiny_pair("hybrid"), budget=128, max_new_tokens=12)
-    s.prefill("def f(x):\n")
-    s.run()
-    return s.to_trace()
+    return decoded(128, 12)
 
 
 def test_each_figure_is_laid_out_once_its_margins_hold_what_it_draws(draw, trace, oracle_trace, big_trace):

@@ -7,6 +7,7 @@ children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is l
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,14 +118,19 @@ def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tenso
     from the sizes alone."""
     device = top_logprobs.device
     depth_limit, k = top_logprobs.shape
-    none = torch.empty(0, dtype=torch.long, device=device)
+
+    def with_root(value, rest: torch.Tensor) -> torch.Tensor:  # the root's entry (position 0) before the nodes'
+        return torch.cat([torch.full((1,), value, dtype=rest.dtype, device=device), rest])
+
     if budget <= 0 or depth_limit == 0 or k == 0:
-        return (torch.tensor([-1], device=device), torch.zeros(1, dtype=torch.long, device=device),
-                torch.tensor([-1], device=device), torch.zeros(1, dtype=torch.float64, device=device))
+        nodes = torch.empty(0, dtype=torch.long, device=device)
+        return (with_root(-1, nodes), with_root(0, nodes), with_root(-1, nodes),
+                with_root(0.0, nodes.to(torch.float64)))
     width = min(k, budget)  # a node of rank r follows its r better siblings: ranks >= budget never make it
     lp = top_logprobs[:, :width].to(torch.float64)
     ranks_row = torch.arange(width, device=device)
-    score, digits, parent = lp[0], torch.full((width, depth_limit), -1, device=device), none.new_full((width,), -1)
+    score, parent = lp[0], torch.full((width,), -1, device=device)
+    digits = torch.full((width, depth_limit), -1, device=device)
     digits[:, 0] = ranks_row
     beams = []  # per depth: (score, rank path padded with -1, parent's index in the previous depth's beam)
     for d in range(depth_limit):
@@ -137,21 +143,17 @@ def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tenso
         keep = _best_first_order(score, digits)[:budget]
         score, digits, parent = score[keep], digits[keep], parent[keep]
         beams.append((score, digits, parent))
-    offsets = [0]
-    for b in beams:
-        offsets.append(offsets[-1] + b[0].shape[0])
+    starts = list(itertools.accumulate((len(b[0]) for b in beams), initial=0))  # each depth's first index in the cat
     scores = torch.cat([b[0] for b in beams])
     paths = torch.cat([b[1] for b in beams])
     depth = torch.cat([torch.full_like(b[2], d + 1) for d, b in enumerate(beams)])
-    above = torch.cat([b[2] + offsets[d - 1] if d else b[2] for d, b in enumerate(beams)])  # -1: the root
+    above = torch.cat([b[2] + starts[d - 1] if d else b[2] for d, b in enumerate(beams)])  # -1: the root
     order = _best_first_order(scores, paths)[:budget]
     position = torch.zeros(scores.shape[0] + 1, dtype=torch.long, device=device)  # index -1 (the root's) -> 0
     position[order] = torch.arange(1, order.shape[0] + 1, device=device)
     rank = paths[order, depth[order] - 1]
-    return (torch.cat([none.new_full((1,), -1), position[above[order]]]),
-            torch.cat([none.new_zeros(1), depth[order]]),
-            torch.cat([none.new_full((1,), -1), rank]),
-            torch.cat([lp.new_zeros(1), lp[depth[order] - 1, rank]]))
+    return (with_root(-1, position[above[order]]), with_root(0, depth[order]), with_root(-1, rank),
+            with_root(0.0, lp[depth[order] - 1, rank]))
 
 
 def _best_first_order(score: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from .. import analysis
 from ..options import CHAINS
 from ..trace import StepRecord
-from .figure import AXIS_TITLE_PX, FigureSpec, label_px
+from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc
 
@@ -74,8 +74,8 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
     layout.update(
         title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
         height=250 + 13 * len(lines), plot_bgcolor="white",
-        # the left margin holds the tick labels ("2.5", "120") and the axis title (figure.label_px: drawn once)
-        margin=dict(l=AXIS_TITLE_PX + label_px(["2.5", max(total.values(), default=0)]) + 6,
+        # the left margin holds the tick labels ("2.5", "120") and the axis title (figure.title_axis_px: drawn once)
+        margin=dict(l=title_axis_px(["2.5", max(total.values(), default=0)]),
                     r=20 if "yaxis3" not in layout else 64, t=60, b=50 + 13 * len(lines)),
         showlegend=False,
         annotations=layout["annotations"] + [dict(
@@ -133,8 +133,8 @@ def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, sc
     layout["yaxis"].update(title=dict(text="rounds"), rangemode="tozero")
     layout["yaxis2"].update(title=dict(text="probability"), range=[0, 1.05])
     layout.update(title=dict(text=esc(title) if title is not None else "Acceptance by depth", font=dict(size=14)),
-                  # margins that hold the tick labels ("0.5") and axis titles (figure.label_px: drawn once)
-                  height=300, margin=dict(l=AXIS_TITLE_PX + label_px(["0.25", max(hist, default=0)]) + 6, r=20, t=60,
+                  # margins that hold the tick labels ("0.5") and axis titles (figure.title_axis_px: drawn once)
+                  height=300, margin=dict(l=title_axis_px(["0.25", max(hist, default=0)]), r=20, t=60,
                                           b=70), plot_bgcolor="white", showlegend=False)
     return FigureSpec(data, layout)
 

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from ..trace import LayerCache, StepRecord
 from . import style
-from .figure import AXIS_TITLE_PX, FigureSpec, bottom_legend, label_px
+from .figure import FigureSpec, bottom_legend, title_axis_px
 from .style import layer_type_name
 from .text import plotly_text as esc
 
@@ -116,8 +116,8 @@ def cache_spec(step: StepRecord, *, title: str | None = None) -> FigureSpec:
         xaxis=dict(title=dict(text="layer"), range=[min(layers, default=0) - 0.5, max(layers, default=0) + 0.5],
                    **layer_ticks(layers)),
         yaxis=dict(title=dict(text="bytes")), height=420,
-        # the left margin holds the bytes' tick labels ("150k", "1.5M") and title: drawn once (figure.label_px)
-        margin=dict(l=AXIS_TITLE_PX + label_px(["150.5k"]) + 4, r=20, t=50, b=110), legend=bottom_legend(),
+        # the left margin holds the bytes' tick labels ("150k", "1.5M") and title: drawn once (figure.title_axis_px)
+        margin=dict(l=title_axis_px(["150.5k"], 4), r=20, t=50, b=110), legend=bottom_legend(),
         plot_bgcolor="white",
     )
     if errors:

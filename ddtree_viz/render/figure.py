@@ -60,6 +60,12 @@ def label_px(labels, font_size: int = 12) -> int:
     return int(longest * TICK_CHAR_PX * font_size / 12 + 0.999)
 
 
+def title_axis_px(labels, pad: int = 6) -> int:
+    """The margin beside a titled axis: its title, its tick labels (`labels`: the widest ones it draws, label_px)
+    and `pad` px."""
+    return AXIS_TITLE_PX + label_px(labels) + pad
+
+
 def bottom_legend() -> dict:
     """A horizontal legend at the figure's bottom edge, in the bottom margin (the figure leaves room for it: an axis
     title, then two lines of legend). A legend placed in fractions of the plot (y=-0.2) lands on the x axis's
@@ -139,4 +145,5 @@ class FigureSpec:
         return go.Figure(data=self.data, layout=self.to_dict()["layout"])
 
 
-__all__ = ["AXIS_TITLE_PX", "COLORBAR_PX", "FigureSpec", "bottom_legend", "colorscale", "label_px"]
+__all__ = ["AXIS_TITLE_PX", "COLORBAR_PX", "FigureSpec", "bottom_legend", "colorscale", "label_px",
+           "title_axis_px"]

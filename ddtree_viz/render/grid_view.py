@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from .. import analysis
 from ..trace import StepRecord
-from .figure import AXIS_TITLE_PX, COLORBAR_PX, FigureSpec, bottom_legend, label_px
+from .figure import COLORBAR_PX, FigureSpec, bottom_legend, title_axis_px
 from .figure import colorscale as figure_colorscale
 from .scheme import PAGE_SCHEME, Scheme
 from .text import TokenText, plotly_text as esc, lookup, shorten, token_texts_from_steps, visible
@@ -148,7 +148,7 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
         # margins that hold the rank labels and their title, the colour bar, the depth title and the legend under
         # it (figure.COLORBAR_PX: drawn once)
         height=height or int(min(max(300, 120 + 26 * g.k), 900)),
-        margin=dict(l=AXIS_TITLE_PX + label_px([g.k - 1]) + 10, r=COLORBAR_PX if legend else 20, t=50,
+        margin=dict(l=title_axis_px([g.k - 1], 10), r=COLORBAR_PX if legend else 20, t=50,
                     b=105 if legend else 60),
         plot_bgcolor="white", hovermode="closest", showlegend=legend,
         legend=bottom_legend(),  # under the depth title, in the margin (figure.bottom_legend)

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from ..trace import StepRecord
 from ..treeops import ancestor_matrix
 from . import style
-from .figure import AXIS_TITLE_PX, FigureSpec, label_px
+from .figure import FigureSpec, label_px, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc, shorten, visible
 
@@ -118,7 +118,7 @@ def mask_spec(step: StepRecord, *, scheme: Scheme = PAGE_SCHEME, show_accepted: 
                    automargin=True),
         yaxis=dict(type="category", autorange="reversed", title=dict(text="queries (tree positions)"), showgrid=False,
                    nticks=min(MAX_TICKS, max(8, (height - 190) // ROW_TICK_PX))),
-        height=height, margin=dict(l=AXIS_TITLE_PX + label_px(rows) + 10, r=20 + label_px(cols[-1:]) // 2, t=150, b=40),
+        height=height, margin=dict(l=title_axis_px(rows, 10), r=20 + label_px(cols[-1:]) // 2, t=150, b=40),
         annotations=[dict(text=KEYS_NOTE, xref="paper", yref="paper", x=0, y=0, xanchor="left", yanchor="top",
                           yshift=-6, showarrow=False, font=dict(size=11, color="#555555"))],
         plot_bgcolor="white", **({"shapes": shapes} if shapes else {}), **({} if legend else {"showlegend": False}),

@@ -11,7 +11,7 @@ from ..options import CHAINS, REFERENCE_NAMES
 from ..speedup import degenerate
 from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_text
 from .budget_view import budget_line, rates_line
-from .figure import AXIS_TITLE_PX, FigureSpec, label_px
+from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import esc, plotly_text
 
@@ -49,8 +49,8 @@ def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, sc
     return FigureSpec(data, dict(
         title=dict(text=plotly_text(title) if title is not None else ACCEPTANCE_TITLE, font=dict(size=14)),
         xaxis=xaxis, yaxis=yaxis,
-        # margins that hold the tick labels and axis titles (figure.label_px: drawn once)
-        height=320, margin=dict(l=AXIS_TITLE_PX + label_px([max(y, default=0)]) + 6, r=20, t=50, b=70),
+        # margins that hold the tick labels and axis titles (figure.title_axis_px: drawn once)
+        height=320, margin=dict(l=title_axis_px([max(y, default=0)]), r=20, t=50, b=70),
         plot_bgcolor="white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1, xanchor="right"), bargap=0.2,
         **({} if legend else {"showlegend": False}),
