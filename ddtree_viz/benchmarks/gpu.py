@@ -649,8 +649,11 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     from ..engine.tree import DraftTree
     from ..engine.verify import device_sync
 
+    from ..engine.fp8 import expandable_segments
+
     free_cuda(bench)
     out: dict = {"memory_cap_GB": memory_cap(bench, bench.fp8_cap_gb), "block": list(FP8_BLOCK),
+                 "expandable_segments": expandable_segments() if bench.cuda else None,
                  "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None}
     t0 = time.perf_counter()
     target = build_fp8_target(bench, layers, dtype)

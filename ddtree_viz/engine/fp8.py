@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -220,6 +221,18 @@ def read_checkpoint(path: Path, spec: Fp8Spec, dtype: torch.dtype, what: str,
         return dequantize_state(where, lambda name: where[name].get_tensor(name), spec, dtype, what, keep)
     except (OSError, SafetensorError) as exc:
         raise ModelLoadError(f"cannot read {what} weights in {path}: {exc}") from None
+
+
+def expandable_segments() -> bool:
+    """Ask torch's CUDA allocator for expandable segments, unless PYTORCH_CUDA_ALLOC_CONF says otherwise (the user's
+    choice stands); whether they are on. A 27B FP8 target and its drafter fill most of a 40 GB card, and with
+    fixed-size segments the memory the runner's graphs need next is scattered over them: the first H200 run under a
+    40 GB cap ran out with 4.94 GiB reserved but unused (docs/PERFORMANCE.md section 13)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if conf:
+        return "expandable_segments:true" in conf.replace(" ", "").lower()
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    return True
 
 
 def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, keep_fp8: bool = False, **kwargs) -> torch.nn.Module:

@@ -272,6 +272,8 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
         if spec is not None:  # the FP8 layout: dequantized by us (engine/fp8.py says why)
             keep = device == "cuda" if keep_fp8 is None else keep_fp8
+            if keep and device == "cuda":
+                fp8.expandable_segments()
             model = fp8.load_causal_lm(local, spec, dtype, keep_fp8=keep,
                                        **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
         else:
