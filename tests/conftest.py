@@ -18,8 +18,8 @@ if "DDTREE_VIZ_CACHE" not in os.environ:
 # one worker: .ci/run's `-n 2 --dist loadfile --no-loadscope-reorder`). They run first and the many small files
 # fill in after them, so that the two workers end together; xdist's default order (files with the most tests
 # first) left a slow file of few tests (test_gpu_bench.py, test_analyze.py) to run alone at the end.
-SLOWEST_FILES = ("test_browser.py", "test_analyze.py", "test_app.py", "test_export.py", "test_hostile.py",
-                 "test_sampling.py", "test_gpu_bench.py", "test_analyze_page.py", "test_runner.py",
+SLOWEST_FILES = ("test_browser.py", "test_analyze.py", "test_app.py", "test_export.py", "test_sampling.py",
+                 "test_hostile.py", "test_analyze_page.py", "test_gpu_bench.py", "test_runner.py",
                  "test_draft_runner.py", "test_dflash2.py", "test_cli.py", "test_fp8.py", "test_speedup.py")
 
 

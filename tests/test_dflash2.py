@@ -105,9 +105,17 @@ def decode(pair, prompt, **kw):
     return session
 
 
+_REFERENCES: dict = {}  # (id(pair), prompt, sampler, n) -> (pair, ids): the pair kept, so its id is never reused
+
+
 def reference(pair, prompt, sampler=Sampler(), n=MAX_NEW):
-    ids = pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return list(greedy_decode(pair.target, ids, n, pair.eos_token_ids, sampler=sampler).ids)
+    """The target's own decoding (transformers' forward, token by token), made once for the module's pairs: the
+    parametrized cases below compare several methods and engines with the same reference (~1-2 s each)."""
+    key = (id(pair), prompt, sampler, n)
+    if key not in _REFERENCES:
+        ids = pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        _REFERENCES[key] = (pair, list(greedy_decode(pair.target, ids, n, pair.eos_token_ids, sampler=sampler).ids))
+    return list(_REFERENCES[key][1])
 
 
 # -- loading ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ there, the exactness checks pass, and the split (--device-map auto) and runner (
 
 import json
 
+import pytest
+
 from ddtree_viz.benchmarks import gpu
 
 
@@ -15,8 +17,17 @@ def _bench(tmp_path, *extra) -> dict:
     return json.loads(out.read_text())
 
 
-def test_gpu_bench_smoke_with_the_runner(tmp_path):
-    report = _bench(tmp_path, "--fast", "--exactness", "--variants", "gdn_kernel", "fused", "attention")
+@pytest.fixture(scope="module")
+def runner_report(tmp_path_factory) -> dict:
+    """One --fast --exactness run for two tests: the runner beside transformers' forward (with_the_runner) and with
+    FP8 weights beside bf16 (--fp8, measured after the bf16 target is freed, on the same default options): two runs
+    measured the bf16 runner twice (~20 s alone, more in CI)."""
+    return _bench(tmp_path_factory.mktemp("gpu-runner"), "--fast", "--exactness", "--variants", "gdn_kernel", "fused",
+                  "attention", "--fp8", "--fp8-context", "300")
+
+
+def test_gpu_bench_smoke_with_the_runner(runner_report):
+    report = runner_report
     speed = report["speed"]
     for key in ("weight_read_bound_ms", "copy_bandwidth_TBps", "greedy_step_ms", "draft_ms", "dflash_chain_verify_ms",
                 "prefill_ms", "rounds"):
@@ -168,12 +179,12 @@ def test_gpu_bench_dflash2_needs_the_runner(capsys):
         assert exc.value.code == 2 and "--dflash2 measures on the static runner" in capsys.readouterr().err
 
 
-def test_gpu_bench_smoke_fp8(tmp_path):
+def test_gpu_bench_smoke_fp8(runner_report):
     """issue #29 items 2 and 5 (--fp8): the same shapes with FP8 weights made at random (fp8.Fp8Linear, built layer by
     layer) on the runner beside bf16 in one run: its own weight-read bound (fp8 bytes + scales + the bf16 rest), greedy
     step, verify, rounds at budget 64, each GEMM beside bf16's, the peak-memory session, the four targets; with
     --exactness the runner's DDTree == its greedy on FP8 weights."""
-    report = _bench(tmp_path, "--fast", "--fast-only", "--fp8", "--variants", "--exactness", "--fp8-context", "300")
+    report = runner_report
     fast = report["speed"]["fast"]
     f = fast["fp8"]
     assert "error" not in f, f.get("error")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import re
 import textwrap
@@ -132,13 +133,33 @@ _WEIGHT = re.compile(r"font-weight:\s*([a-z0-9]+)")
 _STYLE = re.compile(r"font-style:\s*([a-z]+)")
 
 
+@functools.lru_cache(maxsize=64)
+def _subset_font(path: str, text: str) -> str:
+    """The font at `path` cut to the glyphs of `text`, as base64 TrueType. Kept for the process (the same bytes each
+    time): a report's figures, and the figures of reports written again (analyze --resume, the page's Analyze tab,
+    the tests), share their glyph sets, and subsetting DejaVu Sans costs ~0.3-1 s a call."""
+    from fontTools import subset
+    from fontTools.ttLib import TTFont
+
+    font = TTFont(path, recalcTimestamp=False)  # no save-time timestamp: reproducible SVG bytes
+    options = subset.Options()
+    options.name_IDs = ["*"]
+    options.notdef_outline = True
+    options.layout_features = ["*"]
+    options.drop_tables += ["FFTM"]
+    sub = subset.Subsetter(options)
+    sub.populate(text=text)
+    sub.subset(font)
+    out = io.BytesIO()
+    font.save(out)
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
 def embed_svg_fonts(svg: bytes) -> bytes:
     """Add an @font-face (subset TrueType, base64 data URL) for each font the SVG's <text> elements use, so the
     SVG looks the same on machines without DejaVu while its labels stay searchable text."""
     import logging
 
-    from fontTools import subset
-    from fontTools.ttLib import TTFont
     from matplotlib.font_manager import FontProperties, findfont
 
     logging.getLogger("fontTools.subset").setLevel(logging.ERROR)
@@ -163,18 +184,7 @@ def embed_svg_fonts(svg: bytes) -> bytes:
             path = findfont(FontProperties(family=fam, weight=weight, style=fstyle), fallback_to_default=False)
         except Exception:  # noqa: BLE001 - a family we cannot find is left to the viewer
             continue
-        font = TTFont(path, recalcTimestamp=False)  # no save-time timestamp: reproducible SVG bytes
-        options = subset.Options()
-        options.name_IDs = ["*"]
-        options.notdef_outline = True
-        options.layout_features = ["*"]
-        options.drop_tables += ["FFTM"]
-        sub = subset.Subsetter(options)
-        sub.populate(text="".join(sorted(chars)) or " ")
-        sub.subset(font)
-        out = io.BytesIO()
-        font.save(out)
-        data = base64.b64encode(out.getvalue()).decode("ascii")
+        data = _subset_font(path, "".join(sorted(chars)) or " ")
         css_weight = "bold" if weight in ("bold", "700", "heavy", "black") else "normal"
         faces.append(f"@font-face {{ font-family: '{fam}'; font-weight: {css_weight}; font-style: {fstyle}; "
                      f"src: url(data:font/ttf;base64,{data}) format('truetype'); }}")
