@@ -154,7 +154,7 @@ def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
 
 def test_figures_in_view_are_drawn_first_the_rest_after(app_url):
     """At 1500x1100 with the status at the top of the window, a Step draws the tree (in view) first and the six
-    figures below the window after it (one a task, or when scrolled to), each once; then all show the new round."""
+    figures below the window after it (in one task, or when scrolled to), each once; then all show the new round."""
     p, browser, page = open_page(app_url)
     try:
         first_round_drawn(page)
