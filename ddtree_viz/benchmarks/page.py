@@ -12,7 +12,8 @@ Measured side by side in one process, on the page's own code path (ddtree_viz/pa
   server time (actions.step + render_views + JSON) at round 5 and at round 100.
 - `--browser`: the page itself, served by `python app.py` and driven in headless Chromium (Playwright, Debian's
   chromium): wall time from the click on Step until the status says the new round and the browser has drawn
-  two frames, medians of rounds 2-11 and 91-100 of a 512-token session; then Run on the default prompt and the
+  two frames, medians of rounds 2-11 and 91-100 of a 512-token session (each Step clicked once the last round's
+  check has answered); then Run on the default prompt and the
   page's own stats table (engine time per round, greedy and DDTree tokens/s, speedup).
 
 No timed assertions anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
