@@ -12,7 +12,8 @@ Measured side by side in one process, on the page's own code path (ddtree_viz/pa
   server time (actions.step + render_views + JSON) at round 5 and at round 100.
 - `--browser`: the page itself, served by `python app.py` and driven in headless Chromium (Playwright, Debian's
   chromium): wall time from the click on Step until the status says the new round and the browser has drawn
-  two frames, medians of rounds 2-11 and 91-100 of a 512-token session; then Run on the default prompt and the
+  two frames, medians of rounds 2-11 and 91-100 of a 512-token session (each Step clicked once the last round's
+  check has answered); then Run on the default prompt and the
   page's own stats table (engine time per round, greedy and DDTree tokens/s, speedup).
 
 No timed assertions anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
@@ -134,6 +135,12 @@ TREE_DRAWN_JS = """
 """
 
 
+# between Steps (not timed): the round's check against the reference has answered. The Step after it waits for the
+# check on the server (one model at a time): a click the moment the last figure is drawn timed the check too, and
+# more of it the sooner the figures were drawn
+CHECKED_JS = "!document.querySelector('#ddv-status').innerText.includes('Checking against the reference')"
+
+
 def browser_figures(args, chromium: str) -> dict:
     """Serve the page (python app.py) and drive it in headless Chromium: Step wall times, then Run's stats."""
     import os
@@ -186,6 +193,7 @@ def browser_figures(args, chromium: str) -> dict:
                 steps.append(page.evaluate(STEP_JS, k))
                 alls.append(page.evaluate(ALL_DRAWN_JS))
                 trees.append(page.evaluate(TREE_DRAWN_JS))
+                page.wait_for_function(CHECKED_JS, timeout=120_000)
             early, late = steps[1:11], steps[-10:]  # round 1 also prefills: left out
             trees = [t for t in trees[1:] if t is not None]
             page.get_by_role("button", name="Reset", exact=True).click()

@@ -26,7 +26,7 @@ KEYS_JS = """
   // ~0.6 s on a 2-core machine). A div of the page that has been drawn is not drawn again: a new figure always
   // arrives in a new div (and the same figure again needs no drawing).
   // And only the tree is drawn in the update that brings it: every other figure follows, those in view first,
-  // one figure a task after the frame that shows the status and the tree, or sooner if it scrolls near the window.
+  // in one task after the frame that shows the status and the tree, or sooner if it scrolls near the window.
   const drawOnce = () => {
     const P = window.Plotly;
     if (!P || P._ddvOnce) return;
@@ -62,8 +62,12 @@ KEYS_JS = """
     const seen = new IntersectionObserver((entries) => {
       entries.forEach((e) => { if (e.isIntersecting) draw(e.target); });
     }, {rootMargin: '200px'});
-    // one figure a task, the first after the frame that shows the update which brought them (so what is in view
-    // is painted first); the browser may paint and handle input between them
+    // after the frame that shows the update which brought them (so what is in view is painted first), the figures
+    // waiting are drawn in one task, those in view first, and the browser paints them in one frame. One figure a
+    // task cost a frame after each (the page laid out, layerized and painted again each time: rendering took
+    // ~0.5 s of a budget-128 Step's main thread in Chromium's trace; issue #26). A click or key waiting (isInputPending, where the browser
+    // has it) ends the task early: the rest follow in the next.
+    const inputWaiting = () => { const s = navigator.scheduling; return !!(s && s.isInputPending && s.isInputPending()); };
     let draining = false;
     const schedule = (how) => {
       if (draining) return;
@@ -75,9 +79,12 @@ KEYS_JS = """
       draining = false;
       for (const gd of pending) if (!gd.isConnected) draw(gd);  // gone: forgotten
       const shown = [...pending].filter((gd) => gd.offsetParent !== null);
-      const next = shown.find(near) || shown[0];  // those in view first
-      if (next) draw(next);
-      if (pending.size) schedule(next ? 'next' : 'later');  // hidden ones (another tab): looked at again shortly
+      const inView = shown.filter(near);
+      for (const gd of [...inView, ...shown.filter((gd) => !inView.includes(gd))]) {  // those in view first
+        draw(gd);
+        if (inputWaiting()) break;
+      }
+      if (pending.size) schedule(shown.length ? 'next' : 'later');  // hidden ones (another tab): looked at again shortly
     };
     P.react = function (gd, ...args) {
       if (gd && ours(gd)) {
@@ -85,7 +92,8 @@ KEYS_JS = """
         const waiting = pending.has(gd);  // then a newer figure for it replaces the older
         // only the tree is drawn at once (in view): the status and the tree are painted first, every other
         // figure follows one a task (issue #26: click to tree drawn)
-        if (waiting || !near(gd) || !gd.closest('#ddv-tree')) {
+        // (near last: its layout, forced in the middle of gradio's update, is needed for the tree only)
+        if (waiting || !gd.closest('#ddv-tree') || !near(gd)) {
           gd._ddvArgs = args;
           if (!waiting) { pending.add(gd); seen.observe(gd); }
           schedule('frame');
