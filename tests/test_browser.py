@@ -152,26 +152,9 @@ def test_each_figure_is_drawn_once_a_step_and_shows_the_new_round(page):
         assert page.locator("#ddv-acceptance g.point").count() == k  # one bar a round so far
 
 
-def test_figures_in_view_are_drawn_first_the_rest_after(app_url):
+def test_figures_in_view_are_drawn_first_the_rest_together_after_the_trees_frame(app_url):
     """At 1500x1100 with the status at the top of the window, a Step draws the tree (in view) first and the six
-    figures below the window after it (in one task, or when scrolled to), each once; then all show the new round."""
-    p, browser, page = open_page(app_url)
-    try:
-        first_round_drawn(page)
-        page.evaluate("document.getElementById('ddv-status').scrollIntoView({block: 'start'})")
-        page.evaluate("window.Plotly._ddvOrder.length = 0; document.activeElement.blur()")
-        page.keyboard.press("s")  # the page's Step key: the window stays where it is
-        wait_status(page, "Round 2 of 2")
-        order = page.evaluate("window.Plotly._ddvOrder.slice()")
-        assert order[0] == "ddv-tree" and sorted(order) == sorted(FIGURES), order  # the tree, then the six below
-        page.wait_for_function("document.querySelector('#ddv-grid').innerText.includes('round 2')", timeout=30_000)
-    finally:
-        browser.close()
-        p.stop()
-
-
-def test_figures_below_the_window_are_drawn_together_after_the_trees_frame(app_url):
-    """The six figures below the window are drawn after the frame that paints the tree, all in one task (one figure
+    figures below the window after it, each once, all in one task after the frame that paints the tree (one figure
     a task cost a frame of the whole page after each, issue #26): every one in the same animation frame, a later
     one than the tree's, and each shows the new round."""
     p, browser, page = open_page(app_url)
@@ -182,15 +165,19 @@ def test_figures_below_the_window_are_drawn_together_after_the_trees_frame(app_u
           window._ddvTestFrame = 0;
           const tick = () => { window._ddvTestFrame += 1; requestAnimationFrame(tick); };
           requestAnimationFrame(tick);
-          const P = window.Plotly, push = P._ddvOrder.push.bind(P._ddvOrder);
+          const P = window.Plotly;
+          P._ddvOrder.length = 0;
+          const push = P._ddvOrder.push.bind(P._ddvOrder);
           window._ddvTestFrames = {};
           P._ddvOrder.push = (id) => { window._ddvTestFrames[id] = window._ddvTestFrame; return push(id); };
           document.activeElement.blur();
         }""")
-        page.keyboard.press("s")
+        page.keyboard.press("s")  # the page's Step key: the window stays where it is
         wait_status(page, "Round 2 of 2")
         page.wait_for_function("!window.Plotly._ddvPending && Object.keys(window._ddvTestFrames).length === 7",
                                timeout=30_000)
+        order = page.evaluate("window.Plotly._ddvOrder.slice()")
+        assert order[0] == "ddv-tree" and sorted(order) == sorted(FIGURES), order  # the tree, then the six below
         frames = page.evaluate("window._ddvTestFrames")
         below = {frames[elem] for elem in FIGURES if elem != "ddv-tree"}
         assert len(below) == 1 and below.pop() > frames["ddv-tree"], frames
