@@ -321,11 +321,12 @@ class StepTab:
         """A changed setting (or prompt, or New seed's seed) says in the status whether the next Step starts a new
         session; the tab records the settings sent (TabState.edit) for the handlers that end after the change."""
         status = self.views["status"]
+
+        @shows_errors
         def on_change(t, **values) -> dict:
             t.edit(values)
             return {status: status_after_change(self.host, t, values)}
 
-        on_change = shows_errors(on_change)
         for name, widget in settings.items():
             if not name.startswith("compare_"):  # B's settings restart only B
                 widget.input(on_change, [page.tab], [status], inputs_kwargs=settings, show_progress="hidden",
