@@ -279,7 +279,7 @@ def test_the_selector_follows_the_formula():
 
 def random_scores(rng, D, K):
     root, pair = rng.normal(size=K), rng.normal(size=(D - 1, K, K)) * 2
-    s = SelectorScores(torch.tensor(rng.permutation(100)[:D * K].reshape(D, K)), torch.zeros(D, K),
+    s = SelectorScores.of(torch.tensor(rng.permutation(100)[:D * K].reshape(D, K)), torch.zeros(D, K),
                        torch.tensor(root), torch.tensor(pair))
     return [t.numpy() for t in s.conditional()], s.ids.numpy()
 

@@ -140,16 +140,29 @@ class SelectorScores:
     """One proposal's selector output (float32, on the host). D = drafted depths, K = candidates per depth.
 
     ids [D, K]: the top-K candidates per depth, best unary first; unary [D, K]: their scores U; root [K]: S_1(root, b);
-    pair [D-1, K, K]: pair[d-2, i, j] = S_d(ids[d-2, i], ids[d-1, j]) for depths d >= 2."""
+    pair [D-1, K, K]: pair[d-2, i, j] = S_d(ids[d-2, i], ids[d-1, j]) for depths d >= 2; cond_root, cond_pair: their
+    log_softmax over the K successors (conditional_of), computed where the scores are (on CUDA inside the static
+    drafter's graph: two small kernels there, where on the host they cost a round ~0.15 ms on the H200's CPU)."""
 
     ids: Tensor
     unary: Tensor
     root: Tensor
     pair: Tensor
+    cond_root: Tensor
+    cond_pair: Tensor
+
+    @classmethod
+    def of(cls, ids: Tensor, unary: Tensor, root: Tensor, pair: Tensor) -> "SelectorScores":
+        return cls(ids, unary, root, pair, *conditional_of(root, pair))
 
     def conditional(self) -> tuple[Tensor, Tensor]:
-        """log_softmax over the K successors: the selector's log-prob of b after a, (root [K], pair [D-1, K, K])."""
-        return torch.log_softmax(self.root, -1), torch.log_softmax(self.pair, -1)
+        """The selector's log-prob of b after a: (cond_root [K], cond_pair [D-1, K, K])."""
+        return self.cond_root, self.cond_pair
+
+
+def conditional_of(root: Tensor, pair: Tensor) -> tuple[Tensor, Tensor]:
+    """log_softmax over the K successors of the root's scores [K] and the pair scores [D-1, K, K]."""
+    return torch.log_softmax(root, -1), torch.log_softmax(pair, -1)
 
 
 class CandidateSelector(nn.Module):
@@ -164,8 +177,9 @@ class CandidateSelector(nn.Module):
         return SelectorScores(*(t.cpu() for t in self.scores(hidden, logits, root_token_id, top_k)))
 
     def scores(self, hidden: Tensor, logits: Tensor, root: Tensor | int, top_k: int) -> tuple[Tensor, ...]:
-        """SelectorScores' fields (ids, unary, root, pair) on the selector's device, shapes fixed by D and top_k (the
-        static drafter captures this in its graph); `root`: the root's token id, an int or a 0-d tensor."""
+        """SelectorScores' fields (ids, unary, root, pair and the conditionals) on the selector's device, shapes fixed
+        by D and top_k (the static drafter captures this in its graph); `root`: the root's token id, an int or a 0-d
+        tensor."""
         device = self.hidden_projection.weight.device
         unary, ids = torch.topk(logits.to(device).float(), top_k, dim=-1)  # [D, K]
         proj = self.hidden_projection(hidden.to(device)).float()  # [D, R]
@@ -177,7 +191,7 @@ class CandidateSelector(nn.Module):
         root_scores = unary[0] + succ[0] @ (pred_root * proj[0])
         pred = self.predecessor_codebook[ids[:-1]].float() * proj[1:, None, :]  # [D-1, K, R]
         pair = unary[1:, None, :] + torch.einsum("dir,djr->dij", pred, succ[1:])
-        return ids, unary, root_scores, pair
+        return ids, unary, root_scores, pair, *conditional_of(root_scores, pair)
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -193,7 +207,7 @@ class DFlash2Drafter(DFlashDrafter):
         self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank)
 
     def extra_outputs(self, hidden, logits, root):
-        """The candidate selector's (ids, unary, root, pair) over this pass (SelectorScores' fields, on the device)."""
+        """The candidate selector's scores over this pass (SelectorScores' fields, on the device)."""
         return self.candidate_selector.scores(hidden, logits, root, min(self.top_k, logits.shape[-1]))
 
     @classmethod

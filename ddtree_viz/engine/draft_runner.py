@@ -14,9 +14,10 @@ keeps the same arithmetic over fixed shapes:
                     the block's K/V written at their positions (index_copy_ by position), attention over the first
                     K rows (a length bucket, K >= committed + L), drafter norm, the target's lm_head over the
                     drafted positions, log_softmax; then the family's extra outputs (drafter.extra_outputs:
-                    DFlash2's candidate selector, top-K ids, unary, root and pair scores). A family's layer
-                    changes (DFlash2's convolutions around each sublayer, over the block only) come through the
-                    layer's hooks (attention_input, attention_output, mlp_block), the ones its dynamic forward uses.
+                    DFlash2's candidate selector: top-K ids, unary, root and pair scores and their conditionals). A
+                    family's layer changes (DFlash2's convolutions around each sublayer, over the block only) come
+                    through the layer's hooks (attention_input, attention_output, mlp_block), the ones its dynamic
+                    forward uses.
 
 The mask is built on the device from positions, layer by layer kind, exactly as the dynamic drafter's: a key
 is visible when it is a committed context row or a row of this block, and, for a causal layer, not ahead of the

@@ -150,7 +150,7 @@ class DFlash2Proposer(DFlashProposer):
     def __init__(self, drafter, target, **options):
         super().__init__(drafter, target, **options)
         self.top_k = drafter.top_k
-        self._last = None  # the selector's (ids, unary, root, pair) of the last proposal, on the device
+        self._last = None  # the selector's scores of the last proposal (SelectorScores' fields), on the device
 
     def reset(self) -> None:
         super().reset()
