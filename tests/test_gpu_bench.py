@@ -19,11 +19,12 @@ def _bench(tmp_path, *extra) -> dict:
 
 @pytest.fixture(scope="module")
 def runner_report(tmp_path_factory) -> dict:
-    """One --fast --exactness run for two tests: the runner beside transformers' forward (with_the_runner) and with
-    FP8 weights beside bf16 (--fp8, measured after the bf16 target is freed, on the same default options): two runs
-    measured the bf16 runner twice (~20 s alone, more in CI)."""
+    """One --fast --exactness run for three tests: the runner beside transformers' forward (with_the_runner), with
+    FP8 weights beside bf16 (--fp8, measured after the bf16 target is freed, on the same default options) and the
+    DFlash2 drafter beside DFlash 1 (--dflash2): separate runs measured the bf16 runner three times (~20 s alone
+    each, more in CI)."""
     return _bench(tmp_path_factory.mktemp("gpu-runner"), "--fast", "--exactness", "--variants", "gdn_kernel", "fused",
-                  "attention", "--fp8", "--fp8-context", "300")
+                  "attention", "--fp8", "--fp8-context", "300", "--dflash2")
 
 
 def test_gpu_bench_smoke_with_the_runner(runner_report):
@@ -143,11 +144,11 @@ def test_gpu_bench_smoke_costs(tmp_path):
     assert "best budget" in costs["cost_table"]
 
 
-def test_gpu_bench_smoke_dflash2(tmp_path):
+def test_gpu_bench_smoke_dflash2(runner_report):
     """issue #28 item 7 (--dflash2): the DFlash2 drafter of the shipped config (toy widths here) on the runner beside
     DFlash 1 in one run: its pass at its block (8) each way, static == dynamic, whole rounds at budget 64 with the
     selector tree and the DFlash2 chain, and the two targets with DFlash 1's figures beside them."""
-    report = _bench(tmp_path, "--fast", "--fast-only", "--dflash2", "--variants")
+    report = runner_report
     fast = report["speed"]["fast"]
     d2, targets = fast["dflash2"], fast["targets"]
     assert d2["config"] == "qwen3.8-27b-dflash2-config.json" and d2["block"] == 8 and d2["selector_top_k"] == 16
