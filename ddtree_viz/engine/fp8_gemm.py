@@ -90,21 +90,25 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
-    """The config for an [M, K] x [N, K]^T product: the tiles (see the module's docstring), then split-K doubled while
-    the programs fill fewer than the SMs and each split keeps at least 8 steps of BLOCK_K; for decode rows (M <= 32)
-    while they fill fewer than 1.5x the SMs and each split keeps 4 steps (PERFORMANCE.md section 13: at one row the
-    narrow products [5120, K] were 24-33% faster split 4 than split 2, and that rule picks each of the six
-    projections' fastest or within 5% of it)."""
+    """The config for an [M, K] x [N, K]^T product: the tiles (see the module's docstring), then split-K. Decode rows
+    (M <= 32): a narrow product (fewer programs than SMs: [5120, K]) doubles its splits while the programs fill
+    fewer than 3x the SMs and each split keeps at least 4 steps of BLOCK_K (8 splits for down_proj and the out/o
+    projections: PERFORMANCE.md section 13 measured split 8 fastest, 10-16% under split 4, ~30% under 2); a
+    wide one does not split (within 4% of its fastest either way). More rows: doubled while the programs fill fewer
+    than the SMs and each split keeps 8 steps."""
     block_m = max(16, triton.next_power_of_2(M)) if M <= 128 else 128
     # a program reads all its rows of x for each BLOCK_N weight rows: 2 M / BLOCK_N times the weight's bytes in x
     # (from L2); past 32 rows 128-row weight tiles keep that at or under the weight's own (section 10: 65 rows,
     # 128 x 128 tiles 201 us against 253 us at 64 x 64)
     block_n = 64 if M <= 32 else 128
     programs = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
-    fill, min_steps = (1.5, 4) if M <= 32 else (1.0, 8)
-    split = 1
-    while programs * split < fill * sm_count(device) and K // (BLOCK_K * split * 2) >= min_steps:
-        split *= 2
+    sms, split = sm_count(device), 1
+    if M <= 32:
+        while programs < sms and programs * split < 3 * sms and K // (BLOCK_K * split * 2) >= 4:
+            split *= 2
+    else:
+        while programs * split < sms and K // (BLOCK_K * split * 2) >= 8:
+            split *= 2
     return Config(block_m, block_n, split, 4 if block_m <= 32 else 8, 3)
 
 
