@@ -311,6 +311,34 @@ def test_svg_parses_keeps_labels_as_text_and_marks_the_path(trace, k):
     assert ex.export_figure(trace, k, "svg") == data  # reproducible byte for byte
 
 
+def test_a_reports_svgs_share_one_font_subset_that_covers_all_their_text():
+    """The analyze report's figures embed their fonts together (mpl.embed_svg_fonts_together: one subset a face, not
+    one a figure): each SVG carries the same font, and that font has a glyph for every character of every figure."""
+    import base64
+    import io
+
+    from fontTools.ttLib import TTFont
+
+    from ddtree_viz.render import mpl, report
+
+    summary = {"rounds": 3, "acceptance_histogram": {"1": 2, "3": 1}, "per_depth_acceptance": [0.5, 0.25],
+               "budget_curve": {"1": 1.5, "2": 2.0}, "stop_rank_histogram": {"0": 1, "≥8": 2},
+               "acceptance_by_position": [{"from": 0, "to": 15, "mean_acceptance": 2.0}]}
+    svgs = report.figures(summary, "svg")
+    assert set(svgs) == set(report.FIGURES)
+
+    def faces(svg: bytes) -> set[str]:
+        return set(re.findall(r"base64,([A-Za-z0-9+/=]+)", svg.decode()))
+
+    fonts = [faces(svg) for svg in svgs.values()]
+    assert all(f == fonts[0] for f in fonts) and len(fonts[0]) == 1  # DejaVu Sans, cut once
+    cmap = TTFont(io.BytesIO(base64.b64decode(next(iter(fonts[0]))))).getBestCmap()
+    text = set().union(*(mpl._svg_fonts(svg)[("DejaVu Sans", "normal", "normal")] for svg in svgs.values()))
+    assert "≥" in text and not [c for c in text if ord(c) not in cmap and not c.isspace()]
+    one = mpl.embed_svg_fonts(report.figure(summary, "stop_rank", "svg", embed_fonts=False))
+    assert one == report.figure(summary, "stop_rank", "svg") and len(one) < len(svgs["stop_rank"])  # alone: its own
+
+
 def test_pdf_is_one_page_with_embedded_truetype_fonts(trace, k):
     data = ex.export_figure(trace, k, "pdf")
     assert data.startswith(b"%PDF")

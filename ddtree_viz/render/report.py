@@ -27,7 +27,7 @@ PRECISION_B = "b"  # summary["b"]: configuration B of a precision audit (options
 
 
 def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabel: str, color: str = BLUE,
-          fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+          fmt: str = "svg", ylim: tuple[float, float] | None = None, embed_fonts: bool = True) -> bytes:
     from .mpl import Page, _figure, _finish, rendering, save  # matplotlib: only when a figure is drawn
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
@@ -43,11 +43,11 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
             ax.set_ylim(*ylim)
         ax.spines[["top", "right"]].set_visible(False)
         _finish(ax, page)
-        return save(fig, fmt, page, title)
+        return save(fig, fmt, page, title, embed_fonts)
 
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
-           fmt: str = "svg", ylim: tuple[float, float] | None = None) -> bytes:
+           fmt: str = "svg", ylim: tuple[float, float] | None = None, embed_fonts: bool = True) -> bytes:
     from .mpl import Page, _figure, _finish, rendering, save
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
@@ -68,15 +68,16 @@ def _lines(series: list[tuple[str, list[float], list[float | None], str]], title
         if len(series) > 1:
             ax.legend(fontsize=7, frameon=False)
         _finish(ax, page)
-        return save(fig, fmt, page, title)
+        return save(fig, fmt, page, title, embed_fonts)
 
 
-def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
-    """One of FIGURES as SVG or PDF bytes."""
+def figure(summary: dict[str, Any], name: str, fmt: str = "svg", embed_fonts: bool = True) -> bytes:
+    """One of FIGURES as SVG or PDF bytes (an SVG without its fonts where `embed_fonts` is False: figures())."""
+    kw = {"fmt": fmt, "embed_fonts": embed_fonts}
     if name == "acceptance_histogram":
         h = summary["acceptance_histogram"]
         return _bars(list(h), list(h.values()), "Tokens gained per round", "tokens gained (accepted drafts + bonus)",
-                     "rounds", fmt=fmt)
+                     "rounds", **kw)
     if name == "per_depth_acceptance":  # with --method both, the DFlash chain's curve on the same axes
         series = []
         for side, color in ((summary, BLUE), (summary.get(DFLASH), ORANGE), (summary.get(PRECISION_B), GREY)):
@@ -84,29 +85,37 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
                 p = side["per_depth_acceptance"]
                 series.append((_label(summary, side), list(range(1, len(p) + 1)), p, color))
         return _lines(series, "Acceptance by depth", "depth d",
-                      "P(accepted >= d | >= d-1, tree >= d)", fmt=fmt, ylim=(0, 1.05))
+                      "P(accepted >= d | >= d-1, tree >= d)", ylim=(0, 1.05), **kw)
     if name == "budget_curve":  # with a precision audit, B's curve beside
         series = [(_label(summary, side, "budget curve"), [int(b) for b in side["budget_curve"]],
                    list(side["budget_curve"].values()), color)
                   for side, color in ((summary, GREEN), (summary.get(PRECISION_B), GREY))
                   if side is not None and side.get("budget_curve")]
         return _lines(series, "Budget curve (exact per-round counterfactual)", "budget (tree nodes)",
-                      "mean tokens gained per round", fmt=fmt)
+                      "mean tokens gained per round", **kw)
     if name == "stop_rank":
         h = summary["stop_rank_histogram"]
         return _bars(list(h), list(h.values()), "The target's token among the drafter's candidates at the stop depth",
-                     "drafter rank of the target's token", "rounds", color=ORANGE, fmt=fmt)
+                     "drafter rank of the target's token", "rounds", color=ORANGE, **kw)
     if name == "acceptance_by_position":
         rows = summary["acceptance_by_position"]
         return _bars([f"{r['from']}-{r['to']}" for r in rows], [r["mean_acceptance"] for r in rows],
                      "Acceptance by position in the generation", "output tokens (the round's start)",
-                     "mean tokens gained per round", color=GREEN, fmt=fmt)
+                     "mean tokens gained per round", color=GREEN, **kw)
     raise ValueError(f"unknown figure {name!r}; choose one of {', '.join(FIGURES)}")
 
 
 def figures(summary: dict[str, Any], fmt: str = "svg") -> dict[str, bytes]:
-    """Every figure of FIGURES (none when the summary has no rounds)."""
-    return {name: figure(summary, name, fmt) for name in FIGURES} if summary.get("rounds") else {}
+    """Every figure of FIGURES (none when the summary has no rounds); SVGs with their fonts cut once for all
+    (mpl.embed_svg_fonts_together)."""
+    if not summary.get("rounds"):
+        return {}
+    if fmt != "svg":
+        return {name: figure(summary, name, fmt) for name in FIGURES}
+    from .mpl import embed_svg_fonts_together
+
+    raw = {name: figure(summary, name, fmt, embed_fonts=False) for name in FIGURES}
+    return dict(zip(raw, embed_svg_fonts_together(list(raw.values()))))
 
 
 def _label(summary: dict[str, Any], side: dict[str, Any], plain: str | None = None) -> str:
