@@ -335,8 +335,8 @@ def test_a_reports_svgs_share_one_font_subset_that_covers_all_their_text():
     cmap = TTFont(io.BytesIO(base64.b64decode(next(iter(fonts[0]))))).getBestCmap()
     text = set().union(*(mpl._svg_fonts(svg)[("DejaVu Sans", "normal", "normal")] for svg in svgs.values()))
     assert "≥" in text and not [c for c in text if ord(c) not in cmap and not c.isspace()]
-    one = mpl.embed_svg_fonts(report.figure(summary, "stop_rank", "svg", embed_fonts=False))
-    assert one == report.figure(summary, "stop_rank", "svg") and len(one) < len(svgs["stop_rank"])  # alone: its own
+    one = report.figure(summary, "stop_rank", "svg")  # alone: its own glyphs only
+    assert one == mpl.embed_svg_fonts(report.drawn(summary, "stop_rank", ("svg",))["svg"]) and len(one) < len(svgs["stop_rank"])
 
 
 def test_pdf_is_one_page_with_embedded_truetype_fonts(trace, k):

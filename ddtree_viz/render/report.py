@@ -27,7 +27,7 @@ PRECISION_B = "b"  # summary["b"]: configuration B of a precision audit (options
 
 
 def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabel: str, color: str = BLUE,
-          fmt: str = "svg", ylim: tuple[float, float] | None = None, embed_fonts: bool = True) -> bytes:
+          fmts: tuple[str, ...] = ("svg",), ylim: tuple[float, float] | None = None) -> dict[str, bytes]:
     from .mpl import Page, _figure, _finish, rendering, save  # matplotlib: only when a figure is drawn
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
@@ -43,11 +43,11 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
             ax.set_ylim(*ylim)
         ax.spines[["top", "right"]].set_visible(False)
         _finish(ax, page)
-        return save(fig, fmt, page, title, embed_fonts)
+        return {fmt: save(fig, fmt, page, title, embed_fonts=False) for fmt in fmts}
 
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
-           fmt: str = "svg", ylim: tuple[float, float] | None = None, embed_fonts: bool = True) -> bytes:
+           fmts: tuple[str, ...] = ("svg",), ylim: tuple[float, float] | None = None) -> dict[str, bytes]:
     from .mpl import Page, _figure, _finish, rendering, save
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
@@ -68,12 +68,22 @@ def _lines(series: list[tuple[str, list[float], list[float | None], str]], title
         if len(series) > 1:
             ax.legend(fontsize=7, frameon=False)
         _finish(ax, page)
-        return save(fig, fmt, page, title, embed_fonts)
+        return {fmt: save(fig, fmt, page, title, embed_fonts=False) for fmt in fmts}
 
 
-def figure(summary: dict[str, Any], name: str, fmt: str = "svg", embed_fonts: bool = True) -> bytes:
-    """One of FIGURES as SVG or PDF bytes (an SVG without its fonts where `embed_fonts` is False: figures())."""
-    kw = {"fmt": fmt, "embed_fonts": embed_fonts}
+def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
+    """One of FIGURES as SVG (its fonts embedded) or PDF bytes."""
+    data = drawn(summary, name, (fmt,))[fmt]
+    if fmt != "svg":
+        return data
+    from .mpl import embed_svg_fonts
+
+    return embed_svg_fonts(data)
+
+
+def drawn(summary: dict[str, Any], name: str, fmts: tuple[str, ...]) -> dict[str, bytes]:
+    """One of FIGURES drawn once and saved in each of `fmts` (SVG without its fonts: the callers embed them)."""
+    kw = {"fmts": fmts}
     if name == "acceptance_histogram":
         h = summary["acceptance_histogram"]
         return _bars(list(h), list(h.values()), "Tokens gained per round", "tokens gained (accepted drafts + bonus)",
@@ -106,16 +116,22 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg", embed_fonts: bo
 
 
 def figures(summary: dict[str, Any], fmt: str = "svg") -> dict[str, bytes]:
-    """Every figure of FIGURES (none when the summary has no rounds); SVGs with their fonts cut once for all
-    (mpl.embed_svg_fonts_together)."""
+    """Every figure of FIGURES in one format (none when the summary has no rounds)."""
+    return {name: files[fmt] for name, files in figure_files(summary, (fmt,)).items()}
+
+
+def figure_files(summary: dict[str, Any], fmts: tuple[str, ...] = ("svg", "pdf")) -> dict[str, dict[str, bytes]]:
+    """Every figure of FIGURES, each drawn once and saved in each of `fmts` (none when the summary has no rounds);
+    the SVGs' fonts cut once for all of them (mpl.embed_svg_fonts_together)."""
     if not summary.get("rounds"):
         return {}
-    if fmt != "svg":
-        return {name: figure(summary, name, fmt) for name in FIGURES}
-    from .mpl import embed_svg_fonts_together
+    out = {name: drawn(summary, name, fmts) for name in FIGURES}
+    if "svg" in fmts:
+        from .mpl import embed_svg_fonts_together
 
-    raw = {name: figure(summary, name, fmt, embed_fonts=False) for name in FIGURES}
-    return dict(zip(raw, embed_svg_fonts_together(list(raw.values()))))
+        for files, svg in zip(out.values(), embed_svg_fonts_together([files["svg"] for files in out.values()])):
+            files["svg"] = svg
+    return out
 
 
 def _label(summary: dict[str, Any], side: dict[str, Any], plain: str | None = None) -> str:
@@ -499,10 +515,11 @@ def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | N
     out = Path(out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    svgs = figures(summary, "svg")
-    for name, svg in svgs.items():
-        (figs / f"{name}.svg").write_bytes(svg)
-        (figs / f"{name}.pdf").write_bytes(figure(summary, name, "pdf"))
+    files = figure_files(summary)
+    for name, by_format in files.items():
+        for fmt, data in by_format.items():
+            (figs / f"{name}.{fmt}").write_bytes(data)
+    svgs = {name: by_format["svg"] for name, by_format in files.items()}
     path = out / "report.html"
     path.write_text(report_html(summary, svgs, items, metas), encoding="utf-8")
     return path
