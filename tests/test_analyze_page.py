@@ -281,6 +281,26 @@ def embedded():
     return host
 
 
+def test_the_pages_set_run_shows_done_with_its_report_not_before(embedded):
+    """The page's 'Run the set' (as the app wires it): a progress line in the status after each prompt, then the
+    report and its status in one update. The run's last line ("done: run on this page: ...") was shown as progress
+    first, so the status said the set was done while the old report was still on screen (a browser test read the
+    old table under the new status on a loaded machine)."""
+    import gradio as gr
+
+    from ddtree_viz.page.web.app import build_app
+
+    demo = build_app(embedded)
+    run = next(f for f in demo.fns.values() if f.api_name == "prompt_set")
+    status = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "ddv-report-status")
+    values = dict(source="heldout-code", upload=None, budget=8, max_new_tokens=8, limit=2, chat=False, system="",
+                  thinking=True)
+    updates = list(run.fn(TabState(), gr.Request(session_hash="set-run-test"), **values))
+    shown = [u[status] for u in updates]
+    assert len(updates) == 3 and all("Running the set: " in s and "done" not in s for s in shown[:-1]), shown
+    assert "run on this page: 2 of 2 prompts" in shown[-1] and len(updates[-1]) > 2  # the report's views too
+
+
 def test_a_prompt_set_runs_on_the_page_into_the_tabs_report(embedded):
     tab = TabState()
     lines = list(run_prompt_set(embedded, tab, "heldout-code", None, 8, 8, 2))
