@@ -339,6 +339,27 @@ def test_a_reports_svgs_share_one_font_subset_that_covers_all_their_text():
     assert one == mpl.embed_svg_fonts(report.drawn(summary, "stop_rank", ("svg",))["svg"]) and len(one) < len(svgs["stop_rank"])
 
 
+def test_report_figures_tick_counts_depths_and_budgets_in_whole_numbers():
+    """Rounds are counted, depths and budgets are whole: no 0.25-round or depth-1.25 ticks (matplotlib's default
+    locator put them there); a mean (acceptance by position) keeps its fractional ticks."""
+    from ddtree_viz.render import report
+
+    summary = {"rounds": 5, "acceptance_histogram": {"1": 1, "2": 2, "3": 2}, "per_depth_acceptance": [0.8, 0.5, 0.0],
+               "budget_curve": {"1": 1.8, "2": 2.0, "4": 2.0, "8": 2.0}, "stop_rank_histogram": {"3": 2, "5": 1},
+               "acceptance_by_position": [{"from": 0, "to": 0, "mean_acceptance": 2.0}]}
+
+    def ticks(name: str, axis: str) -> list[str]:
+        root = ET.fromstring(report.figure(summary, name, "svg"))
+        groups = [g for g in root.iter(f"{SVG_NS}g") if (g.get("id") or "").startswith(f"{axis}tick_")]
+        return ["".join(t.itertext()).strip() for g in groups for t in g.iter(f"{SVG_NS}text")]
+
+    for name, axis in (("acceptance_histogram", "y"), ("stop_rank", "y"), ("per_depth_acceptance", "x"),
+                       ("budget_curve", "x")):
+        shown = ticks(name, axis)
+        assert shown and all(re.fullmatch(r"[−-]?\d+", t) for t in shown), (name, shown)
+    assert any("." in t for t in ticks("acceptance_by_position", "y"))
+
+
 def test_pdf_is_one_page_with_embedded_truetype_fonts(trace, k):
     data = ex.export_figure(trace, k, "pdf")
     assert data.startswith(b"%PDF")

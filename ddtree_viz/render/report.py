@@ -28,7 +28,9 @@ PRECISION_B = "b"  # summary["b"]: configuration B of a precision audit (options
 
 def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabel: str, color: str = BLUE,
           fmts: tuple[str, ...] = ("svg",), ylim: tuple[float, float] | None = None) -> dict[str, bytes]:
-    from .mpl import Page, _figure, _finish, rendering, save  # matplotlib: only when a figure is drawn
+    from matplotlib.ticker import MaxNLocator  # matplotlib: only when a figure is drawn
+
+    from .mpl import Page, _figure, _finish, rendering, save
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
     with rendering():
@@ -37,6 +39,8 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
         xs = list(range(len(labels)))
         ax.bar(xs, [0 if v is None else v for v in values], color=color, width=0.75)
         ax.set_xticks(xs, labels, rotation=0 if len(labels) <= 16 else 90, fontsize=7)
+        if all(isinstance(v, int) for v in values if v is not None):  # counts: no 0.25-round ticks
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if ylim:
@@ -48,6 +52,8 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
            fmts: tuple[str, ...] = ("svg",), ylim: tuple[float, float] | None = None) -> dict[str, bytes]:
+    from matplotlib.ticker import MaxNLocator
+
     from .mpl import Page, _figure, _finish, rendering, save
 
     page = Page(width=5.0, height=2.8, dpi=150, title=title, caption=None)
@@ -59,6 +65,8 @@ def _lines(series: list[tuple[str, list[float], list[float | None], str]], title
             # gid: the SVG group of each series is <g id="series-K">, with one marker per point
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=color, label=label,
                     gid=f"series-{k}")
+        if all(isinstance(x, int) for _, xs, _, _ in series for x in xs):  # depths, budgets: whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if ylim:
