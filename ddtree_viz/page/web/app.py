@@ -52,12 +52,27 @@ def _sweep_upload_leftovers(age: float) -> int:
     return gone
 
 
-def _janitor(file_ttl: int) -> None:
-    """Every min(60, file_ttl) seconds, for as long as the server runs: _sweep_upload_leftovers(file_ttl)."""
+def _sweep_served_files(demo: gr.Blocks, age: float) -> None:
+    """gradio's delete_cache sweep, run again from the janitor. gradio's own runs as one task on the server's event
+    loop and walks each component's set of cached files while handler threads add to them: one "Set changed size
+    during iteration" ends that task for good, and every file served after it stayed (CI met it: 5 files left 45 s
+    after a --file-ttl of 8 s). A sweep that meets a changing set here is simply done again next time."""
+    from gradio.route_utils import delete_files_created_by_app
+
+    try:
+        delete_files_created_by_app(demo, age)
+    except RuntimeError:  # a set changed under the walk: the next sweep
+        pass
+
+
+def _janitor(demo: gr.Blocks, file_ttl: int) -> None:
+    """Every min(60, file_ttl) seconds, for as long as the server runs: _sweep_upload_leftovers(file_ttl) and
+    _sweep_served_files(demo, file_ttl)."""
     def loop():
         while True:
             time.sleep(min(60, file_ttl))
             _sweep_upload_leftovers(file_ttl)
+            _sweep_served_files(demo, file_ttl)
 
     threading.Thread(target=loop, name="ddtree-viz-janitor", daemon=True).start()
 
@@ -164,7 +179,7 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
         else:
             host.stage, host.replay_only = "not loaded", True
         demo = build_app(host, args.replay, file_ttl=args.file_ttl, dirs=report_dirs(args))
-        _janitor(args.file_ttl)
+        _janitor(demo, args.file_ttl)
         demo.queue(default_concurrency_limit=1)
         print(f"ddtree-viz: serving on http://{args.host}:{args.port} "
               f"({'public share link on' if args.share else 'local only'})", flush=True)
