@@ -646,10 +646,9 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     session at a `bench.fp8_context`-token prompt and budget 64 (fp8_peak_memory), the GEMMs one by one
     (fp8_gemms), each beside the bf16 run's figure."""
     from ..engine.engines import RunnerEngine
+    from ..engine.fp8 import expandable_segments
     from ..engine.tree import DraftTree
     from ..engine.verify import device_sync
-
-    from ..engine.fp8 import expandable_segments
 
     free_cuda(bench)
     out: dict = {"memory_cap_GB": memory_cap(bench, bench.fp8_cap_gb), "block": list(FP8_BLOCK),

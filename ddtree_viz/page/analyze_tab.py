@@ -163,8 +163,8 @@ def _keep_uploads(names: dict[str, Path], folder: Path) -> dict[str, Path]:
 
 
 PAGE_SET_MAX_PROMPTS = 32  # a prompt set run from the page: at most this many prompts (the CLI's analyze: any)
-SET_DONE = "done: "  # run_prompt_set's last line: the set is over and its report is on the tab
 PAGE_SET_MAX_TOKENS = 256  # ... and new tokens a prompt
+SET_DONE = "done: "  # run_prompt_set's last line: the set is over and its report is on the tab
 
 
 def prompt_sets() -> list[str]:
@@ -221,8 +221,8 @@ def run_prompt_set(host: ModelHost, tab: TabState, source, upload, budget, max_n
     summary.json), then shown in the tab in place of the report before (whose files stay until then). A generator:
     it yields a progress line after each prompt, and last SET_DONE + the report's note. The model is taken round by
     round (other tabs' Steps go in between); the tab's Stop (`tab.set_stop`) ends it after the round going on, and
-    the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on. One set per tab at a time (a second
-    call while one runs is refused); a tab closed meanwhile ends it quietly."""
+    the report covers the prompts done. A prompt that fails is recorded with its error and the set goes on. One set
+    per tab at a time (a second call while one runs is refused); a tab closed meanwhile ends it quietly."""
     budget = check_int("budget", budget, 1, MAX_BUDGET)
     max_new = check_int("max new tokens", max_new_tokens, 1, PAGE_SET_MAX_TOKENS)
     limit = check_int("prompts", limit, 1, PAGE_SET_MAX_PROMPTS)
