@@ -47,8 +47,11 @@ def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
 
 
 @pytest.mark.parametrize("rows", [1, 65, 129])
-@pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8)],
-                         ids=["split3", "split2-wide", "one-block"])
+@pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8),
+                                    Config(16, 128, 2, swap=True), Config(256, 64, 1, 8, swap=True),
+                                    Config(64, 128, 3, 8, swap=True, tail=16), Config(32, 64, 1, tail=32)],
+                         ids=["split3", "split2-wide", "one-block", "swap-split2", "swap-one-block", "swap-tail-split3",
+                              "tail"])
 def test_fp8_gemm_configs_compute_the_same_product(rows, config):
     """Every config (several row blocks, split-K with its float32 partial sums, 128-row weight tiles) gives the
     dequantized product; K = 1000 leaves a partial last block and an uneven last split."""
@@ -59,14 +62,25 @@ def test_fp8_gemm_configs_compute_the_same_product(rows, config):
 
 def test_the_chosen_config_splits_narrow_long_weights():
     """At one row the narrow products [5120, K] (down_proj, the out/o projections: 80 programs) split K eight ways
-    (section 13's measured best); the wide ones (gate+up, in_proj, qkv) do not; the verify's rows keep 128-row
-    tiles and split at most until the SMs are filled."""
+    (section 13's measured best); the wide ones (gate+up, in_proj, qkv) do not. A verify's 65 and 129 rows are one
+    program column of 64 + 16 and 128 + 16 rows, swapped; it splits where that cuts the waves of programs by 15%:
+    the narrow products (40 programs: 2) and gate+up (272 programs, 3 waves: 2), not in_proj's 128 programs."""
     cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
     assert choose(1, 5120, 17408, cuda132).split_k == 8 and choose(1, 5120, 6144, cuda132).split_k == 8
     assert [choose(1, n, 5120, cuda132).split_k for n in (34816, 16384, 14336)] == [1, 1, 1]
-    assert choose(65, 5120, 17408, cuda132).split_k == 4 and choose(65, 16384, 5120, cuda132).split_k == 2
-    assert choose(65, 34816, 5120, cuda132).block_m == 128 and choose(129, 34816, 5120, cuda132).block_m == 128
+    assert not choose(1, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
+    assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 1, 8, 3, swap=True, tail=16)
+    assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16)
+    assert [choose(65, n, k, cuda132).split_k for n, k in ((5120, 17408), (5120, 6144), (34816, 5120))] == [2, 2, 2]
     assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
+
+
+@pytest.mark.parametrize("rows, blocks", [(33, (32, 16)), (48, (32, 16)), (49, (64, 0)), (64, (64, 0)),
+                                          (65, (64, 16)), (96, (64, 32)), (97, (128, 0)), (129, (128, 16)),
+                                          (160, (128, 32))])
+def test_verify_rows_are_a_power_of_two_and_a_short_tail(rows, blocks):
+    from ddtree_viz.engine.fp8_gemm import row_blocks
+    assert row_blocks(rows) == blocks and sum(blocks) >= rows
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

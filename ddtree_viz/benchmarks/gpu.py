@@ -738,7 +738,7 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
     """Each GEMM of a layer as the runner runs it (the fused FP8 groups of layer 0 and the first attention layer, and
     their single projections), microseconds a call (`per_call_us`: a CUDA graph of `calls` calls on a GPU) for each
     row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose picks) beside cuBLAS's bf16 GEMM on
-    the dequantized weight, the FP8 bytes a call reads over its time, and at 1 and 65 rows other configs beside the
+    the dequantized weight, the FP8 bytes a call reads over its time, and at 1, 65 and 129 rows other configs beside the
     chosen one (`gemm_configs`), to tune `choose` from one run."""
     from ..engine import fp8
     from ..engine.fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
@@ -768,7 +768,7 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
             cell = row[str(m)] = {"fp8_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
             if isinstance(us, float) and us > 0:
                 cell["fp8_TBps"] = (w.numel() + s.numel() * 4) / (us * 1e-6) / 1e12
-            if kernel is not None and m in (1, 65):
+            if kernel is not None and m in (1, 65, 129):
                 cell["configs"] = {label: {"config": asdict(c), "us": per_call(lambda: kernel.fp8_linear(x, w, s, FP8_BLOCK, c))}
                                    for label, c in gemm_configs(kernel, m, w).items()}
         out[name] = row
@@ -783,8 +783,9 @@ def gemm_configs(kernel, m: int, w) -> dict:
             "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
             "warps_other": dataclasses.replace(c, num_warps=12 - c.num_warps),
             "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
-    if c.block_m > 64:
-        alts["block_m_64"] = dataclasses.replace(c, block_m=64)
+    alts["swap_other"] = dataclasses.replace(c, swap=not c.swap)
+    if c.tail:
+        alts["one_block"] = dataclasses.replace(c, block_m=2 * c.block_m, tail=0)
     if c.split_k > 1:
         alts["no_split"] = dataclasses.replace(c, split_k=1)
     return alts

@@ -7,20 +7,22 @@ e4m3 -> float32, times its block's float32 scale, rounded once to the activation
 fp8.dequantize(...).to(dtype) at load), then multiplied with fp32 accumulation. So the runner with this kind and
 the runner with the weights dequantized at load compute the same products, up to the order of the sums.
 
-A program computes a [BLOCK_M, BLOCK_N] tile of y, walking its share of the input dimension BLOCK_K columns at a
-time; BLOCK_K divides the scale block's columns (128) and BLOCK_N its rows, so a tile needs one scale column and one
-scale per row. Partial blocks (a dimension that is not a multiple of 128) are masked. `choose` picks the tiles from
-the shape (`Config`): one row block for up to 128 rows (each weight byte read and dequantized once: the runner's
-decode and tree verify), 128 weight rows a program past 32 rows, 128-row blocks past 128 rows (a prefill), and
-split-K where the tiles alone would leave SMs
-idle (a narrow, long weight such as down_proj [5120, 17408]: its partial sums in float32, added in a fixed order,
-so the result does not depend on timing). The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside it. Imported only where this kind is
-chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input); without a GPU it runs in Triton's
-interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the runner's compiled pieces (between
-them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs capture its launches as they capture
-cuBLAS's (the runner's warm-up runs compile it first).
+A program computes a tile of y, BLOCK_M (+ a TAIL) rows of x by BLOCK_N rows of the weight, walking its share of
+the input dimension BLOCK_K columns at a time; BLOCK_K divides the scale block's columns (128) and BLOCK_N its rows,
+so a tile needs one scale column and one scale per row. Partial blocks (a dimension that is not a multiple of 128)
+are masked. `choose` picks the tiles from the shape (`Config`): for a tree verify all rows in one program column, so
+each weight tile is read and dequantized once, as a power-of-two block plus a 16- or 32-row tail (the tensor cores
+then do 80 rows of work for 65, not 128); the products swapped (W x^T: on Hopper the dequantized tile then feeds the
+tensor cores from registers); and split-K where the tiles alone would leave SMs idle (a narrow, long weight such as
+down_proj [5120, 17408]: its partial sums in float32, added in a fixed order by one more kernel, so the result does
+not depend on timing). The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
-Shapes: x [M, K] (M <= 129 rows; float32, bfloat16 or float16), weight [N, K] float8_e4m3fn, scale
+Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
+without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
+runner's compiled pieces (between them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs
+capture its launches as they capture cuBLAS's (the runner's warm-up runs compile it first).
+
+Shapes: x [M, K] (any M: a prefill's too; float32, bfloat16 or float16), weight [N, K] float8_e4m3fn, scale
 [ceil(N/bn), ceil(K/bk)] float32; returns y [M, N] in x's dtype.
 """
 
@@ -35,48 +37,101 @@ import triton
 import triton.language as tl
 
 BLOCK_K = 128
+SUM_BLOCK = 1024  # elements of y a program of _sum_splits adds
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
 
 
 @dataclass(frozen=True)
 class Config:
     """A launch's tiles: rows of x (block_m) and of the weight (block_n) a program computes, split_k programs
-    sharing the input dimension (partial sums in float32), and the program's warps and pipeline stages."""
+    sharing the input dimension (partial sums in float32), the program's warps and pipeline stages, and whether the
+    dequantized weight tile is the product's first operand (swap: y^T = W x^T, so on Hopper the tile goes from
+    registers straight into the tensor cores' instruction instead of through shared memory)."""
 
     block_m: int
     block_n: int = 64
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap: bool = False
+    tail: int = 0
 
 
 @triton.jit
 def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PARTIAL: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of y = x (W x S)^T over input columns [k * K_SPLIT, (k + 1) * K_SPLIT); program
-    (n block, m block, k). PARTIAL: y is float32 [split, M, N] (the k-th slice is this program's sum)."""
+              BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PARTIAL: tl.constexpr,
+              SWAP: tl.constexpr, TAIL: tl.constexpr):
+    """One tile of y = x (W x S)^T, BLOCK_M + TAIL rows of x by BLOCK_N of the weight, over input columns
+    [k * K_SPLIT, (k + 1) * K_SPLIT); program (n block, m block, k). The tail (0 or a power of two) is a second
+    product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
+    PARTIAL: y is float32 [split, M, N] (the k-th slice is this program's sum). SWAP: each product computed
+    transposed, W x^T (the same products and sums)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
-    mn, mm = rn < N, rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    mn = rn < N
+    acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
+    if TAIL > 0:
+        rt = tl.program_id(1) * (BLOCK_M + TAIL) + BLOCK_M + tl.arange(0, TAIL)
+        acc_tail = _zeros(TAIL, BLOCK_N, SWAP)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         mk = rk < K
-        x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+        x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
         w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)  # one scale per row of the tile
         w = (w.to(tl.float32) * s[:, None]).to(x.dtype)  # the dequantized weight, rounded once to x's dtype
-        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9): the same exact products in fp32
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
-    out = y_ptr + rm[:, None] * s_ym + rn[None, :]
-    if PARTIAL:
-        tl.store(out + tl.program_id(2) * M * N, acc, mask=mm[:, None] & mn[None, :])
+        acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
+        if TAIL > 0:
+            xt = tl.load(x_ptr + rt[:, None] * s_xm + rk[None, :], mask=(rt < M)[:, None] & mk[None, :], other=0.0)
+            acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
+    _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP, PARTIAL)
+    if TAIL > 0:
+        _store(y_ptr, acc_tail, rt, rn, M, N, s_ym, SWAP, PARTIAL)
+
+
+@triton.jit
+def _zeros(ROWS: tl.constexpr, COLS: tl.constexpr, SWAP: tl.constexpr):
+    """A float32 accumulator for ROWS rows of x by COLS of the weight (transposed if SWAP)."""
+    if SWAP:
+        return tl.zeros((COLS, ROWS), dtype=tl.float32)
     else:
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
+        return tl.zeros((ROWS, COLS), dtype=tl.float32)
+
+
+@triton.jit
+def _mma(acc, x, w, SWAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + x w^T (acc + w x^T if SWAP: on Hopper the weight, the first operand, stays in registers)."""
+    if UPCAST:  # the interpreter's bf16 tl.dot is wrong (Triton 3.9): the same exact products in fp32 ("ieee")
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    if SWAP:
+        return acc + tl.dot(w, tl.trans(x), input_precision=PRECISION)
+    else:
+        return acc + tl.dot(x, tl.trans(w), input_precision=PRECISION)
+
+
+@triton.jit
+def _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP: tl.constexpr, PARTIAL: tl.constexpr):
+    """Rows rm, columns rn of y from acc: float32 into the program's split slice if PARTIAL, else in y's dtype."""
+    if SWAP:
+        acc = tl.trans(acc)
+    out = y_ptr + rm[:, None] * s_ym + rn[None, :]
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if PARTIAL:
+        tl.store(out + tl.program_id(2) * M * N, acc, mask=mask)
+    else:
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits(p_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """y = the SPLIT float32 slices of p [SPLIT, MN] added in order, rounded once to y's dtype (one pass)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.load(p_ptr + r, mask=r < MN, other=0.0)
+    for k in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + k * MN + r, mask=r < MN, other=0.0)
+    tl.store(y_ptr + r, acc.to(y_ptr.dtype.element_ty), mask=r < MN)
 
 
 def fits(block: tuple[int, int]) -> bool:
@@ -90,26 +145,45 @@ def sm_count(device: torch.device) -> int:
 
 
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
-    """The config for an [M, K] x [N, K]^T product: the tiles (see the module's docstring), then split-K. Decode rows
-    (M <= 32): a narrow product (fewer programs than SMs: [5120, K]) doubles its splits while the programs fill
-    fewer than 3x the SMs and each split keeps at least 4 steps of BLOCK_K (8 splits for down_proj and the out/o
-    projections: PERFORMANCE.md section 13 measured split 8 fastest, 10-16% under split 4, ~30% under 2); a
-    wide one does not split (within 4% of its fastest either way). More rows: doubled while the programs fill fewer
-    than the SMs and each split keeps 8 steps."""
-    block_m = max(16, triton.next_power_of_2(M)) if M <= 128 else 128
-    # a program reads all its rows of x for each BLOCK_N weight rows: 2 M / BLOCK_N times the weight's bytes in x
-    # (from L2); past 32 rows 128-row weight tiles keep that at or under the weight's own (section 10: 65 rows,
-    # 128 x 128 tiles 201 us against 253 us at 64 x 64)
-    block_n = 64 if M <= 32 else 128
-    programs = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+    """The config for an [M, K] x [N, K]^T product (PERFORMANCE.md section 13 measured each rule on an H200):
+    - decode rows (M <= 32): 16 or 32 rows by 64 weight rows, swapped past 16 rows (2-10% faster at 17 rows, 5-15%
+      slower at one); a narrow product (fewer programs than SMs: [5120, K]) doubles its splits while the programs fill
+      fewer than 3x the SMs and each split keeps 4 steps of BLOCK_K (8 for down_proj and the out/o projections);
+    - tree verify (33 to 160 rows): all rows in one program column (`row_blocks`: 65 = 64 + a 16-row tail, 129 = 128
+      + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K only while
+      doubling it cuts the waves of programs each split's work takes by 15% (`waves`);
+    - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
     if M <= 32:
+        block_m, programs = max(16, triton.next_power_of_2(M)), triton.cdiv(N, 64)
         while programs < sms and programs * split < 3 * sms and K // (BLOCK_K * split * 2) >= 4:
             split *= 2
-    else:
-        while programs * split < sms and K // (BLOCK_K * split * 2) >= 8:
+        return Config(block_m, 64, split, 4, 3, swap=M > 16)
+    programs = triton.cdiv(N, 128)
+    if M <= 160:
+        main, tail = row_blocks(M)
+        while K // (BLOCK_K * split * 2) >= 8 and waves(programs, 2 * split, sms) <= 0.85 * waves(programs, split, sms):
             split *= 2
-    return Config(block_m, block_n, split, 4 if block_m <= 32 else 8, 3)
+        return Config(main, 128, split, 8, 3, swap=True, tail=tail)
+    while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
+        split *= 2
+    return Config(128, 128, split, 8, 3)
+
+
+def row_blocks(M: int) -> tuple[int, int]:
+    """(main, tail): M rows as one power-of-two block and a tail of 16 or 32 rows (0: none), else one block: the
+    tensor cores' work is main + tail rows, not the next power of two (129 rows: 144, not 256)."""
+    main = 1 << (M.bit_length() - 1)
+    if M == main:
+        return main, 0
+    tail = max(16, triton.next_power_of_2(M - main))
+    return (main, tail) if tail <= 32 and tail < main else (2 * main, 0)
+
+
+def waves(programs: int, split: int, sms: int) -> float:
+    """The waves of one-program-per-SM launches a split's share of the work takes: ceil(programs x split / SMs) /
+    split (a verify program holds an SM: 8 warps, a 128-row weight tile and its accumulators)."""
+    return triton.cdiv(programs * split, sms) / split
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
@@ -126,11 +200,13 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     partial = c.split_k > 1
     y = (torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if partial
          else torch.empty(M, N, dtype=x.dtype, device=x.device))
-    grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m), c.split_k)
+    grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m + c.tail), c.split_k)
     _fp8_gemm[grid](x2, weight, scale, y, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N, k_split,
                     SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
-                    PRECISION="ieee" if x.dtype == torch.float32 else "tf32", UPCAST=INTERPRETED, PARTIAL=partial,
-                    num_warps=c.num_warps, num_stages=c.num_stages)
+                    PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, num_warps=c.num_warps, num_stages=c.num_stages)
     if partial:  # the splits' float32 sums added in a fixed order, rounded once
-        y = y.sum(0).to(x.dtype)
+        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](y, out, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
+        y = out
     return y.reshape(*lead, N)
