@@ -48,7 +48,7 @@ def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
 
 @pytest.mark.parametrize("rows", [1, 65, 129])
 @pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8),
-                                    Config(16, 128, 2, swap=True), Config(256, 64, 1, 8, swap=True),
+                                    Config(16, 128, 2, swap=True), Config(128, 64, 1, 8, swap=True),
                                     Config(64, 128, 3, 8, swap=True, tail=16), Config(32, 64, 1, tail=32)],
                          ids=["split3", "split2-wide", "one-block", "swap-split2", "swap-one-block", "swap-tail-split3",
                               "tail"])
@@ -73,6 +73,16 @@ def test_the_chosen_config_splits_narrow_long_weights():
     assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16)
     assert [choose(65, n, k, cuda132).split_k for n, k in ((5120, 17408), (5120, 6144), (34816, 5120))] == [2, 2, 2]
     assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
+
+
+def test_stages_fit_the_shared_memory():
+    """A stage holds x's tile and the weight's: 129 float32 rows fit two on an H200 (three asked 288 KiB of its
+    227), bfloat16 three; a 99 KiB card (RTX 4090, L40S) gets one for a verify, three for decode rows."""
+    from ddtree_viz.engine.fp8_gemm import stages
+    h200, ada = 232_448, 101_376
+    verify, decode = choose(129, 16384, 5120, torch.device("cpu")), choose(1, 16384, 5120, torch.device("cpu"))
+    assert (stages(verify, 4, h200), stages(verify, 2, h200), stages(verify, 2, ada)) == (2, 3, 1)
+    assert stages(decode, 2, ada) == stages(decode, 4, h200) == 3
 
 
 @pytest.mark.parametrize("rows, blocks", [(33, (32, 16)), (48, (32, 16)), (49, (64, 0)), (64, (64, 0)),

@@ -144,6 +144,23 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
+@functools.lru_cache(maxsize=8)
+def shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory a program may ask for: 232,448 on an H100 / H200 (also off CUDA: the interpreter),
+    101,376 on an RTX 4090 or L40S."""
+    if device.type != "cuda":
+        return 232_448
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def stages(c: Config, itemsize: int, shared: int) -> int:
+    """c's pipeline stages, fewer where they would not fit in `shared` bytes: each stage holds a tile of x (rows x
+    BLOCK_K in x's dtype) and one of the weight (fp8); 32 KiB stay for the rest (the scales, the transposed store).
+    Float32 activations at 129 rows fit two stages on an H200; bfloat16 three."""
+    per_stage = (c.block_m + c.tail) * BLOCK_K * itemsize + c.block_n * BLOCK_K
+    return max(1, min(c.num_stages, (shared - 32_768) // per_stage))
+
+
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     """The config for an [M, K] x [N, K]^T product (PERFORMANCE.md section 13 measured each rule on an H200):
     - decode rows (M <= 32): 16 or 32 rows by 64 weight rows, swapped past 16 rows (2-10% faster at 17 rows, 5-15%
@@ -204,7 +221,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     _fp8_gemm[grid](x2, weight, scale, y, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N, k_split,
                     SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
                     PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, num_warps=c.num_warps, num_stages=c.num_stages)
+                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, num_warps=c.num_warps,
+                    num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if partial:  # the splits' float32 sums added in a fixed order, rounded once
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](y, out, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
