@@ -167,8 +167,10 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
       slower at one); a narrow product (fewer programs than SMs: [5120, K]) doubles its splits while the programs fill
       fewer than 3x the SMs and each split keeps 4 steps of BLOCK_K (8 for down_proj and the out/o projections);
     - tree verify (33 to 160 rows): all rows in one program column (`row_blocks`: 65 = 64 + a 16-row tail, 129 = 128
-      + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K only while
-      doubling it cuts the waves of programs each split's work takes by 15% (`waves`);
+      + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K by the
+      fewest waves of programs each split's work takes (`waves`), each doubling charged 15% (partial sums written
+      and added), 1 to 8 splits of at least 6 steps: in_proj and qkv 1 (128 and 112 programs: one wave), gate+up 2
+      (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
     if M <= 32:
@@ -179,8 +181,8 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     programs = triton.cdiv(N, 128)
     if M <= 160:
         main, tail = row_blocks(M)
-        while K // (BLOCK_K * split * 2) >= 8 and waves(programs, 2 * split, sms) <= 0.85 * waves(programs, split, sms):
-            split *= 2
+        splits = [1] + [k for k in (2, 4, 8) if K // (BLOCK_K * k) >= 6]
+        split = min(splits, key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
         return Config(main, 128, split, 8, 3, swap=True, tail=tail)
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
@@ -198,8 +200,9 @@ def row_blocks(M: int) -> tuple[int, int]:
 
 
 def waves(programs: int, split: int, sms: int) -> float:
-    """The waves of one-program-per-SM launches a split's share of the work takes: ceil(programs x split / SMs) /
-    split (a verify program holds an SM: 8 warps, a 128-row weight tile and its accumulators)."""
+    """The waves of one-program-per-SM launches a product takes, in units of an unsplit program's time:
+    ceil(programs x split / SMs) / split (a verify program holds an SM: 8 warps, a 128-row weight tile and its
+    accumulators)."""
     return triton.cdiv(programs * split, sms) / split
 
 
