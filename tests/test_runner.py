@@ -15,7 +15,7 @@ from ddtree_viz.treeops import conv_gather, conv_gather_reference
 from ddtree_viz.engine.engines import RunnerEngine
 from ddtree_viz.engine.runner import StaticRunner
 from ddtree_viz.engine.session import DecodeSession, DFlashProposer, EngineGreedy, GreedyReference
-from ddtree_viz.engine.tree import DraftTree, one_node
+from ddtree_viz.engine.tree import DraftTree, follow_tree, one_node
 from ddtree_viz.engine.verify import EXACT, verify_tree
 from ddtree_viz.errors import ModelLoadError
 from tests.test_gdn_tree import random_tree
@@ -141,6 +141,36 @@ def test_runner_state_equals_greedy_cache(pair, greedy):
         else:
             torch.testing.assert_close(state[i]["keys"], layer.keys, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(state[i]["values"], layer.values, atol=1e-5, rtol=1e-4)
+
+
+def test_the_walk_on_the_device_commits_what_the_host_walk_commits(pair, greedy):
+    """Runner.commit_walk (the walk on the device, then the commit, one read back) against follow_tree + commit on a
+    second runner, round after round: the same path, bonus and committed state, bit for bit. The target's choices
+    are its argmax with some nodes' parents made to choose them (deep paths), the padding's token the root's
+    choice (trees of 1..23 nodes, depths 0..6, in slots of 33: never accepted)."""
+    prompt, _ = greedy
+    rng = random.Random(3)
+    host, device = make_runner(pair, sizes=(1, 33)), make_runner(pair, sizes=(1, 33))
+    host.prefill(prompt)
+    device.prefill(prompt)
+    for _ in range(6):
+        depth = rng.randrange(0, 7)
+        tree = tree_from_parents(random_tree(rng.randrange(depth + 1, 24), depth, rng), rng)
+        logits, _, slot = host.forward(tree)
+        _, _, device_slot = device.forward(tree)
+        choice = logits.argmax(-1)
+        for i in range(1, len(tree)):
+            if rng.random() < 0.7:
+                choice[tree.parents[i]] = tree.token_ids[i]
+        device_slot.choice.fill_(int(choice[0]))  # a stale choice under the padding must not matter either
+        device_slot.ids[len(tree):] = int(choice[0])
+        accepted, bonus = follow_tree(tree, choice.tolist())
+        host.commit(slot, accepted)
+        assert device.commit_walk(device_slot, choice) == (accepted, bonus)
+        assert device.committed == host.committed
+        mine = device.state()
+        for i, theirs in host.state().items():
+            assert all(torch.equal(mine[i][key], theirs[key]) for key in theirs)
 
 
 def test_runner_tree_pass_equals_the_engine_verify(pair, greedy):

@@ -139,3 +139,46 @@ def test_chain():
     assert chain.parents == (-1, 0, 1, 2) and chain.depths == (0, 1, 2, 3)
     accepted, bonus = follow_tree(chain, [4, 5, 9, 0])
     assert accepted == [0, 1, 2] and bonus == 9
+
+
+def _random_tree(rng, n: int, vocab: int):
+    """A tree of n nodes in join order (each parent before its children), tokens from a small vocabulary so
+    siblings share tokens (treeops.follow then takes the later sibling)."""
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    depths = [0]
+    for i in range(1, n):
+        depths.append(depths[parents[i]] + 1)
+    return parents, depths, [int(t) for t in rng.integers(0, vocab, n)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_walk_on_the_device_is_treeops_follow(seed):
+    """follow_on_device (tensor ops, nothing read back) against the host's walk, node for node: random trees with
+    shared sibling tokens, the target's choices drawn to follow the tree deep, a padded tail of orphan nodes whose
+    token is the root's choice (the runner's inert padding must never be accepted)."""
+    from ddtree_viz import treeops
+    from ddtree_viz.engine.tree import follow_on_device
+
+    rng = np.random.default_rng(seed)
+    n, vocab, pad = int(rng.integers(1, 40)), int(rng.integers(2, 6)), int(rng.integers(0, 5))
+    parents, depths, tokens = _random_tree(rng, n, vocab)
+    choice = [int(t) for t in rng.integers(0, vocab, n + pad)]
+    for i in range(1, n):  # mostly follow a node: deep accepted paths, not just the root
+        if rng.random() < 0.6:
+            choice[parents[i]] = tokens[i]
+    accepted, bonus = treeops.follow(parents, tokens, choice[:n])
+    max_path = max(depths) + 1 + int(rng.integers(0, 3))
+    walk, got_bonus = follow_on_device(torch.tensor(parents + [-1] * pad), torch.tensor(depths + [1] * pad),
+                                       torch.tensor(tokens + [choice[0]] * pad), torch.tensor(choice), max_path)
+    L = len(accepted)
+    assert walk.tolist() == accepted + [accepted[-1]] * (max_path - L) + [accepted[-1], L]
+    assert int(got_bonus) == bonus
+
+
+def test_the_walk_on_the_device_takes_the_later_of_two_matching_siblings():
+    from ddtree_viz.engine.tree import follow_on_device
+
+    # root 0 -> 1 (token 5), 2 (token 5), 1 -> 3 (token 7); the target chose 5 at the root and 7 after node 1
+    walk, bonus = follow_on_device(torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]), torch.tensor([9, 5, 5, 7]),
+                                   torch.tensor([5, 7, 8, 3]), 4)
+    assert walk.tolist() == [0, 2, 2, 2, 2, 2] and int(bonus) == 8

@@ -5,6 +5,9 @@ A target engine owns the target's committed state (its cache) and does four thin
     prefill(prompt_ids)      -> (logits [vocab] fp32 of the last prompt position, context features [n, F] or None)
     forward(tree)            -> TreePass: logits [T, vocab] fp32 of every tree position + what the commit needs
     commit(tree_pass, path)  -> context features [P, F] of the accepted path (or None); the state moves past it
+    accept(tree_pass, choice)-> (path, bonus, features): the acceptance walk over the target's choices [T] (argmax or
+                                samples, where the logits are) and the commit; the runner walks on the device and
+                                reads the path back once, after the commit is queued
     snapshot(pending)        -> per-layer LayerCache records of what the cache holds now
 
 plus `sync()` (wait for the devices it runs on), `state_error(tree, path)` (naive mode's per-layer distance
@@ -40,7 +43,7 @@ from ..trace import LayerCache
 from .backends import sdpa_backends
 from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
-from .tree import DraftTree
+from .tree import DraftTree, follow_tree
 from ..registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, NAIVE, engine_for_verify
 from .verify import commit, device_sync, input_device, verify_tree
 
@@ -64,6 +67,8 @@ class TargetEngine(Protocol):
     def forward(self, tree: DraftTree) -> TreePass: ...
 
     def commit(self, tree_pass: TreePass, accepted: list[int]) -> torch.Tensor | None: ...
+
+    def accept(self, tree_pass: TreePass, choice: torch.Tensor) -> tuple[list[int], int, torch.Tensor | None]: ...
 
     def snapshot(self, pending: int = 0) -> tuple[LayerCache, ...]: ...
 
@@ -123,6 +128,11 @@ class TransformersEngine:
         commit(self.cache, tree_pass.tree, accepted, tree_pass.handle)
         self.committed += len(accepted)
         return self._features(tree_pass.handle.hidden_states, accepted)
+
+    def accept(self, tree_pass, choice):
+        """The host's walk (follow_tree), then the commit."""
+        accepted, bonus = follow_tree(tree_pass.tree, choice.tolist())
+        return accepted, bonus, self.commit(tree_pass, accepted)
 
     @torch.no_grad()
     def discard(self, tree_pass):
@@ -229,9 +239,19 @@ class RunnerEngine:
     def commit(self, tree_pass, accepted):
         feats, slot = tree_pass.handle
         self.runner.commit(slot, accepted)
-        if feats is not None:  # the graph's output buffers are reused by the next pass: gather them now, by the
-            feats = feats.index_select(0, slot.path[:len(accepted)])  # path the commit already put on the device
-        return feats
+        return self._path_features(feats, slot, len(accepted))
+
+    def accept(self, tree_pass, choice):
+        """The walk and the commit on the device (Runner.commit_walk)."""
+        feats, slot = tree_pass.handle
+        accepted, bonus = self.runner.commit_walk(slot, choice)
+        return accepted, bonus, self._path_features(feats, slot, len(accepted))
+
+    @staticmethod
+    def _path_features(feats, slot, length: int):
+        """The graph's output buffers are reused by the next pass: the path's features gathered now, by the path the
+        commit put on the device."""
+        return feats.index_select(0, slot.path[:length]) if feats is not None else None
 
     def snapshot(self, pending: int = 0):
         """The runner writes a pass's tree rows past `committed`: `pending` of them count as held until the commit."""

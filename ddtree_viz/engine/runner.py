@@ -21,6 +21,9 @@ and two shape-static functions, captured as CUDA graphs per tree size and attent
     commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, every GDN layer's
                  recurrent state advanced along the path at once (closed form of delta_rule/parallel.state_after)
                  and its conv window taken at the path's last node; committed += length.
+    walk(T):     the target's choices [T] -> the accepted path, its length and the bonus token (tree.follow_on_device
+                 over the staged tree), written into the commit's inputs on the device: `commit_walk` replays it,
+                 then the commit, and reads the path back once both are queued.
 
 Each layer kind is written once, from engine/fused.py's pure pieces, which run as they are or through
 torch.compile (`Pieces`: gpt-fast's habit, one function either way). Greedy decoding is the one-node tree (T = 1,
@@ -63,7 +66,7 @@ from . import fp8, fused as fz
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
-from .tree import DraftTree
+from .tree import DraftTree, follow_on_device
 from .verify import decoder_layers, gdn_modules
 
 ATTENTION_KINDS = ("eager", "sdpa")
@@ -124,10 +127,12 @@ class RunnerOptions:
 class _Slot:
     """Static inputs and outputs of one tree size and one attention length bucket.
 
-    The forward's integer inputs are views of one device tensor (`inputs`: ids [T], pos [T], gather [T, kernel])
-    and the commit's of another (`commit_in`: path [max_path], last [1], length []), each filled from a host
-    staging buffer of its own (pinned on CUDA) by one copy; the ancestor mask has its own (bool). So a round
-    queues three host-to-device copies and no fills."""
+    The forward's integer inputs are views of one device tensor (`inputs`: ids [T], pos [T], parents [T] (-1 for
+    the root and the padding: the walk's), gather [T, kernel]) and the commit's of another (`commit_in`: path
+    [max_path], last [1], length []), each filled from a host staging buffer of its own (pinned on CUDA) by one copy;
+    the ancestor mask has its own (bool). So a round queues three host-to-device copies and no fills. Or the walk
+    on the device fills `commit_in` from the target's choices (`choice` [T]; `walk_out`: commit_in's layout and the
+    bonus token, read back through `walk_host` after the commit is queued)."""
 
     size: int
     cols: int  # attention reads cache rows [0, cols): the smallest bucket that holds committed + size
@@ -137,21 +142,28 @@ class _Slot:
     stage: torch.Tensor  # host copies of inputs, anc and commit_in
     anc_stage: torch.Tensor
     commit_stage: torch.Tensor
+    choice: torch.Tensor
+    walk_out: torch.Tensor
+    walk_host: torch.Tensor
     ids: torch.Tensor = None
     pos: torch.Tensor = None
+    parents: torch.Tensor = None
     gather: torch.Tensor = None
     path: torch.Tensor = None
     last: torch.Tensor = None
     length: torch.Tensor = None
     copied: object = None  # CUDA event after the last copies from the staging buffers
+    walked: object = None  # CUDA event after the walk's copy to walk_host
+    depth: int = 0  # the staged tree's depth (the walk needs it under max_path)
     out: tuple | None = None  # (logits, feats, stash) of the forward
     graph: object = None
     commit_graph: object = None
+    walk_graph: object = None
 
     def __post_init__(self):
         T, P = self.size, self.commit_in.shape[0] - 2
-        self.ids, self.pos = self.inputs[:T], self.inputs[T:2 * T]
-        self.gather = self.inputs[2 * T:].view(T, -1)
+        self.ids, self.pos, self.parents = self.inputs[:T], self.inputs[T:2 * T], self.inputs[2 * T:3 * T]
+        self.gather = self.inputs[3 * T:].view(T, -1)
         self.path, self.last, self.length = self.commit_in[:P], self.commit_in[P:P + 1], self.commit_in[P + 1]
 
     def staging(self) -> None:
@@ -307,7 +319,7 @@ class StaticRunner:
 
     def _new_slot(self, size: int, cols: int) -> _Slot:
         d, cuda = self.device, self.device.type == "cuda"
-        n_in = size * (2 + self.kernel)
+        n_in = size * (3 + self.kernel)
         slot = _Slot(
             size, cols, inputs=torch.zeros(n_in, dtype=torch.long, device=d),
             anc=torch.eye(size, dtype=torch.bool, device=d),
@@ -315,7 +327,10 @@ class StaticRunner:
             stage=torch.zeros(n_in, dtype=torch.long, pin_memory=cuda),
             anc_stage=torch.zeros(size, size, dtype=torch.bool, pin_memory=cuda),
             commit_stage=torch.zeros(self.max_path + 2, dtype=torch.long, pin_memory=cuda),
-            copied=torch.cuda.Event() if cuda else None,
+            choice=torch.zeros(size, dtype=torch.long, device=d),
+            walk_out=torch.zeros(self.max_path + 3, dtype=torch.long, device=d),
+            walk_host=torch.zeros(self.max_path + 3, dtype=torch.long, pin_memory=cuda),
+            copied=torch.cuda.Event() if cuda else None, walked=torch.cuda.Event() if cuda else None,
         )
         slot.gather.copy_(torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), self.kernel)))
         slot.anc[:, 0] = True
@@ -326,7 +341,7 @@ class StaticRunner:
         slot = self._new_slot(size, cols)
         if self.graphs:
             saved = self._state_copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
-            slot.graph, slot.commit_graph, slot.out = self._capture_with_blas(slot)
+            slot.graph, slot.commit_graph, slot.walk_graph, slot.out = self._capture_with_blas(slot)
             self._state_restore(saved)
         self._slots[(size, cols)] = slot
         return slot
@@ -354,14 +369,15 @@ class StaticRunner:
         return trials[library][1]  # the other library's graphs and outputs go back to the pool with `trials`
 
     def _capture(self, slot: _Slot):
-        """(forward graph, commit graph, forward outputs) of a slot: two warm-up runs on a side stream, then the
-        captures; the state they mutate is the caller's to restore."""
+        """(forward graph, commit graph, walk graph, forward outputs) of a slot: two warm-up runs on a side stream,
+        then the captures; the state they mutate is the caller's to restore."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 slot.out = self._forward(slot)
                 self._commit(slot)
+                self._walk(slot)  # after the commit: it writes commit_in, which only a commit reads
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
@@ -369,7 +385,10 @@ class StaticRunner:
         commit_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(commit_graph, pool=self._pool):
             self._commit(slot)
-        return graph, commit_graph, out
+        walk_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(walk_graph, pool=self._pool):
+            self._walk(slot)
+        return graph, commit_graph, walk_graph, out
 
     @staticmethod
     def _replay_ms(graph, repeats: int = 5) -> float:
@@ -511,6 +530,14 @@ class StaticRunner:
                                      slot.length, slot.gather, slot.last)
         c.add_(slot.length)
 
+    def _walk(self, slot: _Slot) -> None:
+        """The acceptance walk over the staged tree and the target's choices (tree.follow_on_device) into commit_in,
+        and with the bonus token into walk_out, on the device."""
+        walk, bonus = follow_on_device(slot.parents, slot.pos - slot.pos[0], slot.ids, slot.choice, self.max_path)
+        slot.commit_in.copy_(walk)
+        slot.walk_out[:-1].copy_(walk)
+        slot.walk_out[-1:].copy_(bonus[None])
+
     # -- public API ---------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -583,18 +610,20 @@ class StaticRunner:
         T, n, k = slot.size, len(tree), self.kernel
         slot.staging()
         stage, anc = slot.stage.numpy(), slot.anc_stage.numpy()  # views (made here: a deepcopy keeps no numpy view)
-        ids, pos, gather = stage[:T], stage[T:2 * T], stage[2 * T:].reshape(T, k)
+        ids, pos, parents, gather = stage[:T], stage[T:2 * T], stage[2 * T:3 * T], stage[3 * T:].reshape(T, k)
         ids[:n] = tree.token_ids
         ids[n:] = 0
+        parents[:n] = tree.parents
+        parents[n:] = -1  # the padding is no one's child for the walk (the forward sees it as the root's)
+        slot.depth = max(tree.depths)
         pos[:n] = tree.depths
         pos[n:] = 1
         pos += self.committed
         np.copyto(anc, self._eye(T))
         gather[:, k - 1] = np.arange(k, k + T)  # each node last in its own window
         gather[0, :k - 1] = np.arange(1, k)  # the root's: the committed inputs, newest last
-        parents = tree.parents
         for i in range(1, n):
-            p = parents[i]
+            p = tree.parents[i]
             anc[i, :p + 1] = anc[p, :p + 1]
             gather[i, :k - 1] = gather[p, 1:]
         if n < T:  # padding: inert children of the root
@@ -629,6 +658,37 @@ class StaticRunner:
         else:
             self._commit(slot)
         self.committed += L
+
+    @torch.no_grad()
+    def commit_walk(self, slot: _Slot, choice: torch.Tensor) -> tuple[list[int], int]:
+        """The acceptance walk and the commit on the device, from the target's choices at the forward's positions
+        (choice [n]: argmax or samples, where the logits are): the walk's graph, its result's copy to the host, the
+        commit's graph, all queued before the host waits, and then only for the copy. Returns (accepted path, bonus
+        token), treeops.follow's (tests/test_runner.py)."""
+        start = time.perf_counter()
+        if slot.depth >= self.max_path:
+            raise ValueError(f"tree of depth {slot.depth}; the runner keeps paths of 1..{self.max_path} nodes")
+        slot.choice[:choice.shape[0]].copy_(choice)
+        if slot.walk_graph is not None:
+            slot.walk_graph.replay()
+        else:
+            self._walk(slot)
+        if slot.walked is not None:
+            slot.walk_host.copy_(slot.walk_out, non_blocking=True)
+            slot.walked.record()
+        if slot.commit_graph is not None:
+            slot.commit_graph.replay()
+        else:
+            self._commit(slot)
+        self._host += time.perf_counter() - start
+        self.host_ms.append(self._host * 1e3)
+        if slot.walked is not None:
+            slot.walked.synchronize()
+        walk = (slot.walk_host if slot.walked is not None else slot.walk_out).tolist()
+        P = self.max_path
+        length = walk[P + 1]
+        self.committed += length
+        return walk[:length], walk[P + 2]
 
     def snapshot(self, types: list[str], pending: int = 0):
         """Per-layer LayerCache records in the shapes transformers' cache would hold (batch of one); `pending`

@@ -34,7 +34,7 @@ from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
-from .tree import DraftTree, build_chain, build_selector_tree, follow_tree, one_node, selector_chain, to_host
+from .tree import DraftTree, build_chain, build_selector_tree, one_node, selector_chain, to_host
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
@@ -639,29 +639,29 @@ class DecodeSession:
 
         tree_pass = engine.forward(tree)
         logits = tree_pass.logits
+        argmax = chosen = logits.argmax(-1)
+        if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
+            positions = torch.tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
+            chosen = self.sampler.choose(logits, positions)
+        lap("verify")
+        before = engine.snapshot(pending=len(tree)) if record else ()
+        accepted, bonus, self._features = engine.accept(tree_pass, chosen)  # the walk and the commit
+        lap("commit")
+        timings = clock.times() if clock is not None else {}
+
+        # what the record reads of the verify's logits, read after the commit is queued (on a GPU: while it runs)
+        target_argmax = argmax.tolist()
+        choice = target_argmax if self.sampler.greedy else chosen.tolist()
+        probs = tuple(self.sampler.probs(logits, chosen).tolist()) if record and not self.sampler.greedy else ()
         if record:
             top2 = torch.topk(logits, 2, dim=-1).values
             margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
             target_top = self._target_top(logits)
-        target_argmax = logits.argmax(-1).tolist()
-        choice, probs = target_argmax, ()
-        if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
-            positions = torch.tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
-            chosen = self.sampler.choose(logits, positions)
-            choice = chosen.tolist()
-            probs = tuple(self.sampler.probs(logits, chosen).tolist()) if record else ()
-        accepted, bonus = follow_tree(tree, choice)
-        lap("verify")
         bonus_rank, bonus_logprob = None, None
         if record and len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
             row = logprobs[len(accepted) - 1]
             bonus_logprob = float(row[bonus])
             bonus_rank = int((row > row[bonus]).sum())
-
-        before = engine.snapshot(pending=len(tree)) if record else ()
-        self._features = engine.commit(tree_pass, accepted)
-        lap("commit")
-        timings = clock.times() if clock is not None else {}
 
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         state_error = engine.state_error(tree, accepted)

@@ -272,6 +272,38 @@ def verify_inputs(
     return input_ids, position_ids, mask
 
 
+def follow_on_device(parents: torch.Tensor, depths: torch.Tensor, token_ids: torch.Tensor, choice: torch.Tensor,
+                     max_path: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """treeops.follow computed by tensor ops where the verify's logits are (no value read back to the host, so a
+    CUDA graph can hold it): (walk [max_path + 2], bonus []) int64, walk in the runner's commit layout: the accepted
+    positions root first, padded with the last of them, then the last one and the path's length; the bonus is the
+    target's choice at the last one.
+
+    parents, depths, token_ids, choice [T]: the tree's (parent -1 for the root, and for a padding node that is no
+    one's child); choice[i] is the target's token after position i. Node i is taken when its token is choice[its
+    parent] and no later sibling's is (treeops.children_by_token keeps the last); accepted are the root and the
+    nodes whose ancestors are all taken, a chain, found by pointer doubling in ceil(log2 T) steps whatever the depth.
+    The tree must be shallower than max_path (the runner checks the host's tree)."""
+    T = parents.shape[0]
+    index = torch.arange(T, device=parents.device)
+    has_parent = parents >= 0
+    parent = parents.clamp(min=0)
+    matched = has_parent & (token_ids == choice[parent])
+    winner = torch.full_like(parents, -1).scatter_reduce(0, parent, torch.where(matched, index, -1), "amax")
+    ok = (matched & (winner[parent] == index)) | (index == 0)
+    up = torch.where(has_parent, parents, index)  # the root and padding point at themselves
+    for _ in range(max(1, (T - 1).bit_length())):  # ok: every ancestor within 2^j steps taken too
+        ok, up = ok & ok[up], up[up]
+    depth = torch.where(ok, depths, -1)
+    last = depth.argmax()
+    length = depth[last] + 1
+    at_depth = torch.zeros(max_path + 1, dtype=torch.long, device=parents.device)  # the node at each depth (+ a bin)
+    at_depth.scatter_(0, torch.where(ok, depths, max_path).clamp(max=max_path), index)
+    steps = torch.arange(max_path, device=parents.device)
+    path = torch.where(steps < length, at_depth[:max_path], last)
+    return torch.cat([path, last[None], length[None]]), choice[last]
+
+
 def follow_tree(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:
     """Greedy acceptance walk: from the root, step to the child holding the target's argmax while one exists.
 
