@@ -77,6 +77,12 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert passes["dynamic_per_static"] == passes["contexts"]["512"]["dynamic_per_static"]
     assert fast["round_budget_64"]["draft_path"] == "static eager"
     assert fast["round_budget_64_dynamic_draft"]["draft_path"] == "dynamic"
+    host_walk = fast["round_budget_64_host_walk"]  # the same rounds with the walk on the host, beside the device's
+    assert host_walk["draft_path"] == "static eager" and host_walk["round_ms"] > 0
+    assert fast["round_budget_64"]["walk_device_per_host"] == fast["round_budget_64"]["round_ms"] / host_walk["round_ms"]
+    device_tree = fast["round_budget_64_device_tree"]  # DDTree's tree built on the device, beside the host's
+    assert device_tree["mean_kept"] == fast["round_budget_64"]["mean_kept"]  # the same trees: the same rounds
+    assert fast["round_budget_64"]["tree_device_per_host"] == device_tree["round_ms"] / fast["round_budget_64"]["round_ms"]
     draft = targets["draft_in_round"]
     assert draft["ms"] == fast["round_budget_64"]["draft"] and draft["path"] == "static eager"
     assert draft["isolated_static_ms"] == passes["static_ms"] and draft["dynamic_in_round_ms"] > 0

@@ -1,6 +1,7 @@
 """The static runner (the engine's fast GPU path) against transformers and against the engine's own verify,
 float32 on the CPU without graphs (the same functions the CUDA graphs capture)."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -93,6 +94,7 @@ def test_staged_inputs_are_the_padded_trees(pair):
         assert slot.pos.tolist() == [runner.committed + d for d in depths]
         assert np.array_equal(slot.gather.numpy(), conv_gather(parents, depths, runner.kernel))
         assert np.array_equal(slot.anc.numpy(), ancestor_matrix(parents))
+        assert slot.parents.tolist() == list(tree.parents) + [-1] * pad  # the walk's: the padding no one's child
         leaf = max(range(n), key=lambda i: tree.depths[i])
         path = tree.path_to(leaf)
         runner.commit(slot, path)
@@ -100,6 +102,22 @@ def test_staged_inputs_are_the_padded_trees(pair):
         assert slot.path.tolist() == path + [path[-1]] * (P - len(path))
         assert slot.last.tolist() == [path[-1]] and int(slot.length) == len(path)
         runner.prefill(list(range(7)))
+
+
+def test_inputs_written_by_the_device_are_the_staged_ones(pair):
+    """forward_tensors (the tree as tensors, the slot's inputs written by tensor ops) against forward (staged on the
+    host): the same inputs in every slot size, padded or not, and the same logits and features, bit for bit."""
+    host, device = make_runner(pair, sizes=(1, 9, 33)), make_runner(pair, sizes=(1, 9, 33))
+    host.prefill(list(range(7)))
+    device.prefill(list(range(7)))
+    rng = random.Random(4)
+    for n, depth in [(1, 0), (2, 1), (9, 3), (5, 4), (20, 8), (33, 2), (30, 12)]:
+        tree = tree_from_parents(random_tree(n, depth, rng), rng)
+        logits, feats, slot = host.forward(tree)
+        got_logits, got_feats, got = device.forward_tensors(*(torch.tensor(v) for v in (tree.token_ids, tree.parents,
+                                                                                          tree.depths)))
+        assert got.size == slot.size and torch.equal(got.inputs, slot.inputs) and torch.equal(got.anc, slot.anc)
+        assert torch.equal(got_logits, logits) and torch.equal(got_feats, feats)
 
 
 def test_runner_greedy_equals_transformers_greedy(pair, greedy):
@@ -261,6 +279,33 @@ def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
     trace = b.to_trace()
     assert trace.settings["engine"] == "runner" and trace.first_divergence is None
     assert type(trace).from_json(trace.to_json()).settings["engine"] == "runner"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
+    """DecodeSession(tree_on_device=True) on the runner (DDTree's marginal tree by tensor ops, the runner's inputs
+    written by the device, the walk on the device, the tree read back after the commit): the same rounds, tree
+    for tree, and records as the host-built tree, greedy and sampled; refused where it does not apply."""
+    from ddtree_viz.engine.sampling import Sampler
+    from ddtree_viz.engine.session import DecodeSession
+    from ddtree_viz.errors import InputError
+
+    runs = []
+    for on_device in (False, True):
+        session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", tree_on_device=on_device,
+                                sampler=Sampler(temperature=temperature, seed=5))
+        session.prefill(PROMPT)
+        session.run()
+        runs.append(session)
+    host, device = runs
+    assert device.generated == host.generated and device.divergence() == (None, None)
+    untimed = [dataclasses.replace(r, timings_ms={}) for r in device.history]
+    assert untimed == [dataclasses.replace(r, timings_ms={}) for r in host.history]
+    if temperature == 0:  # (the random drafter rarely matches a sampled choice)
+        assert max(r.acceptance for r in device.history) > 1  # deep enough to walk past the root
+    for kwargs in ({"engine": "transformers"}, {"engine": "runner", "method": "dflash"}):
+        with pytest.raises(InputError, match="tree_on_device"):
+            DecodeSession(pair, budget=12, max_new_tokens=NEW, tree_on_device=True, **kwargs)
 
 
 def test_session_runner_engine_refuses_naive_mode(pair):

@@ -182,3 +182,38 @@ def test_the_walk_on_the_device_takes_the_later_of_two_matching_siblings():
     walk, bonus = follow_on_device(torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]), torch.tensor([9, 5, 5, 7]),
                                    torch.tensor([5, 7, 8, 3]), 4)
     assert walk.tolist() == [0, 2, 2, 2, 2, 2] and int(bonus) == 8
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_trees_inputs_on_the_device_are_treeops(seed):
+    """tree_inputs_on_device (tensor ops) against treeops.ancestor_matrix and treeops.conv_gather: random trees,
+    padded with children of the root as the runner pads them, conv kernels 2 to 5."""
+    from ddtree_viz import treeops
+    from ddtree_viz.engine.tree import tree_inputs_on_device
+
+    rng = np.random.default_rng(100 + seed)
+    n, pad, kernel = int(rng.integers(1, 40)), int(rng.integers(0, 6)), int(rng.integers(2, 6))
+    parents, depths, _ = _random_tree(rng, n, 4)
+    parents, depths = parents + [0] * pad, depths + [1] * pad
+    anc, gather = tree_inputs_on_device(torch.tensor(parents), torch.tensor(depths), kernel, max(depths) + int(seed % 3))
+    assert np.array_equal(anc.numpy(), treeops.ancestor_matrix(parents))
+    assert np.array_equal(gather.numpy(), treeops.conv_gather(parents, depths, kernel))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA graph)"))])
+def test_the_tree_builders_trees_are_build_trees(device):
+    """DeviceTreeBuilder (a CUDA graph on a GPU, replayed with new log-probs and roots; eager elsewhere) builds
+    build_tree's trees, node for node, call after call."""
+    from ddtree_viz.engine.tree import DeviceTreeBuilder
+
+    builder = DeviceTreeBuilder(budget=20)
+    gen = torch.Generator().manual_seed(0)
+    for call in range(4):
+        logprobs = torch.log_softmax(torch.randn(7, 300, generator=gen) * 3, dim=-1)
+        if call == 2:
+            logprobs = logprobs.round(decimals=1)  # ties
+        got = builder(11 + call, logprobs.to(device)).to_host()
+        values, ids = torch.topk(logprobs, 20, dim=-1)
+        assert got == build_tree(11 + call, values.numpy(), ids.numpy(), 20)
+    assert builder.error is None and (builder.graph is not None) == (device == "cuda")

@@ -856,20 +856,31 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     warm-up rounds (the drafter's graphs are captured in those); host time apart: the tree phase (top-k to the host,
     best-first build; the selector's scores to the host) + the runner's own host work (inputs, path). The drafter
     (its family's proposer): the static path (CUDA graphs; what a session takes on CUDA), then the same rounds with
-    the dynamic one. DDTree at budget 64 (`tree_scoring`), or `method` dflash / dflash2 (the chains)."""
+    the dynamic one, then with the static one and the acceptance walk on the host (`round_budget_64_host_walk`:
+    follow_tree and a staged path, as before the walk on the device; `walk_device_per_host`) and, for DDTree's
+    marginal tree, the tree built on the device (`round_budget_64_device_tree`: DeviceTree, the runner's inputs
+    written by the device; `tree_device_per_host`). DDTree at budget 64 (`tree_scoring`), or `method` dflash /
+    dflash2 (the chains)."""
     from ..engine.session import DecodeSession, make_proposer
 
     out: dict = {}
-    for key, static in (("round_budget_64", True), ("round_budget_64_dynamic_draft", False)):
+    variants = [("round_budget_64", True, "device", False), ("round_budget_64_dynamic_draft", False, "device", False),
+                ("round_budget_64_host_walk", True, "host", False)]
+    if method == "ddtree" and tree_scoring == "marginal":
+        variants.append(("round_budget_64_device_tree", True, "device", True))
+    for key, static, walk, tree_on_device in variants:
+        engine.walk = walk
         proposer = make_proposer(pair.drafter, pair.target, static=static)
         session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
-                                time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring)
+                                time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
+                                tree_on_device=tree_on_device)
         session.prefill(prompt_ids=prompt)
         assert session.cache is runner, "the runner made above has room for these rounds"
         runner.host_ms.clear()
         phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
-        kept = []
+        kept, starts = [], []
         for r in range(14):
+            starts.append(time.perf_counter())
             step = session.step()
             t = step.timings_ms
             if r >= 2:  # warm-up rounds (the drafter's graphs are captured in the first two)
@@ -880,12 +891,21 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 kept.append(step.kept)
         out[key] = {k: statistics.median(v) for k, v in phases.items()}
         out[key]["round_ms"] = sum(out[key][k] for k in ("draft", "tree", "verify_commit"))
+        # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
+        # the record's reads after the commit)
+        out[key]["step_wall_ms"] = statistics.median(b - a for a, b in zip(starts[2:], starts[3:])) * 1e3
         out[key].update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring,
                         mean_kept=sum(kept) / len(kept))
         out[key]["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
         del session, proposer
+    engine.walk = "device"
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
+    out["round_budget_64"]["walk_device_per_host"] = (out["round_budget_64"]["round_ms"]
+                                                      / out["round_budget_64_host_walk"]["round_ms"])
+    if "round_budget_64_device_tree" in out:
+        out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
+                                                          / out["round_budget_64"]["round_ms"])
     return out
 
 

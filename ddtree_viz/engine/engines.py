@@ -43,7 +43,7 @@ from ..trace import LayerCache
 from .backends import sdpa_backends
 from .cache import compact_kv, layer_types, new_cache, snapshot, state_distance
 from .drafter import extract_context_features
-from .tree import DraftTree, follow_tree
+from .tree import DeviceTree, DraftTree, follow_tree
 from ..registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, NAIVE, engine_for_verify
 from .verify import commit, device_sync, input_device, verify_tree
 
@@ -52,7 +52,7 @@ from .verify import commit, device_sync, input_device, verify_tree
 class TreePass:
     """One verify pass: the target's logits at every tree position and the engine's handle for the commit."""
 
-    tree: DraftTree
+    tree: DraftTree | DeviceTree  # DeviceTree: the runner engine's forward_tensors
     logits: torch.Tensor  # [T, vocab] fp32
     handle: object
 
@@ -130,9 +130,7 @@ class TransformersEngine:
         return self._features(tree_pass.handle.hidden_states, accepted)
 
     def accept(self, tree_pass, choice):
-        """The host's walk (follow_tree), then the commit."""
-        accepted, bonus = follow_tree(tree_pass.tree, choice.tolist())
-        return accepted, bonus, self.commit(tree_pass, accepted)
+        return accept_on_host(self, tree_pass, choice)
 
     @torch.no_grad()
     def discard(self, tree_pass):
@@ -191,6 +189,7 @@ class RunnerEngine:
         self.types = layer_types(target.config)
         self.sync = device_sync(target)
         self.runner = runner
+        self.walk = "device"  # where `accept` walks: "host" (follow_tree, then the commit) is the bench's comparison
 
     @classmethod
     def blocker(cls, target, verify: str = EXACT, reference_gdn: bool = False) -> str | None:
@@ -241,8 +240,16 @@ class RunnerEngine:
         self.runner.commit(slot, accepted)
         return self._path_features(feats, slot, len(accepted))
 
+    @torch.no_grad()
+    def forward_tensors(self, tree: DeviceTree) -> TreePass:
+        """forward over a tree held as tensors where the runner is (tree.DeviceTree): inputs written by the device."""
+        logits, feats, slot = self.runner.forward_tensors(tree.token_ids, tree.parents, tree.depths)
+        return TreePass(tree, logits, (feats, slot))
+
     def accept(self, tree_pass, choice):
-        """The walk and the commit on the device (Runner.commit_walk)."""
+        """The walk and the commit on the device (Runner.commit_walk), or on the host where `walk` says so."""
+        if self.walk == "host":
+            return accept_on_host(self, tree_pass, choice)
         feats, slot = tree_pass.handle
         accepted, bonus = self.runner.commit_walk(slot, choice)
         return accepted, bonus, self._path_features(feats, slot, len(accepted))
@@ -284,6 +291,13 @@ class RunnerEngine:
         dst.rec_all.copy_(src.rec_all)
         dst.committed = n
         dst.committed_t.fill_(n)
+
+
+def accept_on_host(engine: TargetEngine, tree_pass: TreePass, choice: torch.Tensor):
+    """The walk on the host (follow_tree over the choices read back), then the engine's commit."""
+    tree = tree_pass.tree if isinstance(tree_pass.tree, DraftTree) else tree_pass.tree.to_host()
+    accepted, bonus = follow_tree(tree, choice.tolist())
+    return accepted, bonus, engine.commit(tree_pass, accepted)
 
 
 def runner_blocker(target) -> str | None:

@@ -66,7 +66,7 @@ from . import fp8, fused as fz
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
-from .tree import DraftTree, follow_on_device
+from .tree import DraftTree, follow_on_device, tree_inputs_on_device
 from .verify import decoder_layers, gdn_modules
 
 ATTENTION_KINDS = ("eager", "sdpa")
@@ -594,6 +594,32 @@ class StaticRunner:
         slot.anc.copy_(slot.anc_stage, non_blocking=True)
         slot.copied_now()
         self._host += time.perf_counter() - start
+        return self._run(slot, n)
+
+    @torch.no_grad()
+    def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                        ) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+        """forward over a tree held as tensors where the runner is (tree.tree_on_device's nodes: [n] each, root
+        first, shallower than max_path): the slot's inputs written by the device (tree.tree_inputs_on_device),
+        the same values _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up."""
+        start = time.perf_counter()
+        self._host = 0.0
+        n = token_ids.shape[0]
+        slot = self.slot_for(n)
+        pad = slot.size - n
+        seen_parents = torch.cat([parents, parents.new_zeros(pad)])  # the padding: children of the root
+        seen_depths = torch.cat([depths, depths.new_ones(pad)])
+        anc, gather = tree_inputs_on_device(seen_parents, seen_depths, self.kernel, self.max_path - 1)
+        slot.ids.copy_(torch.cat([token_ids, token_ids.new_zeros(pad)]))
+        slot.pos.copy_(seen_depths + self.committed)
+        slot.parents.copy_(torch.cat([parents, parents.new_full((pad,), -1)]))  # the walk's: padding no one's child
+        slot.gather.copy_(gather)
+        slot.anc.copy_(anc)
+        slot.depth = self.max_path - 1  # a bound (the walk's check): the tree is not read back
+        self._host += time.perf_counter() - start
+        return self._run(slot, n)
+
+    def _run(self, slot: _Slot, n: int) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         if slot.graph is not None:
             slot.graph.replay()
         else:

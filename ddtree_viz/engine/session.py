@@ -34,7 +34,7 @@ from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
-from .tree import DraftTree, build_chain, build_selector_tree, one_node, selector_chain, to_host
+from .tree import DeviceTree, DeviceTreeBuilder, DraftTree, build_chain, build_selector_tree, one_node, selector_chain, to_host
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
@@ -446,7 +446,7 @@ class DecodeSession:
         reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
-        tree_scoring: str = MARGINAL,
+        tree_scoring: str = MARGINAL, tree_on_device: bool = False,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -456,7 +456,10 @@ class DecodeSession:
         none. `reference`: "engine" checks the output against the target's own decoding on a second engine of the
         session's kind (`reference_engine`, if given), "transformers" on transformers' own forward
         (docs/EXACTNESS.md, "The reference"). `tree_scoring`: how DDTree scores a node, "marginal" (the drafter's
-        per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family)."""
+        per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family). `tree_on_device`:
+        DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
+        handed to the engine as tensors (the runner engine's forward_tensors), read back once after the commit is
+        queued; the same trees."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -487,6 +490,12 @@ class DecodeSession:
                                  max_new_tokens=self.max_new_tokens)
         self.target_engine = engine
         self.engine = self.target_engine.name
+        if tree_on_device and not (method == DDTREE and self.tree_scoring == MARGINAL
+                                   and hasattr(engine, "forward_tensors")):
+            raise InputError("tree_on_device builds DDTree's marginal tree for the runner engine only, not "
+                             f"method {method!r} with {self.tree_scoring!r} scoring on the {self.engine} engine")
+        self.tree_on_device = tree_on_device
+        self._tree_builder = DeviceTreeBuilder(self.budget) if tree_on_device else None  # a CUDA graph on a GPU
         if reference not in REFERENCES:
             raise InputError(f"reference must be one of {', '.join(REFERENCES)}, not {reference!r}")
         # what the reference runs on: a second engine of this kind, or transformers' own forward
@@ -634,14 +643,20 @@ class DecodeSession:
         logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
         lap("draft")
 
-        tree, scores = self._tree(root, logprobs)
-        lap("tree")
-
-        tree_pass = engine.forward(tree)
+        if self.tree_on_device:
+            tree, scores = self._tree_builder(root, logprobs), None
+            lap("tree")
+            tree_pass = engine.forward_tensors(tree)
+            depths = tree.depths
+        else:
+            tree, scores = self._tree(root, logprobs)
+            lap("tree")
+            tree_pass = engine.forward(tree)
+            depths = tree.depths
         logits = tree_pass.logits
         argmax = chosen = logits.argmax(-1)
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
-            positions = torch.tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
+            positions = torch.as_tensor(depths, device=logits.device) + (self.committed_len + 1)
             chosen = self.sampler.choose(logits, positions)
         lap("verify")
         before = engine.snapshot(pending=len(tree)) if record else ()
@@ -649,7 +664,10 @@ class DecodeSession:
         lap("commit")
         timings = clock.times() if clock is not None else {}
 
-        # what the record reads of the verify's logits, read after the commit is queued (on a GPU: while it runs)
+        # what the record reads of the tree and the verify's logits, read after the commit is queued (on a GPU:
+        # while it runs)
+        if isinstance(tree, DeviceTree):
+            tree = tree.to_host()
         target_argmax = argmax.tolist()
         choice = target_argmax if self.sampler.greedy else chosen.tolist()
         probs = tuple(self.sampler.probs(logits, chosen).tolist()) if record and not self.sampler.greedy else ()

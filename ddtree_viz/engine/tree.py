@@ -42,14 +42,10 @@ class DraftTree:
                       on_device: bool = False) -> "DraftTree":
         """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device): built on the
         host (build_tree), or with on_device where the log-probs are (tree_on_device; the same tree) and copied once."""
-        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-        if not on_device:
-            values, ids = to_host(values, ids)
-            return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
-        parents, depths, ranks, lps = tree_on_device(values, budget)
-        tokens = ids[(depths[1:] - 1), ranks[1:]]
-        tokens, parents, depths, ranks, lps = (t.tolist() for t in to_host(tokens, parents, depths, ranks, lps))
-        return cls((int(root_token_id), *tokens), tuple(parents), tuple(depths), tuple(ranks), tuple(lps))
+        if on_device:
+            return DeviceTree.from_logprobs(root_token_id, logprobs, budget).to_host()
+        values, ids = to_host(*torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1))
+        return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
 
     @classmethod
     def chain_from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor) -> "DraftTree":
@@ -57,6 +53,78 @@ class DraftTree:
         top = logprobs.max(dim=-1)
         indices, values = to_host(top.indices, top.values)
         return build_chain(root_token_id, indices.tolist(), values.tolist())
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """A DraftTree's fields as tensors [n] where the drafter's log-probs are (tree_on_device's nodes, root first):
+    what the runner's forward_tensors reads; nothing comes back to the host until `to_host`."""
+
+    token_ids: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    logprobs: torch.Tensor  # float64
+
+    def __len__(self) -> int:
+        return self.token_ids.shape[0]
+
+    @classmethod
+    def from_logprobs(cls, root_token_id: int | torch.Tensor, logprobs: torch.Tensor, budget: int) -> "DeviceTree":
+        """DDTree's best-first tree (build_tree's, node for node) from the drafter's per-depth log-probs by tensor
+        ops: top-k per depth, tree_on_device, each node's token gathered from the top-k. The root's token: an int,
+        or a [1] tensor beside the log-probs (a graph's input)."""
+        values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
+        parents, depths, ranks, lps = tree_on_device(values, budget)
+        root = (root_token_id if isinstance(root_token_id, torch.Tensor)
+                else torch.full((1,), int(root_token_id), dtype=torch.long, device=logprobs.device))
+        return cls(torch.cat([root, ids[depths[1:] - 1, ranks[1:]]]), parents, depths, ranks, lps)
+
+    def to_host(self) -> DraftTree:
+        """The DraftTree, its fields copied to the host and waited for once."""
+        fields = to_host(self.token_ids, self.parents, self.depths, self.ranks, self.logprobs)
+        return DraftTree(*(tuple(t.tolist()) for t in fields))
+
+
+class DeviceTreeBuilder:
+    """DeviceTree.from_logprobs at one budget, captured as a CUDA graph per log-prob shape on a GPU: eagerly the
+    build is hundreds of small kernels (PERFORMANCE.md section 14: 29 ms at budget 64 on an H200), in a graph one
+    launch. The log-probs and the root's token are copied into the graph's inputs; the tree's tensors are its
+    outputs, valid until the next call. Off CUDA, or where the capture failed (`error` says why), it builds eagerly.
+    tests/test_tree.py holds the graph's trees to build_tree's."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.key, self.graph, self.error = None, None, None
+
+    def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
+        if logprobs.device.type != "cuda" or self.error is not None:
+            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
+        key = (tuple(logprobs.shape), logprobs.dtype, logprobs.device)
+        if key != self.key:
+            self._capture(logprobs, key)
+            if self.error is not None:
+                return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
+        self._logprobs.copy_(logprobs)
+        self._root.fill_(int(root_token_id))
+        self.graph.replay()
+        return self.out
+
+    def _capture(self, logprobs: torch.Tensor, key) -> None:
+        self._logprobs = torch.empty_like(logprobs)
+        self._root = torch.zeros(1, dtype=torch.long, device=logprobs.device)
+        try:
+            stream = torch.cuda.Stream(logprobs.device)
+            stream.wait_stream(torch.cuda.current_stream(logprobs.device))
+            with torch.cuda.stream(stream):  # a warm-up run outside the capture
+                DeviceTree.from_logprobs(self._root, self._logprobs, self.budget)
+            torch.cuda.current_stream(logprobs.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget)
+            self.key, self.graph = key, graph
+        except Exception as exc:  # the eager build from here on (the reason kept)
+            self.error = f"{type(exc).__name__}: {exc}"
 
 
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -154,6 +222,28 @@ def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tenso
     rank = paths[order, depth[order] - 1]
     return (with_root(-1, position[above[order]]), with_root(0, depth[order]), with_root(-1, rank),
             with_root(0.0, lp[depth[order] - 1, rank]))
+
+
+def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: int,
+                          max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """treeops.ancestor_matrix and treeops.conv_gather computed by tensor ops where the tree is (the runner's static
+    inputs written by the device): (ancestor mask [T, T] bool, conv windows [T, kernel] int64). parents, depths [T]
+    as the forward sees the tree (padding: children of the root); max_depth: a bound on its depth (the runner's
+    max_path - 1). Both walk every node's ancestors one step at a time, together: max(kernel - 1, max_depth) steps."""
+    T = parents.shape[0]
+    index = torch.arange(T, device=parents.device)
+    anc = torch.eye(T, dtype=torch.bool, device=parents.device)
+    gather = torch.empty(T, kernel, dtype=torch.long, device=parents.device)
+    gather[:, kernel - 1] = kernel + index  # each node last in its own window
+    up = index  # each node's m-th ancestor (-1 past the root)
+    for m in range(1, max(kernel, max_depth + 1)):
+        up = torch.where(up >= 0, parents[up.clamp(min=0)], -1)
+        if m < kernel:  # past the root the window continues into the committed inputs, newest last
+            gather[:, kernel - 1 - m] = torch.where(up >= 0, kernel + up, kernel - (m - depths))
+        if m <= max_depth:
+            column = up.clamp(min=0)
+            anc[index, column] = anc[index, column] | (up >= 0)
+    return anc, gather
 
 
 def _best_first_order(score: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
