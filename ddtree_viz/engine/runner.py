@@ -376,8 +376,9 @@ class StaticRunner:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 slot.out = self._forward(slot)
+                self._walk(slot)
+                slot.commit_in.zero_()  # a warm-up commits nothing (length 0), whatever the walk made of zeros
                 self._commit(slot)
-                self._walk(slot)  # after the commit: it writes commit_in, which only a commit reads
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
@@ -597,8 +598,8 @@ class StaticRunner:
         return self._run(slot, n)
 
     @torch.no_grad()
-    def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                        ) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+    def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor,
+                        depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """forward over a tree held as tensors where the runner is (tree.tree_on_device's nodes: [n] each, root
         first, shallower than max_path): the slot's inputs written by the device (tree.tree_inputs_on_device),
         the same values _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up."""

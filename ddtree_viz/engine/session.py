@@ -34,7 +34,8 @@ from .prompts import PromptSpec, check_prompt_text, encode
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
-from .tree import DeviceTree, DeviceTreeBuilder, DraftTree, build_chain, build_selector_tree, one_node, selector_chain, to_host
+from .tree import (DeviceTree, DeviceTreeBuilder, DraftTree, build_chain, build_selector_tree, one_node, selector_chain,
+                   to_host)
 from .verify import EXACT, NAIVE, device_sync, input_device, verify_tree
 
 TRANSFORMERS_REFERENCE = REFERENCE_ENGINE
@@ -647,16 +648,14 @@ class DecodeSession:
             tree, scores = self._tree_builder(root, logprobs), None
             lap("tree")
             tree_pass = engine.forward_tensors(tree)
-            depths = tree.depths
         else:
             tree, scores = self._tree(root, logprobs)
             lap("tree")
             tree_pass = engine.forward(tree)
-            depths = tree.depths
         logits = tree_pass.logits
         argmax = chosen = logits.argmax(-1)
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
-            positions = torch.as_tensor(depths, device=logits.device) + (self.committed_len + 1)
+            positions = torch.as_tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
             chosen = self.sampler.choose(logits, positions)
         lap("verify")
         before = engine.snapshot(pending=len(tree)) if record else ()

@@ -117,13 +117,17 @@ KEYS_JS = """
     // only while the Step tab is shown (its buttons are hidden under the Analyze tab)
     if (id) { const b = document.getElementById(id); if (b && b.offsetParent !== null) { b.click(); e.preventDefault(); } }
   });
-  // Step clicks while a Step is on its way (gradio drops them): said beside the buttons, not silently lost. A Step
-  // is on its way from its click until the status line changes (its answer, or its error); 60 s at most.
+  // Step clicks while a Step is on its way: stopped here, before gradio's own handler sees them (gradio drops most
+  // of them itself, but not a second click that comes before its first event is under way: a loaded machine ran
+  // both), and said beside the buttons, not silently lost. A Step is on its way from its click until the status
+  // line changes (its answer, or its error); 60 s at most.
   let stepping = 0;
   document.addEventListener('click', (e) => {
     const b = e.target && e.target.closest ? e.target.closest('#ddv-step') : null;
     if (!b) return;
     if (stepping && Date.now() - stepping < 60000) {
+      e.stopImmediatePropagation();
+      e.preventDefault();
       let n = document.getElementById('ddv-busy');
       if (!n) {
         n = document.createElement('div');
