@@ -214,3 +214,24 @@ def test_gpu_bench_smoke_fp8(runner_report):
     fp8_runs = report["fast_exactness_fp8_fp32_8_layers"]
     assert fp8_runs and all(r["identical"] and r["weights"] == "fp8" for r in fp8_runs)
     assert targets["fp8_exactness_fp32"]["met"]
+
+
+def test_model_bytes_count_each_storage_once():
+    """The FP8 peak is judged on the models' own bytes plus the session's peak (gpu.model_bytes): every parameter
+    and buffer once, a storage shared by two models (the drafter's embedding is the target's) or fused projections
+    (views of one storage) once."""
+    import torch
+
+    from ddtree_viz.engine.fused import MLP_PROJECTIONS, fuse_linears
+    from tests.tiny import tiny_pair
+
+    pair = tiny_pair("hybrid", seed=0, layers=2)
+    target = pair.target
+    own = sum(t.numel() * t.element_size() for t in [*target.parameters(), *target.buffers()])
+    assert gpu.model_bytes(target) == gpu.model_bytes(target, target) == own
+    drafter_own = [t for t in [*pair.drafter.parameters(), *pair.drafter.buffers()]
+                   if all(t.untyped_storage().data_ptr() != s.untyped_storage().data_ptr()
+                          for s in [*target.parameters(), *target.buffers()])]
+    assert gpu.model_bytes(target, pair.drafter) == own + sum(t.numel() * t.element_size() for t in drafter_own)
+    fuse_linears(target.model.layers[0].mlp, MLP_PROJECTIONS)
+    assert gpu.model_bytes(target) == own and torch.is_tensor(target.model.layers[0].mlp.gate_proj.weight)

@@ -27,6 +27,7 @@ import argparse
 import copy
 import dataclasses
 import functools
+import itertools
 import json
 import random
 import statistics
@@ -710,7 +711,10 @@ def peak_gib(bench: BenchConfig) -> float | None:
 def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, rounds: int = 6) -> dict:
     """Item 5: a session as a user runs it (DecodeSession on the runner engine: its runner sized for the prompt, CUDA
     graphs, the static drafter) on a `context`-token prompt at `budget`, `rounds` rounds; the peak GPU memory
-    torch allocated (reset first: the models are resident, the rest is the session's) and what stays allocated."""
+    torch allocated (reset first: the models are resident, the rest is the session's) and what stays allocated.
+    The target is judged on `peak_models_alone_GB`, what a process holding the two models alone would reach: their
+    own bytes (`model_bytes`) plus the session's peak; the raw peak beside it also counts what the bench's earlier
+    phases left allocated (`leftover_GiB`)."""
     from ..engine.session import DecodeSession, make_proposer
 
     gen = torch.Generator().manual_seed(2)
@@ -726,12 +730,27 @@ def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, ro
     out = {"context": context, "budget": budget, "rounds": len(session.history), "prefill_s": prefill_s,
            "runner_max_len": session.cache.max_len, "target": "<= 36 GB"}
     if bench.cuda:
-        peak = torch.cuda.max_memory_allocated()
+        peak, models = torch.cuda.max_memory_allocated(), model_bytes(pair.target, pair.drafter)
         out.update(peak_GB=peak / 1e9, peak_GiB=peak / 2**30, models_GiB=resident / 2**30,
                    session_GiB=(peak - resident) / 2**30, after_GiB=torch.cuda.memory_allocated() / 2**30,
-                   reserved_peak_GiB=torch.cuda.max_memory_reserved() / 2**30, met=peak <= 36e9)
+                   reserved_peak_GiB=torch.cuda.max_memory_reserved() / 2**30, model_bytes_GiB=models / 2**30,
+                   leftover_GiB=(resident - models) / 2**30, peak_models_alone_GB=(models + peak - resident) / 1e9,
+                   met=models + peak - resident <= 36e9)
     del session, proposer
     return out
+
+
+def model_bytes(*models) -> int:
+    """Bytes the models' parameters and buffers hold, each storage once (fused projections are views of one
+    storage; a drafter shares the target's embedding and lm_head)."""
+    seen, total = set(), 0
+    for model in models:
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
 
 
 def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
@@ -802,7 +821,8 @@ def fp8_targets(f: dict) -> dict:
         out["fp8_verify_64"] = _target(verify[64], step, 1.25, "FP8 runner greedy step")
     out["fp8_round_64"] = _target(f["round_budget_64"]["round_ms"], step, 1.5, "FP8 runner greedy step")
     peak = f["peak_memory"]
-    out["fp8_peak_memory"] = {"GB": peak.get("peak_GB"), "target": "<= 36 GB", "met": peak.get("met"),
+    out["fp8_peak_memory"] = {"GB": peak.get("peak_models_alone_GB"), "of": "the two models alone + the session",
+                              "raw_peak_GB": peak.get("peak_GB"), "target": "<= 36 GB", "met": peak.get("met"),
                               "context": peak["context"], "budget": peak["budget"], "cap_GB": f["memory_cap_GB"]}
     return out
 
