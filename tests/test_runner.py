@@ -48,11 +48,12 @@ def runner_greedy(runner, prompt, new):
     return list(EngineGreedy(engine, prompt, set()).extend_to(new).ids)
 
 
-def runner_ddtree(pair, runner, proposer, prompt, new, budget):
+def runner_ddtree(pair, runner, proposer, prompt, new, budget, tree_on_device=False):
     """A DecodeSession on this runner, recording off: (generated ids, tokens gained per round)."""
     engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1, block_size=proposer.block_size,
                           max_new_tokens=new, runner=runner)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False)
+    session = DecodeSession(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False,
+                            tree_on_device=tree_on_device)
     session.prefill(prompt_ids=prompt)
     session.run()
     return session.generated, [r.acceptance for r in session.history]
@@ -225,7 +226,8 @@ def test_runner_refuses_what_it_cannot_run(pair, tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 def test_runner_with_cuda_graphs_equals_greedy():
-    """The captured graphs replay the same functions: greedy == transformers' greedy, DDTree == greedy."""
+    """The captured graphs replay the same functions: greedy == transformers' greedy, DDTree == greedy (the walk's
+    graph every round; the tree's graph and the inputs written by the device with tree_on_device)."""
     pair = tiny_pair("hybrid", seed=0, layers=8)
     pair.target.to("cuda")
     pair.drafter.to("cuda")
@@ -239,6 +241,8 @@ def test_runner_with_cuda_graphs_equals_greedy():
         assert runner_ddtree(pair, runner, oracle, prompt, NEW, budget)[0] == list(ref.ids)
     out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
     assert out == list(ref.ids)
+    oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
+    assert runner_ddtree(pair, runner, oracle, prompt, NEW, 16, tree_on_device=True)[0] == list(ref.ids)  # graphs
 
 
 def test_one_step_delta_rule_equals_the_recurrence():
