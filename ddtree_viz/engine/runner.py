@@ -680,10 +680,7 @@ class StaticRunner:
         slot.copied_now()
         self._host += time.perf_counter() - start
         self.host_ms.append(self._host * 1e3)
-        if slot.commit_graph is not None:
-            slot.commit_graph.replay()
-        else:
-            self._commit(slot)
+        self._replay(slot.commit_graph, self._commit, slot)
         self.committed += L
 
     @torch.no_grad()
@@ -696,17 +693,11 @@ class StaticRunner:
         if slot.depth >= self.max_path:
             raise ValueError(f"tree of depth {slot.depth}; the runner keeps paths of 1..{self.max_path} nodes")
         slot.choice[:choice.shape[0]].copy_(choice)
-        if slot.walk_graph is not None:
-            slot.walk_graph.replay()
-        else:
-            self._walk(slot)
+        self._replay(slot.walk_graph, self._walk, slot)
         if slot.walked is not None:
             slot.walk_host.copy_(slot.walk_out, non_blocking=True)
             slot.walked.record()
-        if slot.commit_graph is not None:
-            slot.commit_graph.replay()
-        else:
-            self._commit(slot)
+        self._replay(slot.commit_graph, self._commit, slot)
         self._host += time.perf_counter() - start
         self.host_ms.append(self._host * 1e3)
         if slot.walked is not None:
@@ -716,6 +707,14 @@ class StaticRunner:
         length = walk[P + 1]
         self.committed += length
         return walk[:length], walk[P + 2]
+
+    @staticmethod
+    def _replay(graph, eager, slot: _Slot) -> None:
+        """A slot's captured graph replayed, or its function run eagerly where there is none (no CUDA graphs)."""
+        if graph is not None:
+            graph.replay()
+        else:
+            eager(slot)
 
     def snapshot(self, types: list[str], pending: int = 0):
         """Per-layer LayerCache records in the shapes transformers' cache would hold (batch of one); `pending`
