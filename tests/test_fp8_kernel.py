@@ -36,7 +36,7 @@ def reference(x, q, s) -> torch.Tensor:
     return x.float().cpu() @ w.T
 
 
-@pytest.mark.parametrize("rows", [1, 2, 17, 65, 129])
+@pytest.mark.parametrize("rows", [1, 2, 17, 40, 65, 96, 129, 160])  # 40, 96, 160: 32 + 16, 64 + 32, 128 + 32
 @pytest.mark.parametrize("n, k", [(192, 320), (256, 128), (64, 200)])
 def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
     q, s = quantized(n, k, rows)
