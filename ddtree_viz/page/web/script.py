@@ -120,12 +120,16 @@ KEYS_JS = """
   // Step clicks while a Step is on its way: stopped here, before gradio's own handler sees them (gradio drops most
   // of them itself, but not a second click that comes before its first event is under way: a loaded machine ran
   // both), and said beside the buttons, not silently lost. A Step is on its way from its click until the status
-  // line changes (its answer, or its error); 60 s at most.
+  // line changes (its answer, or its error), 60 s at most, and while gradio shows it pending (its progress tracker
+  // on the status line) or in its first 2 s (before the tracker shows): a status answered with the same text again
+  // leaves no mutation to see, and the next click must not be stopped then.
   let stepping = 0;
+  const pending = () => !!document.querySelector('#ddv-status .progress-text, #ddv-status .pending');
   document.addEventListener('click', (e) => {
     const b = e.target && e.target.closest ? e.target.closest('#ddv-step') : null;
     if (!b) return;
-    if (stepping && Date.now() - stepping < 60000) {
+    const since = Date.now() - stepping;
+    if (stepping && since < 60000 && (since < 2000 || pending())) {
       e.stopImmediatePropagation();
       e.preventDefault();
       let n = document.getElementById('ddv-busy');
