@@ -46,7 +46,9 @@ class Config:
     """A launch's tiles: rows of x (block_m) and of the weight (block_n) a program computes, split_k programs
     sharing the input dimension (partial sums in float32), the program's warps and pipeline stages, and whether the
     dequantized weight tile is the product's first operand (swap: y^T = W x^T, so on Hopper the tile goes from
-    registers straight into the tensor cores' instruction instead of through shared memory)."""
+    registers straight into the tensor cores' instruction instead of through shared memory); tail: 0, or the rows
+    (16 or 32) a second product takes on the same dequantized tile, after the block's (a program covers
+    block_m + tail rows of x)."""
 
     block_m: int
     block_n: int = 64
