@@ -287,24 +287,28 @@ def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
-    """DecodeSession(tree_on_device=True) on the runner (DDTree's marginal tree by tensor ops, the runner's inputs
-    written by the device, the walk on the device, the tree read back after the commit): the same rounds, tree
-    for tree, and records as the host-built tree, greedy and sampled; refused where it does not apply."""
+    """The walk on the device, then also DecodeSession(tree_on_device=True) (DDTree's marginal tree by tensor ops,
+    the runner's inputs written by the device, the tree read back after the commit), on the runner: the same
+    rounds, tree for tree, and records as the host's walk and tree, greedy and sampled; refused where it does not
+    apply."""
     from ddtree_viz.engine.sampling import Sampler
     from ddtree_viz.engine.session import DecodeSession
     from ddtree_viz.errors import InputError
 
     runs = []
-    for on_device in (False, True):
+    for on_device, walk in ((False, "host"), (False, "device"), (True, "device")):  # a CPU walks on the host
         session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", tree_on_device=on_device,
                                 sampler=Sampler(temperature=temperature, seed=5))
+        assert session.target_engine.walk == "host"
+        session.target_engine.walk = walk
         session.prefill(PROMPT)
         session.run()
         runs.append(session)
-    host, device = runs
-    assert device.generated == host.generated and device.divergence() == (None, None)
-    untimed = [dataclasses.replace(r, timings_ms={}) for r in device.history]
-    assert untimed == [dataclasses.replace(r, timings_ms={}) for r in host.history]
+    host = runs[0]
+    for device in runs[1:]:
+        assert device.generated == host.generated and device.divergence() == (None, None)
+        untimed = [dataclasses.replace(r, timings_ms={}) for r in device.history]
+        assert untimed == [dataclasses.replace(r, timings_ms={}) for r in host.history]
     if temperature == 0:  # (the random drafter rarely matches a sampled choice)
         assert max(r.acceptance for r in device.history) > 1  # deep enough to walk past the root
     for kwargs in ({"engine": "transformers"}, {"engine": "runner", "method": "dflash"}):

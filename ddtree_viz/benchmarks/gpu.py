@@ -888,6 +888,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 ("round_budget_64_host_walk", True, "host", False)]
     if method == "ddtree" and tree_scoring == "marginal":
         variants.append(("round_budget_64_device_tree", True, "device", True))
+    default_walk = engine.walk
     for key, static, walk, tree_on_device in variants:
         engine.walk = walk
         proposer = make_proposer(pair.drafter, pair.target, static=static)
@@ -918,7 +919,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                         mean_kept=sum(kept) / len(kept))
         out[key]["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
         del session, proposer
-    engine.walk = "device"
+    engine.walk = default_walk
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
     out["round_budget_64"]["walk_device_per_host"] = (out["round_budget_64"]["round_ms"]
