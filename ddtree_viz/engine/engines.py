@@ -6,8 +6,8 @@ A target engine owns the target's committed state (its cache) and does four thin
     forward(tree)            -> TreePass: logits [T, vocab] fp32 of every tree position + what the commit needs
     commit(tree_pass, path)  -> context features [P, F] of the accepted path (or None); the state moves past it
     accept(tree_pass, choice)-> (path, bonus, features): the acceptance walk over the target's choices [T] (argmax or
-                                samples, where the logits are) and the commit; the runner walks on the device and
-                                reads the path back once, after the commit is queued
+                                samples, where the logits are) and the commit; the runner on a GPU walks on the
+                                device and reads the path back once, after the commit is queued
     snapshot(pending)        -> per-layer LayerCache records of what the cache holds now
 
 plus `sync()` (wait for the devices it runs on), `state_error(tree, path)` (naive mode's per-layer distance
