@@ -79,6 +79,8 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert fast["round_budget_64_dynamic_draft"]["draft_path"] == "dynamic"
     host_walk = fast["round_budget_64_host_walk"]  # the same rounds with the walk on the host, beside the device's
     assert host_walk["draft_path"] == "static eager" and host_walk["round_ms"] > 0
+    for variant in (fast["round_budget_64"], host_walk):  # what the host waits a round, phase-timed or not
+        assert variant["step_wall_ms"] > 0 and (variant["loop_wall_ms"] is None or variant["loop_wall_ms"] > 0)
     assert fast["round_budget_64"]["walk_device_per_host"] == fast["round_budget_64"]["round_ms"] / host_walk["round_ms"]
     device_tree = fast["round_budget_64_device_tree"]  # DDTree's tree built on the device, beside the host's
     assert device_tree["mean_kept"] == fast["round_budget_64"]["mean_kept"]  # the same trees: the same rounds

@@ -880,7 +880,8 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     follow_tree and a staged path, as before the walk on the device; `walk_device_per_host`) and, for DDTree's
     marginal tree, the tree built on the device (`round_budget_64_device_tree`: DeviceTree, the runner's inputs
     written by the device; `tree_device_per_host`). DDTree at budget 64 (`tree_scoring`), or `method` dflash /
-    dflash2 (the chains)."""
+    dflash2 (the chains). Each variant's `step_wall_ms` (a phase-timed round from one step's start to the next) and
+    `loop_wall_ms` (untimed_rounds: the same session's next rounds without phase timing) are what the host waits."""
     from ..engine.session import DecodeSession, make_proposer
 
     out: dict = {}
@@ -915,6 +916,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
         # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
         # the record's reads after the commit)
         out[key]["step_wall_ms"] = statistics.median(b - a for a, b in zip(starts[2:], starts[3:])) * 1e3
+        out[key]["loop_wall_ms"] = untimed_rounds(session)
         out[key].update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring,
                         mean_kept=sum(kept) / len(kept))
         out[key]["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
@@ -928,6 +930,21 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
         out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
                                                           / out["round_budget_64"]["round_ms"])
     return out
+
+
+def untimed_rounds(session, rounds: int = 8) -> float | None:
+    """The median wall time of a round of `session` with its phases untimed (no records, no waits between the
+    phases: the device's walk overlaps the commit with the host's read), from one step's start to the next's, over
+    up to `rounds` more rounds (None when fewer than 3 fit in its max new tokens)."""
+    session.time_phases = False
+    starts = []
+    while len(starts) < rounds and not session.done:
+        starts.append(time.perf_counter())
+        session.step()
+    session.time_phases = True
+    if len(starts) < 3:
+        return None
+    return statistics.median(b - a for a, b in zip(starts, starts[1:])) * 1e3
 
 
 @torch.no_grad()
