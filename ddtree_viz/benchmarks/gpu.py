@@ -915,7 +915,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
         out[key]["round_ms"] = sum(out[key][k] for k in ("draft", "tree", "verify_commit"))
         # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
         # the record's reads after the commit)
-        out[key]["step_wall_ms"] = statistics.median(b - a for a, b in zip(starts[2:], starts[3:])) * 1e3
+        out[key]["step_wall_ms"] = median_gap_ms(starts[2:])
         out[key]["loop_wall_ms"] = untimed_rounds(session)
         out[key].update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring,
                         mean_kept=sum(kept) / len(kept))
@@ -942,8 +942,11 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
         starts.append(time.perf_counter())
         session.step()
     session.time_phases = True
-    if len(starts) < 3:
-        return None
+    return median_gap_ms(starts) if len(starts) >= 3 else None
+
+
+def median_gap_ms(starts: list[float]) -> float:
+    """The median milliseconds from one round's start (perf_counter) to the next's."""
     return statistics.median(b - a for a, b in zip(starts, starts[1:])) * 1e3
 
 

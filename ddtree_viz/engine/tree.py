@@ -98,13 +98,11 @@ class DeviceTreeBuilder:
         self.key, self.graph, self.error = None, None, None
 
     def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
-        if logprobs.device.type != "cuda" or self.error is not None:
-            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
         key = (tuple(logprobs.shape), logprobs.dtype, logprobs.device)
-        if key != self.key:
+        if key != self.key and logprobs.device.type == "cuda" and self.error is None:
             self._capture(logprobs, key)
-            if self.error is not None:
-                return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
+        if key != self.key:  # off CUDA, or the capture failed
+            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
         self._logprobs.copy_(logprobs)
         self._root.fill_(int(root_token_id))
         self.graph.replay()

@@ -91,11 +91,10 @@ def figure(summary: dict[str, Any], name: str, fmt: str = "svg") -> bytes:
 
 def drawn(summary: dict[str, Any], name: str, fmts: tuple[str, ...]) -> dict[str, bytes]:
     """One of FIGURES drawn once and saved in each of `fmts` (SVG without its fonts: the callers embed them)."""
-    kw = {"fmts": fmts}
     if name == "acceptance_histogram":
         h = summary["acceptance_histogram"]
         return _bars(list(h), list(h.values()), "Tokens gained per round", "tokens gained (accepted drafts + bonus)",
-                     "rounds", **kw)
+                     "rounds", fmts=fmts)
     if name == "per_depth_acceptance":  # with --method both, the DFlash chain's curve on the same axes
         series = []
         for side, color in ((summary, BLUE), (summary.get(DFLASH), ORANGE), (summary.get(PRECISION_B), GREY)):
@@ -103,23 +102,23 @@ def drawn(summary: dict[str, Any], name: str, fmts: tuple[str, ...]) -> dict[str
                 p = side["per_depth_acceptance"]
                 series.append((_label(summary, side), list(range(1, len(p) + 1)), p, color))
         return _lines(series, "Acceptance by depth", "depth d",
-                      "P(accepted >= d | >= d-1, tree >= d)", ylim=(0, 1.05), **kw)
+                      "P(accepted >= d | >= d-1, tree >= d)", ylim=(0, 1.05), fmts=fmts)
     if name == "budget_curve":  # with a precision audit, B's curve beside
         series = [(_label(summary, side, "budget curve"), [int(b) for b in side["budget_curve"]],
                    list(side["budget_curve"].values()), color)
                   for side, color in ((summary, GREEN), (summary.get(PRECISION_B), GREY))
                   if side is not None and side.get("budget_curve")]
         return _lines(series, "Budget curve (exact per-round counterfactual)", "budget (tree nodes)",
-                      "mean tokens gained per round", **kw)
+                      "mean tokens gained per round", fmts=fmts)
     if name == "stop_rank":
         h = summary["stop_rank_histogram"]
         return _bars(list(h), list(h.values()), "The target's token among the drafter's candidates at the stop depth",
-                     "drafter rank of the target's token", "rounds", color=ORANGE, **kw)
+                     "drafter rank of the target's token", "rounds", color=ORANGE, fmts=fmts)
     if name == "acceptance_by_position":
         rows = summary["acceptance_by_position"]
         return _bars([f"{r['from']}-{r['to']}" for r in rows], [r["mean_acceptance"] for r in rows],
                      "Acceptance by position in the generation", "output tokens (the round's start)",
-                     "mean tokens gained per round", color=GREEN, **kw)
+                     "mean tokens gained per round", color=GREEN, fmts=fmts)
     raise ValueError(f"unknown figure {name!r}; choose one of {', '.join(FIGURES)}")
 
 
