@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddtree_viz.engine.tree import DraftTree, build_chain, build_tree, follow_tree, tree_on_device, verify_inputs
 
@@ -217,3 +218,31 @@ def test_the_tree_builders_trees_are_build_trees(device):
         values, ids = (t.cpu() for t in torch.topk(logprobs.to(device), 20, dim=-1))  # that device's order of ties
         assert got == build_tree(11 + call, values.numpy(), ids.numpy(), 20)
     assert builder.error is None and (builder.graph is not None) == (device == "cuda")
+
+
+class _NoHostRead(TorchDispatchMode):
+    """Every op that reads a device's value back to the host (an .item(), a 0-d tensor used as an index, a mask's
+    nonzero) raises: a CUDA graph's capture refuses them, and this finds them on a CPU."""
+
+    READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func.overloadpacket).startswith(self.READS):
+            raise AssertionError(f"{func} reads a value back to the host")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_device_tree_ops_read_nothing_back_to_the_host():
+    """What the runner's CUDA graphs hold (the tree build, its inputs, the walk) runs with every host read refused;
+    the check itself fails on a 0-d index (what a GPU's capture failed on in session 9)."""
+    from ddtree_viz.engine.tree import DeviceTree, follow_on_device, tree_inputs_on_device
+
+    parents, depths = torch.tensor([-1, 0, 0, 1, -1]), torch.tensor([0, 1, 1, 2, 1])
+    logprobs = torch.log_softmax(torch.randn(5, 40, generator=torch.Generator().manual_seed(0)), -1)
+    with _NoHostRead():
+        walk, bonus = follow_on_device(parents, depths, torch.tensor([9, 5, 5, 7, 5]), torch.tensor([5, 7, 8, 3, 1]), 4)
+        tree_inputs_on_device(parents.clamp(min=0), depths, 4, 3)
+        DeviceTree.from_logprobs(torch.tensor([3]), logprobs, 20)
+        with pytest.raises(AssertionError, match="host"):
+            depths[depths.argmax()]
+    assert walk.tolist() == [0, 2, 2, 2, 2, 2] and int(bonus) == 8

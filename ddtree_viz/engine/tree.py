@@ -383,13 +383,13 @@ def follow_on_device(parents: torch.Tensor, depths: torch.Tensor, token_ids: tor
     for _ in range(max(1, (T - 1).bit_length())):  # ok: every ancestor within 2^j steps taken too
         ok, up = ok & ok[up], up[up]
     depth = torch.where(ok, depths, -1)
-    last = depth.argmax()
-    length = depth[last] + 1
+    deepest, last = depth.max(0)  # 0-d tensors: indexing by one reads it back to the host (no graph can hold that)
+    length = deepest + 1
     at_depth = torch.zeros(max_path + 1, dtype=torch.long, device=parents.device)  # the node at each depth (+ a bin)
     at_depth.scatter_(0, torch.where(ok, depths, max_path).clamp(max=max_path), index)
     steps = torch.arange(max_path, device=parents.device)
     path = torch.where(steps < length, at_depth[:max_path], last)
-    return torch.cat([path, last[None], length[None]]), choice[last]
+    return torch.cat([path, last[None], length[None]]), choice.index_select(0, last[None])[0]
 
 
 def follow_tree(tree: DraftTree, target_argmax: list[int]) -> tuple[list[int], int]:
