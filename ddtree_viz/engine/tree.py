@@ -7,7 +7,6 @@ children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is l
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,45 +180,57 @@ def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tenso
     is beaten by `budget` paths that each extend a better prefix by rank 0). Order everywhere: score descending, then
     the rank path ascending (a prefix before its extensions), as build_tree's heap pops; a score is the parent's
     plus the node's log-prob in float64, as build_tree sums it. n = 1 + min(budget, number of paths): shapes follow
-    from the sizes alone."""
+    from the sizes alone.
+
+    Two invariants make that one stable sort by score a depth, and one at the end: a depth's beam is kept in rank-path
+    order, so its extensions (beam entry, rank) are made in rank-path order too and a stable sort by score breaks
+    ties the right way; and every kept node sits in one array in preorder (a prefix before its extensions, siblings
+    by rank), where a new depth's nodes are inserted by arithmetic alone: the j-th new node in rank-path order, child
+    of the node at p, lands at p + 1 + j, and an old node at q moves up by the new nodes whose parents precede it."""
     device = top_logprobs.device
     depth_limit, k = top_logprobs.shape
-
-    def with_root(value, rest: torch.Tensor) -> torch.Tensor:  # the root's entry (position 0) before the nodes'
-        return torch.cat([torch.full((1,), value, dtype=rest.dtype, device=device), rest])
-
     if budget <= 0 or depth_limit == 0 or k == 0:
         nodes = torch.empty(0, dtype=torch.long, device=device)
-        return (with_root(-1, nodes), with_root(0, nodes), with_root(-1, nodes),
-                with_root(0.0, nodes.to(torch.float64)))
+        return _with_root(nodes, nodes, nodes, nodes.to(torch.float64))
     width = min(k, budget)  # a node of rank r follows its r better siblings: ranks >= budget never make it
     lp = top_logprobs[:, :width].to(torch.float64)
-    ranks_row = torch.arange(width, device=device)
-    score, parent = lp[0], torch.full((width,), -1, device=device)
-    digits = torch.full((width, depth_limit), -1, device=device)
-    digits[:, 0] = ranks_row
-    beams = []  # per depth: (score, rank path padded with -1, parent's index in the previous depth's beam)
-    for d in range(depth_limit):
-        if d:
-            m = score.shape[0]
-            score = (score[:, None] + lp[d][None, :]).reshape(-1)
-            digits = digits.repeat_interleave(width, dim=0)
-            digits[:, d] = ranks_row.repeat(m)
-            parent = torch.arange(m, device=device).repeat_interleave(width)
-        keep = _best_first_order(score, digits)[:budget]
-        score, digits, parent = score[keep], digits[keep], parent[keep]
-        beams.append((score, digits, parent))
-    starts = list(itertools.accumulate((len(b[0]) for b in beams), initial=0))  # each depth's first index in the cat
-    scores = torch.cat([b[0] for b in beams])
-    paths = torch.cat([b[1] for b in beams])
-    depth = torch.cat([torch.full_like(b[2], d + 1) for d, b in enumerate(beams)])
-    above = torch.cat([b[2] + starts[d - 1] if d else b[2] for d, b in enumerate(beams)])  # -1: the root
-    order = _best_first_order(scores, paths)[:budget]
-    position = torch.zeros(scores.shape[0] + 1, dtype=torch.long, device=device)  # index -1 (the root's) -> 0
+    beam_score = torch.zeros(1, dtype=torch.float64, device=device)  # the root, at position -1
+    beam_at = torch.full((1,), -1, dtype=torch.long, device=device)
+    score = torch.empty(0, dtype=torch.float64, device=device)  # the kept nodes in preorder: score, parent's position,
+    parent, depth, rank = (torch.empty(0, dtype=torch.long, device=device) for _ in range(3))  # depth, rank
+    for d in range(1, depth_limit + 1):
+        extended = (beam_score[:, None] + lp[d - 1][None, :]).reshape(-1)  # (beam entry, rank): rank-path order
+        keep = torch.sort(-extended, stable=True).indices[:budget]
+        kept = torch.zeros_like(extended, dtype=torch.long).index_fill_(0, keep, 1)
+        kept = torch.empty_like(keep).scatter_(0, kept.cumsum(0)[keep] - 1, keep)  # keep, in rank-path order
+        above = beam_at[kept // width]  # each new node's parent's position (-1: the root)
+        n, c = score.shape[0], kept.shape[0]
+        moved = torch.arange(n, device=device)
+        if n:  # an old node moves up by the new nodes whose parents precede it
+            children = torch.zeros(n, dtype=torch.long, device=device).scatter_add_(0, above, torch.ones_like(above))
+            moved = moved + children.cumsum(0) - children
+        placed = above + 1 + torch.arange(c, device=device)
+
+        def remap(at: torch.Tensor) -> torch.Tensor:  # old positions to new ones (-1, the root, stays)
+            return torch.where(at >= 0, moved[at.clamp(min=0)], -1) if n else at
+
+        score = torch.empty(n + c, dtype=torch.float64, device=device).index_copy_(0, moved, score)
+        score.index_copy_(0, placed, extended[kept])
+        parent = torch.empty(n + c, dtype=torch.long, device=device).index_copy_(0, moved, remap(parent))
+        parent.index_copy_(0, placed, remap(above))
+        depth = torch.empty_like(parent).index_copy_(0, moved, depth).index_copy_(0, placed, torch.full_like(kept, d))
+        rank = torch.empty_like(parent).index_copy_(0, moved, rank).index_copy_(0, placed, kept % width)
+        beam_score, beam_at = extended[kept], placed
+    order = torch.sort(-score, stable=True).indices[:budget]  # preorder breaks the ties: build_tree's pops
+    position = torch.zeros(score.shape[0] + 1, dtype=torch.long, device=device)  # index -1 (the root's) -> 0
     position[order] = torch.arange(1, order.shape[0] + 1, device=device)
-    rank = paths[order, depth[order] - 1]
-    return (with_root(-1, position[above[order]]), with_root(0, depth[order]), with_root(-1, rank),
-            with_root(0.0, lp[depth[order] - 1, rank]))
+    return _with_root(position[parent[order]], depth[order], rank[order], lp[depth[order] - 1, rank[order]])
+
+
+def _with_root(parents: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor, logprobs: torch.Tensor) -> tuple:
+    """The nodes' fields with the root's entry (parent -1, depth 0, rank -1, log-prob 0) put first."""
+    return tuple(torch.cat([torch.full((1,), value, dtype=t.dtype, device=t.device), t])
+                 for value, t in ((-1, parents), (0, depths), (-1, ranks), (0.0, logprobs)))
 
 
 def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: int,
@@ -242,15 +253,6 @@ def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: i
             column = up.clamp(min=0)
             anc[index, column] = anc[index, column] | (up >= 0)
     return anc, gather
-
-
-def _best_first_order(score: torch.Tensor, paths: torch.Tensor) -> torch.Tensor:
-    """Indices sorting by score descending, ties by rank path ascending (paths padded with -1: a prefix first):
-    stable sorts from the last digit to the first, then by score."""
-    idx = torch.arange(score.shape[0], device=score.device)
-    for j in reversed(range(paths.shape[1])):
-        idx = idx[torch.sort(paths[idx, j], stable=True).indices]
-    return idx[torch.sort(-score[idx], stable=True).indices]
 
 
 def build_selector_tree(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
