@@ -856,17 +856,21 @@ def greedy_stepper(engine, token: int):
 def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
     """Issue #31 item 1's first part: the round's tree phase from the drafter's log-probs on the device to the tree on
     the host, built on the host (top-k copied back, build_tree) and on the device (tree_on_device, the nodes copied
-    back), per budget: ms each (medians of 20) and whether the two trees are the same."""
-    from ..engine.tree import DraftTree
+    back) eagerly and in DeviceTreeBuilder's CUDA graph (`graph_ms`; `graph_error` where the capture failed), per
+    budget: ms each (medians of 20) and whether the trees are the same."""
+    from ..engine.tree import DeviceTreeBuilder, DraftTree
 
     out = {}
     for budget in budgets:
         host = DraftTree.from_logprobs(root, logprobs, budget)
         device = DraftTree.from_logprobs(root, logprobs, budget, on_device=True)
+        builder = DeviceTreeBuilder(budget)
+        graph = builder(root, logprobs).to_host()
         out[str(budget)] = {
             "host_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget), repeats=20),
             "device_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget, on_device=True), repeats=20),
-            "same_tree": host == device}
+            "graph_ms": timed(lambda: builder(root, logprobs).to_host(), repeats=20), "graph_error": builder.error,
+            "same_tree": host == device == graph}
     return out
 
 
