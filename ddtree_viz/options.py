@@ -43,6 +43,7 @@ VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")  # auto: every visible GPU through accelerate's device_map
 REFERENCES = ("engine", "transformers")  # where a session's reference decodes (DecodeSession's `reference`)
+RECORD_LEVELS = ("full", "light")  # what `run --record` keeps a round (light: DecodeSession(record=False))
 
 # Exports (render/export.py) and the round's phases, named here so that parsing and the page import no renderer.
 EXPORT_FORMATS = ("svg", "pdf", "png", "tikz", "html", "json")

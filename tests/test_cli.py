@@ -221,6 +221,25 @@ def test_run_on_the_runner_engine(tmp_path, capsys):
     assert rc == 2 and err.startswith("error: ") and "naive" in err and "Traceback" not in err
 
 
+def test_run_record_light_decodes_the_same_rounds_with_less_kept(model_args, capsys):
+    """--record light (issue #31 item 3): the same rounds and output as the full record, equal to greedy, its phases
+    not timed; refused with --trace or --compare, which need the trees, before any model loads."""
+    outs = {}
+    for level in ("full", "light"):
+        rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "6",
+                       "--record", level])
+        outs[level] = capsys.readouterr().out
+        assert rc == 0 and "identical to greedy for 12 tokens" in outs[level]
+    rounds = [next(line for line in out.splitlines() if line.startswith("rounds: ")) for out in outs.values()]
+    assert rounds[0] == rounds[1]
+    assert "phases not timed: --record light" in outs["light"] and "verify " not in outs["light"].split("time: ")[1]
+    assert "phases not timed" not in outs["full"] and "verify " in outs["full"].split("time: ")[1].splitlines()[0]
+    for extra in (["--trace", "t.json"], ["--compare", "budget=2"]):
+        rc = cli.main(["run", "--target", "/nonexistent", "--prompt", "x", "--record", "light", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--record light keeps no trees" in err and extra[0] in err and "Traceback" not in err
+
+
 def test_run_sampled_writes_a_reproducible_trace_and_replay_prints_it(model_args, capsys, tmp_path):
     path = tmp_path / "sampled.json"
     flags = ["--temperature", "0.8", "--top-k", "50", "--top-p", "0.95", "--seed", "8"]  # a sample that runs 12 tokens

@@ -4,12 +4,13 @@ own decoding; `--compare` decodes it again with configuration B (ddtree_viz/comp
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from ..compare import COMPARE_KEYS
 from ..errors import InputError
-from ..options import (DTYPES, ENGINE_CHOICES, METHODS, REFERENCE_NAMES, REFERENCES, TREE_SCORINGS, VERIFY_MODES,
-                       whole_number)
+from ..options import (DTYPES, ENGINE_CHOICES, METHODS, RECORD_LEVELS, REFERENCE_NAMES, REFERENCES, TREE_SCORINGS,
+                       VERIFY_MODES, whole_number)
 from ..trace import sampling_label, verdict_words
 from .common import (add_chat_args, add_decode_args, add_model_args, add_sampling_args, add_scoring_arg,
                      check_output_path, decode_settings, load_models, printable, prompt_spec)
@@ -71,6 +72,12 @@ def add_parser(sub) -> None:
                      help="the target's top-K tokens recorded at every tree node (default: 5; 0: none)")
     run.add_argument("--draft-top-k", type=whole_number, default=16, metavar="K",
                      help="the drafter's candidates recorded per depth, at most the budget (default: 16; 0: none)")
+    run.add_argument("--record", default="full", choices=RECORD_LEVELS,
+                     help="what each round's record keeps: full (default: the tree's nodes with their texts, the "
+                          "target's top tokens and margins, the drafter's grid, the cache snapshots, the phase times: "
+                          "what the page, export and replay show) or light (the tree's shape and tokens, the accepted "
+                          "path and the bonus: decoding at the engine's speed, nothing read back that decoding does "
+                          "not need; no --trace or --compare, which need the trees)")
     add_sampling_args(run)
     run.set_defaults(handler=command)
 
@@ -80,6 +87,9 @@ def command(args) -> int:
     from ..engine.session import DecodeSession
 
     spec = prompt_spec(args, args.prompt, args.prompt_file)  # the prompt's text checked (valid Unicode) before loading
+    if args.record == "light" and (args.trace or args.compare):
+        raise InputError(f"--record light keeps no trees, which {'--trace' if args.trace else '--compare'} needs: "
+                         "use --record full (the default)")
     if args.compare:
         _check_compare(args.compare)
     if args.trace:
@@ -87,12 +97,14 @@ def command(args) -> int:
     pair = load_models(args)
     encoded = encode(pair.tokenizer, spec)
     settings = decode_settings(args)
-    session = DecodeSession.from_settings(pair, settings, target_top_k=args.target_top_k, draft_top_k=args.draft_top_k)
+    session = DecodeSession.from_settings(pair, settings, target_top_k=args.target_top_k, draft_top_k=args.draft_top_k,
+                                          record=args.record == "full")
     _print_setup(args, pair, session)
     print(_describe_prompt(spec, encoded))
     session.prefill(spec=spec)
+    start = time.perf_counter()
     records = session.run()
-    _print_result(args, session, records)
+    _print_result(args, session, records, (time.perf_counter() - start) * 1e3)
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
     if args.compare:
@@ -133,8 +145,9 @@ def _print_setup(args, pair, session) -> None:
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")
 
 
-def _print_result(args, session, records) -> None:
-    """The text, tokens per round, acceptance, phase times, the session analysis and the reference's verdict."""
+def _print_result(args, session, records, rounds_ms: float) -> None:
+    """The text, tokens per round, acceptance, the rounds' time (by phase where they were timed), the session
+    analysis and the reference's verdict."""
     print()
     print(printable(session.prompt) + printable(session.output_text))
     print()
@@ -143,7 +156,9 @@ def _print_result(args, session, records) -> None:
     print(f"generated tokens: {len(session.generated)} (1 from prefill + {len(session.generated) - 1} from rounds)")
     print(f"mean acceptance: {session.mean_acceptance:.2f} tokens kept per target forward (bonus included)")
     timings = {k: sum(r.timings_ms.get(k, 0.0) for r in records) for k in ("draft", "tree", "verify", "commit")}
-    print(f"time: prefill {session.prefill_ms:.0f} ms, " + ", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()))
+    phases = (", ".join(f"{k} {v:.0f} ms" for k, v in timings.items()) if session.time_phases
+              else "phases not timed: --record light")
+    print(f"time: prefill {session.prefill_ms:.0f} ms, rounds {rounds_ms:.0f} ms; {phases}")
     errors = [e for r in records for e in getattr(r, "naive_state_error", ()) if e is not None]
     if errors:
         print(f"naive: committed GDN recurrent state is off from the exact one by up to {max(errors):.3g} "
