@@ -201,8 +201,8 @@ def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tenso
     for d in range(1, depth_limit + 1):
         extended = (beam_score[:, None] + lp[d - 1][None, :]).reshape(-1)  # (beam entry, rank): rank-path order
         keep = torch.sort(-extended, stable=True).indices[:budget]
-        kept = torch.zeros_like(extended, dtype=torch.long).index_fill_(0, keep, 1)
-        kept = torch.empty_like(keep).scatter_(0, kept.cumsum(0)[keep] - 1, keep)  # keep, in rank-path order
+        chosen = torch.zeros_like(extended, dtype=torch.long).index_fill_(0, keep, 1)
+        kept = torch.empty_like(keep).scatter_(0, chosen.cumsum(0)[keep] - 1, keep)  # keep, in rank-path order
         above = beam_at[kept // width]  # each new node's parent's position (-1: the root)
         n, c = score.shape[0], kept.shape[0]
         moved = torch.arange(n, device=device)
