@@ -210,10 +210,38 @@ def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
     assert nbytes / params < 1.01  # float32 dequantized: 4 bytes a parameter
     assert type(pair.target.model.layers[0].linear_attn.in_proj_a) is torch.nn.Linear
     assert type(pair.target.lm_head) is torch.nn.Linear
-    assert pair.target_precision == KEPT_LABEL and pair.draft_precision == LABEL
+    assert pair.target_precision == KEPT_LABEL and pair.draft_precision == KEPT_LABEL
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+def test_an_fp8_drafter_kept_drafts_the_dequantized_drafters_trees(checkpoints):
+    """keep_fp8 keeps the drafter's FP8 weights too (issue #29: an FP8 drafter on CUDA at half of bf16's memory):
+    each converted drafter Linear holds the checkpoint's bytes and scales, and a session drafts the trees of the
+    drafter dequantized at load, node for node and log-prob for log-prob (float32 on a CPU); through the static
+    drafter (the function its CUDA graphs capture) the same trees, log-probs within 1e-5 as test_draft_runner holds."""
+    from ddtree_viz.engine.session import DecodeSession, DFlashProposer
+
+    _, _, fp8_target, fp8_draft, _ = checkpoints
+    kept_pair, plain_pair = (load_pair(str(fp8_target), str(fp8_draft), keep_fp8=keep) for keep in (True, False))
+    stored = load_file(str(fp8_draft / "model.safetensors"))
+    kept = {n: m for n, m in kept_pair.drafter.named_modules() if isinstance(m, fp8.Fp8Linear)}
+    assert kept and set(f"{n}.weight" for n in kept) == {k.removesuffix("_scale_inv") for k in stored
+                                                         if k.endswith("_scale_inv")}
+    for name, m in kept.items():
+        assert torch.equal(m.weight.view(torch.uint8), stored[f"{name}.weight"].view(torch.uint8)), name
+    assert not any(isinstance(m, fp8.Fp8Linear) for m in plain_pair.drafter.modules())
+    assert (kept_pair.draft_precision, plain_pair.draft_precision) == (KEPT_LABEL, LABEL)
+    trees = []
+    for pair, static in ((kept_pair, False), (kept_pair, True), (plain_pair, False)):  # static: the CUDA graphs' path
+        proposer = DFlashProposer(pair.drafter, pair.target, static=static)
+        session = DecodeSession(pair, budget=8, max_new_tokens=12, engine="transformers", proposer=proposer)
+        session.prefill(prompt_ids=list(b"def fibonacci(n):"))
+        trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
+    assert trees[0] == trees[2] and len(trees[0]) > 1
+    assert [[t[:2] for t in tree] for tree in trees[1]] == [[t[:2] for t in tree] for tree in trees[2]]
+    assert max(abs(a[2] - b[2]) for x, y in zip(trees[1], trees[2]) for a, b in zip(x, y)) < 1e-5
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])

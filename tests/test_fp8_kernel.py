@@ -145,7 +145,7 @@ def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 def test_runner_with_fp8_weights_in_cuda_graphs():
     """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused FP8 projections through the Triton GEMM)
     over FP8 weights, float32: greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle
-    drafts, the FP8 drafter's trees too); a tree pass's logits equal the dequantized model's runner's to the order
+    drafts, and an FP8 drafter's trees through its static CUDA graphs); a tree pass's logits equal the dequantized model's runner's to the order
     of the sums."""
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
@@ -156,6 +156,7 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
 
     pair = tiny_pair("hybrid", seed=0, layers=8, hidden=256)
     assert fp8.quantize_linears(pair.target, BLOCK) > 0
+    assert fp8.quantize_linears(pair.drafter, BLOCK, skip=()) > 0  # an FP8 drafter kept, in its static graphs
     pair.target.to("cuda")
     pair.drafter.to("cuda")
     twin = dequantized_twin(pair.target, torch.float32)

@@ -99,8 +99,7 @@ class StaticDrafter:
         self.embed, self.lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         c = drafter.config
         self.config = c
-        p = next(drafter.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        self.device, self.dtype = drafter.activations
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.attention = attention
         self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,

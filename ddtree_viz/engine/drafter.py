@@ -417,7 +417,10 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "DFlashDrafter":
+                        device: str | torch.device = "cpu", keep_fp8: bool = False) -> "DFlashDrafter":
+        """The drafter of a folder (config.json + safetensors, bf16 or the official FP8 layout), checked against its
+        config. An FP8 checkpoint is dequantized at load, or with `keep_fp8` each converted Linear keeps the
+        checkpoint's e4m3 bytes and scales (fp8.Fp8Linear: half of bf16's memory, the FP8 GEMM on CUDA)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -446,8 +449,9 @@ class DFlashDrafter(nn.Module):
             except (OSError, SafetensorError) as e:
                 raise ModelLoadError(f"Could not read drafter weights {f}: {e}") from None
         spec = fp8.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
+        kept: dict | None = {} if keep_fp8 and spec is not None else None
         if spec is not None:  # the official FP8 layout: dequantized here, in float32, then cast (engine/fp8.py)
-            state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter")
+            state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter", keep=kept)
         cls.check_fields(config, state)
         model = cls.from_config_meta(config)
         expected = {k: tuple(p.shape) for k, p in model.state_dict().items()}
@@ -461,7 +465,9 @@ class DFlashDrafter(nn.Module):
         if problems:
             raise ModelLoadError(f"Drafter weights in {path} do not match its config.json; " + "; ".join(problems))
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
-        model.weight_format = spec.label(dtype) if spec is not None else None  # ModelPair.draft_precision
+        if kept:
+            fp8.keep_linears(model, kept, spec.block, f"drafter {path}")
+        model.weight_format = spec.label(dtype, kept=bool(kept)) if spec is not None else None  # draft_precision
         return model.eval()
 
     @classmethod
@@ -494,6 +500,13 @@ class DFlashDrafter(nn.Module):
         (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n", encoding="utf-8")
         save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()},
                   str(path / "model.safetensors"), metadata={"format": "pt"})
+
+    @property
+    def activations(self) -> tuple[torch.device, torch.dtype]:
+        """Where the drafter computes and in which dtype: its first parameter's that is not an FP8 weight (an
+        fp8.Fp8Linear keeps the checkpoint's e4m3 bytes; it computes in its input's dtype)."""
+        p = next(p for p in self.parameters() if p.dtype != fp8.FP8_DTYPE)
+        return p.device, p.dtype
 
     def new_cache(self) -> DraftKVCache:
         return DraftKVCache(self.config.num_hidden_layers, self.config.layer_windows)

@@ -312,7 +312,9 @@ def _quantized_snapshot(name: str, local_only: bool) -> Path | None:
         raise ModelLoadError(_offline_hint(name, "target") if local_only else f"cannot fetch target {name!r}: {exc}") from None
 
 
-def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
+def load_drafter(name: str, dtype: torch.dtype, device, keep_fp8: bool | None = None) -> DFlashDrafter:
+    """The drafter of a folder or hub id; an FP8 checkpoint keeps its FP8 weights where `keep_fp8` says so, by
+    default on a CUDA device (as load_target's)."""
     local = _check_local(name, "drafter")
     if local is None:  # hub id: fetch config + safetensors only
         hub_down = hub_offline()
@@ -324,7 +326,8 @@ def load_drafter(name: str, dtype: torch.dtype, device) -> DFlashDrafter:
             if hub_down:
                 raise ModelLoadError(_offline_hint(name, "drafter")) from None
             raise ModelLoadError(f"cannot fetch drafter {name!r}: {exc}") from None
-    return drafter_class(local).from_pretrained(local, dtype=dtype, device=device).eval()
+    keep = torch.device(device).type == "cuda" if keep_fp8 is None else keep_fp8
+    return drafter_class(local).from_pretrained(local, dtype=dtype, device=device, keep_fp8=keep).eval()
 
 
 def drafter_class(path: Path) -> type[DFlashDrafter]:
@@ -369,7 +372,8 @@ def quiet_transformers(verbose: bool = False) -> None:
 
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu",
               keep_fp8: bool | None = None) -> ModelPair:
-    """Load target + tokenizer + drafter and check that they fit together (`keep_fp8`: load_target's)."""
+    """Load target + tokenizer + drafter and check that they fit together (`keep_fp8`: load_target's and
+    load_drafter's, each an FP8 checkpoint's)."""
     torch_dtype = parse_dtype(dtype)
     device = resolve_device(device)
     embedded = target is None
@@ -382,7 +386,7 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     model, tokenizer = load_target(target, torch_dtype, device, offline=embedded, keep_fp8=keep_fp8)
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
-    drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device)
+    drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device, keep_fp8=keep_fp8)
     validate_pairing(drafter.config, model.config)
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None

@@ -133,13 +133,13 @@ class DFlashProposer:
         """The drafter's normed output at depths 1..block_size-1 [block_size - 1, hidden] (its cache extended)."""
         embed = self.target.get_input_embeddings()
         block = torch.tensor([[root_token_id] + [self.mask_token_id] * (block_size - 1)], device=embed.weight.device)
-        p = next(self.drafter.parameters())
-        noise = embed(block).to(p.device, p.dtype)
-        ctx = new_features.to(p.device, p.dtype)[None]
+        device, dtype = self.drafter.activations
+        noise = embed(block).to(device, dtype)
+        ctx = new_features.to(device, dtype)[None]
         start = self.cache.seq_length
         if start + ctx.shape[1] != committed_len:
             raise RuntimeError(f"drafter context out of step: {start} cached + {ctx.shape[1]} new != {committed_len}")
-        positions = torch.arange(start, committed_len + block_size, device=p.device)[None]
+        positions = torch.arange(start, committed_len + block_size, device=device)[None]
         return self.drafter(noise, ctx, positions, cache=self.cache)[0, 1:]
 
 
