@@ -145,8 +145,8 @@ def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 def test_runner_with_fp8_weights_in_cuda_graphs():
     """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused FP8 projections through the Triton GEMM)
     over FP8 weights, float32: greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle
-    drafts, and an FP8 drafter's trees through its static CUDA graphs); a tree pass's logits equal the dequantized model's runner's to the order
-    of the sums."""
+    drafts, and an FP8 drafter's trees through its static CUDA graphs); a tree pass's logits equal the dequantized
+    model's runner's to the order of the sums."""
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
     from ddtree_viz.engine.oracle import OracleProposer
