@@ -53,6 +53,15 @@ def test_host_describes_the_models_and_cache_layout(host):
     assert [r["type"] for r in host.layout] == ["GDN", "GDN", "GDN", "attention"]
 
 
+def test_the_loaded_models_are_out_of_the_collectors_reach(host):
+    """host.settle_heap at load: the models' objects frozen (gc.freeze), so no full collection scans them in a Step."""
+    import gc
+
+    assert gc.get_freeze_count() > 0
+    tracked = {id(o) for o in gc.get_objects()}  # the collector's generations: frozen objects are not in them
+    assert id(host.pair.target) not in tracked and id(host.pair.drafter.layers[0]) not in tracked
+
+
 def test_step_back_forward_slider_phase_reset(host):
     tab = TabState()
     empty = render_views(host, tab)

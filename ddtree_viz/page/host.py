@@ -3,6 +3,7 @@ tab, with one fair lock so that model work never interleaves and tabs take turns
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -96,6 +97,7 @@ class ModelHost:
                 self.stage = ("compiling the static runner's fused kernels (once per process: ~35 s on a fresh "
                               "machine, seconds with a warm cache)")
                 self.warmup_s = warm_runner(pair.target)
+            settle_heap()
             self.pair = pair
             self.stage = "ready"
         except DDTreeVizError as exc:
@@ -213,7 +215,17 @@ class ModelHost:
         key = f"{dtype}/{draft}"
         if key not in self._pairs:
             self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device)
+            settle_heap()
         return self._pairs[key]
+
+
+def settle_heap() -> None:
+    """Everything loaded so far (the models' modules, torch's and transformers' own objects: ~390,000 on the page's
+    64-layer bench target) put out of the garbage collector's reach (gc.freeze). Otherwise a full collection scans
+    them all in the middle of some Step: 218 ms once in 40 Steps of that target on the development machine, none
+    after (PERFORMANCE.md section 8)."""
+    gc.collect()
+    gc.freeze()
 
 
 def _threads() -> int:
