@@ -213,6 +213,7 @@ class StaticRunner:
         self._cols = torch.arange(self.max_len, device=self.device)
         self._steps = torch.arange(self.max_path, device=self.device)
         self.host_ms: list[float] = []  # per forward + commit: host work (inputs, path), GPU waits excluded
+        self._fixed_records: dict = {}  # snapshot's GDN layer records: (layer, type) -> LayerCache
         self._host = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         # attention length buckets: a pass attends over the smallest bucket holding the committed rows and the
@@ -724,18 +725,24 @@ class StaticRunner:
         def info(name, t, shape):
             return TensorInfo(name, tuple(int(x) for x in shape), str(t.dtype).removeprefix("torch."))
 
+        def fixed(i, kind):  # a GDN layer's record never changes (its state's shapes): made once per runner
+            conv, rec = self.conv[i], self.rec[i]
+            infos = (info("conv_state", conv, (1, *conv.shape)), info("recurrent_state", rec, (1, *rec.shape)))
+            nbytes = conv.numel() * conv.element_size() + rec.numel() * rec.element_size()
+            return LayerCache(i, kind, "LinearAttentionLayer", infos, int(nbytes), None)
+
         out = []
+        rows = self.committed + pending
         for i, kind in enumerate(types):
             if i in self.conv:
-                conv, rec = self.conv[i], self.rec[i]
-                infos = (info("conv_state", conv, (1, *conv.shape)), info("recurrent_state", rec, (1, *rec.shape)))
-                nbytes = conv.numel() * conv.element_size() + rec.numel() * rec.element_size()
-                out.append(LayerCache(i, kind, "LinearAttentionLayer", infos, int(nbytes), None))
+                key = (i, kind)
+                if key not in self._fixed_records:
+                    self._fixed_records[key] = fixed(i, kind)
+                out.append(self._fixed_records[key])
             else:
                 k = self.keys[i]
-                rows = self.committed + pending
                 shape = (1, k.shape[1], rows, k.shape[3])
-                nbytes = 2 * int(np.prod(shape)) * k.element_size()
+                nbytes = 2 * k.shape[1] * rows * k.shape[3] * k.element_size()
                 out.append(LayerCache(i, kind, "DynamicLayer", (info("keys", k, shape), info("values", k, shape)),
                                       nbytes, rows))
         return tuple(out)
