@@ -31,7 +31,9 @@ a near-tie differently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from . import treeops
@@ -78,12 +80,38 @@ def budget_curve_of(accepted: Sequence[int], budget: int) -> dict[int, int]:
     return curve
 
 
-def recorded_curve(step: StepRecord) -> dict[int, int]:
-    """The round's budget curve with int keys: the recorded `budget_curve` (JSON keys are strings) or, for
-    traces written before it existed, computed from the accepted path."""
+_MEMO: dict[tuple[str, int], tuple[StepRecord, Any]] = {}
+_MEMO_LOCK = threading.Lock()
+MEMO_ROUNDS = 8192  # per-round figures kept (a page redraws its session-wide charts from every round, each Step)
+
+
+def _per_round(kind: str, step: StepRecord, compute: Callable[[StepRecord], Any]) -> Any:
+    """compute(step), once per round record: records are immutable and a page draws its session-wide views
+    (statistics, the budget curve, acceptance by depth) from every round at every Step, so a 60-round session
+    redid each round's figures several times a Step. Keyed by the record itself (kept beside its value, so its id
+    is not reused while cached); the oldest entries go past MEMO_ROUNDS."""
+    key = (kind, id(step))
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0] is step:
+        return hit[1]
+    value = compute(step)
+    with _MEMO_LOCK:
+        _MEMO[key] = (step, value)
+        while len(_MEMO) > MEMO_ROUNDS:
+            _MEMO.pop(next(iter(_MEMO)))
+    return value
+
+
+def recorded_curve(step: StepRecord) -> Mapping[int, int]:
+    """The round's budget curve with int keys (read-only: shared between callers): the recorded `budget_curve`
+    (JSON keys are strings) or, for traces written before it existed, computed from the accepted path."""
+    return _per_round("curve", step, _recorded_curve)
+
+
+def _recorded_curve(step: StepRecord) -> Mapping[int, int]:
     if step.budget_curve:
-        return {int(b): int(v) for b, v in step.budget_curve.items()}
-    return budget_curve(step)
+        return MappingProxyType({int(b): int(v) for b, v in step.budget_curve.items()})
+    return MappingProxyType(budget_curve(step))
 
 
 def curve_is_exact(step: StepRecord) -> bool:
@@ -115,7 +143,7 @@ def session_budget_curve(steps: Sequence[StepRecord], budget: int | None = None)
     return total
 
 
-def _capped(curve: dict[int, int], step: StepRecord) -> dict[int, int]:
+def _capped(curve: Mapping[int, int], step: StepRecord) -> Mapping[int, int]:
     """A round's curve capped at what it kept (unchanged for a round that kept its whole walk)."""
     return {b: min(v, step.kept) for b, v in curve.items()} if step.cut else curve
 
@@ -138,9 +166,7 @@ def accepted_drafts(step: StepRecord) -> int:
 
 def tree_depth(step: StepRecord) -> int | None:
     """The deepest node of the round's tree; None when nodes were not recorded."""
-    if step.nodes:
-        return max(n.depth for n in step.nodes)
-    return None
+    return _per_round("depth", step, lambda s: max(n.depth for n in s.nodes) if s.nodes else None)
 
 
 def _block_depths(steps: Sequence[StepRecord], block_size: int | None) -> int:

@@ -147,6 +147,27 @@ def test_histogram_and_per_depth_acceptance_follow_their_definitions():
     assert analysis.acceptance_histogram(steps) == [1, 1, 1, 1]  # block unknown: up to the deepest tree
 
 
+def test_per_round_figures_are_computed_once_per_record_and_read_only(monkeypatch):
+    """A page redraws its session-wide views from every round at every Step: each record's curve and tree depth
+    are computed once (analysis._per_round), keyed by the record itself (an equal record made apart computes its
+    own), shared read-only, and the memo stays bounded."""
+    calls = []
+    monkeypatch.setattr(analysis, "budget_curve", lambda step: calls.append(step) or {1: 1, 2: len(step.accepted)})
+    steps = [record([0, 1, 2], [0, 1, 2, 3]), record([0], [0, 1, 2, 3])]
+    for _ in range(3):
+        assert analysis.session_budget_curve(steps) == {1: 2, 2: 4}
+        assert [analysis.tree_depth(s) for s in steps] == [3, 3]
+    assert calls == steps  # once each
+    twin = record([0, 1, 2], [0, 1, 2, 3])
+    assert twin == steps[0] and analysis.recorded_curve(twin) == {1: 1, 2: 3} and calls[-1] is twin
+    with pytest.raises(TypeError):
+        analysis.recorded_curve(twin)[1] = 5
+    monkeypatch.setattr(analysis, "MEMO_ROUNDS", 4)
+    for _ in range(6):
+        analysis.tree_depth(record([0], [0, 1]))
+    assert len(analysis._MEMO) <= 4
+
+
 def test_session_figures_on_a_real_session(hybrid):
     session = oracle_session(hybrid, PROMPTS[0], budget=12, ranks=[0, 1, 0, 2])
     session.run()
