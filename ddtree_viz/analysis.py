@@ -31,7 +31,7 @@ a near-tie differently.
 
 from __future__ import annotations
 
-import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -80,25 +80,20 @@ def budget_curve_of(accepted: Sequence[int], budget: int) -> dict[int, int]:
     return curve
 
 
-_MEMO: dict[tuple[str, int], tuple[StepRecord, Any]] = {}
-_MEMO_LOCK = threading.Lock()
-MEMO_ROUNDS = 8192  # per-round figures kept (a page redraws its session-wide charts from every round, each Step)
+_MEMO: dict[tuple[str, int], tuple[weakref.ref, Any]] = {}
 
 
 def _per_round(kind: str, step: StepRecord, compute: Callable[[StepRecord], Any]) -> Any:
     """compute(step), once per round record: records are immutable and a page draws its session-wide views
     (statistics, the budget curve, acceptance by depth) from every round at every Step, so a 60-round session
-    redid each round's figures several times a Step. Keyed by the record itself (kept beside its value, so its id
-    is not reused while cached); the oldest entries go past MEMO_ROUNDS."""
+    redid each round's figures several times a Step. Keyed by the record's identity through a weak reference: an
+    entry goes with its record (a closed tab's rounds are not kept alive by this)."""
     key = (kind, id(step))
     hit = _MEMO.get(key)
-    if hit is not None and hit[0] is step:
+    if hit is not None and hit[0]() is step:
         return hit[1]
     value = compute(step)
-    with _MEMO_LOCK:
-        _MEMO[key] = (step, value)
-        while len(_MEMO) > MEMO_ROUNDS:
-            _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[key] = (weakref.ref(step, lambda _, key=key: _MEMO.pop(key, None)), value)
     return value
 
 
