@@ -886,46 +886,19 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     written by the device; `tree_device_per_host`). DDTree at budget 64 (`tree_scoring`), or `method` dflash /
     dflash2 (the chains). Each variant's `step_wall_ms` (a phase-timed round from one step's start to the next) and
     `loop_wall_ms` (untimed_rounds: the same session's next rounds without phase timing) are what the host waits."""
-    from ..engine.session import DecodeSession, make_proposer
-
     out: dict = {}
     variants = [("round_budget_64", True, "device", False), ("round_budget_64_dynamic_draft", False, "device", False),
                 ("round_budget_64_host_walk", True, "host", False)]
     if method == "ddtree" and tree_scoring == "marginal":
         variants.append(("round_budget_64_device_tree", True, "device", True))
     default_walk = engine.walk
-    for key, static, walk, tree_on_device in variants:
-        engine.walk = walk
-        proposer = make_proposer(pair.drafter, pair.target, static=static)
-        session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
-                                time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
-                                tree_on_device=tree_on_device)
-        session.prefill(prompt_ids=prompt)
-        assert session.cache is runner, "the runner made above has room for these rounds"
-        runner.host_ms.clear()
-        phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
-        kept, starts = [], []
-        for r in range(14):
-            starts.append(time.perf_counter())
-            step = session.step()
-            t = step.timings_ms
-            if r >= 2:  # warm-up rounds (the drafter's graphs are captured in the first two)
-                phases["draft"].append(t["draft"])
-                phases["tree"].append(t["tree"])
-                phases["verify_commit"].append(t["verify"] + t["commit"])
-                phases["host"].append(t["tree"] + runner.host_ms[-1])
-                kept.append(step.kept)
-        out[key] = {k: statistics.median(v) for k, v in phases.items()}
-        out[key]["round_ms"] = sum(out[key][k] for k in ("draft", "tree", "verify_commit"))
-        # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
-        # the record's reads after the commit)
-        out[key]["step_wall_ms"] = median_gap_ms(starts[2:])
-        out[key]["loop_wall_ms"] = untimed_rounds(session)
-        out[key].update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring,
-                        mean_kept=sum(kept) / len(kept))
-        out[key]["draft_capture_s"] = proposer.runner.capture_s if proposer.runner is not None else None
-        del session, proposer
-    engine.walk = default_walk
+    try:
+        for key, static, walk, tree_on_device in variants:
+            engine.walk = walk
+            out[key] = _round_variant(pair, engine, runner, prompt, rounds_tokens, method, tree_scoring, static,
+                                      tree_on_device)
+    finally:  # the engine's own walk back, whatever a variant raised
+        engine.walk = default_walk
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
     out["round_budget_64"]["walk_device_per_host"] = (out["round_budget_64"]["round_ms"]
@@ -933,6 +906,42 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     if "round_budget_64_device_tree" in out:
         out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
                                                           / out["round_budget_64"]["round_ms"])
+    return out
+
+
+def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
+                   static: bool, tree_on_device: bool) -> dict:
+    """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
+    medians, the round as the host sees it and the draft path."""
+    from ..engine.session import DecodeSession, make_proposer
+
+    proposer = make_proposer(pair.drafter, pair.target, static=static)
+    session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
+                            time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
+                            tree_on_device=tree_on_device)
+    session.prefill(prompt_ids=prompt)
+    assert session.cache is runner, "the runner made above has room for these rounds"
+    runner.host_ms.clear()
+    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+    kept, starts = [], []
+    for r in range(14):
+        starts.append(time.perf_counter())
+        step = session.step()
+        t = step.timings_ms
+        if r >= 2:  # warm-up rounds (the drafter's graphs are captured in the first two)
+            phases["draft"].append(t["draft"])
+            phases["tree"].append(t["tree"])
+            phases["verify_commit"].append(t["verify"] + t["commit"])
+            phases["host"].append(t["tree"] + runner.host_ms[-1])
+            kept.append(step.kept)
+    out = {k: statistics.median(v) for k, v in phases.items()}
+    out["round_ms"] = sum(out[k] for k in ("draft", "tree", "verify_commit"))
+    # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
+    # the record's reads after the commit)
+    out["step_wall_ms"] = median_gap_ms(starts[2:])
+    out["loop_wall_ms"] = untimed_rounds(session)
+    out.update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
+               draft_capture_s=proposer.runner.capture_s if proposer.runner is not None else None)
     return out
 
 

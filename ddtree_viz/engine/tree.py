@@ -87,10 +87,10 @@ class DeviceTree:
 
 class DeviceTreeBuilder:
     """DeviceTree.from_logprobs at one budget, captured as a CUDA graph per log-prob shape on a GPU: eagerly the
-    build is hundreds of small kernels (PERFORMANCE.md section 14: 29 ms at budget 64 on an H200), in a graph one
-    launch. The log-probs and the root's token are copied into the graph's inputs; the tree's tensors are its
-    outputs, valid until the next call. Off CUDA, or where the capture failed (`error` says why), it builds eagerly.
-    tests/test_tree.py holds the graph's trees to build_tree's."""
+    build is hundreds of small kernels (PERFORMANCE.md section 14: 12 ms at budget 64 on an H200, 1.8 ms in the
+    graph with the copy back), in a graph one launch. The log-probs and the root's token are copied into the
+    graph's inputs; the tree's tensors are its outputs, valid until the next call. Off CUDA, or where the capture
+    failed (`error` says why), it builds eagerly. tests/test_tree.py holds the graph's trees to build_tree's."""
 
     def __init__(self, budget: int):
         self.budget = budget
