@@ -61,13 +61,17 @@ def test_fp8_gemm_configs_compute_the_same_product(rows, config):
 
 
 def test_the_chosen_config_splits_narrow_long_weights():
-    """At one row the narrow products [5120, K] (down_proj, the out/o projections: 80 programs) split K eight ways
-    (section 13's measured best); the wide ones (gate+up, in_proj, qkv) do not. A verify's 65 and 129 rows are one
+    """At one row K is split in the most parts (up to 8) that keep 6 steps of 128 columns each: the narrow
+    products [5120, K] (down_proj, the out/o projections) eight ways, the wide ones (gate+up, in_proj, qkv; K = 5120)
+    four (section 13's measured best, or within 2%); 17 rows split only the narrow ones. A verify's 65 and 129 rows are one
     program column of 64 + 16 and 128 + 16 rows, swapped, split as section 13's sweep measured fastest (or within
     4%): the narrow products 8 (40 programs), gate+up 2 (272 programs), in_proj and qkv not (128 and 112)."""
     cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
     assert choose(1, 5120, 17408, cuda132).split_k == 8 and choose(1, 5120, 6144, cuda132).split_k == 8
-    assert [choose(1, n, 5120, cuda132).split_k for n in (34816, 16384, 14336)] == [1, 1, 1]
+    for rows in (1, 16):
+        assert [choose(rows, n, 5120, cuda132).split_k for n in (34816, 16384, 14336)] == [4, 4, 4]
+    assert [choose(17, n, 5120, cuda132).split_k for n in (34816, 16384, 14336, 5120)] == [1, 1, 1, 8]
+    assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
     assert not choose(1, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
     assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 1, 8, 3, swap=True, tail=16)
     assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16)

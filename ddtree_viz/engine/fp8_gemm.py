@@ -165,9 +165,13 @@ def stages(c: Config, itemsize: int, shared: int) -> int:
 
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     """The config for an [M, K] x [N, K]^T product (PERFORMANCE.md section 13 measured each rule on an H200):
-    - decode rows (M <= 32): 16 or 32 rows by 64 weight rows, swapped past 16 rows (2-10% faster at 17 rows, 5-15%
-      slower at one); a narrow product (fewer programs than SMs: [5120, K]) doubles its splits while the programs fill
-      fewer than 3x the SMs and each split keeps 4 steps of BLOCK_K (8 for down_proj and the out/o projections);
+    - decode rows (M <= 16): 16 rows by 64 weight rows, K split in the most parts (up to 8) that keep 6 steps of
+      BLOCK_K each (`splits`: 8 for down_proj and the out/o projections, 4 for in_proj, qkv and gate+up at K = 5120;
+      the split in parts each program's bytes, so more of them are in flight: 3-11% faster at one row for the wide
+      products, session 10's sweep);
+    - 17 to 32 rows: 32 rows by 64, swapped (2-10% faster at 17 rows, 5-15% slower at one); a narrow product (fewer
+      programs than SMs: [5120, K]) doubles its splits while the programs fill fewer than 3x the SMs and each split
+      keeps 4 steps of BLOCK_K;
     - tree verify (33 to 160 rows): all rows in one program column (`row_blocks`: 65 = 64 + a 16-row tail, 129 = 128
       + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K by the
       fewest waves of programs each split's work takes (`waves`), each doubling charged 15% (partial sums written
@@ -175,20 +179,26 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
       (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
+    if M <= 16:
+        return Config(16, 64, splits(K)[-1], 4, 3)
     if M <= 32:
-        block_m, programs = max(16, triton.next_power_of_2(M)), triton.cdiv(N, 64)
+        programs = triton.cdiv(N, 64)
         while programs < sms and programs * split < 3 * sms and K // (BLOCK_K * split * 2) >= 4:
             split *= 2
-        return Config(block_m, 64, split, 4, 3, swap=M > 16)
+        return Config(32, 64, split, 4, 3, swap=True)
     programs = triton.cdiv(N, 128)
     if M <= 160:
         main, tail = row_blocks(M)
-        splits = [1] + [k for k in (2, 4, 8) if K // (BLOCK_K * k) >= 6]
-        split = min(splits, key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
+        split = min(splits(K), key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
         return Config(main, 128, split, 8, 3, swap=True, tail=tail)
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
     return Config(128, 128, split, 8, 3)
+
+
+def splits(K: int) -> list[int]:
+    """The split-K counts (1, 2, 4, 8) whose splits each keep at least 6 steps of BLOCK_K."""
+    return [1] + [k for k in (2, 4, 8) if K // (BLOCK_K * k) >= 6]
 
 
 def row_blocks(M: int) -> tuple[int, int]:
