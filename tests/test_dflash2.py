@@ -9,6 +9,7 @@ REFERENCE.md's equations.
 """
 
 import copy
+import dataclasses
 import heapq
 import itertools
 import json
@@ -373,6 +374,35 @@ def test_exact_equals_greedy_on_the_embedded_target(embedded2, method, scoring):
     session = decode(embedded2, prompt, method=method, tree_scoring=scoring, budget=32, max_new_tokens=48)
     assert session.generated == reference(embedded2, prompt, n=48)
     assert session.mean_acceptance > 2
+
+
+@pytest.mark.parametrize("engine", ["transformers", "runner"])
+@pytest.mark.parametrize("method, scoring, temperature", [("ddtree", "marginal", 0.0), ("ddtree", "selector", 0.8),
+                                                          ("dflash2", "marginal", 0.8)])
+def test_the_next_draft_queued_early_changes_no_round(embedded2, engine, method, scoring, temperature):
+    """Rounds not timed by phase queue the next round's draft as soon as their tokens are known, before the host
+    waits for the record's reads (the static drafter's buffers, the DFlash2 selector's among them, are reused by
+    it): the same rounds and records, field for field, as rounds timed by phase, which draft at their start. A new
+    prompt drops a queued draft; the last round queues none."""
+    runs = []
+    for timed in (True, False):
+        session = DecodeSession(embedded2, budget=16, max_new_tokens=MAX_NEW, method=method, tree_scoring=scoring,
+                                engine=engine, time_phases=timed, sampler=Sampler(temperature, top_k=40, seed=3))
+        session.prefill(PROMPTS[1])
+        session.step()
+        assert (session._queued is None) == timed  # a draft queued for a prompt about to be replaced
+        session.prefill(PROMPTS[0])
+        queued = []
+        while not session.done:
+            session.step()
+            queued.append(session._queued is not None)
+        assert queued == [not timed] * (len(queued) - 1) + [False] and len(queued) > 2
+        runs.append(session)
+    timed, untimed = runs
+    assert untimed.generated == timed.generated and untimed.mean_acceptance > 1.2
+    assert [dataclasses.replace(r, timings_ms={}) for r in untimed.history] == \
+        [dataclasses.replace(r, timings_ms={}) for r in timed.history]
+    assert all(r.draft_top_ids and r.target_top_ids and r.bonus_draft_logprob is not None for r in untimed.history[:1])
 
 
 def test_identity_convolutions_and_no_pair_term_give_dflash1s_drafts(tmp_path):

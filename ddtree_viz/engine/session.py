@@ -532,6 +532,7 @@ class DecodeSession:
         self.committed_len = 0
         self.done = False
         self._features: torch.Tensor | None = None
+        self._queued: tuple | None = None  # the next round's draft, queued by step(): ((root, committed_len), log-probs)
         self._greedy: GreedyReference | None = None
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
@@ -628,6 +629,10 @@ class DecodeSession:
 
     @torch.no_grad()
     def step(self) -> StepRecord:
+        """One round: draft, tree, verify, walk and commit, then its record. Where rounds are not timed by phase
+        (`time_phases` off: a recordless run, the bench's loop), the next round's draft is queued as soon as this
+        round's tokens are known, after the record's reads are queued and before the host waits for them: on a GPU
+        the host builds the record while the drafter runs."""
         if not self.started:
             raise InputError("nothing to step: prefill a prompt first")
         if self.done:
@@ -641,7 +646,7 @@ class DecodeSession:
 
         engine = self.target_engine
         root = self.generated[-1]
-        logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
+        logprobs = self._draft(root)
         lap("draft")
 
         if self.tree_on_device:
@@ -663,38 +668,28 @@ class DecodeSession:
         lap("commit")
         timings = clock.times() if clock is not None else {}
 
-        # what the record reads of the tree and the verify's logits, read after the commit is queued (on a GPU:
-        # while it runs)
+        # what the record reads of the verify's logits and the drafter's log-probs: queued after the commit (on a
+        # GPU the copies run after it), then the next draft, then the wait for the copies alone
+        reads = self._record_reads(logits, argmax, chosen, logprobs, len(accepted), bonus)
         if isinstance(tree, DeviceTree):
             tree = tree.to_host()
-        target_argmax = argmax.tolist()
-        choice = target_argmax if self.sampler.greedy else chosen.tolist()
-        probs = tuple(self.sampler.probs(logits, chosen).tolist()) if record and not self.sampler.greedy else ()
-        if record:
-            top2 = torch.topk(logits, 2, dim=-1).values
-            margins = tuple((top2[:, 0] - top2[:, 1]).tolist())
-            target_top = self._target_top(logits)
-        bonus_rank, bonus_logprob = None, None
-        if record and len(accepted) <= logprobs.shape[0]:  # how the drafter ranked the target's choice at that depth
-            row = logprobs[len(accepted) - 1]
-            bonus_logprob = float(row[bonus])
-            bonus_rank = int((row > row[bonus]).sum())
-
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
+        if clock is None and not self.done:
+            self._queue_draft(self.committed_len + len(accepted))
+        host = self._host(reads)
+        target_argmax = host["argmax"]
         state_error = engine.state_error(tree, accepted)
         own = len(tree) - 1 if self.method in CHAINS else self.budget
         step = StepRecord(
             index=len(self.history), committed_len=self.committed_len, root_token_id=root,
             nodes=self._nodes(tree) if record else (), target_argmax=tuple(target_argmax), accepted=tuple(accepted),
-            target_choice=() if self.sampler.greedy else tuple(choice), target_prob=probs,
+            target_choice=() if self.sampler.greedy else tuple(host["chosen"]), target_prob=tuple(host.get("probs", ())),
             bonus_token_id=bonus, timings_ms=timings, cache=engine.snapshot() if record else (),
-            cache_before_commit=before, new_token_ids=new_tokens,
-            target_margin=margins if record else (), method=self.method, verify=self.verify,
-            bonus_draft_rank=bonus_rank, bonus_draft_logprob=bonus_logprob,
+            cache_before_commit=before, new_token_ids=new_tokens, method=self.method, verify=self.verify,
+            bonus_draft_rank=host.get("bonus_rank"), bonus_draft_logprob=host.get("bonus_logprob"),
             naive_state_error=state_error if state_error is not None else (),
             budget_curve={str(b): v for b, v in analysis.budget_curve_of(accepted, own).items()} if record else {},
-            **(target_top if record else {}), **(self._draft_grid(logprobs) if record else {}),
-            **(selector_fields(tree, scores) if record and scores is not None else {}),
+            **self._record_fields(host), **(selector_fields(tree, scores) if record and scores is not None else {}),
         )
         self.committed_len += len(accepted)
         self.history.append(step)
@@ -702,6 +697,85 @@ class DecodeSession:
                                 (t for row in step.target_top_ids for t in row),
                                 (t for row in step.draft_top_ids for t in row))
         return step
+
+    def _draft(self, root: int) -> torch.Tensor:
+        """This round's drafter log-probs: the draft the last round queued (for this root and context), else one
+        made now."""
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            key, logprobs = queued
+            if key != (root, self.committed_len):
+                raise RuntimeError(f"a queued draft for {key} out of step with root {root} at {self.committed_len}")
+            return logprobs
+        return self.proposer.propose(root, self.committed_len, self._features, self.block_size)
+
+    def _queue_draft(self, committed_len: int) -> None:
+        """The next round's draft, queued now (its root is the last output token, its context this round's
+        accepted features); the next step takes it."""
+        root = self.generated[-1]
+        self._queued = (root, committed_len), self.proposer.propose(root, committed_len, self._features,
+                                                                    self.block_size)
+
+    def _record_reads(self, logits, argmax, chosen, logprobs, depth: int, bonus: int) -> dict[str, torch.Tensor]:
+        """The round's record as tensors where they are computed, their copies to the host queued without a wait
+        (`_host` waits): the target's choices (argmax, the samples and their probabilities), and when recording its
+        margins and top tokens, the drafter's top candidates per depth and its rank and log-prob of the target's
+        choice at the depth the walk stopped (`depth` accepted nodes). Computed before the next round's draft is
+        queued, which reuses the drafter's buffers."""
+        reads = {"argmax": argmax}
+        greedy = self.sampler.greedy
+        if not greedy:
+            reads["chosen"] = chosen
+        if self.record:
+            if not greedy:
+                reads["probs"] = self.sampler.probs(logits, chosen)
+            top2 = torch.topk(logits, 2, dim=-1).values
+            reads["margins"] = top2[:, 0] - top2[:, 1]
+            k = min(self.target_top_k, logits.shape[-1])
+            if k:  # the distribution the target chooses from: softmax of the logits, or of the filtered tempered ones
+                z = logits.float() if greedy else self.sampler.tempered(logits)
+                top = torch.topk(z, k, dim=-1)
+                reads["target_top_ids"] = top.indices
+                reads["target_top_probs"] = torch.exp(top.values - torch.logsumexp(z, dim=-1, keepdim=True))
+            k = min(self.draft_top_k if self.method in CHAINS else min(self.budget, self.draft_top_k),
+                    logprobs.shape[-1])
+            if k:  # what the tree was built from (k = min(budget, cap); the chain: the cap)
+                top = torch.topk(logprobs, k, dim=-1)
+                reads["draft_top_ids"], reads["draft_top_logprobs"] = top.indices, top.values.float().clamp(min=-999.0)
+            if depth <= logprobs.shape[0]:
+                row = logprobs[depth - 1]
+                reads["bonus_logprob"], reads["bonus_rank"] = row[bonus], (row > row[bonus]).sum()
+        non_blocking = self._cuda_device is not None  # pinned host copies, then one event
+        copies = {name: t.to("cpu", non_blocking=non_blocking) for name, t in reads.items()}
+        if non_blocking:
+            copies["_ready"] = torch.cuda.Event()
+            copies["_ready"].record(torch.cuda.current_stream(self._cuda_device))
+        return copies
+
+    @staticmethod
+    def _host(copies: dict) -> dict:
+        """`_record_reads`' copies once they have landed, as Python values."""
+        ready = copies.pop("_ready", None)
+        if ready is not None:
+            ready.synchronize()
+        return {name: t.item() if t.dim() == 0 else t.tolist() for name, t in copies.items()}
+
+    @staticmethod
+    def _record_fields(host: dict) -> dict:
+        """The record's margins, the target's top tokens (filtered-out ones left out) and the drafter's top
+        candidates (log-probs rounded to 3 decimals, floored at -999: JSON has no infinity), from `_host`'s values."""
+        fields = {}
+        if "margins" in host:
+            fields["target_margin"] = tuple(host["margins"])
+        if "target_top_ids" in host:
+            ids, probs = host["target_top_ids"], host["target_top_probs"]
+            keep = [[j for j, p in enumerate(row) if p > 0] for row in probs]
+            fields["target_top_ids"] = tuple(tuple(ids[i][j] for j in kj) for i, kj in enumerate(keep))
+            fields["target_top_probs"] = tuple(tuple(round(probs[i][j], 4) for j in kj) for i, kj in enumerate(keep))
+        if "draft_top_ids" in host:
+            fields["draft_top_ids"] = tuple(tuple(r) for r in host["draft_top_ids"])
+            fields["draft_top_logprobs"] = tuple(tuple(round(v, 3) for v in r) for r in host["draft_top_logprobs"])
+        return fields
 
     def _tree(self, root: int, logprobs: torch.Tensor) -> tuple[DraftTree, SelectorScores | None]:
         """This round's tree, by method and scoring: DFlash's chain, DFlash2's selector chain (sampled with the
@@ -722,31 +796,6 @@ class DecodeSession:
             noise = gumbel_noise_at(self.sampler.seed, positions, scores.ids).numpy()
         return selector_chain(root, cond_root, cond_pair, scores.ids.numpy(), noise,
                               self.sampler.temperature or 1.0), scores
-
-    def _target_top(self, logits: torch.Tensor) -> dict:
-        """The target's top-k ids and probabilities [T, k] (the distribution it chooses from: softmax of the
-        logits, or of the filtered tempered logits when sampling); filtered-out tokens are left out."""
-        k = min(self.target_top_k, logits.shape[-1])
-        if k == 0:
-            return {}
-        z = logits.float() if self.sampler.greedy else self.sampler.tempered(logits)
-        top = torch.topk(z, k, dim=-1)
-        probs = torch.exp(top.values - torch.logsumexp(z, dim=-1, keepdim=True)).cpu().tolist()
-        ids = top.indices.cpu().tolist()
-        keep = [[j for j, p in enumerate(row) if p > 0] for row in probs]
-        return dict(target_top_ids=tuple(tuple(ids[i][j] for j in kj) for i, kj in enumerate(keep)),
-                    target_top_probs=tuple(tuple(round(probs[i][j], 4) for j in kj) for i, kj in enumerate(keep)))
-
-    def _draft_grid(self, logprobs: torch.Tensor) -> dict:
-        """The drafter's top candidates per depth: what the tree was built from (k = min(budget, cap); the chain:
-        the cap). Log-probs rounded to 3 decimals (floored at -999: JSON has no infinity)."""
-        k = min(self.draft_top_k if self.method in CHAINS else min(self.budget, self.draft_top_k), logprobs.shape[-1])
-        if k == 0:
-            return {}
-        top = torch.topk(logprobs, k, dim=-1)
-        values = top.values.float().clamp(min=-999.0).cpu().tolist()
-        return dict(draft_top_ids=tuple(tuple(r) for r in top.indices.cpu().tolist()),
-                    draft_top_logprobs=tuple(tuple(round(v, 3) for v in r) for r in values))
 
     def _nodes(self, tree: DraftTree) -> tuple[TreeNode, ...]:
         return tuple(
