@@ -380,29 +380,38 @@ def test_exact_equals_greedy_on_the_embedded_target(embedded2, method, scoring):
 @pytest.mark.parametrize("method, scoring, temperature", [("ddtree", "marginal", 0.0), ("ddtree", "selector", 0.8),
                                                           ("dflash2", "marginal", 0.8)])
 def test_the_next_draft_queued_early_changes_no_round(embedded2, engine, method, scoring, temperature):
-    """Rounds not timed by phase queue the next round's draft as soon as their tokens are known, before the host
-    waits for the record's reads (the static drafter's buffers, the DFlash2 selector's among them, are reused by
-    it): the same rounds and records, field for field, as rounds timed by phase, which draft at their start. A new
-    prompt drops a queued draft; the last round queues none."""
+    """A round may queue the next round's draft as soon as its tokens are known, before the host waits for its
+    record's reads (the default where that costs no wait: untimed rounds, or rounds timed by CUDA events; asked for
+    here on a CPU's timed rounds too): the same rounds and records, field for field, as rounds that draft at their
+    start; a timed round's "draft" phase is then its queued draft's. A new prompt drops a queued draft; the last
+    round queues none."""
     runs = []
-    for timed in (True, False):
+    for timed, queue in ((True, None), (True, True), (False, None)):  # a CPU's timed rounds queue only if asked
         session = DecodeSession(embedded2, budget=16, max_new_tokens=MAX_NEW, method=method, tree_scoring=scoring,
-                                engine=engine, time_phases=timed, sampler=Sampler(temperature, top_k=40, seed=3))
+                                engine=engine, time_phases=timed, queue_draft=queue,
+                                sampler=Sampler(temperature, top_k=40, seed=3))
+        queues = session.queues_draft
+        assert queues == (queue or not timed)
         session.prefill(PROMPTS[1])
         session.step()
-        assert (session._queued is None) == timed  # a draft queued for a prompt about to be replaced
+        assert (session._queued is not None) == queues  # a draft queued for a prompt about to be replaced
         session.prefill(PROMPTS[0])
         queued = []
         while not session.done:
             session.step()
             queued.append(session._queued is not None)
-        assert queued == [not timed] * (len(queued) - 1) + [False] and len(queued) > 2
+        assert queued == [queues] * (len(queued) - 1) + [False] and len(queued) > 2
         runs.append(session)
-    timed, untimed = runs
-    assert untimed.generated == timed.generated and untimed.mean_acceptance > 1.2
-    assert [dataclasses.replace(r, timings_ms={}) for r in untimed.history] == \
-        [dataclasses.replace(r, timings_ms={}) for r in timed.history]
-    assert all(r.draft_top_ids and r.target_top_ids and r.bonus_draft_logprob is not None for r in untimed.history[:1])
+    first = runs[0]
+    assert first.mean_acceptance > 1.2
+    for other in runs[1:]:
+        assert other.generated == first.generated
+        assert [dataclasses.replace(r, timings_ms={}) for r in other.history] == \
+            [dataclasses.replace(r, timings_ms={}) for r in first.history]
+    phases = ["draft", "tree", "verify", "commit"]
+    assert all(list(r.timings_ms) == phases for run in runs[:2] for r in run.history)
+    assert all(r.timings_ms == {} for r in runs[2].history)
+    assert all(r.draft_top_ids and r.target_top_ids and r.bonus_draft_logprob is not None for r in first.history)
 
 
 def test_identity_convolutions_and_no_pair_term_give_dflash1s_drafts(tmp_path):

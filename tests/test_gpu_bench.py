@@ -82,6 +82,9 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     for variant in (fast["round_budget_64"], host_walk):  # what the host waits a round, phase-timed or not
         assert variant["step_wall_ms"] > 0 and (variant["loop_wall_ms"] is None or variant["loop_wall_ms"] > 0)
     assert fast["round_budget_64"]["walk_device_per_host"] == fast["round_budget_64"]["round_ms"] / host_walk["round_ms"]
+    no_queue = fast["round_budget_64_no_queue"]  # each round drafting at its start (a CPU's timed rounds do anyway)
+    assert no_queue["mean_kept"] == fast["round_budget_64"]["mean_kept"]
+    assert fast["round_budget_64"]["queue_per_no_queue"] == fast["round_budget_64"]["step_wall_ms"] / no_queue["step_wall_ms"]
     device_tree = fast["round_budget_64_device_tree"]  # DDTree's tree built on the device, beside the host's
     assert device_tree["mean_kept"] == fast["round_budget_64"]["mean_kept"]  # the same trees: the same rounds
     assert fast["round_budget_64"]["tree_device_per_host"] == device_tree["round_ms"] / fast["round_budget_64"]["round_ms"]

@@ -883,26 +883,31 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     the dynamic one, then with the static one and the acceptance walk on the host (`round_budget_64_host_walk`:
     follow_tree and a staged path, as before the walk on the device; `walk_device_per_host`) and, for DDTree's
     marginal tree, the tree built on the device (`round_budget_64_device_tree`: DeviceTree, the runner's inputs
-    written by the device; `tree_device_per_host`). DDTree at budget 64 (`tree_scoring`), or `method` dflash /
-    dflash2 (the chains). Each variant's `step_wall_ms` (a phase-timed round from one step's start to the next) and
-    `loop_wall_ms` (untimed_rounds: the same session's next rounds without phase timing) are what the host waits."""
+    written by the device; `tree_device_per_host`), and with each round drafting at its start instead of queuing the
+    next round's draft before its record's reads (`round_budget_64_no_queue`; `queue_per_no_queue`, of the
+    step_wall_ms). DDTree at budget 64 (`tree_scoring`), or `method` dflash / dflash2 (the chains). Each variant's
+    `step_wall_ms` (a phase-timed round from one step's start to the next) and `loop_wall_ms` (untimed_rounds: the
+    same session's next rounds without phase timing) are what the host waits."""
     out: dict = {}
-    variants = [("round_budget_64", True, "device", False), ("round_budget_64_dynamic_draft", False, "device", False),
-                ("round_budget_64_host_walk", True, "host", False)]
+    variants = [("round_budget_64", True, "device", {}), ("round_budget_64_dynamic_draft", False, "device", {}),
+                ("round_budget_64_host_walk", True, "host", {}),
+                ("round_budget_64_no_queue", True, "device", {"queue_draft": False})]
     if method == "ddtree" and tree_scoring == "marginal":
-        variants.append(("round_budget_64_device_tree", True, "device", True))
+        variants.append(("round_budget_64_device_tree", True, "device", {"tree_on_device": True}))
     default_walk = engine.walk
     try:
-        for key, static, walk, tree_on_device in variants:
+        for key, static, walk, options in variants:
             engine.walk = walk
             out[key] = _round_variant(pair, engine, runner, prompt, rounds_tokens, method, tree_scoring, static,
-                                      tree_on_device)
+                                      **options)
     finally:  # the engine's own walk back, whatever a variant raised
         engine.walk = default_walk
     out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
                                                           / out["round_budget_64"]["draft"])
     out["round_budget_64"]["walk_device_per_host"] = (out["round_budget_64"]["round_ms"]
                                                       / out["round_budget_64_host_walk"]["round_ms"])
+    out["round_budget_64"]["queue_per_no_queue"] = (out["round_budget_64"]["step_wall_ms"]
+                                                    / out["round_budget_64_no_queue"]["step_wall_ms"])
     if "round_budget_64_device_tree" in out:
         out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
                                                           / out["round_budget_64"]["round_ms"])
@@ -910,7 +915,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
 
 
 def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
-                   static: bool, tree_on_device: bool) -> dict:
+                   static: bool, tree_on_device: bool = False, queue_draft: bool | None = None) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the round as the host sees it and the draft path."""
     from ..engine.session import DecodeSession, make_proposer
@@ -918,7 +923,7 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     proposer = make_proposer(pair.drafter, pair.target, static=static)
     session = DecodeSession(pair, budget=64, max_new_tokens=rounds_tokens, engine=engine, record=False,
                             time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
-                            tree_on_device=tree_on_device)
+                            tree_on_device=tree_on_device, queue_draft=queue_draft)
     session.prefill(prompt_ids=prompt)
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()

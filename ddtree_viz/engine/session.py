@@ -447,7 +447,7 @@ class DecodeSession:
         reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
-        tree_scoring: str = MARGINAL, tree_on_device: bool = False,
+        tree_scoring: str = MARGINAL, tree_on_device: bool = False, queue_draft: bool | None = None,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -460,7 +460,8 @@ class DecodeSession:
         per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family). `tree_on_device`:
         DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
         handed to the engine as tensors (the runner engine's forward_tensors), read back once after the commit is
-        queued; the same trees."""
+        queued; the same trees. `queue_draft`: each round queues the next one's draft before the host reads its
+        record (None: where that costs no wait, `queues_draft`); the same rounds and records either way."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -508,6 +509,7 @@ class DecodeSession:
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
+        self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
         self.reset()
 
     @classmethod
@@ -532,7 +534,7 @@ class DecodeSession:
         self.committed_len = 0
         self.done = False
         self._features: torch.Tensor | None = None
-        self._queued: tuple | None = None  # the next round's draft, queued by step(): ((root, committed_len), log-probs)
+        self._queued: tuple | None = None  # the next round's draft, queued by step(): (root, committed_len), log-probs, clock
         self._greedy: GreedyReference | None = None
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
@@ -629,10 +631,10 @@ class DecodeSession:
 
     @torch.no_grad()
     def step(self) -> StepRecord:
-        """One round: draft, tree, verify, walk and commit, then its record. Where rounds are not timed by phase
-        (`time_phases` off: a recordless run, the bench's loop), the next round's draft is queued as soon as this
-        round's tokens are known, after the record's reads are queued and before the host waits for them: on a GPU
-        the host builds the record while the drafter runs."""
+        """One round: draft, tree, verify, walk and commit, then its record. Where the session queues drafts
+        (`queues_draft`), the next round's draft is queued as soon as this round's tokens are known, after the
+        record's reads are queued and before the host waits for them: on a GPU the host builds the record (and a
+        page renders it) while the drafter runs; the queued draft's time is the next round's "draft" phase."""
         if not self.started:
             raise InputError("nothing to step: prefill a prompt first")
         if self.done:
@@ -646,8 +648,9 @@ class DecodeSession:
 
         engine = self.target_engine
         root = self.generated[-1]
-        logprobs = self._draft(root)
-        lap("draft")
+        logprobs, drafted = self._draft(root)  # drafted: the queued draft's clock, if it was timed
+        if drafted is None:
+            lap("draft")
 
         if self.tree_on_device:
             tree, scores = self._tree_builder(root, logprobs), None
@@ -666,7 +669,6 @@ class DecodeSession:
         before = engine.snapshot(pending=len(tree)) if record else ()
         accepted, bonus, self._features = engine.accept(tree_pass, chosen)  # the walk and the commit
         lap("commit")
-        timings = clock.times() if clock is not None else {}
 
         # what the record reads of the verify's logits and the drafter's log-probs: queued after the commit (on a
         # GPU the copies run after it), then the next draft, then the wait for the copies alone
@@ -674,8 +676,9 @@ class DecodeSession:
         if isinstance(tree, DeviceTree):
             tree = tree.to_host()
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
-        if clock is None and not self.done:
+        if self.queues_draft and not self.done:
             self._queue_draft(self.committed_len + len(accepted))
+        timings = {**(drafted.times() if drafted is not None else {}), **clock.times()} if clock is not None else {}
         host = self._host(reads)
         target_argmax = host["argmax"]
         state_error = engine.state_error(tree, accepted)
@@ -698,23 +701,36 @@ class DecodeSession:
                                 (t for row in step.draft_top_ids for t in row))
         return step
 
-    def _draft(self, root: int) -> torch.Tensor:
-        """This round's drafter log-probs: the draft the last round queued (for this root and context), else one
-        made now."""
+    @property
+    def queues_draft(self) -> bool:
+        """Whether a round queues the next round's draft: `queue_draft` if given, else where it costs no wait (rounds
+        not timed by phase, or timed by CUDA events on one GPU; a CPU's timed rounds draft at their start, so a
+        page's Step there draws its own round only)."""
+        if self.queue_draft is not None:
+            return self.queue_draft
+        return not self.time_phases or self._cuda_device is not None
+
+    def _draft(self, root: int) -> tuple[torch.Tensor, PhaseClock | None]:
+        """This round's drafter log-probs, and the clock that timed them if they were queued by the last round (for
+        this root and context); else made now."""
         queued, self._queued = self._queued, None
         if queued is not None:
-            key, logprobs = queued
+            key, logprobs, clock = queued
             if key != (root, self.committed_len):
                 raise RuntimeError(f"a queued draft for {key} out of step with root {root} at {self.committed_len}")
-            return logprobs
-        return self.proposer.propose(root, self.committed_len, self._features, self.block_size)
+            return logprobs, clock
+        return self.proposer.propose(root, self.committed_len, self._features, self.block_size), None
 
     def _queue_draft(self, committed_len: int) -> None:
         """The next round's draft, queued now (its root is the last output token, its context this round's
-        accepted features); the next step takes it."""
+        accepted features) and timed where the rounds may be (CUDA events on one GPU: no wait); the next step
+        takes it."""
         root = self.generated[-1]
-        self._queued = (root, committed_len), self.proposer.propose(root, committed_len, self._features,
-                                                                    self.block_size)
+        clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
+        logprobs = self.proposer.propose(root, committed_len, self._features, self.block_size)
+        if clock is not None:
+            clock.lap("draft")
+        self._queued = (root, committed_len), logprobs, clock
 
     def _record_reads(self, logits, argmax, chosen, logprobs, depth: int, bonus: int) -> dict[str, torch.Tensor]:
         """The round's record as tensors where they are computed, their copies to the host queued without a wait
