@@ -380,9 +380,9 @@ def test_exact_equals_greedy_on_the_embedded_target(embedded2, method, scoring):
 @pytest.mark.parametrize("method, scoring, temperature", [("ddtree", "marginal", 0.0), ("ddtree", "selector", 0.8),
                                                           ("dflash2", "marginal", 0.8)])
 def test_the_next_draft_queued_early_changes_no_round(embedded2, engine, method, scoring, temperature):
-    """A round may queue the next round's draft as soon as its tokens are known, before the host waits for its
-    record's reads (the default where that costs no wait: untimed rounds, or rounds timed by CUDA events; asked for
-    here on a CPU's timed rounds too): the same rounds and records, field for field, as rounds that draft at their
+    """A round may queue the next round's draft (the DFlash2 selector's scores with it) as soon as its tokens are
+    known, before the host waits for its record's reads (the default where that costs no wait: untimed rounds, or
+    rounds timed by CUDA events; asked for here on a CPU's timed rounds too): the same rounds and records, field for field, as rounds that draft at their
     start; a timed round's "draft" phase is then its queued draft's. A new prompt drops a queued draft; the last
     round queues none."""
     runs = []

@@ -736,8 +736,8 @@ class DecodeSession:
         """The round's record as tensors where they are computed, their copies to the host queued without a wait
         (`_host` waits): the target's choices (argmax, the samples and their probabilities), and when recording its
         margins and top tokens, the drafter's top candidates per depth and its rank and log-prob of the target's
-        choice at the depth the walk stopped (`depth` accepted nodes). Computed before the next round's draft is
-        queued, which reuses the drafter's buffers."""
+        choice at the depth the walk stopped (`depth` accepted nodes). Queued before the next round's draft, so on a
+        GPU the copies do not wait behind it."""
         reads = {"argmax": argmax}
         greedy = self.sampler.greedy
         if not greedy:
