@@ -632,9 +632,10 @@ class StaticRunner:
     def _stage_tree(self, slot: _Slot, tree: DraftTree) -> None:
         """The tree's inputs in the slot's host staging buffers, padded to the slot's size with inert nodes
         (children of the root): token ids (0 for padding), positions, conv windows, ancestor mask. The same
-        arrays as treeops.conv_gather and treeops.ancestor_matrix of the padded tree (tests/test_runner.py),
-        built in one pass over the nodes, parents first: a node's ancestor row is its parent's plus itself, its
-        conv window its parent's shifted by one with itself last."""
+        arrays as treeops.conv_gather and treeops.ancestor_matrix of the padded tree (tests/test_runner.py), built
+        a level of ancestry at a time for all nodes at once (the m-th step marks every node's m-th ancestor, the
+        root its own past the top; the first kernel - 1 steps also fill the conv windows' columns): as many numpy
+        steps as the tree is deep, not one per node."""
         T, n, k = slot.size, len(tree), self.kernel
         slot.staging()
         stage, anc = slot.stage.numpy(), slot.anc_stage.numpy()  # views (made here: a deepcopy keeps no numpy view)
@@ -644,19 +645,21 @@ class StaticRunner:
         parents[:n] = tree.parents
         parents[n:] = -1  # the padding is no one's child for the walk (the forward sees it as the root's)
         slot.depth = max(tree.depths)
-        pos[:n] = tree.depths
-        pos[n:] = 1
-        pos += self.committed
+        depth = pos  # the padded tree's depths, committed added below
+        depth[:n] = tree.depths
+        depth[n:] = 1
+        up = np.zeros(T, dtype=np.int64)  # each node's parent, the padding's and the root's the root
+        up[1:n] = tree.parents[1:]
         np.copyto(anc, self._eye(T))
-        gather[:, k - 1] = np.arange(k, k + T)  # each node last in its own window
-        gather[0, :k - 1] = np.arange(1, k)  # the root's: the committed inputs, newest last
-        for i in range(1, n):
-            p = tree.parents[i]
-            anc[i, :p + 1] = anc[p, :p + 1]
-            gather[i, :k - 1] = gather[p, 1:]
-        if n < T:  # padding: inert children of the root
-            anc[n:, 0] = True
-            gather[n:, :k - 1] = gather[0, 1:]
+        rows = np.arange(T)
+        gather[:, k - 1] = k + rows  # each node last in its own window
+        ancestor = rows
+        for m in range(1, max(slot.depth, int(n < T), k - 1) + 1):
+            ancestor = up[ancestor]
+            anc[rows, ancestor] = True
+            if m < k:  # past the root (ancestor 0) the window goes on into the committed inputs, newest last
+                np.subtract(k + ancestor, np.maximum(m - depth, 0), out=gather[:, k - 1 - m])
+        pos += self.committed
 
     def _eye(self, n: int) -> np.ndarray:
         eye = self._eyes.get(n)
