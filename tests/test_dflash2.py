@@ -414,6 +414,32 @@ def test_the_next_draft_queued_early_changes_no_round(embedded2, engine, method,
     assert all(r.draft_top_ids and r.target_top_ids and r.bonus_draft_logprob is not None for r in first.history)
 
 
+def test_a_queued_draft_that_fails_loses_nothing(embedded2):
+    """A queued draft that raises (here the drafter's input rejected once, as short memory would be) is not
+    queued: its round's record and state stand, the next round drafts again, and the output is the target's own.
+    A failure that persists is raised by the next step, before anything of that round moves."""
+    session = DecodeSession(embedded2, budget=16, max_new_tokens=MAX_NEW, engine="runner", record=False)
+    real, calls = session.proposer.propose, []
+
+    def failing_once(root, committed_len, features, block_size):
+        calls.append(committed_len)
+        if len(calls) == 2:  # the first queued draft
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real(root, committed_len, features, block_size)
+
+    session.proposer.propose = failing_once
+    session.prefill(PROMPTS[0])
+    first = session.step()
+    assert session._queued is None and len(session.history) == 1 and calls == [calls[0], calls[0] + len(first.accepted)]
+    session.run()
+    assert session.generated == reference(embedded2, PROMPTS[0])
+    session.prefill(PROMPTS[1])
+    session.proposer.propose = lambda *a: (_ for _ in ()).throw(RuntimeError("CUDA out of memory (injected)"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        session.step()
+    assert session.history == [] and session.committed_len == len(session.prompt_ids)
+
+
 def test_identity_convolutions_and_no_pair_term_give_dflash1s_drafts(tmp_path):
     """With identity convolutions and zero codebooks, DFlash2 is DFlash: the same log-probs, and the selector tree
     (pair scores = unary over the top-K) is the marginal tree whenever the budget keeps to the top-K."""

@@ -724,10 +724,14 @@ class DecodeSession:
     def _queue_draft(self, committed_len: int) -> None:
         """The next round's draft, queued now (its root is the last output token, its context this round's
         accepted features) and timed where the rounds may be (CUDA events on one GPU: no wait); the next step
-        takes it."""
+        takes it. A draft that fails here is not queued: this round's record and state are kept whole, and the next
+        step drafts as a round does without a queue (an error that persists is raised there)."""
         root = self.generated[-1]
         clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
-        logprobs = self.proposer.propose(root, committed_len, self._features, self.block_size)
+        try:
+            logprobs = self.proposer.propose(root, committed_len, self._features, self.block_size)
+        except Exception:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+            return
         if clock is not None:
             clock.lap("draft")
         self._queued = (root, committed_len), logprobs, clock
