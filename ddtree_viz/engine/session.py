@@ -679,7 +679,7 @@ class DecodeSession:
         if self.queues_draft and not self.done:
             self._queue_draft(self.committed_len + len(accepted))
         timings = {**(drafted.times() if drafted is not None else {}), **clock.times()} if clock is not None else {}
-        host = self._host(reads)
+        host = self._host(*reads)
         target_argmax = host["argmax"]
         state_error = engine.state_error(tree, accepted)
         own = len(tree) - 1 if self.method in CHAINS else self.budget
@@ -736,12 +736,13 @@ class DecodeSession:
             clock.lap("draft")
         self._queued = (root, committed_len), logprobs, clock
 
-    def _record_reads(self, logits, argmax, chosen, logprobs, depth: int, bonus: int) -> dict[str, torch.Tensor]:
+    def _record_reads(self, logits, argmax, chosen, logprobs, depth: int,
+                      bonus: int) -> tuple[dict[str, torch.Tensor], torch.cuda.Event | None]:
         """The round's record as tensors where they are computed, their copies to the host queued without a wait
         (`_host` waits): the target's choices (argmax, the samples and their probabilities), and when recording its
         margins and top tokens, the drafter's top candidates per depth and its rank and log-prob of the target's
-        choice at the depth the walk stopped (`depth` accepted nodes). Queued before the next round's draft, so on a
-        GPU the copies do not wait behind it."""
+        choice at the depth the walk stopped (`depth` accepted nodes); and on a GPU the event after the copies.
+        Queued before the next round's draft, so on a GPU the copies do not wait behind it."""
         reads = {"argmax": argmax}
         greedy = self.sampler.greedy
         if not greedy:
@@ -765,17 +766,16 @@ class DecodeSession:
             if depth <= logprobs.shape[0]:
                 row = logprobs[depth - 1]
                 reads["bonus_logprob"], reads["bonus_rank"] = row[bonus], (row > row[bonus]).sum()
-        non_blocking = self._cuda_device is not None  # pinned host copies, then one event
-        copies = {name: t.to("cpu", non_blocking=non_blocking) for name, t in reads.items()}
-        if non_blocking:
-            copies["_ready"] = torch.cuda.Event()
-            copies["_ready"].record(torch.cuda.current_stream(self._cuda_device))
-        return copies
+        if self._cuda_device is None:  # a CPU, or several devices: plain copies (each waits for its tensor)
+            return {name: t.cpu() for name, t in reads.items()}, None
+        copies = {name: t.to("cpu", non_blocking=True) for name, t in reads.items()}  # into pinned memory
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self._cuda_device))
+        return copies, ready
 
     @staticmethod
-    def _host(copies: dict) -> dict:
-        """`_record_reads`' copies once they have landed, as Python values."""
-        ready = copies.pop("_ready", None)
+    def _host(copies: dict[str, torch.Tensor], ready: torch.cuda.Event | None) -> dict:
+        """`_record_reads`' copies once they have landed (`ready`), as Python values."""
         if ready is not None:
             ready.synchronize()
         return {name: t.item() if t.dim() == 0 else t.tolist() for name, t in copies.items()}
