@@ -6,6 +6,7 @@ imported); skipped where Triton is not installed (the CPU build of torch has non
 In the interpreter, float32 -> bfloat16 rounds toward zero (a GPU rounds to nearest even), so bfloat16 results
 are held to a bfloat16 step of the output; float32 to the order of the sums."""
 
+import dataclasses
 import os
 
 import pytest
@@ -17,7 +18,7 @@ if not CUDA:  # before Triton is imported (it reads the switch then)
 pytest.importorskip("triton")
 
 from ddtree_viz.engine import fp8  # noqa: E402
-from ddtree_viz.engine.fp8_gemm import Config, choose, fp8_linear  # noqa: E402
+from ddtree_viz.engine.fp8_gemm import Config, bulk_copies, choose, fp8_linear  # noqa: E402
 from ddtree_viz.engine.fused import fuse_linears  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -65,7 +66,8 @@ def test_the_chosen_config_splits_narrow_long_weights():
     products [5120, K] (down_proj, the out/o projections) eight ways, the wide ones (gate+up, in_proj, qkv; K = 5120)
     four (section 13's measured best, or within 2%); 17 rows split only the narrow ones. A verify's 65 and 129 rows are one
     program column of 64 + 16 and 128 + 16 rows, swapped, split as section 13's sweep measured fastest (or within
-    4%): the narrow products 8 (40 programs), gate+up 2 (272 programs), in_proj and qkv not (128 and 112)."""
+    4%): the narrow products 8 (40 programs), gate+up 2 (272 programs), in_proj and qkv not (128 and 112); their
+    weight tiles by bulk copies where the device has them."""
     cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
     assert choose(1, 5120, 17408, cuda132).split_k == 8 and choose(1, 5120, 6144, cuda132).split_k == 8
     for rows in (1, 16):
@@ -73,8 +75,13 @@ def test_the_chosen_config_splits_narrow_long_weights():
     assert [choose(17, n, 5120, cuda132).split_k for n in (34816, 16384, 14336, 5120)] == [1, 1, 1, 8]
     assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
     assert not choose(1, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
-    assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 1, 8, 3, swap=True, tail=16)
-    assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16)
+    bulk = bulk_copies(cuda132)  # Triton's interpreter has bulk copies (TMA), as an H200 does; a CPU without it not
+    assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 1, 8, 3, swap=True, tail=16, tma=bulk)
+    assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16, tma=bulk)
+    assert not any(choose(rows, 16384, 5120, cuda132).tma for rows in (1, 16, 17, 32, 161))  # bulk copies: verify rows
+    if CUDA:
+        major = torch.cuda.get_device_capability()[0]
+        assert choose(65, 16384, 5120, torch.device("cuda")).tma == bulk_copies(torch.device("cuda")) == (major >= 9)
     shapes = ((5120, 17408), (5120, 6144), (34816, 5120), (16384, 5120), (14336, 5120))
     for rows in (65, 129):
         assert [choose(rows, n, k, cuda132).split_k for n, k in shapes] == [8, 8, 2, 1, 1]
@@ -202,3 +209,22 @@ def test_the_benchs_other_configs_compute_the_same_product():
         for label, config in configs.items():
             torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu().float(), reference(x, q, s),
                                        msg=label, **tol)
+
+
+@pytest.mark.parametrize("rows", [1, 65, 129])
+@pytest.mark.parametrize("config", [Config(64, 128, 3, 8, swap=True, tail=16, tma=True), Config(16, 64, 2, tma=True),
+                                    Config(128, 128, 1, 8, swap=True, tail=16, tma=True)],
+                         ids=["swap-tail-split3", "decode-split2", "verify-129"])
+def test_bulk_copies_of_the_weight_give_the_same_product(rows, config):
+    """The weight tiles by tensor descriptor (bulk tensor copies, TMA) give what the masked loads give, bit for
+    bit: K = 1024 (16-byte rows) with N = 320 leaves the last 128-row tile partly outside the weight (zero-filled).
+    A weight whose rows are not 16-byte aligned (K = 1000) takes the masked loads instead, with the same result."""
+    from ddtree_viz.engine.fp8_gemm import _weight_operand
+
+    for k in (1024, 1000):
+        q, s = quantized(320, k, rows)
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        assert _weight_operand(q, config)[1].tma == (k == 1024)
+        loads = fp8_linear(x, q, s, BLOCK, dataclasses.replace(config, tma=False))
+        assert torch.equal(fp8_linear(x, q, s, BLOCK, config), loads)
+        torch.testing.assert_close(loads.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)

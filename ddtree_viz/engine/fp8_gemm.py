@@ -15,7 +15,8 @@ each weight tile is read and dequantized once, as a power-of-two block plus a 16
 then do 80 rows of work for 65, not 128); the products swapped (W x^T: on Hopper the dequantized tile then feeds the
 tensor cores from registers); and split-K where the tiles alone would leave SMs idle (a narrow, long weight such as
 down_proj [5120, 17408]: its partial sums in float32, added in a fixed order by one more kernel, so the result does
-not depend on timing). The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
+not depend on timing); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
+has them. The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
 Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
 without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
@@ -28,6 +29,7 @@ Shapes: x [M, K] (any M: a prefill's too; float32, bfloat16 or float16), weight 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -48,7 +50,9 @@ class Config:
     dequantized weight tile is the product's first operand (swap: y^T = W x^T, so on Hopper the tile goes from
     registers straight into the tensor cores' instruction instead of through shared memory); tail: 0, or the rows
     (16 or 32) a second product takes on the same dequantized tile, after the block's (a program covers
-    block_m + tail rows of x)."""
+    block_m + tail rows of x); tma: the weight tiles loaded by the bulk tensor copies of Hopper and later (a
+    tensor descriptor: no address arithmetic or masks in the program; the same tiles, zero-filled at the edges as
+    the masked loads are, so the same products and sums)."""
 
     block_m: int
     block_n: int = 64
@@ -57,18 +61,20 @@ class Config:
     num_stages: int = 3
     swap: bool = False
     tail: int = 0
+    tma: bool = False
 
 
 @triton.jit
 def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PARTIAL: tl.constexpr,
-              SWAP: tl.constexpr, TAIL: tl.constexpr):
+              SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr):
     """One tile of y = x (W x S)^T, BLOCK_M + TAIL rows of x by BLOCK_N of the weight, over input columns
     [k * K_SPLIT, (k + 1) * K_SPLIT); program (n block, m block, k). The tail (0 or a power of two) is a second
     product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
     PARTIAL: y is float32 [split, M, N] (the k-th slice is this program's sum). SWAP: each product computed
-    transposed, W x^T (the same products and sums)."""
+    transposed, W x^T (the same products and sums). TMA: w_ptr is a tensor descriptor of the weight with
+    [BLOCK_N, BLOCK_K] tiles."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
@@ -81,7 +87,10 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPL
         rk = k0 + tl.arange(0, BLOCK_K)
         mk = rk < K
         x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+        if TMA:
+            w = w_ptr.load([tl.program_id(0) * BLOCK_N, k0])
+        else:
+            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
         s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)  # one scale per row of the tile
         w = (w.to(tl.float32) * s[:, None]).to(x.dtype)  # the dequantized weight, rounded once to x's dtype
         acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
@@ -176,7 +185,9 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
       + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K by the
       fewest waves of programs each split's work takes (`waves`), each doubling charged 15% (partial sums written
       and added), 1 to 8 splits of at least 6 steps: in_proj and qkv 1 (128 and 112 programs: one wave), gate+up 2
-      (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs);
+      (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs); the
+      weight tiles by bulk tensor copies where the device has them (`bulk_copies`: 7-18% faster at 65 and 129 rows
+      for gate+up, down and the out/o projections, level for in_proj and qkv; at one row no faster, session 11);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
     if M <= 16:
@@ -190,10 +201,32 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     if M <= 160:
         main, tail = row_blocks(M)
         split = min(splits(K), key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
-        return Config(main, 128, split, 8, 3, swap=True, tail=tail)
+        return Config(main, 128, split, 8, 3, swap=True, tail=tail, tma=bulk_copies(device))
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
     return Config(128, 128, split, 8, 3)
+
+
+@functools.lru_cache(maxsize=8)
+def bulk_copies(device: torch.device) -> bool:
+    """Whether the device loads tiles by bulk tensor copies (TMA: compute capability 9.0 and later; Triton's
+    interpreter emulates them) and this Triton has host tensor descriptors."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return INTERPRETED if device.type != "cuda" else torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _weight_operand(weight: torch.Tensor, c: Config):
+    """(the kernel's weight argument, the config it runs with): a tensor descriptor of [block_n, BLOCK_K] tiles
+    where c asks for bulk copies and the weight allows them (its rows contiguous, its start and row stride 16-byte
+    aligned), else the tensor itself and c without them."""
+    if c.tma and weight.stride(1) == 1 and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor.from_tensor(weight, [c.block_n, BLOCK_K]), c
+    return weight, dataclasses.replace(c, tma=False)
 
 
 def splits(K: int) -> list[int]:
@@ -227,16 +260,16 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K).contiguous()
     M, N = x2.shape[0], weight.shape[0]
-    c = config or choose(M, N, K, x.device)
+    w_arg, c = _weight_operand(weight, config or choose(M, N, K, x.device))
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
     partial = c.split_k > 1
     y = (torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if partial
          else torch.empty(M, N, dtype=x.dtype, device=x.device))
     grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m + c.tail), c.split_k)
-    _fp8_gemm[grid](x2, weight, scale, y, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N, k_split,
+    _fp8_gemm[grid](x2, w_arg, scale, y, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N, k_split,
                     SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
                     PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, num_warps=c.num_warps,
+                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, num_warps=c.num_warps,
                     num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if partial:  # the splits' float32 sums added in a fixed order, rounded once
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
