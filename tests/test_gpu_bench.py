@@ -92,6 +92,13 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert draft["ms"] == fast["round_budget_64"]["draft"] and draft["path"] == "static eager"
     assert draft["isolated_static_ms"] == passes["static_ms"] and draft["dynamic_in_round_ms"] > 0
     assert targets["exactness_fp32"]["met"] and targets["exactness_fp32"]["runs"] == len(report["fast_exactness_fp32_8_layers"])
+    # issue #31's targets beside #18's; the device's timeline needs CUDA (its arithmetic: test_timeline_gaps), and
+    # the runner here holds no budget-128 tree (--budgets 4 8), so no round at 128
+    i31 = targets["issue_31"]
+    assert i31["greedy_step"]["target"] == "<= 1.2x" and i31["round_64"]["ms"] == fast["round_budget_64"]["round_ms"]
+    assert i31["host_per_round"]["met"] == (fast["round_budget_64"]["host"] <= 0.1)
+    assert "error" in fast["round_budget_64"]["device_timeline"] and "device_stalls_per_round" not in i31
+    assert "round_budget_128" not in fast and "round_128" not in i31
 
 
 def test_gpu_bench_smoke_split(tmp_path):
@@ -240,3 +247,18 @@ def test_model_bytes_count_each_storage_once():
     assert gpu.model_bytes(target, pair.drafter) == own + sum(t.numel() * t.element_size() for t in drafter_own)
     fuse_linears(target.model.layers[0].mlp, MLP_PROJECTIONS)
     assert gpu.model_bytes(target) == own and torch.is_tensor(target.model.layers[0].mlp.gate_proj.weight)
+
+
+def test_timeline_gaps():
+    """The device timeline's arithmetic (gpu.timeline_gaps): overlapping activities are one busy stretch, a gap is
+    the time between stretches, named by the activity that ended last before it and the one that starts after it;
+    gaps up to 10 µs are a graph's kernel spacing, longer ones stalls, listed in timeline order."""
+    spans = [(0.0, 10.0, "a"), (5.0, 30.0, "b"), (8.0, 12.0, "c"),  # one stretch 0-30, "b" ends it
+             (45.0, 50.0, "d"),  # a 15 µs stall after b
+             (52.0, 60.0, "e"), (200.0, 210.0, "f")]  # 2 µs of spacing after d, then a 140 µs stall after e
+    out = gpu.timeline_gaps(list(reversed(spans)), rounds=2)
+    assert out["span_ms_per_round"] == 210 / 2 / 1e3
+    assert out["busy_ms_per_round"] == (30 + 5 + 8 + 10) / 2 / 1e3
+    assert out["idle_us_per_round"] == (15 + 2 + 140) / 2
+    assert out["spacing_us_per_round"] == 1.0 and out["stall_us_per_round"] == 155 / 2 and out["stalls_per_round"] == 1
+    assert out["stalls"] == [{"us": 15.0, "after": "b", "before": "d"}, {"us": 140.0, "after": "e", "before": "f"}]
