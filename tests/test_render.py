@@ -379,6 +379,8 @@ def test_page_figures_as_plain_data_equal_the_checked_figures(oracle, naive):
                   depth_spec(trace.steps, 8)]
         if step.draft_top_ids:
             specs += [grid_spec(grid_data(step)), grid_spec(grid_data(step), legend=False, cmin=-9.0, cmax=0.0)]
+        from ddtree_viz.render.cache_view import cache_table
+        assert cache_spec(step, rows=cache_table(step)).to_json() == cache_spec(step).to_json()  # the page's rows
         for spec in specs:
             assert json.loads(spec.to_json()) == json.loads(spec.figure().to_json())
     from plotly.subplots import make_subplots

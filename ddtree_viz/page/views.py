@@ -355,8 +355,8 @@ def _round_views(s: Shown) -> RoundViews:
             step = s.trace.steps[s.k]
             rows = cache_table(step)
             tree = _tree_of(s.trace, s.k, s.phase, s.text, title, lo=lo, tree_filter=s.tab.tree_filter)
-            got = RoundViews(tree=tree, mask=mask_spec(step), cache_chart=cache_spec(step), cache_rows=rows,
-                             cache_html=cache_table_html(rows))
+            got = RoundViews(tree=tree, mask=mask_spec(step), cache_chart=cache_spec(step, rows=rows),
+                             cache_rows=rows, cache_html=cache_table_html(rows))
         _keep(cache.rounds, key, got)
     return got
 

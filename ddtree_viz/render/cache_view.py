@@ -86,15 +86,16 @@ def cache_figure(step: StepRecord, **options) -> go.Figure:
     return cache_spec(step, **options).figure()
 
 
-def cache_spec(step: StepRecord, *, title: str | None = None) -> FigureSpec:
+def cache_spec(step: StepRecord, *, title: str | None = None, rows: list[dict] | None = None) -> FigureSpec:
     """Bytes per layer after the commit (bars coloured by layer type) over ghost bars for the bytes right
     after the verify pass (before compaction); in naive mode, the GDN state error on a second axis. Plain data
     (figure.FigureSpec).
 
     Every bar is BAR_WIDTH of a layer wide and centred on its layer: plotly would otherwise infer a trace's bar
     width from the gaps between its own x values (attention every 4th layer gives 4-layer-wide bars that cover
-    the GDN bars). The x axis spans the existing layers only, ticks on layer numbers."""
-    rows = cache_table(step)
+    the GDN bars). The x axis spans the existing layers only, ticks on layer numbers. `rows`: cache_table(step),
+    where the caller has it already (the page's round views)."""
+    rows = cache_table(step) if rows is None else rows
     layers = [r["layer"] for r in rows]
     data = []
     if step.cache_before_commit:
