@@ -19,7 +19,7 @@ from ddtree_viz.render.budget_view import budget_figure, depth_figure
 from ddtree_viz.render.compare_view import compare_html
 from ddtree_viz.render.grid_view import grid_data, grid_figure
 from ddtree_viz.render.inspect_view import inspector_html, node_choices, stop_html
-from ddtree_viz.render.text import esc, shorten, token_texts_from_steps, visible
+from ddtree_viz.render.text import esc, lookup, shorten, token_texts_from_steps, unknown_token, visible
 from ddtree_viz.render.tree_plot import node_hover
 from ddtree_viz.trace import Trace
 from ddtree_viz.engine.oracle import OracleProposer
@@ -726,3 +726,20 @@ def test_words_say_what_happened(oracle, naive):
             "examples": []}
     assert "the same token" in misses_html({"top_misses": [miss]})
     assert "the same token" not in misses_html({"top_misses": [{**miss, "target_token_id": 6}]})
+
+
+def test_lookup_names_from_the_tokenizer_then_the_fallback_made_when_first_needed():
+    """text.lookup: the tokenizer's text first; a fallback given as a function (a whole session's node texts, which
+    the output strip and the divergence table name ids from) is made once, at the first id the tokenizer cannot
+    name, and not at all while it names every id; then the placeholder."""
+    made = []
+
+    def fallback():
+        made.append(1)
+        return {7: "seven"}
+
+    text = lookup({1: "one"}, fallback)
+    assert text(1) == "one" and made == []
+    assert (text(7), text(8), text(7)) == ("seven", unknown_token(8), "seven") and made == [1]
+    assert lookup(None, {7: "seven"})(7) == "seven" and lookup(None)(3) == unknown_token(3)
+    assert lookup(lambda i: 1 / 0)(5) == unknown_token(5)  # a tokenizer failing on one id

@@ -150,7 +150,7 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
     "diverges at token k (greedy margin m)" (k indexes the generated tokens from 0); naive mode is labelled
     as the known-wrong flattened-tree behaviour. All text is HTML-escaped (token text is untrusted).
     token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'."""
-    text = lookup(token_text, token_texts_from_steps(trace.steps))
+    text = lookup(token_text, lambda: token_texts_from_steps(trace.steps))
     cmp = compare_with_greedy(trace, upto_step)
     greedy, ref = trace.greedy_ids, reference_name(trace)
     spans = []

@@ -22,7 +22,7 @@ def divergence_rows(steps: Sequence[StepRecord], token_text: TokenText | None = 
     target_in_candidates (always False for an exact walk: the walk would have gone on); target_in_tree_at_depth:
     rank of the target's token at that depth anywhere in the tree (the drafter proposed it under another
     parent), or None; reason (analysis.stop_info's)."""
-    text = lookup(token_text, token_texts_from_steps(steps))
+    text = lookup(token_text, lambda: token_texts_from_steps(steps))
     rows = []
     for step in steps:
         stop = analysis.stop_info(step)

@@ -73,10 +73,12 @@ def unknown_token(token_id: int) -> str:
     return f"⟨{token_id}⟩"
 
 
-def lookup(token_text: TokenText | None, fallback: Mapping[int, str] | None = None) -> Callable[[int], str]:
+def lookup(token_text: TokenText | None,
+           fallback: Mapping[int, str] | Callable[[], Mapping[int, str]] | None = None) -> Callable[[int], str]:
     """A callable id -> text from a callable, a mapping, or neither; ids it cannot name come from
-    `fallback` (e.g. the texts a tree's nodes carry) and then from `unknown_token`."""
-    fallback = fallback or {}
+    `fallback` (e.g. the texts a tree's nodes carry) and then from `unknown_token`. A callable fallback is made
+    at the first id that needs it (a view over a whole session's records need not gather them every Step)."""
+    made: list[Mapping[int, str]] = [] if callable(fallback) else [fallback or {}]
 
     def text(token_id: int) -> str:
         if token_text is not None:
@@ -86,8 +88,10 @@ def lookup(token_text: TokenText | None, fallback: Mapping[int, str] | None = No
                 value = None
             if value is not None:
                 return str(value)
-        if token_id in fallback:
-            return fallback[token_id]
+        if not made:
+            made.append(fallback())
+        if token_id in made[0]:
+            return made[0][token_id]
         return unknown_token(token_id)
 
     return text
