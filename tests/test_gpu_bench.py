@@ -99,6 +99,7 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert i31["host_per_round"]["met"] == (fast["round_budget_64"]["host"] <= 0.1)
     assert "error" in fast["round_budget_64"]["device_timeline"] and "device_stalls_per_round" not in i31
     assert "round_budget_128" not in fast and "round_128" not in i31
+    assert fast["graph_launch"] == {"error": "the runner has no CUDA graphs here"}  # the verify graph's launch: CUDA
 
 
 def test_gpu_bench_smoke_split(tmp_path):

@@ -591,6 +591,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
             out["dflash2"] = {"error": f"{type(exc).__name__}: {exc}"}
     out["greedy_step_per_bound"] = out["greedy_step_ms"] / bound_ms
     out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
+    out["graph_launch"] = graph_launch(runner, sizes, sync)
     del engine, runner
     if bench.cuda:
         torch.cuda.empty_cache()
@@ -973,6 +974,29 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
     return median_gap_ms(starts) if len(starts) >= 3 else None
 
 
+def graph_launch(runner, sizes: list[int], sync, repeats: int = 20) -> dict:
+    """Issue #31's stall before a verify's first kernel, unprofiled: per tree size, the host's time in the forward
+    graph's replay() call with the device idle before it (`launch_us`: what the device waits for once the inputs are
+    up), and the replay's whole time to the device's end (`replay_ms`), medians of `repeats`. Where the runner has
+    no graphs (a CPU): why not."""
+    out = {}
+    for size in sizes:
+        slot = runner.slot_for(size)
+        if slot.graph is None:
+            return {"error": "the runner has no CUDA graphs here"}
+        launch, whole = [], []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            slot.graph.replay()
+            launched = time.perf_counter()
+            sync()
+            launch.append((launched - start) * 1e6)
+            whole.append((time.perf_counter() - start) * 1e3)
+        out[str(size)] = {"launch_us": statistics.median(launch), "replay_ms": statistics.median(whole)}
+    return out
+
+
 def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None) -> dict:
     """Issue #31's "gap between rounds on the device's timeline": up to `rounds` more rounds of `session` untimed (as
     untimed_rounds runs them) under torch.profiler's CUDA activity, and from the device's kernels, copies and sets
@@ -991,10 +1015,12 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
                 session.step()
                 n += 1
             torch.cuda.synchronize()
+        spans = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
+                 for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+    except Exception as exc:  # a profiler that cannot run here: say why, keep the rounds' other figures
+        return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         session.time_phases = True
-    spans = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
-             for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
     if n < 3 or not spans:
         return {"error": f"{n} rounds, {len(spans)} device events seen by the profiler"}
     out = {"rounds": n, "device_events": len(spans), **timeline_gaps(spans, n)}
