@@ -263,3 +263,10 @@ def test_timeline_gaps():
     assert out["idle_us_per_round"] == (15 + 2 + 140) / 2
     assert out["spacing_us_per_round"] == 1.0 and out["stall_us_per_round"] == 155 / 2 and out["stalls_per_round"] == 1
     assert out["stalls"] == [{"us": 15.0, "after": "b", "before": "d"}, {"us": 140.0, "after": "e", "before": "f"}]
+
+
+def test_activity_kinds():
+    """The timeline's activities by kind (gpu.activity_kinds): calls and µs a round, the most time first."""
+    spans = [(0.0, 5.0, "gemm"), (6.0, 7.0, "norm"), (8.0, 13.0, "gemm"), (14.0, 16.0, "norm"), (20.0, 21.0, "copy")]
+    assert gpu.activity_kinds(spans, rounds=2, top=2) == [{"kind": "gemm", "calls_per_round": 1.0, "us_per_round": 5.0},
+                                                         {"kind": "norm", "calls_per_round": 1.0, "us_per_round": 1.5}]
