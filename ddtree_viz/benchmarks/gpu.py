@@ -1003,33 +1003,57 @@ def graph_launch(runner, sizes: list[int], sync, repeats: int = 20) -> dict:
 def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None) -> dict:
     """Issue #31's "gap between rounds on the device's timeline": up to `rounds` more rounds of `session` untimed (as
     untimed_rounds runs them) under torch.profiler's CUDA activity, and from the device's kernels, copies and sets
-    its busy time and idle gaps per round (timeline_gaps). The profiler's own cost per launch is in the gaps too, so
-    they are an upper bound; `loop_wall_ms` (the same session's unprofiled round) minus the busy time is the idle
-    time without it. On a CPU: why not."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.cuda.is_available() or session.done:
-        return {"error": "needs a CUDA device and rounds left in the session"}
+    its busy time and idle gaps per round (timeline_gaps) and what they are (activity_kinds). The profiler's own cost
+    per launch is in the gaps too, so they are an upper bound; `loop_wall_ms` (the same session's unprofiled round)
+    minus the busy time is the idle time without it. Then the drafter's pass alone (`draft`: the same figures for
+    passes at the session's context, no new rows). On a CPU (--smoke) the host's torch ops stand in for the device's
+    activities: the code path, not figures."""
+    if session.done:
+        return {"error": "no rounds left in the session"}
     session.time_phases, n = False, 0
+
+    def rounds_left():
+        nonlocal n
+        while n < rounds and not session.done:
+            session.step()
+            n += 1
+
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            while n < rounds and not session.done:
-                session.step()
-                n += 1
-            torch.cuda.synchronize()
-        spans = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
-                 for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
-    except Exception as exc:  # a profiler that cannot run here: say why, keep the rounds' other figures
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        spans = profiled_spans(rounds_left)
     finally:
         session.time_phases = True
-    if n < 3 or not spans:
-        return {"error": f"{n} rounds, {len(spans)} device events seen by the profiler"}
+    if isinstance(spans, str) or n < 3 or not spans:
+        return {"error": spans if isinstance(spans, str) else f"{n} rounds, {len(spans)} device events seen"}
     out = {"rounds": n, "device_events": len(spans), **timeline_gaps(spans, n), "kinds": activity_kinds(spans, n)}
     if loop_wall_ms:  # the same rounds' wall time unprofiled: the device's idle time without the profiler's cost
         out["idle_unprofiled_us_per_round"] = (loop_wall_ms - out["busy_ms_per_round"]) * 1e3
+    passes = 8
+    draft = profiled_spans(lambda: [session.proposer.propose(session.generated[-1], session.committed_len, None,
+                                                             session.block_size) for _ in range(passes)])
+    out["draft"] = ({"error": draft} if isinstance(draft, str) else
+                    {"passes": passes, "device_events": len(draft), **timeline_gaps(draft, passes, listed=8),
+                     "kinds": activity_kinds(draft, passes, top=16)})
     return out
+
+
+def profiled_spans(fn) -> list[tuple[float, float, str]] | str:
+    """The device's activities (start µs, end µs, name) while fn() runs under torch.profiler's CUDA activity, the
+    device waited for at the end (without CUDA: the host's torch ops); or why not (a profiler that cannot run here,
+    or what fn raised)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+        kind = DeviceType.CUDA if cuda else DeviceType.CPU
+        return [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
+                for e in prof.profiler.kineto_results.events() if e.device_type() == kind]
+    except Exception as exc:  # say why; the measurements around it come back
+        return f"{type(exc).__name__}: {exc}"
 
 
 def activity_kinds(spans: list[tuple[float, float, str]], rounds: int, top: int = 24) -> list[dict]:
