@@ -194,3 +194,21 @@ def test_records_how_the_drafter_ranked_the_bonus_token(hybrid):
         position = r.committed_len + len(r.accepted)  # where the bonus token sits
         assert r.bonus_draft_rank == ranks[position % len(ranks)]
         assert r.bonus_draft_logprob is not None and r.bonus_draft_logprob < 0
+
+
+@pytest.mark.parametrize("engine", ["transformers", "runner"])
+def test_records_the_targets_margin_and_top_tokens_at_each_position(hybrid, engine):
+    """A round's target_margin (the gap between the target's two best logits) and its top tokens at each tree
+    position, against the target's own forward over the prompt and the round's chain (DFlash's tree is a chain, so
+    a plain causal pass sees what the verify saw), on both engines."""
+    session = DecodeSession(hybrid, budget=4, max_new_tokens=12, method="dflash", engine=engine)
+    session.prefill(PROMPTS[0])
+    prompt_ids = list(session.prompt_ids)
+    record = session.step()
+    chain = [n.token_id for n in record.nodes]  # the root (the prefill's token) first
+    with torch.no_grad():
+        logits = hybrid.target(torch.tensor([prompt_ids + chain])).logits[0, -len(chain):].float()
+    top = torch.topk(logits, 5, dim=-1)
+    margins = top.values[:, 0] - top.values[:, 1]
+    torch.testing.assert_close(torch.tensor(record.target_margin), margins, rtol=0, atol=1e-4)
+    assert [list(row[:2]) for row in record.target_top_ids] == top.indices[:, :2].tolist()

@@ -750,14 +750,18 @@ class DecodeSession:
         if self.record:
             if not greedy:
                 reads["probs"] = self.sampler.probs(logits, chosen)
-            top2 = torch.topk(logits, 2, dim=-1).values
-            reads["margins"] = top2[:, 0] - top2[:, 1]
             k = min(self.target_top_k, logits.shape[-1])
+            top2 = None
             if k:  # the distribution the target chooses from: softmax of the logits, or of the filtered tempered ones
                 z = logits.float() if greedy else self.sampler.tempered(logits)
                 top = torch.topk(z, k, dim=-1)
                 reads["target_top_ids"] = top.indices
                 reads["target_top_probs"] = torch.exp(top.values - torch.logsumexp(z, dim=-1, keepdim=True))
+                if z is logits and k >= 2:  # float32 logits, greedy: their top two are these (one top-k, not two)
+                    top2 = top.values[:, :2]
+            if top2 is None:
+                top2 = torch.topk(logits, 2, dim=-1).values
+            reads["margins"] = top2[:, 0] - top2[:, 1]
             k = min(self.draft_top_k if self.method in CHAINS else min(self.budget, self.draft_top_k),
                     logprobs.shape[-1])
             if k:  # what the tree was built from (k = min(budget, cap); the chain: the cap)
