@@ -153,8 +153,11 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
     push, pop = heapq.heappush, heapq.heappop
     # entries: (-score, rank path, parent position, depth, rank, parent's score); ties on the score go to the smaller
     # rank path. A node's score is its parent's plus its own log-prob, summed from the root down (what tree_on_device
-    # computes too, bit for bit)
-    heap = [(-lp[0][0], (0,), 0, 1, 0, 0.0)]
+    # computes too, bit for bit). The rank path (r1, .., rd) is held as one integer that orders as the tuples do, a
+    # prefix before its extensions: the sum of (r_i + 1) * unit[i] with unit[i] = (k + 1) ** (depth_limit - i), so a
+    # sibling adds unit[d] and a first child unit[d + 1] (no tuples made per node)
+    unit = [(k + 1) ** (depth_limit - i) for i in range(depth_limit + 1)]
+    heap = [(-lp[0][0], unit[1], 0, 1, 0, 0.0)]
     while heap and len(parents) <= budget:
         neg, rank_path, parent, depth, rank, above = pop(heap)
         row = lp[depth - 1]
@@ -164,9 +167,9 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
         ranks.append(rank)
         logprobs.append(row[rank])
         if rank + 1 < k:
-            push(heap, (-(above + row[rank + 1]), rank_path[:-1] + (rank + 1,), parent, depth, rank + 1, above))
+            push(heap, (-(above + row[rank + 1]), rank_path + unit[depth], parent, depth, rank + 1, above))
         if depth < depth_limit:
-            push(heap, (neg - lp[depth][0], rank_path + (0,), pos, depth + 1, 0, -neg))
+            push(heap, (neg - lp[depth][0], rank_path + unit[depth + 1], pos, depth + 1, 0, -neg))
     token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
 
