@@ -967,10 +967,12 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
     up to `rounds` more rounds (None when fewer than 3 fit in its max new tokens)."""
     session.time_phases = False
     starts = []
-    while len(starts) < rounds and not session.done:
-        starts.append(time.perf_counter())
-        session.step()
-    session.time_phases = True
+    try:
+        while len(starts) < rounds and not session.done:
+            starts.append(time.perf_counter())
+            session.step()
+    finally:
+        session.time_phases = True
     return median_gap_ms(starts) if len(starts) >= 3 else None
 
 
@@ -1010,18 +1012,9 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
     activities: the code path, not figures."""
     if session.done:
         return {"error": "no rounds left in the session"}
-    session.time_phases, n = False, 0
-
-    def rounds_left():
-        nonlocal n
-        while n < rounds and not session.done:
-            session.step()
-            n += 1
-
-    try:
-        spans = profiled_spans(rounds_left)
-    finally:
-        session.time_phases = True
+    before = len(session.history)
+    spans = profiled_spans(lambda: untimed_rounds(session, rounds))
+    n = len(session.history) - before
     if isinstance(spans, str) or n < 3 or not spans:
         return {"error": spans if isinstance(spans, str) else f"{n} rounds, {len(spans)} device events seen"}
     out = {"rounds": n, "device_events": len(spans), **timeline_gaps(spans, n), "kinds": activity_kinds(spans, n)}

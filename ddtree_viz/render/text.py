@@ -78,9 +78,10 @@ def lookup(token_text: TokenText | None,
     """A callable id -> text from a callable, a mapping, or neither; ids it cannot name come from
     `fallback` (e.g. the texts a tree's nodes carry) and then from `unknown_token`. A callable fallback is made
     at the first id that needs it (a view over a whole session's records need not gather them every Step)."""
-    made: list[Mapping[int, str]] = [] if callable(fallback) else [fallback or {}]
+    names = None if callable(fallback) else (fallback or {})
 
     def text(token_id: int) -> str:
+        nonlocal names
         if token_text is not None:
             try:
                 value = token_text(token_id) if callable(token_text) else token_text.get(token_id)
@@ -88,11 +89,9 @@ def lookup(token_text: TokenText | None,
                 value = None
             if value is not None:
                 return str(value)
-        if not made:
-            made.append(fallback())
-        if token_id in made[0]:
-            return made[0][token_id]
-        return unknown_token(token_id)
+        if names is None:
+            names = fallback()
+        return names[token_id] if token_id in names else unknown_token(token_id)
 
     return text
 
