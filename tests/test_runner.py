@@ -14,6 +14,7 @@ from ddtree_viz.engine.gdn_tree import TreeIndex
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.treeops import conv_gather, conv_gather_reference
 from ddtree_viz.engine.engines import RunnerEngine
+from ddtree_viz.engine.launch import device_word
 from ddtree_viz.engine.runner import StaticRunner
 from ddtree_viz.engine.session import DecodeSession, DFlashProposer, EngineGreedy, GreedyReference
 from ddtree_viz.engine.tree import DraftTree, follow_tree, one_node
@@ -57,6 +58,16 @@ def runner_ddtree(pair, runner, proposer, prompt, new, budget, tree_on_device=Fa
     session.prefill(prompt_ids=prompt)
     session.run()
     return session.generated, [r.acceptance for r in session.history]
+
+
+def on_cuda():
+    """The 8-layer tiny hybrid pair on the GPU, the test prompt's ids and a runner (CUDA graphs) for trees of 1 and 17."""
+    pair = tiny_pair("hybrid", seed=0, layers=8)
+    pair.target.to("cuda")
+    pair.drafter.to("cuda")
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    return pair, prompt, StaticRunner(pair.target, max_len=256, sizes=(1, 17),
+                                      feature_layer_ids=pair.drafter.target_layer_ids)
 
 
 def tree_from_parents(parents, rng) -> DraftTree:
@@ -228,12 +239,8 @@ def test_runner_refuses_what_it_cannot_run(pair, tmp_path):
 def test_runner_with_cuda_graphs_equals_greedy():
     """The captured graphs replay the same functions: greedy == transformers' greedy, DDTree == greedy (the walk's
     graph every round; the tree's graph and the inputs written by the device with tree_on_device)."""
-    pair = tiny_pair("hybrid", seed=0, layers=8)
-    pair.target.to("cuda")
-    pair.drafter.to("cuda")
-    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    pair, prompt, runner = on_cuda()
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
     assert runner.graphs
     assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
     for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1]), (40, [0])]:
@@ -259,6 +266,78 @@ def test_one_step_delta_rule_equals_the_recurrence():
     torch.testing.assert_close(out, tree_delta_rule_reference(q, k, v, g, beta, state, [-1]))
     after = g[0].exp()[:, None, None] * state + k[0][:, :, None] * delta[0][:, None, :]
     torch.testing.assert_close(after, replay_state([0], k, v, g, beta, state))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs, stream memory operations)")
+def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
+    """engine/launch.py: each round's verify graph queued before its tree (behind a device word the forward
+    writes after staging) gives the same rounds as the graph launched after staging; a launch that no forward
+    takes (a tree that fails, a tree too large for the launched slot, a prefill) is let go, nothing hangs, and the
+    next rounds are still exact."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(240, exit=True)  # a hang (a word never written) fails the run, not blocks it
+    try:
+        pair, prompt, runner = on_cuda()
+        runs = {}
+        for ahead in (False, True):
+            before = runner.passes_launched_ahead
+            runs[ahead] = runner_session(pair, runner, prompt, launch_ahead=ahead)
+            runs[ahead].run()
+            assert runner.passes_launched_ahead - before == (len(runs[True].history) if ahead else 0)
+        assert runner.launch_error is None
+        assert runs[True].generated == runs[False].generated
+        assert [r.accepted for r in runs[True].history] == [r.accepted for r in runs[False].history]
+
+        session = runner_session(pair, runner, prompt, launch_ahead=True)
+        session.step()
+
+        def fails(root, logprobs, before_wait=None):
+            before_wait()  # launched, then the tree fails
+            raise RuntimeError("a tree that cannot be built")
+
+        monkeypatch.setattr(session, "_tree", fails)
+        with pytest.raises(RuntimeError, match="cannot be built"):
+            session.step()
+        monkeypatch.undo()
+        engine = session.target_engine
+        assert engine.launch_ahead(1)  # the one-node slot launched, then a 17-node tree: its own slot, run after
+        session.run()
+        assert session.generated == runs[False].generated
+        assert engine.launch_ahead(17)
+        session.prefill(prompt_ids=prompt)  # a new prompt lets the pending launch go
+        session.run()
+        assert session.generated == runs[False].generated
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def runner_session(pair, runner, prompt, budget=16, **options):
+    """A DecodeSession of DDTree with the DFlash drafter on this runner, recording off, prefilled."""
+    proposer = DFlashProposer(pair.drafter, pair.target)
+    engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1,
+                          block_size=proposer.block_size, max_new_tokens=NEW, runner=runner)
+    session = DecodeSession(pair, budget=budget, max_new_tokens=NEW, proposer=proposer, engine=engine, record=False,
+                            **options)
+    session.prefill(prompt_ids=prompt)
+    return session
+
+
+def test_launching_ahead_on_the_cpu_changes_nothing(pair, greedy):
+    """Where nothing can be launched ahead (no CUDA graphs) a session asked to runs its rounds as before; the hook
+    the launch hangs on (to_host's before_wait) runs once, after the copies and before the host has the tree."""
+    from ddtree_viz.engine.tree import to_host
+
+    prompt, ref = greedy
+    runner = make_runner(pair)
+    sessions = []
+    for ahead in (True, False):  # one after the other: they share the runner
+        sessions.append(runner_session(pair, runner, prompt, launch_ahead=ahead))
+        sessions[-1].run()
+    assert sessions[0].generated == sessions[1].generated == list(ref.ids)[:len(sessions[0].generated)]
+    assert runner.passes_launched_ahead == 0
+    calls = []
+    assert to_host(torch.arange(3), before_wait=lambda: calls.append(1))[0].tolist() == [0, 1, 2] and calls == [1]
 
 
 @pytest.mark.parametrize("method", ["ddtree", "dflash"])
@@ -429,6 +508,9 @@ def test_runner_options_on_the_cpu():
 
     cpu = torch.device("cpu")
     assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default")
+    runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
+    assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
+    assert device_word(cpu) == (None, "no CUDA device")
     assert RunnerOptions(blas="cublaslt").resolve(cpu).blas == "default"  # a CPU has one BLAS
     assert RunnerOptions(compile=True).resolve(cpu).compile  # asked for: inductor's C++ backend (the compile tests)
     with pytest.raises(ValueError, match="attention"):

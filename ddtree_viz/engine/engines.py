@@ -224,6 +224,7 @@ class RunnerEngine:
     def prefill(self, prompt_ids):
         from .runner import StaticRunner
 
+        self.release_ahead()  # a launch still pending (none after a session's round) goes before a new runner
         need = self.room(len(prompt_ids))
         if self.runner is None or self.runner.max_len < need:
             self.runner = StaticRunner(self.target, max_len=need, sizes=(1, self.tree_size),
@@ -235,6 +236,15 @@ class RunnerEngine:
     def forward(self, tree):
         logits, feats, slot = self.runner.forward(tree)
         return TreePass(tree, logits, (feats, slot))
+
+    def launch_ahead(self, n: int) -> bool:
+        """The next forward's graph (a tree of up to n nodes) queued before the tree is known (StaticRunner's):
+        whether it was. The next forward takes it; release_ahead lets it go where no forward follows."""
+        return self.runner is not None and self.runner.launch_ahead(n)
+
+    def release_ahead(self) -> None:
+        if self.runner is not None:
+            self.runner.release_ahead()
 
     @torch.no_grad()
     def commit(self, tree_pass, accepted):

@@ -63,6 +63,7 @@ from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
 from . import fp8, fused as fz
+from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
@@ -216,6 +217,9 @@ class StaticRunner:
         self._fixed_records: dict = {}  # snapshot's GDN layer records: (layer, type) -> LayerCache
         self._host = 0.0
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._ahead: LaunchAhead | None = None  # launch_ahead's, made at its first call on a GPU
+        self.launch_error: str | None = None  # why verify graphs cannot be launched ahead here
+        self.passes_launched_ahead = 0  # forwards that took a launch made ahead
         # attention length buckets: a pass attends over the smallest bucket holding the committed rows and the
         # tree, so its cost follows the sequence, not max_len (one graph per tree size and bucket, made on first use)
         self.buckets = sorted({min(self.max_len, 2 ** k) for k in range(8, max(9, self.max_len.bit_length() + 1))})
@@ -548,6 +552,7 @@ class StaticRunner:
         last position, context features [n, F] or None)."""
         if len(prompt_ids) + 2 * self.max_path + max(self.sizes) > self.max_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
+        self.release_ahead()
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
         with sdpa_backends(self.device), self._features_kept() as kept:
@@ -584,18 +589,54 @@ class StaticRunner:
             for h in hooks:
                 h.remove()
 
+    def launch_ahead(self, n: int) -> bool:
+        """Queue the verify graph for a tree of up to n nodes now, before the tree is known (launch.py): it starts
+        once the next forward has staged its inputs, and the host's replay() is off the round's critical path.
+        False where it cannot be (no CUDA graphs, the driver's stream memory operations missing: `launch_error`),
+        or while a launch is pending. A launch no forward takes must be released (release_ahead)."""
+        if not self.graphs or self.launch_error is not None or (self._ahead and self._ahead.pending):
+            return False
+        slot = self.slot_for(n)  # captured here on first use, before anything waits
+        if slot.graph is None:
+            return False
+        if self._ahead is None:
+            word, self.launch_error = device_word(self.device)
+            if word is None:
+                return False
+            self._ahead = LaunchAhead(word, self.device)
+        self._ahead.launch(slot)
+        return True
+
+    def release_ahead(self) -> None:
+        """Let a pending launch run over the inputs it has (its outputs dropped), the main stream behind it."""
+        if self._ahead is not None:
+            self._ahead.release(self._ahead.take())
+
     @torch.no_grad()
     def forward(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
-        """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit)."""
+        """One pass over the tree: (logits [T, vocab] fp32, features [T, F] or None, slot for the commit). After
+        launch_ahead, the launched graph's slot where the tree fits it: its inputs staged, then the launch let go."""
         start = time.perf_counter()
         self._host = 0.0
         n = len(tree)
-        slot = self.slot_for(n)  # raises when max_len is full
-        self._stage_tree(slot, tree)
-        slot.inputs.copy_(slot.stage, non_blocking=True)
-        slot.anc.copy_(slot.anc_stage, non_blocking=True)
-        slot.copied_now()
+        launched = self._ahead.take() if self._ahead is not None else None
+        if launched is not None and n > launched.slot.size:  # let go before slot_for, which may capture (and wait)
+            self._ahead.release(launched)
+            launched = None
+        try:
+            slot = launched.slot if launched is not None else self.slot_for(n)
+            self._stage_tree(slot, tree)
+            slot.inputs.copy_(slot.stage, non_blocking=True)
+            slot.anc.copy_(slot.anc_stage, non_blocking=True)
+            slot.copied_now()
+        finally:
+            if launched is not None:
+                self._ahead.release(launched)
         self._host += time.perf_counter() - start
+        if launched is not None and launched.slot is slot:
+            self.passes_launched_ahead += 1
+            logits, feats, _ = slot.out
+            return logits[:n], (feats[:n] if feats is not None else None), slot
         return self._run(slot, n)
 
     @torch.no_grad()
@@ -604,6 +645,7 @@ class StaticRunner:
         """forward over a tree held as tensors where the runner is (tree.tree_on_device's nodes: [n] each, root
         first, shallower than max_path): the slot's inputs written by the device (tree.tree_inputs_on_device),
         the same values _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up."""
+        self.release_ahead()
         start = time.perf_counter()
         self._host = 0.0
         n = token_ids.shape[0]

@@ -448,6 +448,7 @@ class DecodeSession:
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
         tree_scoring: str = MARGINAL, tree_on_device: bool = False, queue_draft: bool | None = None,
+        launch_ahead: bool = False,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -461,7 +462,9 @@ class DecodeSession:
         DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
         handed to the engine as tensors (the runner engine's forward_tensors), read back once after the commit is
         queued; the same trees. `queue_draft`: each round queues the next one's draft before the host reads its
-        record (None: where that costs no wait, `queues_draft`); the same rounds and records either way."""
+        record (None: where that costs no wait, `queues_draft`); the same rounds and records either way.
+        `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
+        can (the runner on a GPU; engine/launch.py); the same passes. Opt-in until its GPU test has passed."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -485,7 +488,7 @@ class DecodeSession:
         self.draft_top_k = check_int("drafter top-k", draft_top_k, 0, MAX_TOP_K)
         self.block_size = check_int("block size", proposer.block_size if block_size is None else block_size, 2, proposer.block_size)
         self.reference_gdn = reference_gdn
-        tree_size = self.budget + 1 if method == DDTREE else self.block_size
+        self.tree_size = tree_size = self.budget + 1 if method == DDTREE else self.block_size  # at most, a round
         if isinstance(engine, str):
             engine = make_engine(engine, self.target, proposer.feature_layer_ids, verify=verify,
                                  reference_gdn=reference_gdn, tree_size=tree_size, block_size=self.block_size,
@@ -510,6 +513,7 @@ class DecodeSession:
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
+        self.launch_ahead = bool(launch_ahead) and hasattr(engine, "launch_ahead") and not tree_on_device
         self.reset()
 
     @classmethod
@@ -652,14 +656,7 @@ class DecodeSession:
         if drafted is None:
             lap("draft")
 
-        if self.tree_on_device:
-            tree, scores = self._tree_builder(root, logprobs), None
-            lap("tree")
-            tree_pass = engine.forward_tensors(tree)
-        else:
-            tree, scores = self._tree(root, logprobs)
-            lap("tree")
-            tree_pass = engine.forward(tree)
+        tree, scores, tree_pass = self._verify_tree(root, logprobs, lap)
         logits = tree_pass.logits
         argmax = chosen = logits.argmax(-1)
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
@@ -700,6 +697,33 @@ class DecodeSession:
                                 (t for row in step.target_top_ids for t in row),
                                 (t for row in step.draft_top_ids for t in row))
         return step
+
+    def _verify_tree(self, root: int, logprobs: torch.Tensor, lap):
+        """The round's tree (and the selector's scores, where they made it) and the engine's pass over it. Where the
+        session launches ahead (DDTree's marginal tree on the host), the engine's verify is queued while the top-k
+        comes back (engines' launch_ahead), so the host's launch overlaps the draft still running. Between the launch
+        and the forward the host only waits on the main stream and allocates nothing on the device or in pinned
+        memory (either may wait on the whole device, which waits on the launch); whatever the tree's making raises,
+        the launch is let go."""
+        engine = self.target_engine
+        if self.tree_on_device:
+            tree = self._tree_builder(root, logprobs)
+            lap("tree")
+            return tree, None, engine.forward_tensors(tree)
+        launched = []
+
+        def launch():  # after the top-k's copies are queued (their pinned buffers taken), before the host waits
+            launched.append(engine.launch_ahead(self.tree_size))
+
+        ahead = self.launch_ahead and self.method == DDTREE and self.tree_scoring == MARGINAL
+        try:
+            tree, scores = self._tree(root, logprobs, launch if ahead else None)
+        except BaseException:
+            if any(launched):
+                engine.release_ahead()
+            raise
+        lap("tree")
+        return tree, scores, engine.forward(tree)
 
     @property
     def queues_draft(self) -> bool:
@@ -801,15 +825,16 @@ class DecodeSession:
             fields["draft_top_logprobs"] = tuple(tuple(round(v, 3) for v in r) for r in host["draft_top_logprobs"])
         return fields
 
-    def _tree(self, root: int, logprobs: torch.Tensor) -> tuple[DraftTree, SelectorScores | None]:
+    def _tree(self, root: int, logprobs: torch.Tensor, before_wait=None) -> tuple[DraftTree, SelectorScores | None]:
         """This round's tree, by method and scoring: DFlash's chain, DFlash2's selector chain (sampled with the
         target's position-keyed noise at T > 0: the token at depth d sits at position committed_len + d), or
         DDTree's best-first tree over the per-depth marginals or over the selector's pair scores; and the selector's
-        scores where the tree came from them (None elsewhere)."""
+        scores where the tree came from them (None elsewhere). `before_wait`: DDTree's marginal tree calls it between
+        queueing the top-k's copies to the host and waiting for them (_verify_tree's launch ahead)."""
         if self.method == DFLASH:
             return DraftTree.chain_from_logprobs(root, logprobs), None
         if self.method == DDTREE and self.tree_scoring == MARGINAL:
-            return DraftTree.from_logprobs(root, logprobs, self.budget), None
+            return DraftTree.from_logprobs(root, logprobs, self.budget, before_wait=before_wait), None
         scores = self.proposer.selector_scores()
         cond_root, cond_pair = (t.numpy() for t in scores.conditional())
         if self.method == DDTREE:

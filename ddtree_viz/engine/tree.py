@@ -38,12 +38,13 @@ class DraftTree:
 
     @classmethod
     def from_logprobs(cls, root_token_id: int, logprobs: torch.Tensor, budget: int,
-                      on_device: bool = False) -> "DraftTree":
+                      on_device: bool = False, before_wait=None) -> "DraftTree":
         """DDTree's best-first tree from the drafter's per-depth log-probs [depths, vocab] (any device): built on the
-        host (build_tree), or with on_device where the log-probs are (tree_on_device; the same tree) and copied once."""
+        host (build_tree), or with on_device where the log-probs are (tree_on_device; the same tree) and copied once.
+        `before_wait` (host build): called once the top-k's copies to the host are queued, before the wait (to_host)."""
         if on_device:
             return DeviceTree.from_logprobs(root_token_id, logprobs, budget).to_host()
-        values, ids = to_host(*torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1))
+        values, ids = to_host(*torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1), before_wait=before_wait)
         return build_tree(root_token_id, values.numpy(), ids.numpy(), budget)
 
     @classmethod
@@ -124,12 +125,18 @@ class DeviceTreeBuilder:
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def to_host(*tensors: torch.Tensor, before_wait=None) -> tuple[torch.Tensor, ...]:
     """CPU copies of tensors on one device, waited for once: on CUDA the copies are queued into pinned memory and
-    the stream synchronised once (a .cpu() per tensor waits once each); elsewhere the tensors as they are."""
+    the stream synchronised once (a .cpu() per tensor waits once each); elsewhere the tensors as they are.
+    `before_wait()`, if given, runs between the copies' queueing (their pinned buffers taken) and the wait."""
     if not tensors or tensors[0].device.type != "cuda":
-        return tuple(t.cpu() for t in tensors)
+        out = tuple(t.cpu() for t in tensors)
+        if before_wait is not None:
+            before_wait()
+        return out
     out = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+    if before_wait is not None:
+        before_wait()
     torch.cuda.current_stream(tensors[0].device).synchronize()
     return out
 
