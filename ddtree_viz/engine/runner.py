@@ -633,11 +633,7 @@ class StaticRunner:
             if launched is not None:
                 self._ahead.release(launched)
         self._host += time.perf_counter() - start
-        if launched is not None and launched.slot is slot:
-            self.passes_launched_ahead += 1
-            logits, feats, _ = slot.out
-            return logits[:n], (feats[:n] if feats is not None else None), slot
-        return self._run(slot, n)
+        return self._run(slot, n, launched=launched is not None)
 
     @torch.no_grad()
     def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor,
@@ -663,8 +659,12 @@ class StaticRunner:
         self._host += time.perf_counter() - start
         return self._run(slot, n)
 
-    def _run(self, slot: _Slot, n: int) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
-        if slot.graph is not None:
+    def _run(self, slot: _Slot, n: int, launched: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+        """The slot's pass (its graph replayed, or its function run where there is none; `launched`: its graph
+        already queued by launch_ahead) and the outputs for the tree's n nodes."""
+        if launched:
+            self.passes_launched_ahead += 1
+        elif slot.graph is not None:
             slot.graph.replay()
         else:
             slot.out = self._forward(slot)

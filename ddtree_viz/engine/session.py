@@ -513,7 +513,9 @@ class DecodeSession:
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
-        self.launch_ahead = bool(launch_ahead) and hasattr(engine, "launch_ahead") and not tree_on_device
+        # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
+        self.launch_ahead = (bool(launch_ahead) and hasattr(engine, "launch_ahead") and not tree_on_device
+                             and method == DDTREE and self.tree_scoring == MARGINAL)
         self.reset()
 
     @classmethod
@@ -710,17 +712,13 @@ class DecodeSession:
             tree = self._tree_builder(root, logprobs)
             lap("tree")
             return tree, None, engine.forward_tensors(tree)
-        launched = []
-
-        def launch():  # after the top-k's copies are queued (their pinned buffers taken), before the host waits
-            launched.append(engine.launch_ahead(self.tree_size))
-
-        ahead = self.launch_ahead and self.method == DDTREE and self.tree_scoring == MARGINAL
+        # the launch: once the top-k's copies are queued (their pinned buffers taken), before the host waits
+        launch = (lambda: engine.launch_ahead(self.tree_size)) if self.launch_ahead else None
         try:
-            tree, scores = self._tree(root, logprobs, launch if ahead else None)
+            tree, scores = self._tree(root, logprobs, launch)
         except BaseException:
-            if any(launched):
-                engine.release_ahead()
+            if launch is not None:
+                engine.release_ahead()  # a no-op where the launch was not made
             raise
         lap("tree")
         return tree, scores, engine.forward(tree)

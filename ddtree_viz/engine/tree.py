@@ -129,15 +129,12 @@ def to_host(*tensors: torch.Tensor, before_wait=None) -> tuple[torch.Tensor, ...
     """CPU copies of tensors on one device, waited for once: on CUDA the copies are queued into pinned memory and
     the stream synchronised once (a .cpu() per tensor waits once each); elsewhere the tensors as they are.
     `before_wait()`, if given, runs between the copies' queueing (their pinned buffers taken) and the wait."""
-    if not tensors or tensors[0].device.type != "cuda":
-        out = tuple(t.cpu() for t in tensors)
-        if before_wait is not None:
-            before_wait()
-        return out
-    out = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+    cuda = bool(tensors) and tensors[0].device.type == "cuda"
+    out = tuple(t.to("cpu", non_blocking=True) if cuda else t.cpu() for t in tensors)
     if before_wait is not None:
         before_wait()
-    torch.cuda.current_stream(tensors[0].device).synchronize()
+    if cuda:
+        torch.cuda.current_stream(tensors[0].device).synchronize()
     return out
 
 
