@@ -277,8 +277,8 @@ def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
     import faulthandler
 
     faulthandler.dump_traceback_later(240, exit=True)  # a hang (a word never written) fails the run, not blocks it
+    pair, prompt, runner = on_cuda()
     try:
-        pair, prompt, runner = on_cuda()
         runs = {}
         for ahead in (False, True):
             before = runner.passes_launched_ahead
@@ -309,6 +309,7 @@ def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
         session.run()
         assert session.generated == runs[False].generated
     finally:
+        runner.release_ahead()  # a failure above must not leave a launch pending (the report would wait on it)
         faulthandler.cancel_dump_traceback_later()
 
 
@@ -321,6 +322,28 @@ def runner_session(pair, runner, prompt, budget=16, **options):
                             **options)
     session.prefill(prompt_ids=prompt)
     return session
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_a_round_that_fails_before_its_commit_loses_nothing(pair, greedy, monkeypatch, record):
+    """A round whose tree fails after its draft was taken (the queued one, records off; or made in the round) leaves
+    the session as it was: the next step takes the same draft (the proposer's context has moved on and cannot draft
+    it again) and the run ends identical to greedy."""
+    prompt, ref = greedy
+    session = runner_session(pair, make_runner(pair), prompt)
+    session.record = session.time_phases = record
+    session.step()
+
+    def fails(root, logprobs, before_wait=None):
+        raise RuntimeError("a tree that cannot be built")
+
+    monkeypatch.setattr(session, "_tree", fails)
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        session.step()
+    monkeypatch.undo()
+    assert len(session.history) == 1
+    session.run()
+    assert session.generated == list(ref.ids)[:len(session.generated)] and len(session.generated) == NEW
 
 
 def test_launching_ahead_on_the_cpu_changes_nothing(pair, greedy):

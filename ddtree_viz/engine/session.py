@@ -667,6 +667,7 @@ class DecodeSession:
         lap("verify")
         before = engine.snapshot(pending=len(tree)) if record else ()
         accepted, bonus, self._features = engine.accept(tree_pass, chosen)  # the walk and the commit
+        self._queued = None  # this round's draft is spent
         lap("commit")
 
         # what the record reads of the verify's logits and the drafter's log-probs: queued after the commit (on a
@@ -734,14 +735,16 @@ class DecodeSession:
 
     def _draft(self, root: int) -> tuple[torch.Tensor, PhaseClock | None]:
         """This round's drafter log-probs, and the clock that timed them if they were queued by the last round (for
-        this root and context); else made now."""
-        queued, self._queued = self._queued, None
-        if queued is not None:
-            key, logprobs, clock = queued
-            if key != (root, self.committed_len):
-                raise RuntimeError(f"a queued draft for {key} out of step with root {root} at {self.committed_len}")
-            return logprobs, clock
-        return self.proposer.propose(root, self.committed_len, self._features, self.block_size), None
+        this root and context); else made now. A draft is spent only when its round commits (step): drafting moves
+        the proposer's context on, so a round that fails before its commit (its tree, its verify) leaves the draft
+        queued for the next try, which could not draft the same context again."""
+        if self._queued is None:
+            logprobs = self.proposer.propose(root, self.committed_len, self._features, self.block_size)
+            self._queued = (root, self.committed_len), logprobs, None
+        key, logprobs, clock = self._queued
+        if key != (root, self.committed_len):
+            raise RuntimeError(f"a queued draft for {key} out of step with root {root} at {self.committed_len}")
+        return logprobs, clock
 
     def _queue_draft(self, committed_len: int) -> None:
         """The next round's draft, queued now (its root is the last output token, its context this round's
