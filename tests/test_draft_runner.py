@@ -10,6 +10,7 @@ static function (the same top-K candidates, unary and pair scores as the dynamic
 graphs are compared with both."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -122,6 +123,29 @@ def test_static_equals_dynamic_over_rounds(target, layout, attention):
     windows = [w for w in drafter.config.layer_windows if w is not None]
     if windows:  # the dynamic cache really evicted: the static path matched it by masking
         assert min(dyn.cache.rows(i) for i in range(3)) < dyn.cache.seq_length
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile's CPU backend (inductor) needs a C++ compiler: none on PATH")
+@pytest.mark.parametrize("family", ["dflash", "dflash2"])
+def test_compiled_pieces_equal_the_dynamic_drafter(target, family):
+    """StaticDrafter(compile=True) (the default on CUDA; inductor's C++ backend here): the pieces between the GEMMs
+    (q/k norms and RoPE, the softmax; for DFlash's own layers also their norms, residual adds and SiLU MLP) compiled,
+    the same log-probs and K/V rows as the dynamic drafter round after round; the prompt's rows (an unpadded shape),
+    the padded rounds and a larger key bucket all through the graphs compiled in the first two rounds."""
+    from torch._dynamo.utils import counters
+
+    make = drafter_for if family == "dflash" else dflash2_for
+    drafter = make(target, **LAYOUTS["sliding causal, window 6"])
+    dyn = make_proposer(drafter, target, static=False)
+    st = make_proposer(drafter, target, static=True)
+    st.runner = StaticDrafter(drafter, target, max_len=256, compile=True)
+    assert st.runner.pieces.compile and st.runner.plain == (family == "dflash")
+    rounds(drafter, target, [9, 2], proposers=(dyn, st))
+    made = counters["stats"]["unique_graphs"]
+    rounds(drafter, target, [4, 1, 3, 0, 4, 4, 1, 2, 3] + [4] * 60, proposers=(dyn, st))  # past 256 keys
+    assert st.runner.max_len > 256  # the buffers grew: the last rounds attended over a larger key bucket
+    assert counters["stats"]["unique_graphs"] == made  # nothing compiled after the first two rounds
 
 
 def test_a_block_shorter_than_the_drafters(target):

@@ -46,7 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from .backends import sdpa_backends
-from .drafter import apply_rope, rope_cos_sin
+from .drafter import DFlashDecoderLayer, apply_rope, qwen3_rms_norm, rope_cos_sin
+from .fused import Pieces, silu_mul
 
 ATTENTION_KINDS = ("eager", "sdpa")
 
@@ -65,6 +66,39 @@ def static_blocker(drafter, target) -> str | None:
     if next(iter(devices)).type == "meta":
         return "the drafter's weights are on the meta device"
     return None
+
+
+# -- the pieces: the small kernels between the GEMMs as functions of tensors and numbers (fused.Pieces: through
+# torch.compile on CUDA, as they are elsewhere; the same arithmetic as the drafter's modules, tests/test_draft_runner.py)
+
+def qk_prep(q, k, q_weight, k_weight, q_eps: float, k_eps: float, cos, sin, heads: int, kv_heads: int,
+            head_dim: int):
+    """Queries and keys as attention reads them: q [1, L, heads * d] (the block's), k [1, N, kv_heads * d] (the new
+    context rows, then the block's) -> each head's RMSNorm, [1, heads, L, d] / [1, kv_heads, N, d], RoPE (cos / sin
+    [1, 1, N, d]; the queries at the last L positions)."""
+    L, N = q.shape[1], k.shape[1]
+    q = qwen3_rms_norm(q.view(1, L, heads, head_dim), q_weight, q_eps).transpose(1, 2)
+    k = qwen3_rms_norm(k.view(1, N, kv_heads, head_dim), k_weight, k_eps).transpose(1, 2)
+    return apply_rope(q, cos[:, :, N - L:], sin[:, :, N - L:]), apply_rope(k, cos, sin)
+
+
+def attention_probs(scores, mask, scale: float, dtype: torch.dtype):
+    """fp32 scores [.., K] -> the softmax over the visible keys (mask True) of the scaled scores, in `dtype`."""
+    return (scores * scale).masked_fill(~mask, float("-inf")).softmax(-1).to(dtype)
+
+
+def add_norm(x, y, weight, eps: float):
+    """A residual add and the RMSNorm after it: (x + y, norm(x + y))."""
+    x = x + y
+    return x, qwen3_rms_norm(x, weight, eps)
+
+
+def plain_layers(drafter) -> bool:
+    """Whether every layer is DFlash's own (no family hooks, SiLU MLP): their norms and MLP can run as pieces, each
+    residual add fused with the norm after it."""
+    hooks = ("attention_input", "attention_output", "mlp_block")
+    return (drafter.config.hidden_act in ("silu", "swish")
+            and all(getattr(type(layer), h) is getattr(DFlashDecoderLayer, h) for layer in drafter.layers for h in hooks))
 
 
 def length_buckets(max_len: int) -> list[int]:
@@ -89,7 +123,8 @@ class StaticDrafter:
     `max_len` rows of K/V per layer; `ensure(n)` rebuilds the buffers larger (the rows written so far copied,
     the graphs dropped) when a sequence needs more. `graphs` None: on CUDA."""
 
-    def __init__(self, drafter, target, *, max_len: int, graphs: bool | None = None, attention: str = "eager"):
+    def __init__(self, drafter, target, *, max_len: int, graphs: bool | None = None, attention: str = "eager",
+                 compile: bool | None = None):
         blocker = static_blocker(drafter, target)
         if blocker is not None:
             raise ValueError(f"the static drafter cannot run here: {blocker}")
@@ -102,6 +137,8 @@ class StaticDrafter:
         self.device, self.dtype = drafter.activations
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.attention = attention
+        self.pieces = Pieces(self.device.type == "cuda" if compile is None else bool(compile))
+        self.plain = plain_layers(drafter)
         self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,
                                                                  c.num_key_value_heads, c.head_dim)
         self.rep = self.n_heads // self.n_kv  # query heads per KV head
@@ -164,8 +201,10 @@ class StaticDrafter:
     def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> tuple[torch.Tensor, ...]:
         """feats [P, F] new context rows (rows past committed - start are padding), block [L + 2]: the block's ids,
         start, committed; writes K/V rows start .. start+P-1 and committed .. committed+L-1. (log-probs [L-1, V]
-        fp32, then the family's extra outputs: DFlash2's candidate selector, drafter.extra_outputs)."""
-        d = self.drafter
+        fp32, then the family's extra outputs: DFlash2's candidate selector, drafter.extra_outputs). Plain layers
+        (plain_layers) run their norms and MLP as pieces, each residual add with the norm after it; a family's
+        layers go through their hooks."""
+        d, p = self.drafter, self.pieces
         P, L = feats.shape[0], block.shape[0] - 2
         ids, start, committed = block[:L], block[L], block[L + 1]
         ctx_pos = start + self._cols[:P]
@@ -174,35 +213,52 @@ class StaticDrafter:
         x_ctx = d.hidden_norm(d.fc(feats[None]))  # [1, P, H]
         x = self.embed(ids)[None].to(self.dtype)  # [1, L, H]: the noise embedding
         masks = self._masks(q_pos, cols, L)
+        p.mark(x_ctx, 1, cos, 2, sin, 2)
+        norms = [layer.input_layernorm for layer in d.layers[1:]] + [d.norm]  # the norm after each layer
+        first = d.layers[0].input_layernorm
+        h = p(qwen3_rms_norm)(x, first.weight, first.eps) if self.plain else None
         for i, layer in enumerate(d.layers):
-            attn = layer.self_attn
-            h, state = layer.attention_input(x)  # DFlash2: convolved over the block (drafter.py's hooks)
-            q = attn.q_norm(attn.q_proj(h).view(1, L, self.n_heads, self.head_dim)).transpose(1, 2)
-            both = torch.cat([x_ctx, h], dim=1)
-            k = attn.k_norm(attn.k_proj(both).view(1, P + L, self.n_kv, self.head_dim)).transpose(1, 2)
-            v = attn.v_proj(both).view(1, P + L, self.n_kv, self.head_dim).transpose(1, 2)
-            q, k = apply_rope(q, cos[:, :, P:], sin[:, :, P:]), apply_rope(k, cos, sin)
-            keys, values = self.keys[i][None], self.values[i][None]
-            # the new rows first, then the block's (over the padding rows it overlaps)
-            keys.index_copy_(2, ctx_pos, k[:, :, :P])
-            values.index_copy_(2, ctx_pos, v[:, :, :P])
-            keys.index_copy_(2, q_pos, k[:, :, P:])
-            values.index_copy_(2, q_pos, v[:, :, P:])
-            keys, values = keys[:, :, :cols], values[:, :, :cols]
-            qg = q.reshape(1, self.n_kv, self.rep * L, self.head_dim)  # grouped heads, K/V read in place
-            mask = masks[self.kinds[i]]
-            scale = self.head_dim ** -0.5
-            if self.attention == "sdpa":
-                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
-            else:  # fp32 scores and softmax, the probabilities back in the model's dtype for the values
-                scores = (qg.float() @ keys.float().transpose(-1, -2)).mul_(scale).masked_fill_(~mask, float("-inf"))
-                o = scores.softmax(-1).to(values.dtype) @ values
-            o = o.reshape(1, self.n_heads, L, self.head_dim).transpose(1, 2).reshape(1, L, -1)
-            x = x + layer.attention_output(attn.o_proj(o), state)
-            x = x + layer.mlp_block(x)
-        hidden = d.norm(x)[0, 1:]
+            state = None
+            if not self.plain:
+                h, state = layer.attention_input(x)  # DFlash2: convolved over the block (drafter.py's hooks)
+            o = self._attention(i, layer.self_attn, h, x_ctx, cos, sin, masks[self.kinds[i]], ctx_pos, q_pos, cols)
+            if self.plain:
+                post, mlp = layer.post_attention_layernorm, layer.mlp
+                x, h = p(add_norm)(x, o, post.weight, post.eps)
+                x, h = p(add_norm)(x, mlp.down_proj(p(silu_mul)(mlp.gate_proj(h), mlp.up_proj(h))), norms[i].weight,
+                                   norms[i].eps)
+            else:
+                x = x + layer.attention_output(o, state)
+                x = x + layer.mlp_block(x)
+        hidden = (h if self.plain else d.norm(x))[0, 1:]
         logits = d.compute_logits(self.lm_head(hidden))
         return (torch.log_softmax(logits, dim=-1), *d.extra_outputs(hidden, logits, ids[0]))
+
+    def _attention(self, i: int, attn, h, x_ctx, cos, sin, mask, ctx_pos, q_pos, cols: int) -> torch.Tensor:
+        """One layer's attention over the block (h [1, L, H]) with the new context rows (x_ctx [1, P, H]): their
+        K/V written at their positions, the block's over the padding rows it overlaps, then the first `cols` rows
+        read in place with the query heads grouped by KV head; o_proj's output [1, L, H]."""
+        p, P, L = self.pieces, x_ctx.shape[1], h.shape[1]
+        both = torch.cat([x_ctx, h], dim=1)
+        q, k = p(qk_prep)(attn.q_proj(h), attn.k_proj(both), attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps,
+                          attn.k_norm.eps, cos, sin, self.n_heads, self.n_kv, self.head_dim)
+        v = attn.v_proj(both).view(1, P + L, self.n_kv, self.head_dim).transpose(1, 2)
+        keys, values = self.keys[i][None], self.values[i][None]
+        keys.index_copy_(2, ctx_pos, k[:, :, :P])
+        values.index_copy_(2, ctx_pos, v[:, :, :P])
+        keys.index_copy_(2, q_pos, k[:, :, P:])
+        values.index_copy_(2, q_pos, v[:, :, P:])
+        keys, values = keys[:, :, :cols], values[:, :, :cols]
+        qg = q.reshape(1, self.n_kv, self.rep * L, self.head_dim)  # grouped heads, K/V read in place
+        scale = self.head_dim ** -0.5
+        if self.attention == "sdpa":
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+        else:  # fp32 scores and softmax, the probabilities back in the model's dtype for the values
+            scores = qg.float() @ keys.float().transpose(-1, -2)
+            p.mark(scores, 3, mask, 3)
+            o = p(attention_probs)(scores, mask, scale, values.dtype) @ values
+        o = o.reshape(1, self.n_heads, L, self.head_dim).transpose(1, 2).reshape(1, L, -1)
+        return attn.o_proj(o)
 
     # -- slots and graphs ---------------------------------------------------------------------------------
 

@@ -294,10 +294,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return qwen3_rms_norm(x, self.weight, self.eps)
+
+
+def qwen3_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm's arithmetic as a function of tensors (the static drafter's compiled pieces call it too)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

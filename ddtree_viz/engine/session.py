@@ -65,10 +65,11 @@ class DFlashProposer:
     `static`: None (default) takes the static path on CUDA wherever it applies (drafter, embeddings and lm_head
     whole on one device) and the dynamic one elsewhere, so a CPU's arithmetic stays the reference's; True asks for
     the static path (ValueError where it cannot run; on a CPU it runs eagerly), False for the dynamic one.
-    `graphs` (None: on CUDA) and `attention` ("eager" | "sdpa") go to the static path."""
+    `graphs` (None: on CUDA), `attention` ("eager" | "sdpa") and `compile` (its pieces through torch.compile; None:
+    on CUDA) go to the static path."""
 
     def __init__(self, drafter, target, *, static: bool | None = None, graphs: bool | None = None,
-                 attention: str = "eager"):
+                 attention: str = "eager", compile: bool | None = None):
         from .draft_runner import static_blocker
 
         self.drafter, self.target = drafter, target
@@ -81,7 +82,7 @@ class DFlashProposer:
             raise ValueError(f"the static drafter cannot run here: {self.static_blocker}")
         on_cuda = next(drafter.parameters()).device.type == "cuda"
         self.static = self.static_blocker is None and (on_cuda if static is None else bool(static))
-        self._graphs, self._attention = graphs, attention
+        self._graphs, self._attention, self._compile = graphs, attention, compile
         self.runner = None  # the StaticDrafter, made at the first reserve() or propose()
         self._reserved = 0
         self.cache = drafter.new_cache()
@@ -112,7 +113,7 @@ class DFlashProposer:
             from .draft_runner import StaticDrafter
 
             self.runner = StaticDrafter(self.drafter, self.target, max_len=max(need, self._reserved, 256),
-                                        graphs=self._graphs, attention=self._attention)
+                                        graphs=self._graphs, attention=self._attention, compile=self._compile)
         return self.runner
 
     @torch.no_grad()
@@ -448,7 +449,7 @@ class DecodeSession:
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
         tree_scoring: str = MARGINAL, tree_on_device: bool = False, queue_draft: bool | None = None,
-        launch_ahead: bool = False,
+        launch_ahead: bool | None = None,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -464,7 +465,9 @@ class DecodeSession:
         queued; the same trees. `queue_draft`: each round queues the next one's draft before the host reads its
         record (None: where that costs no wait, `queues_draft`); the same rounds and records either way.
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
-        can (the runner on a GPU; engine/launch.py); the same passes. Opt-in until its GPU test has passed."""
+        can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
+        clock would wait for the whole device inside the window); the same passes. None: where records are off (the
+        fast loop, `run --record light`); a recording session (the page) leaves it off until it is measured there."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -514,8 +517,9 @@ class DecodeSession:
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
         # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
-        self.launch_ahead = (bool(launch_ahead) and hasattr(engine, "launch_ahead") and not tree_on_device
-                             and method == DDTREE and self.tree_scoring == MARGINAL)
+        self.launch_ahead = ((not record if launch_ahead is None else bool(launch_ahead))
+                             and hasattr(engine, "launch_ahead") and self._cuda_device is not None
+                             and not tree_on_device and method == DDTREE and self.tree_scoring == MARGINAL)
         self.reset()
 
     @classmethod
