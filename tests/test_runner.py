@@ -292,15 +292,7 @@ def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
 
         session = runner_session(pair, runner, prompt, launch_ahead=True)
         session.step()
-
-        def fails(root, logprobs, before_wait=None):
-            before_wait()  # launched, then the tree fails
-            raise RuntimeError("a tree that cannot be built")
-
-        monkeypatch.setattr(session, "_tree", fails)
-        with pytest.raises(RuntimeError, match="cannot be built"):
-            session.step()
-        monkeypatch.undo()
+        a_tree_fails(session, monkeypatch, launched=True)
         engine = session.target_engine
         assert engine.launch_ahead(1)  # the one-node slot launched, then a 17-node tree: its own slot, run after
         session.run()
@@ -312,6 +304,20 @@ def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
     finally:
         runner.release_ahead()  # a failure above must not leave a launch pending (the report would wait on it)
         faulthandler.cancel_dump_traceback_later()
+
+
+def a_tree_fails(session, monkeypatch, launched: bool = False) -> None:
+    """One step whose tree fails after the draft (`launched`: once the verify was launched ahead): it raises."""
+
+    def fails(root, logprobs, before_wait=None):
+        if launched:
+            before_wait()
+        raise RuntimeError("a tree that cannot be built")
+
+    monkeypatch.setattr(session, "_tree", fails)
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        session.step()
+    monkeypatch.undo()
 
 
 def runner_session(pair, runner, prompt, budget=16, **options):
@@ -334,14 +340,7 @@ def test_a_round_that_fails_before_its_commit_loses_nothing(pair, greedy, monkey
     session = runner_session(pair, make_runner(pair), prompt)
     session.record = session.time_phases = record
     session.step()
-
-    def fails(root, logprobs, before_wait=None):
-        raise RuntimeError("a tree that cannot be built")
-
-    monkeypatch.setattr(session, "_tree", fails)
-    with pytest.raises(RuntimeError, match="cannot be built"):
-        session.step()
-    monkeypatch.undo()
+    a_tree_fails(session, monkeypatch)
     assert len(session.history) == 1
     session.run()
     assert session.generated == list(ref.ids)[:len(session.generated)] and len(session.generated) == NEW
