@@ -129,7 +129,7 @@ def test_static_equals_dynamic_over_rounds(target, layout, attention):
                     reason="torch.compile's CPU backend (inductor) needs a C++ compiler: none on PATH")
 @pytest.mark.parametrize("family", ["dflash", "dflash2"])
 def test_compiled_pieces_equal_the_dynamic_drafter(target, family):
-    """StaticDrafter(compile=True) (the default on CUDA; inductor's C++ backend here): the pieces between the GEMMs
+    """StaticDrafter(compile=True) (opt-in; inductor's C++ backend here): the pieces between the GEMMs
     (q/k norms and RoPE, the softmax; for DFlash's own layers also their norms, residual adds and SiLU MLP) compiled,
     the same log-probs and K/V rows as the dynamic drafter round after round; the prompt's rows (an unpadded shape),
     the padded rounds and a larger key bucket all through the graphs compiled in the first two rounds."""

@@ -70,7 +70,7 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert passes["block"] == 16 and set(passes["contexts"]) == {"512", "2048"} and passes["target"] == "<= 3 ms"
     for row in passes["contexts"].values():
         assert row["dynamic"]["path"] == "dynamic" and row["static"]["path"] == "static eager"
-        for name in ("static", "static_eager", "static_sdpa", "static_uncompiled"):
+        for name in ("static", "static_eager", "static_sdpa", "static_compiled"):
             assert row[name]["ms"] > 0 and row[name]["argmax_agreement_vs_dynamic"] >= 0.5, name
             assert row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1, name  # bf16
         assert row["dynamic_per_static"] == row["dynamic"]["ms"] / row["static"]["ms"]
@@ -179,7 +179,7 @@ def test_gpu_bench_smoke_dflash2(runner_report):
     assert passes["block"] == 8 and passes["target"] == "<= 3.5 ms"
     for row in passes["contexts"].values():
         assert row["dynamic"]["path"] == "dynamic" and row["static"]["path"] == "static eager"
-        for name in ("static", "static_eager", "static_sdpa", "static_uncompiled"):
+        for name in ("static", "static_eager", "static_sdpa", "static_compiled"):
             assert row[name]["argmax_agreement_vs_dynamic"] >= 0.5 and row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1
     selector = d2["selector"]["round_budget_64"]
     assert selector["tree_scoring"] == "selector" and selector["draft_path"] == "static eager" and selector["round_ms"] > 0

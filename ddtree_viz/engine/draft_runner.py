@@ -69,7 +69,8 @@ def static_blocker(drafter, target) -> str | None:
 
 
 # -- the pieces: the small kernels between the GEMMs as functions of tensors and numbers (fused.Pieces: through
-# torch.compile on CUDA, as they are elsewhere; the same arithmetic as the drafter's modules, tests/test_draft_runner.py)
+# torch.compile with `compile`, opt-in until measured on a GPU; as they are otherwise; the same arithmetic as the
+# drafter's modules, tests/test_draft_runner.py)
 
 def qk_prep(q, k, q_weight, k_weight, q_eps: float, k_eps: float, cos, sin, heads: int, kv_heads: int,
             head_dim: int):
@@ -124,7 +125,7 @@ class StaticDrafter:
     the graphs dropped) when a sequence needs more. `graphs` None: on CUDA."""
 
     def __init__(self, drafter, target, *, max_len: int, graphs: bool | None = None, attention: str = "eager",
-                 compile: bool | None = None):
+                 compile: bool = False):
         blocker = static_blocker(drafter, target)
         if blocker is not None:
             raise ValueError(f"the static drafter cannot run here: {blocker}")
@@ -137,7 +138,7 @@ class StaticDrafter:
         self.device, self.dtype = drafter.activations
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.attention = attention
-        self.pieces = Pieces(self.device.type == "cuda" if compile is None else bool(compile))
+        self.pieces = Pieces(bool(compile))
         self.plain = plain_layers(drafter)
         self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,
                                                                  c.num_key_value_heads, c.head_dim)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
+from . import int4
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
@@ -61,10 +62,11 @@ class Fp8Spec:
         return f"fp8-e4m3 block {block} ({f'fp8 weights, {name} activations' if kept else f'dequantized to {name}'})"
 
 
-def spec_of(config: Mapping, what: str) -> Fp8Spec | None:
-    """The FP8 spec of a config.json (a dict), None when it has no quantization_config; a ModelLoadError saying
-    what is wrong for any quantization this reader does not know (another method, format, activation scheme or an
-    unusable block size): transformers would otherwise take it down a path that is not the dequantized model's."""
+def spec_of(config: Mapping, what: str) -> Fp8Spec | int4.Int4Spec | None:
+    """The quantized layout of a config.json (a dict): the FP8 spec, or for compressed-tensors' 4-bit pack-quantized
+    layout int4's; None when it has no quantization_config; a ModelLoadError saying what is wrong for any
+    quantization these readers do not know (another method, format, activation scheme or an unusable block size):
+    transformers would otherwise take it down a path that is not the dequantized model's."""
     qc = config.get("quantization_config")
     if qc is None:
         return None
@@ -72,8 +74,11 @@ def spec_of(config: Mapping, what: str) -> Fp8Spec | None:
     if not isinstance(qc, Mapping):
         raise ModelLoadError(f"{where} must be a JSON object, not {qc!r}")
     method = qc.get("quant_method")
+    if method == "compressed-tensors":
+        return int4.spec_of(qc, where)
     if method != "fp8":
-        raise ModelLoadError(f"{where}: quant_method {method!r} is not supported (only the FP8 layout, quant_method 'fp8', loads)")
+        raise ModelLoadError(f"{where}: quant_method {method!r} is not supported (the FP8 layout, quant_method 'fp8', "
+                             "and 4-bit weights in compressed-tensors' pack-quantized format load)")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(f"{where}: fmt {fmt!r} is not supported (only 'e4m3', float8_e4m3fn weights)")
@@ -142,13 +147,15 @@ def _check_pair(name: str, weight: torch.Tensor, scale: torch.Tensor, spec: Fp8S
                              f"{list(weight.shape)} in {spec.block[0]}x{spec.block[1]} blocks needs {list(want)}{why}")
 
 
-def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Fp8Spec,
+def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Fp8Spec | int4.Int4Spec,
                      dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors as a plain state dict in `dtype`: each FP8 weight times its scales (float32, then
-    cast), every other tensor cast as is. `get(name)` reads one tensor (lazily, so a 27B checkpoint is read one
+    """The checkpoint's tensors as a plain state dict in `dtype` (a 4-bit layout's: int4.dequantize_state, nothing
+    kept): each FP8 weight times its scales (float32, then cast), every other tensor cast as is. `get(name)` reads one tensor (lazily, so a 27B checkpoint is read one
     tensor at a time). Refused, naming the tensor: an FP8 weight without scales, scales without their weight,
     scales of the wrong shape or dtype. With `keep` (a dict), each FP8 weight goes in as its e4m3 values (exact in
     any float dtype, not yet scaled: `keep_linears` replaces them) and keep[name] = (e4m3 weight, scales)."""
+    if isinstance(spec, int4.Int4Spec):
+        return int4.dequantize_state(names, get, spec, dtype, what)
     names = list(names)
     present = set(names)
     state: dict[str, torch.Tensor] = {}

@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..options import DEVICES
-from . import fp8
+from . import fp8, int4
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .dflash2 import DFlash2Drafter, is_dflash2
@@ -82,7 +82,7 @@ class CheckpointInfo:
     """What a local checkpoint holds, read from config.json and the safetensors headers (no tensor is read)."""
 
     architectures: tuple[str, ...]
-    parameters: int  # every tensor in the checkpoint's safetensors files
+    parameters: int  # every weight in the checkpoint's safetensors files (quantized: packed_parameters)
     parts: dict[str, int]  # SKIPPED_PARTS name -> parameters under that prefix
 
 
@@ -96,6 +96,14 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
+def packed_parameters(name: str, shape: list[int]) -> int:
+    """The parameters one stored tensor holds: a quantized layout's scales, zero points and shapes none, a packed
+    4-bit weight eight a word (its rows padded to whole words), any other tensor its size."""
+    if name.endswith(fp8.SCALE_SUFFIX) or name.endswith(int4.PARTS[1:]):
+        return 0
+    return math.prod(shape) * (int4.PER_WORD if name.endswith(int4.PARTS[0]) else 1)
+
+
 def checkpoint_info(path: Path) -> CheckpointInfo | None:
     """The checkpoint's architecture and parameter counts (None when it has no readable safetensors files)."""
     try:
@@ -103,7 +111,9 @@ def checkpoint_info(path: Path) -> CheckpointInfo | None:
         counts: dict[str, int] = {}
         for f in sorted(path.glob("*.safetensors")):
             for name, shape in _safetensors_shapes(f).items():
-                counts[name] = math.prod(shape)
+                n = packed_parameters(name, shape)
+                if n:
+                    counts[name] = n
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not counts:

@@ -1,0 +1,241 @@
+"""4-bit weight-only checkpoints (W4A16) in compressed-tensors' pack-quantized layout, read by us.
+
+The community 4-bit Qwen3.6-27B checkpoints (llm-compressor's AWQ / GPTQ / round-to-nearest W4A16 runs) are saved by
+compressed-tensors in its "pack-quantized" format. config.json's `quantization_config` is {quant_method
+"compressed-tensors", format "pack-quantized", config_groups {name: {targets, weights {num_bits 4, type "int",
+symmetric, strategy "group" | "channel", group_size, actorder}, input_activations null}}, ignore [...]}; each
+quantized Linear stores, in place of `weight`:
+
+    weight_packed      int32 [out, ceil(in / 8)]: eight 4-bit fields a word, column 8w + i in bits 4i .. 4i+3, each
+                       the signed value q in [-8, 7] stored as q + 8
+    weight_scale       float [out, ceil(in / group)] (the model's dtype): one scale per row and group of columns
+    weight_zero_point  int32 [ceil(out / 8), ceil(in / group)] (asymmetric only): the zero points z, packed as q is
+                       but along the rows
+    weight_g_idx       int [in] (activation order only): the group of each column, in place of column // group
+    weight_shape       int [2]: (out, in)
+
+and the real weight is (q - z) x scale (z = 0 when symmetric). Every other tensor (embeddings, lm_head, norms, the
+ignored modules) is stored as is. As for the FP8 layout (engine/fp8.py, which dispatches here from `spec_of` and
+`dequantize_state`), the weights are dequantized once at load, the product computed in float32 (exact: a 4-bit
+integer times a bf16 scale) and only then cast to the dtype asked for; both engines then meet plain Linear weights.
+No 4-bit GEMM reads the packed bytes yet: on a GPU the dequantized model takes bf16's memory (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import torch
+
+from ..errors import ModelLoadError
+
+PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")
+BITS = 4
+PER_WORD = 32 // BITS
+OFFSET = 1 << (BITS - 1)  # a field holds q + 8
+STRATEGIES = ("group", "channel")
+
+
+@dataclass(frozen=True)
+class Int4Spec:
+    """What a pack-quantized checkpoint's quantization_config promises: the group each scale covers (0: a whole row,
+    strategy "channel") and whether zero points are stored."""
+
+    group: int
+    symmetric: bool
+    ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
+
+    def label(self, dtype: torch.dtype, kept: bool = False) -> str:
+        """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)' (`kept` is
+        the FP8 layout's: nothing of this layout is kept packed yet)."""
+        groups = f"group {self.group}" if self.group else "per channel"
+        return (f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'} "
+                f"(dequantized to {str(dtype).removeprefix('torch.')})")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def spec_of(qc: Mapping, where: str) -> Int4Spec:
+    """The spec of a compressed-tensors quantization_config (`where` names it in messages); a ModelLoadError for
+    anything but 4-bit integer weights, group- or channel-wise, without activation quantization, packed."""
+    fmt = qc.get("format")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ModelLoadError(f"{where}: config_groups must name at least one group of quantized modules")
+    specs = set()
+    for name, group in groups.items():
+        if not isinstance(group, Mapping) or not isinstance(group.get("weights"), Mapping):
+            raise ModelLoadError(f"{where}: config group {name!r} has no weights entry")
+        if group.get("input_activations") or group.get("output_activations"):
+            raise ModelLoadError(f"{where}: config group {name!r} quantizes activations; only weight-only "
+                                 "checkpoints (W4A16) load")
+        group_format = group.get("format") or fmt
+        if group_format != "pack-quantized":
+            raise ModelLoadError(f"{where}: format {group_format!r} is not supported (only 'pack-quantized')")
+        specs.add(_weights_spec(group["weights"], f"{where} config group {name!r}"))
+    if len(specs) != 1:
+        raise ModelLoadError(f"{where}: config groups with different weight schemes are not supported")
+    (spec,) = specs
+    return Int4Spec(spec[0], spec[1], tuple(str(s) for s in qc.get("ignore") or ()))
+
+
+def _weights_spec(w: Mapping, where: str) -> tuple[int, bool]:
+    if w.get("num_bits") != BITS or w.get("type", "int") != "int":
+        raise ModelLoadError(f"{where}: weights of {w.get('num_bits')!r} bits of type {w.get('type')!r} are not "
+                             "supported (only 4-bit integers)")
+    strategy = w.get("strategy")
+    if strategy not in STRATEGIES:
+        raise ModelLoadError(f"{where}: weight strategy {strategy!r} is not supported ({', '.join(STRATEGIES)})")
+    if w.get("dynamic"):
+        raise ModelLoadError(f"{where}: dynamic weight scales are not supported")
+    group = w.get("group_size") if strategy == "group" else 0
+    if strategy == "group" and not (_whole(group) and group >= 1):
+        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1, not {group!r}")
+    symmetric = w.get("symmetric", True)
+    if not isinstance(symmetric, bool):
+        raise ModelLoadError(f"{where}: symmetric must be true or false, not {symmetric!r}")
+    return group, symmetric
+
+
+def unpack(packed: torch.Tensor, count: int, dim: int) -> torch.Tensor:
+    """int32 words -> their signed 4-bit values (int32), `count` of them along `dim` (1: a weight's columns, 0: its
+    zero points' rows)."""
+    shifts = torch.arange(PER_WORD, dtype=torch.int32, device=packed.device) * BITS
+    if dim == 1:
+        fields = (packed[:, :, None] >> shifts) & 0xF  # [rows, words, 8]
+        return fields.reshape(packed.shape[0], -1)[:, :count] - OFFSET
+    fields = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [words, 8, cols]
+    return fields.reshape(-1, packed.shape[1])[:count] - OFFSET
+
+
+def pack(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """unpack's inverse: signed 4-bit values [rows, cols] -> int32 words along `dim` (the last word zero-padded)."""
+    v = (values.to(torch.int64) + OFFSET) if dim == 1 else (values.to(torch.int64) + OFFSET).T
+    rows, cols = v.shape
+    v = torch.nn.functional.pad(v, (0, -cols % PER_WORD)).reshape(rows, -1, PER_WORD)
+    words = (v << (torch.arange(PER_WORD, dtype=torch.int64) * BITS)).sum(-1)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the top bit is the sign
+    return words if dim == 1 else words.T.contiguous()
+
+
+def groups_of(columns: int, spec: Int4Spec, g_idx: torch.Tensor | None) -> torch.Tensor:
+    """Each column's group: the checkpoint's g_idx (activation order), else column // group."""
+    if g_idx is not None:
+        return g_idx.long()
+    return torch.arange(columns) // (spec.group or columns)
+
+
+def dequantize(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> torch.Tensor:
+    """(q - z) x scale in float32 (exact), [out, in], from one weight's checked parts."""
+    out, inn = (int(d) for d in parts["weight_shape"].tolist())
+    groups = groups_of(inn, spec, parts.get("weight_g_idx"))
+    q = unpack(parts["weight_packed"], inn, 1).float()
+    if not spec.symmetric:
+        q = q - unpack(parts["weight_zero_point"], out, 0).float()[:, groups]
+    return q * parts["weight_scale"].float()[:, groups]
+
+
+def quantize(weight: torch.Tensor, spec: Int4Spec, scale_dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A weight [out, in] in the layout, round to nearest per group (the tests' checkpoints; llm-compressor's AWQ
+    and GPTQ choose the values otherwise, the layout is the same): its parts by name."""
+    out, inn = weight.shape
+    group = spec.group or inn
+    n = math.ceil(inn / group)
+    tiles = torch.nn.functional.pad(weight.float(), (0, n * group - inn)).reshape(out, n, group)
+    if spec.symmetric:
+        scale = (tiles.abs().amax(-1) / 7).clamp(min=1e-8).to(scale_dtype)
+        zero = torch.zeros(out, n)
+    else:
+        lo, hi = tiles.amin(-1).clamp(max=0), tiles.amax(-1).clamp(min=0)
+        scale = ((hi - lo) / 15).clamp(min=1e-8).to(scale_dtype)
+        zero = (torch.round(-lo / scale.float()) - OFFSET).clamp(-OFFSET, OFFSET - 1)
+    q = (torch.round(tiles / scale.float()[..., None]) + zero[..., None]).clamp(-OFFSET, OFFSET - 1)
+    parts = {"weight_packed": pack(q.reshape(out, -1)[:, :inn], 1), "weight_scale": scale,
+             "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}
+    if not spec.symmetric:
+        parts["weight_zero_point"] = pack(zero, 0)
+    return parts
+
+
+def quantize_state(state: Mapping[str, torch.Tensor], spec: Int4Spec,
+                   convert: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """A plain state dict in the layout: each 2-D weight `convert(name)` picks becomes its parts."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".weight") and tensor.dim() == 2 and convert(name):
+            prefix = name.removesuffix("weight")
+            out.update({prefix + part: t for part, t in quantize(tensor, spec).items()})
+        else:
+            out[name] = tensor.detach().contiguous()
+    return out
+
+
+def config_entry(spec: Int4Spec) -> dict:
+    """The quantization_config llm-compressor writes for a W4A16 run (one group over every Linear)."""
+    weights = {"num_bits": BITS, "type": "int", "symmetric": spec.symmetric, "dynamic": False,
+               "strategy": "group" if spec.group else "channel", "group_size": spec.group or None, "actorder": None}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None}},
+            "ignore": list(spec.ignore)}
+
+
+def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what: str) -> None:
+    """One quantized weight's parts against the layout; the message names the tensor."""
+    def fail(part: str, why: str):
+        raise ModelLoadError(f"{what} tensor {prefix}{part} {why}")
+
+    for part in ("weight_packed", "weight_scale", "weight_shape") + (() if spec.symmetric else ("weight_zero_point",)):
+        if part not in parts:
+            raise ModelLoadError(f"{what} weight {prefix}weight is packed but {prefix}{part} is missing")
+    shape = parts["weight_shape"]
+    if shape.dim() != 1 or shape.numel() != 2 or shape.is_floating_point() or min(shape.tolist()) < 1:
+        fail("weight_shape", f"must hold (out, in), not {shape.tolist()}")
+    out, inn = (int(d) for d in shape.tolist())
+    n = math.ceil(inn / spec.group) if spec.group else 1
+    want = {"weight_packed": ((out, math.ceil(inn / PER_WORD)), (torch.int32,)),
+            "weight_scale": ((out, n), (torch.bfloat16, torch.float16, torch.float32)),
+            "weight_zero_point": ((math.ceil(out / PER_WORD), n), (torch.int32,)),
+            "weight_g_idx": ((inn,), (torch.int32, torch.int64))}
+    for part, (dims, dtypes) in want.items():
+        t = parts.get(part)
+        if t is None or (part == "weight_zero_point" and spec.symmetric):
+            continue
+        if t.dtype not in dtypes:
+            fail(part, f"is {str(t.dtype).removeprefix('torch.')}, not {' or '.join(str(d).removeprefix('torch.') for d in dtypes)}")
+        if tuple(t.shape) != dims:
+            fail(part, f"has shape {list(t.shape)}; weight [{out}, {inn}]"
+                       f"{f' in groups of {spec.group}' if spec.group else ''} needs {list(dims)}")
+    g_idx = parts.get("weight_g_idx")
+    if g_idx is not None and (g_idx.min() < 0 or g_idx.max() >= n):
+        fail("weight_g_idx", f"names groups outside 0 .. {n - 1}")
+
+
+def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec,
+                     dtype: torch.dtype, what: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
+    ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
+    missing, of the wrong shape or dtype, or without its packed weight."""
+    names = list(names)
+    present = set(names)
+    packed = {n.removesuffix("weight_packed") for n in names if n.endswith("weight_packed")}
+    state: dict[str, torch.Tensor] = {}
+    for name in names:
+        part = next((p for p in PARTS if name.endswith(p) and name.removesuffix(p) in packed), None)
+        if part is not None:
+            if part == "weight_packed":
+                prefix = name.removesuffix(part)
+                parts = {p: get(prefix + p) for p in PARTS if prefix + p in present}
+                _check(prefix, parts, spec, what)
+                state[prefix + "weight"] = dequantize(parts, spec).to(dtype)
+            continue
+        orphan = next((p for p in PARTS if name.endswith(p)), None)
+        if orphan is not None:
+            raise ModelLoadError(f"{what} tensor {name} has no packed weight {name.removesuffix(orphan)}weight_packed")
+        tensor = get(name)
+        state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    return state

@@ -1,0 +1,230 @@
+"""4-bit weight-only checkpoints in compressed-tensors' pack-quantized layout (engine/int4.py; issue #29's W4A16): a
+tiny hybrid and its DFlash drafter saved in it load through `load_pair` / `run --target DIR --draft DIR`, their
+weights equal to the checkpoint dequantized by hand (numpy bit operations, one field at a time, in float32), and
+decode identical to greedy and to that hand-dequantized model's own generation. Every bad layout is refused with
+the tensor's name.
+
+The target is symmetric with groups of 128 over 192-wide rows (the last group partial); the drafter asymmetric with
+groups of 32 (zero points packed along the rows, 8 to a word: rows not a multiple of 8 leave the last word part
+empty)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ddtree_viz import cli
+from ddtree_viz.engine import int4
+from ddtree_viz.engine.models import load_pair
+from ddtree_viz.errors import ModelLoadError
+from ddtree_viz.trace import Trace
+from tests import tiny
+
+HIDDEN = 192
+TARGET_SPEC = int4.Int4Spec(128, True, ("lm_head", "re:.*in_proj_a", "re:.*in_proj_b"))
+DRAFT_SPEC = int4.Int4Spec(32, False, ())
+NOT_CONVERTED = ("lm_head", "model.embed_tokens", "linear_attn.in_proj_a", "linear_attn.in_proj_b")
+LABEL = "int4 w4a16 group 128 sym (dequantized to float32)"
+DRAFT_LABEL = "int4 w4a16 group 32 asym (dequantized to float32)"
+
+
+def _to_int4_layout(directory, spec: int4.Int4Spec, skip=NOT_CONVERTED) -> None:
+    """Rewrite a saved model directory in the pack-quantized layout (parts + quantization_config)."""
+    path = directory / "model.safetensors"
+    state = load_file(str(path))
+    converted = int4.quantize_state(state, spec, lambda name: not any(s in name for s in skip))
+    save_file(converted, str(path), metadata={"format": "pt"})
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = int4.config_entry(spec)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def field(words: np.ndarray, index: int, along: int) -> np.ndarray:
+    """The signed 4-bit values at `index` along the packed dim (word index // 8, bits 4 * (index % 8) ..)."""
+    w = np.take(words.view(np.uint32), index // 8, axis=along)
+    return ((w >> np.uint32(4 * (index % 8))) & np.uint32(0xF)).astype(np.int64) - 8
+
+
+def by_hand(parts: dict, group: int, symmetric: bool) -> torch.Tensor:
+    """(q - z) x scale, one column at a time, in float32 (the reference for the loader)."""
+    out, inn = parts["weight_shape"].tolist()
+    packed, scale = parts["weight_packed"].numpy(), parts["weight_scale"].float().numpy()
+    zero = None if symmetric else np.stack([field(parts["weight_zero_point"].numpy(), r, 0) for r in range(out)])
+    result = np.empty((out, inn), dtype=np.float32)
+    for c in range(inn):
+        g = c // group
+        q = field(packed, c, 1).astype(np.float32)
+        if zero is not None:
+            q = q - zero[:, g]
+        result[:, c] = q * scale[:, g]
+    return torch.from_numpy(result)
+
+
+def hand_dequantized(directory, spec: int4.Int4Spec) -> dict[str, torch.Tensor]:
+    state = load_file(str(directory / "model.safetensors"))
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("weight_packed"):
+            prefix = name.removesuffix("weight_packed")
+            parts = {p: state[prefix + p] for p in int4.PARTS if prefix + p in state}
+            out[prefix + "weight"] = by_hand(parts, spec.group, spec.symmetric)
+        elif not any(name.endswith(p) for p in int4.PARTS):
+            out[name] = tensor
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(int4 target dir, int4 drafter dir, the hand-dequantized target model)."""
+    root = tmp_path_factory.mktemp("int4")
+    target, draft = tiny.save_pair(tiny.tiny_pair(hidden=HIDDEN), root / "plain")
+    int4_target, int4_draft = root / "int4" / "target", root / "int4" / "draft"
+    shutil.copytree(target, int4_target)
+    shutil.copytree(draft, int4_draft)
+    _to_int4_layout(int4_target, TARGET_SPEC)
+    _to_int4_layout(int4_draft, DRAFT_SPEC, skip=())
+    reference = tiny.target_model(hidden=HIDDEN)
+    reference.load_state_dict(hand_dequantized(int4_target, TARGET_SPEC))
+    return int4_target, int4_draft, reference
+
+
+def test_the_layout_is_compressed_tensors_pack_quantized(checkpoints):
+    """Eight fields a word along the columns (q + 8, the first in the low bits), scales [out, groups] in bf16, zero
+    points packed along the rows, the shape as (out, in); the modules not converted as they were."""
+    int4_target, int4_draft, _ = checkpoints
+    state = load_file(str(int4_target / "model.safetensors"))
+    gate = "model.layers.0.mlp.gate_proj."
+    assert state[gate + "weight_packed"].dtype == torch.int32 and tuple(state[gate + "weight_packed"].shape) == (384, 24)
+    assert tuple(state[gate + "weight_scale"].shape) == (384, 2) and state[gate + "weight_scale"].dtype == torch.bfloat16
+    assert state[gate + "weight_shape"].tolist() == [384, 192] and gate + "weight" not in state
+    assert gate + "weight_zero_point" not in state and state["lm_head.weight"].dtype == torch.float32
+    values = torch.tensor([[-8, -1, 0, 7, 3, -5, 2, 1, 6]])
+    words = int4.pack(values, 1)
+    assert words.tolist() == [[int(np.int32(np.uint32(0x9A3BF870))), 0xE]]  # nibbles q + 8, low bits first
+    assert torch.equal(int4.unpack(words, 9, 1), values.int())
+    drafter = load_file(str(int4_draft / "model.safetensors"))
+    zero = [k for k in drafter if k.endswith("weight_zero_point")]
+    assert zero and all(drafter[k].shape[0] == math.ceil(drafter[k.replace("zero_point", "shape")][0] / 8) for k in zero)
+    config = json.loads((int4_target / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors" and config["format"] == "pack-quantized"
+
+
+def test_loads_as_dequantized_by_hand(checkpoints):
+    """Target and drafter weights equal the checkpoint dequantized by hand in float32, bit for bit; the precision
+    says what was loaded."""
+    int4_target, int4_draft, reference = checkpoints
+    pair = load_pair(str(int4_target), str(int4_draft))
+    loaded, expected = pair.target.state_dict(), reference.state_dict()
+    assert loaded.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(loaded[name], expected[name]), name
+    drafter = hand_dequantized(int4_draft, DRAFT_SPEC)
+    for name, tensor in pair.drafter.state_dict().items():
+        assert torch.equal(tensor, drafter[name]), name
+    assert pair.target_precision == LABEL and pair.draft_precision == DRAFT_LABEL
+    kept = load_pair(str(int4_target), str(int4_draft), keep_fp8=True)  # a CUDA GPU's default: nothing 4-bit kept
+    q_proj = "model.layers.3.self_attn.q_proj.weight"
+    assert kept.target_precision == LABEL and torch.equal(kept.target.state_dict()[q_proj], expected[q_proj])
+    bf16 = load_pair(str(int4_target), str(int4_draft), dtype="bfloat16")
+    name = "model.layers.3.self_attn.q_proj.weight"
+    assert torch.equal(bf16.target.state_dict()[name], expected[name].to(torch.bfloat16))  # rounded once
+
+
+@pytest.mark.parametrize("engine", ["transformers", "runner"])
+def test_run_decodes_int4_target_as_its_greedy(checkpoints, capsys, tmp_path, engine):
+    """`run --target INT4 --draft INT4` on both engines: identical to greedy, equal to the hand-dequantized model's own
+    generation, the precision printed and in the trace."""
+    int4_target, int4_draft, reference = checkpoints
+    trace_path = tmp_path / "t.json"
+    rc = cli.main(["run", "--target", str(int4_target), "--draft", str(int4_draft), "--prompt", "def f(x):",
+                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "output identical to greedy for" in out and LABEL in out
+    assert "of the checkpoint's" not in out  # a packed weight counts its 4-bit values: all were loaded
+    trace = Trace.load(trace_path)
+    assert trace.settings["target_precision"] == LABEL and trace.settings["draft_precision"] == DRAFT_LABEL
+    ids = torch.tensor([list(trace.prompt_ids)])
+    with torch.no_grad():
+        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
+                                       pad_token_id=0)
+    n = len(trace.output_ids)  # it may end early, at an end-of-text token: greedy's own up to there
+    assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+
+
+def test_activation_order_and_channel_scales_dequantize_by_group_index():
+    """weight_g_idx (activation order) picks each column's group; strategy "channel" is one scale a row."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(9, 20, generator=g)
+    spec = int4.Int4Spec(8, False)
+    parts = int4.quantize(w, spec)
+    order = torch.randperm(20, generator=g) // 8  # a permuted column -> group map, 3 groups
+    parts["weight_g_idx"] = order.to(torch.int32)
+    q = torch.stack([torch.from_numpy(field(parts["weight_packed"].numpy(), c, 1)) for c in range(20)], 1).float()
+    z = torch.stack([torch.from_numpy(field(parts["weight_zero_point"].numpy(), r, 0)) for r in range(9)]).float()
+    expect = (q - z[:, order]) * parts["weight_scale"].float()[:, order]
+    assert torch.equal(int4.dequantize(parts, spec), expect)
+    channel = int4.Int4Spec(0, True)
+    parts = int4.quantize(w, channel)
+    assert tuple(parts["weight_scale"].shape) == (9, 1)
+    assert (int4.dequantize(parts, channel) - w).abs().max() <= parts["weight_scale"].float().max() / 2 + 1e-6
+
+
+def _edit(directory, change) -> None:
+    state = load_file(str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    change(state, config)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+GATE = "model.layers.0.mlp.gate_proj."
+WEIGHTS = ("quantization_config", "config_groups", "group_0", "weights")
+
+
+def _set(config, keys, **values):
+    for k in keys:
+        config = config[k]
+    config.update(values)
+
+
+BAD_LAYOUTS = {
+    "missing scales": (lambda s, c: s.pop(GATE + "weight_scale"), f"{GATE}weight is packed but {GATE}weight_scale is missing"),
+    "mis-shaped scales": (lambda s, c: s.update({GATE + "weight_scale": torch.ones(384, 3, dtype=torch.bfloat16)}),
+                          f"{GATE}weight_scale has shape [384, 3]; weight [384, 192] in groups of 128 needs [384, 2]"),
+    "packed not int32": (lambda s, c: s.update({GATE + "weight_packed": s[GATE + "weight_packed"].to(torch.int64)}),
+                         f"{GATE}weight_packed is int64, not int32"),
+    "mis-shaped packed": (lambda s, c: s.update({GATE + "weight_packed": s[GATE + "weight_packed"][:, :20].clone()}),
+                          f"{GATE}weight_packed has shape [384, 20]"),
+    "missing shape": (lambda s, c: s.pop(GATE + "weight_shape"), f"{GATE}weight_shape is missing"),
+    "scales without packed weight": (lambda s, c: s.update({"model.layers.0.mlp.extra.weight_scale": torch.ones(1, 1)}),
+                                     "model.layers.0.mlp.extra.weight_scale has no packed weight"),
+    "asymmetric without zero points": (lambda s, c: _set(c, WEIGHTS, symmetric=False),
+                                       "weight_zero_point is missing"),
+    "missing weight": (lambda s, c: [s.pop(GATE + p) for p in ("weight_packed", "weight_scale", "weight_shape")],
+                       "target weights missing from"),
+    "unknown format": (lambda s, c: c["quantization_config"].update(format="marlin-24"),
+                       "format 'marlin-24' is not supported (only 'pack-quantized')"),
+    "8-bit weights": (lambda s, c: _set(c, WEIGHTS, num_bits=8), "weights of 8 bits of type 'int' are not supported"),
+    "activations quantized": (lambda s, c: _set(c, WEIGHTS[:-1], input_activations={"num_bits": 8}),
+                              "quantizes activations; only weight-only checkpoints (W4A16) load"),
+    "tensor strategy": (lambda s, c: _set(c, WEIGHTS, strategy="tensor"), "weight strategy 'tensor' is not supported"),
+    "bad group size": (lambda s, c: _set(c, WEIGHTS, group_size=0), "group_size must be a whole number >= 1, not 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LAYOUTS))
+def test_bad_layouts_are_refused(checkpoints, tmp_path, case):
+    int4_target, int4_draft, _ = checkpoints
+    broken = tmp_path / "target"
+    shutil.copytree(int4_target, broken)
+    change, message = BAD_LAYOUTS[case]
+    _edit(broken, change)
+    with pytest.raises(ModelLoadError) as info:
+        load_pair(str(broken), str(int4_draft))
+    assert message in str(info.value)
