@@ -214,10 +214,10 @@ def checkpoint_files(path: Path, what: str) -> list[Path]:
     return files
 
 
-def read_checkpoint(path: Path, spec: Fp8Spec, dtype: torch.dtype, what: str,
+def read_checkpoint(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, what: str,
                     keep: dict | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of a local FP8 checkpoint, dequantized (dequantize_state; `keep`: its FP8 pairs kept), read one
-    tensor at a time."""
+    """Every tensor of a local quantized checkpoint (FP8, or 4-bit pack-quantized), dequantized (dequantize_state;
+    `keep`: its FP8 pairs kept), read one tensor at a time."""
     from safetensors import SafetensorError, safe_open
 
     where: dict[str, object] = {}
@@ -242,8 +242,9 @@ def expandable_segments() -> bool:
     return True
 
 
-def load_causal_lm(path: Path, spec: Fp8Spec, dtype: torch.dtype, keep_fp8: bool = False, **kwargs) -> torch.nn.Module:
-    """The target from an FP8 checkpoint: its config without the quantization entry (transformers builds plain
+def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, keep_fp8: bool = False,
+                   **kwargs) -> torch.nn.Module:
+    """The target from a quantized checkpoint (FP8, or 4-bit pack-quantized: never kept): its config without the quantization entry (transformers builds plain
     Linear layers), the dequantized tensors as its state dict (transformers' own renaming applies, as for a bf16
     checkpoint: model.language_model.* -> model.*), its generation config. Refused when a weight the model needs is
     not in the checkpoint (transformers would initialise it at random). `keep_fp8`: each converted Linear an
