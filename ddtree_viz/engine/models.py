@@ -258,7 +258,7 @@ def _offline_hint(name: str, what: str) -> str:
 def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_fp8: bool | None = None):
     """The target as a causal LM + its tokenizer. An FP8 checkpoint keeps its FP8 weights (engine/fp8.py's
     Fp8Linear: half of bf16's memory, the runner's FP8 GEMM) where `keep_fp8` says so, by default on one CUDA GPU;
-    elsewhere it is dequantized at load. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
+    elsewhere it is dequantized at load; a 4-bit pack-quantized checkpoint (engine/int4.py) always is. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
     vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
     published) loads as its text model only: transformers' AutoModelForCausalLM maps model_type qwen3_5 to
     Qwen3_5ForCausalLM, renames model.language_model.* to model.* and never reads model.visual.* or mtp.* (their
@@ -280,7 +280,7 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
-        if spec is not None:  # the FP8 layout: dequantized by us (engine/fp8.py says why)
+        if spec is not None:  # a quantized layout (FP8, 4-bit): read by us (engine/fp8.py, int4.py say why)
             keep = device == "cuda" if keep_fp8 is None else keep_fp8
             if keep and device == "cuda":
                 fp8.expandable_segments()
