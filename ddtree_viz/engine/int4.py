@@ -139,7 +139,8 @@ def dequantize(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> torch.Tenso
     return q * parts["weight_scale"].float()[:, groups]
 
 
-def quantize(weight: torch.Tensor, spec: Int4Spec, scale_dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def quantize(weight: torch.Tensor, spec: Int4Spec,
+             scale_dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """A weight [out, in] in the layout, round to nearest per group (the tests' checkpoints; llm-compressor's AWQ
     and GPTQ choose the values otherwise, the layout is the same): its parts by name."""
     out, inn = weight.shape
@@ -206,7 +207,8 @@ def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what:
         if t is None or (part == "weight_zero_point" and spec.symmetric):
             continue
         if t.dtype not in dtypes:
-            fail(part, f"is {str(t.dtype).removeprefix('torch.')}, not {' or '.join(str(d).removeprefix('torch.') for d in dtypes)}")
+            names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            fail(part, f"is {str(t.dtype).removeprefix('torch.')}, not {names}")
         if tuple(t.shape) != dims:
             fail(part, f"has shape {list(t.shape)}; weight [{out}, {inn}]"
                        f"{f' in groups of {spec.group}' if spec.group else ''} needs {list(dims)}")

@@ -258,7 +258,8 @@ def _offline_hint(name: str, what: str) -> str:
 def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_fp8: bool | None = None):
     """The target as a causal LM + its tokenizer. An FP8 checkpoint keeps its FP8 weights (engine/fp8.py's
     Fp8Linear: half of bf16's memory, the runner's FP8 GEMM) where `keep_fp8` says so, by default on one CUDA GPU;
-    elsewhere it is dequantized at load; a 4-bit pack-quantized checkpoint (engine/int4.py) always is. A Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
+    elsewhere it is dequantized at load; a 4-bit pack-quantized checkpoint (engine/int4.py) always is. A
+    Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
     vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
     published) loads as its text model only: transformers' AutoModelForCausalLM maps model_type qwen3_5 to
     Qwen3_5ForCausalLM, renames model.language_model.* to model.* and never reads model.visual.* or mtp.* (their
