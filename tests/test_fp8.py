@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ddtree_viz import cli
 from ddtree_viz.engine import fp8
@@ -32,13 +32,13 @@ LABEL = "fp8-e4m3 block 128 (dequantized to float32)"
 
 def _to_fp8_layout(directory, skip=NOT_CONVERTED) -> None:
     """Rewrite a saved model directory in the official FP8 layout (weights + per-block scales + quantization_config)."""
-    path = directory / "model.safetensors"
-    state = load_file(str(path))
-    converted = fp8.quantize_state(state, BLOCK, lambda name: not any(s in name for s in skip))
-    save_file(converted, str(path), metadata={"format": "pt"})
-    config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = fp8.config_entry(BLOCK, skip)
-    (directory / "config.json").write_text(json.dumps(config))
+    def change(state, config):
+        converted = fp8.quantize_state(state, BLOCK, lambda name: not any(s in name for s in skip))
+        state.clear()
+        state.update(converted)
+        config["quantization_config"] = fp8.config_entry(BLOCK, skip)
+
+    tiny.edit_checkpoint(directory, change)
 
 
 def by_hand(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -140,15 +140,6 @@ def test_drafter_precision_independent_of_the_target(checkpoints, which):
     assert (pair.target_precision, pair.draft_precision) == ((LABEL, "float32") if which == "target" else ("float32", LABEL))
 
 
-def _edit(directory, change) -> None:
-    """Apply change(state, config) to a checkpoint directory in place."""
-    state = load_file(str(directory / "model.safetensors"))
-    config = json.loads((directory / "config.json").read_text())
-    change(state, config)
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config))
-
-
 GATE = "model.layers.0.mlp.gate_proj.weight"
 BAD_LAYOUTS = {
     "missing scales": (lambda s, c: s.pop(GATE + "_scale_inv"), f"{GATE} is float8_e4m3fn but has no scales"),
@@ -178,7 +169,7 @@ def test_bad_layouts_are_refused(checkpoints, tmp_path, case, keep):
     broken = tmp_path / "target"
     shutil.copytree(fp8_target, broken)
     change, message = BAD_LAYOUTS[case]
-    _edit(broken, change)
+    tiny.edit_checkpoint(broken, change)
     with pytest.raises(ModelLoadError) as info:
         load_pair(str(broken), str(fp8_draft), keep_fp8=keep)
     assert message in str(info.value)
@@ -289,7 +280,7 @@ def test_a_bad_drafter_is_refused_by_the_cli(checkpoints, tmp_path, capsys):
     _, _, fp8_target, fp8_draft, _ = checkpoints
     broken = tmp_path / "draft"
     shutil.copytree(fp8_draft, broken)
-    _edit(broken, lambda s, c: s.pop("fc.weight_scale_inv"))
+    tiny.edit_checkpoint(broken, lambda s, c: s.pop("fc.weight_scale_inv"))
     rc = cli.main(["run", "--target", str(fp8_target), "--draft", str(broken), "--prompt", "x", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and "error: drafter weight fc.weight is float8_e4m3fn but has no scales" in err

@@ -17,7 +17,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ddtree_viz import cli
 from ddtree_viz.engine import int4
@@ -36,13 +36,13 @@ DRAFT_LABEL = "int4 w4a16 group 32 asym (dequantized to float32)"
 
 def _to_int4_layout(directory, spec: int4.Int4Spec, skip=NOT_CONVERTED) -> None:
     """Rewrite a saved model directory in the pack-quantized layout (parts + quantization_config)."""
-    path = directory / "model.safetensors"
-    state = load_file(str(path))
-    converted = int4.quantize_state(state, spec, lambda name: not any(s in name for s in skip))
-    save_file(converted, str(path), metadata={"format": "pt"})
-    config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = int4.config_entry(spec)
-    (directory / "config.json").write_text(json.dumps(config))
+    def change(state, config):
+        converted = int4.quantize_state(state, spec, lambda name: not any(s in name for s in skip))
+        state.clear()
+        state.update(converted)
+        config["quantization_config"] = int4.config_entry(spec)
+
+    tiny.edit_checkpoint(directory, change)
 
 
 def field(words: np.ndarray, index: int, along: int) -> np.ndarray:
@@ -175,14 +175,6 @@ def test_activation_order_and_channel_scales_dequantize_by_group_index():
     assert (int4.dequantize(parts, channel) - w).abs().max() <= parts["weight_scale"].float().max() / 2 + 1e-6
 
 
-def _edit(directory, change) -> None:
-    state = load_file(str(directory / "model.safetensors"))
-    config = json.loads((directory / "config.json").read_text())
-    change(state, config)
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(config))
-
-
 GATE = "model.layers.0.mlp.gate_proj."
 WEIGHTS = ("quantization_config", "config_groups", "group_0", "weights")
 
@@ -224,7 +216,7 @@ def test_bad_layouts_are_refused(checkpoints, tmp_path, case):
     broken = tmp_path / "target"
     shutil.copytree(int4_target, broken)
     change, message = BAD_LAYOUTS[case]
-    _edit(broken, change)
+    tiny.edit_checkpoint(broken, change)
     with pytest.raises(ModelLoadError) as info:
         load_pair(str(broken), str(int4_draft))
     assert message in str(info.value)

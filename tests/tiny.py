@@ -132,3 +132,16 @@ def save_pair(pair: ModelPair, root: Path) -> tuple[Path, Path]:
     pair.tokenizer.save_pretrained(target_dir)
     pair.drafter.save_pretrained(draft_dir)
     return target_dir, draft_dir
+
+
+def edit_checkpoint(directory: Path, change) -> None:
+    """Apply change(state, config) to a saved model directory in place (its model.safetensors and config.json)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    change(state, config)
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config))

@@ -165,14 +165,10 @@ def quantize(weight: torch.Tensor, spec: Int4Spec,
 def quantize_state(state: Mapping[str, torch.Tensor], spec: Int4Spec,
                    convert: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """A plain state dict in the layout: each 2-D weight `convert(name)` picks becomes its parts."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if name.endswith(".weight") and tensor.dim() == 2 and convert(name):
-            prefix = name.removesuffix("weight")
-            out.update({prefix + part: t for part, t in quantize(tensor, spec).items()})
-        else:
-            out[name] = tensor.detach().contiguous()
-    return out
+    from .fp8 import convert_weights
+
+    return convert_weights(state, convert, lambda name, w: {name.removesuffix("weight") + part: t
+                                                             for part, t in quantize(w, spec).items()})
 
 
 def config_entry(spec: Int4Spec) -> dict:
