@@ -220,3 +220,23 @@ def test_bad_layouts_are_refused(checkpoints, tmp_path, case):
     with pytest.raises(ModelLoadError) as info:
         load_pair(str(broken), str(int4_draft))
     assert message in str(info.value)
+
+
+def test_precision_audit_of_a_4bit_target_beside_its_plain_one(checkpoints, tmp_path, capsys):
+    """analyze's precision audit with B the 4-bit target and A the plain one it was made from (the same drafter):
+    each side's precision and figures its own, where the two greedy decodings part computed from the traces."""
+    from tests.test_fp8 import _analyze
+
+    int4_target, _, _ = checkpoints
+    plain = int4_target.parent.parent / "plain"
+    out, summary, captured = _analyze(tmp_path, capsys, "--target", str(plain / "target"), "--draft",
+                                      str(plain / "draft"), "--target-b", str(int4_target))
+    audit = summary["precision_audit"]
+    assert (audit["a"]["target_precision"], audit["b"]["target_precision"]) == ("float32", LABEL)
+    assert audit["b"]["mean_acceptance"] == summary["b"]["mean_acceptance"] and audit["prompts_compared"] == 4
+    for row in audit["per_prompt"]:
+        a, b = Trace.load(out / row["file_a"]), Trace.load(out / row["file_b"])
+        n = min(len(a.greedy_ids), len(b.greedy_ids))
+        parted = [k for k in range(n) if a.greedy_ids[k] != b.greedy_ids[k]]
+        assert row["part_at"] == (parted[0] if parted else None)
+    assert f"B: target {LABEL}, drafter float32" in captured.out
