@@ -207,6 +207,10 @@ BAD_LAYOUTS = {
                               "quantizes activations; only weight-only checkpoints (W4A16) load"),
     "tensor strategy": (lambda s, c: _set(c, WEIGHTS, strategy="tensor"), "weight strategy 'tensor' is not supported"),
     "bad group size": (lambda s, c: _set(c, WEIGHTS, group_size=0), "group_size must be a whole number >= 1, not 0"),
+    "quantized kv cache": (lambda s, c: c["quantization_config"].update(kv_cache_scheme={"num_bits": 8}),
+                           "a quantized KV cache (kv_cache_scheme) is not supported"),
+    "sparse weights": (lambda s, c: c["quantization_config"].update(sparsity_config={"format": "sparse-24-bitmask"}),
+                       "sparse weights ('sparse-24-bitmask') are not supported"),
 }
 
 

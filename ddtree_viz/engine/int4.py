@@ -63,6 +63,11 @@ def spec_of(qc: Mapping, where: str) -> Int4Spec:
     """The spec of a compressed-tensors quantization_config (`where` names it in messages); a ModelLoadError for
     anything but 4-bit integer weights, group- or channel-wise, without activation quantization, packed."""
     fmt = qc.get("format")
+    if qc.get("kv_cache_scheme"):
+        raise ModelLoadError(f"{where}: a quantized KV cache (kv_cache_scheme) is not supported")
+    sparsity = qc.get("sparsity_config")
+    if isinstance(sparsity, Mapping) and sparsity.get("format", "dense") != "dense":
+        raise ModelLoadError(f"{where}: sparse weights ({sparsity.get('format')!r}) are not supported")
     groups = qc.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise ModelLoadError(f"{where}: config_groups must name at least one group of quantized modules")
