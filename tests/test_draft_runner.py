@@ -148,6 +148,24 @@ def test_compiled_pieces_equal_the_dynamic_drafter(target, family):
     assert counters["stats"]["unique_graphs"] == made  # nothing compiled after the first two rounds
 
 
+def test_a_compiler_that_cannot_run_turns_compile_off(target, monkeypatch):
+    """StaticDrafter(compile=True) where torch.compile fails (no C++ compiler, a broken Triton): the pass runs with
+    the pieces as they are, compile_error says why, and the rounds are the dynamic drafter's."""
+    from ddtree_viz.engine import fused
+
+    def broken(fn):
+        def fails(*args, **kwargs):
+            raise RuntimeError("no C++ compiler here")
+        return fails
+
+    monkeypatch.setattr(fused, "compiled", broken)
+    drafter = drafter_for(target)
+    dyn, st = make_proposer(drafter, target, static=False), make_proposer(drafter, target, static=True)
+    st.runner = StaticDrafter(drafter, target, max_len=256, compile=True)
+    rounds(drafter, target, [9, 2, 4], proposers=(dyn, st))
+    assert not st.runner.pieces.compile and "no C++ compiler here" in st.runner.compile_error
+
+
 def test_a_block_shorter_than_the_drafters(target):
     """A session may draft fewer depths than the drafter's block (--block-size): other (pad, block) shapes, and a
     round whose new rows exceed this block (the eager shape)."""

@@ -512,6 +512,7 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
             runner = proposer.runner
             entry = {"ms": ms, "first_pass_ms": first_ms, "path": proposer.path, "context_rows": committed,
                      "capture_s": runner.capture_s if runner is not None else None,
+                     "compile_error": runner.compile_error if runner is not None else None,
                      "key_bucket": runner.bucket(committed + block) if runner is not None else None}
             if reference is None:
                 reference = last

@@ -139,6 +139,7 @@ class StaticDrafter:
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.attention = attention
         self.pieces = Pieces(bool(compile))
+        self.compile_error: str | None = None  # why compile was turned off (_pass), where it was
         self.plain = plain_layers(drafter)
         self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,
                                                                  c.num_key_value_heads, c.head_dim)
@@ -261,6 +262,19 @@ class StaticDrafter:
         o = o.reshape(1, self.n_heads, L, self.head_dim).transpose(1, 2).reshape(1, L, -1)
         return attn.o_proj(o)
 
+    def _pass(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> tuple[torch.Tensor, ...]:
+        """_draft run now (eagerly, or a graph's warm-up). Where its pieces are compiled and the compiler cannot run
+        here (inductor without a C++ compiler on a CPU, a Triton that fails), compile is turned off (`compile_error`
+        says why) and the pass runs with the pieces as they are: it writes the same rows from the same inputs."""
+        try:
+            return self._draft(feats, block, cols)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure; an error of the pass itself raises below
+            if not self.pieces.compile:
+                raise
+            self.compile_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            self.pieces = Pieces(False)
+            return self._draft(feats, block, cols)
+
     # -- slots and graphs ---------------------------------------------------------------------------------
 
     def _inputs(self, pad: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,7 +315,7 @@ class StaticDrafter:
         if not self.graphs:
             self.eager_passes += 1
             with sdpa_backends(self.device):
-                return self._draft(feats, block_in, cols)
+                return self._pass(feats, block_in, cols)
         if slot is None:
             # the warm-up runs and the capture read and write only this round's rows, from the inputs already
             # filled: they leave the state as the replay below will (no copy of the state needed)
@@ -312,7 +326,7 @@ class StaticDrafter:
             with sdpa_backends(self.device):
                 with torch.cuda.stream(stream):
                     for _ in range(2):
-                        self._draft(feats, block_in, cols)
+                        self._pass(feats, block_in, cols)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 slot.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(slot.graph, pool=self._pool):
@@ -349,7 +363,7 @@ class StaticDrafter:
         if n > pad:  # more new rows than a round brings (a prompt's): this shape once, eagerly, unpadded
             self.eager_passes += 1
             with sdpa_backends(self.device):
-                out = self._draft(new_features.to(self.device, self.dtype), block_in, cols)
+                out = self._pass(new_features.to(self.device, self.dtype), block_in, cols)
         else:
             if n:
                 feats[:n].copy_(new_features)
