@@ -2,6 +2,7 @@
 there, the exactness checks pass, and the split (--device-map auto) and runner (--fast) paths run."""
 
 import json
+import shutil
 
 import pytest
 
@@ -73,7 +74,8 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
         for name in ("static", "static_eager", "static_sdpa", "static_compiled"):
             assert row[name]["ms"] > 0 and row[name]["argmax_agreement_vs_dynamic"] >= 0.5, name
             assert row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1, name  # bf16
-        assert row["static_compiled"]["compile_error"] is None  # the compiled pieces ran (inductor's C++ backend)
+        if shutil.which("g++") or shutil.which("c++"):  # inductor's C++ backend can run: the compiled pieces did
+            assert row["static_compiled"]["compile_error"] is None
         assert row["dynamic_per_static"] == row["dynamic"]["ms"] / row["static"]["ms"]
     assert passes["dynamic_per_static"] == passes["contexts"]["512"]["dynamic_per_static"]
     assert fast["round_budget_64"]["draft_path"] == "static eager"
