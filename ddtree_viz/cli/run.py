@@ -78,6 +78,11 @@ def add_parser(sub) -> None:
                           "what the page, export and replay show) or light (the tree's shape and tokens, the accepted "
                           "path and the bonus: decoding at the engine's speed, nothing read back that decoding does "
                           "not need; no --trace or --compare, which need the trees)")
+    run.add_argument("--launch-ahead", action="store_true",
+                     help="DDTree's marginal rounds queue the verify's CUDA graph before the tree is built, so the "
+                          "host's launch overlaps the draft (engine/launch.py; the runner engine with CUDA graphs, both "
+                          "models on one GPU; opt-in until measured there, docs/PERFORMANCE.md section 18); elsewhere "
+                          "the rounds run as without it and the run says why")
     add_sampling_args(run)
     run.set_defaults(handler=command)
 
@@ -98,13 +103,15 @@ def command(args) -> int:
     encoded = encode(pair.tokenizer, spec)
     settings = decode_settings(args)
     session = DecodeSession.from_settings(pair, settings, target_top_k=args.target_top_k, draft_top_k=args.draft_top_k,
-                                          record=args.record == "full")
+                                          record=args.record == "full", launch_ahead=args.launch_ahead)
     _print_setup(args, pair, session)
     print(_describe_prompt(spec, encoded))
     session.prefill(spec=spec)
     start = time.perf_counter()
     records = session.run()
     _print_result(args, session, records, (time.perf_counter() - start) * 1e3)
+    if args.launch_ahead:
+        print(launch_ahead_line(session))
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
     if args.compare:
@@ -143,6 +150,17 @@ def _print_setup(args, pair, session) -> None:
     if args.verify == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (GDN layers run the tree as one chain; "
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")
+
+
+def launch_ahead_line(session) -> str:
+    """Whether the rounds' verify passes were launched ahead of their trees (run --launch-ahead), and why not."""
+    runner = getattr(session.target_engine, "runner", None)
+    passes = getattr(runner, "passes_launched_ahead", 0)
+    if session.launch_ahead and passes:
+        return f"verify launched ahead of its tree: {passes} passes"
+    why = getattr(runner, "launch_error", None) or (
+        "it needs DDTree's marginal tree on the runner engine with CUDA graphs, both models on one GPU")
+    return f"verify not launched ahead: {why}"
 
 
 def _print_result(args, session, records, rounds_ms: float) -> None:
