@@ -183,20 +183,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
 def quantize_state(state: Mapping[str, torch.Tensor], block: tuple[int, int],
                    convert: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """A plain state dict in the official layout: each 2-D weight `convert(name)` picks becomes e4m3 + scales."""
-    return convert_weights(state, convert, lambda name, w: dict(zip((name, name + SCALE_SUFFIX), quantize(w, block))))
-
-
-def convert_weights(state: Mapping[str, torch.Tensor], convert: Callable[[str], bool],
-                    stored: Callable[[str, torch.Tensor], dict]) -> dict[str, torch.Tensor]:
-    """A plain state dict in a quantized layout: each 2-D weight `convert(name)` picks replaced by the tensors
-    `stored(name, weight)` makes (name -> tensor), every other tensor kept (the tests' and benches' checkpoints)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if name.endswith(".weight") and tensor.dim() == 2 and convert(name):
-            out.update(stored(name, tensor))
-        else:
-            out[name] = tensor.detach().contiguous()
-    return out
+    return int4.convert_weights(state, convert,
+                                lambda name, w: dict(zip((name, name + SCALE_SUFFIX), quantize(w, block))))
 
 
 def config_entry(block: tuple[int, int] = (128, 128), skip: Iterable[str] = ()) -> dict:

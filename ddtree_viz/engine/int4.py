@@ -170,10 +170,22 @@ def quantize(weight: torch.Tensor, spec: Int4Spec,
 def quantize_state(state: Mapping[str, torch.Tensor], spec: Int4Spec,
                    convert: Callable[[str], bool]) -> dict[str, torch.Tensor]:
     """A plain state dict in the layout: each 2-D weight `convert(name)` picks becomes its parts."""
-    from .fp8 import convert_weights
-
     return convert_weights(state, convert, lambda name, w: {name.removesuffix("weight") + part: t
                                                              for part, t in quantize(w, spec).items()})
+
+
+def convert_weights(state: Mapping[str, torch.Tensor], convert: Callable[[str], bool],
+                    stored: Callable[[str, torch.Tensor], dict]) -> dict[str, torch.Tensor]:
+    """A plain state dict in a quantized layout (this one's, or fp8's): each 2-D weight `convert(name)` picks
+    replaced by the tensors `stored(name, weight)` makes (name -> tensor), every other tensor kept (the tests' and
+    benches' checkpoints)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".weight") and tensor.dim() == 2 and convert(name):
+            out.update(stored(name, tensor))
+        else:
+            out[name] = tensor.detach().contiguous()
+    return out
 
 
 def config_entry(spec: Int4Spec) -> dict:
