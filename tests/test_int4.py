@@ -100,8 +100,9 @@ def test_the_layout_is_compressed_tensors_pack_quantized(checkpoints):
     int4_target, int4_draft, _ = checkpoints
     state = load_file(str(int4_target / "model.safetensors"))
     gate = "model.layers.0.mlp.gate_proj."
-    assert state[gate + "weight_packed"].dtype == torch.int32 and tuple(state[gate + "weight_packed"].shape) == (384, 24)
-    assert tuple(state[gate + "weight_scale"].shape) == (384, 2) and state[gate + "weight_scale"].dtype == torch.bfloat16
+    packed, scale = state[gate + "weight_packed"], state[gate + "weight_scale"]
+    assert packed.dtype == torch.int32 and tuple(packed.shape) == (384, 24)
+    assert tuple(scale.shape) == (384, 2) and scale.dtype == torch.bfloat16
     assert state[gate + "weight_shape"].tolist() == [384, 192] and gate + "weight" not in state
     assert gate + "weight_zero_point" not in state and state["lm_head.weight"].dtype == torch.float32
     values = torch.tensor([[-8, -1, 0, 7, 3, -5, 2, 1, 6]])
@@ -110,7 +111,8 @@ def test_the_layout_is_compressed_tensors_pack_quantized(checkpoints):
     assert torch.equal(int4.unpack(words, 9, 1), values.int())
     drafter = load_file(str(int4_draft / "model.safetensors"))
     zero = [k for k in drafter if k.endswith("weight_zero_point")]
-    assert zero and all(drafter[k].shape[0] == math.ceil(drafter[k.replace("zero_point", "shape")][0] / 8) for k in zero)
+    rows = {k: drafter[k.replace("zero_point", "shape")][0] for k in zero}
+    assert zero and all(drafter[k].shape[0] == math.ceil(rows[k] / 8) for k in zero)
     config = json.loads((int4_target / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "compressed-tensors" and config["format"] == "pack-quantized"
 
@@ -186,7 +188,8 @@ def _set(config, keys, **values):
 
 
 BAD_LAYOUTS = {
-    "missing scales": (lambda s, c: s.pop(GATE + "weight_scale"), f"{GATE}weight is packed but {GATE}weight_scale is missing"),
+    "missing scales": (lambda s, c: s.pop(GATE + "weight_scale"),
+                       f"{GATE}weight is packed but {GATE}weight_scale is missing"),
     "mis-shaped scales": (lambda s, c: s.update({GATE + "weight_scale": torch.ones(384, 3, dtype=torch.bfloat16)}),
                           f"{GATE}weight_scale has shape [384, 3]; weight [384, 192] in groups of 128 needs [384, 2]"),
     "packed not int32": (lambda s, c: s.update({GATE + "weight_packed": s[GATE + "weight_packed"].to(torch.int64)}),
@@ -207,6 +210,12 @@ BAD_LAYOUTS = {
                               "quantizes activations; only weight-only checkpoints (W4A16) load"),
     "tensor strategy": (lambda s, c: _set(c, WEIGHTS, strategy="tensor"), "weight strategy 'tensor' is not supported"),
     "bad group size": (lambda s, c: _set(c, WEIGHTS, group_size=0), "group_size must be a whole number >= 1, not 0"),
+    "hostile shape": (lambda s, c: s.update({GATE + "weight_shape": torch.tensor([10 ** 12, 192])}),
+                      f"{GATE}weight_packed has shape [384, 24]; weight [1000000000000, 192] in groups of 128 needs"),
+    "shape not two whole numbers": (lambda s, c: s.update({GATE + "weight_shape": torch.tensor([384.0, 192.0])}),
+                                    f"{GATE}weight_shape must hold (out, in)"),
+    "g_idx outside the groups": (lambda s, c: s.update({GATE + "weight_g_idx": torch.full((192,), 7)}),
+                                 f"{GATE}weight_g_idx names groups outside 0 .. 1"),
     "quantized kv cache": (lambda s, c: c["quantization_config"].update(kv_cache_scheme={"num_bits": 8}),
                            "a quantized KV cache (kv_cache_scheme) is not supported"),
     "sparse weights": (lambda s, c: c["quantization_config"].update(sparsity_config={"format": "sparse-24-bitmask"}),
