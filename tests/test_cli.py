@@ -233,7 +233,8 @@ def test_run_record_light_decodes_the_same_rounds_with_less_kept(model_args, cap
         assert rc == 0 and "identical to greedy for 12 tokens" in outs[level + " ".join(extra)]
     rounds = [next(line for line in out.splitlines() if line.startswith("rounds: ")) for out in outs.values()]
     assert rounds[0] == rounds[1] == rounds[2]
-    assert "verify not launched ahead: it needs DDTree's marginal tree on the runner engine" in outs["light--launch-ahead"]
+    ahead = outs["light--launch-ahead"]
+    assert "verify not launched ahead: it needs DDTree's marginal tree on the runner engine" in ahead
     assert "launched ahead" not in outs["light"]
     assert "phases not timed: --record light" in outs["light"] and "verify " not in outs["light"].split("time: ")[1]
     assert "phases not timed" not in outs["full"] and "verify " in outs["full"].split("time: ")[1].splitlines()[0]

@@ -80,9 +80,9 @@ def add_parser(sub) -> None:
                           "not need; no --trace or --compare, which need the trees)")
     run.add_argument("--launch-ahead", action="store_true",
                      help="DDTree's marginal rounds queue the verify's CUDA graph before the tree is built, so the "
-                          "host's launch overlaps the draft (engine/launch.py; the runner engine with CUDA graphs, both "
-                          "models on one GPU; opt-in until measured there, docs/PERFORMANCE.md section 18); elsewhere "
-                          "the rounds run as without it and the run says why")
+                          "host's launch overlaps the draft (engine/launch.py; the runner engine with CUDA graphs, "
+                          "both models on one GPU; opt-in until measured there, docs/PERFORMANCE.md section 18); "
+                          "elsewhere the rounds run as without it and the run says why")
     add_sampling_args(run)
     run.set_defaults(handler=command)
 

@@ -98,8 +98,8 @@ def plain_layers(drafter) -> bool:
     """Whether every layer is DFlash's own (no family hooks, SiLU MLP): their norms and MLP can run as pieces, each
     residual add fused with the norm after it."""
     hooks = ("attention_input", "attention_output", "mlp_block")
-    return (drafter.config.hidden_act in ("silu", "swish")
-            and all(getattr(type(layer), h) is getattr(DFlashDecoderLayer, h) for layer in drafter.layers for h in hooks))
+    own = all(getattr(type(layer), h) is getattr(DFlashDecoderLayer, h) for layer in drafter.layers for h in hooks)
+    return own and drafter.config.hidden_act in ("silu", "swish")
 
 
 def length_buckets(max_len: int) -> list[int]:
@@ -216,9 +216,11 @@ class StaticDrafter:
         x = self.embed(ids)[None].to(self.dtype)  # [1, L, H]: the noise embedding
         masks = self._masks(q_pos, cols, L)
         p.mark(x_ctx, 1, cos, 2, sin, 2)
-        norms = [layer.input_layernorm for layer in d.layers[1:]] + [d.norm]  # the norm after each layer
-        first = d.layers[0].input_layernorm
-        h = p(qwen3_rms_norm)(x, first.weight, first.eps) if self.plain else None
+        h, norms = None, None
+        if self.plain:  # the first layer's input norm now; each later one (and the final norm) with its residual add
+            first = d.layers[0].input_layernorm
+            h = p(qwen3_rms_norm)(x, first.weight, first.eps)
+            norms = [layer.input_layernorm for layer in d.layers[1:]] + [d.norm]
         for i, layer in enumerate(d.layers):
             state = None
             if not self.plain:

@@ -150,10 +150,11 @@ def _check_pair(name: str, weight: torch.Tensor, scale: torch.Tensor, spec: Fp8S
 def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Fp8Spec | int4.Int4Spec,
                      dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype` (a 4-bit layout's: int4.dequantize_state, nothing
-    kept): each FP8 weight times its scales (float32, then cast), every other tensor cast as is. `get(name)` reads one tensor (lazily, so a 27B checkpoint is read one
-    tensor at a time). Refused, naming the tensor: an FP8 weight without scales, scales without their weight,
-    scales of the wrong shape or dtype. With `keep` (a dict), each FP8 weight goes in as its e4m3 values (exact in
-    any float dtype, not yet scaled: `keep_linears` replaces them) and keep[name] = (e4m3 weight, scales)."""
+    kept): each FP8 weight times its scales (float32, then cast), every other tensor cast as is. `get(name)` reads
+    one tensor (lazily, so a 27B checkpoint is read one tensor at a time). Refused, naming the tensor: an FP8
+    weight without scales, scales without their weight, scales of the wrong shape or dtype. With `keep` (a dict),
+    each FP8 weight goes in as its e4m3 values (exact in any float dtype, not yet scaled: `keep_linears` replaces
+    them) and keep[name] = (e4m3 weight, scales)."""
     if isinstance(spec, int4.Int4Spec):
         return int4.dequantize_state(names, get, spec, dtype, what)
     names = list(names)
@@ -239,11 +240,12 @@ def expandable_segments() -> bool:
 
 def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, keep_fp8: bool = False,
                    **kwargs) -> torch.nn.Module:
-    """The target from a quantized checkpoint (FP8, or 4-bit pack-quantized: never kept): its config without the quantization entry (transformers builds plain
-    Linear layers), the dequantized tensors as its state dict (transformers' own renaming applies, as for a bf16
-    checkpoint: model.language_model.* -> model.*), its generation config. Refused when a weight the model needs is
-    not in the checkpoint (transformers would initialise it at random). `keep_fp8`: each converted Linear an
-    Fp8Linear of the checkpoint's bytes and scales (`keep_linears`), the other tensors in `dtype`."""
+    """The target from a quantized checkpoint (FP8, or 4-bit pack-quantized: never kept): its config without the
+    quantization entry (transformers builds plain Linear layers), the dequantized tensors as its state dict
+    (transformers' own renaming applies, as for a bf16 checkpoint: model.language_model.* -> model.*), its generation
+    config. Refused when a weight the model needs is not in the checkpoint (transformers would initialise it at
+    random). `keep_fp8`: each converted Linear an Fp8Linear of the checkpoint's bytes and scales (`keep_linears`),
+    the other tensors in `dtype`."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 

@@ -127,17 +127,17 @@ def pack(values: torch.Tensor, dim: int) -> torch.Tensor:
     return words if dim == 1 else words.T.contiguous()
 
 
-def groups_of(columns: int, spec: Int4Spec, g_idx: torch.Tensor | None) -> torch.Tensor:
-    """Each column's group: the checkpoint's g_idx (activation order), else column // group."""
+def groups_of(columns: int, spec: Int4Spec, g_idx: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """Each column's group: the checkpoint's g_idx (activation order), else column // group (on `device`)."""
     if g_idx is not None:
-        return g_idx.long()
-    return torch.arange(columns) // (spec.group or columns)
+        return g_idx.long().to(device)
+    return torch.arange(columns, device=device) // (spec.group or columns)
 
 
 def dequantize(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> torch.Tensor:
     """(q - z) x scale in float32 (exact), [out, in], from one weight's checked parts."""
     out, inn = (int(d) for d in parts["weight_shape"].tolist())
-    groups = groups_of(inn, spec, parts.get("weight_g_idx"))
+    groups = groups_of(inn, spec, parts.get("weight_g_idx"), parts["weight_packed"].device)
     q = unpack(parts["weight_packed"], inn, 1).float()
     if not spec.symmetric:
         q = q - unpack(parts["weight_zero_point"], out, 0).float()[:, groups]
