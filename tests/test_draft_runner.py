@@ -460,6 +460,29 @@ def graphs_agree_over_rounds(proposer, drafter, target, after_round=None, **opti
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+@pytest.mark.parametrize("family", ["dflash", "dflash2"])
+def test_compiled_pieces_in_cuda_graphs_equal_the_dynamic_drafter(family):
+    """On a GPU (float32), CUDA's default: the pieces compiled (Triton) and captured in the graphs, round after round
+    the log-probs of the uncompiled graphs and of the dynamic drafter; nothing compiles after the first rounds."""
+    from torch._dynamo.utils import counters
+
+    target = tiny.target_model("hybrid", seed=0)
+    make, proposer = (drafter_for, DFlashProposer) if family == "dflash" else (dflash2_for, DFlash2Proposer)
+    drafter = make(target, **LAYOUTS["sliding causal, window 6"]).to("cuda")
+    target.to("cuda")
+    made = []
+
+    def count(r, *_):
+        if r == 2:
+            made.append(counters["stats"]["unique_graphs"])
+
+    graphed = graphs_agree_over_rounds(proposer, drafter, target, after_round=count)
+    runner = graphed.runner
+    assert runner.pieces.compile and runner.compile_error is None and runner.replays == 75
+    assert counters["stats"]["unique_graphs"] == made[0]  # the larger key bucket (512) too: no recompile
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 def test_cuda_graphs_of_a_dflash2_drafter_equal_the_eager_static_and_the_dynamic_paths():
     """On a GPU (float32): the DFlash2 drafter's graphs (convolutions and candidate selector captured) give, round
     after round, the log-probs and the selector's candidates and scores of the same function run eagerly and of the

@@ -88,6 +88,12 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     no_queue = fast["round_budget_64_no_queue"]  # each round drafting at its start (a CPU's timed rounds do anyway)
     assert no_queue["mean_kept"] == fast["round_budget_64"]["mean_kept"]
     assert fast["round_budget_64"]["queue_per_no_queue"] == fast["round_budget_64"]["step_wall_ms"] / no_queue["step_wall_ms"]
+    for name, ratio, field in (("not_ahead", "launch_ahead_per_not", "loop_wall_ms"),
+                               ("drafter_uncompiled", "drafter_compiled_per_not", "draft")):
+        variant = fast[f"round_budget_64_{name}"]  # the defaults' alternatives beside them: the same rounds
+        assert variant["mean_kept"] == fast["round_budget_64"]["mean_kept"], name
+        if variant[field] is not None:
+            assert fast["round_budget_64"][ratio] == fast["round_budget_64"][field] / variant[field], name
     device_tree = fast["round_budget_64_device_tree"]  # DDTree's tree built on the device, beside the host's
     assert device_tree["mean_kept"] == fast["round_budget_64"]["mean_kept"]  # the same trees: the same rounds
     assert fast["round_budget_64"]["tree_device_per_host"] == device_tree["round_ms"] / fast["round_budget_64"]["round_ms"]

@@ -463,10 +463,11 @@ def verify_commit_ms(target, base, tree, prompt_len: int, mode: str, sync) -> tu
 
 DRAFT_PATHS = {  # drafter_pass: each path's proposer options (session.make_proposer: the drafter's family)
     "dynamic": dict(static=False),  # drafter.py over its DraftKVCache, eager: the reference
-    "static": dict(static=True),  # draft_runner.py: CUDA graphs on a GPU (eager on a CPU), eager attention
+    "static": dict(static=True, compile=False),  # draft_runner.py: CUDA graphs on a GPU (eager on a CPU), eager
+    # attention, its pieces not compiled
     "static_eager": dict(static=True, graphs=False),  # the same function without graphs
     "static_sdpa": dict(static=True, attention="sdpa"),  # graphs, SDPA for the attention
-    "static_compiled": dict(static=True, compile=True),  # graphs, the pieces between the GEMMs compiled (opt-in)
+    "static_compiled": dict(static=True, compile=True),  # graphs, the pieces between the GEMMs compiled (CUDA's default)
 }
 
 
@@ -889,10 +890,11 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     marginal tree, the tree built on the device (`round_budget_64_device_tree`: DeviceTree, the runner's inputs
     written by the device; `tree_device_per_host`), and with each round drafting at its start instead of queuing the
     next round's draft before its record's reads (`round_budget_64_no_queue`; `queue_per_no_queue`, of the
-    step_wall_ms), and with each verify graph launched ahead of its tree (`round_budget_64_launch_ahead`, opt-in;
-    `launch_ahead_per_not`, of the loop_wall_ms); where the runner holds budget 128's trees, DDTree's marginal rounds
-    at 128 too (`round_budget_128`). The default's device timeline (device_timeline: idle gaps a round, from a profile).
-    DDTree at budget 64 (`tree_scoring`), or `method` dflash / dflash2 (the chains). Each variant's
+    step_wall_ms), and with each verify graph launched after its tree is staged (`round_budget_64_not_ahead`; the
+    default launches it ahead: `launch_ahead_per_not`, of the loop_wall_ms), and with the static drafter's pieces
+    not compiled (`round_budget_64_drafter_uncompiled`; `drafter_compiled_per_not`, of the draft phase); where
+    the runner holds budget 128's trees, DDTree's marginal rounds at 128 too (`round_budget_128`). The default's
+    device timeline (device_timeline: idle gaps a round, from a profile). DDTree at budget 64 (`tree_scoring`), or `method` dflash / dflash2 (the chains). Each variant's
     `step_wall_ms` (a phase-timed round from one step's start to the next) and `loop_wall_ms` (untimed_rounds: the
     same session's next rounds without phase timing) are what the host waits."""
     out: dict = {}
@@ -900,7 +902,8 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 ("round_budget_64_dynamic_draft", False, "device", {}),
                 ("round_budget_64_host_walk", True, "host", {}),
                 ("round_budget_64_no_queue", True, "device", {"queue_draft": False}),
-                ("round_budget_64_launch_ahead", True, "device", {"launch_ahead": True})]
+                ("round_budget_64_not_ahead", True, "device", {"launch_ahead": False}),
+                ("round_budget_64_drafter_uncompiled", True, "device", {"drafter_compile": False})]
     if method == "ddtree" and tree_scoring == "marginal":
         variants.append(("round_budget_64_device_tree", True, "device", {"tree_on_device": True}))
         if engine.tree_size >= 129:  # the runner has a slot for budget 128's trees (--budgets 128)
@@ -919,8 +922,10 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                                                       / out["round_budget_64_host_walk"]["round_ms"])
     out["round_budget_64"]["queue_per_no_queue"] = (out["round_budget_64"]["step_wall_ms"]
                                                     / out["round_budget_64_no_queue"]["step_wall_ms"])
-    out["round_budget_64"]["launch_ahead_per_not"] = (out["round_budget_64_launch_ahead"]["loop_wall_ms"]
-                                                      / out["round_budget_64"]["loop_wall_ms"])
+    out["round_budget_64"]["launch_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
+                                                      / out["round_budget_64_not_ahead"]["loop_wall_ms"])
+    out["round_budget_64"]["drafter_compiled_per_not"] = (out["round_budget_64"]["draft"]
+                                                          / out["round_budget_64_drafter_uncompiled"]["draft"])
     if "round_budget_64_device_tree" in out:
         out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
                                                           / out["round_budget_64"]["round_ms"])
@@ -929,13 +934,15 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
 
 def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
                    static: bool, tree_on_device: bool = False, queue_draft: bool | None = None,
-                   launch_ahead: bool = False, timeline: bool = False, budget: int = 64) -> dict:
+                   launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
+                   budget: int = 64) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the round as the host sees it and the draft path; with `timeline`, the device's idle time in the next
     untimed rounds (device_timeline)."""
     from ..engine.session import DecodeSession, make_proposer
 
-    proposer = make_proposer(pair.drafter, pair.target, static=static)
+    options = {"compile": drafter_compile} if static else {}
+    proposer = make_proposer(pair.drafter, pair.target, static=static, **options)
     session = DecodeSession(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
                             time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
                             tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead)

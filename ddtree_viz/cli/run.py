@@ -78,11 +78,11 @@ def add_parser(sub) -> None:
                           "what the page, export and replay show) or light (the tree's shape and tokens, the accepted "
                           "path and the bonus: decoding at the engine's speed, nothing read back that decoding does "
                           "not need; no --trace or --compare, which need the trees)")
-    run.add_argument("--launch-ahead", action="store_true",
+    run.add_argument("--launch-ahead", action=argparse.BooleanOptionalAction, default=None,
                      help="DDTree's marginal rounds queue the verify's CUDA graph before the tree is built, so the "
                           "host's launch overlaps the draft (engine/launch.py; the runner engine with CUDA graphs, "
-                          "both models on one GPU; opt-in until measured there, docs/PERFORMANCE.md section 18); "
-                          "elsewhere the rounds run as without it and the run says why")
+                          "both models on one GPU). Default: with --record light; elsewhere the rounds run as "
+                          "without it. The run's last line says whether it was, and if not, why")
     add_sampling_args(run)
     run.set_defaults(handler=command)
 
@@ -110,7 +110,7 @@ def command(args) -> int:
     start = time.perf_counter()
     records = session.run()
     _print_result(args, session, records, (time.perf_counter() - start) * 1e3)
-    if args.launch_ahead:
+    if args.launch_ahead or session.launch_ahead:
         print(launch_ahead_line(session))
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
@@ -153,7 +153,8 @@ def _print_setup(args, pair, session) -> None:
 
 
 def launch_ahead_line(session) -> str:
-    """Whether the rounds' verify passes were launched ahead of their trees (run --launch-ahead), and why not."""
+    """Whether the rounds' verify passes were launched ahead of their trees (run --launch-ahead, or --record light),
+    and why not."""
     runner = getattr(session.target_engine, "runner", None)
     passes = getattr(runner, "passes_launched_ahead", 0)
     if session.launch_ahead and passes:

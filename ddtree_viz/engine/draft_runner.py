@@ -69,8 +69,8 @@ def static_blocker(drafter, target) -> str | None:
 
 
 # -- the pieces: the small kernels between the GEMMs as functions of tensors and numbers (fused.Pieces: through
-# torch.compile with `compile`, opt-in until measured on a GPU; as they are otherwise; the same arithmetic as the
-# drafter's modules, tests/test_draft_runner.py)
+# torch.compile with `compile`, by default where the graphs run on CUDA; as they are otherwise; the same arithmetic
+# as the drafter's modules, tests/test_draft_runner.py)
 
 def qk_prep(q, k, q_weight, k_weight, q_eps: float, k_eps: float, cos, sin, heads: int, kv_heads: int,
             head_dim: int):
@@ -122,10 +122,10 @@ class StaticDrafter:
     """Preallocated drafter state for one proposer (one sequence at a time) and the static draft function.
 
     `max_len` rows of K/V per layer; `ensure(n)` rebuilds the buffers larger (the rows written so far copied,
-    the graphs dropped) when a sequence needs more. `graphs` None: on CUDA."""
+    the graphs dropped) when a sequence needs more. `graphs` None: on CUDA; `compile` None: where the graphs are."""
 
     def __init__(self, drafter, target, *, max_len: int, graphs: bool | None = None, attention: str = "eager",
-                 compile: bool = False):
+                 compile: bool | None = None):
         blocker = static_blocker(drafter, target)
         if blocker is not None:
             raise ValueError(f"the static drafter cannot run here: {blocker}")
@@ -138,7 +138,8 @@ class StaticDrafter:
         self.device, self.dtype = drafter.activations
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         self.attention = attention
-        self.pieces = Pieces(bool(compile))
+        # the pieces compiled (None: where the graphs run on CUDA; a compiler that cannot run turns it off, _pass)
+        self.pieces = Pieces(self.graphs and self.device.type == "cuda" if compile is None else bool(compile))
         self.compile_error: str | None = None  # why compile was turned off (_pass), where it was
         self.plain = plain_layers(drafter)
         self.n_layers, self.n_heads, self.n_kv, self.head_dim = (c.num_hidden_layers, c.num_attention_heads,

@@ -65,11 +65,11 @@ class DFlashProposer:
     `static`: None (default) takes the static path on CUDA wherever it applies (drafter, embeddings and lm_head
     whole on one device) and the dynamic one elsewhere, so a CPU's arithmetic stays the reference's; True asks for
     the static path (ValueError where it cannot run; on a CPU it runs eagerly), False for the dynamic one.
-    `graphs` (None: on CUDA), `attention` ("eager" | "sdpa") and `compile` (its pieces through torch.compile;
-    opt-in) go to the static path."""
+    `graphs` (None: on CUDA), `attention` ("eager" | "sdpa") and `compile` (its pieces through torch.compile; None:
+    where the graphs are on CUDA) go to the static path."""
 
     def __init__(self, drafter, target, *, static: bool | None = None, graphs: bool | None = None,
-                 attention: str = "eager", compile: bool = False):
+                 attention: str = "eager", compile: bool | None = None):
         from .draft_runner import static_blocker
 
         self.drafter, self.target = drafter, target
@@ -449,7 +449,7 @@ class DecodeSession:
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
         tree_scoring: str = MARGINAL, tree_on_device: bool = False, queue_draft: bool | None = None,
-        launch_ahead: bool = False,
+        launch_ahead: bool | None = None,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -466,8 +466,8 @@ class DecodeSession:
         record (None: where that costs no wait, `queues_draft`); the same rounds and records either way.
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
         can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
-        clock would wait for the whole device inside the window); the same passes. Opt-in until its GPU test has
-        passed in its final form (PERFORMANCE.md section 18)."""
+        clock would wait for the whole device inside the window); the same passes. None (default): where the
+        rounds keep no record (a recorded round's reads may wait on the whole device; PERFORMANCE.md section 19)."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -517,7 +517,8 @@ class DecodeSession:
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
         # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
-        self.launch_ahead = (bool(launch_ahead) and hasattr(engine, "launch_ahead") and self._cuda_device is not None
+        wanted = not record if launch_ahead is None else bool(launch_ahead)
+        self.launch_ahead = (wanted and hasattr(engine, "launch_ahead") and self._cuda_device is not None
                              and not tree_on_device and method == DDTREE and self.tree_scoring == MARGINAL)
         self.reset()
 
