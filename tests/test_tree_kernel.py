@@ -240,13 +240,15 @@ def test_rule_equals_the_torch_form_and_the_reference(T, depth, H, Hk, K, V):
 
 @pytest.mark.parametrize("T", [40, 65, 129])
 def test_rule_is_the_same_at_every_tile(T):
-    """The parts kernel's rows a program (one block of 16 .. every row) and the rule kernel's value columns a
-    program change how the work is split, not the result."""
+    """The parts kernel's rows a program (one block of 16 .. every row), the rule kernel's value columns a program
+    and its solve's rows a block (16 .. the whole tile: forward substitution by blocks, or the level repetition over
+    every row) change how the work is split, not the result."""
     parents = random_tree(T, 9, random.Random(T))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 3, 1, 128, 128, seed=T)
     o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
-    for block_r, block_v in [(16, 16), (32, 64), (128, 32)]:
-        o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, block_r=block_r, block_v=block_v)
+    for block_r, block_v, block_s in [(16, 16, 16), (32, 64, 32), (128, 32, 128), (16, 16, 64)]:
+        o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, block_r=block_r, block_v=block_v,
+                                    block_s=block_s)
         torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
 
@@ -261,6 +263,9 @@ def test_rule_on_the_least_damped_system_and_with_too_few_steps():
     torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
     short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps - 1)[1]
     assert not torch.allclose(short, delta, atol=1e-3, rtol=1e-3)
+    for block_s in (16, 32):  # forward substitution by blocks: as accurate
+        torch.testing.assert_close(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
+                                                    block_s=block_s)[0].cpu(), ref, atol=2e-5, rtol=1e-4)
 
 
 def test_rule_reads_strided_inputs_and_refuses_bad_shapes():

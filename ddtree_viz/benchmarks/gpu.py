@@ -1177,7 +1177,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
 
 def triton_forms(per_call, args, parts, want, T: int) -> dict:
     """tree_forms' Triton rows for one tree: the solve with each product precision, the whole rule (and with each
-    count of rows a program of its parts kernel below T), each timed and its largest difference from `want` (the
+    count of rows a program of its parts kernel below T, and of rows a block of its solve), each timed and its largest difference from `want` (the
     torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch form's parts."""
     from ..engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
 
@@ -1189,6 +1189,9 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
     for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
         if rows < T:
             forms[f"rule_triton_rows_{rows}"] = functools.partial(tree_rule_triton, *args, block_r=rows)
+    for rows in (16, 32, 64, 128):  # the solve's rows a block (SOLVE_BLOCK's; 128: one block at every size)
+        if rows < T:
+            forms[f"rule_triton_solve_{rows}"] = functools.partial(tree_rule_triton, *args, block_s=rows)
     row = {}
     for key, fn in forms.items():
         row[f"{key}_us"] = per_call(fn)

@@ -22,6 +22,11 @@ torch.linalg.solve_triangular and a bmm). Here one launch does both, a program p
   formed, so nothing cancels: the system's conditioning is that of the substitution itself). The count comes
   from the device (`steps`, the tree's depth from its ancestor mask), so the launch is the same for every tree of
   a size and CUDA graphs replay it.
+- In the whole rule's kernel (below) at 129 positions the solve goes by blocks of rows (`_solve_blocked`, forward
+  substitution by blocks; SOLVE_BLOCK): a block takes the final delta of the blocks before it, then repeats its own
+  levels only as often as one of its nodes has strict ancestors inside it (from the ancestor mask). The repetition
+  over all 128 rows costs (depth - 1) products of [128, 128] by [128, BV]; by blocks of 32 it costs at most 6
+  off-diagonal products and (depth - 1) of [32, 32] a block, fewer where the block holds no long chain.
 - Then o = base + Qd delta, the root's column as a rank-one term.
 
 All arithmetic is fp32. tl.dot runs in "tf32x3" by default: each fp32 product as three TF32 tensor-core products
@@ -50,7 +55,6 @@ def _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, m
     """The solve and the output product for one head's block of value columns, given the right-hand side and the
     base of positions 1 .. TP (`rhs`, `base` [TP, BV]) and of the root (`d0` = its rhs, which is its delta since it
     has no strict ancestor, and `base0` [BV]); writes delta and o."""
-    m2 = mr[:, None] & mv[None, :]
     # the root is eliminated from every other row
     a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]
     r = rhs - a0[:, None] * d0[None, :]
@@ -59,15 +63,63 @@ def _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, m
     d = r
     for _ in range(tl.load(steps_ptr)):  # one level of the tree per repetition
         d = r - tl.dot(A, d, input_precision=PRECISION)
+    _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0, s_qh, s_qt, s_ot, s_oh, s_dt, s_dh,
+            PRECISION)
+
+
+@triton.jit
+def _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0, s_qh, s_qt, s_ot, s_oh, s_dt, s_dh,
+            PRECISION: tl.constexpr):
+    """delta (the root's `d0` [BV], positions 1 .. TP's `d` [TP, BV]) written, and o = base + Qd delta."""
+    m2 = mr[:, None] & mv[None, :]
     tl.store(delta_ptr + i_h * s_dh + cv, d0, mask=mv)  # the root's row (position 0)
     tl.store(delta_ptr + rows[:, None] * s_dt + i_h * s_dh + cv[None, :], d, mask=m2)
-    # o = base + Qd delta
     qd0 = tl.load(Qd_ptr + i_h * s_qh + rows * s_qt, mask=mr, other=0.0)  # [TP] Qd[i, 0]
     Qd = tl.load(Qd_ptr + i_h * s_qh + rows[:, None] * s_qt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0)
     o = base + qd0[:, None] * d0[None, :] + tl.dot(Qd, d, input_precision=PRECISION)
     tl.store(o_ptr + rows[:, None] * s_ot + i_h * s_oh + cv[None, :], o, mask=m2)
     q00 = tl.load(Qd_ptr + i_h * s_qh)
     tl.store(o_ptr + i_h * s_oh + cv, base0 + q00 * d0, mask=mv)
+
+
+@triton.jit
+def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0, base,
+                   base0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP: tl.constexpr, BS: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """_solve_rows by blocks of BS rows (forward substitution by blocks): block b's rows take the final delta of
+    the blocks before it (A's off-diagonal blocks times theirs), then solve their own unit-triangular block by the
+    level repetition, as often as a node of the block has strict ancestors inside it (at most `steps`). The rows
+    go through the program's delta output (its own head and columns) between the blocks."""
+    m2 = mr[:, None] & mv[None, :]
+    a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]: the root eliminated
+    dcols = delta_ptr + i_h * s_dh + cv[None, :]
+    tl.store(dcols + rows[:, None] * s_dt, rhs - a0[:, None] * d0[None, :], mask=m2)  # delta's rows hold the rhs
+    steps = tl.load(steps_ptr)
+    for b in tl.static_range(TP // BS):
+        tl.debug_barrier()  # the rows stored so far seen by every thread of the program
+        rb = 1 + b * BS + tl.arange(0, BS)
+        mb = rb < T
+        acc = tl.load(dcols + rb[:, None] * s_dt, mask=mb[:, None] & mv[None, :], other=0.0)
+        for c in tl.static_range(b):  # the blocks before, final
+            rc = 1 + c * BS + tl.arange(0, BS)
+            mc = rc < T
+            Abc = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rc[None, :], mask=mb[:, None] & mc[None, :],
+                          other=0.0)
+            dc = tl.load(dcols + rc[:, None] * s_dt, mask=mc[:, None] & mv[None, :], other=0.0)
+            acc -= tl.dot(Abc, dc, input_precision=PRECISION)
+        strict = mb[:, None] & (rb[:, None] > rb[None, :])
+        Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
+        inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
+        levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), steps)
+        d = acc
+        for _ in range(levels):
+            d = acc - tl.dot(Abb, d, input_precision=PRECISION)
+        tl.debug_barrier()  # every thread's loads of this block done before its rows are overwritten
+        tl.store(dcols + rb[:, None] * s_dt, d, mask=mb[:, None] & mv[None, :])
+    tl.debug_barrier()
+    d = tl.load(dcols + rows[:, None] * s_dt, mask=m2, other=0.0)
+    _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0, s_ah, s_at, s_ot, s_oh, s_dt, s_dh,
+            PRECISION)
 
 
 @triton.jit
@@ -144,6 +196,9 @@ RULE_BLOCK_V = {64: 32, 128: 64}
 # rows per program of _tree_parts_kernel by row tile (a program per (row block, value head): 192 programs at 65 and
 # 129 positions where a program per head was 48, each walking every row)
 PARTS_BLOCK_R = {64: 16, 128: 32}
+# the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
+# every row, as _solve_rows)
+SOLVE_BLOCK = {128: 32}
 
 
 @triton.jit
@@ -215,10 +270,10 @@ def _tree_parts_kernel(
 
 @triton.jit
 def _tree_rule_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, steps_ptr, o_ptr, delta_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr,
     T, K, V, REP,
-    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_ot, s_oh, s_dt, s_dh,
-    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v, i_h = tl.program_id(0), tl.program_id(1)
     i_k = i_h // REP
@@ -250,16 +305,21 @@ def _tree_rule_kernel(
     v0 = tl.load(v_ptr + i_h * s_vh + cv, mask=mv, other=0.0)
     d0 = beta0 * (v0 - eG0 * ks0)  # the root's right-hand side, which is its delta
     rhs = beta[:, None] * (v - eG[:, None] * ks)
-    _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, eG[:, None] * qs,
-                eG0 * qs0, s_ah, s_at, s_ah, s_at, s_ot, s_oh, s_dt, s_dh, PRECISION)
+    if BS < TP:
+        _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
+                       eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP, BS, PRECISION)
+    else:
+        _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, eG[:, None] * qs,
+                    eG0 * qs0, s_ah, s_at, s_ah, s_at, s_ot, s_oh, s_dt, s_dh, PRECISION)
 
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
-                     block_r: int | None = None, precision: str = PRECISION):
+                     block_r: int | None = None, block_s: int | None = None, precision: str = PRECISION):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
-    (parallel.solve_steps). T <= MAX_T. Returns o, delta [T, H, V]."""
+    (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
+    tile: one block, the level repetition over every row). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -278,6 +338,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     delta = torch.empty_like(o)
     TP, BV, warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
+    BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
     _tree_parts_kernel[(TP // BR, H)](
         q, k, g, beta, anc_float, A, Qd, G,
         T, K, H // Hk,
@@ -286,11 +347,11 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
         TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, num_warps=4,
     )
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
-        q, k, v, beta, state, A, Qd, G, steps, o, delta,
+        q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
         T, K, V, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
-        state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), o.stride(0), o.stride(1),
-        delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, PRECISION=precision, num_warps=warps,
+        state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
+        o.stride(1), delta.stride(0), delta.stride(1),
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, PRECISION=precision, num_warps=warps,
     )
     return o, delta
