@@ -199,6 +199,10 @@ PARTS_BLOCK_R = {64: 16, 128: 32}
 # the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
 # every row, as _solve_rows)
 SOLVE_BLOCK = {128: 32}
+# ... where the tree's level count (`steps`) is at least this: an H200 at Qwen3.6-27B shapes, 129 positions, us a
+# layer by blocks of 32 / over every row: 77.9 / 84.6 at 6 levels, 76.3 / 90.1 at 8, 79.0 / 104.4 at 14, 120 / 375
+# for a chain (docs/PERFORMANCE.md section 19)
+BLOCKED_FROM = 2
 
 
 @triton.jit
@@ -273,7 +277,8 @@ def _tree_rule_kernel(
     q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr,
     T, K, V, REP,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh,
-    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, PRECISION: tl.constexpr,
+    TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, FROM: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     i_v, i_h = tl.program_id(0), tl.program_id(1)
     i_k = i_h // REP
@@ -305,7 +310,10 @@ def _tree_rule_kernel(
     v0 = tl.load(v_ptr + i_h * s_vh + cv, mask=mv, other=0.0)
     d0 = beta0 * (v0 - eG0 * ks0)  # the root's right-hand side, which is its delta
     rhs = beta[:, None] * (v - eG[:, None] * ks)
+    blocked = False
     if BS < TP:
+        blocked = tl.load(steps_ptr) >= FROM  # a deep enough tree (the count is the device's: one launch for all)
+    if blocked:
         _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
                        eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP, BS, PRECISION)
     else:
@@ -314,12 +322,14 @@ def _tree_rule_kernel(
 
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
-                     block_r: int | None = None, block_s: int | None = None, precision: str = PRECISION):
+                     block_r: int | None = None, block_s: int | None = None, blocked_from: int = BLOCKED_FROM,
+                     precision: str = PRECISION):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
     (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
-    tile: one block, the level repetition over every row). Returns o, delta [T, H, V]."""
+    tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from` (a
+    shallower tree repeats its few levels over every row). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -352,6 +362,6 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
         state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
         o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, PRECISION=precision, num_warps=warps,
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=int(blocked_from), PRECISION=precision, num_warps=warps,
     )
     return o, delta
