@@ -246,8 +246,8 @@ def test_rule_is_the_same_at_every_tile(T):
     parents = random_tree(T, 9, random.Random(T))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 3, 1, 128, 128, seed=T)
     o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
-    for block_r, block_v, block_s, blocked_from in [(16, 16, 16, 0), (32, 64, 32, 2), (128, 32, 128, 2),
-                                                    (16, 16, 64, 2), (16, 16, 16, 99)]:  # 99: no tree this deep
+    for block_r, block_v, block_s, blocked_from in [(16, 16, 16, 0), (32, 64, 32, 3), (128, 32, 128, 3),
+                                                    (16, 16, 64, 3), (16, 16, 16, 99)]:  # 99: no tree this deep
         o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, block_r=block_r, block_v=block_v,
                                     block_s=block_s, blocked_from=blocked_from)
         torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)

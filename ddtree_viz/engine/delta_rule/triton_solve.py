@@ -200,9 +200,9 @@ PARTS_BLOCK_R = {64: 16, 128: 32}
 # every row, as _solve_rows)
 SOLVE_BLOCK = {128: 32}
 # ... where the tree's level count (`steps`) is at least this: an H200 at Qwen3.6-27B shapes, 129 positions, us a
-# layer by blocks of 32 / over every row: 77.9 / 84.6 at 6 levels, 76.3 / 90.1 at 8, 79.0 / 104.4 at 14, 120 / 375
-# for a chain (docs/PERFORMANCE.md section 19)
-BLOCKED_FROM = 2
+# layer by blocks of 32 / over every row: 74.7 / 71.3 at 0 levels, 75.2 / 73.9 at 1, 75.5 / 75.1 at 2, 75.1 / 78.6
+# at 3, 78.1 / 83.4 at 6, 79.0 / 104.4 at 14, 120 / 375 for a chain of 129 (docs/PERFORMANCE.md section 19)
+BLOCKED_FROM = 3
 
 
 @triton.jit
