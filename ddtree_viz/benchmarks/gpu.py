@@ -860,22 +860,24 @@ def greedy_stepper(engine, token: int):
 
 def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
     """Issue #31 item 1's first part: the round's tree phase from the drafter's log-probs on the device to the tree on
-    the host, built on the host (top-k copied back, build_tree) and on the device (tree_on_device, the nodes copied
-    back) eagerly and in DeviceTreeBuilder's CUDA graph (`graph_ms`; `graph_error` where the capture failed), per
-    budget: ms each (medians of 20) and whether the trees are the same."""
+    the host, built on the host (top-k copied back, build_tree) and on the device (device_tree_nodes, the nodes
+    copied back) eagerly and in DeviceTreeBuilder's CUDA graph (`graph_ms`; `graph_error` where the capture failed),
+    by the best-first kernel where it runs (engine/best_first.py, the default on CUDA) and by tree_on_device's tensor
+    ops in a graph too (`graph_torch_ms`), per budget: ms each (medians of 20) and whether the trees are the same."""
     from ..engine.tree import DeviceTreeBuilder, DraftTree
 
     out = {}
     for budget in budgets:
         host = DraftTree.from_logprobs(root, logprobs, budget)
         device = DraftTree.from_logprobs(root, logprobs, budget, on_device=True)
-        builder = DeviceTreeBuilder(budget)
-        graph = builder(root, logprobs).to_host()
+        builder, torch_ops = DeviceTreeBuilder(budget), DeviceTreeBuilder(budget, kernel=False)
+        graph, graph_torch = builder(root, logprobs).to_host(), torch_ops(root, logprobs).to_host()
         out[str(budget)] = {
             "host_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget), repeats=20),
             "device_ms": timed(lambda: DraftTree.from_logprobs(root, logprobs, budget, on_device=True), repeats=20),
             "graph_ms": timed(lambda: builder(root, logprobs).to_host(), repeats=20), "graph_error": builder.error,
-            "same_tree": host == device == graph}
+            "graph_torch_ms": timed(lambda: torch_ops(root, logprobs).to_host(), repeats=20),
+            "same_tree": host == device == graph == graph_torch}
     return out
 
 

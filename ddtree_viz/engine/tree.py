@@ -70,12 +70,13 @@ class DeviceTree:
         return self.token_ids.shape[0]
 
     @classmethod
-    def from_logprobs(cls, root_token_id: int | torch.Tensor, logprobs: torch.Tensor, budget: int) -> "DeviceTree":
-        """DDTree's best-first tree (build_tree's, node for node) from the drafter's per-depth log-probs by tensor
-        ops: top-k per depth, tree_on_device, each node's token gathered from the top-k. The root's token: an int,
-        or a [1] tensor beside the log-probs (a graph's input)."""
+    def from_logprobs(cls, root_token_id: int | torch.Tensor, logprobs: torch.Tensor, budget: int,
+                      kernel: bool | None = None) -> "DeviceTree":
+        """DDTree's best-first tree (build_tree's, node for node) from the drafter's per-depth log-probs where they
+        are: top-k per depth, the nodes (device_tree_nodes; `kernel` chooses how), each node's token gathered from
+        the top-k. The root's token: an int, or a [1] tensor beside the log-probs (a graph's input)."""
         values, ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1)
-        parents, depths, ranks, lps = tree_on_device(values, budget)
+        parents, depths, ranks, lps = device_tree_nodes(values, budget, kernel)
         root = (root_token_id if isinstance(root_token_id, torch.Tensor)
                 else torch.full((1,), int(root_token_id), dtype=torch.long, device=logprobs.device))
         return cls(torch.cat([root, ids[depths[1:] - 1, ranks[1:]]]), parents, depths, ranks, lps)
@@ -93,8 +94,8 @@ class DeviceTreeBuilder:
     graph's inputs; the tree's tensors are its outputs, valid until the next call. Off CUDA, or where the capture
     failed (`error` says why), it builds eagerly. tests/test_tree.py holds the graph's trees to build_tree's."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self, budget: int, kernel: bool | None = None):
+        self.budget, self.kernel = budget, kernel  # kernel: device_tree_nodes' choice
         self.key, self.graph, self.error = None, None, None
 
     def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
@@ -102,7 +103,7 @@ class DeviceTreeBuilder:
         if key != self.key and logprobs.device.type == "cuda" and self.error is None:
             self._capture(logprobs, key)
         if key != self.key:  # off CUDA, or the capture failed
-            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget)
+            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget, self.kernel)
         self._logprobs.copy_(logprobs)
         self._root.fill_(int(root_token_id))
         self.graph.replay()
@@ -115,11 +116,11 @@ class DeviceTreeBuilder:
             stream = torch.cuda.Stream(logprobs.device)
             stream.wait_stream(torch.cuda.current_stream(logprobs.device))
             with torch.cuda.stream(stream):  # a warm-up run outside the capture
-                DeviceTree.from_logprobs(self._root, self._logprobs, self.budget)
+                DeviceTree.from_logprobs(self._root, self._logprobs, self.budget, self.kernel)
             torch.cuda.current_stream(logprobs.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self.out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget)
+                self.out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget, self.kernel)
             self.key, self.graph = key, graph
         except Exception as exc:  # the eager build from here on (the reason kept)
             self.error = f"{type(exc).__name__}: {exc}"
@@ -176,6 +177,22 @@ def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.n
             push(heap, (neg - lp[depth][0], rank_path + unit[depth + 1], pos, depth + 1, 0, -neg))
     token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
+
+
+def device_tree_nodes(top_logprobs: torch.Tensor, budget: int, kernel: bool | None = None) -> tuple[torch.Tensor, ...]:
+    """tree_on_device's nodes, by the best-first kernel (engine/best_first.py: build_tree's heap loop in one Triton
+    program) or by tree_on_device's tensor ops. `kernel` None: the kernel on CUDA where Triton is installed, for
+    budgets up to its MAX_BUDGET; True asks for it (Triton's interpreter runs it on CPU tensors)."""
+    from .delta_rule.dispatch import triton_available
+
+    if kernel is None:
+        kernel = top_logprobs.is_cuda and triton_available()
+    if kernel and budget >= 1 and min(top_logprobs.shape) >= 1:  # (an empty tree: tree_on_device's root alone)
+        from .best_first import MAX_BUDGET, best_first_triton
+
+        if budget <= MAX_BUDGET:
+            return best_first_triton(top_logprobs, budget)
+    return tree_on_device(top_logprobs, budget)
 
 
 def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:

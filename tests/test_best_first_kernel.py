@@ -1,0 +1,54 @@
+"""engine/best_first.py: DDTree's best-first tree in one Triton program against build_tree, node for node (float32
+log-probs, ties decided by the rank path across depths, -inf candidates, every budget up to more than all paths),
+and against tree_on_device's tensors. Without a GPU the kernel runs in Triton's interpreter on CPU tensors
+(TRITON_INTERPRET=1, set before Triton is imported); skipped where Triton is not installed (CI's CPU torch)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from ddtree_viz.engine.best_first import MAX_BUDGET, best_first_triton, node_count  # noqa: E402
+from ddtree_viz.engine.tree import DeviceTree, DraftTree, build_tree, tree_on_device  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def log_prob_sets(depth: int, k: int, seed: int) -> list[torch.Tensor]:
+    """[depth, k] log-probs four ways: as they come, rounded twice (many ties: the rank path decides), mostly -inf."""
+    rng = np.random.default_rng(seed)
+    logits = torch.tensor(rng.normal(size=(depth, max(k, 2))) * rng.choice([0.5, 3.0]), dtype=torch.float32)
+    logp = torch.log_softmax(logits, -1)
+    holes = torch.rand(logp.shape, generator=torch.Generator().manual_seed(seed)) < 0.97
+    return [logp, torch.round(logp, decimals=1), torch.round(logp * 2) / 2, logp.masked_fill(holes, -torch.inf)]
+
+
+@pytest.mark.parametrize("depth, k, budget", [(15, 64, 64), (8, 16, 128), (3, 4, 200), (1, 4, 3), (15, 1, 30),
+                                              (4, 3, 7), (15, 300, 256)])
+def test_the_kernel_builds_build_trees_tree(depth, k, budget):
+    for seed, values in enumerate(log_prob_sets(depth, k, depth * 7 + k)):
+        values = values.to(DEVICE)
+        for b in sorted({1, 2, budget // 3 or 1, budget}):
+            top, ids = torch.topk(values, min(b, values.shape[-1]), dim=-1)  # that device's order of tied tokens
+            for mine, theirs in zip(best_first_triton(top, b), tree_on_device(top, b)):
+                assert torch.equal(mine, theirs), (depth, k, b, seed)
+            want = build_tree(11, top.cpu().numpy(), ids.cpu().numpy(), b)
+            assert DeviceTree.from_logprobs(11, values, b, kernel=True).to_host() == want, (depth, k, b, seed)
+
+
+def test_the_tree_size_and_what_the_kernel_refuses():
+    assert node_count(2, 3, 100) == 1 + 3 + 9 == len(tree_on_device(torch.zeros(2, 3), 100)[0])
+    assert node_count(15, 64, 64) == 65 and node_count(1, 4, 3) == 4
+    top = torch.zeros(3, 4, device=DEVICE)
+    for budget in (0, MAX_BUDGET + 1):
+        with pytest.raises(ValueError, match="budget"):
+            best_first_triton(top, budget)
+    # the default takes the kernel on CUDA only; an empty tree or a larger budget takes the tensor ops
+    assert DeviceTree.from_logprobs(3, torch.zeros(3, 4), 0, kernel=True).to_host() == DraftTree.from_logprobs(
+        3, torch.zeros(3, 4), 0)
