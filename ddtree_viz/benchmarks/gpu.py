@@ -1130,8 +1130,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     T = ``positions`` (budgets 64 and 128): microseconds per call of the torch form (compiled where the runner
     compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
     product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
-    (tree_rule_triton; also with each count of rows a program of its parts kernel, `rule_triton_rows_R`), each
-    Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
+    (tree_rule_triton; also with each count of rows a program of its parts kernel, `rule_triton_rows_R`, of rows a
+    block of its solve, `rule_triton_solve_R`, and its products in one TF32 or in fp32, `rule_triton_tf32` /
+    `_ieee`), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
     captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
     A form that cannot run here says why."""
     from ..engine import fused as fz
@@ -1178,9 +1179,11 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
 
 
 def triton_forms(per_call, args, parts, want, T: int) -> dict:
-    """tree_forms' Triton rows for one tree: the solve with each product precision, the whole rule (and with each
-    count of rows a program of its parts kernel below T, and of rows a block of its solve), each timed and its largest difference from `want` (the
-    torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch form's parts."""
+    """tree_forms' Triton rows for one tree: the solve and the whole rule with each product precision (tf32x3 the
+    default; tf32 one TF32 product, not fp32-accurate; ieee CUDA-core fp32), the whole rule with each count of rows
+    a program of its parts kernel below T and of rows a block of its solve; each timed and its largest difference
+    from `want` (the torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch
+    form's parts."""
     from ..engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
 
     steps = args[-1]
@@ -1188,6 +1191,8 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
              for p in ("tf32x3", "ieee")}
     # the whole rule in Triton (two launches), from grouped q/k heads
     forms["rule_triton"] = functools.partial(tree_rule_triton, *args)
+    for precision in ("tf32", "ieee"):  # what tf32x3's fp32 accuracy costs the whole rule (its products' precision)
+        forms[f"rule_triton_{precision}"] = functools.partial(tree_rule_triton, *args, precision=precision)
     for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
         if rows < T:
             forms[f"rule_triton_rows_{rows}"] = functools.partial(tree_rule_triton, *args, block_r=rows)
