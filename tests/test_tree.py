@@ -198,6 +198,11 @@ def test_the_trees_inputs_on_the_device_are_treeops(seed):
     anc, gather = tree_inputs_on_device(torch.tensor(parents), torch.tensor(depths), kernel, max(depths) + int(seed % 3))
     assert np.array_equal(anc.numpy(), treeops.ancestor_matrix(parents))
     assert np.array_equal(gather.numpy(), treeops.conv_gather(parents, depths, kernel))
+    chain = int(rng.integers(1, 130))  # a chain as deep as its bound (the mask's squarings reach exactly that far)
+    parents, depths = [-1] + list(range(chain - 1)), list(range(chain))
+    anc, gather = tree_inputs_on_device(torch.tensor(parents), torch.tensor(depths), kernel, chain - 1)
+    assert np.array_equal(anc.numpy(), treeops.ancestor_matrix(parents))
+    assert np.array_equal(gather.numpy(), treeops.conv_gather(parents, depths, kernel))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

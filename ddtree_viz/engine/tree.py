@@ -262,21 +262,23 @@ def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: i
     """treeops.ancestor_matrix and treeops.conv_gather computed by tensor ops where the tree is (the runner's static
     inputs written by the device): (ancestor mask [T, T] bool, conv windows [T, kernel] int64). parents, depths [T]
     as the forward sees the tree (padding: children of the root); max_depth: a bound on its depth (the runner's
-    max_path - 1). Both walk every node's ancestors one step at a time, together: max(kernel - 1, max_depth) steps."""
+    max_path - 1). The mask is the closure of "itself or its parent" by squaring (after s squarings a node reaches
+    its ancestors up to 2^s steps away: ceil(log2(max_depth)) matrix products of 0 / 1 entries, exact in float32);
+    the windows walk every node's ancestors one step at a time, kernel - 1 steps. A few dozen small ops, where a
+    step at a time for the mask too took ~130 (a host launching each of them: PERFORMANCE.md section 19)."""
     T = parents.shape[0]
     index = torch.arange(T, device=parents.device)
-    anc = torch.eye(T, dtype=torch.bool, device=parents.device)
+    reach = torch.eye(T, dtype=torch.float32, device=parents.device)  # itself, then its parent (the root has none)
+    reach.index_put_((index, parents.clamp(min=0)), (parents >= 0).float(), accumulate=True)
+    for _ in range(max(0, max_depth - 1).bit_length()):  # 2^s >= max_depth
+        reach = ((reach @ reach) > 0).float()
     gather = torch.empty(T, kernel, dtype=torch.long, device=parents.device)
     gather[:, kernel - 1] = kernel + index  # each node last in its own window
     up = index  # each node's m-th ancestor (-1 past the root)
-    for m in range(1, max(kernel, max_depth + 1)):
+    for m in range(1, kernel):  # past the root the window continues into the committed inputs, newest last
         up = torch.where(up >= 0, parents[up.clamp(min=0)], -1)
-        if m < kernel:  # past the root the window continues into the committed inputs, newest last
-            gather[:, kernel - 1 - m] = torch.where(up >= 0, kernel + up, kernel - (m - depths))
-        if m <= max_depth:
-            column = up.clamp(min=0)
-            anc[index, column] = anc[index, column] | (up >= 0)
-    return anc, gather
+        gather[:, kernel - 1 - m] = torch.where(up >= 0, kernel + up, kernel - (m - depths))
+    return reach > 0, gather
 
 
 def build_selector_tree(root_token_id: int, cond_root: np.ndarray, cond_pair: np.ndarray, cand_ids: np.ndarray,
