@@ -22,8 +22,8 @@ torch.linalg.solve_triangular and a bmm). Here one launch does both, a program p
   formed, so nothing cancels: the system's conditioning is that of the substitution itself). The count comes
   from the device (`steps`, the tree's depth from its ancestor mask), so the launch is the same for every tree of
   a size and CUDA graphs replay it.
-- In the whole rule's kernel (below) at 129 positions the solve goes by blocks of rows (`_solve_blocked`, forward
-  substitution by blocks; SOLVE_BLOCK): a block takes the final delta of the blocks before it, then repeats its own
+- In the whole rule's kernel (below) at 129 positions, for trees of at least BLOCKED_FROM levels to repeat, the
+  solve goes by blocks of rows (`_solve_blocked`, forward substitution by blocks; SOLVE_BLOCK): a block takes the final delta of the blocks before it, then repeats its own
   levels only as often as one of its nodes has strict ancestors inside it (from the ancestor mask). The repetition
   over all 128 rows costs (depth - 1) products of [128, 128] by [128, BV]; by blocks of 32 it costs at most 6
   off-diagonal products and (depth - 1) of [32, 32] a block, fewer where the block holds no long chain.
