@@ -49,8 +49,9 @@ def runner_greedy(runner, prompt, new):
     return list(EngineGreedy(engine, prompt, set()).extend_to(new).ids)
 
 
-def runner_ddtree(pair, runner, proposer, prompt, new, budget, tree_on_device=False):
-    """A DecodeSession on this runner, recording off: (generated ids, tokens gained per round)."""
+def runner_ddtree(pair, runner, proposer, prompt, new, budget, tree_on_device=None):
+    """A DecodeSession on this runner, recording off (the tree where the session puts it, unless `tree_on_device`
+    says): (generated ids, tokens gained per round)."""
     engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1, block_size=proposer.block_size,
                           max_new_tokens=new, runner=runner)
     session = DecodeSession(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False,
@@ -130,6 +131,31 @@ def test_inputs_written_by_the_device_are_the_staged_ones(pair):
                                                                                           tree.depths)))
         assert got.size == slot.size and torch.equal(got.inputs, slot.inputs) and torch.equal(got.anc, slot.anc)
         assert torch.equal(got_logits, logits) and torch.equal(got_feats, feats)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_static_tree_tensors_are_staged_by_a_graph_of_their_own():
+    """forward_tensors(static=True) on a runner with graphs: the slot's inputs written by one captured graph from
+    tensors rewritten in place (as DeviceTreeBuilder's outputs are) equal the host's staging, and the logits too,
+    for each tree and each committed length (read by the graph from the device); captured once for the slot."""
+    pair, _, device = on_cuda()
+    host = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    rng = random.Random(5)
+    tensors = [torch.zeros(12, dtype=torch.long, device="cuda") for _ in range(3)]  # ids, parents, depths
+    graphs = set()
+    for committed, depth in [(7, 3), (7, 8), (11, 1), (11, 5)]:
+        host.prefill(list(range(committed)))
+        device.prefill(list(range(committed)))
+        tree = tree_from_parents(random_tree(12, depth, rng), rng)
+        for t, values in zip(tensors, (tree.token_ids, tree.parents, tree.depths)):
+            t.copy_(torch.tensor(values))
+        logits, _, slot = host.forward(tree)
+        got_logits, _, got = device.forward_tensors(*tensors, static=True)
+        graphs.add(id(got.tree_graph))
+        assert got.tree_graph is not None and got.size == slot.size == 17
+        assert torch.equal(got.inputs, slot.inputs) and torch.equal(got.anc, slot.anc)
+        assert torch.equal(got_logits, logits)
+    assert len(graphs) == 1
 
 
 def test_runner_greedy_equals_transformers_greedy(pair, greedy):
@@ -249,7 +275,8 @@ def test_runner_with_cuda_graphs_equals_greedy():
     out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, NEW, 16)
     assert out == list(ref.ids)
     oracle = OracleProposer(ref.ids, len(prompt), [0, 1], pair.target.config.vocab_size, block_size=8)
-    assert runner_ddtree(pair, runner, oracle, prompt, NEW, 16, tree_on_device=True)[0] == list(ref.ids)  # graphs
+    for where in (True, False):  # the tree's graph and its inputs' graph (the default on a GPU), and the host's
+        assert runner_ddtree(pair, runner, oracle, prompt, NEW, 16, tree_on_device=where)[0] == list(ref.ids)
 
 
 def test_one_step_delta_rule_equals_the_recurrence():

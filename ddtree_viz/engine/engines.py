@@ -254,8 +254,9 @@ class RunnerEngine:
 
     @torch.no_grad()
     def forward_tensors(self, tree: DeviceTree) -> TreePass:
-        """forward over a tree held as tensors where the runner is (tree.DeviceTree): inputs written by the device."""
-        logits, feats, slot = self.runner.forward_tensors(tree.token_ids, tree.parents, tree.depths)
+        """forward over a tree held as tensors where the runner is (tree.DeviceTree): inputs written by the device
+        (a graph of their own where the tree is a graph's outputs, `static`)."""
+        logits, feats, slot = self.runner.forward_tensors(tree.token_ids, tree.parents, tree.depths, tree.static)
         return TreePass(tree, logits, (feats, slot))
 
     def accept(self, tree_pass, choice):

@@ -160,6 +160,8 @@ class _Slot:
     graph: object = None
     commit_graph: object = None
     walk_graph: object = None
+    tree_graph: object = None  # forward_tensors' inputs written from a static tree's tensors (runner.forward_tensors)
+    tree_key: tuple | None = None  # the storage (address, length) of the tensors tree_graph reads
 
     def __post_init__(self):
         T, P = self.size, self.commit_in.shape[0] - 2
@@ -636,28 +638,57 @@ class StaticRunner:
         return self._run(slot, n, launched=launched is not None)
 
     @torch.no_grad()
-    def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor,
-                        depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+    def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
+                        static: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """forward over a tree held as tensors where the runner is (tree.tree_on_device's nodes: [n] each, root
-        first, shallower than max_path): the slot's inputs written by the device (tree.tree_inputs_on_device),
-        the same values _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up."""
+        first, shallower than max_path): the slot's inputs written by the device (_stage_tensors), the same values
+        _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up. `static`: the three
+        tensors are rewritten in place for every tree (DeviceTreeBuilder's graph outputs), so where the slot has
+        graphs the writing is captured once as a graph of its own (`tree_graph`, for these tensors' storage) and
+        replayed: one launch where it is a few dozen ops."""
         self.release_ahead()
         start = time.perf_counter()
         self._host = 0.0
-        n = token_ids.shape[0]
-        slot = self.slot_for(n)
-        pad = slot.size - n
+        slot = self.slot_for(token_ids.shape[0])
+        if static and slot.graph is not None:
+            key = tuple((t.data_ptr(), t.shape[0]) for t in (token_ids, parents, depths))
+            if slot.tree_key != key:
+                slot.tree_graph, slot.tree_key = self._capture_staging(slot, token_ids, parents, depths), key
+            slot.tree_graph.replay()
+        else:
+            self._stage_tensors(slot, token_ids, parents, depths)
+        slot.depth = self.max_path - 1  # a bound (the walk's check): the tree is not read back
+        self._host += time.perf_counter() - start
+        return self._run(slot, token_ids.shape[0])
+
+    def _stage_tensors(self, slot: _Slot, token_ids: torch.Tensor, parents: torch.Tensor,
+                       depths: torch.Tensor) -> None:
+        """The slot's inputs from a tree held as tensors, by the device (tree.tree_inputs_on_device), padded to the
+        slot's size with children of the root; positions from the committed length on the device (committed_t).
+        A tree built elsewhere (a proposer's log-probs on the CPU) is moved here first."""
+        token_ids, parents, depths = (t.to(self.device) for t in (token_ids, parents, depths))
+        pad = slot.size - token_ids.shape[0]
         seen_parents = torch.cat([parents, parents.new_zeros(pad)])  # the padding: children of the root
         seen_depths = torch.cat([depths, depths.new_ones(pad)])
         anc, gather = tree_inputs_on_device(seen_parents, seen_depths, self.kernel, self.max_path - 1)
         slot.ids.copy_(torch.cat([token_ids, token_ids.new_zeros(pad)]))
-        slot.pos.copy_(seen_depths + self.committed)
+        slot.pos.copy_(seen_depths + self.committed_t)
         slot.parents.copy_(torch.cat([parents, parents.new_full((pad,), -1)]))  # the walk's: padding no one's child
         slot.gather.copy_(gather)
         slot.anc.copy_(anc)
-        slot.depth = self.max_path - 1  # a bound (the walk's check): the tree is not read back
-        self._host += time.perf_counter() - start
-        return self._run(slot, n)
+
+    def _capture_staging(self, slot: _Slot, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor):
+        """_stage_tensors of these tensors as a CUDA graph (a warm-up run on a side stream first): it writes only the
+        slot's inputs, which every forward rewrites (its temporaries in a pool of its own: a few small tensors)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._stage_tensors(slot, token_ids, parents, depths)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._stage_tensors(slot, token_ids, parents, depths)
+        return graph
 
     def _run(self, slot: _Slot, n: int, launched: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """The slot's pass (its graph replayed, or its function run where there is none; `launched`: its graph

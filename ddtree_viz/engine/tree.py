@@ -7,7 +7,7 @@ children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is l
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -65,6 +65,7 @@ class DeviceTree:
     depths: torch.Tensor
     ranks: torch.Tensor
     logprobs: torch.Tensor  # float64
+    static: bool = False  # a graph's outputs (DeviceTreeBuilder's), rewritten in place by every build
 
     def __len__(self) -> int:
         return self.token_ids.shape[0]
@@ -97,6 +98,7 @@ class DeviceTreeBuilder:
     def __init__(self, budget: int, kernel: bool | None = None):
         self.budget, self.kernel = budget, kernel  # kernel: device_tree_nodes' choice
         self.key, self.graph, self.error = None, None, None
+        self._pinned, self._copied = None, None  # queue_host's buffers and event (CUDA)
 
     def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
         key = (tuple(logprobs.shape), logprobs.dtype, logprobs.device)
@@ -109,6 +111,28 @@ class DeviceTreeBuilder:
         self.graph.replay()
         return self.out
 
+    def queue_host(self, tree: DeviceTree):
+        """The tree's copy to the host queued now (into pinned buffers of the builder's own on CUDA, an event after
+        them): returns a function that waits for that event alone and gives the DraftTree. Queued before the
+        verify, the copy is there when the walk's result is, so the host reads it without waiting for the commit
+        queued behind it (DeviceTree.to_host waits for the whole stream)."""
+        fields = (tree.token_ids, tree.parents, tree.depths, tree.ranks, tree.logprobs)
+        if not tree.token_ids.is_cuda:
+            return tree.to_host
+        if self._pinned is None or [p.shape for p in self._pinned] != [f.shape for f in fields]:
+            self._pinned = [torch.empty(f.shape, dtype=f.dtype, pin_memory=True) for f in fields]
+            self._copied = torch.cuda.Event()
+        for buffer, field in zip(self._pinned, fields):
+            buffer.copy_(field, non_blocking=True)
+        self._copied.record()
+        event, pinned = self._copied, self._pinned
+
+        def wait() -> DraftTree:
+            event.synchronize()
+            return DraftTree(*(tuple(p.tolist()) for p in pinned))
+
+        return wait
+
     def _capture(self, logprobs: torch.Tensor, key) -> None:
         self._logprobs = torch.empty_like(logprobs)
         self._root = torch.zeros(1, dtype=torch.long, device=logprobs.device)
@@ -120,7 +144,8 @@ class DeviceTreeBuilder:
             torch.cuda.current_stream(logprobs.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self.out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget, self.kernel)
+                out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget, self.kernel)
+            self.out = replace(out, static=True)
             self.key, self.graph = key, graph
         except Exception as exc:  # the eager build from here on (the reason kept)
             self.error = f"{type(exc).__name__}: {exc}"
