@@ -224,15 +224,18 @@ def test_run_on_the_runner_engine(tmp_path, capsys):
 def test_run_record_light_decodes_the_same_rounds_with_less_kept(model_args, capsys):
     """--record light (issue #31 item 3): the same rounds and output as the full record, equal to greedy, its phases
     not timed; refused with --trace or --compare, which need the trees, before any model loads. With --launch-ahead
-    on a CPU (no CUDA graphs to launch) the same rounds again, and the run says the verify was not launched ahead."""
+    on a CPU (no CUDA graphs to launch) the same rounds again, and the run says the verify was not launched ahead;
+    with --tree-on-device (the tree by tensor ops, eagerly here) the same rounds, and the run says so."""
     outs = {}
-    for level, extra in (("full", []), ("light", []), ("light", ["--launch-ahead"])):
+    for level, extra in (("full", []), ("light", []), ("light", ["--launch-ahead"]), ("light", ["--tree-on-device"])):
         rc = cli.main(["run", *model_args, "--prompt", "def f(x):\n", "--max-new-tokens", "12", "--budget", "6",
                        "--record", level, *extra])
         outs[level + " ".join(extra)] = capsys.readouterr().out
         assert rc == 0 and "identical to greedy for 12 tokens" in outs[level + " ".join(extra)]
     rounds = [next(line for line in out.splitlines() if line.startswith("rounds: ")) for out in outs.values()]
-    assert rounds[0] == rounds[1] == rounds[2]
+    assert rounds[0] == rounds[1] == rounds[2] == rounds[3]
+    assert "trees built on the device eagerly" in outs["light--tree-on-device"]
+    assert "trees built" not in outs["light"]
     ahead = outs["light--launch-ahead"]
     assert "verify not launched ahead: it needs DDTree's marginal tree on the runner engine" in ahead
     assert "launched ahead" not in outs["light"]

@@ -83,6 +83,11 @@ def add_parser(sub) -> None:
                           "host's launch overlaps the draft (engine/launch.py; the runner engine with CUDA graphs, "
                           "both models on one GPU). Default: with --record light; elsewhere the rounds run as "
                           "without it. The run's last line says whether it was, and if not, why")
+    run.add_argument("--tree-on-device", action=argparse.BooleanOptionalAction, default=None,
+                     help="DDTree's marginal tree built on the device (the best-first kernel in a CUDA graph), its "
+                          "inputs written by the device and its verify queued with no wait on the host (the runner "
+                          "engine). Default: with --record light on one GPU, unless --launch-ahead is given (which "
+                          "builds the tree on the host). The run's last line says where the trees were built")
     add_sampling_args(run)
     run.set_defaults(handler=command)
 
@@ -103,14 +108,17 @@ def command(args) -> int:
     encoded = encode(pair.tokenizer, spec)
     settings = decode_settings(args)
     session = DecodeSession.from_settings(pair, settings, target_top_k=args.target_top_k, draft_top_k=args.draft_top_k,
-                                          record=args.record == "full", launch_ahead=args.launch_ahead)
+                                          record=args.record == "full", launch_ahead=args.launch_ahead,
+                                          tree_on_device=args.tree_on_device)
     _print_setup(args, pair, session)
     print(_describe_prompt(spec, encoded))
     session.prefill(spec=spec)
     start = time.perf_counter()
     records = session.run()
     _print_result(args, session, records, (time.perf_counter() - start) * 1e3)
-    if args.launch_ahead or session.launch_ahead:
+    if session.tree_on_device or args.tree_on_device is not None:
+        print(tree_line(session))
+    elif args.launch_ahead or session.launch_ahead:
         print(launch_ahead_line(session))
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
@@ -150,6 +158,15 @@ def _print_setup(args, pair, session) -> None:
     if args.verify == "naive":
         print("NAIVE verification: the known-wrong flattened-tree behaviour (GDN layers run the tree as one chain; "
               "rejected branches leak into the state). Output may differ from greedy; shown to reproduce the bug.")
+
+
+def tree_line(session) -> str:
+    """Where the rounds' trees were built (run --[no-]tree-on-device, or --record light on a GPU)."""
+    if not session.tree_on_device:
+        return "trees built on the host (build_tree over the drafter's top-k, copied back)"
+    builder = session._tree_builder
+    how = "in a CUDA graph" if builder.graph is not None else f"eagerly ({builder.error or 'no CUDA graphs here'})"
+    return f"trees built on the device {how}, the verify's inputs written by the device"
 
 
 def launch_ahead_line(session) -> str:

@@ -31,6 +31,7 @@ from .cache import compact_kv
 from .engines import AUTO, ENGINES, TargetEngine, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
+from .delta_rule.dispatch import triton_available
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
@@ -448,7 +449,7 @@ class DecodeSession:
         reference_gdn: bool = False, engine: str | TargetEngine = AUTO, record: bool = True,
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
-        tree_scoring: str = MARGINAL, tree_on_device: bool = False, queue_draft: bool | None = None,
+        tree_scoring: str = MARGINAL, tree_on_device: bool | None = None, queue_draft: bool | None = None,
         launch_ahead: bool | None = None,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
@@ -461,9 +462,11 @@ class DecodeSession:
         (docs/EXACTNESS.md, "The reference"). `tree_scoring`: how DDTree scores a node, "marginal" (the drafter's
         per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family). `tree_on_device`:
         DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
-        handed to the engine as tensors (the runner engine's forward_tensors), read back once after the commit is
-        queued; the same trees. `queue_draft`: each round queues the next one's draft before the host reads its
-        record (None: where that costs no wait, `queues_draft`); the same rounds and records either way.
+        handed to the engine as tensors (the runner engine's forward_tensors), its copy to the host queued before
+        the verify and read after the walk; the same trees. None (default): where that was measured to cost less
+        (_tree_where: rounds without records on one GPU). `queue_draft`: each round queues the next one's draft
+        before the host reads its record (None: where that costs no wait, `queues_draft`); the same rounds and
+        records either way.
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
         can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
         clock would wait for the whole device inside the window); the same passes. None (default): where the
@@ -498,12 +501,6 @@ class DecodeSession:
                                  max_new_tokens=self.max_new_tokens)
         self.target_engine = engine
         self.engine = self.target_engine.name
-        if tree_on_device and not (method == DDTREE and self.tree_scoring == MARGINAL
-                                   and hasattr(engine, "forward_tensors")):
-            raise InputError("tree_on_device builds DDTree's marginal tree for the runner engine only, not "
-                             f"method {method!r} with {self.tree_scoring!r} scoring on the {self.engine} engine")
-        self.tree_on_device = tree_on_device
-        self._tree_builder = DeviceTreeBuilder(self.budget) if tree_on_device else None  # a CUDA graph on a GPU
         if reference not in REFERENCES:
             raise InputError(f"reference must be one of {', '.join(REFERENCES)}, not {reference!r}")
         # what the reference runs on: a second engine of this kind, or transformers' own forward
@@ -515,12 +512,30 @@ class DecodeSession:
         self._sync = device_sync(self.target, getattr(proposer, "drafter", None))
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
+        self.tree_on_device = self._tree_where(tree_on_device, launch_ahead)
+        self._tree_builder = DeviceTreeBuilder(self.budget) if self.tree_on_device else None  # a CUDA graph on a GPU
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
         # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
         wanted = not record if launch_ahead is None else bool(launch_ahead)
         self.launch_ahead = (wanted and hasattr(engine, "launch_ahead") and self._cuda_device is not None
-                             and not tree_on_device and method == DDTREE and self.tree_scoring == MARGINAL)
+                             and not self.tree_on_device and method == DDTREE and self.tree_scoring == MARGINAL)
         self.reset()
+
+    def _tree_where(self, asked: bool | None, launch_ahead: bool | None) -> bool:
+        """Whether DDTree's marginal tree is built on the device (`tree_on_device`): as asked (refused where the
+        engine cannot take a tree as tensors), or for None where it was measured to cost the host least and the
+        round no more (PERFORMANCE.md section 20): rounds without records on the runner, a drafter and the target
+        on one GPU (the log-probs where the tree is built), the tree by the best-first kernel (Triton), unless a
+        launch ahead was asked for (a host tree's)."""
+        engine = self.target_engine
+        marginal = (self.method == DDTREE and self.tree_scoring == MARGINAL and hasattr(engine, "forward_tensors"))
+        if asked is None:
+            drafted_here = getattr(self.proposer, "drafter", None) is not None and self._cuda_device is not None
+            return marginal and not self.record and drafted_here and launch_ahead is not True and triton_available()
+        if asked and not marginal:
+            raise InputError("tree_on_device builds DDTree's marginal tree for the runner engine only, not "
+                             f"method {self.method!r} with {self.tree_scoring!r} scoring on the {self.engine} engine")
+        return bool(asked)
 
     @classmethod
     def from_settings(cls, pair: ModelPair, settings: DecodeSettings, **runtime) -> "DecodeSession":
@@ -678,7 +693,7 @@ class DecodeSession:
         # GPU the copies run after it), then the next draft, then the wait for the copies alone
         reads = self._record_reads(logits, argmax, chosen, logprobs, len(accepted), bonus)
         if isinstance(tree, DeviceTree):
-            tree = tree.to_host()
+            tree = self._tree_read()
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
         if self.queues_draft and not self.done:
             self._queue_draft(self.committed_len + len(accepted))
@@ -715,6 +730,7 @@ class DecodeSession:
         engine = self.target_engine
         if self.tree_on_device:
             tree = self._tree_builder(root, logprobs)
+            self._tree_read = self._tree_builder.queue_host(tree)  # read in step, after the walk's own wait
             lap("tree")
             return tree, None, engine.forward_tensors(tree)
         # the launch: once the top-k's copies are queued (their pinned buffers taken), before the host waits
