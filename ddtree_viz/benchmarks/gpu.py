@@ -889,8 +889,9 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
     (its family's proposer): the static path (CUDA graphs; what a session takes on CUDA), then the same rounds with
     the dynamic one, then with the static one and the acceptance walk on the host (`round_budget_64_host_walk`:
     follow_tree and a staged path, as before the walk on the device; `walk_device_per_host`) and, for DDTree's
-    marginal tree, the tree built on the device (`round_budget_64_device_tree`: DeviceTree, the runner's inputs
-    written by the device; `tree_device_per_host`), and with each round drafting at its start instead of queuing the
+    marginal tree, the tree built on the device and on the host whatever the default (`round_budget_64_device_tree`:
+    DeviceTree, the runner's inputs written by the device; `round_budget_64_host_tree`: build_tree, launched ahead;
+    `tree_device_per_host`, of the loop_wall_ms), and with each round drafting at its start instead of queuing the
     next round's draft before its record's reads (`round_budget_64_no_queue`; `queue_per_no_queue`, of the
     step_wall_ms), and with each verify graph launched after its tree is staged (`round_budget_64_not_ahead`; the
     default launches it ahead: `launch_ahead_per_not`, of the loop_wall_ms), and with the static drafter's pieces
@@ -907,7 +908,8 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 ("round_budget_64_not_ahead", True, "device", {"launch_ahead": False}),
                 ("round_budget_64_drafter_uncompiled", True, "device", {"drafter_compile": False})]
     if method == "ddtree" and tree_scoring == "marginal":
-        variants.append(("round_budget_64_device_tree", True, "device", {"tree_on_device": True}))
+        variants += [("round_budget_64_device_tree", True, "device", {"tree_on_device": True}),
+                     ("round_budget_64_host_tree", True, "device", {"tree_on_device": False})]
         if engine.tree_size >= 129:  # the runner has a slot for budget 128's trees (--budgets 128)
             variants.append(("round_budget_128", True, "device", {"budget": 128}))
     default_walk = engine.walk
@@ -928,14 +930,14 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                                                       / out["round_budget_64_not_ahead"]["loop_wall_ms"])
     out["round_budget_64"]["drafter_compiled_per_not"] = (out["round_budget_64"]["draft"]
                                                           / out["round_budget_64_drafter_uncompiled"]["draft"])
-    if "round_budget_64_device_tree" in out:
-        out["round_budget_64"]["tree_device_per_host"] = (out["round_budget_64_device_tree"]["round_ms"]
-                                                          / out["round_budget_64"]["round_ms"])
+    if "round_budget_64_device_tree" in out:  # of what the host waits a round, phases untimed (where they ran)
+        device, host = (out[f"round_budget_64_{k}_tree"]["loop_wall_ms"] for k in ("device", "host"))
+        out["round_budget_64"]["tree_device_per_host"] = device / host if device and host else None
     return out
 
 
 def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
-                   static: bool, tree_on_device: bool = False, queue_draft: bool | None = None,
+                   static: bool, tree_on_device: bool | None = None, queue_draft: bool | None = None,
                    launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
                    budget: int = 64) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
@@ -1174,6 +1176,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
             row["solve_triton_tf32x3"] = row["solve_triton_ieee"] = row["rule_triton"] = "needs Triton and a CUDA device"
         else:
             row.update(triton_forms(per_call, (q, k, v, g, beta, state, anc, steps), parts, want, T))
+            row["solve_by_depth"] = solve_by_depth(per_call, (q, k, v, g, beta, state), T, dev)
         out[str(T)] = row
     return out
 
@@ -1205,6 +1208,29 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
         if not isinstance(row[f"{key}_us"], str):  # (a form that failed says why there)
             row[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
     return row
+
+
+def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) -> dict:
+    """The whole rule in Triton at T positions on trees of each depth (a chain of `depth` nodes from the root, the
+    rest children of random chain nodes), its solve over every row at once (`whole_us`) against by blocks of 16
+    and 32 rows (`blocks_R_us`, taken whatever the depth): where SOLVE_BLOCK and BLOCKED_FROM come from."""
+    from ..engine.delta_rule.parallel import solve_steps
+    from ..engine.delta_rule.triton_solve import tree_rule_triton
+    from ..engine.gdn_tree import TreeIndex
+
+    out = {}
+    for depth in depths:
+        parents = [-1] + [i - 1 if i < depth else random.Random(i).randrange(depth) for i in range(1, T)]
+        anc = TreeIndex.build(parents, 4, dev).masks.anc_float
+        steps = solve_steps(anc)
+        row = {"steps": int(steps), "whole_us": per_call(functools.partial(tree_rule_triton, *args, anc, steps,
+                                                                              block_s=128))}
+        for rows in (16, 32):
+            if rows < T - 1:
+                row[f"blocks_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
+                                                                      block_s=rows, blocked_from=0))
+        out[str(depth)] = row
+    return out
 
 
 def per_call_us(bench: BenchConfig, timed, calls: int, fn) -> float | str:

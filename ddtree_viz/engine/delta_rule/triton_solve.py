@@ -22,11 +22,13 @@ torch.linalg.solve_triangular and a bmm). Here one launch does both, a program p
   formed, so nothing cancels: the system's conditioning is that of the substitution itself). The count comes
   from the device (`steps`, the tree's depth from its ancestor mask), so the launch is the same for every tree of
   a size and CUDA graphs replay it.
-- In the whole rule's kernel (below) at 129 positions, for trees of at least BLOCKED_FROM levels to repeat, the
-  solve goes by blocks of rows (`_solve_blocked`, forward substitution by blocks; SOLVE_BLOCK): a block takes the final delta of the blocks before it, then repeats its own
-  levels only as often as one of its nodes has strict ancestors inside it (from the ancestor mask). The repetition
-  over all 128 rows costs (depth - 1) products of [128, 128] by [128, BV]; by blocks of 32 it costs at most 6
-  off-diagonal products and (depth - 1) of [32, 32] a block, fewer where the block holds no long chain.
+- In the whole rule's kernel (below), for trees of at least BLOCKED_FROM levels to repeat (by row tile: 2 at 129
+  positions, 9 at 65), the solve goes by blocks of rows (`_solve_blocked`, forward substitution by blocks;
+  SOLVE_BLOCK: 32 rows at 129 positions, 16 at 65): a block takes the final delta of the blocks before it, then
+  repeats its own levels only as often as one of its nodes has strict ancestors inside it (from the ancestor
+  mask). The repetition over all 128 rows costs (depth - 1) products of [128, 128] by [128, BV]; by blocks of 32
+  it costs at most 6 off-diagonal products and (depth - 1) of [32, 32] a block, fewer where the block holds no
+  long chain.
 - Then o = base + Qd delta, the root's column as a rank-one term.
 
 All arithmetic is fp32. tl.dot runs in "tf32x3" by default: each fp32 product as three TF32 tensor-core products
@@ -197,12 +199,14 @@ RULE_BLOCK_V = {64: 32, 128: 64}
 # 129 positions where a program per head was 48, each walking every row)
 PARTS_BLOCK_R = {64: 16, 128: 32}
 # the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
-# every row, as _solve_rows)
-SOLVE_BLOCK = {128: 32}
-# ... where the tree's level count (`steps`) is at least this: an H200 at Qwen3.6-27B shapes, 129 positions, us a
-# layer by blocks of 32 / over every row: 74.7 / 71.3 at 0 levels, 75.2 / 73.9 at 1, 75.5 / 75.1 at 2, 75.1 / 78.6
-# at 3, 78.1 / 83.4 at 6, 79.0 / 104.4 at 14, 120 / 375 for a chain of 129 (docs/PERFORMANCE.md section 19)
-BLOCKED_FROM = 3
+# every row, as _solve_rows), taken where the tree's level count (`steps`) is at least BLOCKED_FROM's for the tile.
+# An H200 at Qwen3.6-27B shapes, us a layer, over every row / by blocks of 16 / of 32 (gpu_bench's
+# tree_forms.solve_by_depth; docs/PERFORMANCE.md section 20): at 65 positions 28.1 / 31.5 / 31.7 at 1 level,
+# 32.3 / 32.6 / 35.3 at 7, 36.9 / 34.6 / 39.9 at 11, 39.8 / 33.8 / 42.2 at 15; at 129 positions 76.2 / 84.2 / 75.5
+# at 1, 79.4 / 85.1 / 76.5 at 2, 91.4 / 86.2 / 79.2 at 7, 111.4 / 88.1 / 81.0 at 15 (71.3 / 74.7 by blocks of 32 at
+# 0 levels, section 19); a chain of 129: 375 / 109 / 120
+SOLVE_BLOCK = {64: 16, 128: 32}
+BLOCKED_FROM = {64: 9, 128: 2}
 
 
 @triton.jit
@@ -322,14 +326,14 @@ def _tree_rule_kernel(
 
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
-                     block_r: int | None = None, block_s: int | None = None, blocked_from: int = BLOCKED_FROM,
+                     block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
                      precision: str = PRECISION):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
     (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
-    tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from` (a
-    shallower tree repeats its few levels over every row). Returns o, delta [T, H, V]."""
+    tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
+    (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -349,6 +353,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     TP, BV, warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
+    FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
     _tree_parts_kernel[(TP // BR, H)](
         q, k, g, beta, anc_float, A, Qd, G,
         T, K, H // Hk,
@@ -362,6 +367,6 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
         state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
         o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=int(blocked_from), PRECISION=precision, num_warps=warps,
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, num_warps=warps,
     )
     return o, delta
