@@ -442,6 +442,9 @@ def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
     for kwargs in ({"engine": "transformers"}, {"engine": "runner", "method": "dflash"}):
         with pytest.raises(InputError, match="tree_on_device"):
             DecodeSession(pair, budget=12, max_new_tokens=NEW, tree_on_device=True, **kwargs)
+        # where it does not apply (or here, a CPU: no GPU for the default), the default builds on the host
+        assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, record=False, **kwargs).tree_on_device
+    assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", record=False).tree_on_device
 
 
 def test_session_runner_engine_refuses_naive_mode(pair):

@@ -124,7 +124,7 @@ class DeviceTreeBuilder:
             self._copied = torch.cuda.Event()
         for buffer, field in zip(self._pinned, fields):
             buffer.copy_(field, non_blocking=True)
-        self._copied.record()
+        self._copied.record(torch.cuda.current_stream(tree.token_ids.device))  # the copies' stream
         event, pinned = self._copied, self._pinned
 
         def wait() -> DraftTree:
