@@ -416,7 +416,7 @@ def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
     """The walk on the device, then also DecodeSession(tree_on_device=True) (DDTree's marginal tree by tensor ops,
-    the runner's inputs written by the device, the tree read back after the commit), on the runner: the same
+    the runner's inputs written by the device, the tree read back after the walk), on the runner: the same
     rounds, tree for tree, and records as the host's walk and tree, greedy and sampled; refused where it does not
     apply."""
     from ddtree_viz.engine.sampling import Sampler
