@@ -164,7 +164,7 @@ def tree_line(session) -> str:
     """Where the rounds' trees were built (run --[no-]tree-on-device, or --record light on a GPU)."""
     if not session.tree_on_device:
         return "trees built on the host (build_tree over the drafter's top-k, copied back)"
-    builder = session._tree_builder
+    builder = session.tree_builder
     how = "in a CUDA graph" if builder.graph is not None else f"eagerly ({builder.error or 'no CUDA graphs here'})"
     return f"trees built on the device {how}, the verify's inputs written by the device"
 

@@ -513,7 +513,7 @@ class DecodeSession:
         # one GPU: phases timed with CUDA events (no waits between them); else the wall clock after a wait
         self._cuda_device = single_cuda_device(self.target, getattr(proposer, "drafter", None))
         self.tree_on_device = self._tree_where(tree_on_device, launch_ahead)
-        self._tree_builder = DeviceTreeBuilder(self.budget) if self.tree_on_device else None  # a CUDA graph on a GPU
+        self.tree_builder = DeviceTreeBuilder(self.budget) if self.tree_on_device else None  # a CUDA graph on a GPU
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
         # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
         wanted = not record if launch_ahead is None else bool(launch_ahead)
@@ -729,8 +729,8 @@ class DecodeSession:
         the launch is let go."""
         engine = self.target_engine
         if self.tree_on_device:
-            tree = self._tree_builder(root, logprobs)
-            self._tree_read = self._tree_builder.queue_host(tree)  # read in step, after the walk's own wait
+            tree = self.tree_builder(root, logprobs)
+            self._tree_read = self.tree_builder.queue_host(tree)  # read in step, after the walk's own wait
             lap("tree")
             return tree, None, engine.forward_tensors(tree)
         # the launch: once the top-k's copies are queued (their pinned buffers taken), before the host waits
