@@ -10,6 +10,7 @@ Replay use: the same call on a loaded Trace, with a token-text map when no token
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -79,11 +80,12 @@ class GreedyComparison:
     verdict: str | None = None  # the verdict on the first divergence in words (trace.verdict_text)
 
 
-def compare_with_greedy(trace: Trace, upto_step: int | None = None) -> GreedyComparison:
+def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: int | None = None) -> GreedyComparison:
     """Compare the output (up to and including round `upto_step`, or all of it) with greedy. While the reference
-    is still being decoded (trace.reference_pending), only the tokens it has reached are compared."""
-    sources = _shown_sources(trace, upto_step)
-    shown = len(sources)
+    is still being decoded (trace.reference_pending), only the tokens it has reached are compared. `shown`: the
+    count of tokens through `upto_step` where the caller has them (its _shown_sources)."""
+    if shown is None:
+        shown = len(_shown_sources(trace, upto_step))
     naive = trace.settings.get("verify") == "naive" or any(s.verify == "naive" for s in trace.steps)
     greedy, ref = trace.greedy_ids, reference_name(trace)
     if greedy is None:
@@ -111,8 +113,12 @@ def _shown_sources(trace: Trace, upto_step: int | None) -> list[TokenSource]:
     return [s for s in sources if s.step is None or s.step <= upto_step]
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, margin: float | None,
           ref: str = "greedy", unchecked: bool = False, verdict: str | None = None) -> str:
+    """One token's box. Cached: a page redraws the whole output every Step, and every token but the newest
+    round's (and where the reference check moved) comes out the same as at the Step before (its arguments are the
+    whole of what it depends on)."""
     bg = {"prefill": "#e8e8e8", "draft": "#d9f0e3", "bonus": "#fdf3c4"}.get(src.kind, "#ffffff")
     choice = "argmax" if ref == "greedy" else "sample"
     what = {"prefill": f"prefill token (the prefill pass's {choice})", "draft": f"accepted draft, depth {src.depth}",
@@ -151,11 +157,12 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
     as the known-wrong flattened-tree behaviour. All text is HTML-escaped (token text is untrusted).
     token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'."""
     text = lookup(token_text, lambda: token_texts_from_steps(trace.steps))
-    cmp = compare_with_greedy(trace, upto_step)
+    sources = _shown_sources(trace, upto_step)
+    cmp = compare_with_greedy(trace, upto_step, shown=len(sources))
     greedy, ref = trace.greedy_ids, reference_name(trace)
     spans = []
     last_step: int | None = -1
-    for src in _shown_sources(trace, upto_step):
+    for src in sources:
         g_text = None
         unchecked = cmp.checked is not None and src.index >= cmp.checked
         if cmp.has_greedy and not unchecked and (src.index >= len(greedy) or greedy[src.index] != src.token_id):
@@ -174,7 +181,7 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
         f'<div class="ddv-mode" style="{note_style}">{"⚠ " if cmp.naive else ""}{esc(note)}</div>'
         f'<div class="ddv-summary" style="font-weight:bold;{summary_style}">{esc(cmp.summary)}</div>'
         f'<div class="ddv-tokens" style="line-height:2;overflow-wrap:anywhere">{"".join(spans)}</div>'
-        f'{plain_text_html([s.token_id for s in _shown_sources(trace, upto_step)], text)}'
+        f'{plain_text_html([s.token_id for s in sources], text)}'
         f'{_evidence(trace) if cmp.has_greedy else ""}'
         '<div class="ddv-legend" style="color:#777;font-size:85%">P = prefill token · d<i>n</i> = accepted draft at '
         f'depth <i>n</i> · ★ = bonus token (the target\'s own) · red = differs from {esc(ref)} · │ = round boundary'
