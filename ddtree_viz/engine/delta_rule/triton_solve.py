@@ -327,13 +327,15 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
-                     precision: str = PRECISION):
+                     precision: str = PRECISION, warps: int | None = None, parts_warps: int | None = None):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
     (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
     tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
-    (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). Returns o, delta [T, H, V]."""
+    (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps` / `parts_warps`:
+    the warps a program of the solve's kernel (by row tile: 8 from 128 rows, else 4) and of the parts kernel (4).
+    Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -345,28 +347,39 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     g, beta = g.contiguous(), beta.contiguous()
     steps = steps.reshape(()).to(torch.int32)
     dev = v.device
-    A = torch.empty(H, T, T, dtype=torch.float32, device=dev)
-    Qd = torch.empty_like(A)
-    G = torch.empty(H, T, dtype=torch.float32, device=dev)
     o = torch.empty(T, H, V, dtype=torch.float32, device=dev)
     delta = torch.empty_like(o)
-    TP, BV, warps = _tiles(T, V, block_v, RULE_BLOCK_V)
-    BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
+    TP, BV, tile_warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
     FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
-    _tree_parts_kernel[(TP // BR, H)](
-        q, k, g, beta, anc_float, A, Qd, G,
-        T, K, H // Hk,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
-        A.stride(0), A.stride(1), G.stride(0),
-        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, num_warps=4,
-    )
+    A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, warps=parts_warps)
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
         q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
         T, K, V, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
         state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
         o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, num_warps=warps,
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, num_warps=warps or tile_warps,
     )
     return o, delta
+
+
+def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None = None, precision: str = PRECISION,
+                      warps: int | None = None):
+    """tree_rule_triton's first launch alone (`_tree_parts_kernel`): A, Qd [H, T, T] and the path sums G [H, T], from
+    the inputs as tree_rule_triton has made them (last dimension contiguous; g and beta contiguous). `block_r`: rows
+    a program (PARTS_BLOCK_R by row tile); `warps`: a program's (4)."""
+    T, Hk, K = k.shape
+    A = torch.empty(H, T, T, dtype=torch.float32, device=k.device)
+    Qd = torch.empty_like(A)
+    G = torch.empty(H, T, dtype=torch.float32, device=k.device)
+    TP = _tiles(T, 16, None, {})[0]
+    BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
+    _tree_parts_kernel[(TP // BR, H)](
+        q, k, g, beta, anc_float, A, Qd, G,
+        T, K, H // Hk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
+        A.stride(0), A.stride(1), G.stride(0),
+        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, num_warps=warps or 4,
+    )
+    return A, Qd, G
