@@ -279,6 +279,25 @@ def test_runner_with_cuda_graphs_equals_greedy():
         assert runner_ddtree(pair, runner, oracle, prompt, NEW, 16, tree_on_device=where)[0] == list(ref.ids)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_recorded_rounds_build_their_tree_on_the_device_by_default():
+    """The page's rounds (records kept) on one GPU build DDTree's marginal tree on the device by default
+    (_tree_where; PERFORMANCE.md section 21), with the same records, tree for tree, as the host's tree."""
+    pair, prompt, runner = on_cuda()
+    histories = []
+    for where in (None, False):
+        proposer = DFlashProposer(pair.drafter, pair.target)
+        engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=17, block_size=proposer.block_size,
+                              max_new_tokens=NEW, runner=runner)
+        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine,
+                                tree_on_device=where)
+        assert session.record and session.tree_on_device == (where is None)
+        session.prefill(prompt_ids=prompt)
+        session.run()
+        histories.append([dataclasses.replace(r, timings_ms={}) for r in session.history])
+    assert histories[0] == histories[1] and len(histories[0]) > 1
+
+
 def test_one_step_delta_rule_equals_the_recurrence():
     from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
     from ddtree_viz.engine.delta_rule.step import delta_rule_step

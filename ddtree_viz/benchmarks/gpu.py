@@ -1177,6 +1177,7 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
         else:
             row.update(triton_forms(per_call, (q, k, v, g, beta, state, anc, steps), parts, want, T))
             row["solve_by_depth"] = solve_by_depth(per_call, (q, k, v, g, beta, state), T, dev)
+            row["rule_tiles"] = rule_tiles(per_call, (q, k, v, g, beta, state, anc, steps), want, H)
         out[str(T)] = row
     return out
 
@@ -1230,6 +1231,29 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
                 row[f"blocks_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
                                                                       block_s=rows, blocked_from=0))
         out[str(depth)] = row
+    return out
+
+
+def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4, 8, 16)) -> dict:
+    """The whole rule in Triton by its launches' shapes: the parts kernel alone (`parts_us`, and with 2 / 8 warps a
+    program), and the whole rule with each value-column block and warp count of its second kernel
+    (`bv_B_warps_W_us`, each with its largest difference from the torch form `want`): where RULE_BLOCK_V and the
+    warps by row tile come from. args: q, k (key heads), v, g, beta, state, anc_float, steps."""
+    from ..engine.delta_rule.triton_solve import tree_parts_triton, tree_rule_triton
+
+    q, k, v, g, beta, state, anc, steps = args
+    out = {"parts_us": per_call(functools.partial(tree_parts_triton, q, k, g, beta, anc, H))}
+    for w in (2, 8):
+        out[f"parts_warps_{w}_us"] = per_call(functools.partial(tree_parts_triton, q, k, g, beta, anc, H, warps=w))
+    for bv in block_v:
+        if bv > v.shape[-1]:
+            continue
+        for w in warps:
+            fn = functools.partial(tree_rule_triton, *args, block_v=bv, warps=w)
+            key = f"bv_{bv}_warps_{w}"
+            out[f"{key}_us"] = per_call(fn)
+            if not isinstance(out[f"{key}_us"], str):
+                out[f"{key}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
     return out
 
 
@@ -1624,14 +1648,16 @@ def session_figures(session) -> dict:
 
 
 def bare_rounds(pair, budget: int, max_new: int, prompt_ids: list[int], steps: int, sync) -> dict:
-    """The bare round: DecodeSession.step alone on the runner (phases timed), without records and with them; the
-    median ms of `steps` rounds after 2 warm-up rounds (graph capture, the drafter's first shapes)."""
+    """The bare round: DecodeSession.step alone on the runner (phases timed), without records and with them (the tree
+    where the session builds it by default, and recorded with the host's tree: `bare_round_recorded_host_tree_ms`);
+    the median ms of `steps` rounds after 2 warm-up rounds (graph capture, the drafter's first shapes)."""
     from ..engine.session import DecodeSession
 
     out = {}
-    for key, record in (("bare_round_ms", False), ("bare_round_recorded_ms", True)):
+    for key, record, on_device in (("bare_round_ms", False, None), ("bare_round_recorded_ms", True, None),
+                                   ("bare_round_recorded_host_tree_ms", True, False)):
         session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
-                                time_phases=True)
+                                time_phases=True, tree_on_device=on_device)
         session.prefill(prompt_ids=prompt_ids)
         times = []
         for r in range(steps + 2):

@@ -463,8 +463,8 @@ class DecodeSession:
         per-depth log-probs) or "selector" (a DFlash2 drafter's pair scores; see check_family). `tree_on_device`:
         DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
         handed to the engine as tensors (the runner engine's forward_tensors), its copy to the host queued before
-        the verify and read after the walk; the same trees. None (default): where that was measured to cost less
-        (_tree_where: rounds without records on one GPU). `queue_draft`: each round queues the next one's draft
+        the verify and read after the walk; the same trees and records. None (default): where that was measured to
+        cost less (_tree_where: DDTree's marginal rounds on the runner, both models on one GPU). `queue_draft`: each round queues the next one's draft
         before the host reads its record (None: where that costs no wait, `queues_draft`); the same rounds and
         records either way.
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
@@ -524,14 +524,14 @@ class DecodeSession:
     def _tree_where(self, asked: bool | None, launch_ahead: bool | None) -> bool:
         """Whether DDTree's marginal tree is built on the device (`tree_on_device`): as asked (refused where the
         engine cannot take a tree as tensors), or for None where it was measured to cost the host least and the
-        round no more (PERFORMANCE.md section 20): rounds without records on the runner, a drafter and the target
-        on one GPU (the log-probs where the tree is built), the tree by the best-first kernel (Triton), unless a
-        launch ahead was asked for (a host tree's)."""
+        round no more (PERFORMANCE.md sections 20-21): rounds on the runner, recorded (the page) or not, a drafter
+        and the target on one GPU (the log-probs where the tree is built), the tree by the best-first kernel
+        (Triton), unless a launch ahead was asked for (a host tree's)."""
         engine = self.target_engine
         marginal = (self.method == DDTREE and self.tree_scoring == MARGINAL and hasattr(engine, "forward_tensors"))
         if asked is None:
             drafted_here = getattr(self.proposer, "drafter", None) is not None and self._cuda_device is not None
-            return marginal and not self.record and drafted_here and launch_ahead is not True and triton_available()
+            return marginal and drafted_here and launch_ahead is not True and triton_available()
         if asked and not marginal:
             raise InputError("tree_on_device builds DDTree's marginal tree for the runner engine only, not "
                              f"method {self.method!r} with {self.tree_scoring!r} scoring on the {self.engine} engine")
