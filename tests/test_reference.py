@@ -132,6 +132,32 @@ def test_a_wrong_verify_in_float32_is_a_mismatch(pair, tmp_path):
     assert verdict_text(trace).startswith("beyond numerical noise: mismatch (margin ")
 
 
+@pytest.mark.parametrize("verify", ["exact", "naive"])
+def test_the_drift_kept_between_checks_is_the_drift_compared_afresh(pair, verify):
+    """A page checks twice a Step (the round shown against the reference as far as it has decoded, then extended):
+    the rounds compared in full are kept between checks (DecodeSession._drift_done). At every check the drift
+    and its count equal a comparison of every round from scratch; a session that leaves the reference (naive
+    verification) included, where the limit stops at the divergence."""
+    ids = prompt_ids(pair)
+    session = DecodeSession(pair, budget=16, max_new_tokens=40, verify=verify, proposer=sibling_oracle(pair, ids, 40))
+    session.prefill(PROMPT)
+    seen = []
+    while not session.done:
+        session.step()
+        for extend in (False, True):
+            check = session.divergence_check(extend)
+            kept = session._drift_done
+            session._drift_done = (None, 0, (), 0)  # from scratch
+            afresh = session.divergence_check(extend)
+            assert (check.drift, check.drift_positions) == (afresh.drift, afresh.drift_positions)
+            session._drift_done = kept
+            seen.append(check.drift_positions)
+    if verify == "exact":
+        assert kept[1] > 1 and max(seen) > 1  # rounds were kept, and compared
+    else:  # it leaves the reference early: the rounds before the divergence compared
+        assert check.index is not None and max(seen) >= 1
+
+
 def near_tie_pair(seed=4, flatten=0.25, dtype=torch.bfloat16):
     """The tiny hybrid with flatter logits (near-ties are common), in bf16."""
     pair = tiny_pair("hybrid", seed=seed)

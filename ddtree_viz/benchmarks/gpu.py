@@ -1535,7 +1535,7 @@ def ui_prompt(tokens: int, salt: int = 0) -> str:
 
 @torch.no_grad()
 def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 64, prompt_len: int = 600,
-             steps: int = 12) -> dict:
+             steps: int = 12, long_round: int = 100) -> dict:
     """The web page's Step at real shapes: actions.step (the round, records, trace) + render_views (every view)
     through a ModelHost on the runner engine, as `app.py --engine runner` runs it; the page then checks the
     round against the reference (actions.check + render_check), timed apart. A Step is timed as the page runs it:
@@ -1544,7 +1544,9 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     them: the first Step after a new prompt (in a fresh tab: engines built and CUDA graphs captured; and in a tab
     that has run: its engines kept) against that session's prefill, and the bare round (DecodeSession.step alone,
     no records, as `--fast` times it). Targets (issue #13): a Step <= 1.3x the bare round + 10 ms; the first Step
-    after a new prompt <= 2x its prefill."""
+    after a new prompt <= 2x its prefill. Then the same tab goes on to round `long_round`: the Step there
+    (`long_step_ms`, `long_render_ms`, `long_ui_step_ms`: medians of its last 5 Steps), what a long session's
+    page costs where the views draw the whole output and every round so far."""
     from ..page import actions
     from ..page.state import TabState, read_settings
     from ..page.views import render_check, render_views
@@ -1552,7 +1554,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     host, sync, build_s = page_host(bench, layers, dtype)
     pair = host.pair
     block = pair.drafter.block_size
-    max_new = (steps + 4) * block  # room for every round below, however much they accept
+    max_new = (max(steps, long_round) + 4) * block  # room for every round below, however much they accept
     controls = lambda prompt: dict(prompt=prompt, budget=budget, block_size=block, max_new_tokens=max_new,  # noqa: E731
                                    verify="exact", method="ddtree")  # the Step tab's, by name
 
@@ -1587,6 +1589,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out.update(session_figures(tab.session))
     for key, values in samples.items():
         out[f"{key}_ms"] = statistics.median(values)
+    out.update(long_steps(tab, ui_step, ui_check, lambda: ui_prompt(prompt_len, 0), long_round))
 
     # a new prompt in the same tab: its engines are kept
     step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 1))
@@ -1609,6 +1612,20 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
         del pair, host, tab
         torch.cuda.empty_cache()
     return out
+
+
+def long_steps(tab, ui_step, ui_check, prompt, long_round: int, timed: int = 5) -> dict:
+    """ui_speed's tab stepped on (each Step checked, as the page does) to round `long_round`, its last `timed` Steps
+    timed: medians of the Step, the views and both; {} where the session ended first."""
+    samples = []
+    while len(tab.trace.steps) < long_round and not tab.session.done:
+        samples.append(ui_step(tab, prompt()))
+        ui_check(tab)
+    if len(tab.trace.steps) < long_round or len(samples) < timed:
+        return {}
+    step_ms, render_ms = (statistics.median(col) for col in zip(*samples[-timed:]))
+    return {"long_round": len(tab.trace.steps), "long_step_ms": step_ms, "long_render_ms": render_ms,
+            "long_ui_step_ms": statistics.median(a + b for a, b in samples[-timed:])}
 
 
 def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype):
@@ -1761,7 +1778,9 @@ def ui_targets(out: dict) -> dict:
     return {"ui_step_target_ms": target_ms, "ui_step_per_bare_round": out["ui_step_ms"] / out["bare_round_ms"],
             "ui_step_target_met": out["ui_step_ms"] <= target_ms, "first_step_per_prefill": per_prefill,
             "first_step_target_met": per_prefill <= 2,
-            "first_step_cold_per_prefill": out["first_step_cold_ms"] / out["first_step_cold_prefill_ms"]}
+            "first_step_cold_per_prefill": out["first_step_cold_ms"] / out["first_step_cold_prefill_ms"],
+            "long_ui_step_per_bare_round": (out["long_ui_step_ms"] / out["bare_round_ms"]
+                                            if "long_ui_step_ms" in out else None)}
 
 
 def peak_memory_gib(bench: BenchConfig) -> dict[str, float] | None:

@@ -565,6 +565,8 @@ class DecodeSession:
         self.prefill_cache: tuple = ()
         self.prefill_ms = 0.0
         self._record_ids: set[int] = set()  # token ids the records name (trees, argmaxes, choices): to_trace's texts
+        # _drift's rounds already compared in full: (the reference, their count, their deltas, the limit then)
+        self._drift_done: tuple = (None, 0, (), 0)
 
     @property
     def cache(self):
@@ -977,23 +979,34 @@ class DecodeSession:
 
     def _drift(self, ref: GreedyResult, upto: int) -> tuple[float | None, int]:
         """max |tree pass margin - reference margin| over the output tokens before `upto` that the rounds chose
-        at an accepted position (greedy only: a sampled round records logit margins, the reference score gaps)."""
+        at an accepted position (greedy only: a sampled round records logit margins, the reference score gaps).
+        The leading rounds compared in full are kept (_drift_done) and not compared again: the reference's tokens
+        and margins never change once decoded, and a page asks twice a Step over every round so far."""
         if not self.sampler.greedy or not self.record:
             return None, 0
-        deltas = []
+        limit = min(upto, len(ref.ids), len(ref.margins))
+        owner, done, kept, then = self._drift_done
+        if owner is not self._greedy or then > limit:  # (a smaller limit: never from the page, whose only grows)
+            done, kept = 0, ()
+        deltas = list(kept)
+        complete, counted = done, len(deltas)  # the leading rounds compared in full, and their deltas
         offset = len(self.prompt_ids)
-        for r in self.history:
-            if not r.target_margin:
-                continue
+        for k in range(done, len(self.history)):
+            r = self.history[k]
             first = r.committed_len - offset + 1  # the output index the root's choice decides
-            for j, a in enumerate(r.accepted):
-                i = first + j
-                if i >= upto or i >= len(ref.ids) or i >= len(ref.margins):
-                    break
-                if r.choices[a] == ref.ids[i]:
-                    delta = abs(r.target_margin[a] - ref.margins[i])
-                    if math.isfinite(delta):
-                        deltas.append(delta)
+            if r.target_margin:
+                for j, a in enumerate(r.accepted):
+                    i = first + j
+                    if i >= limit:
+                        break
+                    if r.choices[a] == ref.ids[i]:
+                        delta = abs(r.target_margin[a] - ref.margins[i])
+                        if math.isfinite(delta):
+                            deltas.append(delta)
+            if complete == k and first + len(r.accepted) <= limit:
+                complete, counted = k + 1, len(deltas)
+        if complete > done:
+            self._drift_done = (self._greedy, complete, tuple(deltas[:counted]), limit)
         return (max(deltas) if deltas else None), len(deltas)
 
     @property
