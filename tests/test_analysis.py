@@ -8,8 +8,10 @@ length, and on the embedded pair.
 """
 
 import copy
+import dataclasses
 import gc
 import json
+import random
 
 import numpy as np
 import pytest
@@ -167,6 +169,35 @@ def test_per_round_figures_are_computed_once_per_record_and_read_only(monkeypatc
     del steps, twin, calls
     gc.collect()
     assert len(analysis._MEMO) <= held - 5  # the three records' curves and depths (the twin's depth never asked)
+
+
+def test_the_session_curve_is_the_rounds_curves_summed_budget_by_budget():
+    """session_budget_curve (the rounds' curves summed as arrays, grouped by length) against the definition: at
+    every b, each round's capped curve at b, or past its end what it holds there; rounds of several tree sizes,
+    rounds the session stopped inside, a round with no curve, and a budget past every round's and short of it."""
+    rng = random.Random(3)
+    steps = []
+    for i in range(40):
+        size = rng.choice([2, 5, 9, 17])
+        path = [0] + list(range(1, rng.randrange(1, size) + 1))
+        step = record(path, list(range(size)))
+        if i % 7 == 3:  # stopped inside its walk: kept one token
+            step = dataclasses.replace(step, new_token_ids=(7,))
+        if i == 11:  # a tree of the root alone: an empty curve, holding what it kept
+            step = record([0], [0])
+            assert analysis.recorded_curve(step) == {} and step.kept == 1
+        steps.append(step)
+
+    def at(step, b):
+        curve = {k: min(v, step.kept) for k, v in analysis.recorded_curve(step).items()}
+        return curve[b] if b in curve else (curve[max(curve)] if curve else step.kept)
+
+    for budget in (None, 6, 30):
+        total = analysis.session_budget_curve(steps, budget)
+        top = budget or max(max(analysis.recorded_curve(s), default=0) for s in steps)
+        assert sorted(total) == list(range(1, top + 1))
+        assert all(total[b] == sum(at(s, b) for s in steps) for b in total)
+    assert analysis.session_budget_curve([]) == {}
 
 
 def test_session_figures_on_a_real_session(hybrid):
