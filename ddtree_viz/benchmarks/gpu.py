@@ -1597,6 +1597,9 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out["prefill_ms"] = tab.session.prefill_ms
     out["first_check_ms"] = ui_check(tab)
     out["output_identical_to_reference"] = tab.trace.first_divergence is None and not tab.trace.reference_pending
+    if tab.trace.first_divergence is not None:  # bf16 at random weights: near-ties; said with margin and verdict
+        out["divergence"] = {"token": tab.trace.first_divergence, "margin": tab.trace.divergence_margin,
+                             "verdict": tab.trace.divergence_verdict, "noise": tab.trace.numerical_noise}
 
     # the independent check (transformers' forward) over the tokens shown, its own time
     s = time.perf_counter()
@@ -1624,8 +1627,11 @@ def long_steps(tab, ui_step, ui_check, prompt, long_round: int, timed: int = 5) 
     if len(tab.trace.steps) < long_round or len(samples) < timed:
         return {}
     step_ms, render_ms = (statistics.median(col) for col in zip(*samples[-timed:]))
+    records = tab.session.history[-timed:]  # where the Step's time went: the rounds' phases (device) or the host
     return {"long_round": len(tab.trace.steps), "long_step_ms": step_ms, "long_render_ms": render_ms,
-            "long_ui_step_ms": statistics.median(a + b for a, b in samples[-timed:])}
+            "long_ui_step_ms": statistics.median(a + b for a, b in samples[-timed:]),
+            "long_round_phases_ms": {k: statistics.median(r.timings_ms[k] for r in records)
+                                     for k in records[0].timings_ms}}
 
 
 def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype):

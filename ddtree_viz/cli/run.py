@@ -86,7 +86,7 @@ def add_parser(sub) -> None:
     run.add_argument("--tree-on-device", action=argparse.BooleanOptionalAction, default=None,
                      help="DDTree's marginal tree built on the device (the best-first kernel in a CUDA graph), its "
                           "inputs written by the device and its verify queued with no wait on the host (the runner "
-                          "engine). Default: with --record light on one GPU, unless --launch-ahead is given (which "
+                          "engine). Default: on one GPU, records kept or not, unless --launch-ahead is given (which "
                           "builds the tree on the host). The run's last line says where the trees were built")
     add_sampling_args(run)
     run.set_defaults(handler=command)
@@ -161,7 +161,7 @@ def _print_setup(args, pair, session) -> None:
 
 
 def tree_line(session) -> str:
-    """Where the rounds' trees were built (run --[no-]tree-on-device, or --record light on a GPU)."""
+    """Where the rounds' trees were built (run --[no-]tree-on-device; by default on one GPU)."""
     if not session.tree_on_device:
         return "trees built on the host (build_tree over the drafter's top-k, copied back)"
     builder = session.tree_builder
