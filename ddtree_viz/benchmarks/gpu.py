@@ -1596,10 +1596,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out["first_step_ms"] = step_ms + render_ms
     out["prefill_ms"] = tab.session.prefill_ms
     out["first_check_ms"] = ui_check(tab)
-    out["output_identical_to_reference"] = tab.trace.first_divergence is None and not tab.trace.reference_pending
-    if tab.trace.first_divergence is not None:  # bf16 at random weights: near-ties; said with margin and verdict
-        out["divergence"] = {"token": tab.trace.first_divergence, "margin": tab.trace.divergence_margin,
-                             "verdict": tab.trace.divergence_verdict, "noise": tab.trace.numerical_noise}
+    out.update(against_reference(tab.trace))
 
     # the independent check (transformers' forward) over the tokens shown, its own time
     s = time.perf_counter()
@@ -1614,6 +1611,16 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
         out["peak_memory_GiB"] = peak_memory_gib(bench)
         del pair, host, tab
         torch.cuda.empty_cache()
+    return out
+
+
+def against_reference(trace) -> dict:
+    """Whether the tab's output equals its reference, and where it does not, the divergence's token, margin, verdict
+    and the measured noise (bf16 at random weights: near-ties, said, never hidden)."""
+    out = {"output_identical_to_reference": trace.first_divergence is None and not trace.reference_pending}
+    if trace.first_divergence is not None:
+        out["divergence"] = {"token": trace.first_divergence, "margin": trace.divergence_margin,
+                             "verdict": trace.divergence_verdict, "noise": trace.numerical_noise}
     return out
 
 
