@@ -464,9 +464,9 @@ class DecodeSession:
         DDTree's marginal tree built where the log-probs are (tree.DeviceTreeBuilder: a CUDA graph on a GPU) and
         handed to the engine as tensors (the runner engine's forward_tensors), its copy to the host queued before
         the verify and read after the walk; the same trees and records. None (default): where that was measured to
-        cost less (_tree_where: DDTree's marginal rounds on the runner, both models on one GPU). `queue_draft`: each round queues the next one's draft
-        before the host reads its record (None: where that costs no wait, `queues_draft`); the same rounds and
-        records either way.
+        cost less (_tree_where: DDTree's marginal rounds on the runner, both models on one GPU). `queue_draft`: each
+        round queues the next one's draft before the host reads its record (None: where that costs no wait,
+        `queues_draft`); the same rounds and records either way.
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
         can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
         clock would wait for the whole device inside the window); the same passes. None (default): where the
