@@ -149,10 +149,15 @@ def _last_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _row_tile(T: int) -> int:
+    """The row tile: positions 1 .. T-1 (the root apart) as a power of two, at least 16."""
+    return max(16, triton.next_power_of_2(max(T - 1, 1)))
+
+
 def _tiles(T: int, V: int, block_v: int | None, table: dict[int, int]) -> tuple[int, int, int]:
-    """(TP, BV, warps): the row tile (positions 1 .. T-1, a power of two, at least 16), the value columns a program
-    (`block_v`, else the measured `table` by row tile, else 16) and the warps a program."""
-    TP = max(16, triton.next_power_of_2(max(T - 1, 1)))
+    """(TP, BV, warps): the row tile (_row_tile), the value columns a program (`block_v`, else the measured `table`
+    by row tile, else 16) and the warps a program."""
+    TP = _row_tile(T)
     BV = max(16, min(block_v or table.get(TP, 16), triton.next_power_of_2(V)))
     return TP, BV, 8 if TP >= 128 else 4
 
@@ -327,15 +332,14 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
-                     precision: str = PRECISION, warps: int | None = None, parts_warps: int | None = None):
+                     precision: str = PRECISION, warps: int | None = None):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
     (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
     tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
-    (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps` / `parts_warps`:
-    the warps a program of the solve's kernel (by row tile: 8 from 128 rows, else 4) and of the parts kernel (4).
-    Returns o, delta [T, H, V]."""
+    (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps`: a program's in
+    the solve's kernel (by row tile: 8 from 128 rows, else 4). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -352,7 +356,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     TP, BV, tile_warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
     FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
-    A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, warps=parts_warps)
+    A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision)
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
         q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
         T, K, V, H // Hk,
@@ -373,7 +377,7 @@ def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None =
     A = torch.empty(H, T, T, dtype=torch.float32, device=k.device)
     Qd = torch.empty_like(A)
     G = torch.empty(H, T, dtype=torch.float32, device=k.device)
-    TP = _tiles(T, 16, None, {})[0]
+    TP = _row_tile(T)
     BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
     _tree_parts_kernel[(TP // BR, H)](
         q, k, g, beta, anc_float, A, Qd, G,
