@@ -158,6 +158,35 @@ def test_the_drift_kept_between_checks_is_the_drift_compared_afresh(pair, verify
         assert check.index is not None and max(seen) >= 1
 
 
+def named_ids(session, trace) -> set[int]:
+    """Every token id a trace of this session names, from its definition (trace.token_texts's docstring)."""
+    ids = set(session.prompt_ids) | set(session.generated) | set(trace.greedy_ids or ())
+    for r in session.history:
+        ids |= set(r.target_argmax) | set(r.target_choice) | {node.token_id for node in r.nodes}
+        ids |= {t for row in r.target_top_ids + r.draft_top_ids for t in row}
+    return ids
+
+
+def test_the_token_texts_kept_as_ids_appear_are_every_id_the_trace_names(pair):
+    """to_trace's token texts are kept as the ids appear (DecodeSession._token_texts: a long session's Step no longer
+    decodes and sorts every id again). At every check, as a page makes them (the round shown, then the reference
+    extended), and through a second prompt on the same session, they are exactly the ids the trace names, each with
+    its own text; an earlier trace keeps the texts it was made with."""
+    session = DecodeSession(pair, budget=16, max_new_tokens=24)
+    for text in (PROMPT, "class Stack:\n    def push(self, item):"):
+        session.prefill(text)
+        traces = []
+        while not session.done:
+            session.step()
+            for extend in (False, True):
+                trace = session.to_trace(extend=extend)
+                assert set(map(int, trace.token_texts)) == named_ids(session, trace)
+                assert all(trace.token_texts[str(i)] == session.token_text(i) for i in named_ids(session, trace))
+                traces.append((trace, dict(trace.token_texts)))
+        assert len(traces) > 4
+        assert all(trace.token_texts == texts for trace, texts in traces)
+
+
 def near_tie_pair(seed=4, flatten=0.25, dtype=torch.bfloat16):
     """The tiny hybrid with flatter logits (near-ties are common), in bf16."""
     pair = tiny_pair("hybrid", seed=seed)

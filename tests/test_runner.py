@@ -703,6 +703,56 @@ def test_warm_runner_compiles_only_where_the_runner_compiles():
         assert warm_runner(hybrid.cuda()) > 0.0
 
 
+def test_warm_rounds_runs_a_short_session_of_the_settings_and_drops_it(pair):
+    """warm_rounds (the page's load on a GPU) runs the settings' prefill, rounds and check, and changes nothing a
+    session of the same settings computes afterwards."""
+    from ddtree_viz.engine.session import warm_rounds
+    from ddtree_viz.options import DecodeSettings
+
+    settings = DecodeSettings(budget=8, max_new_tokens=12, engine="runner")
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    outputs = []
+    for warm in (False, True):
+        if warm:
+            assert warm_rounds(pair, settings) > 0.0
+        session = DecodeSession.from_settings(pair, settings)
+        session.prefill(prompt_ids=prompt)
+        session.run()
+        outputs.append(session.generated)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton, CUDA graphs)")
+def test_the_pages_first_step_after_load_compiles_nothing():
+    """The page's load on a GPU runs a first round at its default settings (page/host.py, warm_rounds), so a new
+    tab's first Step and check at those settings make no Triton kernel and no compiled graph (a fresh process's
+    first Step took 8.9 s at 27B shapes before: PERFORMANCE.md section 22)."""
+    import triton
+    from ddtree_viz.page import actions
+    from ddtree_viz.page.host import ModelHost
+    from ddtree_viz.page.state import TabState, read_settings
+    from ddtree_viz.prompts import DEFAULT_PROMPTS
+
+    host = ModelHost(None, None, "bfloat16", "cuda", "runner")
+    host.start(background=False)
+    assert host.ready and host.warmup_s > 0.0, host.error
+    made = []
+    hook = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: made.append(kw["fn"].name)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    try:
+        tab = TabState()
+        values = dict(prompt=DEFAULT_PROMPTS[2], budget=32, block_size=host.pair.drafter.block_size, max_new_tokens=64,
+                      verify="exact", method="ddtree")  # the Step tab's defaults
+        for _ in range(2):
+            actions.step(host, tab, read_settings(host, values), check=False)
+            actions.check(host, tab)
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = hook
+    assert made == [] and torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    assert len(tab.session.history) == 2
+
+
 def _doubled(x):
     return x * 2
 

@@ -1551,7 +1551,7 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     from ..page.state import TabState, read_settings
     from ..page.views import render_check, render_views
 
-    host, sync, build_s = page_host(bench, layers, dtype)
+    host, sync, build_s = page_host(bench, layers, dtype, budget)
     pair = host.pair
     block = pair.drafter.block_size
     max_new = (max(steps, long_round) + 4) * block  # room for every round below, however much they accept
@@ -1589,7 +1589,9 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out.update(session_figures(tab.session))
     for key, values in samples.items():
         out[f"{key}_ms"] = statistics.median(values)
+    out["step_profile"] = step_profile(tab, lambda: ui_step(tab, ui_prompt(prompt_len, 0)))
     out.update(long_steps(tab, ui_step, ui_check, lambda: ui_prompt(prompt_len, 0), long_round))
+    out["long_step_profile"] = step_profile(tab, lambda: ui_step(tab, ui_prompt(prompt_len, 0)))
 
     # a new prompt in the same tab: its engines are kept
     step_ms, render_ms = ui_step(tab, ui_prompt(prompt_len, 1))
@@ -1641,11 +1643,26 @@ def long_steps(tab, ui_step, ui_check, prompt, long_round: int, timed: int = 5) 
                                      for k in records[0].timings_ms}}
 
 
-def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype):
+def step_profile(tab, step) -> dict | str:
+    """One more page Step under the profiler: its round's number and lengths (committed tokens, the runner's and the
+    drafter's key buckets), the device's busy and idle time (timeline_gaps) and its activities by kind: a long
+    session's Step set beside an early one tells the device's growth from the host's."""
+    session = tab.session
+    spans = profiled_spans(step)
+    if isinstance(spans, str) or not spans:
+        return spans or "no device activity"
+    runner, drafter = session.target_engine.runner, session.proposer.runner
+    return {"round": len(session.history), "committed": int(runner.committed),
+            "runner_slots": sorted(str(k) for k in runner._slots),
+            "drafter_max_len": getattr(drafter, "max_len", None), "gaps": timeline_gaps(spans, 1, listed=8),
+            "kinds": activity_kinds(spans, 1, top=16)}
+
+
+def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int):
     """(a page's ModelHost on the runner engine holding the 27B-shaped pair, its device sync, seconds to build the
-    models): what the page's load does (ModelHost._load), the runner's compile included, before any Step."""
+    models): what the page's load does (ModelHost._load: the runner's compile and a first round, here at `budget`),
+    before any Step."""
     from ..engine.cache import cache_layout
-    from ..engine.engines import warm_runner
     from ..engine.verify import device_sync
     from ..page.host import ModelHost
     from ..render.cache_view import cache_layout_table
@@ -1657,7 +1674,7 @@ def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype):
     pair = pair_of(bench, target, drafter, dtype)
     host = ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
     host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"
-    host.warmup_s = warm_runner(target)
+    host.warmup_s = host.warm(pair, budget)
     return host, device_sync(target, drafter), build_s
 
 

@@ -564,7 +564,11 @@ class DecodeSession:
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
         self.prefill_ms = 0.0
-        self._record_ids: set[int] = set()  # token ids the records name (trees, argmaxes, choices): to_trace's texts
+        # to_trace's token texts, kept as ids appear: str(id) -> text of every id named so far, the ids named since
+        # (decoded at the next to_trace), and how far the prompt, the output and the reference have been named
+        self._texts: dict[str, str] = {}
+        self._unnamed: set[int] = set()
+        self._named: dict[str, int] = {"prompt": 0, "output": 0, "reference": 0}
         # _drift's rounds already compared in full: (the reference, their count, their deltas, the limit then)
         self._drift_done: tuple = (None, 0, (), 0)
 
@@ -717,9 +721,8 @@ class DecodeSession:
         )
         self.committed_len += len(accepted)
         self.history.append(step)
-        self._record_ids.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes),
-                                (t for row in step.target_top_ids for t in row),
-                                (t for row in step.draft_top_ids for t in row))
+        self._unnamed.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes),
+                             (t for row in step.target_top_ids for t in row), (t for row in step.draft_top_ids for t in row))
         return step
 
     def _verify_tree(self, root: int, logprobs: torch.Tensor, lap):
@@ -1042,7 +1045,45 @@ class DecodeSession:
         return dict(messages=tuple(spec.conversation()), chat_template=True, thinking=spec.thinking)
 
     def _token_texts(self, greedy_ids) -> dict[str, str]:
-        """Text of every id the trace names; the records' ids are gathered as each round is made (a long session's
-        to_trace does not walk every tree and grid again)."""
-        ids = set(self.prompt_ids) | set(self.generated) | set(greedy_ids or ()) | self._record_ids
-        return {str(i): self.token_text(i) for i in sorted(ids)}
+        """Text of every id the trace names (prompt, output, reference, records), by str(id). Kept as the ids
+        appear: each call decodes only the ids named since the last and copies the dict, so a Step's to_trace does
+        not decode, sort or gather every id of the session again (at 27B shapes with random weights the records
+        name ~50,000 ids by round 100, which cost the page's Step 20 ms: PERFORMANCE.md section 22)."""
+        for source, ids in (("prompt", self.prompt_ids), ("output", self.generated), ("reference", greedy_ids or ())):
+            self._name_new(source, ids)
+        texts, unnamed = self._texts, self._unnamed
+        for i in unnamed:
+            key = str(i)
+            if key not in texts:
+                texts[key] = self.token_text(i)
+        unnamed.clear()
+        return dict(texts)
+
+    def _name_new(self, source: str, ids) -> None:
+        """Queue the ids of a list that only grows while a prompt lasts (the prompt's, the output's, the
+        reference's) past those queued before (prefill's reset starts every count again)."""
+        self._unnamed.update(ids[self._named[source]:])
+        self._named[source] = len(ids)
+
+
+WARM_PROMPT = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"
+
+
+def warm_rounds(pair: ModelPair, settings: DecodeSettings, rounds: int = 2) -> float:
+    """A short session of `settings` run and dropped (its prefill, `rounds` rounds and their check against the
+    reference), so that what a process makes at its first round of a tree size is made now: the Triton kernels of
+    the tree rule and the tree at budget + 1 positions, the drafter's compiled pieces and graphs' shapes, the GEMM
+    libraries' choices at these row counts. The page calls it at load (page/host.py) with its default settings, so a
+    user's first Step costs a round and the graphs' capture, not the compiler. Returns the seconds it took."""
+    start = time.perf_counter()
+    block = settings.block_size or pair.drafter.block_size
+    s = settings.replace(max_new_tokens=max(settings.max_new_tokens, (rounds + 1) * block))
+    session = DecodeSession.from_settings(pair, s)
+    session.prefill(prompt=WARM_PROMPT)
+    for _ in range(rounds):
+        if session.done:
+            break
+        session.step()
+    session.divergence_check()
+    del session
+    return time.perf_counter() - start

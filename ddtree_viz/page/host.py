@@ -11,9 +11,10 @@ import time
 from ..engine.cache import cache_layout
 from ..engine.engines import default_engine, engine_for, warm_runner
 from ..engine.models import ModelPair, embedded_draft, load_pair
+from ..engine.session import warm_rounds
 from ..engine.prompts import has_chat_template, takes_thinking
 from ..errors import DDTreeVizError, InputError, ModelLoadError
-from ..options import AUTO, DTYPES
+from ..options import AUTO, DTYPES, DecodeSettings
 from ..render.cache_view import cache_layout_table, cache_table_html
 from ..render.text import esc
 
@@ -76,7 +77,7 @@ class ModelHost:
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
         self._layout_html: str | None = None
         self._longest_token: int | None = None  # characters of the vocabulary's longest entry (max_prompt_chars)
-        self.warmup_s = 0.0  # the static runner's compile at load (engines.warm_runner; CUDA only)
+        self.warmup_s = 0.0  # the static runner's compile and a first round at load (warm_runner, warm_rounds; CUDA)
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -96,7 +97,7 @@ class ModelHost:
                 # the runner compiles its fused pieces once per process (CUDA): here, not in the first Step
                 self.stage = ("compiling the static runner's fused kernels (once per process: ~35 s on a fresh "
                               "machine, seconds with a warm cache)")
-                self.warmup_s = warm_runner(pair.target)
+                self.warmup_s = self.warm(pair)
             settle_heap()
             self.pair = pair
             self.stage = "ready"
@@ -104,6 +105,18 @@ class ModelHost:
             self.error, self.stage = str(exc), "failed"
         except Exception as exc:  # noqa: BLE001 - the page must say what happened and keep serving
             self.error, self.stage = f"{type(exc).__name__}: {exc}", "failed"
+
+    def warm(self, pair: ModelPair, budget: int = DecodeSettings.budget) -> float:
+        """What a process compiles once, paid at load and not in a user's first Step (CUDA; 0.0 where nothing
+        compiles): the runner's fused pieces (warm_runner), then a first round at the page's default settings
+        (warm_rounds: the tree size's Triton kernels, the drafter's shapes; `budget`: the Step tab's default). Returns
+        the seconds it took."""
+        seconds = warm_runner(pair.target)
+        if seconds:
+            self.stage = ("running a first round at the page's default settings (kernels of its tree size compiled "
+                          "once per process)")
+            seconds += warm_rounds(pair, DecodeSettings(budget=budget, engine="runner"))
+        return seconds
 
     def wait(self, timeout: float | None = None) -> None:
         if self._thread is not None:
@@ -121,7 +134,7 @@ class ModelHost:
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
                     f"transformers; {_threads()} torch thread(s)"
-                    + (f"; the runner's kernels compiled at load in {self.warmup_s:.1f} s" if self.warmup_s else "")
+                    + (f"; the runner's kernels compiled and a first round run at load in {self.warmup_s:.1f} s" if self.warmup_s else "")
                     + f"; {esc(self.chat_note())}")
         if self.replay_only:
             return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "

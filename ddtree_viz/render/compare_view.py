@@ -12,7 +12,7 @@ from .text import TokenText, esc, lookup, visible
 
 
 def _texts(trace: Trace, token_text: TokenText | None):
-    return lookup(token_text, {int(k): v for k, v in trace.token_texts.items()})
+    return lookup(token_text, lambda: {int(k): v for k, v in trace.token_texts.items()})  # made where needed only
 
 
 def _verdict(side: dict, sampled: bool) -> str:
