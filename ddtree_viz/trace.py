@@ -888,6 +888,8 @@ def verdict_text(trace: Trace) -> str | None:
 def verdict_words(verdict: str | None, margin: float | None, noise: float | None, positions: int) -> str:
     """'within numerical noise (margin m <= noise n, ...)', 'beyond numerical noise: mismatch (...)', or why
     there is no verdict."""
+    if verdict == VERDICT_NOISE and margin == 0.0:
+        return "within numerical noise: an exact tie (the reference's top two choices are equal, margin 0)"
     if verdict == VERDICT_NOISE:
         return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
     if verdict == VERDICT_MISMATCH:

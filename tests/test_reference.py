@@ -187,6 +187,18 @@ def test_the_token_texts_kept_as_ids_appear_are_every_id_the_trace_names(pair):
         assert all(trace.token_texts == texts for trace, texts in traces)
 
 
+def test_an_exact_tie_is_noise_whatever_was_measured():
+    """A divergence where the reference's top two are equal (margin 0: bf16 logits over a large vocabulary tie
+    often) is noise with or without a noise measurement; any other margin needs one, and is judged against it."""
+    from ddtree_viz.engine.session import verdict
+    from ddtree_viz.trace import VERDICT_MISMATCH, VERDICT_NOISE, verdict_words
+
+    assert verdict(0.0, None) == verdict(0.0, 1e-3) == verdict(1e-3, 1e-3) == VERDICT_NOISE
+    assert verdict(0.01, None) is None and verdict(None, 1e-3) is None and verdict(0.01, 1e-3) == VERDICT_MISMATCH
+    assert "exact tie" in verdict_words(verdict(0.0, None), 0.0, None, 0)
+    assert "exact tie" not in verdict_words(VERDICT_NOISE, 1e-3, 1e-3, 4)
+
+
 def near_tie_pair(seed=4, flatten=0.25, dtype=torch.bfloat16):
     """The tiny hybrid with flatter logits (near-ties are common), in bf16."""
     pair = tiny_pair("hybrid", seed=seed)

@@ -413,7 +413,11 @@ class DivergenceCheck:
 
 def verdict(margin: float | None, noise: float | None) -> str | None:
     """A divergence whose reference margin is at most the measured noise is a numerical tie; one beyond it is a
-    mismatch. None when either is unknown."""
+    mismatch. A margin of 0 is an exact tie (the reference's top two are equal, as bf16 logits often are over a
+    large vocabulary): either token is its argmax, so it is noise whatever was measured. None when either is
+    unknown otherwise."""
+    if margin == 0.0:
+        return VERDICT_NOISE
     if margin is None or noise is None:
         return None
     return VERDICT_NOISE if margin <= noise else VERDICT_MISMATCH
