@@ -255,6 +255,29 @@ def test_rule_is_the_same_at_every_tile(T):
         torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("T, H, Hk", [(17, 6, 2), (65, 6, 2), (129, 3, 1)])
+def test_parts_by_key_head_equal_the_parts_by_value_head(T, H, Hk):
+    """The parts kernel with a program per key head (its value heads' q.k and k.k made once: `group`) writes the
+    A, Qd and G a program per value head writes, at each of its rows a program; and the whole rule with it equals
+    the torch form."""
+    from ddtree_viz.engine.delta_rule.triton_solve import tree_parts_triton
+
+    parents = random_tree(T, 9, random.Random(T + 1))
+    (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, H, Hk, 128, 128, seed=T + 1)
+    def written(A, Qd, G):  # the root's row is Qd[:, 0, 0] alone (the rest of row 0 is never read)
+        return A[:, 1:], Qd[:, 1:], Qd[:, 0, 0], G
+
+    by_value = written(*tree_parts_triton(q, k, g, beta, masks.anc_float, H, group=False))
+    for block_r in (16, 32, None):
+        grouped = written(*tree_parts_triton(q, k, g, beta, masks.anc_float, H, group=True, block_r=block_r))
+        for got, want in zip(grouped, by_value):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
+    for got, want in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, group=True),
+                         (o_torch, delta_torch)):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
 def test_rule_on_the_least_damped_system_and_with_too_few_steps():
     """g = 0, beta ~ 1, nearly parallel keys: as accurate as the substitution; one repetition short is wrong (the
     level repetition over every row; by blocks each block repeats as often as its own chains need)."""
@@ -295,5 +318,6 @@ def test_rule_at_qwen36_27b_shapes_on_the_gpu():
         parents = random_tree(T, min(T - 1, 15), random.Random(T))
         (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 48, 16, 128, 128, seed=T)
         want = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
-        for got, ref in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps), want):
-            torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        for group in (False, True):  # the parts kernel by value head and by key head
+            for got, ref in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, group=group), want):
+                torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)

@@ -1236,7 +1236,8 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
 
 def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4, 8, 16)) -> dict:
     """The whole rule in Triton by its launches' shapes: the parts kernel alone (`parts_us`, and with 2 / 8 warps a
-    program), and the whole rule with each value-column block and warp count of its second kernel
+    program; `parts_group_G_br_R_warps_W_us`: a program per value head (G 0) or per key head (G 1), R rows a
+    program; `rule_group_G_us`: the whole rule with each, and its largest difference from the torch form), and the whole rule with each value-column block and warp count of its second kernel
     (`bv_B_warps_W_us`, each with its largest difference from the torch form `want`): where RULE_BLOCK_V and the
     warps by row tile come from. args: q, k (key heads), v, g, beta, state, anc_float, steps."""
     from ..engine.delta_rule.triton_solve import tree_parts_triton, tree_rule_triton
@@ -1245,6 +1246,13 @@ def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4
     out = {"parts_us": per_call(functools.partial(tree_parts_triton, q, k, g, beta, anc, H))}
     for w in (2, 8):
         out[f"parts_warps_{w}_us"] = per_call(functools.partial(tree_parts_triton, q, k, g, beta, anc, H, warps=w))
+    for group, block_r, w in itertools.product((False, True), (16, 32, 64), (4, 8)):  # by value head or key head
+        out[f"parts_group_{int(group)}_br_{block_r}_warps_{w}_us"] = per_call(functools.partial(
+            tree_parts_triton, q, k, g, beta, anc, H, group=group, block_r=block_r, warps=w))
+    for group in (False, True):
+        fn = functools.partial(tree_rule_triton, *args, group=group)
+        out[f"rule_group_{int(group)}_us"] = per_call(fn)
+        out[f"rule_group_{int(group)}_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(fn(), want))
     for bv in block_v:
         if bv > v.shape[-1]:
             continue

@@ -203,6 +203,10 @@ RULE_BLOCK_V = {64: 32, 128: 64}
 # rows per program of _tree_parts_kernel by row tile (a program per (row block, value head): 192 programs at 65 and
 # 129 positions where a program per head was 48, each walking every row)
 PARTS_BLOCK_R = {64: 16, 128: 32}
+# a program per (row block, key head) instead, its REP value heads' q.k and k.k made once (3 at Qwen3.6-27B's 48
+# value heads on 16 key heads), and its rows a program, by row tile (not measured yet: off)
+PARTS_GROUP: dict[int, bool] = {}
+PARTS_GROUP_BLOCK_R = {64: 16, 128: 16}
 # the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
 # every row, as _solve_rows), taken where the tree's level count (`steps`) is at least BLOCKED_FROM's for the tile.
 # An H200 at Qwen3.6-27B shapes, us a layer, over every row / by blocks of 16 / of 32 (gpu_bench's
@@ -230,25 +234,17 @@ def _tree_parts_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, A_ptr, Qd_ptr, G_ptr,
     T, K, REP,
     s_qt, s_qh, s_kt, s_kh, s_gt, s_bt, s_nt, s_ah, s_at, s_Gh,
-    TP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    TP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
 ):
-    i_r, i_h = tl.program_id(0), tl.program_id(1)
-    i_k = i_h // REP  # the key head this value head reads
+    """A block of rows of A, Qd and G for one value head (program (row block, value head)), or with GROUP for every
+    value head of one key head (program (row block, key head)): the products q.k and k.k, which only the key head
+    decides, made once for its REP value heads; then per value head its path sums, decay and beta."""
+    i_r, i_p = tl.program_id(0), tl.program_id(1)
+    i_k = i_p if GROUP else i_p // REP  # the key head the program's value heads read
     cols = 1 + tl.arange(0, TP)  # the system's columns: tree positions 1 .. TP (the root apart)
     mcol = cols < T
     rows = 1 + i_r * BR + tl.arange(0, BR)  # this program's block of rows
     mr = rows < T
-    # G: path sums of g over each node's ancestors-or-self, for every column; the rows' values picked from them
-    # exactly (a sum of one value and zeros), so a node's decay to itself is exp(0)
-    G = tl.zeros([TP], dtype=tl.float32)
-    for c0 in range(0, T, BK):
-        ci = c0 + tl.arange(0, BK)
-        mc = ci < T
-        anc = tl.load(anc_ptr + cols[:, None] * s_nt + ci[None, :], mask=mcol[:, None] & mc[None, :], other=0.0)
-        gc = tl.load(g_ptr + ci * s_gt + i_h, mask=mc, other=0.0)
-        G += tl.sum(anc * gc[None, :], 1)
-    Gr = tl.sum(tl.where(rows[:, None] == cols[None, :], G[None, :], 0.0), 1)
-    G0 = tl.load(g_ptr + i_h)
     # q_i.k_j and k_i.k_j for the block's rows i against positions 1 .. T-1, and against the root's key (column 0)
     dkk = tl.zeros([BR, TP], dtype=tl.float32)
     dqk = tl.zeros([BR, TP], dtype=tl.float32)
@@ -268,17 +264,30 @@ def _tree_parts_kernel(
         q0k0 += q0 * k0
     m2 = mr[:, None] & mcol[None, :]
     on_path = tl.load(anc_ptr + rows[:, None] * s_nt + cols[None, :], mask=m2, other=0.0) > 0
-    decay = tl.where(on_path, tl.exp(tl.where(on_path, Gr[:, None] - G[None, :], 0.0)), 0.0)
-    decay0 = tl.exp(Gr - G0)  # every node descends from the root
-    beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=mr, other=0.0)
-    tl.store(A_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], beta[:, None] * dkk * decay, mask=m2)
-    tl.store(Qd_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], dqk * decay, mask=m2)
-    tl.store(A_ptr + i_h * s_ah + rows * s_at, beta * kk0 * decay0, mask=mr)
-    tl.store(Qd_ptr + i_h * s_ah + rows * s_at, qk0 * decay0, mask=mr)
-    tl.store(G_ptr + i_h * s_Gh + rows, Gr, mask=mr)
     first = i_r == 0  # the root's own entries, once
-    tl.store(Qd_ptr + i_h * s_ah, tl.sum(q0k0, 0), mask=first)
-    tl.store(G_ptr + i_h * s_Gh, G0, mask=first)
+    for j in range(REP if GROUP else 1):
+        i_h = i_k * REP + j if GROUP else i_p
+        # G: path sums of g over each node's ancestors-or-self, for every column; the rows' values picked from
+        # them exactly (a sum of one value and zeros), so a node's decay to itself is exp(0)
+        G = tl.zeros([TP], dtype=tl.float32)
+        for c0 in range(0, T, BK):
+            ci = c0 + tl.arange(0, BK)
+            mc = ci < T
+            anc = tl.load(anc_ptr + cols[:, None] * s_nt + ci[None, :], mask=mcol[:, None] & mc[None, :], other=0.0)
+            gc = tl.load(g_ptr + ci * s_gt + i_h, mask=mc, other=0.0)
+            G += tl.sum(anc * gc[None, :], 1)
+        Gr = tl.sum(tl.where(rows[:, None] == cols[None, :], G[None, :], 0.0), 1)
+        G0 = tl.load(g_ptr + i_h)
+        decay = tl.where(on_path, tl.exp(tl.where(on_path, Gr[:, None] - G[None, :], 0.0)), 0.0)
+        decay0 = tl.exp(Gr - G0)  # every node descends from the root
+        beta = tl.load(beta_ptr + rows * s_bt + i_h, mask=mr, other=0.0)
+        tl.store(A_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], beta[:, None] * dkk * decay, mask=m2)
+        tl.store(Qd_ptr + i_h * s_ah + rows[:, None] * s_at + cols[None, :], dqk * decay, mask=m2)
+        tl.store(A_ptr + i_h * s_ah + rows * s_at, beta * kk0 * decay0, mask=mr)
+        tl.store(Qd_ptr + i_h * s_ah + rows * s_at, qk0 * decay0, mask=mr)
+        tl.store(G_ptr + i_h * s_Gh + rows, Gr, mask=mr)
+        tl.store(Qd_ptr + i_h * s_ah, tl.sum(q0k0, 0), mask=first)
+        tl.store(G_ptr + i_h * s_Gh, G0, mask=first)
 
 
 @triton.jit
@@ -332,14 +341,15 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
-                     precision: str = PRECISION, warps: int | None = None):
+                     precision: str = PRECISION, warps: int | None = None, group: bool | None = None):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
     (parallel.solve_steps). T <= MAX_T. `block_s`: the solve's rows a block (SOLVE_BLOCK by row tile; the whole
     tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
     (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps`: a program's in
-    the solve's kernel (by row tile: 8 from 128 rows, else 4). Returns o, delta [T, H, V]."""
+    the solve's kernel (by row tile: 8 from 128 rows, else 4); `group`: the parts kernel's (tree_parts_triton).
+    Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -356,7 +366,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     TP, BV, tile_warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
     FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
-    A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision)
+    A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, group=group)
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
         q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
         T, K, V, H // Hk,
@@ -369,21 +379,23 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
 
 
 def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None = None, precision: str = PRECISION,
-                      warps: int | None = None):
+                      warps: int | None = None, group: bool | None = None):
     """tree_rule_triton's first launch alone (`_tree_parts_kernel`): A, Qd [H, T, T] and the path sums G [H, T], from
     the inputs as tree_rule_triton has made them (last dimension contiguous; g and beta contiguous). `block_r`: rows
-    a program (PARTS_BLOCK_R by row tile); `warps`: a program's (4)."""
+    a program (PARTS_BLOCK_R by row tile); `warps`: a program's (4); `group`: a program per key head, its value
+    heads' products made once (PARTS_GROUP by row tile), else a program per value head."""
     T, Hk, K = k.shape
     A = torch.empty(H, T, T, dtype=torch.float32, device=k.device)
     Qd = torch.empty_like(A)
     G = torch.empty(H, T, dtype=torch.float32, device=k.device)
     TP = _row_tile(T)
-    BR = min(TP, block_r or PARTS_BLOCK_R.get(TP, 16))
-    _tree_parts_kernel[(TP // BR, H)](
+    grouped = PARTS_GROUP.get(TP, False) if group is None else bool(group)
+    BR = min(TP, block_r or (PARTS_GROUP_BLOCK_R if grouped else PARTS_BLOCK_R).get(TP, 16))
+    _tree_parts_kernel[(TP // BR, Hk if grouped else H)](
         q, k, g, beta, anc_float, A, Qd, G,
         T, K, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
         A.stride(0), A.stride(1), G.stride(0),
-        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, num_warps=warps or 4,
+        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, GROUP=grouped, num_warps=warps or 4,
     )
     return A, Qd, G
