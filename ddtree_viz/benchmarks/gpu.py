@@ -1646,6 +1646,7 @@ def long_steps(tab, ui_step, ui_check, prompt, long_round: int, timed: int = 5) 
     step_ms, render_ms = (statistics.median(col) for col in zip(*samples[-timed:]))
     records = tab.session.history[-timed:]  # where the Step's time went: the rounds' phases (device) or the host
     return {"long_round": len(tab.trace.steps), "long_step_ms": step_ms, "long_render_ms": render_ms,
+            "long_token_texts": len(tab.trace.token_texts),  # the ids the trace names (random weights: many)
             "long_ui_step_ms": statistics.median(a + b for a, b in samples[-timed:]),
             "long_round_phases_ms": {k: statistics.median(r.timings_ms[k] for r in records)
                                      for k in records[0].timings_ms}}
