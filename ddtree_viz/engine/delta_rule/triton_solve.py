@@ -204,9 +204,12 @@ RULE_BLOCK_V = {64: 32, 128: 64}
 # 129 positions where a program per head was 48, each walking every row)
 PARTS_BLOCK_R = {64: 16, 128: 32}
 # a program per (row block, key head) instead, its REP value heads' q.k and k.k made once (3 at Qwen3.6-27B's 48
-# value heads on 16 key heads), and its rows a program, by row tile (not measured yet: off)
-PARTS_GROUP: dict[int, bool] = {}
+# value heads on 16 key heads), by row tile, with its rows and warps a program. An H200 at those shapes, a tree of
+# 15 levels, us a call by value head / by key head (rows a program, warps): at 65 positions 11.4 (16, 4) / 14.4
+# (16, 8); at 129 27.3 (32, 4) / 22.3 (16, 8), the whole rule 74.2 / 70.0 (docs/PERFORMANCE.md section 22)
+PARTS_GROUP = {128: True}
 PARTS_GROUP_BLOCK_R = {64: 16, 128: 16}
+PARTS_GROUP_WARPS = {128: 8}
 # the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
 # every row, as _solve_rows), taken where the tree's level count (`steps`) is at least BLOCKED_FROM's for the tile.
 # An H200 at Qwen3.6-27B shapes, us a layer, over every row / by blocks of 16 / of 32 (gpu_bench's
@@ -382,8 +385,9 @@ def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None =
                       warps: int | None = None, group: bool | None = None):
     """tree_rule_triton's first launch alone (`_tree_parts_kernel`): A, Qd [H, T, T] and the path sums G [H, T], from
     the inputs as tree_rule_triton has made them (last dimension contiguous; g and beta contiguous). `block_r`: rows
-    a program (PARTS_BLOCK_R by row tile); `warps`: a program's (4); `group`: a program per key head, its value
-    heads' products made once (PARTS_GROUP by row tile), else a program per value head."""
+    a program (PARTS_BLOCK_R by row tile, PARTS_GROUP_BLOCK_R by key head); `warps`: a program's (4, or
+    PARTS_GROUP_WARPS by key head); `group`: a program per key head, its value heads' products made once (PARTS_GROUP
+    by row tile: from 129 positions), else a program per value head."""
     T, Hk, K = k.shape
     A = torch.empty(H, T, T, dtype=torch.float32, device=k.device)
     Qd = torch.empty_like(A)
@@ -396,6 +400,7 @@ def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None =
         T, K, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
         A.stride(0), A.stride(1), G.stride(0),
-        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, GROUP=grouped, num_warps=warps or 4,
+        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, GROUP=grouped,
+        num_warps=warps or (PARTS_GROUP_WARPS.get(TP, 4) if grouped else 4),
     )
     return A, Qd, G
