@@ -1052,7 +1052,7 @@ class DecodeSession:
         """Text of every id the trace names (prompt, output, reference, records), by str(id). Kept as the ids
         appear: each call decodes only the ids named since the last and copies the dict, so a Step's to_trace does
         not decode, sort or gather every id of the session again (at 27B shapes with random weights the records
-        name ~50,000 ids by round 100, which cost the page's Step 20 ms: PERFORMANCE.md section 22)."""
+        name ~31,000 ids by round 100, which cost the page's Step 20 ms: PERFORMANCE.md section 22)."""
         for source, ids in (("prompt", self.prompt_ids), ("output", self.generated), ("reference", greedy_ids or ())):
             self._name_new(source, ids)
         texts, unnamed = self._texts, self._unnamed

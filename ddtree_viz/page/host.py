@@ -11,8 +11,8 @@ import time
 from ..engine.cache import cache_layout
 from ..engine.engines import default_engine, engine_for, warm_runner
 from ..engine.models import ModelPair, embedded_draft, load_pair
-from ..engine.session import warm_rounds
 from ..engine.prompts import has_chat_template, takes_thinking
+from ..engine.session import warm_rounds
 from ..errors import DDTreeVizError, InputError, ModelLoadError
 from ..options import AUTO, DTYPES, DecodeSettings
 from ..render.cache_view import cache_layout_table, cache_table_html
@@ -134,7 +134,8 @@ class ModelHost:
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
                     f"transformers; {_threads()} torch thread(s)"
-                    + (f"; the runner's kernels compiled and a first round run at load in {self.warmup_s:.1f} s" if self.warmup_s else "")
+                    + (f"; the runner's kernels compiled and a first round run at load in {self.warmup_s:.1f} s"
+                       if self.warmup_s else "")
                     + f"; {esc(self.chat_note())}")
         if self.replay_only:
             return ("**Replay mode (no model):** step through the saved trace with Back / Forward and the round slider, "
