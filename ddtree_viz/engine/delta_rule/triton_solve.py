@@ -206,7 +206,8 @@ PARTS_BLOCK_R = {64: 16, 128: 32}
 # a program per (row block, key head) instead, its REP value heads' q.k and k.k made once (3 at Qwen3.6-27B's 48
 # value heads on 16 key heads), by row tile, with its rows and warps a program. An H200 at those shapes, a tree of
 # 15 levels, us a call by value head / by key head (rows a program, warps): at 65 positions 11.4 (16, 4) / 14.4
-# (16, 8); at 129 27.3 (32, 4) / 22.3 (16, 8), the whole rule 74.2 / 70.0 (docs/PERFORMANCE.md section 22)
+# (16, 8); at 129 27.3 (32, 4) / 22.3 (16, 8), the whole rule 74.2 / 70.0 (the latter with (16, 4): 23.8;
+# docs/PERFORMANCE.md section 22)
 PARTS_GROUP = {128: True}
 PARTS_GROUP_BLOCK_R = {64: 16, 128: 16}
 PARTS_GROUP_WARPS = {128: 8}
