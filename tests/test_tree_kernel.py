@@ -264,6 +264,7 @@ def test_parts_by_key_head_equal_the_parts_by_value_head(T, H, Hk):
 
     parents = random_tree(T, 9, random.Random(T + 1))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, H, Hk, 128, 128, seed=T + 1)
+
     def written(A, Qd, G):  # the root's row is Qd[:, 0, 0] alone (the rest of row 0 is never read)
         return A[:, 1:], Qd[:, 1:], Qd[:, 0, 0], G
 

@@ -1237,9 +1237,9 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
 def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4, 8, 16)) -> dict:
     """The whole rule in Triton by its launches' shapes: the parts kernel alone (`parts_us`, and with 2 / 8 warps a
     program; `parts_group_G_br_R_warps_W_us`: a program per value head (G 0) or per key head (G 1), R rows a
-    program; `rule_group_G_us`: the whole rule with each, and its largest difference from the torch form), and the whole rule with each value-column block and warp count of its second kernel
-    (`bv_B_warps_W_us`, each with its largest difference from the torch form `want`): where RULE_BLOCK_V and the
-    warps by row tile come from. args: q, k (key heads), v, g, beta, state, anc_float, steps."""
+    program; `rule_group_G_us`: the whole rule with each, and its largest difference from the torch form), and the
+    whole rule with each value-column block and warp count of its second kernel (`bv_B_warps_W_us`, each with its
+    largest difference from the torch form `want`): where RULE_BLOCK_V and the warps by row tile come from. args: q, k (key heads), v, g, beta, state, anc_float, steps."""
     from ..engine.delta_rule.triton_solve import tree_parts_triton, tree_rule_triton
 
     q, k, v, g, beta, state, anc, steps = args

@@ -1065,9 +1065,11 @@ class DecodeSession:
 
     def _name_new(self, source: str, ids) -> None:
         """Queue the ids of a list that only grows while a prompt lasts (the prompt's, the output's, the
-        reference's) past those queued before (prefill's reset starts every count again)."""
-        self._unnamed.update(ids[self._named[source]:])
-        self._named[source] = len(ids)
+        reference's) past those queued before (prefill's reset starts every count again). A shorter view of it (a
+        trace without the reference, or the reference cut to the output) queues nothing and forgets nothing."""
+        count = self._named[source]
+        self._unnamed.update(ids[count:])
+        self._named[source] = max(count, len(ids))
 
 
 WARM_PROMPT = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"
@@ -1089,5 +1091,4 @@ def warm_rounds(pair: ModelPair, settings: DecodeSettings, rounds: int = 2) -> f
             break
         session.step()
     session.divergence_check()
-    del session
     return time.perf_counter() - start
