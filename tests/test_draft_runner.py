@@ -10,6 +10,7 @@ static function (the same top-K candidates, unary and pair scores as the dynamic
 graphs are compared with both."""
 
 import copy
+import dataclasses
 import shutil
 
 import pytest
@@ -377,6 +378,28 @@ def test_dflash2_sessions_on_the_runner_engine_agree(dflash2_pair, method, scori
     DFlash2 chain build the dynamic drafter's trees round by round and decode greedy's tokens."""
     st = sessions_agree(dflash2_pair, PROMPTS, method=method, engine="runner", tree_scoring=scoring)
     assert isinstance(st, DFlash2Proposer) and st.runner.length > 8
+
+
+@pytest.mark.parametrize("method, scoring", [("ddtree", "selector"), ("dflash2", "marginal")])
+def test_a_dflash2_draft_queued_before_the_walk_is_read(dflash2_pair, method, scoring):
+    """A DFlash2 drafter's next draft queued from the walk's result on the device (DecodeSession's draft_ahead)
+    brings its selector's scores with it: the rounds and records of the draft queued after the walk's read, over
+    prompts one after the other (a new prompt resets the queued context)."""
+    runs = {}
+    for ahead in (False, True):
+        proposer = make_proposer(dflash2_pair.drafter, dflash2_pair.target, static=True)
+        session = DecodeSession(dflash2_pair, budget=12, max_new_tokens=24, method=method, engine="runner",
+                                proposer=proposer, tree_scoring=scoring, time_phases=False, draft_ahead=ahead)
+        session.target_engine.walk = "device"  # a CPU walks on the host by default
+        records = []
+        for prompt in PROMPTS:
+            session.prefill(prompt)
+            session.run()
+            assert tuple(session.generated) == session.greedy().ids
+            records += [dataclasses.replace(r, timings_ms={}) for r in session.history]
+        assert session.draft_ahead == ahead
+        runs[ahead] = records
+    assert runs[True] == runs[False]
 
 
 def test_a_forked_session_drafts_as_the_original(swa_pair):

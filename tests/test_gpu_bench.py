@@ -40,18 +40,24 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     fast = speed["fast"]
     assert fast["graphs"] is False and fast["graphs_error"] is None  # no CUDA here: the same functions, eager
     assert fast["greedy_step_ms"] > 0 and fast["round_budget_64"]["host"] > 0
+    # the default round queues each draft before the walk is read, and every one was queued (none fell back)
+    assert fast["round_budget_64"]["draft_ahead"] and fast["round_budget_64"]["queue_error"] is None
+    assert not fast["round_budget_64_not_drafted_ahead"]["draft_ahead"]
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
     assert fp32 and all(r["identical"] for r in fp32)
     # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False, "blas": "default"}  # CPU defaults
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False,
+                               "blas": "default", "gate_up": "fused"}  # CPU defaults
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
     measured = [v for v in fast["variants"] if "error" not in v]
     options = [v["options"] for v in measured]
-    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default"} in options
-    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default"} in options
+    assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default",
+            "gate_up": "fused"} in options
+    assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default",
+            "gate_up": "fused"} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
     forms = fast["tree_forms"]  # the tree delta rule's forms per GDN layer (the Triton ones need CUDA)
@@ -154,7 +160,8 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert speed["budgets"] == [] and "rounds" not in speed and speed["greedy_step_ms"] > 0
     assert "exactness_fp32_8_layers" not in report
     fast = speed["fast"]
-    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default"}
+    assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False,
+                               "blas": "default", "gate_up": "fused"}
     assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's
@@ -196,6 +203,9 @@ def test_gpu_bench_smoke_dflash2(runner_report):
             assert row[name]["argmax_agreement_vs_dynamic"] >= 0.5 and row[name]["max_abs_logprob_diff_vs_dynamic"] < 0.1
     selector = d2["selector"]["round_budget_64"]
     assert selector["tree_scoring"] == "selector" and selector["draft_path"] == "static eager" and selector["round_ms"] > 0
+    # a block (8) shorter than the runner's paths (16, DFlash 1's): the drafts still queued before the walk's read
+    assert selector["draft_ahead"] and selector["queue_error"] is None
+    assert "error" not in selector["device_timeline"]["draft"]
     assert d2["selector"]["round_budget_64_dynamic_draft"]["draft_path"] == "dynamic"
     assert d2["chain"]["round_budget_64"]["method"] == "dflash2" and d2["chain"]["round_budget_64"]["round_ms"] > 0
     draft, rnd = targets["dflash2_draft_pass"], targets["dflash2_round_64"]

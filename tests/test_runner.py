@@ -466,6 +466,55 @@ def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
     assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", record=False).tree_on_device
 
 
+@pytest.mark.parametrize("record", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, greedy, temperature, record):
+    """DecodeSession(draft_ahead): each round's next draft queued before the host reads the walk, from what the
+    device holds (the bonus token, the committed length, the path's features padded: engines.QueuedWalk), gives the
+    rounds and records of the draft queued after the read, tree for tree (the static drafter on both sides; the
+    device's tree and walk), greedy and sampled, recorded (the bonus token's rank read on the device) or not; a
+    queued draft that fails leaves the next step to draft from the host's values."""
+    from ddtree_viz.engine.sampling import Sampler
+
+    runs = {}
+    for ahead in (False, True):
+        proposer = DFlashProposer(pair.drafter, pair.target, static=True)
+        session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", proposer=proposer,
+                                tree_on_device=True, time_phases=False, record=record, draft_ahead=ahead,
+                                sampler=Sampler(temperature=temperature, seed=5))
+        session.target_engine.walk = "device"  # a CPU walks on the host by default
+        session.prefill(PROMPT)
+        assert not session.draft_ahead  # no static drafter before the first draft
+        session.step()
+        assert session.draft_ahead == ahead and (session._queued is not None) and not proposer.runner.unsettled
+        session.run()
+        runs[ahead] = session
+    before, after = runs[False], runs[True]
+    assert after.generated == before.generated and after.divergence() == (None, None)
+    untimed = [dataclasses.replace(r, timings_ms={}) for r in after.history]
+    assert untimed == [dataclasses.replace(r, timings_ms={}) for r in before.history]
+    if temperature == 0:
+        assert after.generated == list(greedy[1].ids)[:len(after.generated)]
+        assert max(r.acceptance for r in after.history) > 1  # deep enough for the padded features to matter
+    if record:
+        assert any(r.bonus_draft_rank is not None for r in after.history)
+
+    session = runs[True]
+    session.prefill(PROMPT)
+    session.step()
+    runner = session.proposer.runner
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("a draft that cannot run")
+
+    runner.draft_queued = fails
+    session.step()  # the walk is read, the next draft not queued, the drafter's context where it was
+    assert session._queued is None and not runner.unsettled
+    del runner.draft_queued
+    session.run()
+    assert session.generated == before.generated
+
+
 def test_session_runner_engine_refuses_naive_mode(pair):
     from ddtree_viz.engine.session import DecodeSession
     from ddtree_viz.errors import InputError
@@ -552,7 +601,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False, "default")
+    options = RunnerOptions("torch", True, attention, False, "default", "fused")
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -571,6 +620,35 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     torch.testing.assert_close(logits, result.logits, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("form", ["split", "padded"])
+def test_the_mlps_gate_up_forms_compute_the_fused_gemm(form):
+    """RunnerOptions.gate_up: the MLP's gate and up projections as two GEMMs on the fused weight's halves, or as one
+    over rows padded to a multiple of 16 (what "auto" may take on a GPU, timed per tree size and library), give a
+    tree pass the fused GEMM's logits and features, and the runner's greedy and DDTree rounds stay greedy's."""
+    from ddtree_viz.engine.runner import RunnerOptions
+
+    pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
+    prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
+    rng = random.Random(2)
+    tree = tree_from_parents(random_tree(21, 6, rng), rng)  # 21 rows: 11 of padding to 32
+    outs = []
+    for gate_up in ("fused", form):
+        options = RunnerOptions("torch", True, "eager", False, "default", gate_up)
+        runner = StaticRunner(pair.target, max_len=256, sizes=(1, 21), feature_layer_ids=pair.drafter.target_layer_ids,
+                              options=options)
+        assert runner._gate_up_form == gate_up and runner.options.gate_up == gate_up
+        runner.prefill(prompt)
+        logits, feats, _ = runner.forward(tree)
+        outs.append((logits.clone(), feats.clone()))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6)
+    assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
+    oracle = OracleProposer(ref.ids, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
+    out, rounds = runner_ddtree(pair, runner, oracle, prompt, NEW, 20)
+    assert out == list(ref.ids) and max(rounds) > 2
+
+
 def test_runner_options_on_the_cpu():
     """The defaults resolve to the torch forms on a CPU (bitwise what the runner computed before them); a Triton
     kernel asked for where it cannot run is a clear error."""
@@ -578,7 +656,7 @@ def test_runner_options_on_the_cpu():
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")
-    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default")
+    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused")
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")
@@ -590,6 +668,10 @@ def test_runner_options_on_the_cpu():
         RunnerOptions(gdn_kernel="cuda").resolve(cpu)
     with pytest.raises(ValueError, match="blas"):
         RunnerOptions(blas="mkl").resolve(cpu)
+    assert RunnerOptions().resolve(cpu).gate_up == "fused"  # "auto" times forms in CUDA graphs: none here
+    assert RunnerOptions(gate_up="split").resolve(cpu).gate_up == "split"
+    with pytest.raises(ValueError, match="gate_up"):
+        RunnerOptions(gate_up="halves").resolve(cpu)
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
@@ -604,7 +686,7 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
     graphs with the library asked for, or with the faster one of those "auto" timed."""
     from torch._dynamo.utils import counters
 
-    from ddtree_viz.engine.runner import BLAS_LIBRARIES, RunnerOptions
+    from ddtree_viz.engine.runner import BLAS_LIBRARIES, GATE_UP_FORMS, RunnerOptions, pick_gate_up
 
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
@@ -639,10 +721,16 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
         out, rounds = runner_ddtree(pair, runner, oracle, prompt, new, budget)
         assert out == list(ref.ids) and max(rounds) > 2
     assert {cols for _, cols in runner._slots} >= {256, 512}  # the length buckets were crossed
-    assert counters["stats"]["unique_graphs"] - graphs == made  # nothing compiled after the construction
+    # nothing compiled after the construction but the SiLU piece for the strides of each gate+up form "auto" took
+    # other than the fused GEMM's (at a size's first capture)
+    forms = {pick_gate_up(timed) for timed in runner.gate_up_forms.values()} - {"fused"}
+    assert made <= counters["stats"]["unique_graphs"] - graphs <= made + len(forms)
     sizes = {size for size, _ in runner._slots}
     if device == "cuda":
         assert set(runner.blas) == sizes
+        assert {size for size, _ in runner.gate_up_forms} == sizes  # "auto": each form timed per size and library
+        assert all(set(timed) == set(GATE_UP_FORMS) and min(timed.values()) > 0
+                   for timed in runner.gate_up_forms.values())
         for size, chosen in runner.blas.items():
             if blas == "auto":  # both captured and replayed; the faster kept
                 times = {name: chosen[f"{name}_ms"] for name in BLAS_LIBRARIES}

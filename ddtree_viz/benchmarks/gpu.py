@@ -54,7 +54,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 
 
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas")  # RunnerOptions fields runner_variants can switch
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up")  # RunnerOptions fields runner_variants can switch
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,7 @@ class BenchConfig:
     attention: str = "eager"
     compile: bool | None = None
     blas: str = "auto"
+    gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (RunnerOptions.gate_up)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -82,13 +83,13 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gb=a.fp8_memory_cap,
+                   gate_up=a.gate_up, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gb=a.fp8_memory_cap,
                    fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
 
-        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas)
+        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas, self.gate_up)
 
     @property
     def cuda(self) -> bool:
@@ -563,7 +564,8 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
         runner.slot_for(size)
-    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas))
+    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas),
+               gate_up_forms=gate_up_forms(runner))
     rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
                           max_new_tokens=rounds_tokens, runner=runner)
@@ -905,6 +907,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 ("round_budget_64_dynamic_draft", False, "device", {}),
                 ("round_budget_64_host_walk", True, "host", {}),
                 ("round_budget_64_no_queue", True, "device", {"queue_draft": False}),
+                ("round_budget_64_not_drafted_ahead", True, "device", {"draft_ahead": False, "timeline": True}),
                 ("round_budget_64_not_ahead", True, "device", {"launch_ahead": False}),
                 ("round_budget_64_drafter_uncompiled", True, "device", {"drafter_compile": False})]
     if method == "ddtree" and tree_scoring == "marginal":
@@ -926,6 +929,8 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                                                       / out["round_budget_64_host_walk"]["round_ms"])
     out["round_budget_64"]["queue_per_no_queue"] = (out["round_budget_64"]["step_wall_ms"]
                                                     / out["round_budget_64_no_queue"]["step_wall_ms"])
+    out["round_budget_64"]["draft_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
+                                                     / out["round_budget_64_not_drafted_ahead"]["loop_wall_ms"])
     out["round_budget_64"]["launch_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
                                                       / out["round_budget_64_not_ahead"]["loop_wall_ms"])
     out["round_budget_64"]["drafter_compiled_per_not"] = (out["round_budget_64"]["draft"]
@@ -939,7 +944,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
 def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
                    static: bool, tree_on_device: bool | None = None, queue_draft: bool | None = None,
                    launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
-                   budget: int = 64) -> dict:
+                   budget: int = 64, draft_ahead: bool = True) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the round as the host sees it and the draft path; with `timeline`, the device's idle time in the next
     untimed rounds (device_timeline)."""
@@ -949,11 +954,13 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     proposer = make_proposer(pair.drafter, pair.target, static=static, **options)
     session = DecodeSession(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
                             time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
-                            tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead)
+                            tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
+                            draft_ahead=draft_ahead)
     session.prefill(prompt_ids=prompt)
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
-    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": []}
+    phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": [], "host_tree": [],
+                                      "host_runner": [], "host_draft": []}
     kept, starts = [], []
     for r in range(14):
         starts.append(time.perf_counter())
@@ -963,7 +970,12 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
             phases["draft"].append(t["draft"])
             phases["tree"].append(t["tree"])
             phases["verify_commit"].append(t["verify"] + t["commit"])
-            phases["host"].append(t["tree"] + runner.host_ms[-1])
+            # the host's own time in a round: the tree's making (on the device: the builder's launch) and the
+            # runner's (the verify's inputs and launch, the walk's and the commit's); the next draft's launch apart
+            phases["host_tree"].append(session.tree_builder.host_ms if session.tree_on_device else t["tree"])
+            phases["host_runner"].append(runner.host_ms[-1])
+            phases["host"].append(phases["host_tree"][-1] + phases["host_runner"][-1])
+            phases["host_draft"].append(getattr(proposer.runner, "host_ms", 0.0))
             kept.append(step.kept)
     out = {k: statistics.median(v) for k, v in phases.items()}
     out["round_ms"] = sum(out[k] for k in ("draft", "tree", "verify_commit"))
@@ -973,7 +985,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     out["loop_wall_ms"] = untimed_rounds(session)
     if timeline:
         out["device_timeline"] = device_timeline(session, loop_wall_ms=out["loop_wall_ms"])
-    out.update(draft_path=proposer.path, method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
+    out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, queue_error=session.queue_error,
+               method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
                draft_capture_s=proposer.runner.capture_s if proposer.runner is not None else None)
     return out
 
@@ -991,6 +1004,15 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
     finally:
         session.time_phases = True
     return median_gap_ms(starts) if len(starts) >= 3 else None
+
+
+def gate_up_forms(runner) -> dict:
+    """Per tree size and GEMM library the runner captured: each MLP gate+up form's µs a call, as "auto" timed them
+    (RunnerOptions.gate_up), and the form taken."""
+    from ..engine.runner import pick_gate_up
+
+    return {f"{size}_{library}": {**timed, "taken": pick_gate_up(timed)}
+            for (size, library), timed in runner.gate_up_forms.items()}
 
 
 def graph_launch(runner, sizes: list[int], sync, repeats: int = 20) -> dict:
@@ -1024,14 +1046,17 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
     untimed_rounds runs them) under torch.profiler's CUDA activity, and from the device's kernels, copies and sets
     its busy time and idle gaps per round (timeline_gaps) and what they are (activity_kinds). The profiler's own cost
     per launch is in the gaps too, so they are an upper bound; `loop_wall_ms` (the same session's unprofiled round)
-    minus the busy time is the idle time without it. Then the drafter's pass alone (`draft`: the same figures for
-    passes at the session's context, no new rows). On a CPU (--smoke) the host's torch ops stand in for the device's
-    activities: the code path, not figures."""
+    minus the busy time is the idle time without it. One round runs under the profiler first and is left out (the
+    profiler's start: its first launches are slow, and the device runs dry while it starts), so the figures are a
+    steady round's. Then the drafter's pass alone (`draft`: the same figures for passes at the session's context, no
+    new rows). On a CPU (--smoke) the host's torch ops stand in for the device's activities: the code path, not
+    figures."""
     if session.done:
         return {"error": "no rounds left in the session"}
-    before = len(session.history)
-    spans = profiled_spans(lambda: untimed_rounds(session, rounds))
-    n = len(session.history) - before
+    counted = []
+    spans = profiled_spans(lambda: untimed_rounds(session, rounds),
+                           warmup=lambda: (untimed_rounds(session, 1), counted.append(len(session.history))))
+    n = len(session.history) - counted[0] if counted else 0
     if isinstance(spans, str) or n < 3 or not spans:
         return {"error": spans if isinstance(spans, str) else f"{n} rounds, {len(spans)} device events seen"}
     out = {"rounds": n, "device_events": len(spans), **timeline_gaps(spans, n), "kinds": activity_kinds(spans, n)}
@@ -1046,22 +1071,39 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
     return out
 
 
-def profiled_spans(fn) -> list[tuple[float, float, str]] | str:
+TIMELINE_START = "ddtree_viz.timeline_start"  # profiled_spans' mark after its warm-up (on a CPU's timeline)
+
+
+def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
     """The device's activities (start µs, end µs, name) while fn() runs under torch.profiler's CUDA activity, the
     device waited for at the end (without CUDA: the host's torch ops); or why not (a profiler that cannot run here,
-    or what fn raised)."""
+    or what fn raised). `warmup()`, if given, runs under the profiler first, the device waited for, and its
+    activities are left out: those up to a mark made after the wait (on CUDA a spin kernel of a few cycles, the
+    device's own clock; on a CPU a named host range)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.cuda.is_available()
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
     try:
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            if warmup is not None:
+                warmup()
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(100)  # the mark: a spin kernel
+                else:
+                    with record_function(TIMELINE_START):
+                        pass
             fn()
             if cuda:
                 torch.cuda.synchronize()
-        kind = DeviceType.CUDA if cuda else DeviceType.CPU
-        return [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
-                for e in prof.profiler.kineto_results.events() if e.device_type() == kind]
+        spans = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3, e.name())
+                 for e in prof.profiler.kineto_results.events() if e.device_type() == kind]
+        if warmup is not None:
+            marks = [end for _, end, name in spans if name == TIMELINE_START or "spin_kernel" in name]
+            spans = [span for span in spans if not marks or span[0] >= max(marks)]
+        return spans
     except Exception as exc:  # say why; the measurements around it come back
         return f"{type(exc).__name__}: {exc}"
 
@@ -1342,7 +1384,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                 ("gdn_kernel", "triton-tree"),
                 ("gdn_kernel", "triton"), ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
-                ("blas", "default"), ("blas", "auto")]
+                ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
@@ -1371,6 +1413,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
             row[f"verify_{budget}_ms"] = timed(lambda: runner.forward(tree), repeats=10)
             row[f"verify_{budget}_per_greedy_step"] = row[f"verify_{budget}_ms"] / row["greedy_step_ms"]
         row["blas"] = dict(runner.blas)  # each size's GEMM library (measured where blas="auto")
+        row["gate_up_forms"] = gate_up_forms(runner)
         rows.append(row)
         del engine, runner
         if bench.cuda:
@@ -1880,7 +1923,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 def build_parser() -> argparse.ArgumentParser:
     from ..engine.delta_rule.dispatch import GDN_KERNELS
-    from ..engine.runner import BLAS_CHOICES
+    from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=64)
@@ -1911,6 +1954,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blas", choices=BLAS_CHOICES, default="auto",
                    help="the runner's GEMM library: auto = cuBLAS or cuBLASLt, whichever replays a tree size's graph "
                         "faster (measured when the size is first captured)")
+    p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
+                   help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
+                        "size and library at its first capture")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

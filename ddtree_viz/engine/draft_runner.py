@@ -149,9 +149,11 @@ class StaticDrafter:
         # layers of one kind (causal, window) share a mask
         self.kinds = list(zip(c.layer_causal, c.layer_windows))
         self.length = 0  # context rows written: positions 0 .. length-1
+        self.unsettled = False  # a queued draft's context length not yet known on the host (draft_queued)
         self.capture_s = 0.0  # time spent capturing graphs so far
         self.eager_passes = 0  # passes run eagerly (graphs off, or more new rows than the padded size)
         self.replays = 0
+        self.host_ms = 0.0  # the host's time in the last draft (its inputs' copies, the graph's launch or the pass)
         self._alloc(int(max_len))
         self._feats: dict[int, torch.Tensor] = {}  # P -> [P, F] new rows (zero padding)
         # L -> [L + 2] int64 on the device: the block's ids (root, then MASK), start, committed; and its host
@@ -179,7 +181,7 @@ class StaticDrafter:
 
     def reset(self) -> None:
         """A new sequence: no context rows (the buffers and graphs stay; stale rows are never visible)."""
-        self.length = 0
+        self.length, self.unsettled = 0, False
 
     # -- the static function ------------------------------------------------------------------------------
 
@@ -354,13 +356,14 @@ class StaticDrafter:
               block_size: int) -> tuple[torch.Tensor, ...]:
         """propose's log-probs, then the family's extra outputs (DFlash2: the candidate selector's ids, unary, root
         and pair scores, drafter.extra_outputs), all fresh tensors on the device."""
+        begun = time.perf_counter()
         start = self.length
         n = 0 if new_features is None else int(new_features.shape[0])
-        if start + n != committed_len:
-            raise RuntimeError(f"drafter context out of step: {start} cached + {n} new != {committed_len}")
+        if self.unsettled or start + n != committed_len:
+            raise RuntimeError(f"drafter context out of step: {start} cached + {n} new != {committed_len}"
+                               + (" (a queued draft's context not settled)" if self.unsettled else ""))
         pad = block_size  # a round's accepted path fits in the block
-        self.ensure(committed_len + 2 * block_size)
-        cols = self.bucket(committed_len + block_size)
+        cols = self._room(start, max(n, pad), block_size)
         feats, block_in = self._inputs(pad, block_size)
         self._fill_block(block_size, int(root_token_id), start, committed_len)
         if n > pad:  # more new rows than a round brings (a prompt's): this shape once, eagerly, unpadded
@@ -374,4 +377,42 @@ class StaticDrafter:
                 feats[n:].zero_()
             out = tuple(t.clone() for t in self._run_slot(pad, block_size, cols))  # the graph's buffers: the next replay's
         self.length = committed_len
+        self.host_ms = (time.perf_counter() - begun) * 1e3
         return out
+
+    @torch.no_grad()
+    def draft_queued(self, root: torch.Tensor, committed: torch.Tensor, features: torch.Tensor,
+                     block_size: int) -> tuple[torch.Tensor, ...]:
+        """draft, its inputs where the device has them and the host does not yet (a walk queued and not read,
+        engines.QueuedWalk): the root token and the committed length ([] int64 tensors), the new context rows
+        `features` [at least block_size, F] (the accepted path's, padded with any rows, its first block_size taken:
+        rows past the path take positions the block's own K/V overwrite before anything reads them, as the zero
+        padding of `draft`; a path is never longer than the block). The key bucket
+        is the one `draft` takes for a round's padded rows, so the same function runs on the same inputs. The
+        context is unsettled until `settle(committed_len)` says its length; no draft before."""
+        begun = time.perf_counter()
+        start, pad = self.length, block_size
+        if self.unsettled or features.shape[0] < pad:
+            raise RuntimeError(f"a queued draft needs a settled context and {pad} rows of features "
+                               f"(unsettled: {self.unsettled}, {features.shape[0]} rows)")
+        cols = self._room(start, pad, block_size)
+        feats, block_in = self._inputs(pad, block_size)
+        self._fill_block(block_size, 0, start, 0)  # the host's part (start); the root and committed from the device
+        block_in[:1].copy_(root.view(1))
+        block_in[block_size + 1:].copy_(committed.view(1))
+        feats.copy_(features[:pad])
+        out = tuple(t.clone() for t in self._run_slot(pad, block_size, cols))
+        self.unsettled = True
+        self.host_ms = (time.perf_counter() - begun) * 1e3
+        return out
+
+    def settle(self, committed_len: int) -> None:
+        """The context's length once the host knows it (after draft_queued)."""
+        self.length, self.unsettled = int(committed_len), False
+
+    def _room(self, start: int, rows: int, block_size: int) -> int:
+        """The key bucket of a pass whose new rows start at `start`, `rows` of them at most (a round's: the padded
+        block), room made for them. Bounded by the padded rows, not the accepted count, so that a draft whose count
+        only the device knows (draft_queued) takes the bucket a draft from the host (draft) takes."""
+        self.ensure(start + rows + 2 * block_size)
+        return self.bucket(start + rows + block_size)

@@ -8,6 +8,8 @@ A target engine owns the target's committed state (its cache) and does four thin
     accept(tree_pass, choice)-> (path, bonus, features): the acceptance walk over the target's choices [T] (argmax or
                                 samples, where the logits are) and the commit; the runner on a GPU walks on the
                                 device and reads the path back once, after the commit is queued
+    accept_queued(pass, choice) (the runner with the walk on the device) -> QueuedWalk: the same walk and commit
+                                queued, their result still on the device until QueuedWalk.result() reads it
     snapshot(pending)        -> per-layer LayerCache records of what the cache holds now
 
 plus `sync()` (wait for the devices it runs on), `state_error(tree, path)` (naive mode's per-layer distance
@@ -55,6 +57,24 @@ class TreePass:
     tree: DraftTree | DeviceTree  # DeviceTree: the runner engine's forward_tensors
     logits: torch.Tensor  # [T, vocab] fp32
     handle: object
+
+
+@dataclass
+class QueuedWalk:
+    """A walk and commit queued on the device and not yet read (RunnerEngine.accept_queued): what the device holds
+    of the result, for work queued behind it before the host knows it (the next round's draft, the record's
+    reads), and `result()`, the host's read."""
+
+    length: torch.Tensor  # [] int64: the accepted path's nodes, the root included
+    bonus: torch.Tensor  # [] int64: the target's choice after the path
+    committed: torch.Tensor  # [] int64: the committed length after the commit (the runner's own, advanced)
+    features: torch.Tensor | None  # [max_path, F]: the path's context features, padded with its last node's
+    read: object  # () -> (path, bonus) on the host
+
+    def result(self) -> tuple[list[int], int, torch.Tensor | None]:
+        """(path, bonus, features of the path [P, F] or None): accept's, once the walk's copy has landed."""
+        path, bonus = self.read()
+        return path, bonus, self.features[:len(path)] if self.features is not None else None
 
 
 class TargetEngine(Protocol):
@@ -266,6 +286,16 @@ class RunnerEngine:
         feats, slot = tree_pass.handle
         accepted, bonus = self.runner.commit_walk(slot, choice)
         return accepted, bonus, self._path_features(feats, slot, len(accepted))
+
+    def accept_queued(self, tree_pass, choice) -> QueuedWalk:
+        """accept's walk and commit on the device, queued (Runner.queue_walk), their result left on the device until
+        the QueuedWalk's result() reads it."""
+        feats, slot = tree_pass.handle
+        self.runner.queue_walk(slot, choice)
+        P = self.runner.max_path
+        features = feats.index_select(0, slot.path) if feats is not None else None
+        return QueuedWalk(slot.walk_out[P + 1], slot.walk_out[P + 2], self.runner.committed_t, features,
+                          lambda: self.runner.read_walk(slot))
 
     @staticmethod
     def _path_features(feats, slot, length: int):

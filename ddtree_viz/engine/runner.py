@@ -65,7 +65,8 @@ from .cache import layer_types
 from . import fp8, fused as fz
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
-from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
+from .fused import (ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, FusedLinear, GDNWeights, Pieces,
+                    fuse_linears)
 from ..treeops import conv_gather
 from .tree import DraftTree, follow_on_device, tree_inputs_on_device
 from .verify import decoder_layers, gdn_modules
@@ -73,6 +74,11 @@ from .verify import decoder_layers, gdn_modules
 ATTENTION_KINDS = ("eager", "sdpa")
 BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
 BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
+# the MLP's gate and up projections, fused into one weight: one GEMM, two GEMMs on its halves, or one GEMM over the
+# rows padded to a multiple of 16 (what cuBLAS picks differs by row count; docs/PERFORMANCE.md section 23)
+GATE_UP_FORMS = ("fused", "split", "padded")
+GATE_UP_CHOICES = ("auto", *GATE_UP_FORMS)
+GATE_UP_GAIN = 0.98  # "auto" takes a form other than the fused GEMM where it is at least 2% faster
 # the norms the pieces compute (zero-centred RMSNorm: x / rms(x) * (1 + w), the scale precomputed in fp32)
 NORM_KINDS = ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")
 COMPILED_GATED_NORM = "Qwen3_5RMSNormGated"  # the GDN gated norm the compiled pieces are made for (silu)
@@ -93,6 +99,27 @@ def blas_library(name: str | None):
         torch.backends.cuda.preferred_blas_library(before)
 
 
+def gate_up(fused: FusedLinear, x: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MLP's gate and up projections of x [..., T, D] from their fused weight (GATE_UP_FORMS): one GEMM, one GEMM
+    per half of the weight (its rows: views, no copy), or one GEMM over x's rows padded with zeros to a multiple of
+    16 (the padding's outputs dropped). The same products; the kernels cuBLAS picks differ by shape."""
+    if form == "split":
+        rows = fused.sizes[0]
+        return F.linear(x, fused.weight[:rows]), F.linear(x, fused.weight[rows:])
+    if form == "padded":
+        T = x.shape[-2]
+        y = F.linear(F.pad(x, (0, 0, 0, -T % 16)), fused.weight)
+        return y[..., :T, :].split(fused.sizes, dim=-1)
+    return fused(x)
+
+
+def pick_gate_up(timed: dict[str, float]) -> str:
+    """The gate+up form "auto" takes from each form's timing: the fastest where it is at least 2% faster than the
+    fused GEMM (GATE_UP_GAIN), else the fused GEMM (also where nothing was timed)."""
+    best = min(timed, key=timed.get, default="fused")
+    return best if "fused" in timed and timed[best] <= GATE_UP_GAIN * timed["fused"] else "fused"
+
+
 @dataclass(frozen=True)
 class RunnerOptions:
     """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
@@ -109,6 +136,9 @@ class RunnerOptions:
     # the GEMMs' library: auto (CUDA graphs: cuBLAS and cuBLASLt each captured for a tree size's first graph, the
     # faster replay kept for that size) | default (torch's preference, untouched) | cublas | cublaslt
     blas: str = "auto"
+    # the MLP's gate+up GEMM (GATE_UP_FORMS): auto (CUDA graphs: each form timed alone on the model's weight at a tree
+    # size's first capture, per library, the fastest kept; elsewhere fused) | fused | split | padded
+    gate_up: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -120,8 +150,12 @@ class RunnerOptions:
         cuda = device.type == "cuda"
         kernel = resolve_option(self.gdn_kernel, device)
         compiles = (cuda and triton_available()) if self.compile is None else bool(self.compile)
+        if self.gate_up not in GATE_UP_CHOICES:
+            raise ValueError(f"gate_up must be one of {', '.join(GATE_UP_CHOICES)}, not {self.gate_up!r}")
         blas = self.blas if cuda else "default"  # a CPU has one BLAS
-        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas)
+        gate_up = self.gate_up if cuda or self.gate_up != "auto" else "fused"  # nothing to measure without graphs
+        return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas,
+                             gate_up)
 
 
 @dataclass
@@ -183,6 +217,7 @@ _WARMED: set = set()  # (device, dtype, model config, max_path, options) whose c
 # (device, dtype, model config, options, tree size) -> the GEMM library "auto" measured for it in this process, so
 # that a later runner of the model (a page's new session) captures each size once, as before "auto"
 _BLAS_CHOSEN: dict[tuple, dict] = {}
+_GATE_UP_CHOSEN: dict[tuple, dict] = {}  # (model key, tree size, library) -> each gate+up form's µs, as timed
 
 
 class StaticRunner:
@@ -230,6 +265,10 @@ class StaticRunner:
         self._eyes: dict[int, np.ndarray] = {}
         # per tree size: the GEMMs' library its graphs use and, where "auto" measured it, each one's replay ms
         self.blas: dict[int, dict] = {}
+        # the MLP's gate+up form _mlp computes (set per capture by _gate_up_for) and, per (tree size, library) that
+        # "auto" measured, each form's µs a call
+        self._gate_up_form = self._fixed_gate_up()
+        self.gate_up_forms: dict[tuple[int, str | None], dict[str, float]] = {}
         self.pieces = Pieces(self.options.compile)  # the layers' pieces, compiled or not
         self.compile_error: str | None = None  # why the compiled pieces were refused here (they run uncompiled)
         self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
@@ -363,17 +402,62 @@ class StaticRunner:
             chosen = {"library": self.options.blas}
         if chosen is not None:
             self.blas[slot.size] = chosen
-            with blas_library(None if chosen["library"] == "default" else chosen["library"]):
+            library = None if chosen["library"] == "default" else chosen["library"]
+            with blas_library(library), self._gate_up_for(slot.size, library):
                 return self._capture(slot)
         trials = {}
         for library in BLAS_LIBRARIES:
-            with blas_library(library):
+            with blas_library(library), self._gate_up_for(slot.size, library):
                 captured = self._capture(slot)
             trials[library] = (self._replay_ms(captured[0]), captured)
         library = min(trials, key=lambda name: trials[name][0])
         self.blas[slot.size] = _BLAS_CHOSEN[key] = {"library": library,
                                                     **{f"{name}_ms": ms for name, (ms, _) in trials.items()}}
         return trials[library][1]  # the other library's graphs and outputs go back to the pool with `trials`
+
+    @contextmanager
+    def _gate_up_for(self, size: int, library: str | None):
+        """The MLP's gate+up form inside (`_gate_up_form`, what _mlp computes): the options' fixed form, or for "auto"
+        the one measured for this tree size under this library (`gate_up_forms`: each form's µs; measured once a
+        process per model, size and library, _GATE_UP_CHOSEN)."""
+        form = self.options.gate_up
+        if form == "auto":
+            key = (*self._model_key, size, library)
+            if key not in _GATE_UP_CHOSEN:
+                _GATE_UP_CHOSEN[key] = self._time_gate_up(size)
+            self.gate_up_forms[size, library] = _GATE_UP_CHOSEN[key]
+            form = pick_gate_up(_GATE_UP_CHOSEN[key])
+        self._gate_up_form = form
+        try:
+            yield
+        finally:
+            self._gate_up_form = self._fixed_gate_up()
+
+    def _fixed_gate_up(self) -> str:
+        """The gate+up form outside a capture: the options' fixed form, the fused GEMM for "auto"."""
+        return "fused" if self.options.gate_up == "auto" else self.options.gate_up
+
+    def _time_gate_up(self, size: int) -> dict[str, float]:
+        """µs a call of each gate+up form (GATE_UP_FORMS) on the first fused MLP weight, `size` rows of random input,
+        under the library in force: a CUDA graph of 8 calls per form (after a warm-up), the median of 5 replays. An
+        empty dict where there is no fused bf16 gate+up to time."""
+        fused = next((f for (i, part), f in self._fused.items() if part == "mlp" and isinstance(f, FusedLinear)), None)
+        if fused is None or len(fused.sizes) != 2:
+            return {}
+        x = torch.randn(1, size, fused.weight.shape[1], device=self.device, dtype=fused.weight.dtype)
+        out = {}
+        for form in GATE_UP_FORMS:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                gate_up(fused, x, form)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(8):
+                    gate_up(fused, x, form)
+            out[form] = self._replay_ms(graph) * 1e3 / 8
+        return out
 
     def _capture(self, slot: _Slot):
         """(forward graph, commit graph, walk graph, forward outputs) of a slot: two warm-up runs on a side stream,
@@ -519,7 +603,7 @@ class StaticRunner:
         fused = self._fused.get((i, "mlp"))
         if fused is None:
             return mlp(x)
-        gate, up = fused(x)
+        gate, up = gate_up(fused, x, self._gate_up_form) if isinstance(fused, FusedLinear) else fused(x)
         if not self._silu[i]:
             return mlp.down_proj(mlp.act_fn(gate) * up)
         self.pieces.mark(gate, 1, up, 1)
@@ -763,9 +847,16 @@ class StaticRunner:
     @torch.no_grad()
     def commit_walk(self, slot: _Slot, choice: torch.Tensor) -> tuple[list[int], int]:
         """The acceptance walk and the commit on the device, from the target's choices at the forward's positions
-        (choice [n]: argmax or samples, where the logits are): the walk's graph, its result's copy to the host, the
-        commit's graph, all queued before the host waits, and then only for the copy. Returns (accepted path, bonus
-        token), treeops.follow's (tests/test_runner.py)."""
+        (choice [n]: argmax or samples, where the logits are): queue_walk, then read_walk. Returns (accepted path,
+        bonus token), treeops.follow's (tests/test_runner.py)."""
+        self.queue_walk(slot, choice)
+        return self.read_walk(slot)
+
+    @torch.no_grad()
+    def queue_walk(self, slot: _Slot, choice: torch.Tensor) -> None:
+        """The walk's graph, its result's copy to the host and the commit's graph, queued; nothing waited for. Until
+        read_walk, the result is the device's alone: `walk_out` (the accepted length at [max_path + 1], the bonus
+        token at [max_path + 2]), the path (`slot.path`, padded with its last node) and committed_t, advanced."""
         start = time.perf_counter()
         if slot.depth >= self.max_path:
             raise ValueError(f"tree of depth {slot.depth}; the runner keeps paths of 1..{self.max_path} nodes")
@@ -777,6 +868,10 @@ class StaticRunner:
         self._replay(slot.commit_graph, self._commit, slot)
         self._host += time.perf_counter() - start
         self.host_ms.append(self._host * 1e3)
+
+    def read_walk(self, slot: _Slot) -> tuple[list[int], int]:
+        """The queued walk's result on the host (a wait for its copy alone, the commit may still run): (accepted
+        path, bonus token); `committed` moves past the path."""
         if slot.walked is not None:
             slot.walked.synchronize()
         walk = (slot.walk_host if slot.walked is not None else slot.walk_out).tolist()

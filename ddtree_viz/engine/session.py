@@ -28,7 +28,7 @@ from ..options import (CHAINS, DDTREE, DFLASH, DFLASH2, DRAFT_TOP_K, DecodeSetti
 from ..trace import VERDICT_MISMATCH, VERDICT_NOISE, StepRecord, Trace, TreeNode
 from .backends import sdpa_backends
 from .cache import compact_kv
-from .engines import AUTO, ENGINES, TargetEngine, make_engine
+from .engines import AUTO, ENGINES, QueuedWalk, TargetEngine, TreePass, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
 from .delta_rule.dispatch import triton_available
@@ -124,6 +124,25 @@ class DFlashProposer:
                 root_token_id, committed_len, new_features, block_size)
         return self.propose_dynamic(root_token_id, committed_len, new_features, block_size)
 
+    @property
+    def drafts_queued(self) -> bool:
+        """Whether propose_queued can run: the static path, made (a session's first round drafts through propose)."""
+        return self.static and self.runner is not None
+
+    @torch.no_grad()
+    def propose_queued(self, walk: QueuedWalk, block_size: int) -> torch.Tensor:
+        """propose from a walk the device holds and the host has not read (engines.QueuedWalk: the root is its
+        bonus token, the context its committed length and path's features): the static path's draft_queued. The
+        context is unsettled until `settle`."""
+        return self._outputs(self.runner.draft_queued(walk.bonus, walk.committed, walk.features, block_size))
+
+    def _outputs(self, outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return outputs[0]
+
+    def settle(self, committed_len: int) -> None:
+        """The context length of the last propose_queued, once the host knows it."""
+        self.runner.settle(committed_len)
+
     @torch.no_grad()
     def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
         """The reference path: the drafter's own forward over its DraftKVCache, eagerly."""
@@ -163,8 +182,12 @@ class DFlash2Proposer(DFlashProposer):
     def propose(self, root_token_id, committed_len, new_features, block_size):
         if not self.static:
             return self.propose_dynamic(root_token_id, committed_len, new_features, block_size)
-        logprobs, *selected = self._static_runner(committed_len + 2 * block_size).draft(
-            root_token_id, committed_len, new_features, block_size)
+        return self._outputs(self._static_runner(committed_len + 2 * block_size).draft(
+            root_token_id, committed_len, new_features, block_size))
+
+    def _outputs(self, outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The log-probs; the selector's outputs kept for selector_scores."""
+        logprobs, *selected = outputs
         self._last = tuple(selected)
         return logprobs
 
@@ -454,7 +477,7 @@ class DecodeSession:
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
         tree_scoring: str = MARGINAL, tree_on_device: bool | None = None, queue_draft: bool | None = None,
-        launch_ahead: bool | None = None,
+        launch_ahead: bool | None = None, draft_ahead: bool = True,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -474,7 +497,9 @@ class DecodeSession:
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
         can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
         clock would wait for the whole device inside the window); the same passes. None (default): where the
-        rounds keep no record (a recorded round's reads may wait on the whole device; PERFORMANCE.md section 19)."""
+        rounds keep no record (a recorded round's reads may wait on the whole device; PERFORMANCE.md section 19).
+        `draft_ahead`: a queued draft goes in before the host reads the walk, from its result on the device, where
+        it can (`draft_ahead`); the same rounds and records either way."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -519,6 +544,7 @@ class DecodeSession:
         self.tree_on_device = self._tree_where(tree_on_device, launch_ahead)
         self.tree_builder = DeviceTreeBuilder(self.budget) if self.tree_on_device else None  # a CUDA graph on a GPU
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
+        self._draft_ahead = draft_ahead  # where it can (draft_ahead)
         # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
         wanted = not record if launch_ahead is None else bool(launch_ahead)
         self.launch_ahead = (wanted and hasattr(engine, "launch_ahead") and self._cuda_device is not None
@@ -564,6 +590,7 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._queued: tuple | None = None  # the next round's draft, queued by step(): (root, committed_len), log-probs, clock
+        self.queue_error: str | None = None  # why the last queued draft that failed did (the next step drafted again)
         self._greedy: GreedyReference | None = None
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()
@@ -695,17 +722,20 @@ class DecodeSession:
             chosen = self.sampler.choose(logits, positions)
         lap("verify")
         before = engine.snapshot(pending=len(tree)) if record else ()
-        accepted, bonus, self._features = engine.accept(tree_pass, chosen)  # the walk and the commit
-        self._queued = None  # this round's draft is spent
-        lap("commit")
-
-        # what the record reads of the verify's logits and the drafter's log-probs: queued after the commit (on a
-        # GPU the copies run after it), then the next draft, then the wait for the copies alone
-        reads = self._record_reads(logits, argmax, chosen, logprobs, len(accepted), bonus)
+        ahead = self.draft_ahead and self.queues_draft
+        if ahead:  # the walk's result read after the record's reads and the next draft are queued behind it
+            accepted, bonus, reads = self._accept_ahead(tree_pass, logits, argmax, chosen, logprobs, lap)
+        else:
+            accepted, bonus, self._features = engine.accept(tree_pass, chosen)  # the walk and the commit
+            self._queued = None  # this round's draft is spent
+            lap("commit")
+            # what the record reads of the verify's logits and the drafter's log-probs: queued after the commit (on
+            # a GPU the copies run after it), then the next draft, then the wait for the copies alone
+            reads = self._record_reads(logits, argmax, chosen, logprobs, len(accepted), bonus)
         if isinstance(tree, DeviceTree):
             tree = self._tree_read()
         new_tokens = tuple(self._extend([tree.token_ids[a] for a in accepted[1:]] + [bonus]))
-        if self.queues_draft and not self.done:
+        if self.queues_draft and not self.done and not ahead:
             self._queue_draft(self.committed_len + len(accepted))
         timings = {**(drafted.times() if drafted is not None else {}), **clock.times()} if clock is not None else {}
         host = self._host(*reads)
@@ -762,6 +792,42 @@ class DecodeSession:
             return self.queue_draft
         return not self.time_phases or self._cuda_device is not None
 
+    def _accept_ahead(self, tree_pass: TreePass, logits, argmax, chosen, logprobs, lap):
+        """The walk and the commit queued on the device (the engine's accept_queued), then, before the host reads
+        the walk, the record's reads of it and the next round's draft from what the device holds (its root the
+        bonus token, its context the committed length and the path's features: proposer.propose_queued); then the
+        read. Returns (accepted path, bonus, the record's reads). A draft that fails here is not queued (the next
+        step drafts from the host's values, as `_queue_draft`)."""
+        walk = self.target_engine.accept_queued(tree_pass, chosen)
+        self._queued = None  # this round's draft is spent
+        lap("commit")
+        reads = self._record_reads(logits, argmax, chosen, logprobs, walk.length, walk.bonus)
+        clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
+        try:
+            drafted = self.proposer.propose_queued(walk, self.block_size)
+        except Exception as exc:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+            drafted, self.queue_error = None, f"{type(exc).__name__}: {exc}"
+        if drafted is not None and clock is not None:
+            clock.lap("draft")
+        accepted, bonus, self._features = walk.result()  # the wait: for the walk's copy alone
+        if drafted is not None:
+            committed = self.committed_len + len(accepted)
+            self.proposer.settle(committed)
+            self._queued = (bonus, committed), drafted, clock
+        return accepted, bonus, reads
+
+    @property
+    def draft_ahead(self) -> bool:
+        """Whether a round that queues the next draft (`queues_draft`) queues it before the host reads its walk
+        (`_accept_ahead`): where the session's `draft_ahead` allows it and it can, the walk on the device (the runner
+        engine's accept_queued) and a static drafter made on the target's device (its inputs are the walk's
+        tensors)."""
+        engine, proposer = self.target_engine, self.proposer
+        can = (getattr(engine, "walk", None) == "device" and hasattr(engine, "accept_queued")
+               and getattr(proposer, "drafts_queued", False)
+               and proposer.runner.device == input_device(self.target))
+        return can and self._draft_ahead
+
     def _draft(self, root: int) -> tuple[torch.Tensor, PhaseClock | None]:
         """This round's drafter log-probs, and the clock that timed them if they were queued by the last round (for
         this root and context); else made now. A draft is spent only when its round commits (step): drafting moves
@@ -784,7 +850,8 @@ class DecodeSession:
         clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
         try:
             logprobs = self.proposer.propose(root, committed_len, self._features, self.block_size)
-        except Exception:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+        except Exception as exc:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+            self.queue_error = f"{type(exc).__name__}: {exc}"
             return
         if clock is not None:
             clock.lap("draft")
@@ -821,9 +888,7 @@ class DecodeSession:
             if k:  # what the tree was built from (k = min(budget, cap); the chain: the cap)
                 top = torch.topk(logprobs, k, dim=-1)
                 reads["draft_top_ids"], reads["draft_top_logprobs"] = top.indices, top.values.float().clamp(min=-999.0)
-            if depth <= logprobs.shape[0]:
-                row = logprobs[depth - 1]
-                reads["bonus_logprob"], reads["bonus_rank"] = row[bonus], (row > row[bonus]).sum()
+            reads.update(self._bonus_reads(logprobs, depth, bonus))
         if self._cuda_device is None:  # a CPU, or several devices: plain copies (each waits for its tensor)
             return {name: t.cpu() for name, t in reads.items()}, None
         copies = {name: t.to("cpu", non_blocking=True) for name, t in reads.items()}  # into pinned memory
@@ -832,11 +897,30 @@ class DecodeSession:
         return copies, ready
 
     @staticmethod
+    def _bonus_reads(logprobs: torch.Tensor, depth, bonus) -> dict[str, torch.Tensor]:
+        """The drafter's log-prob and rank of the bonus token at the depth the walk stopped (`depth` accepted nodes,
+        the root included: the drafter's row depth - 1), where it drafted that deep. `depth` and `bonus` are ints,
+        or [] tensors on the device (a walk not read yet): then the row is gathered there, clamped, and whether the
+        drafter drafted that deep goes with the reads (`_host` drops the two where it did not)."""
+        rows = logprobs.shape[0]
+        if isinstance(depth, int):
+            if depth > rows:
+                return {}
+            row = logprobs[depth - 1]
+            return {"bonus_logprob": row[bonus], "bonus_rank": (row > row[bonus]).sum()}
+        row = logprobs.index_select(0, (depth - 1).clamp(max=rows - 1).view(1))[0]
+        value = row.index_select(0, bonus.view(1))[0]
+        return {"bonus_logprob": value, "bonus_rank": (row > value).sum(), "bonus_drafted": depth <= rows}
+
+    @staticmethod
     def _host(copies: dict[str, torch.Tensor], ready: torch.cuda.Event | None) -> dict:
         """`_record_reads`' copies once they have landed (`ready`), as Python values."""
         if ready is not None:
             ready.synchronize()
-        return {name: t.item() if t.dim() == 0 else t.tolist() for name, t in copies.items()}
+        host = {name: t.item() if t.dim() == 0 else t.tolist() for name, t in copies.items()}
+        if not host.pop("bonus_drafted", True):  # the walk went past the drafter's last depth (_bonus_reads)
+            del host["bonus_logprob"], host["bonus_rank"]
+        return host
 
     @staticmethod
     def _record_fields(host: dict) -> dict:

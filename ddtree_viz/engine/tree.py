@@ -7,6 +7,7 @@ children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is l
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -99,17 +100,22 @@ class DeviceTreeBuilder:
         self.budget, self.kernel = budget, kernel  # kernel: device_tree_nodes' choice
         self.key, self.graph, self.error = None, None, None
         self._pinned, self._copied = None, None  # queue_host's buffers and event (CUDA)
+        self.host_ms = 0.0  # the host's time in the last call (on CUDA its inputs' copies and the graph's launch)
 
     def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
+        start = time.perf_counter()
         key = (tuple(logprobs.shape), logprobs.dtype, logprobs.device)
         if key != self.key and logprobs.device.type == "cuda" and self.error is None:
             self._capture(logprobs, key)
         if key != self.key:  # off CUDA, or the capture failed
-            return DeviceTree.from_logprobs(root_token_id, logprobs, self.budget, self.kernel)
-        self._logprobs.copy_(logprobs)
-        self._root.fill_(int(root_token_id))
-        self.graph.replay()
-        return self.out
+            tree = DeviceTree.from_logprobs(root_token_id, logprobs, self.budget, self.kernel)
+        else:
+            self._logprobs.copy_(logprobs)
+            self._root.fill_(int(root_token_id))
+            self.graph.replay()
+            tree = self.out
+        self.host_ms = (time.perf_counter() - start) * 1e3
+        return tree
 
     def queue_host(self, tree: DeviceTree):
         """The tree's copy to the host queued now (into pinned buffers of the builder's own on CUDA, an event after
