@@ -40,6 +40,7 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     fast = speed["fast"]
     assert fast["graphs"] is False and fast["graphs_error"] is None  # no CUDA here: the same functions, eager
     assert fast["greedy_step_ms"] > 0 and fast["round_budget_64"]["host"] > 0
+    assert fast["greedy_step_chained_ms"] > 0 and fast["targets"]["issue_31"]["greedy_step"]["chained_ms"] > 0
     # the default round queues each draft before the walk is read, and every one was queued (none fell back)
     assert fast["round_budget_64"]["draft_ahead"] and fast["round_budget_64"]["queue_error"] is None
     assert not fast["round_budget_64_not_drafted_ahead"]["draft_ahead"]

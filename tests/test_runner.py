@@ -515,6 +515,26 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
     assert session.generated == before.generated
 
 
+def test_chained_greedy_steps_decode_greedys_tokens(pair, greedy):
+    """The bench's greedy step with no read between steps (benchmarks/gpu.py chained_greedy_stepper: each one-node
+    tree's token the last step's choice on the device, forward_tensors and queue_walk) decodes greedy's tokens, and
+    the runner's state after them is the host-read greedy's."""
+    from ddtree_viz.benchmarks.gpu import chained_greedy_stepper
+
+    prompt, ref = greedy
+    runner, host = make_runner(pair), make_runner(pair)
+    logits, _ = runner.prefill(prompt)
+    step, tokens = chained_greedy_stepper(runner, int(logits.argmax()))
+    for _ in range(NEW - 1):
+        step()
+    assert [int(logits.argmax())] + tokens() == list(ref.ids)
+    assert runner_greedy(host, prompt, NEW) == list(ref.ids)  # its last token is decoded, not committed
+    assert runner.committed == host.committed == len(prompt) + NEW - 1
+    torch.testing.assert_close(runner.rec_all, host.rec_all, atol=0, rtol=0)
+    torch.testing.assert_close(runner.keys_all[:, :, :runner.committed], host.keys_all[:, :, :host.committed],
+                               atol=0, rtol=0)
+
+
 def test_session_runner_engine_refuses_naive_mode(pair):
     from ddtree_viz.engine.session import DecodeSession
     from ddtree_viz.errors import InputError
