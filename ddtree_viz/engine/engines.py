@@ -63,7 +63,8 @@ class TreePass:
 class QueuedWalk:
     """A walk and commit queued on the device and not yet read (RunnerEngine.accept_queued): what the device holds
     of the result, for work queued behind it before the host knows it (the next round's draft, the record's
-    reads), and `result()`, the host's read."""
+    reads), and `result()`, the host's read. The tensors are the slot's and the runner's own: what reads them is
+    queued before the next pass over the slot rewrites them."""
 
     length: torch.Tensor  # [] int64: the accepted path's nodes, the root included
     bonus: torch.Tensor  # [] int64: the target's choice after the path

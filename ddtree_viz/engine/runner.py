@@ -440,7 +440,7 @@ class StaticRunner:
     def _time_gate_up(self, size: int) -> dict[str, float]:
         """µs a call of each gate+up form (GATE_UP_FORMS) on the first fused MLP weight, `size` rows of random input,
         under the library in force: a CUDA graph of 8 calls per form (after a warm-up), the median of 5 replays. An
-        empty dict where there is no fused bf16 gate+up to time."""
+        empty dict where there is no fused gate+up of two parts to time (an FP8 one runs its own kernel)."""
         fused = next((f for (i, part), f in self._fused.items() if part == "mlp" and isinstance(f, FusedLinear)), None)
         if fused is None or len(fused.sizes) != 2:
             return {}

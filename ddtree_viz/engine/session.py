@@ -137,6 +137,7 @@ class DFlashProposer:
         return self._outputs(self.runner.draft_queued(walk.bonus, walk.committed, walk.features, block_size))
 
     def _outputs(self, outputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The log-probs of the static path's outputs (a family with more keeps them: DFlash2Proposer)."""
         return outputs[0]
 
     def settle(self, committed_len: int) -> None:
