@@ -54,7 +54,8 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 
 
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up")  # RunnerOptions fields runner_variants can switch
+# RunnerOptions fields runner_variants can switch
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up")
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   gate_up=a.gate_up, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8, fp8_cap_gb=a.fp8_memory_cap,
-                   fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
+                   gate_up=a.gate_up, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8,
+                   fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
@@ -862,12 +863,12 @@ def greedy_stepper(engine, token: int):
     return greedy_step
 
 
-def chained_greedy_stepper(runner, token: int):
+def chained_greedy_stepper(runner, token: int, keep: bool = True):
     """Greedy steps that read nothing back: each step's one-node tree is the last step's choice where it is (the
     runner's forward_tensors over a token tensor the device rewrites; the walk and the commit queued, queue_walk),
     so the host launches a step while the device still runs the one before. A step accepts its root alone, so the
     committed length moves by one without a read. Returns (step, tokens): tokens() reads the tokens decoded so far
-    (their copies kept on the device, one read)."""
+    (with `keep`, each step's token copied on the device, all read at once; without, the timed steps copy nothing)."""
     ids = torch.tensor([token], device=runner.device)
     parents = torch.tensor([-1], device=runner.device)
     depths = torch.zeros(1, dtype=torch.long, device=runner.device)
@@ -878,7 +879,8 @@ def chained_greedy_stepper(runner, token: int):
         runner.queue_walk(slot, logits.argmax(-1))
         runner.committed += 1
         ids.copy_(slot.walk_out[runner.max_path + 2:])  # the bonus: the next step's token, on the device
-        made.append(ids.clone())
+        if keep:
+            made.append(ids.clone())
 
     return step, lambda: torch.cat(made).tolist()
 
@@ -887,7 +889,7 @@ def greedy_step_chained(runner, timed, token: int, steps: int = 8) -> dict:
     """The greedy step with the host out of the device's way (chained_greedy_stepper), ms a step over runs of `steps`
     waited for once, beside greedy_step_ms (each step's token read back before the next is launched, as a decode
     that must see its tokens does): how much of the step is the host's wait, not the device's work."""
-    step, _ = chained_greedy_stepper(runner, token)
+    step, _ = chained_greedy_stepper(runner, token, keep=False)
     return {"greedy_step_chained_ms": timed(lambda: [step() for _ in range(steps)], repeats=5, warmup=1) / steps}
 
 
@@ -1312,7 +1314,8 @@ def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4
     program; `parts_group_G_br_R_warps_W_us`: a program per value head (G 0) or per key head (G 1), R rows a
     program; `rule_group_G_us`: the whole rule with each, and its largest difference from the torch form), and the
     whole rule with each value-column block and warp count of its second kernel (`bv_B_warps_W_us`, each with its
-    largest difference from the torch form `want`): where RULE_BLOCK_V and the warps by row tile come from. args: q, k (key heads), v, g, beta, state, anc_float, steps."""
+    largest difference from the torch form `want`): where RULE_BLOCK_V and the warps by row tile come from. args: q,
+    k (key heads), v, g, beta, state, anc_float, steps."""
     from ..engine.delta_rule.triton_solve import tree_parts_triton, tree_rule_triton
 
     q, k, v, g, beta, state, anc, steps = args

@@ -387,9 +387,9 @@ class StaticDrafter:
         engines.QueuedWalk): the root token and the committed length ([] int64 tensors), the new context rows
         `features` [at least block_size, F] (the accepted path's, padded with any rows, its first block_size taken:
         rows past the path take positions the block's own K/V overwrite before anything reads them, as the zero
-        padding of `draft`; a path is never longer than the block). The key bucket
-        is the one `draft` takes for a round's padded rows, so the same function runs on the same inputs. The
-        context is unsettled until `settle(committed_len)` says its length; no draft before."""
+        padding of `draft`; a path is never longer than the block). The key bucket is the one `draft` takes for a
+        round's padded rows, so the same function runs on the same inputs. The context is unsettled until
+        `settle(committed_len)` says its length; no draft before."""
         begun = time.perf_counter()
         start, pad = self.length, block_size
         if self.unsettled or features.shape[0] < pad:

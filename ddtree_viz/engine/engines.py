@@ -281,12 +281,11 @@ class RunnerEngine:
         return TreePass(tree, logits, (feats, slot))
 
     def accept(self, tree_pass, choice):
-        """The walk and the commit on the device (Runner.commit_walk), or on the host where `walk` says so."""
+        """The walk and the commit on the device, queued and read at once (accept_queued), or on the host where `walk`
+        says so."""
         if self.walk == "host":
             return accept_on_host(self, tree_pass, choice)
-        feats, slot = tree_pass.handle
-        accepted, bonus = self.runner.commit_walk(slot, choice)
-        return accepted, bonus, self._path_features(feats, slot, len(accepted))
+        return self.accept_queued(tree_pass, choice).result()
 
     def accept_queued(self, tree_pass, choice) -> QueuedWalk:
         """accept's walk and commit on the device, queued (Runner.queue_walk), their result left on the device until

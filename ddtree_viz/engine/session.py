@@ -757,7 +757,8 @@ class DecodeSession:
         self.committed_len += len(accepted)
         self.history.append(step)
         self._unnamed.update(step.target_argmax, step.target_choice, (n.token_id for n in step.nodes),
-                             (t for row in step.target_top_ids for t in row), (t for row in step.draft_top_ids for t in row))
+                             (t for row in step.target_top_ids for t in row),
+                             (t for row in step.draft_top_ids for t in row))
         return step
 
     def _verify_tree(self, root: int, logprobs: torch.Tensor, lap):
@@ -806,7 +807,7 @@ class DecodeSession:
         clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
         try:
             drafted = self.proposer.propose_queued(walk, self.block_size)
-        except Exception as exc:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+        except Exception as exc:  # noqa: BLE001 - the round stands; the next step drafts again, raises what persists
             drafted, self.queue_error = None, f"{type(exc).__name__}: {exc}"
         if drafted is not None and clock is not None:
             clock.lap("draft")
@@ -851,7 +852,7 @@ class DecodeSession:
         clock = PhaseClock(self._sync, self._cuda_device) if self.time_phases or self._cuda_device else None
         try:
             logprobs = self.proposer.propose(root, committed_len, self._features, self.block_size)
-        except Exception as exc:  # noqa: BLE001 - this round stands; the next step drafts again and raises what persists
+        except Exception as exc:  # noqa: BLE001 - the round stands; the next step drafts again, raises what persists
             self.queue_error = f"{type(exc).__name__}: {exc}"
             return
         if clock is not None:
