@@ -44,6 +44,11 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     # the default round queues each draft before the walk is read, and every one was queued (none fell back)
     assert fast["round_budget_64"]["draft_ahead"] and fast["round_budget_64"]["queue_error"] is None
     assert not fast["round_budget_64_not_drafted_ahead"]["draft_ahead"]
+    # and with the tree on the device (a GPU's default), each next tree and verify too (on a CPU only the untimed
+    # rounds queue: a phase timed by the wall clock would wait for them)
+    device_tree = fast["round_budget_64_device_tree"]
+    assert device_tree["verify_ahead"] and device_tree["verified_ahead"] > 3 and device_tree["queue_error"] is None
+    assert not fast["round_budget_64_not_verified_ahead"]["verify_ahead"]
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     fp32 = report["exactness_fp32_8_layers"] + report["fast_exactness_fp32_8_layers"]
     assert fp32 and all(r["identical"] for r in fp32)

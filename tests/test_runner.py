@@ -3,6 +3,7 @@ float32 on the CPU without graphs (the same functions the CUDA graphs capture)."
 
 import dataclasses
 import random
+import time
 
 import numpy as np
 import pytest
@@ -298,6 +299,40 @@ def test_recorded_rounds_build_their_tree_on_the_device_by_default():
     assert histories[0] == histories[1] and len(histories[0]) > 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs, pinned copies)")
+@pytest.mark.parametrize("record", [False, True])
+def test_rounds_verified_ahead_on_the_gpu_give_the_same_rounds(record):
+    """On one GPU (the defaults: the device's tree and walk, the static drafter, drafts and verifies queued ahead)
+    the rounds and records equal those of rounds that verify after the read, tree for tree, while the host is slow
+    between a walk's read and its tree's (the device then runs the next tree's copy to the host first: the two
+    trees' copies must not share buffers); recorded rounds (the page's: phases timed by CUDA events) keep every
+    phase's time. A first session runs before the two compared (a process's first draft differs from the next
+    ones' in its log-probs' last bits, ahead or not)."""
+    pair, prompt, runner = on_cuda()
+    runs = {}
+    for ahead in (None, False, True):
+        proposer = DFlashProposer(pair.drafter, pair.target)
+        engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=17, block_size=proposer.block_size,
+                              max_new_tokens=NEW, runner=runner)
+        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine, record=record,
+                                verify_ahead=bool(ahead))
+        session.prefill(prompt_ids=prompt)
+        session.step()
+        settle = proposer.settle
+
+        def slow_settle(committed, settle=settle):
+            time.sleep(0.01)  # the host late: the device goes on to the next draft, tree and its copy
+            settle(committed)
+
+        proposer.settle = slow_settle
+        session.run()
+        assert session.verify_ahead == bool(ahead) and (session.verified_ahead > 2) == bool(ahead)
+        if record:
+            assert all({"draft", "tree", "verify", "commit"} <= set(r.timings_ms) for r in session.history)
+        runs[ahead] = [dataclasses.replace(r, timings_ms={}) for r in session.history]
+    assert runs[True] == runs[False] and len(runs[False]) > 3
+
+
 def test_one_step_delta_rule_equals_the_recurrence():
     from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
     from ddtree_viz.engine.delta_rule.step import delta_rule_step
@@ -466,40 +501,58 @@ def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
     assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", record=False).tree_on_device
 
 
+def ahead_session(pair, draft_ahead: bool, verify_ahead: bool, **options) -> DecodeSession:
+    """A session on the runner, the static drafter and the device's tree and walk (a CPU walks on the host by
+    default), drafting (and verifying) ahead or not, prefilled."""
+    proposer = DFlashProposer(pair.drafter, pair.target, static=True)
+    session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", proposer=proposer,
+                            tree_on_device=True, time_phases=False, draft_ahead=draft_ahead,
+                            verify_ahead=verify_ahead, **options)
+    session.target_engine.walk = "device"
+    session.prefill(PROMPT)
+    return session
+
+
 @pytest.mark.parametrize("record", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, greedy, temperature, record):
     """DecodeSession(draft_ahead): each round's next draft queued before the host reads the walk, from what the
     device holds (the bonus token, the committed length, the path's features padded: engines.QueuedWalk), gives the
     rounds and records of the draft queued after the read, tree for tree (the static drafter on both sides; the
-    device's tree and walk), greedy and sampled, recorded (the bonus token's rank read on the device) or not; a
-    queued draft that fails leaves the next step to draft from the host's values."""
+    device's tree and walk), greedy and sampled, recorded (the bonus token's rank read on the device) or not; and
+    so does verify_ahead (the next round's tree, rooted at the walk's bonus token on the device, and its verify
+    queued behind that draft), taken by every round after the first but the last ones, whose round could end the
+    output by its length. A queued draft that fails leaves the next step to draft from the host's values."""
     from ddtree_viz.engine.sampling import Sampler
 
     runs = {}
-    for ahead in (False, True):
-        proposer = DFlashProposer(pair.drafter, pair.target, static=True)
-        session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", proposer=proposer,
-                                tree_on_device=True, time_phases=False, record=record, draft_ahead=ahead,
-                                sampler=Sampler(temperature=temperature, seed=5))
-        session.target_engine.walk = "device"  # a CPU walks on the host by default
-        session.prefill(PROMPT)
+    for ahead in ((False, False), (True, False), (True, True)):
+        session = ahead_session(pair, *ahead, record=record, sampler=Sampler(temperature=temperature, seed=5))
         assert not session.draft_ahead  # no static drafter before the first draft
         session.step()
-        assert session.draft_ahead == ahead and (session._queued is not None) and not proposer.runner.unsettled
+        assert session.draft_ahead == ahead[0] and (session._queued is not None)
+        assert session.verify_ahead == ahead[1] and (session._verified is not None) == ahead[1]
+        assert not session.proposer.runner.unsettled
         session.run()
         runs[ahead] = session
-    before, after = runs[False], runs[True]
-    assert after.generated == before.generated and after.divergence() == (None, None)
-    untimed = [dataclasses.replace(r, timings_ms={}) for r in after.history]
-    assert untimed == [dataclasses.replace(r, timings_ms={}) for r in before.history]
+    before = runs[False, False]
+    for ahead, after in runs.items():
+        assert after.generated == before.generated and after.divergence() == (None, None)
+        untimed = [dataclasses.replace(r, timings_ms={}) for r in after.history]
+        assert untimed == [dataclasses.replace(r, timings_ms={}) for r in before.history]
+        # every round after the first verified ahead, but where the one before could end the output by its length
+        # (the output's length then + a block's tokens reach max new tokens)
+        lengths = np.cumsum([1] + [len(r.new_token_ids) for r in after.history])
+        expected = sum(lengths[r - 1] + after.block_size < NEW for r in range(1, len(after.history)))
+        assert after.verified_ahead == (expected if ahead[1] else 0) and (expected > 2 or not ahead[1])
+    after = runs[True, True]
     if temperature == 0:
         assert after.generated == list(greedy[1].ids)[:len(after.generated)]
         assert max(r.acceptance for r in after.history) > 1  # deep enough for the padded features to matter
     if record:
         assert any(r.bonus_draft_rank is not None for r in after.history)
 
-    session = runs[True]
+    session = runs[True, False]
     session.prefill(PROMPT)
     session.step()
     runner = session.proposer.runner

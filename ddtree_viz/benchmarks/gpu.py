@@ -600,6 +600,9 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     out["greedy_step_chained_per_bound"] = out["greedy_step_chained_ms"] / bound_ms
     out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
     out["graph_launch"] = graph_launch(runner, sizes, sync)
+    # the figures so far, issue #31's targets on them, in the log before the long tail (variants, tree forms): a run
+    # stopped by its time limit there keeps them (session 19's first run lost every figure that way)
+    progress("fast_so_far", {**out, "issue_31": issue31_targets(out, bound_ms)})
     del engine, runner
     if bench.cuda:
         torch.cuda.empty_cache()
@@ -941,13 +944,14 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                 ("round_budget_64_host_walk", True, "host", {}),
                 ("round_budget_64_no_queue", True, "device", {"queue_draft": False}),
                 ("round_budget_64_not_drafted_ahead", True, "device", {"draft_ahead": False, "timeline": True}),
+                ("round_budget_64_not_verified_ahead", True, "device", {"verify_ahead": False, "timeline": True}),
                 ("round_budget_64_not_ahead", True, "device", {"launch_ahead": False}),
                 ("round_budget_64_drafter_uncompiled", True, "device", {"drafter_compile": False})]
     if method == "ddtree" and tree_scoring == "marginal":
         variants += [("round_budget_64_device_tree", True, "device", {"tree_on_device": True}),
                      ("round_budget_64_host_tree", True, "device", {"tree_on_device": False})]
         if engine.tree_size >= 129:  # the runner has a slot for budget 128's trees (--budgets 128)
-            variants.append(("round_budget_128", True, "device", {"budget": 128}))
+            variants.append(("round_budget_128", True, "device", {"budget": 128, "timeline": True}))
     default_walk = engine.walk
     try:
         for key, static, walk, options in variants:
@@ -964,6 +968,8 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                                                     / out["round_budget_64_no_queue"]["step_wall_ms"])
     out["round_budget_64"]["draft_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
                                                      / out["round_budget_64_not_drafted_ahead"]["loop_wall_ms"])
+    out["round_budget_64"]["verify_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
+                                                      / out["round_budget_64_not_verified_ahead"]["loop_wall_ms"])
     out["round_budget_64"]["launch_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
                                                       / out["round_budget_64_not_ahead"]["loop_wall_ms"])
     out["round_budget_64"]["drafter_compiled_per_not"] = (out["round_budget_64"]["draft"]
@@ -977,7 +983,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
 def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str, tree_scoring: str,
                    static: bool, tree_on_device: bool | None = None, queue_draft: bool | None = None,
                    launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
-                   budget: int = 64, draft_ahead: bool = True) -> dict:
+                   budget: int = 64, draft_ahead: bool = True, verify_ahead: bool = True) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the round as the host sees it and the draft path; with `timeline`, the device's idle time in the next
     untimed rounds (device_timeline)."""
@@ -988,7 +994,7 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     session = DecodeSession(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
                             time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
                             tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
-                            draft_ahead=draft_ahead)
+                            draft_ahead=draft_ahead, verify_ahead=verify_ahead)
     session.prefill(prompt_ids=prompt)
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
@@ -1018,7 +1024,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     out["loop_wall_ms"] = untimed_rounds(session)
     if timeline:
         out["device_timeline"] = device_timeline(session, loop_wall_ms=out["loop_wall_ms"])
-    out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, queue_error=session.queue_error,
+    out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, verify_ahead=session.verify_ahead,
+               verified_ahead=session.verified_ahead, queue_error=session.queue_error,
                method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
                draft_capture_s=proposer.runner.capture_s if proposer.runner is not None else None)
     return out

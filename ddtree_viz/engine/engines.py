@@ -274,10 +274,12 @@ class RunnerEngine:
         return self._path_features(feats, slot, len(accepted))
 
     @torch.no_grad()
-    def forward_tensors(self, tree: DeviceTree) -> TreePass:
+    def forward_tensors(self, tree: DeviceTree, ahead: bool = False) -> TreePass:
         """forward over a tree held as tensors where the runner is (tree.DeviceTree): inputs written by the device
-        (a graph of their own where the tree is a graph's outputs, `static`)."""
-        logits, feats, slot = self.runner.forward_tensors(tree.token_ids, tree.parents, tree.depths, tree.static)
+        (a graph of their own where the tree is a graph's outputs, `static`); `ahead`: queued behind a walk the host
+        has not read (StaticRunner.slot_for's)."""
+        logits, feats, slot = self.runner.forward_tensors(tree.token_ids, tree.parents, tree.depths, tree.static,
+                                                          ahead)
         return TreePass(tree, logits, (feats, slot))
 
     def accept(self, tree_pass, choice):

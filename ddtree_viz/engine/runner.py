@@ -505,14 +505,15 @@ class StaticRunner:
         for t, copy in saved:
             t.copy_(copy)
 
-    def slot_for(self, n: int) -> _Slot:
-        """The slot for a tree of n nodes at the current length (made, and captured, on first use)."""
+    def slot_for(self, n: int, ahead: bool = False) -> _Slot:
+        """The slot for a tree of n nodes at the current length (made, and captured, on first use); `ahead`: a walk
+        queued and not read yet may move the length on by up to max_path first (its key bucket holds that too)."""
         fits = [s for s in self.sizes if s >= n]
         if not fits:
             self.sizes.append(n)
             fits = [n]
         size = min(fits)
-        need = self.committed + max(size, self.max_path)
+        need = self.committed + max(size, self.max_path) + (self.max_path if ahead else 0)
         fitting = [b for b in self.buckets if b >= need]
         if not fitting:
             raise ValueError(f"the runner's max_len {self.max_len} is full")
@@ -723,17 +724,18 @@ class StaticRunner:
 
     @torch.no_grad()
     def forward_tensors(self, token_ids: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor,
-                        static: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
+                        static: bool = False, ahead: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, _Slot]:
         """forward over a tree held as tensors where the runner is (tree.tree_on_device's nodes: [n] each, root
         first, shallower than max_path): the slot's inputs written by the device (_stage_tensors), the same values
         _stage_tree writes from the host (tests/test_runner.py), nothing staged or copied up. `static`: the three
         tensors are rewritten in place for every tree (DeviceTreeBuilder's graph outputs), so where the slot has
         graphs the writing is captured once as a graph of its own (`tree_graph`, for these tensors' storage) and
-        replayed: one launch where it is a few dozen ops."""
+        replayed: one launch where it is a few dozen ops. `ahead`: queued behind a walk not read yet (slot_for's; the
+        positions are the device's committed length's, so the pass reads the state that walk's commit leaves)."""
         self.release_ahead()
         start = time.perf_counter()
         self._host = 0.0
-        slot = self.slot_for(token_ids.shape[0])
+        slot = self.slot_for(token_ids.shape[0], ahead)
         if static and slot.graph is not None:
             key = tuple((t.data_ptr(), t.shape[0]) for t in (token_ids, parents, depths))
             if slot.tree_key != key:

@@ -478,7 +478,7 @@ class DecodeSession:
         time_phases: bool | None = None, sampler: Sampler = GREEDY, target_top_k: int = TARGET_TOP_K,
         draft_top_k: int = DRAFT_TOP_K, reference: str = "engine", reference_engine: TargetEngine | None = None,
         tree_scoring: str = MARGINAL, tree_on_device: bool | None = None, queue_draft: bool | None = None,
-        launch_ahead: bool | None = None, draft_ahead: bool = True,
+        launch_ahead: bool | None = None, draft_ahead: bool = True, verify_ahead: bool = True,
     ):
         """`engine`: "auto" (default: engines.default_engine, the fastest exact engine that applies: the static runner
         for exact rounds on a Qwen3.5 hybrid on one device, else transformers' forward), a name from
@@ -500,7 +500,8 @@ class DecodeSession:
         clock would wait for the whole device inside the window); the same passes. None (default): where the
         rounds keep no record (a recorded round's reads may wait on the whole device; PERFORMANCE.md section 19).
         `draft_ahead`: a queued draft goes in before the host reads the walk, from its result on the device, where
-        it can (`draft_ahead`); the same rounds and records either way."""
+        it can (`draft_ahead`); `verify_ahead`: and the next round's tree and verify behind it (`verify_ahead`); the
+        same rounds and records either way."""
         self.pair = pair
         self.target, self.tokenizer = pair.target, pair.tokenizer
         if proposer is None:
@@ -545,12 +546,16 @@ class DecodeSession:
         self.tree_on_device = self._tree_where(tree_on_device, launch_ahead)
         self.tree_builder = DeviceTreeBuilder(self.budget) if self.tree_on_device else None  # a CUDA graph on a GPU
         self.queue_draft = queue_draft  # None: where it costs no wait (queues_draft)
-        self._draft_ahead = draft_ahead  # where it can (draft_ahead)
-        # launched ahead: DDTree's marginal tree on the host, on an engine that can (_verify_tree)
-        wanted = not record if launch_ahead is None else bool(launch_ahead)
-        self.launch_ahead = (wanted and hasattr(engine, "launch_ahead") and self._cuda_device is not None
-                             and not self.tree_on_device and method == DDTREE and self.tree_scoring == MARGINAL)
+        self._draft_ahead, self._verify_ahead = draft_ahead, verify_ahead  # where they can (draft_ahead, verify_ahead)
+        self.launch_ahead = self._launch_where(launch_ahead)
         self.reset()
+
+    def _launch_where(self, asked: bool | None) -> bool:
+        """Whether the verify graph is launched before the tree is built (launched ahead: DDTree's marginal tree on
+        the host, on an engine that can; _verify_tree): as asked, or for None where the rounds keep no record."""
+        wanted = not self.record if asked is None else bool(asked)
+        return (wanted and hasattr(self.target_engine, "launch_ahead") and self._cuda_device is not None
+                and not self.tree_on_device and self.method == DDTREE and self.tree_scoring == MARGINAL)
 
     def _tree_where(self, asked: bool | None, launch_ahead: bool | None) -> bool:
         """Whether DDTree's marginal tree is built on the device (`tree_on_device`): as asked (refused where the
@@ -591,6 +596,8 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._queued: tuple | None = None  # the next round's draft, queued by step(): (root, committed_len), log-probs, clock
+        self._verified: tuple | None = None  # and its tree and verify (_queue_verify): (root, committed_len), tree, read, pass
+        self.verified_ahead = 0  # rounds whose tree and verify the round before queued (_queue_verify)
         self.queue_error: str | None = None  # why the last queued draft that failed did (the next step drafted again)
         self._greedy: GreedyReference | None = None
         self._independent: GreedyReference | None = None  # check_transformers()
@@ -715,13 +722,14 @@ class DecodeSession:
         if drafted is None:
             lap("draft")
 
-        tree, scores, tree_pass = self._verify_tree(root, logprobs, lap)
+        tree, scores, tree_pass, verified = self._verify_tree(root, logprobs, lap)
         logits = tree_pass.logits
         argmax = chosen = logits.argmax(-1)
         if not self.sampler.greedy:  # the node at depth d chooses the token at position committed_len + d + 1
             positions = torch.as_tensor(tree.depths, device=logits.device) + (self.committed_len + 1)
             chosen = self.sampler.choose(logits, positions)
-        lap("verify")
+        if not verified:  # (a verify queued by the last round was timed by its clock, with its draft)
+            lap("verify")
         before = engine.snapshot(pending=len(tree)) if record else ()
         ahead = self.draft_ahead and self.queues_draft
         if ahead:  # the walk's result read after the record's reads and the next draft are queued behind it
@@ -762,18 +770,26 @@ class DecodeSession:
         return step
 
     def _verify_tree(self, root: int, logprobs: torch.Tensor, lap):
-        """The round's tree (and the selector's scores, where they made it) and the engine's pass over it. Where the
-        session launches ahead (DDTree's marginal tree on the host), the engine's verify is queued while the top-k
-        comes back (engines' launch_ahead), so the host's launch overlaps the draft still running. Between the launch
-        and the forward the host only waits on the main stream and allocates nothing on the device or in pinned
-        memory (either may wait on the whole device, which waits on the launch); whatever the tree's making raises,
-        the launch is let go."""
+        """The round's tree (and the selector's scores, where they made it), the engine's pass over it, and whether
+        the last round queued both (_queue_verify; taken here, for this root and context). Where the session
+        launches ahead (DDTree's marginal tree on the host), the engine's verify is queued while the top-k comes back
+        (engines' launch_ahead), so the host's launch overlaps the draft still running. Between the launch and the
+        forward the host only waits on the main stream and allocates nothing on the device or in pinned memory
+        (either may wait on the whole device, which waits on the launch); whatever the tree's making raises, the
+        launch is let go."""
         engine = self.target_engine
+        verified, self._verified = self._verified, None  # spent here: a round that fails after queues them again
+        if verified is not None:
+            key, tree, self._tree_read, tree_pass = verified
+            if key != (root, self.committed_len):
+                raise RuntimeError(f"a queued verify for {key} out of step with root {root} at {self.committed_len}")
+            self.verified_ahead += 1
+            return tree, None, tree_pass, True
         if self.tree_on_device:
             tree = self.tree_builder(root, logprobs)
             self._tree_read = self.tree_builder.queue_host(tree)  # read in step, after the walk's own wait
             lap("tree")
-            return tree, None, engine.forward_tensors(tree)
+            return tree, None, engine.forward_tensors(tree), False
         # the launch: once the top-k's copies are queued (their pinned buffers taken), before the host waits
         launch = (lambda: engine.launch_ahead(self.tree_size)) if self.launch_ahead else None
         try:
@@ -783,7 +799,7 @@ class DecodeSession:
                 engine.release_ahead()  # a no-op where the launch was not made
             raise
         lap("tree")
-        return tree, scores, engine.forward(tree)
+        return tree, scores, engine.forward(tree), False
 
     @property
     def queues_draft(self) -> bool:
@@ -811,12 +827,44 @@ class DecodeSession:
             drafted, self.queue_error = None, f"{type(exc).__name__}: {exc}"
         if drafted is not None and clock is not None:
             clock.lap("draft")
+        verified = self._queue_verify(walk, drafted, clock) if drafted is not None else None
         accepted, bonus, self._features = walk.result()  # the wait: for the walk's copy alone
         if drafted is not None:
             committed = self.committed_len + len(accepted)
             self.proposer.settle(committed)
             self._queued = (bonus, committed), drafted, clock
+            if verified is not None:
+                self._verified = (bonus, committed), *verified
         return accepted, bonus, reads
+
+    def _queue_verify(self, walk: QueuedWalk, logprobs: torch.Tensor, clock: PhaseClock | None):
+        """The next round's tree and verify queued behind its draft, before the host reads this round's walk, where
+        the session does (`verify_ahead`) and this round cannot end the output by its length (a round past the end
+        costs the device a verify no one reads): the tree from the draft's log-probs with the walk's bonus token as
+        its root, on the device, its copy to the host queued, and the engine's pass over it (its inputs' positions
+        the device's committed length; its key bucket with room for the walk's path). Returns (tree, its read, the
+        pass), or None where it was not queued (one that fails: why in queue_error; the next step makes both)."""
+        if not self.verify_ahead or len(self.generated) + self.block_size >= self.max_new_tokens:
+            return None
+        try:
+            tree = self.tree_builder(walk.bonus, logprobs)
+            read = self.tree_builder.queue_host(tree)
+            if clock is not None:
+                clock.lap("tree")
+            tree_pass = self.target_engine.forward_tensors(tree, ahead=True)
+        except Exception as exc:  # noqa: BLE001 - the round stands; the next step builds and verifies its tree
+            self.queue_error = f"{type(exc).__name__}: {exc}"
+            return None
+        if clock is not None:
+            clock.lap("verify")
+        return tree, read, tree_pass
+
+    @property
+    def verify_ahead(self) -> bool:
+        """Whether a round that drafts ahead (`draft_ahead`) queues the next round's tree and verify too
+        (_queue_verify): where the session's `verify_ahead` allows it and the tree is built on the device (a
+        DeviceTree's root can be the walk's bonus token there)."""
+        return self._verify_ahead and self.tree_on_device and self.draft_ahead
 
     @property
     def draft_ahead(self) -> bool:

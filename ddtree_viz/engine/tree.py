@@ -99,19 +99,27 @@ class DeviceTreeBuilder:
     def __init__(self, budget: int, kernel: bool | None = None):
         self.budget, self.kernel = budget, kernel  # kernel: device_tree_nodes' choice
         self.key, self.graph, self.error = None, None, None
-        self._pinned, self._copied = None, None  # queue_host's buffers and event (CUDA)
+        # queue_host's two sets of pinned buffers and events (CUDA), taken in turn: a tree queued before the last
+        # one is read (a session's verify ahead) copies into the set that one does not hold
+        self._copies: list[tuple[list[torch.Tensor], torch.cuda.Event]] = []
         self.host_ms = 0.0  # the host's time in the last call (on CUDA its inputs' copies and the graph's launch)
 
-    def __call__(self, root_token_id: int, logprobs: torch.Tensor) -> DeviceTree:
+    def __call__(self, root_token_id: int | torch.Tensor, logprobs: torch.Tensor) -> DeviceTree:
+        """The tree from the log-probs [depths, vocab]; the root's token an int, or a one-element integer tensor
+        where the log-probs are (a walk's bonus token not read yet: copied on the device)."""
         start = time.perf_counter()
         key = (tuple(logprobs.shape), logprobs.dtype, logprobs.device)
         if key != self.key and logprobs.device.type == "cuda" and self.error is None:
             self._capture(logprobs, key)
+        root = root_token_id.reshape(1).long() if isinstance(root_token_id, torch.Tensor) else root_token_id
         if key != self.key:  # off CUDA, or the capture failed
-            tree = DeviceTree.from_logprobs(root_token_id, logprobs, self.budget, self.kernel)
+            tree = DeviceTree.from_logprobs(root, logprobs, self.budget, self.kernel)
         else:
             self._logprobs.copy_(logprobs)
-            self._root.fill_(int(root_token_id))
+            if isinstance(root, torch.Tensor):
+                self._root.copy_(root)
+            else:
+                self._root.fill_(int(root))
             self.graph.replay()
             tree = self.out
         self.host_ms = (time.perf_counter() - start) * 1e3
@@ -121,17 +129,19 @@ class DeviceTreeBuilder:
         """The tree's copy to the host queued now (into pinned buffers of the builder's own on CUDA, an event after
         them): returns a function that waits for that event alone and gives the DraftTree. Queued before the
         verify, the copy is there when the walk's result is, so the host reads it without waiting for the commit
-        queued behind it (DeviceTree.to_host waits for the whole stream)."""
+        queued behind it (DeviceTree.to_host waits for the whole stream). Two trees may be queued before the first
+        is read (two sets of buffers, in turn); a third call reuses the first's."""
         fields = (tree.token_ids, tree.parents, tree.depths, tree.ranks, tree.logprobs)
         if not tree.token_ids.is_cuda:
             return tree.to_host
-        if self._pinned is None or [p.shape for p in self._pinned] != [f.shape for f in fields]:
-            self._pinned = [torch.empty(f.shape, dtype=f.dtype, pin_memory=True) for f in fields]
-            self._copied = torch.cuda.Event()
-        for buffer, field in zip(self._pinned, fields):
+        if len(self._copies) < 2 or [p.shape for p in self._copies[0][0]] != [f.shape for f in fields]:
+            self._copies = [([torch.empty(f.shape, dtype=f.dtype, pin_memory=True) for f in fields],
+                             torch.cuda.Event()) for _ in range(2)]
+        self._copies.reverse()  # the set the last call did not take
+        pinned, event = self._copies[0]
+        for buffer, field in zip(pinned, fields):
             buffer.copy_(field, non_blocking=True)
-        self._copied.record(torch.cuda.current_stream(tree.token_ids.device))  # the copies' stream
-        event, pinned = self._copied, self._pinned
+        event.record(torch.cuda.current_stream(tree.token_ids.device))  # the copies' stream
 
         def wait() -> DraftTree:
             event.synchronize()
