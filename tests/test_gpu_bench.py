@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from ddtree_viz.benchmarks import gpu
 
@@ -303,3 +304,16 @@ def test_activity_kinds():
     spans = [(0.0, 5.0, "gemm"), (6.0, 7.0, "norm"), (8.0, 13.0, "gemm"), (14.0, 16.0, "norm"), (20.0, 21.0, "copy")]
     assert gpu.activity_kinds(spans, rounds=2, top=2) == [{"kind": "gemm", "calls_per_round": 1.0, "us_per_round": 5.0},
                                                          {"kind": "norm", "calls_per_round": 1.0, "us_per_round": 1.5}]
+
+
+def test_profiled_spans_keep_what_follows_the_last_mark():
+    """device_timeline's cut: the warm-up and whatever fn runs before its own mark (the round that refills what the
+    rounds queue ahead) are left out, on a CPU's timeline of host ops as on a device's."""
+    def fn():
+        torch.ones(3).add_(1)  # the refill: before the last mark
+        gpu.timeline_mark()
+        torch.ones(4).mul_(2)
+
+    spans = gpu.profiled_spans(fn, warmup=lambda: torch.zeros(2).sub_(1))
+    names = {name for _, _, name in spans}
+    assert "aten::mul_" in names and not names & {"aten::add_", "aten::sub_", gpu.TIMELINE_START}

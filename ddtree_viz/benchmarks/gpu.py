@@ -1086,16 +1086,23 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
     untimed_rounds runs them) under torch.profiler's CUDA activity, and from the device's kernels, copies and sets
     its busy time and idle gaps per round (timeline_gaps) and what they are (activity_kinds). The profiler's own cost
     per launch is in the gaps too, so they are an upper bound; `loop_wall_ms` (the same session's unprofiled round)
-    minus the busy time is the idle time without it. One round runs under the profiler first and is left out (the
-    profiler's start: its first launches are slow, and the device runs dry while it starts), so the figures are a
-    steady round's. Then the drafter's pass alone (`draft`: the same figures for passes at the session's context, no
+    minus the busy time is the idle time without it. Two rounds run under the profiler first and are left out: the
+    profiler's start (its first launches are slow, and the device runs dry while it starts), then after its wait
+    one round that refills what the rounds queue ahead of their read (the next draft, tree and verify: a wait
+    drains them, and the device would idle while the host queues them again), so the figures are a steady round's. Then the drafter's pass alone (`draft`: the same figures for passes at the session's context, no
     new rows). On a CPU (--smoke) the host's torch ops stand in for the device's activities: the code path, not
     figures."""
     if session.done:
         return {"error": "no rounds left in the session"}
     counted = []
-    spans = profiled_spans(lambda: untimed_rounds(session, rounds),
-                           warmup=lambda: (untimed_rounds(session, 1), counted.append(len(session.history))))
+
+    def refilled_rounds():  # the warm-up's wait drained what the rounds queue ahead: one round refills it first
+        untimed_rounds(session, 1)
+        timeline_mark()  # the counted rounds' device work starts here (queued behind the refill, not waited for)
+        counted.append(len(session.history))
+        untimed_rounds(session, rounds)
+
+    spans = profiled_spans(refilled_rounds, warmup=lambda: untimed_rounds(session, 1))
     n = len(session.history) - counted[0] if counted else 0
     if isinstance(spans, str) or n < 3 or not spans:
         return {"error": spans if isinstance(spans, str) else f"{n} rounds, {len(spans)} device events seen"}
@@ -1114,14 +1121,25 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
 TIMELINE_START = "ddtree_viz.timeline_start"  # profiled_spans' mark after its warm-up (on a CPU's timeline)
 
 
+def timeline_mark() -> None:
+    """A mark on the profiled timeline (profiled_spans keeps what comes after the last one): on CUDA a spin kernel
+    of a few cycles queued on the stream (the device's clock, nothing waited for), on a CPU a named host range."""
+    from torch.profiler import record_function
+
+    if torch.cuda.is_available():
+        torch.cuda._sleep(100)
+    else:
+        with record_function(TIMELINE_START):
+            pass
+
+
 def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
     """The device's activities (start µs, end µs, name) while fn() runs under torch.profiler's CUDA activity, the
     device waited for at the end (without CUDA: the host's torch ops); or why not (a profiler that cannot run here,
     or what fn raised). `warmup()`, if given, runs under the profiler first, the device waited for, and its
-    activities are left out: those up to a mark made after the wait (on CUDA a spin kernel of a few cycles, the
-    device's own clock; on a CPU a named host range)."""
+    activities are left out: those up to the last mark (timeline_mark: one made after the wait, and any fn makes)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
     kind = DeviceType.CUDA if cuda else DeviceType.CPU
@@ -1131,10 +1149,7 @@ def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
                 warmup()
                 if cuda:
                     torch.cuda.synchronize()
-                    torch.cuda._sleep(100)  # the mark: a spin kernel
-                else:
-                    with record_function(TIMELINE_START):
-                        pass
+                timeline_mark()
             fn()
             if cuda:
                 torch.cuda.synchronize()
