@@ -242,15 +242,18 @@ def test_rule_equals_the_torch_form_and_the_reference(T, depth, H, Hk, K, V):
 def test_rule_is_the_same_at_every_tile(T):
     """The parts kernel's rows a program (one block of 16 .. every row), the rule kernel's value columns a program
     and its solve's rows a block (16 .. the whole tile: forward substitution by blocks, or the level repetition over
-    every row) change how the work is split, not the result."""
+    every row; or by blocks with each block's inverse made first, `inverse`) change how the work is split, not the
+    result."""
     parents = random_tree(T, 9, random.Random(T))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 3, 1, 128, 128, seed=T)
     o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
-    for block_r, block_v, block_s, blocked_from in [(16, 16, 16, 0), (32, 64, 32, 3), (128, 32, 128, 3),
-                                                    (16, 16, 64, 3), (16, 16, 16, 99),  # 99: no tree this deep
-                                                    (None, None, None, None)]:  # the tables' choices
+    for block_r, block_v, block_s, blocked_from, inverse in [
+            (16, 16, 16, 0, False), (32, 64, 32, 3, False), (128, 32, 128, 3, False), (16, 16, 64, 3, False),
+            (16, 16, 16, 99, False),  # 99: no tree this deep
+            (16, 32, 16, None, True), (None, None, 32, None, True),
+            (None, None, None, None, False), (None, None, None, None, True)]:  # the tables' choices
         o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, block_r=block_r, block_v=block_v,
-                                    block_s=block_s, blocked_from=blocked_from)
+                                    block_s=block_s, blocked_from=blocked_from, inverse=inverse)
         torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
 
@@ -290,9 +293,14 @@ def test_rule_on_the_least_damped_system_and_with_too_few_steps():
     torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
     short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps - 1, block_s=128)[1]
     assert not torch.allclose(short, delta, atol=1e-3, rtol=1e-3)
-    for block_s in (16, 32):  # forward substitution by blocks: as accurate
-        torch.testing.assert_close(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
-                                                    block_s=block_s)[0].cpu(), ref, atol=2e-5, rtol=1e-4)
+    for block_s in (16, 32):  # forward substitution by blocks, and with the blocks' inverses: as accurate
+        for inverse in (False, True):
+            torch.testing.assert_close(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
+                                                        block_s=block_s, inverse=inverse)[0].cpu(), ref,
+                                       atol=2e-5, rtol=1e-4)
+    # the blocks' inverses one repetition short (the count their own chains need): wrong
+    short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps.clamp(max=1), block_s=32, inverse=True)
+    assert not torch.allclose(short[1], delta, atol=1e-3, rtol=1e-3)
 
 
 def test_rule_reads_strided_inputs_and_refuses_bad_shapes():

@@ -1300,6 +1300,10 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
     for rows in (16, 32, 64, 128):  # the solve's rows a block (SOLVE_BLOCK's; 128: one block at every size)
         if rows < T:
             forms[f"rule_triton_solve_{rows}"] = functools.partial(tree_rule_triton, *args, block_s=rows)
+    for rows in (16, 32):  # by blocks at every depth, each block's inverse made first (`inverse`)
+        if rows < T - 1:
+            forms[f"rule_triton_inverse_{rows}"] = functools.partial(tree_rule_triton, *args, block_s=rows,
+                                                                     inverse=True)
     row = {}
     for key, fn in forms.items():
         row[f"{key}_us"] = per_call(fn)
@@ -1311,7 +1315,8 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
 def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) -> dict:
     """The whole rule in Triton at T positions on trees of each depth (a chain of `depth` nodes from the root, the
     rest children of random chain nodes), its solve over every row at once (`whole_us`) against by blocks of 16
-    and 32 rows (`blocks_R_us`, taken whatever the depth): where SOLVE_BLOCK and BLOCKED_FROM come from."""
+    and 32 rows (`blocks_R_us`, taken whatever the depth) and by blocks with each block's inverse made first
+    (`inverse_R_us`: tree_rule_triton's `inverse`): where SOLVE_BLOCK and BLOCKED_FROM come from."""
     from ..engine.delta_rule.parallel import solve_steps
     from ..engine.delta_rule.triton_solve import tree_rule_triton
     from ..engine.gdn_tree import TreeIndex
@@ -1327,6 +1332,8 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
             if rows < T - 1:
                 row[f"blocks_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
                                                                       block_s=rows, blocked_from=0))
+                row[f"inverse_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
+                                                                       block_s=rows, inverse=True))
         out[str(depth)] = row
     return out
 

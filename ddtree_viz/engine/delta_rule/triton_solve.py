@@ -85,13 +85,15 @@ def _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0,
 
 
 @triton.jit
-def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0, base,
-                   base0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP: tl.constexpr, BS: tl.constexpr,
-                   PRECISION: tl.constexpr):
+def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
+                   base, base0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb, TP: tl.constexpr,
+                   BS: tl.constexpr, PRECISION: tl.constexpr, INVERSE: tl.constexpr):
     """_solve_rows by blocks of BS rows (forward substitution by blocks): block b's rows take the final delta of
     the blocks before it (A's off-diagonal blocks times theirs), then solve their own unit-triangular block by the
-    level repetition, as often as a node of the block has strict ancestors inside it (at most `steps`). The rows
-    go through the program's delta output (its own head and columns) between the blocks."""
+    level repetition, as often as a node of the block has strict ancestors inside it (at most `steps`); or with
+    INVERSE by one product with the block's inverse (_block_inverse_kernel's X [H, blocks, BS, BS]), so the
+    program's chain of dependent products is the blocks' count, not their levels. The rows go through the
+    program's delta output (its own head and columns) between the blocks."""
     m2 = mr[:, None] & mv[None, :]
     a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]: the root eliminated
     dcols = delta_ptr + i_h * s_dh + cv[None, :]
@@ -109,13 +111,18 @@ def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, 
                           other=0.0)
             dc = tl.load(dcols + rc[:, None] * s_dt, mask=mc[:, None] & mv[None, :], other=0.0)
             acc -= tl.dot(Abc, dc, input_precision=PRECISION)
-        strict = mb[:, None] & (rb[:, None] > rb[None, :])
-        Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
-        inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
-        levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), steps)
-        d = acc
-        for _ in range(levels):
-            d = acc - tl.dot(Abb, d, input_precision=PRECISION)
+        if INVERSE:
+            cb = tl.arange(0, BS)
+            Xb = tl.load(X_ptr + i_h * s_xh + b * s_xb + cb[:, None] * BS + cb[None, :])
+            d = tl.dot(Xb, acc, input_precision=PRECISION)
+        else:
+            strict = mb[:, None] & (rb[:, None] > rb[None, :])
+            Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
+            inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
+            levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), steps)
+            d = acc
+            for _ in range(levels):
+                d = acc - tl.dot(Abb, d, input_precision=PRECISION)
         tl.debug_barrier()  # every thread's loads of this block done before its rows are overwritten
         tl.store(dcols + rb[:, None] * s_dt, d, mask=mb[:, None] & mv[None, :])
     tl.debug_barrier()
@@ -295,12 +302,34 @@ def _tree_parts_kernel(
 
 
 @triton.jit
+def _block_inverse_kernel(A_ptr, anc_ptr, steps_ptr, X_ptr, T, s_ah, s_at, s_nt, s_xh, s_xb, BS: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    """(I + A_bb)^-1 for one head's diagonal block b of the system (positions 1 + b BS .., A's strict lower part:
+    the unit diagonal is the system's), program (block, head): X = I - A_bb X repeated as often as a node of the
+    block has strict ancestors inside it, after which X is exact (A_bb to that power + 1 is 0: X is the Neumann sum
+    of the block, its powers never formed apart). Rows past the tree: the identity's."""
+    b, i_h = tl.program_id(0), tl.program_id(1)
+    rb = 1 + b * BS + tl.arange(0, BS)
+    mb = rb < T
+    cb = tl.arange(0, BS)
+    strict = mb[:, None] & (rb[:, None] > rb[None, :])
+    Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
+    inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
+    levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), tl.load(steps_ptr))
+    eye = tl.where(cb[:, None] == cb[None, :], 1.0, 0.0)
+    X = eye
+    for _ in range(levels):
+        X = eye - tl.dot(Abb, X, input_precision=PRECISION)
+    tl.store(X_ptr + i_h * s_xh + b * s_xb + cb[:, None] * BS + cb[None, :], X)
+
+
+@triton.jit
 def _tree_rule_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr,
     T, K, V, REP,
-    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb,
     TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, FROM: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, INVERSE: tl.constexpr,
 ):
     i_v, i_h = tl.program_id(0), tl.program_id(1)
     i_k = i_h // REP
@@ -336,8 +365,9 @@ def _tree_rule_kernel(
     if BS < TP:
         blocked = tl.load(steps_ptr) >= FROM  # a deep enough tree (the count is the device's: one launch for all)
     if blocked:
-        _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
-                       eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP, BS, PRECISION)
+        _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
+                       eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb, TP, BS,
+                       PRECISION, INVERSE)
     else:
         _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, eG[:, None] * qs,
                     eG0 * qs0, s_ah, s_at, s_ah, s_at, s_ot, s_oh, s_dt, s_dh, PRECISION)
@@ -345,7 +375,8 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
-                     precision: str = PRECISION, warps: int | None = None, group: bool | None = None):
+                     precision: str = PRECISION, warps: int | None = None, group: bool | None = None,
+                     inverse: bool = False):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
@@ -353,7 +384,9 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
     (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps`: a program's in
     the solve's kernel (by row tile: 8 from 128 rows, else 4); `group`: the parts kernel's (tree_parts_triton).
-    Returns o, delta [T, H, V]."""
+    `inverse`: the solve by blocks at every depth, each diagonal block's inverse made first by a launch of its own
+    (_block_inverse_kernel, all blocks of all heads at once), then one product a block (not yet a default: to be
+    measured against the level repetition, gpu_bench's tree_forms). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -369,15 +402,21 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     delta = torch.empty_like(o)
     TP, BV, tile_warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
-    FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
+    FROM = 0 if inverse else int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
     A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, group=group)
+    X = A  # (read only by the inverse's path)
+    if inverse:
+        X = torch.empty(H, TP // BS, BS, BS, dtype=torch.float32, device=dev)
+        _block_inverse_kernel[(TP // BS, H)](A, anc_float, steps, X, T, A.stride(0), A.stride(1), anc_float.stride(0),
+                                             X.stride(0), X.stride(1), BS=BS, PRECISION=precision, num_warps=4)
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
-        q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
+        q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta, X,
         T, K, V, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
         state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
-        o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, num_warps=warps or tile_warps,
+        o.stride(1), delta.stride(0), delta.stride(1), X.stride(0), X.stride(1),
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, INVERSE=bool(inverse),
+        num_warps=warps or tile_warps,
     )
     return o, delta
 
