@@ -567,6 +567,25 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
     session.run()
     assert session.generated == before.generated
 
+    # a next verify that cannot be queued: the round stands, the next step builds and verifies its own tree
+    session = runs[True, True]
+    session.prefill(PROMPT)
+    session.step()
+    engine = session.target_engine
+    forward_tensors = engine.forward_tensors
+
+    def refuses_ahead(tree, ahead=False):
+        if ahead:
+            raise RuntimeError("no room ahead")
+        return forward_tensors(tree)
+
+    engine.forward_tensors = refuses_ahead
+    session.step()
+    assert session._verified is None and session._queued is not None and "no room ahead" in session.queue_error
+    del engine.forward_tensors
+    session.run()
+    assert session.generated == before.generated and session.verified_ahead > 2
+
 
 def test_chained_greedy_steps_decode_greedys_tokens(pair, greedy):
     """The bench's greedy step with no read between steps (benchmarks/gpu.py chained_greedy_stepper: each one-node

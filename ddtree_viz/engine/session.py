@@ -778,7 +778,7 @@ class DecodeSession:
         (either may wait on the whole device, which waits on the launch); whatever the tree's making raises, the
         launch is let go."""
         engine = self.target_engine
-        verified, self._verified = self._verified, None  # spent here: a round that fails after queues them again
+        verified, self._verified = self._verified, None  # spent here (a retry after a failure rebuilds both)
         if verified is not None:
             key, tree, self._tree_read, tree_pass = verified
             if key != (root, self.committed_len):
