@@ -1089,9 +1089,9 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
     minus the busy time is the idle time without it. Two rounds run under the profiler first and are left out: the
     profiler's start (its first launches are slow, and the device runs dry while it starts), then after its wait
     one round that refills what the rounds queue ahead of their read (the next draft, tree and verify: a wait
-    drains them, and the device would idle while the host queues them again), so the figures are a steady round's. Then the drafter's pass alone (`draft`: the same figures for passes at the session's context, no
-    new rows). On a CPU (--smoke) the host's torch ops stand in for the device's activities: the code path, not
-    figures."""
+    drains them, and the device would idle while the host queues them again), so the figures are a steady round's.
+    Then the drafter's pass alone (`draft`: the same figures for passes at the session's context, no new rows). On a
+    CPU (--smoke) the host's torch ops stand in for the device's activities: the code path, not figures."""
     if session.done:
         return {"error": "no rounds left in the session"}
     counted = []
@@ -1541,7 +1541,7 @@ def issue31_targets(fast: dict, bound_ms: float) -> dict:
     out = {"greedy_step": _target(step, bound_ms, 1.2, "weight-read bound")}
     if "greedy_step_chained_ms" in fast:  # the same step with no read between steps: the device's share of it
         out["greedy_step"].update(chained_ms=fast["greedy_step_chained_ms"],
-                                  chained_ratio=fast["greedy_step_chained_ms"] / bound_ms)
+                                  chained_ratio=fast["greedy_step_chained_per_bound"])
     if 128 in verify:
         out["verify_128"] = _target(verify[128], step, 1.3, "runner greedy step")
     for budget, limit in ((64, 1.25), (128, 1.45)):

@@ -598,7 +598,8 @@ class DecodeSession:
         self._queued: tuple | None = None  # the next round's draft, queued by step(): (root, committed_len), log-probs, clock
         self._verified: tuple | None = None  # and its tree and verify (_queue_verify): (root, committed_len), tree, read, pass
         self.verified_ahead = 0  # rounds whose tree and verify the round before queued (_queue_verify)
-        self.queue_error: str | None = None  # why the last queued draft that failed did (the next step drafted again)
+        # why the last queued draft or verify that failed did (the next step made its own)
+        self.queue_error: str | None = None
         self._greedy: GreedyReference | None = None
         self._independent: GreedyReference | None = None  # check_transformers()
         self.prefill_cache: tuple = ()

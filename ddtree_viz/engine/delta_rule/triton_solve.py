@@ -404,7 +404,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
     FROM = 0 if inverse else int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
     A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, group=group)
-    X = A  # (read only by the inverse's path)
+    X = A  # a stand-in where there is no inverse: the kernel reads X only with INVERSE
     if inverse:
         X = torch.empty(H, TP // BS, BS, BS, dtype=torch.float32, device=dev)
         _block_inverse_kernel[(TP // BS, H)](A, anc_float, steps, X, T, A.stride(0), A.stride(1), anc_float.stride(0),
