@@ -919,6 +919,14 @@ def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
     return out
 
 
+# runner_rounds' ratios of the default round to a variant's: (name, variant, the figure compared)
+RATIOS_TO_VARIANTS = (("walk_device_per_host", "host_walk", "round_ms"), ("queue_per_no_queue", "no_queue", "step_wall_ms"),
+                      ("draft_ahead_per_not", "not_drafted_ahead", "loop_wall_ms"),
+                      ("verify_ahead_per_not", "not_verified_ahead", "loop_wall_ms"),
+                      ("launch_ahead_per_not", "not_ahead", "loop_wall_ms"),
+                      ("drafter_compiled_per_not", "drafter_uncompiled", "draft"))
+
+
 def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, method: str = "ddtree",
                   tree_scoring: str = "marginal") -> dict:
     """Whole rounds as a session runs them on the runner's engine (phases timed, no records), median of 12 after 2
@@ -960,20 +968,10 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
                                       **options)
     finally:  # the engine's own walk back, whatever a variant raised
         engine.walk = default_walk
-    out["round_budget_64"]["draft_dynamic_per_static"] = (out["round_budget_64_dynamic_draft"]["draft"]
-                                                          / out["round_budget_64"]["draft"])
-    out["round_budget_64"]["walk_device_per_host"] = (out["round_budget_64"]["round_ms"]
-                                                      / out["round_budget_64_host_walk"]["round_ms"])
-    out["round_budget_64"]["queue_per_no_queue"] = (out["round_budget_64"]["step_wall_ms"]
-                                                    / out["round_budget_64_no_queue"]["step_wall_ms"])
-    out["round_budget_64"]["draft_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
-                                                     / out["round_budget_64_not_drafted_ahead"]["loop_wall_ms"])
-    out["round_budget_64"]["verify_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
-                                                      / out["round_budget_64_not_verified_ahead"]["loop_wall_ms"])
-    out["round_budget_64"]["launch_ahead_per_not"] = (out["round_budget_64"]["loop_wall_ms"]
-                                                      / out["round_budget_64_not_ahead"]["loop_wall_ms"])
-    out["round_budget_64"]["drafter_compiled_per_not"] = (out["round_budget_64"]["draft"]
-                                                          / out["round_budget_64_drafter_uncompiled"]["draft"])
+    default = out["round_budget_64"]
+    default["draft_dynamic_per_static"] = out["round_budget_64_dynamic_draft"]["draft"] / default["draft"]
+    for name, variant, figure in RATIOS_TO_VARIANTS:  # the default round over each variant's, by the figure it moves
+        default[name] = default[figure] / out[f"round_budget_64_{variant}"][figure]
     if "round_budget_64_device_tree" in out:  # of what the host waits a round, phases untimed (where they ran)
         device, host = (out[f"round_budget_64_{k}_tree"]["loop_wall_ms"] for k in ("device", "host"))
         out["round_budget_64"]["tree_device_per_host"] = device / host if device and host else None
