@@ -14,21 +14,32 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
+
+import triton.language as tl  # noqa: E402
 
 from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference  # noqa: E402
 from ddtree_viz.engine.delta_rule.parallel import (  # noqa: E402
     solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
 )
 from ddtree_viz.engine.delta_rule.triton_blocked import tree_delta_rule_triton  # noqa: E402
-from ddtree_viz.engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton  # noqa: E402
+from ddtree_viz.engine.delta_rule.triton_solve import _split, tree_rule_triton, tree_solve_triton  # noqa: E402
 from ddtree_viz.engine.gdn_tree import TreeIndex  # noqa: E402
 from tests.test_gdn_tree import random_tree  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
+
+
+@triton.jit
+def split_kernel(x_ptr, hi_ptr, lo_ptr, N: tl.constexpr, PRECISION: tl.constexpr):
+    """_split's parts of N values (test_the_tf32_split_rounds_to_nearest_and_is_exact)."""
+    i = tl.arange(0, N)
+    hi, lo = _split(tl.load(x_ptr + i), PRECISION)
+    tl.store(hi_ptr + i, hi)
+    tl.store(lo_ptr + i, lo)
 
 
 def inputs(parents, H, Hq, K, V, seed, strong=False):
@@ -242,18 +253,19 @@ def test_rule_equals_the_torch_form_and_the_reference(T, depth, H, Hk, K, V):
 def test_rule_is_the_same_at_every_tile(T):
     """The parts kernel's rows a program (one block of 16 .. every row), the rule kernel's value columns a program
     and its solve's rows a block (16 .. the whole tile: forward substitution by blocks, or the level repetition over
-    every row; or by blocks with each block's inverse made first, `inverse`) change how the work is split, not the
-    result."""
+    every row) change how the work is split, not the result; so does each fp32-accurate precision of the products
+    (our TF32 split, Triton's, CUDA-core fp32: one fp32 product each in Triton's interpreter)."""
     parents = random_tree(T, 9, random.Random(T))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 3, 1, 128, 128, seed=T)
     o_torch, delta_torch = tree_delta_rule_masked(q, k, v, g, beta, state, masks.anc_float, masks.off_path)
-    for block_r, block_v, block_s, blocked_from, inverse in [
-            (16, 16, 16, 0, False), (32, 64, 32, 3, False), (128, 32, 128, 3, False), (16, 16, 64, 3, False),
-            (16, 16, 16, 99, False),  # 99: no tree this deep
-            (16, 32, 16, None, True), (None, None, 32, None, True),
-            (None, None, None, None, False), (None, None, None, None, True)]:  # the tables' choices
+    for block_r, block_v, block_s, blocked_from, precision in [
+            (16, 16, 16, 0, "tf32x3"), (32, 64, 32, 3, "tf32x3"), (128, 32, 128, 3, "tf32x3"),
+            (16, 16, 64, 3, "tf32x3"), (16, 16, 16, 99, "tf32x3"),  # 99: no tree this deep
+            (None, None, None, 0, "tf32x3"),  # by blocks at every depth: the repetition over every row not built
+            (None, None, None, None, "triton-tf32x3"), (None, None, None, None, "ieee"),
+            (None, None, None, None, "tf32x3")]:  # the tables' choices
         o, delta = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, block_r=block_r, block_v=block_v,
-                                    block_s=block_s, blocked_from=blocked_from, inverse=inverse)
+                                    block_s=block_s, blocked_from=blocked_from, precision=precision)
         torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
 
@@ -293,13 +305,13 @@ def test_rule_on_the_least_damped_system_and_with_too_few_steps():
     torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
     short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps - 1, block_s=128)[1]
     assert not torch.allclose(short, delta, atol=1e-3, rtol=1e-3)
-    for block_s in (16, 32):  # forward substitution by blocks, and with the blocks' inverses: as accurate
-        for inverse in (False, True):
-            torch.testing.assert_close(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
-                                                        block_s=block_s, inverse=inverse)[0].cpu(), ref,
-                                       atol=2e-5, rtol=1e-4)
-    # the blocks' inverses one repetition short (the count their own chains need): wrong
-    short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps.clamp(max=1), block_s=32, inverse=True)
+    for block_s in (16, 32):  # forward substitution by blocks: as accurate
+        torch.testing.assert_close(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
+                                                    block_s=block_s, blocked_from=0)[0].cpu(), ref,
+                                   atol=2e-5, rtol=1e-4)
+    # by blocks, each block's levels one repetition short of what its own chains need: wrong
+    short = tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps.clamp(max=1), block_s=32,
+                             blocked_from=0)
     assert not torch.allclose(short[1], delta, atol=1e-3, rtol=1e-3)
 
 
@@ -330,3 +342,34 @@ def test_rule_at_qwen36_27b_shapes_on_the_gpu():
         for group in (False, True):  # the parts kernel by value head and by key head
             for got, ref in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, group=group), want):
                 torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        # the products' precisions on the tensor cores: the split (default) and Triton's as accurate as CUDA-core
+        # fp32; one TF32 product is not (so the split is what makes the default accurate)
+        errors = {p: max(float((a - b).abs().max()) for a, b in zip(
+            tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, precision=p), want))
+            for p in ("tf32x3", "triton-tf32x3", "ieee", "tf32")}
+        assert max(errors["tf32x3"], errors["triton-tf32x3"]) <= 2 * errors["ieee"] + 1e-6, errors
+        for ours, tritons in zip(tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps),
+                                 tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps,
+                                                  precision="triton-tf32x3")):
+            torch.testing.assert_close(ours, tritons, atol=1e-6, rtol=0)  # the same split, in the same order
+        if T > 2:
+            assert errors["tf32"] > 20 * errors["tf32x3"], errors
+
+
+def test_the_tf32_split_rounds_to_nearest_and_is_exact():
+    """_split's parts of fp32 values of every magnitude and sign: hi has TF32's 10 mantissa bits (the other 13
+    clear), hi + lo is x exactly, and hi is x rounded to nearest (|lo| at most half a TF32 unit, 2^-11 |x|: cutting
+    the bits instead would leave up to 2^-10 |x|); infinities stay and zero splits into zeros."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.exp2(torch.randint(-60, 60, (4096,), generator=gen).float())
+    x[:4] = torch.tensor([0.0, float("inf"), float("-inf"), 1.0 + 2.0**-11])  # the last: a tie, rounded up
+    x = x.to(DEVICE)
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    split_kernel[(1,)](x, hi, lo, N=x.numel(), PRECISION="tf32x3")
+    assert int((hi.view(torch.int32) & 0x1FFF).abs().sum()) == 0
+    finite = torch.isfinite(x)
+    assert torch.equal((hi + lo)[finite], x[finite])
+    assert bool((lo[finite].abs() <= x[finite].abs() * 2.0**-11).all())
+    assert hi[:4].tolist() == [0.0, float("inf"), float("-inf"), 1.0 + 2.0**-10] and lo[0] == 0
+    split_kernel[(1,)](x, hi, lo, N=x.numel(), PRECISION="ieee")  # other precisions: x unsplit
+    assert torch.equal(hi, x) and torch.equal(lo, x)

@@ -1228,8 +1228,8 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     compiles), its parallel part (q, k repeated to the value heads and on their key heads) and its solve + output
     product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
     (tree_rule_triton; also with each count of rows a program of its parts kernel, `rule_triton_rows_R`, of rows a
-    block of its solve, `rule_triton_solve_R`, and its products in one TF32 or in fp32, `rule_triton_tf32` /
-    `_ieee`), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
+    block of its solve, `rule_triton_solve_R`, and its products by Triton's own TF32 split, in one TF32 or in fp32,
+    `rule_triton_triton-tf32x3` / `_tf32` / `_ieee`), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
     captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
     A form that cannot run here says why."""
     from ..engine import fused as fz
@@ -1278,8 +1278,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
 
 
 def triton_forms(per_call, args, parts, want, T: int) -> dict:
-    """tree_forms' Triton rows for one tree: the solve and the whole rule with each product precision (tf32x3 the
-    default; tf32 one TF32 product, not fp32-accurate; ieee CUDA-core fp32), the whole rule with each count of rows
+    """tree_forms' Triton rows for one tree: the solve and the whole rule with each product precision (tf32x3, our
+    TF32 split, the default; triton-tf32x3 Triton's; tf32 one TF32 product, not fp32-accurate; ieee CUDA-core fp32;
+    triton_solve.PRECISIONS), the whole rule with each count of rows
     a program of its parts kernel below T and of rows a block of its solve; each timed and its largest difference
     from `want` (the torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch
     form's parts."""
@@ -1290,7 +1291,9 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
              for p in ("tf32x3", "ieee")}
     # the whole rule in Triton (two launches), from grouped q/k heads
     forms["rule_triton"] = functools.partial(tree_rule_triton, *args)
-    for precision in ("tf32", "ieee"):  # what tf32x3's fp32 accuracy costs the whole rule (its products' precision)
+    # the products' other precisions: Triton's own three-TF32 split, one TF32 product (what the split's fp32 accuracy
+    # costs), CUDA-core fp32
+    for precision in ("triton-tf32x3", "tf32", "ieee"):
         forms[f"rule_triton_{precision}"] = functools.partial(tree_rule_triton, *args, precision=precision)
     for rows in (16, 32, 64, 128):  # the parts kernel's rows a program (the default is PARTS_BLOCK_R's)
         if rows < T:
@@ -1298,10 +1301,6 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
     for rows in (16, 32, 64, 128):  # the solve's rows a block (SOLVE_BLOCK's; 128: one block at every size)
         if rows < T:
             forms[f"rule_triton_solve_{rows}"] = functools.partial(tree_rule_triton, *args, block_s=rows)
-    for rows in (16, 32):  # by blocks at every depth, each block's inverse made first (`inverse`)
-        if rows < T - 1:
-            forms[f"rule_triton_inverse_{rows}"] = functools.partial(tree_rule_triton, *args, block_s=rows,
-                                                                     inverse=True)
     row = {}
     for key, fn in forms.items():
         row[f"{key}_us"] = per_call(fn)
@@ -1313,8 +1312,7 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
 def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) -> dict:
     """The whole rule in Triton at T positions on trees of each depth (a chain of `depth` nodes from the root, the
     rest children of random chain nodes), its solve over every row at once (`whole_us`) against by blocks of 16
-    and 32 rows (`blocks_R_us`, taken whatever the depth) and by blocks with each block's inverse made first
-    (`inverse_R_us`: tree_rule_triton's `inverse`): where SOLVE_BLOCK and BLOCKED_FROM come from."""
+    and 32 rows (`blocks_R_us`, taken whatever the depth): where SOLVE_BLOCK and BLOCKED_FROM come from."""
     from ..engine.delta_rule.parallel import solve_steps
     from ..engine.delta_rule.triton_solve import tree_rule_triton
     from ..engine.gdn_tree import TreeIndex
@@ -1330,8 +1328,6 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
             if rows < T - 1:
                 row[f"blocks_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
                                                                       block_s=rows, blocked_from=0))
-                row[f"inverse_{rows}_us"] = per_call(functools.partial(tree_rule_triton, *args, anc, steps,
-                                                                       block_s=rows, inverse=True))
         out[str(depth)] = row
     return out
 

@@ -31,11 +31,13 @@ torch.linalg.solve_triangular and a bmm). Here one launch does both, a program p
   long chain.
 - Then o = base + Qd delta, the root's column as a rank-one term.
 
-All arithmetic is fp32. tl.dot runs in "tf32x3" by default: each fp32 product as three TF32 tensor-core products
-(hi.hi + hi.lo + lo.hi), which keeps fp32 accuracy (on an H200 at Qwen3.6-27B shapes its largest difference from the
-torch form, 9.5e-7 at 65 positions, equals "ieee"'s) at 16 us a layer against 41 us for "ieee"'s CUDA-core
-products and 47 us for cuBLAS's solve + bmm (docs/PERFORMANCE.md section 6). In Triton's interpreter (tests on a
-CPU) every product is plain fp32.
+All arithmetic is fp32. The products are "tf32x3" by default: each fp32 product as three TF32 tensor-core products
+(lo.hi + hi.lo, then hi.hi), which keeps fp32 accuracy (on an H200 at Qwen3.6-27B shapes its largest difference from
+the torch form, 9.5e-7 at 65 positions, equals "ieee"'s) at 16 us a layer against 41 us for "ieee"'s CUDA-core
+products and 47 us for cuBLAS's solve + bmm (docs/PERFORMANCE.md section 6). The split is made here (_split, _dot_parts:
+Triton's own order and rounding, without its NaN replacement; a factor used twice split once), and a launch whose
+tiles are full (T = TP + 1: 65 and 129 positions) drops its masks (_below): 7-17% less a layer than Triton's split
+with masks (section 25). In Triton's interpreter (tests on a CPU) every product is plain fp32.
 Shapes (docs/ARCHITECTURE.md's letters): A, Qd [H, T, T]; rhs, base [H, T, V]; steps [] int. Returns o and delta
 [T, H, V] fp32 (the layout the rest of the GDN layer reads).
 """
@@ -48,7 +50,77 @@ import triton.language as tl
 
 MAX_T = 129  # the root + 128 rows held in registers; larger trees take the torch form (dispatch.py)
 BLOCK_V = {64: 16, 128: 64}  # value columns per program by row tile (measured on an H200; others take 16)
-PRECISION = "tf32x3"  # tl.dot's input precision: three TF32 products per fp32 product, fp32-accurate (measured)
+# the products' precision: "tf32x3" three TF32 tensor-core products per fp32 product, split here (_split,
+# _dot_parts), fp32-accurate; "triton-tf32x3" the same split made by Triton (tl.dot's "tf32x3": the same numbers
+# for finite inputs, but it also replaces NaNs in the small products and splits a factor again at each use); "tf32"
+# one TF32 product (not fp32-accurate); "ieee" CUDA-core fp32 (docs/PERFORMANCE.md sections 6 and 25)
+PRECISION = "tf32x3"
+PRECISIONS = ("tf32x3", "triton-tf32x3", "tf32", "ieee")
+
+
+def _checked(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+@triton.jit
+def _split(x, PRECISION: tl.constexpr):
+    """For "tf32x3", x's two TF32 parts: hi, x rounded to TF32's 10 mantissa bits (to nearest, ties away from zero:
+    half a unit of the 13 dropped bits added to the bits, then those bits cleared; infinities stay), and lo = x - hi,
+    exact in fp32, which the tensor cores read to TF32 in turn. Other precisions: x unsplit (x, x)."""
+    hi = x
+    lo = x
+    if PRECISION == "tf32x3":
+        hi = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+        lo = x - hi
+    return hi, lo
+
+
+@triton.jit
+def _dot_parts(ah, al, bh, bl, acc, PRECISION: tl.constexpr):
+    """acc + a b from both factors' _split parts (a factor used again is split once). For "tf32x3": lo.hi + hi.lo,
+    then hi.hi, summed on the tensor cores from zero and added to acc after (the lo.lo product is below fp32's
+    precision): Triton's "tf32x3" in the same order, so the same numbers for finite inputs, without its replacement
+    of NaNs in the small products (a compare and a select an element of every product). acc itself never goes
+    through the tensor cores, whose accumulation is not fp32's rounding (fed to them, it doubles the rule's largest
+    difference from the torch form, measured). Other precisions: tl.dot's own (the parts are the factors)."""
+    if PRECISION == "tf32x3":
+        t = tl.dot(al, bh, tl.zeros(acc.shape, dtype=tl.float32), input_precision="tf32")
+        t = tl.dot(ah, bl, t, input_precision="tf32")
+        acc += tl.dot(ah, bh, t, input_precision="tf32")
+    elif PRECISION == "triton-tf32x3":
+        acc = tl.dot(ah, bh, acc, input_precision="tf32x3")
+    else:
+        acc = tl.dot(ah, bh, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a b in PRECISION."""
+    ah, al = _split(a, PRECISION)
+    bh, bl = _split(b, PRECISION)
+    return _dot_parts(ah, al, bh, bl, acc, PRECISION)
+
+
+@triton.jit
+def _dot_pair(x, y, b, accx, accy, PRECISION: tl.constexpr):
+    """(accx + x b, accy + y b): two products by one factor, split once."""
+    bh, bl = _split(b, PRECISION)
+    xh, xl = _split(x, PRECISION)
+    yh, yl = _split(y, PRECISION)
+    return _dot_parts(xh, xl, bh, bl, accx, PRECISION), _dot_parts(yh, yl, bh, bl, accy, PRECISION)
+
+
+@triton.jit
+def _below(idx, n, FULL: tl.constexpr):
+    """The mask idx < n, or where the launch's tiles are full (FULL: T = TP + 1 and the widths multiples of their
+    blocks) a constant true one, so the compiler drops the masks and the selects behind them."""
+    m = idx < n
+    if FULL:
+        m = tl.full(idx.shape, 1, tl.int1)
+    return m
 
 
 @triton.jit
@@ -62,9 +134,11 @@ def _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, m
     r = rhs - a0[:, None] * d0[None, :]
     strict = mr[:, None] & (rows[:, None] > rows[None, :])  # A's diagonal is not the system's (unit) diagonal
     A = tl.load(A_ptr + i_h * s_ah + rows[:, None] * s_at + rows[None, :], mask=strict, other=0.0)
+    nh, nl = _split(-A, PRECISION)  # -A's parts, made once for every repetition
     d = r
     for _ in range(tl.load(steps_ptr)):  # one level of the tree per repetition
-        d = r - tl.dot(A, d, input_precision=PRECISION)
+        dh, dl = _split(d, PRECISION)
+        d = _dot_parts(nh, nl, dh, dl, r, PRECISION)
     _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0, s_qh, s_qt, s_ot, s_oh, s_dt, s_dh,
             PRECISION)
 
@@ -78,22 +152,20 @@ def _output(Qd_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, d, d0, base, base0,
     tl.store(delta_ptr + rows[:, None] * s_dt + i_h * s_dh + cv[None, :], d, mask=m2)
     qd0 = tl.load(Qd_ptr + i_h * s_qh + rows * s_qt, mask=mr, other=0.0)  # [TP] Qd[i, 0]
     Qd = tl.load(Qd_ptr + i_h * s_qh + rows[:, None] * s_qt + rows[None, :], mask=mr[:, None] & mr[None, :], other=0.0)
-    o = base + qd0[:, None] * d0[None, :] + tl.dot(Qd, d, input_precision=PRECISION)
+    o = _dot(Qd, d, base + qd0[:, None] * d0[None, :], PRECISION)
     tl.store(o_ptr + rows[:, None] * s_ot + i_h * s_oh + cv[None, :], o, mask=m2)
     q00 = tl.load(Qd_ptr + i_h * s_qh)
     tl.store(o_ptr + i_h * s_oh + cv, base0 + q00 * d0, mask=mv)
 
 
 @triton.jit
-def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
-                   base, base0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb, TP: tl.constexpr,
-                   BS: tl.constexpr, PRECISION: tl.constexpr, INVERSE: tl.constexpr):
+def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0, base, base0,
+                   s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP: tl.constexpr, BS: tl.constexpr,
+                   PRECISION: tl.constexpr, FULL: tl.constexpr):
     """_solve_rows by blocks of BS rows (forward substitution by blocks): block b's rows take the final delta of
     the blocks before it (A's off-diagonal blocks times theirs), then solve their own unit-triangular block by the
-    level repetition, as often as a node of the block has strict ancestors inside it (at most `steps`); or with
-    INVERSE by one product with the block's inverse (_block_inverse_kernel's X [H, blocks, BS, BS]), so the
-    program's chain of dependent products is the blocks' count, not their levels. The rows go through the
-    program's delta output (its own head and columns) between the blocks."""
+    level repetition, as often as a node of the block has strict ancestors inside it (at most `steps`). The rows
+    go through the program's delta output (its own head and columns) between the blocks."""
     m2 = mr[:, None] & mv[None, :]
     a0 = tl.load(A_ptr + i_h * s_ah + rows * s_at, mask=mr, other=0.0)  # [TP] A[i, 0]: the root eliminated
     dcols = delta_ptr + i_h * s_dh + cv[None, :]
@@ -102,27 +174,24 @@ def _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr, i
     for b in tl.static_range(TP // BS):
         tl.debug_barrier()  # the rows stored so far seen by every thread of the program
         rb = 1 + b * BS + tl.arange(0, BS)
-        mb = rb < T
+        mb = _below(rb, T, FULL)
         acc = tl.load(dcols + rb[:, None] * s_dt, mask=mb[:, None] & mv[None, :], other=0.0)
         for c in tl.static_range(b):  # the blocks before, final
             rc = 1 + c * BS + tl.arange(0, BS)
-            mc = rc < T
+            mc = _below(rc, T, FULL)
             Abc = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rc[None, :], mask=mb[:, None] & mc[None, :],
                           other=0.0)
             dc = tl.load(dcols + rc[:, None] * s_dt, mask=mc[:, None] & mv[None, :], other=0.0)
-            acc -= tl.dot(Abc, dc, input_precision=PRECISION)
-        if INVERSE:
-            cb = tl.arange(0, BS)
-            Xb = tl.load(X_ptr + i_h * s_xh + b * s_xb + cb[:, None] * BS + cb[None, :])
-            d = tl.dot(Xb, acc, input_precision=PRECISION)
-        else:
-            strict = mb[:, None] & (rb[:, None] > rb[None, :])
-            Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
-            inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
-            levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), steps)
-            d = acc
-            for _ in range(levels):
-                d = acc - tl.dot(Abb, d, input_precision=PRECISION)
+            acc = _dot(-Abc, dc, acc, PRECISION)
+        strict = mb[:, None] & (rb[:, None] > rb[None, :])
+        Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
+        inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
+        levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), steps)
+        nh, nl = _split(-Abb, PRECISION)  # -A_bb's parts, made once for every repetition
+        d = acc
+        for _ in range(levels):
+            dh, dl = _split(d, PRECISION)
+            d = _dot_parts(nh, nl, dh, dl, acc, PRECISION)
         tl.debug_barrier()  # every thread's loads of this block done before its rows are overwritten
         tl.store(dcols + rb[:, None] * s_dt, d, mask=mb[:, None] & mv[None, :])
     tl.debug_barrier()
@@ -186,7 +255,7 @@ def tree_solve_triton(A, Qd, rhs, base, steps, *, block_v: int | None = None, pr
         T, V,
         A.stride(0), A.stride(1), Qd.stride(0), Qd.stride(1), rhs.stride(0), rhs.stride(1), base.stride(0),
         base.stride(1), o.stride(0), o.stride(1), delta.stride(0), delta.stride(1),
-        TP=TP, BV=BV, PRECISION=precision, num_warps=warps,
+        TP=TP, BV=BV, PRECISION=_checked(precision), num_warps=warps,
     )
     return o, delta
 
@@ -246,6 +315,7 @@ def _tree_parts_kernel(
     T, K, REP,
     s_qt, s_qh, s_kt, s_kh, s_gt, s_bt, s_nt, s_ah, s_at, s_Gh,
     TP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, GROUP: tl.constexpr,
+    FULL: tl.constexpr,
 ):
     """A block of rows of A, Qd and G for one value head (program (row block, value head)), or with GROUP for every
     value head of one key head (program (row block, key head)): the products q.k and k.k, which only the key head
@@ -253,9 +323,9 @@ def _tree_parts_kernel(
     i_r, i_p = tl.program_id(0), tl.program_id(1)
     i_k = i_p if GROUP else i_p // REP  # the key head the program's value heads read
     cols = 1 + tl.arange(0, TP)  # the system's columns: tree positions 1 .. TP (the root apart)
-    mcol = cols < T
+    mcol = _below(cols, T, FULL)
     rows = 1 + i_r * BR + tl.arange(0, BR)  # this program's block of rows
-    mr = rows < T
+    mr = _below(rows, T, FULL)
     # q_i.k_j and k_i.k_j for the block's rows i against positions 1 .. T-1, and against the root's key (column 0)
     dkk = tl.zeros([BR, TP], dtype=tl.float32)
     dqk = tl.zeros([BR, TP], dtype=tl.float32)
@@ -264,12 +334,11 @@ def _tree_parts_kernel(
     q0k0 = tl.zeros([BK], dtype=tl.float32)
     for c0 in range(0, K, BK):
         ci = c0 + tl.arange(0, BK)
-        mc = ci < K
+        mc = _below(ci, K, FULL)
         qr, kr, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, ci, mc, i_k, s_qt, s_qh, s_kt, s_kh)
         kt = tl.trans(tl.load(k_ptr + cols[:, None] * s_kt + i_k * s_kh + ci[None, :],
                               mask=mcol[:, None] & mc[None, :], other=0.0))
-        dkk += tl.dot(kr, kt, input_precision=PRECISION)
-        dqk += tl.dot(qr, kt, input_precision=PRECISION)
+        dkk, dqk = _dot_pair(kr, qr, kt, dkk, dqk, PRECISION)
         kk0 += tl.sum(kr * k0[None, :], 1)
         qk0 += tl.sum(qr * k0[None, :], 1)
         q0k0 += q0 * k0
@@ -302,41 +371,19 @@ def _tree_parts_kernel(
 
 
 @triton.jit
-def _block_inverse_kernel(A_ptr, anc_ptr, steps_ptr, X_ptr, T, s_ah, s_at, s_nt, s_xh, s_xb, BS: tl.constexpr,
-                          PRECISION: tl.constexpr):
-    """(I + A_bb)^-1 for one head's diagonal block b of the system (positions 1 + b BS .., A's strict lower part:
-    the unit diagonal is the system's), program (block, head): X = I - A_bb X repeated as often as a node of the
-    block has strict ancestors inside it, after which X is exact (A_bb to that power + 1 is 0: X is the Neumann sum
-    of the block, its powers never formed apart). Rows past the tree: the identity's."""
-    b, i_h = tl.program_id(0), tl.program_id(1)
-    rb = 1 + b * BS + tl.arange(0, BS)
-    mb = rb < T
-    cb = tl.arange(0, BS)
-    strict = mb[:, None] & (rb[:, None] > rb[None, :])
-    Abb = tl.load(A_ptr + i_h * s_ah + rb[:, None] * s_at + rb[None, :], mask=strict, other=0.0)
-    inside = tl.load(anc_ptr + rb[:, None] * s_nt + rb[None, :], mask=strict, other=0.0)
-    levels = tl.minimum(tl.max(tl.sum(inside, 1), 0).to(tl.int32), tl.load(steps_ptr))
-    eye = tl.where(cb[:, None] == cb[None, :], 1.0, 0.0)
-    X = eye
-    for _ in range(levels):
-        X = eye - tl.dot(Abb, X, input_precision=PRECISION)
-    tl.store(X_ptr + i_h * s_xh + b * s_xb + cb[:, None] * BS + cb[None, :], X)
-
-
-@triton.jit
 def _tree_rule_kernel(
-    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, state_ptr, A_ptr, Qd_ptr, G_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr,
     T, K, V, REP,
-    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_bt, s_sh, s_sk, s_ah, s_at, s_Gh, s_nt, s_ot, s_oh, s_dt, s_dh,
     TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr, FROM: tl.constexpr,
-    PRECISION: tl.constexpr, INVERSE: tl.constexpr,
+    PRECISION: tl.constexpr, FULL: tl.constexpr,
 ):
     i_v, i_h = tl.program_id(0), tl.program_id(1)
     i_k = i_h // REP
     rows = 1 + tl.arange(0, TP)
-    mr = rows < T
+    mr = _below(rows, T, FULL)
     cv = i_v * BV + tl.arange(0, BV)
-    mv = cv < V
+    mv = _below(cv, V, FULL)
     m2 = mr[:, None] & mv[None, :]
     # q S_c and k S_c for this block of value columns (the root's row apart)
     qs = tl.zeros([TP, BV], dtype=tl.float32)
@@ -345,12 +392,11 @@ def _tree_rule_kernel(
     ks0 = tl.zeros([BV], dtype=tl.float32)
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
-        mc = cols < K
+        mc = _below(cols, K, FULL)
         S = tl.load(state_ptr + i_h * s_sh + cols[:, None] * s_sk + cv[None, :], mask=mc[:, None] & mv[None, :],
                     other=0.0)
         qc, kc, q0, k0 = _qk_slice(q_ptr, k_ptr, rows, mr, cols, mc, i_k, s_qt, s_qh, s_kt, s_kh)
-        qs += tl.dot(qc, S, input_precision=PRECISION)
-        ks += tl.dot(kc, S, input_precision=PRECISION)
+        qs, ks = _dot_pair(qc, kc, S, qs, ks, PRECISION)
         qs0 += tl.sum(q0[:, None] * S, 0)
         ks0 += tl.sum(k0[:, None] * S, 0)
     eG = tl.exp(tl.load(G_ptr + i_h * s_Gh + rows, mask=mr, other=0.0))
@@ -363,11 +409,12 @@ def _tree_rule_kernel(
     rhs = beta[:, None] * (v - eG[:, None] * ks)
     blocked = False
     if BS < TP:
-        blocked = tl.load(steps_ptr) >= FROM  # a deep enough tree (the count is the device's: one launch for all)
+        # a deep enough tree (the count is the device's: one launch for all); FROM 0: always, and the level
+        # repetition over every row is not compiled in at all
+        blocked = (tl.load(steps_ptr) >= FROM) | (FROM == 0)
     if blocked:
-        _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, X_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
-                       eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, s_xh, s_xb, TP, BS,
-                       PRECISION, INVERSE)
+        _solve_blocked(A_ptr, Qd_ptr, anc_ptr, steps_ptr, o_ptr, delta_ptr, i_h, T, rows, mr, cv, mv, rhs, d0,
+                       eG[:, None] * qs, eG0 * qs0, s_ah, s_at, s_nt, s_ot, s_oh, s_dt, s_dh, TP, BS, PRECISION, FULL)
     else:
         _solve_rows(A_ptr, Qd_ptr, steps_ptr, o_ptr, delta_ptr, i_h, rows, mr, cv, mv, rhs, d0, eG[:, None] * qs,
                     eG0 * qs0, s_ah, s_at, s_ah, s_at, s_ot, s_oh, s_dt, s_dh, PRECISION)
@@ -375,8 +422,7 @@ def _tree_rule_kernel(
 
 def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int | None = None,
                      block_r: int | None = None, block_s: int | None = None, blocked_from: int | None = None,
-                     precision: str = PRECISION, warps: int | None = None, group: bool | None = None,
-                     inverse: bool = False):
+                     precision: str = PRECISION, warps: int | None = None, group: bool | None = None):
     """parallel.tree_delta_rule_masked in two launches (the parts, then the products with the state and the
     solve). q, k [T, Hk, K] (Hk dividing H); v [T, H, V]; g, beta [T, H]; state [H, K, V]; anc_float [T, T]
     (ancestor-or-self, nodes parents first); all fp32; steps: [] int on the device, at least the tree's depth - 1
@@ -384,9 +430,7 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     tile: one block, the level repetition over every row), taken where `steps` is at least `blocked_from`
     (BLOCKED_FROM by row tile; a shallower tree repeats its few levels over every row). `warps`: a program's in
     the solve's kernel (by row tile: 8 from 128 rows, else 4); `group`: the parts kernel's (tree_parts_triton).
-    `inverse`: the solve by blocks at every depth, each diagonal block's inverse made first by a launch of its own
-    (_block_inverse_kernel, all blocks of all heads at once), then one product a block (not yet a default: to be
-    measured against the level repetition, gpu_bench's tree_forms). Returns o, delta [T, H, V]."""
+    `precision`: the products' (PRECISIONS). Returns o, delta [T, H, V]."""
     T, Hk, K = k.shape
     H, V = v.shape[1], v.shape[2]
     if (q.shape != k.shape or v.shape[0] != T or H % Hk or g.shape != (T, H) or beta.shape != (T, H)
@@ -402,20 +446,16 @@ def tree_rule_triton(q, k, v, g, beta, state, anc_float, steps, *, block_v: int 
     delta = torch.empty_like(o)
     TP, BV, tile_warps = _tiles(T, V, block_v, RULE_BLOCK_V)
     BS = min(TP, max(16, triton.next_power_of_2(block_s or SOLVE_BLOCK.get(TP, TP))))
-    FROM = 0 if inverse else int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
+    FROM = int(BLOCKED_FROM.get(TP, 0) if blocked_from is None else blocked_from)
     A, Qd, G = tree_parts_triton(q, k, g, beta, anc_float, H, block_r=block_r, precision=precision, group=group)
-    X = A  # a stand-in where there is no inverse: the kernel reads X only with INVERSE
-    if inverse:
-        X = torch.empty(H, TP // BS, BS, BS, dtype=torch.float32, device=dev)
-        _block_inverse_kernel[(TP // BS, H)](A, anc_float, steps, X, T, A.stride(0), A.stride(1), anc_float.stride(0),
-                                             X.stride(0), X.stride(1), BS=BS, PRECISION=precision, num_warps=4)
     _tree_rule_kernel[(triton.cdiv(V, BV), H)](
-        q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta, X,
+        q, k, v, beta, state, A, Qd, G, anc_float, steps, o, delta,
         T, K, V, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0),
         state.stride(0), state.stride(1), A.stride(0), A.stride(1), G.stride(0), anc_float.stride(0), o.stride(0),
-        o.stride(1), delta.stride(0), delta.stride(1), X.stride(0), X.stride(1),
-        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=precision, INVERSE=bool(inverse),
+        o.stride(1), delta.stride(0), delta.stride(1),
+        TP=TP, BV=BV, BK=BLOCK_K, BS=BS, FROM=FROM, PRECISION=_checked(precision),
+        FULL=T == TP + 1 and V % BV == 0 and K % BLOCK_K == 0,
         num_warps=warps or tile_warps,
     )
     return o, delta
@@ -440,7 +480,7 @@ def tree_parts_triton(q, k, g, beta, anc_float, H: int, *, block_r: int | None =
         T, K, H // Hk,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0), anc_float.stride(0),
         A.stride(0), A.stride(1), G.stride(0),
-        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=precision, GROUP=grouped,
+        TP=TP, BR=BR, BK=BLOCK_K, PRECISION=_checked(precision), GROUP=grouped, FULL=T == TP + 1 and K % BLOCK_K == 0,
         num_warps=warps or (PARTS_GROUP_WARPS.get(TP, 4) if grouped else 4),
     )
     return A, Qd, G
