@@ -316,7 +316,8 @@ def test_rule_on_the_least_damped_system_and_with_too_few_steps():
 
 
 def test_rule_reads_strided_inputs_and_refuses_bad_shapes():
-    """q and k as views of one [T, 2, Hk, K] tensor (as gdn_prep makes them), v a view: the same numbers."""
+    """q and k as views of one [T, 2, Hk, K] tensor (as gdn_prep makes them), v a view: the same numbers. Shapes
+    that do not fit and a precision the kernels do not have: refused, saying why."""
     parents = random_tree(17, 5, random.Random(2))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, 4, 2, 16, 16, seed=5)
     qk = torch.stack([q, k], dim=1)
@@ -327,6 +328,8 @@ def test_rule_reads_strided_inputs_and_refuses_bad_shapes():
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     with pytest.raises(ValueError, match="shapes"):
         tree_rule_triton(q, k[:, :1], v, g, beta, state, masks.anc_float, steps)
+    with pytest.raises(ValueError, match="precision 'bf16x3': one of tf32x3, triton-tf32x3, tf32, ieee"):
+        tree_rule_triton(q, k, v, g, beta, state, masks.anc_float, steps, precision="bf16x3")
     big = torch.zeros(130, 1, 16, device=DEVICE)
     with pytest.raises(ValueError, match="at most 129"):
         tree_rule_triton(big, big, big, torch.zeros(130, 1, device=DEVICE), torch.zeros(130, 1, device=DEVICE),
