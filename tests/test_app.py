@@ -372,7 +372,10 @@ def test_a_handler_that_ends_after_a_setting_changed_keeps_its_note(host):
     """#26.6 under load (CI's browser test): a round's check is chained after the Step, so its inputs are the
     page's settings when it started; a budget changed while it ran wrote the note, then the check's answer wrote
     the status without it. The page's change handler records the settings on the tab (TabState.edit) and the check
-    (as the app wires it) reads the newest."""
+    (as the app wires it) reads the newest. Likewise where the change comes before the server starts the check but
+    after the page read the check's inputs (CI's browser test again, a queued check)."""
+    import gradio as gr
+
     from ddtree_viz.page.views import NEW_SESSION
     from ddtree_viz.page.web.app import build_app
 
@@ -398,6 +401,16 @@ def test_a_handler_that_ends_after_a_setting_changed_keeps_its_note(host):
         assert NEW_SESSION in next(iter(changed.values()))
     check.join(timeout=120)
     assert NEW_SESSION in status_of(answers[0]), status_of(answers[0])
+
+    # the change comes after the Step answered and before the server starts the check chained after it (whose
+    # inputs the page read at the answer): the check's answer keeps the note too
+    tab = TabState()
+    fns["step"].fn(tab, "verified", gr.Request(session_hash="t"), **values)
+    on_budget.fn(tab, **{**values, "budget": 5})
+    assert NEW_SESSION in status_of(fns["check"].fn(tab, "verified", **values))
+    # a change back to the settings the session runs with: no note
+    on_budget.fn(tab, **values)
+    assert NEW_SESSION not in status_of(fns["check"].fn(tab, "verified", **values))
 
 
 def test_app_binds_localhost_and_does_not_share_by_default():

@@ -251,8 +251,12 @@ class TabState:
     # kept by a Reset or a replay, as the boxes keep them)
     tree_filter: tuple = (None, None)
     # the page's settings as a changed setting last sent them, and when (time.monotonic()): a handler's inputs are
-    # the page's at its start, so one that ends after a change reads the change from here (newest_settings)
+    # the page's when the browser sent them, so one that ends after a change reads the change from here
+    # (newest_settings)
     edited: tuple = (0.0, None)
+    # when the last Step or Run answered (time.monotonic()): a check chained after it got its inputs from the page
+    # after that answer, however late the server starts it
+    answered: float = 0.0
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()
@@ -269,7 +273,7 @@ class TabState:
         self.edited = (time.monotonic(), dict(values))
 
     def newest_settings(self, values: dict, since: float) -> dict:
-        """The page's settings now: `values` (a handler's inputs, read when it started at `since`), unless a
+        """The page's settings now: `values` (a handler's inputs, read by the page at `since` or later), unless a
         setting changed after that."""
         at, edited = self.edited
         return edited if edited is not None and at > since else values

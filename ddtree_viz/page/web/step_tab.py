@@ -273,12 +273,19 @@ class StepTab:
             out[self.views["status"]] += change_note(host, t, t.newest_settings(values, since))
             return out
 
+        def answered(out: dict, t, values: dict, since: float) -> dict:
+            """A Step's or Run's answer, `noted`; the check chained after it reads the page's settings only once
+            this answer is in (TabState.answered)."""
+            out = noted(out, t, values, since)
+            t.answered = time.monotonic()
+            return out
+
         @in_status
         def on_step(t, ph, request: gr.Request, **values):
             page.add(request, t)
             since = time.monotonic()
-            return noted(self.show(actions.step(host, t, read_settings(host, values), check=False), ph), t, values,
-                         since)
+            return answered(self.show(actions.step(host, t, read_settings(host, values), check=False), ph), t,
+                            values, since)
 
         @in_status
         def on_run(t, ph, request: gr.Request, progress=gr.Progress(), **values):
@@ -291,13 +298,14 @@ class StepTab:
                 session = t.session  # None once a Reset has cleared the tab
                 if session is not None:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
-                yield noted(out, t, values, since)
+                yield answered(out, t, values, since)
 
         def check_handler(check):
-            """A check's handler: its views, and the status keeps the note of a setting changed while it ran (its
-            inputs are the page's at its start: TabState.newest_settings)."""
+            """A check's handler: its views, and the status keeps the note of a setting changed since its inputs
+            were read (TabState.newest_settings): after the Step or Run it follows answered, not when the server
+            starts it, which under load comes after a change the page made meanwhile."""
             def on(t, ph, **values) -> dict:
-                since = time.monotonic()
+                since = min(time.monotonic(), t.answered or time.monotonic())
                 return noted({tab: t, **self.fill(render_check(host, check(host, t), ph))}, t, values, since)
             return in_status(on)
 
