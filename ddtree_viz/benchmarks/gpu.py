@@ -920,7 +920,8 @@ def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
 
 
 # runner_rounds' ratios of the default round to a variant's: (name, variant, the figure compared)
-RATIOS_TO_VARIANTS = (("walk_device_per_host", "host_walk", "round_ms"), ("queue_per_no_queue", "no_queue", "step_wall_ms"),
+RATIOS_TO_VARIANTS = (("walk_device_per_host", "host_walk", "round_ms"),
+                      ("queue_per_no_queue", "no_queue", "step_wall_ms"),
                       ("draft_ahead_per_not", "not_drafted_ahead", "loop_wall_ms"),
                       ("verify_ahead_per_not", "not_verified_ahead", "loop_wall_ms"),
                       ("launch_ahead_per_not", "not_ahead", "loop_wall_ms"),
@@ -974,7 +975,7 @@ def runner_rounds(pair, engine, runner, prompt: list[int], rounds_tokens: int, m
         default[name] = default[figure] / out[f"round_budget_64_{variant}"][figure]
     if "round_budget_64_device_tree" in out:  # of what the host waits a round, phases untimed (where they ran)
         device, host = (out[f"round_budget_64_{k}_tree"]["loop_wall_ms"] for k in ("device", "host"))
-        out["round_budget_64"]["tree_device_per_host"] = device / host if device and host else None
+        default["tree_device_per_host"] = device / host if device and host else None
     return out
 
 
@@ -1229,9 +1230,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     product (cuBLAS's, and the Triton kernel's with each product precision), the whole rule in Triton
     (tree_rule_triton; also with each count of rows a program of its parts kernel, `rule_triton_rows_R`, of rows a
     block of its solve, `rule_triton_solve_R`, and its products by Triton's own TF32 split, in one TF32 or in fp32,
-    `rule_triton_triton-tf32x3` / `_tf32` / `_ieee`), each Triton form's largest difference from the torch form. On CUDA ``calls`` calls are
-    captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere they are timed eagerly.
-    A form that cannot run here says why."""
+    `rule_triton_triton-tf32x3` / `_tf32` / `_ieee`), each Triton form's largest difference from the torch form. On
+    CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere
+    they are timed eagerly. A form that cannot run here says why."""
     from ..engine import fused as fz
     from ..engine.delta_rule.dispatch import triton_available
     from ..engine.delta_rule.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
@@ -1280,10 +1281,9 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
 def triton_forms(per_call, args, parts, want, T: int) -> dict:
     """tree_forms' Triton rows for one tree: the solve and the whole rule with each product precision (tf32x3, our
     TF32 split, the default; triton-tf32x3 Triton's; tf32 one TF32 product, not fp32-accurate; ieee CUDA-core fp32;
-    triton_solve.PRECISIONS), the whole rule with each count of rows
-    a program of its parts kernel below T and of rows a block of its solve; each timed and its largest difference
-    from `want` (the torch form). args: q, k (key heads), v, g, beta, state, anc_float, steps; parts: the torch
-    form's parts."""
+    triton_solve.PRECISIONS), the whole rule with each count of rows a program of its parts kernel below T and of
+    rows a block of its solve; each timed and its largest difference from `want` (the torch form). args: q, k (key
+    heads), v, g, beta, state, anc_float, steps; parts: the torch form's parts."""
     from ..engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
 
     steps = args[-1]

@@ -596,7 +596,8 @@ class DecodeSession:
         self.done = False
         self._features: torch.Tensor | None = None
         self._queued: tuple | None = None  # the next round's draft, queued by step(): (root, committed_len), log-probs, clock
-        self._verified: tuple | None = None  # and its tree and verify (_queue_verify): (root, committed_len), tree, read, pass
+        # and its tree and verify (_queue_verify): (root, committed_len), tree, its read, the pass
+        self._verified: tuple | None = None
         self.verified_ahead = 0  # rounds whose tree and verify the round before queued (_queue_verify)
         # why the last queued draft or verify that failed did (the next step made its own)
         self.queue_error: str | None = None

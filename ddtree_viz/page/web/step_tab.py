@@ -305,7 +305,7 @@ class StepTab:
             were read (TabState.newest_settings): after the Step or Run it follows answered, not when the server
             starts it, which under load comes after a change the page made meanwhile."""
             def on(t, ph, **values) -> dict:
-                since = min(time.monotonic(), t.answered or time.monotonic())
+                since = t.answered or time.monotonic()  # (an answer is never later than now)
                 return noted({tab: t, **self.fill(render_check(host, check(host, t), ph))}, t, values, since)
             return in_status(on)
 
