@@ -42,6 +42,8 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert fast["graphs"] is False and fast["graphs_error"] is None  # no CUDA here: the same functions, eager
     assert fast["greedy_step_ms"] > 0 and fast["round_budget_64"]["host"] > 0
     assert fast["greedy_step_chained_ms"] > 0 and fast["targets"]["issue_31"]["greedy_step"]["chained_ms"] > 0
+    step_timeline = fast["greedy_step_timeline"]  # the step's activities by kind (on a CPU the host's torch ops)
+    assert step_timeline["steps"] == 8 and step_timeline["kinds"] and step_timeline["busy_ms_per_round"] > 0
     # the default round queues each draft before the walk is read, and every one was queued (none fell back)
     assert fast["round_budget_64"]["draft_ahead"] and fast["round_budget_64"]["queue_error"] is None
     assert not fast["round_budget_64_not_drafted_ahead"]["draft_ahead"]
@@ -55,16 +57,17 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert fp32 and all(r["identical"] for r in fp32)
     # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False,
-                               "blas": "default", "gate_up": "fused"}  # CPU defaults
+                               "blas": "default", "gate_up": "fused",
+                               "gdn_step": "torch", "commit": "torch"}  # CPU defaults
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
     measured = [v for v in fast["variants"] if "error" not in v]
     options = [v["options"] for v in measured]
     assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default",
-            "gate_up": "fused"} in options
+            "gate_up": "fused", "gdn_step": "torch", "commit": "torch"} in options
     assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default",
-            "gate_up": "fused"} in options
+            "gate_up": "fused", "gdn_step": "torch", "commit": "torch"} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
     forms = fast["tree_forms"]  # the tree delta rule's forms per GDN layer (the Triton ones need CUDA)
@@ -168,7 +171,8 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert "exactness_fp32_8_layers" not in report
     fast = speed["fast"]
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False,
-                               "blas": "default", "gate_up": "fused"}
+                               "blas": "default", "gate_up": "fused",
+                               "gdn_step": "torch", "commit": "torch"}
     assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's

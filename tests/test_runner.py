@@ -693,7 +693,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False, "default", "fused")
+    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch")
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -748,7 +748,8 @@ def test_runner_options_on_the_cpu():
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")
-    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused")
+    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused", "torch",
+                                                      "torch")
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")
@@ -764,9 +765,16 @@ def test_runner_options_on_the_cpu():
     assert RunnerOptions(gate_up="split").resolve(cpu).gate_up == "split"
     with pytest.raises(ValueError, match="gate_up"):
         RunnerOptions(gate_up="halves").resolve(cpu)
+    with pytest.raises(ValueError, match="gdn_step"):
+        RunnerOptions(gdn_step="fast").resolve(cpu)
+    with pytest.raises(ValueError, match="commit"):
+        RunnerOptions(commit="fast").resolve(cpu)
+    assert RunnerOptions().resolve(torch.device("cuda")).gdn_step == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
+        with pytest.raises(ValueError, match="Triton"):
+            RunnerOptions(gdn_step="triton").resolve(cpu)
 
 
 def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch",
@@ -784,11 +792,14 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
     prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
     ref = GreedyReference(pair.target, prompt, set()).extend_to(new)
     kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False, "default"), **kw)
+    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False, "default", "fused", "torch",
+                                                            "torch"), **kw)
     graphs = counters["stats"]["unique_graphs"]
     runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True, blas), **kw)
     assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
     assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
+    want = "triton" if device == "cuda" else "torch"  # the step's core and the commit's update each one launch
+    assert runner.options.gdn_step == want and runner.options.commit == want
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
     made = counters["stats"]["unique_graphs"] - graphs
     assert made <= 16, made

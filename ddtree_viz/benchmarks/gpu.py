@@ -55,7 +55,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
 
 
 # RunnerOptions fields runner_variants can switch
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up")
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class BenchConfig:
     compile: bool | None = None
     blas: str = "auto"
     gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (RunnerOptions.gate_up)
+    gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (RunnerOptions.gdn_step)
+    commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -84,13 +86,14 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   gate_up=a.gate_up, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8,
+                   gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
 
-        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas, self.gate_up)
+        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas, self.gate_up,
+                             self.gdn_step, self.commit)
 
     @property
     def cuda(self) -> bool:
@@ -891,9 +894,16 @@ def chained_greedy_stepper(runner, token: int, keep: bool = True):
 def greedy_step_chained(runner, timed, token: int, steps: int = 8) -> dict:
     """The greedy step with the host out of the device's way (chained_greedy_stepper), ms a step over runs of `steps`
     waited for once, beside greedy_step_ms (each step's token read back before the next is launched, as a decode
-    that must see its tokens does): how much of the step is the host's wait, not the device's work."""
+    that must see its tokens does): how much of the step is the host's wait, not the device's work. And
+    `greedy_step_timeline`: the same steps' device activities by kind and their gaps (where the step's time goes
+    beside the weight reads: what fusing would take away)."""
     step, _ = chained_greedy_stepper(runner, token, keep=False)
-    return {"greedy_step_chained_ms": timed(lambda: [step() for _ in range(steps)], repeats=5, warmup=1) / steps}
+    out = {"greedy_step_chained_ms": timed(lambda: [step() for _ in range(steps)], repeats=5, warmup=1) / steps}
+    spans = profiled_spans(lambda: [step() for _ in range(steps)], warmup=step)
+    out["greedy_step_timeline"] = ({"error": spans} if isinstance(spans, str) or not spans else
+                                   {"steps": steps, "device_events": len(spans), **timeline_gaps(spans, steps, listed=8),
+                                    "kinds": activity_kinds(spans, steps, top=40)})
+    return out
 
 
 def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
@@ -1441,7 +1451,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                 ("gdn_kernel", "triton-tree"),
                 ("gdn_kernel", "triton"), ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
-                ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto")]
+                ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
+                ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
@@ -1472,6 +1483,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
         row["blas"] = dict(runner.blas)  # each size's GEMM library (measured where blas="auto")
         row["gate_up_forms"] = gate_up_forms(runner)
         rows.append(row)
+        progress("variant", row)  # in the log as it comes: a run stopped by its time limit keeps the rows made
         del engine, runner
         if bench.cuda:
             torch.cuda.empty_cache()
@@ -1982,7 +1994,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine.delta_rule.dispatch import GDN_KERNELS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_STEPS
     from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -2017,6 +2029,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
                    help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
                         "size and library at its first capture")
+    p.add_argument("--gdn-step", choices=GDN_STEPS, default="auto",
+                   help="the runner's one-node GDN core (the greedy step): auto = one Triton launch a layer on CUDA "
+                        "when Triton imports (delta_rule/triton_step.py), else the tree form's own")
+    p.add_argument("--commit", choices=GDN_STEPS, default="auto",
+                   help="the runner's commit of the GDN states: auto = one Triton launch for every layer on CUDA when "
+                        "Triton imports (delta_rule/triton_commit.py), else a batched matmul and a pass")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

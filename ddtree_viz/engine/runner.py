@@ -39,6 +39,10 @@ bitwise what they were):
                 gated norm; "triton-solve" the parallel part in torch, the solve and output product in Triton;
                 "triton" the whole rule in one Triton kernel per GDN layer, "triton-tree" the same but the torch
                 one-step form for T = 1; "torch" the torch forms (cuBLAS's solve)
+    gdn_step    the one-node pass's GDN core (the greedy step): "triton" (the default on CUDA) conv, gates, the
+                one-step rule and gated norm in one launch a layer (delta_rule/triton_step.py); "torch" the form's own
+    commit      the commit's recurrent-state update: "triton" (the default on CUDA) every GDN layer's state read and
+                written once in one launch (delta_rule/triton_commit.py); "torch" a batched matmul and a pass
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -64,7 +68,7 @@ from .backends import sdpa_backends
 from .cache import layer_types
 from . import fp8, fused as fz
 from .launch import LaunchAhead, device_word
-from .delta_rule.dispatch import GDN_KERNELS, choose, resolve_option, triton_available
+from .delta_rule.dispatch import GDN_KERNELS, choose, choose_commit, resolve_option, resolve_step, triton_available
 from .fused import (ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, FusedLinear, GDNWeights, Pieces,
                     fuse_linears)
 from ..treeops import conv_gather
@@ -139,6 +143,12 @@ class RunnerOptions:
     # the MLP's gate+up GEMM (GATE_UP_FORMS): auto (CUDA graphs: each form timed alone on the model's weight at a tree
     # size's first capture, per library, the fastest kept; elsewhere fused) | fused | split | padded
     gate_up: str = "auto"
+    # the one-node pass's GDN core (a greedy step): auto (CUDA with Triton: triton) | torch (the tree form's own) |
+    # triton (delta_rule/triton_step.py: conv, gates, the one-step rule and gated norm in one launch a layer)
+    gdn_step: str = "auto"
+    # the commit's recurrent-state update: auto (CUDA with Triton: triton) | torch (fused.commit_recurrent, a piece) |
+    # triton (delta_rule/triton_commit.py: every layer's state read and written once, in one launch)
+    commit: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -155,7 +165,7 @@ class RunnerOptions:
         blas = self.blas if cuda else "default"  # a CPU has one BLAS
         gate_up = self.gate_up if cuda or self.gate_up != "auto" else "fused"  # nothing to measure without graphs
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas,
-                             gate_up)
+                             gate_up, resolve_step(self.gdn_step, device), resolve_step(self.commit, device, "commit"))
 
 
 @dataclass
@@ -236,8 +246,13 @@ class StaticRunner:
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
         # the tree delta rule's form, once (kernel_error: why a Triton form was refused here; the torch form runs)
-        self.rule, self.kernel_error = choose(self.options.gdn_kernel, self.device, next(iter(gdn.values())))
-        self.options = replace(self.options, gdn_kernel=self.rule.name)
+        self.rule, self.kernel_error = choose(self.options.gdn_kernel, self.device, next(iter(gdn.values())),
+                                              self.options.gdn_step)
+        self._commit_kernel, why = choose_commit(self.options.commit, self.device)
+        self.kernel_error = "; ".join(e for e in (self.kernel_error, why) if e) or None
+        self.options = replace(self.options, gdn_kernel=self.rule.name,
+                               gdn_step="torch" if self.rule.one_node is None else "triton",
+                               commit="torch" if self._commit_kernel is None else "triton")
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
@@ -612,15 +627,20 @@ class StaticRunner:
 
     def _commit(self, slot: _Slot) -> None:
         """The accepted path's attention rows moved into place and every GDN layer's state advanced along it (one
-        piece: fused.commit_state); committed += length, on the device."""
+        piece, fused.commit_state; or the recurrent states by triton_commit's launch and the conv windows a piece);
+        committed += length, on the device."""
         c = self.committed_t
         src, dst = c + slot.path, c + self._steps
         for buf in (self.keys_all, self.values_all):  # every attention layer at once
             buf.index_copy_(2, dst, buf.index_select(2, src))
         u, k, g, delta = slot.out[2]  # every GDN layer at once: [Lg, T, ...]
         self.pieces.mark(u, 1, k, 1, g, 1, delta, 1, slot.gather, 0)
-        self.pieces(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, self._steps,
-                                     slot.length, slot.gather, slot.last)
+        if self._commit_kernel is not None:  # the recurrent states in one launch, the conv windows a piece
+            self._commit_kernel(self.rec_all, k, g, delta, slot.path, self._steps, slot.length)
+            self.pieces(fz.commit_conv)(self.conv_all, u, slot.gather, slot.last)
+        else:
+            self.pieces(fz.commit_state)(self.rec_all, self.conv_all, u, k, g, delta, slot.path, self._steps,
+                                         slot.length, slot.gather, slot.last)
         c.add_(slot.length)
 
     def _walk(self, slot: _Slot) -> None:

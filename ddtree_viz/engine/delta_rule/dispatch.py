@@ -19,6 +19,11 @@ or through torch.compile: `Pieces`) and, where it runs, a Triton kernel:
 Each form's `rule(q, k, v, g, beta, state, ancestors) -> (o, delta)` is its tree delta rule alone (q, k at their Hk
 key heads), which `check` compares with the torch form at construction: a Triton form that cannot compile or
 differs here leaves the torch form, and says why. Triton is imported only when a Triton form is chosen.
+
+Apart from the tree's form, the one-node pass (a greedy step) has its own (`RunnerOptions.gdn_step`, GDN_STEPS):
+"torch" the form's own (above), "triton" the whole core in one launch a layer (triton_step.gdn_step_triton: conv,
+gates, the one-step rule, gated norm), CUDA's default; `check_one_node` holds it to the torch core at
+construction the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -38,6 +43,8 @@ from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree
 from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
+GDN_STEPS = ("auto", "torch", "triton")  # the one-node pass's core: auto is triton on CUDA where Triton imports
+COMMITS = GDN_STEPS  # the commit's recurrent update: the same choices
 
 
 def triton_available() -> bool:
@@ -61,6 +68,16 @@ def resolve_option(option: str, device: torch.device) -> str:
     return option
 
 
+def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
+    """What `option` (a name of GDN_STEPS: RunnerOptions' `name`, gdn_step or commit) means on `device`, as
+    resolve_option: auto is triton on CUDA where Triton imports, else torch."""
+    if option not in GDN_STEPS:
+        raise ValueError(f"{name} must be one of {', '.join(GDN_STEPS)}, not {option!r}")
+    if option == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    return option if option == "torch" else resolve_option(option, device)
+
+
 # -- the cores: a GDN layer between its projections and out_proj --------------------------------------------------
 
 
@@ -71,6 +88,12 @@ def torch_core(pieces: Pieces, masks: TreeMasks | None, u, z, b, a, conv_state, 
     anc, off = (masks.anc_float, masks.off_path) if masks is not None else (None, None)
     return pieces(gdn_core)(u, z, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias, state, w.norm_weight,
                             anc, off, **w.dims)
+
+
+def step_core(kernel, u, z, b, a, conv_state, state, gather, w: GDNWeights):
+    """The one-node core in one launch (triton_step.gdn_step_triton). Shapes as torch_core at T = 1; k is returned
+    at its Hk key heads [1, Hk, K]."""
+    return kernel(u, z, b, a, conv_state, state, gather, w.conv_weight, w.A_log, w.dt_bias, w.norm_weight, **w.dims)
 
 
 def solve_core(pieces: Pieces, solve, masks: TreeMasks, steps, u, z, b, a, conv_state, state, gather, w: GDNWeights):
@@ -111,10 +134,13 @@ class TorchForm:
 
     name: str = "torch"
     kernel: Callable | None = None  # the Triton function (None: torch)
+    one_node: Callable | None = None  # the one-node pass's core in one launch (gdn_step="triton"; None: the form's)
 
     def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
         """The core of one pass over a tree whose ancestor-or-self mask is `anc` [T, T] bool (what every GDN layer
         of the pass shares is built here, once)."""
+        if anc.shape[0] == 1 and self.one_node is not None:
+            return partial(step_core, self.one_node)
         return partial(torch_core, pieces, _masks(anc, pieces) if anc.shape[0] > 1 else None)
 
     def rule(self, q, k, v, g, beta, state, ancestors):
@@ -168,7 +194,7 @@ class BlockedForm(TorchForm):
     step: bool = True
 
     def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
-        if anc.shape[0] == 1 and not self.step:
+        if anc.shape[0] == 1 and (not self.step or self.one_node is not None):
             return TorchForm.at(self, anc, pieces)
         return partial(grouped_core, Pieces(False), partial(self.kernel, ancestors=anc))
 
@@ -180,13 +206,13 @@ def _levels(cls, name: str) -> LevelsForm:
     from . import triton_solve
 
     kernel = triton_solve.tree_rule_triton if cls is RuleForm else triton_solve.tree_solve_triton
-    return cls(name, kernel, triton_solve.MAX_T)
+    return cls(name, kernel, max_t=triton_solve.MAX_T)
 
 
 def _blocked(name: str, step: bool) -> BlockedForm:
     from .triton_blocked import tree_delta_rule_triton
 
-    return BlockedForm(name, tree_delta_rule_triton, step)
+    return BlockedForm(name, tree_delta_rule_triton, step=step)
 
 
 FORMS: dict[str, Callable[[], TorchForm]] = {  # a resolved option (never "auto") -> its form, kernels imported here
@@ -215,13 +241,67 @@ def check(form: TorchForm, device: torch.device, gdn) -> None:
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
 
-def choose(option: str, device: torch.device, gdn) -> tuple[TorchForm, str | None]:
-    """The form of a resolved option (`resolve_option`) for a runner on `device` whose GDN layers are like `gdn`:
-    (form, None), or (the torch form, why) where a Triton form cannot run here (it must not stop the runner)."""
+def check_one_node(kernel, device: torch.device, gdn) -> None:
+    """The one-node core `kernel` against the torch core (eager) on this device, on this GDN layer's own weights and
+    random inputs at its widths (the window from the committed conv inputs and the node's own); raises if it cannot
+    run or differs (by more than a rounding of the model's dtype)."""
+    w = GDNWeights.of(gdn)
+    dtype, d, gen = w.conv_weight.dtype, w.dims, torch.Generator().manual_seed(0)
+    H, C, kw = gdn.num_v_heads, w.conv_weight.shape[0], w.conv_weight.shape[1]
+    u, z, b, a = (torch.randn(1, n, generator=gen).to(device, dtype) for n in (C, H * d["head_v"], H, H))
+    conv_state = torch.randn(C, kw, generator=gen).to(device, dtype)
+    state = torch.randn(H, d["head_k"], d["head_v"], generator=gen).to(device)
+    gather = torch.arange(1, kw + 1, device=device)[None]  # a root's window
+    got = step_core(kernel, u, z, b, a, conv_state, state, gather, w)
+    want = list(torch_core(Pieces(False), None, u, z, b, a, conv_state, state, gather, w))
+    want[1] = want[1][:, :: d["rep"]]  # k at its key heads
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x.float(), y.float(), atol=tol, rtol=tol)
+
+
+def choose(option: str, device: torch.device, gdn, step: str = "torch") -> tuple[TorchForm, str | None]:
+    """The form of resolved options (`resolve_option`, `resolve_step`) for a runner on `device` whose GDN layers are
+    like `gdn`: (form, None), or (the torch forms, why) where a Triton form cannot run here (it must not stop the
+    runner): the tree's form and the one-node core each fall back alone."""
+    why = []
     try:
         form = FORMS[option]()
         if form.kernel is not None:
             check(form, device, gdn)
-        return form, None
     except Exception as exc:
-        return TorchForm(), f"{type(exc).__name__}: {str(exc)[:500]}"
+        form = TorchForm()
+        why.append(f"{type(exc).__name__}: {str(exc)[:500]}")
+    if step == "triton":
+        try:
+            from .triton_step import gdn_step_triton
+
+            check_one_node(gdn_step_triton, device, gdn)
+            form = replace(form, one_node=gdn_step_triton)
+        except Exception as exc:
+            why.append(f"the one-node step: {type(exc).__name__}: {str(exc)[:500]}")
+    return form, "; ".join(why) or None
+
+
+def choose_commit(option: str, device: torch.device) -> tuple[Callable | None, str | None]:
+    """The commit's recurrent update for a resolved option (`resolve_step`): (triton_commit's kernel, None) where it
+    runs here and matches fused.commit_recurrent on a small commit (two layers, grouped keys, a path of 3 of 4
+    padded steps); (None, why) where it cannot (the torch piece runs); (None, None) for "torch"."""
+    if option != "triton":
+        return None, None
+    try:
+        from ..fused import commit_recurrent
+        from .triton_commit import commit_recurrent_triton
+
+        gen = torch.Generator().manual_seed(0)
+        rec = torch.randn(2, 4, 16, 32, generator=gen).to(device)
+        k, g = torch.randn(2, 5, 2, 16, generator=gen).to(device), -torch.rand(2, 5, 4, generator=gen).to(device)
+        delta = torch.randn(2, 5, 4, 32, generator=gen).to(device)
+        path, steps, length = (torch.tensor(x, device=device) for x in ([0, 2, 3, 3], [0, 1, 2, 3], 3))
+        want = rec.clone()
+        commit_recurrent(want, k, g, delta, path, steps, length)
+        commit_recurrent_triton(rec, k, g, delta, path, steps, length)
+        torch.testing.assert_close(rec, want, atol=1e-4, rtol=1e-4)
+        return commit_recurrent_triton, None
+    except Exception as exc:
+        return None, f"the commit: {type(exc).__name__}: {str(exc)[:500]}"
