@@ -175,6 +175,19 @@ def commit_inputs(Lg, T, H, Hs, K, V, seed):
     return [x.to(DEVICE) for x in (rec, k, g, delta)]
 
 
+def committed_both(rec, k, g, delta, path, P):
+    """The states after committing `path` (padded to P steps with its last node, as the runner pads it) by the
+    kernel and by fused.commit_recurrent, held equal; returns that state and the commit's inputs (padded path,
+    steps, length)."""
+    padded = torch.tensor(path + [path[-1]] * (P - len(path)), device=DEVICE)
+    steps, length = torch.arange(P, device=DEVICE), torch.tensor(len(path), device=DEVICE)
+    want, got = rec.clone(), rec.clone()
+    commit_recurrent(want, k, g, delta, padded, steps, length)
+    commit_recurrent_triton(got, k, g, delta, padded, steps, length)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    return want, padded, steps, length
+
+
 @pytest.mark.parametrize("Lg, T, H, Hs, K, V, path", [
     (2, 1, 4, 4, 16, 32, [0]), (3, 9, 6, 2, 16, 64, [0, 3, 5, 8]), (1, 17, 2, 1, 32, 32, [0, 1, 2, 3, 4, 5, 6, 7]),
 ])
@@ -182,13 +195,7 @@ def test_commit_kernel_equals_the_torch_commit(Lg, T, H, Hs, K, V, path):
     """Every layer's state advanced along a path (keys at their value or key heads), padded to 8 steps with its last
     node as the runner pads it: the same states as fused.commit_recurrent; a path cut short is not."""
     rec, k, g, delta = commit_inputs(Lg, T, H, Hs, K, V, seed=T)
-    P = 8
-    padded = torch.tensor(path + [path[-1]] * (P - len(path)), device=DEVICE)
-    steps, length = torch.arange(P, device=DEVICE), torch.tensor(len(path), device=DEVICE)
-    want, got = rec.clone(), rec.clone()
-    commit_recurrent(want, k, g, delta, padded, steps, length)
-    commit_recurrent_triton(got, k, g, delta, padded, steps, length)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    want, padded, steps, length = committed_both(rec, k, g, delta, path, 8)
     if len(path) > 1:  # the length is read, not assumed: one step fewer moves the state
         short = rec.clone()
         commit_recurrent_triton(short, k, g, delta, padded, steps, length - 1)
@@ -209,10 +216,4 @@ def test_kernels_at_qwen36_27b_shapes_on_the_gpu():
         tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
         for x, y in zip(got, want):
             torch.testing.assert_close(x, y, **tol)
-    rec, k, g, delta = commit_inputs(48, 17, 48, 16, 128, 128, seed=2)
-    path = torch.tensor([0, 1, 4, 9] + [9] * 12, device=DEVICE)
-    steps, length = torch.arange(16, device=DEVICE), torch.tensor(4, device=DEVICE)
-    want, got = rec.clone(), rec.clone()
-    commit_recurrent(want, k, g, delta, path, steps, length)
-    commit_recurrent_triton(got, k, g, delta, path, steps, length)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    committed_both(*commit_inputs(48, 17, 48, 16, 128, 128, seed=2), [0, 1, 4, 9], 16)

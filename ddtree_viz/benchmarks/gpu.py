@@ -86,7 +86,8 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit, variants=tuple(a.variants), dflash2=a.dflash2, fp8=a.fp8,
+                   gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit, variants=tuple(a.variants),
+                   dflash2=a.dflash2, fp8=a.fp8,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
@@ -901,7 +902,8 @@ def greedy_step_chained(runner, timed, token: int, steps: int = 8) -> dict:
     out = {"greedy_step_chained_ms": timed(lambda: [step() for _ in range(steps)], repeats=5, warmup=1) / steps}
     spans = profiled_spans(lambda: [step() for _ in range(steps)], warmup=step)
     out["greedy_step_timeline"] = ({"error": spans} if isinstance(spans, str) or not spans else
-                                   {"steps": steps, "device_events": len(spans), **timeline_gaps(spans, steps, listed=8),
+                                   {"steps": steps, "device_events": len(spans),
+                                    **timeline_gaps(spans, steps, listed=8),
                                     "kinds": activity_kinds(spans, steps, top=40)})
     return out
 

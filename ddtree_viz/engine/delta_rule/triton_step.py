@@ -14,8 +14,9 @@ value head does all of it from registers:
 
 with the torch form's roundings to the model's dtype where it rounds (each conv product and sum, the SiLU, beta,
 the core before the norm, the normalised values and their scaling, the output), so the two differ only in the
-order of fp32 sums (tests/test_tree_kernel.py holds them together in Triton's interpreter; tests/test_gpu_kernels.py
-on a GPU). Returns what the commit keeps: k at its key heads [1, Hk, K], g [1, H], delta [1, H, V] (fp32).
+order of fp32 sums (tests/test_step_kernel.py holds them together, in Triton's interpreter on a CPU and at 27B
+shapes on a GPU): 4.8 us a layer on an H200. Returns what the commit keeps: k at its key heads [1, Hk, K], g [1, H],
+delta [1, H, V] (fp32).
 """
 
 from __future__ import annotations
