@@ -749,7 +749,7 @@ def test_runner_options_on_the_cpu():
 
     cpu = torch.device("cpu")
     assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused", "torch",
-                                                      "torch")
+                                                      "torch", "torch")
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")
@@ -769,12 +769,16 @@ def test_runner_options_on_the_cpu():
         RunnerOptions(gdn_step="fast").resolve(cpu)
     with pytest.raises(ValueError, match="commit"):
         RunnerOptions(commit="fast").resolve(cpu)
+    with pytest.raises(ValueError, match="gdn_prep"):
+        RunnerOptions(gdn_prep="auto").resolve(cpu)
     assert RunnerOptions().resolve(torch.device("cuda")).gdn_step == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_step="triton").resolve(cpu)
+        with pytest.raises(ValueError, match="Triton"):
+            RunnerOptions(gdn_prep="triton").resolve(cpu)
 
 
 def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch",

@@ -19,11 +19,13 @@ if not CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
 from ddtree_viz.engine.delta_rule.dispatch import (  # noqa: E402
-    TorchForm, check_one_node, choose, choose_commit, resolve_step, step_core, torch_core,
+    TorchForm, check_one_node, check_prep, choose, choose_commit, d_prep, resolve_step, step_core, torch_core,
 )
 from ddtree_viz.engine.delta_rule.triton_commit import commit_recurrent_triton  # noqa: E402
-from ddtree_viz.engine.delta_rule.triton_step import gdn_step_triton  # noqa: E402
-from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent  # noqa: E402
+from ddtree_viz.engine.delta_rule.triton_step import gdn_prep_triton, gdn_step_triton  # noqa: E402
+from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent, gdn_prep  # noqa: E402
+from ddtree_viz.engine.gdn_tree import TreeIndex  # noqa: E402
+from tests.test_gdn_tree import random_tree  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 
@@ -141,7 +143,7 @@ def test_dispatch_resolves_checks_and_falls_back():
 
 
 def test_runner_with_the_one_node_kernel_decodes_greedy():
-    """The static runner with gdn_step="triton" and commit="triton" (and each tree form beside them): its greedy ==
+    """The static runner with gdn_step, commit and gdn_prep "triton" (and each tree form beside them): its greedy ==
     transformers' greedy and its DDTree == greedy, token for token (fp32)."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
@@ -156,15 +158,65 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for kernel in ("torch", "triton-rule"):
-        options = RunnerOptions(kernel, True, "eager", gdn_step="triton", commit="triton")
+        options = RunnerOptions(kernel, True, "eager", gdn_step="triton", commit="triton", gdn_prep="triton")
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
         assert runner.kernel_error is None and runner.options.gdn_step == runner.options.commit == "triton"
         assert runner.rule.one_node is gdn_step_triton and runner._commit_kernel is commit_recurrent_triton
+        assert runner.rule.prep is (gdn_prep_triton if kernel == "triton-rule" else None)  # the torch core has none
+        assert runner.options.gdn_prep == ("triton" if kernel == "triton-rule" else "torch")
         assert runner_greedy(runner, prompt, new) == ref
         oracle = OracleProposer(ref, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
         out, rounds = runner_ddtree(pair, runner, oracle, prompt, new, 16)
         assert out == ref and max(rounds) > 2
+
+
+@pytest.mark.parametrize("T, Hk, rep, K, V, dtype", [
+    (1, 2, 1, 16, 16, torch.float32), (9, 2, 3, 16, 32, torch.float32), (17, 1, 2, 32, 16, torch.bfloat16),
+    (9, 2, 3, 16, 32, torch.bfloat16),
+])
+def test_tree_prep_kernel_equals_the_piece(T, Hk, rep, K, V, dtype):
+    """A tree's conv (each node's window along its parent chain, into the committed columns), l2 norms and gates in
+    one launch: fused.gdn_prep's q, k (at their key heads), v, g, beta, to the bit where the roundings allow."""
+    import random
+
+    args, w = layer_inputs(Hk, rep, K, V, 4, dtype, seed=T + rep)
+    gen = torch.Generator().manual_seed(T)
+    u, b, a = (torch.randn(T, n, generator=gen).to(DEVICE, dtype) for n in (args[0].shape[1], Hk * rep, Hk * rep))
+    conv_state = args[4]
+    gather = TreeIndex.build(random_tree(T, min(T - 1, 4), random.Random(T)), 4, DEVICE).conv_gather
+    d = w.dims
+    got = gdn_prep_triton(u, b, a, conv_state, gather, w.conv_weight, w.A_log, w.dt_bias, **d_prep(d))
+    want = gdn_prep(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias, d["key_dim"], d["head_k"],
+                    d["head_v"], 1)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    for name, x, y in zip(("q", "k", "v", "g", "beta"), got, want):
+        assert x.shape == y.shape and x.dtype == y.dtype, name
+        torch.testing.assert_close(x, y, **tol, msg=lambda m: f"{name}: {m}")
+    if T > 1:  # the windows are the tree's: the root's window for every node is wrong
+        root = gdn_prep_triton(u, b, a, conv_state, gather[:1].expand(T, -1), w.conv_weight, w.A_log, w.dt_bias,
+                               **d_prep(d))
+        assert not torch.allclose(root[2], got[2], atol=1e-3)
+
+
+def test_tree_prep_is_checked_and_taken_by_the_forms_with_key_heads():
+    """choose attaches the prep to triton-rule (q, k at their key heads), not to the torch form; a prep that differs
+    from the piece is refused at construction."""
+    from tests.tiny import tiny_pair
+
+    pair = tiny_pair("hybrid", seed=0, layers=4)
+    pair.target.to(DEVICE)
+    gdn = next(m for m in pair.target.modules() if hasattr(m, "A_log"))
+    form, why = choose("triton-rule", torch.device(DEVICE), gdn, "torch", "triton")
+    assert why is None and form.prep is gdn_prep_triton
+    assert choose("torch", torch.device(DEVICE), gdn, "torch", "triton")[0].prep is None
+
+    def wrong(*args, **kw):
+        q, k, v, g, beta = gdn_prep_triton(*args, **kw)
+        return q, k, v, g + 1e-2, beta
+
+    with pytest.raises(AssertionError):
+        check_prep(wrong, torch.device(DEVICE), gdn)
 
 
 def commit_inputs(Lg, T, H, Hs, K, V, seed):

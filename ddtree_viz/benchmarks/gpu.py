@@ -55,7 +55,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
 
 
 # RunnerOptions fields runner_variants can switch
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit")
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ class BenchConfig:
     gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (RunnerOptions.gate_up)
     gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (RunnerOptions.gdn_step)
     commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
+    gdn_prep: str = "torch"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -86,7 +87,8 @@ class BenchConfig:
         return cls(smoke=a.smoke, device="cpu" if a.smoke else "cuda", split=a.device_map == "auto", fast=a.fast,
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
-                   gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit, variants=tuple(a.variants),
+                   gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
+                   gdn_prep=a.gdn_prep, variants=tuple(a.variants),
                    dflash2=a.dflash2, fp8=a.fp8,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
@@ -94,7 +96,7 @@ class BenchConfig:
         from ..engine.runner import RunnerOptions
 
         return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas, self.gate_up,
-                             self.gdn_step, self.commit)
+                             self.gdn_step, self.commit, self.gdn_prep)
 
     @property
     def cuda(self) -> bool:
@@ -1454,7 +1456,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                 ("gdn_kernel", "triton"), ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
                 ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
-                ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton")]
+                ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton"),
+                ("gdn_prep", "triton"), ("gdn_prep", "torch")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
@@ -1996,7 +1999,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_STEPS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_PREPS, GDN_STEPS
     from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -2037,6 +2040,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit", choices=GDN_STEPS, default="auto",
                    help="the runner's commit of the GDN states: auto = one Triton launch for every layer on CUDA when "
                         "Triton imports (delta_rule/triton_commit.py), else a batched matmul and a pass")
+    p.add_argument("--gdn-prep", choices=GDN_PREPS, default="torch",
+                   help="the runner's GDN conv, l2 norms and gates over a tree: torch = the compiled piece, triton = "
+                        "one launch a layer (delta_rule/triton_step.py; not yet measured, so not the default)")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

@@ -23,7 +23,9 @@ differs here leaves the torch form, and says why. Triton is imported only when a
 Apart from the tree's form, the one-node pass (a greedy step) has its own (`RunnerOptions.gdn_step`, GDN_STEPS):
 "torch" the form's own (above), "triton" the whole core in one launch a layer (triton_step.gdn_step_triton: conv,
 gates, the one-step rule, gated norm), CUDA's default; `check_one_node` holds it to the torch core at
-construction the same way.
+construction the same way. And a tree's conv, l2 norms and gates before the rule (`RunnerOptions.gdn_prep`,
+GDN_PREPS): "torch" the compiled piece (the default), "triton" one launch (triton_step.gdn_prep_triton; `check_prep`),
+for the forms that take q and k at their key heads (triton-rule, triton, triton-tree).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import os
 import random
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +46,7 @@ from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_p
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
 GDN_STEPS = ("auto", "torch", "triton")  # the one-node pass's core: auto is triton on CUDA where Triton imports
+GDN_PREPS = ("torch", "triton")  # a tree's conv, l2 norms and gates: compiled pieces, or one launch (not yet measured)
 COMMITS = GDN_STEPS  # the commit's recurrent update: the same choices
 
 
@@ -78,6 +81,13 @@ def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> s
     return option if option == "torch" else resolve_option(option, device)
 
 
+def resolve_prep(option: str, device: torch.device) -> str:
+    """What `RunnerOptions.gdn_prep` (a name of GDN_PREPS) means on `device`: "triton" where Triton can run here."""
+    if option not in GDN_PREPS:
+        raise ValueError(f"gdn_prep must be one of {', '.join(GDN_PREPS)}, not {option!r}")
+    return option if option == "torch" else resolve_option(option, device)
+
+
 # -- the cores: a GDN layer between its projections and out_proj --------------------------------------------------
 
 
@@ -108,12 +118,16 @@ def solve_core(pieces: Pieces, solve, masks: TreeMasks, steps, u, z, b, a, conv_
     return pieces(gated_norm)(core, z, w.norm_weight, d["head_v"], d["eps"]), k, g, delta
 
 
-def grouped_core(pieces: Pieces, rule, u, z, b, a, conv_state, state, gather, w: GDNWeights):
-    """A Triton rule, `rule(q, k, v, g, beta, state) -> (o, delta)` on q and k at their key heads, between the pieces
-    gdn_prep and gated_norm. Shapes as torch_core; k is returned at its Hk key heads [T, Hk, K]."""
+def grouped_core(pieces: Pieces, rule, prep, u, z, b, a, conv_state, state, gather, w: GDNWeights):
+    """A Triton rule, `rule(q, k, v, g, beta, state) -> (o, delta)` on q and k at their key heads, between gdn_prep
+    (the piece, or `prep`'s launch where given) and the piece gated_norm. Shapes as torch_core; k is returned at its
+    Hk key heads [T, Hk, K]."""
     d = w.dims
-    q, k, v, g, beta = pieces(gdn_prep)(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias,
-                                        d["key_dim"], d["head_k"], d["head_v"], 1)
+    if prep is not None:
+        q, k, v, g, beta = prep(u, b, a, conv_state, gather, w.conv_weight, w.A_log, w.dt_bias, **d_prep(d))
+    else:
+        q, k, v, g, beta = pieces(gdn_prep)(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias,
+                                            d["key_dim"], d["head_k"], d["head_v"], 1)
     core, delta = rule(q, k, v, g, beta, state)
     pieces.mark(core, 0)
     return pieces(gated_norm)(core, z, w.norm_weight, d["head_v"], d["eps"]), k, g, delta
@@ -135,6 +149,8 @@ class TorchForm:
     name: str = "torch"
     kernel: Callable | None = None  # the Triton function (None: torch)
     one_node: Callable | None = None  # the one-node pass's core in one launch (gdn_step="triton"; None: the form's)
+    prep: Callable | None = None  # a tree's conv, l2 norms and gates in one launch (gdn_prep="triton"; None: a piece)
+    takes_prep: ClassVar[bool] = False  # whether the form's tree core runs `prep` (q and k at their key heads)
 
     def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
         """The core of one pass over a tree whose ancestor-or-self mask is `anc` [T, T] bool (what every GDN layer
@@ -166,8 +182,10 @@ class LevelsForm(TorchForm):
 class RuleForm(LevelsForm):
     """triton-rule: the whole rule in two launches."""
 
+    takes_prep = True
+
     def core(self, pieces, masks, steps):
-        return partial(grouped_core, pieces, partial(self.kernel, anc_float=masks.anc_float, steps=steps))
+        return partial(grouped_core, pieces, partial(self.kernel, anc_float=masks.anc_float, steps=steps), self.prep)
 
     def rule(self, q, k, v, g, beta, state, ancestors):
         masks = TreeMasks.of(ancestors)
@@ -192,11 +210,12 @@ class BlockedForm(TorchForm):
     pieces run uncompiled, as this form has always run and been measured (PERFORMANCE.md)."""
 
     step: bool = True
+    takes_prep = True
 
     def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
         if anc.shape[0] == 1 and (not self.step or self.one_node is not None):
             return TorchForm.at(self, anc, pieces)
-        return partial(grouped_core, Pieces(False), partial(self.kernel, ancestors=anc))
+        return partial(grouped_core, Pieces(False), partial(self.kernel, ancestors=anc), self.prep)
 
     def rule(self, q, k, v, g, beta, state, ancestors):
         return self.kernel(q, k, v, g, beta, state, ancestors)
@@ -260,10 +279,36 @@ def check_one_node(kernel, device: torch.device, gdn) -> None:
         torch.testing.assert_close(x.float(), y.float(), atol=tol, rtol=tol)
 
 
-def choose(option: str, device: torch.device, gdn, step: str = "torch") -> tuple[TorchForm, str | None]:
+def d_prep(dims: dict) -> dict:
+    """gdn_prep_triton's keywords from GDNWeights.dims."""
+    return {name: dims[name] for name in ("key_dim", "head_k", "head_v", "rep")}
+
+
+def check_prep(kernel, device: torch.device, gdn) -> None:
+    """The tree's prep `kernel` against the piece gdn_prep (q, k at their key heads) on this GDN layer's weights and
+    random inputs over a random 9-node tree's conv windows; raises if it cannot run or differs by more than a
+    rounding of the model's dtype."""
+    from ..gdn_tree import TreeIndex
+
+    w = GDNWeights.of(gdn)
+    dtype, d, gen, rng = w.conv_weight.dtype, w.dims, torch.Generator().manual_seed(0), random.Random(0)
+    H, C, kw = gdn.num_v_heads, w.conv_weight.shape[0], w.conv_weight.shape[1]
+    gather = TreeIndex.build([-1] + [rng.randrange(i) for i in range(1, 9)], kw, device).conv_gather
+    u, b, a = (torch.randn(9, n, generator=gen).to(device, dtype) for n in (C, H, H))
+    conv_state = torch.randn(C, kw, generator=gen).to(device, dtype)
+    got = kernel(u, b, a, conv_state, gather, w.conv_weight, w.A_log, w.dt_bias, **d_prep(d))
+    want = gdn_prep(u, b, a, conv_state, w.conv_weight, gather, w.A_log, w.dt_bias, d["key_dim"], d["head_k"],
+                    d["head_v"], 1)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, atol=tol, rtol=tol)
+
+
+def choose(option: str, device: torch.device, gdn, step: str = "torch",
+           prep: str = "torch") -> tuple[TorchForm, str | None]:
     """The form of resolved options (`resolve_option`, `resolve_step`) for a runner on `device` whose GDN layers are
     like `gdn`: (form, None), or (the torch forms, why) where a Triton form cannot run here (it must not stop the
-    runner): the tree's form and the one-node core each fall back alone."""
+    runner): the tree's form, the one-node core and the tree's prep each fall back alone."""
     why = []
     try:
         form = FORMS[option]()
@@ -272,14 +317,18 @@ def choose(option: str, device: torch.device, gdn, step: str = "torch") -> tuple
     except Exception as exc:
         form = TorchForm()
         why.append(f"{type(exc).__name__}: {str(exc)[:500]}")
-    if step == "triton":
+    wanted = [("one_node", "gdn_step_triton", check_one_node, "the one-node step")] if step == "triton" else []
+    if prep == "triton" and form.takes_prep:
+        wanted.append(("prep", "gdn_prep_triton", check_prep, "the tree's prep"))
+    for field, name, held, what in wanted:  # each one-launch piece checked here, falling back alone
         try:
-            from .triton_step import gdn_step_triton
+            from . import triton_step
 
-            check_one_node(gdn_step_triton, device, gdn)
-            form = replace(form, one_node=gdn_step_triton)
+            kernel = getattr(triton_step, name)
+            held(kernel, device, gdn)
+            form = replace(form, **{field: kernel})
         except Exception as exc:
-            why.append(f"the one-node step: {type(exc).__name__}: {str(exc)[:500]}")
+            why.append(f"{what}: {type(exc).__name__}: {str(exc)[:500]}")
     return form, "; ".join(why) or None
 
 
