@@ -254,7 +254,8 @@ class StaticRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
-        # the tree delta rule's form, once (kernel_error: why a Triton form was refused here; the torch form runs)
+        # the tree delta rule's form, the one-node core, the tree's prep and the commit, once (kernel_error: why a
+        # Triton one was refused here; the torch one runs in its place)
         self.rule, self.kernel_error = choose(self.options.gdn_kernel, self.device, next(iter(gdn.values())),
                                               self.options.gdn_step, self.options.gdn_prep)
         self._commit_kernel, why = choose_commit(self.options.commit, self.device)

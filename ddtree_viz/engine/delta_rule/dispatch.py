@@ -47,7 +47,6 @@ from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_p
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
 GDN_STEPS = ("auto", "torch", "triton")  # the one-node pass's core: auto is triton on CUDA where Triton imports
 GDN_PREPS = ("torch", "triton")  # a tree's conv, l2 norms and gates: compiled pieces, or one launch (not yet measured)
-COMMITS = GDN_STEPS  # the commit's recurrent update: the same choices
 
 
 def triton_available() -> bool:
