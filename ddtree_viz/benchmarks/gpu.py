@@ -95,8 +95,9 @@ class BenchConfig:
     def runner_options(self):
         from ..engine.runner import RunnerOptions
 
-        return RunnerOptions(self.gdn_kernel, self.fused, self.attention, self.compile, self.blas, self.gate_up,
-                             self.gdn_step, self.commit, self.gdn_prep)
+        return RunnerOptions(gdn_kernel=self.gdn_kernel, fused=self.fused, attention=self.attention,
+                             compile=self.compile, blas=self.blas, gate_up=self.gate_up, gdn_step=self.gdn_step,
+                             commit=self.commit, gdn_prep=self.gdn_prep)
 
     @property
     def cuda(self) -> bool:

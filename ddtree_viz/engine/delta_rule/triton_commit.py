@@ -33,14 +33,14 @@ def _commit_kernel(S_ptr, k_ptr, g_ptr, d_ptr, path_ptr, length_ptr, s_sl, s_sh,
     ck = tl.arange(0, K)
     cv = tl.program_id(1) * BV + tl.arange(0, BV)
     cp = tl.arange(0, PP)
-    valid = (cp < tl.load(length_ptr)) & (cp < P)  # the path's steps (the padding after adds nothing)
+    length = tl.load(length_ptr)
+    valid = (cp < length) & (cp < P)  # the path's steps (the padding after adds nothing)
     node = tl.load(path_ptr + cp, mask=valid, other=0)
     G = tl.cumsum(tl.load(g_ptr + l * s_gl + node * s_gt + h, mask=valid, other=0.0), 0)  # the path's decay sums
     end = tl.sum(tl.where(cp == PP - 1, G, 0.0), 0)
     w = tl.where(valid, tl.exp(end - G), 0.0)
     tile = S_ptr + l * s_sl + h * s_sh + ck[:, None] * s_sk + cv[None, :]
     acc = tl.exp(end) * tl.load(tile)
-    length = tl.load(length_ptr)
     for p in tl.static_range(PP):  # the path's terms, each a rank-one product (its loads independent of the sums)
         on = (p < length) & (p < P)
         at = tl.load(path_ptr + p, mask=on, other=0)
