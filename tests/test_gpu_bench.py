@@ -130,6 +130,12 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     timeline = fast["round_budget_64"]["device_timeline"]
     assert timeline["rounds"] == 8 and timeline["busy_ms_per_round"] > 0 and timeline["kinds"], timeline.get("error")
     assert timeline["draft"]["passes"] == 8 and timeline["draft"]["kinds"], timeline["draft"]
+    hosted = fast["round_budget_64"]["host_profile"]  # the host's time by function (cProfile), where rounds were left
+    if "error" not in hosted:
+        names = [row["fn"] for row in hosted["top"]]
+        assert hosted["rounds"] >= 1 and len(names) == len(set(names)) and hosted["own_us_per_round"] > 0, hosted
+        own = [row["own_us_per_round"] for row in hosted["top"]]
+        assert own == sorted(own, reverse=True), own
     assert i31["device_stalls_per_round"]["us"] == timeline["stall_us_per_round"]
     assert "round_budget_128" not in fast and "round_128" not in i31
     assert fast["graph_launch"] == {"error": "the runner has no CUDA graphs here"}  # the verify graph's launch: CUDA

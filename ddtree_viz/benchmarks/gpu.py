@@ -1038,6 +1038,7 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     out["loop_wall_ms"] = untimed_rounds(session)
     if timeline:
         out["device_timeline"] = device_timeline(session, loop_wall_ms=out["loop_wall_ms"])
+        out["host_profile"] = host_profile(session)
     out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, verify_ahead=session.verify_ahead,
                verified_ahead=session.verified_ahead, queue_error=session.queue_error,
                method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
@@ -1058,6 +1059,29 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
     finally:
         session.time_phases = True
     return median_gap_ms(starts) if len(starts) >= 3 else None
+
+
+def host_profile(session, rounds: int = 6, top: int = 20) -> dict:
+    """Where the host's time goes in `rounds` more untimed rounds of `session` (cProfile, whose own cost per Python
+    call inflates the Python functions' figures): the functions with the most time of their own, µs a round, the
+    waits for the device (synchronize, a tensor's read) among them, so the launches' and the Python's cost apart."""
+    import cProfile
+    import pstats
+
+    if session.done:
+        return {"error": "no rounds left in the session"}
+    before = len(session.history)
+    profile = cProfile.Profile()
+    profile.runcall(untimed_rounds, session, rounds)
+    n = len(session.history) - before
+    if n < 1:
+        return {"error": "no round ran"}
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return {"rounds": n, "own_us_per_round": sum(v[2] for v in stats.values()) * 1e6 / n,
+            "top": [{"fn": f"{Path(f).name}:{line}:{name}", "calls_per_round": round(v[1] / n, 2),
+                     "own_us_per_round": round(v[2] * 1e6 / n, 1), "cum_us_per_round": round(v[3] * 1e6 / n, 1)}
+                    for (f, line, name), v in rows]}
 
 
 def gate_up_forms(runner) -> dict:
