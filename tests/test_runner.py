@@ -770,8 +770,10 @@ def test_runner_options_on_the_cpu():
     with pytest.raises(ValueError, match="commit"):
         RunnerOptions(commit="fast").resolve(cpu)
     with pytest.raises(ValueError, match="gdn_prep"):
-        RunnerOptions(gdn_prep="auto").resolve(cpu)
-    assert RunnerOptions().resolve(torch.device("cuda")).gdn_step == ("triton" if triton_available() else "torch")
+        RunnerOptions(gdn_prep="fast").resolve(cpu)
+    assert RunnerOptions().resolve(cpu).gdn_prep == "torch"  # auto: the compiled piece where Triton cannot run
+    on_cuda = RunnerOptions().resolve(torch.device("cuda"))
+    assert on_cuda.gdn_step == on_cuda.gdn_prep == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)

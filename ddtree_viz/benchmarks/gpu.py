@@ -75,7 +75,7 @@ class BenchConfig:
     gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (RunnerOptions.gate_up)
     gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (RunnerOptions.gdn_step)
     commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
-    gdn_prep: str = "torch"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
+    gdn_prep: str = "auto"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -2024,7 +2024,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_PREPS, GDN_STEPS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_STEPS
     from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -2065,9 +2065,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit", choices=GDN_STEPS, default="auto",
                    help="the runner's commit of the GDN states: auto = one Triton launch for every layer on CUDA when "
                         "Triton imports (delta_rule/triton_commit.py), else a batched matmul and a pass")
-    p.add_argument("--gdn-prep", choices=GDN_PREPS, default="torch",
-                   help="the runner's GDN conv, l2 norms and gates over a tree: torch = the compiled piece, triton = "
-                        "one launch a layer (delta_rule/triton_step.py; not yet measured, so not the default)")
+    p.add_argument("--gdn-prep", choices=GDN_STEPS, default="auto",
+                   help="the runner's GDN conv, l2 norms and gates over a tree: auto = one Triton launch a layer on "
+                        "CUDA when Triton imports (delta_rule/triton_step.py), else the compiled piece")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

@@ -43,8 +43,8 @@ bitwise what they were):
                 one-step rule and gated norm in one launch a layer (delta_rule/triton_step.py); "torch" the form's own
     commit      the commit's recurrent-state update: "triton" (the default on CUDA) every GDN layer's state read and
                 written once in one launch (delta_rule/triton_commit.py); "torch" a batched matmul and a pass
-    gdn_prep    a tree's GDN conv, l2 norms and gates: "torch" (the default) the compiled piece; "triton" one launch
-                a layer (delta_rule/triton_step.py), for the forms that take q and k at their key heads
+    gdn_prep    a tree's GDN conv, l2 norms and gates: "triton" (the default on CUDA) one launch a layer
+                (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -71,7 +71,7 @@ from .cache import layer_types
 from . import fp8, fused as fz
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import (
-    GDN_KERNELS, choose, choose_commit, resolve_option, resolve_prep, resolve_step, triton_available,
+    GDN_KERNELS, choose, choose_commit, resolve_option, resolve_step, triton_available,
 )
 from .fused import (ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, FusedLinear, GDNWeights, Pieces,
                     fuse_linears)
@@ -153,10 +153,10 @@ class RunnerOptions:
     # the commit's recurrent-state update: auto (CUDA with Triton: triton) | torch (fused.commit_recurrent, a piece) |
     # triton (delta_rule/triton_commit.py: every layer's state read and written once, in one launch)
     commit: str = "auto"
-    # a tree's GDN conv, l2 norms and gates before the rule: torch (the compiled piece gdn_prep; the default until a
-    # GPU has measured the other) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the
-    # forms with q and k at their key heads: triton-rule, triton, triton-tree)
-    gdn_prep: str = "torch"
+    # a tree's GDN conv, l2 norms and gates before the rule: auto (CUDA with Triton: triton) | torch (the compiled
+    # piece gdn_prep) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the forms with
+    # q and k at their key heads: triton-rule, triton, triton-tree)
+    gdn_prep: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -174,7 +174,7 @@ class RunnerOptions:
         gate_up = self.gate_up if cuda or self.gate_up != "auto" else "fused"  # nothing to measure without graphs
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas,
                              gate_up, resolve_step(self.gdn_step, device), resolve_step(self.commit, device, "commit"),
-                             resolve_prep(self.gdn_prep, device))
+                             resolve_step(self.gdn_prep, device, "gdn_prep"))
 
 
 @dataclass

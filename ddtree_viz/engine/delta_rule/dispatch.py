@@ -24,8 +24,8 @@ Apart from the tree's form, the one-node pass (a greedy step) has its own (`Runn
 "torch" the form's own (above), "triton" the whole core in one launch a layer (triton_step.gdn_step_triton: conv,
 gates, the one-step rule, gated norm), CUDA's default; `check_one_node` holds it to the torch core at
 construction the same way. And a tree's conv, l2 norms and gates before the rule (`RunnerOptions.gdn_prep`,
-GDN_PREPS): "torch" the compiled piece (the default), "triton" one launch (triton_step.gdn_prep_triton; `check_prep`),
-for the forms that take q and k at their key heads (triton-rule, triton, triton-tree).
+GDN_STEPS): "torch" the compiled piece, "triton" one launch (triton_step.gdn_prep_triton; `check_prep`), CUDA's
+default, for the forms that take q and k at their key heads (triton-rule, triton, triton-tree).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree
 from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
-GDN_STEPS = ("auto", "torch", "triton")  # the one-node pass's core: auto is triton on CUDA where Triton imports
-GDN_PREPS = ("torch", "triton")  # a tree's conv, l2 norms and gates: compiled pieces, or one launch (not yet measured)
+GDN_STEPS = ("auto", "torch", "triton")  # gdn_step, commit, gdn_prep: auto is triton on CUDA where Triton imports
 
 
 def triton_available() -> bool:
@@ -71,7 +70,7 @@ def resolve_option(option: str, device: torch.device) -> str:
 
 
 def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
-    """What `option` (a name of GDN_STEPS: RunnerOptions' `name`, gdn_step or commit) means on `device`, as
+    """What `option` (a name of GDN_STEPS: RunnerOptions' `name`: gdn_step, commit or gdn_prep) means on `device`, as
     resolve_option: auto is triton on CUDA where Triton imports, else torch."""
     if option not in GDN_STEPS:
         raise ValueError(f"{name} must be one of {', '.join(GDN_STEPS)}, not {option!r}")
@@ -80,11 +79,6 @@ def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> s
     return option if option == "torch" else resolve_option(option, device)
 
 
-def resolve_prep(option: str, device: torch.device) -> str:
-    """What `RunnerOptions.gdn_prep` (a name of GDN_PREPS) means on `device`: "triton" where Triton can run here."""
-    if option not in GDN_PREPS:
-        raise ValueError(f"gdn_prep must be one of {', '.join(GDN_PREPS)}, not {option!r}")
-    return option if option == "torch" else resolve_option(option, device)
 
 
 # -- the cores: a GDN layer between its projections and out_proj --------------------------------------------------
