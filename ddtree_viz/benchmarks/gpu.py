@@ -717,9 +717,13 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     return out
 
 
+STARTED = time.perf_counter()  # the script's start, for progress lines' `at_s`
+
+
 def progress(name: str, figures: dict) -> None:
-    """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them)."""
-    print(json.dumps({name: figures}, default=str), flush=True)
+    """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them), with the
+    seconds since the script started (`at_s`: what a device call's time limit leaves for the rest)."""
+    print(json.dumps({name: figures, "at_s": round(time.perf_counter() - STARTED, 1)}, default=str), flush=True)
 
 
 def peak_gib(bench: BenchConfig) -> float | None:
