@@ -806,6 +806,7 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
     assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
     want = "triton" if device == "cuda" else "torch"  # the step's core and the commit's update each one launch
     assert runner.options.gdn_step == want and runner.options.commit == want
+    assert runner.options.gdn_prep == (want if runner.rule.takes_prep else "torch")  # a tree's prep one launch too
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
     made = counters["stats"]["unique_graphs"] - graphs
     assert made <= 16, made
