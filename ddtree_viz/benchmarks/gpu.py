@@ -2028,7 +2028,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..engine.delta_rule.dispatch import GDN_KERNELS, GDN_STEPS
+    from ..engine.delta_rule.dispatch import GDN_KERNELS, ONE_LAUNCH_CHOICES
     from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -2063,13 +2063,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
                    help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
                         "size and library at its first capture")
-    p.add_argument("--gdn-step", choices=GDN_STEPS, default="auto",
+    p.add_argument("--gdn-step", choices=ONE_LAUNCH_CHOICES, default="auto",
                    help="the runner's one-node GDN core (the greedy step): auto = one Triton launch a layer on CUDA "
                         "when Triton imports (delta_rule/triton_step.py), else the tree form's own")
-    p.add_argument("--commit", choices=GDN_STEPS, default="auto",
+    p.add_argument("--commit", choices=ONE_LAUNCH_CHOICES, default="auto",
                    help="the runner's commit of the GDN states: auto = one Triton launch for every layer on CUDA when "
                         "Triton imports (delta_rule/triton_commit.py), else a batched matmul and a pass")
-    p.add_argument("--gdn-prep", choices=GDN_STEPS, default="auto",
+    p.add_argument("--gdn-prep", choices=ONE_LAUNCH_CHOICES, default="auto",
                    help="the runner's GDN conv, l2 norms and gates over a tree: auto = one Triton launch a layer on "
                         "CUDA when Triton imports (delta_rule/triton_step.py), else the compiled piece")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",

@@ -20,12 +20,13 @@ Each form's `rule(q, k, v, g, beta, state, ancestors) -> (o, delta)` is its tree
 key heads), which `check` compares with the torch form at construction: a Triton form that cannot compile or
 differs here leaves the torch form, and says why. Triton is imported only when a Triton form is chosen.
 
-Apart from the tree's form, the one-node pass (a greedy step) has its own (`RunnerOptions.gdn_step`, GDN_STEPS):
-"torch" the form's own (above), "triton" the whole core in one launch a layer (triton_step.gdn_step_triton: conv,
-gates, the one-step rule, gated norm), CUDA's default; `check_one_node` holds it to the torch core at
-construction the same way. And a tree's conv, l2 norms and gates before the rule (`RunnerOptions.gdn_prep`,
-GDN_STEPS): "torch" the compiled piece, "triton" one launch (triton_step.gdn_prep_triton; `check_prep`), CUDA's
-default, for the forms that take q and k at their key heads (triton-rule, triton, triton-tree).
+Apart from the tree's form, three pieces each have a one-launch form (ONE_LAUNCH_CHOICES: "torch" or "triton",
+"auto" the latter on CUDA): the one-node pass's core (`RunnerOptions.gdn_step`; "torch" the form's own, "triton"
+the whole core in one launch a layer, triton_step.gdn_step_triton: conv, gates, the one-step rule, gated norm),
+which `check_one_node` holds to the torch core at construction the same way; a tree's conv, l2 norms and gates
+before the rule (`RunnerOptions.gdn_prep`; "torch" the compiled piece, "triton" triton_step.gdn_prep_triton,
+`check_prep`), for the forms that take q and k at their key heads (triton-rule, triton, triton-tree); and the
+commit's recurrent update (`RunnerOptions.commit`, `choose_commit`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree
 from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
-GDN_STEPS = ("auto", "torch", "triton")  # gdn_step, commit, gdn_prep: auto is triton on CUDA where Triton imports
+# gdn_step, commit and gdn_prep (each a piece in one launch, or not): auto is triton on CUDA where Triton imports
+ONE_LAUNCH_CHOICES = ("auto", "torch", "triton")
 
 
 def triton_available() -> bool:
@@ -70,15 +72,13 @@ def resolve_option(option: str, device: torch.device) -> str:
 
 
 def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
-    """What `option` (a name of GDN_STEPS: RunnerOptions' `name`: gdn_step, commit or gdn_prep) means on `device`, as
-    resolve_option: auto is triton on CUDA where Triton imports, else torch."""
-    if option not in GDN_STEPS:
-        raise ValueError(f"{name} must be one of {', '.join(GDN_STEPS)}, not {option!r}")
+    """What `option` (a name of ONE_LAUNCH_CHOICES: RunnerOptions' `name`: gdn_step, commit or gdn_prep) means on
+    `device`, as resolve_option: auto is triton on CUDA where Triton imports, else torch."""
+    if option not in ONE_LAUNCH_CHOICES:
+        raise ValueError(f"{name} must be one of {', '.join(ONE_LAUNCH_CHOICES)}, not {option!r}")
     if option == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "torch"
     return option if option == "torch" else resolve_option(option, device)
-
-
 
 
 # -- the cores: a GDN layer between its projections and out_proj --------------------------------------------------
