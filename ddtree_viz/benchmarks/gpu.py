@@ -2063,15 +2063,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
                    help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
                         "size and library at its first capture")
-    p.add_argument("--gdn-step", choices=ONE_LAUNCH_CHOICES, default="auto",
-                   help="the runner's one-node GDN core (the greedy step): auto = one Triton launch a layer on CUDA "
-                        "when Triton imports (delta_rule/triton_step.py), else the tree form's own")
-    p.add_argument("--commit", choices=ONE_LAUNCH_CHOICES, default="auto",
-                   help="the runner's commit of the GDN states: auto = one Triton launch for every layer on CUDA when "
-                        "Triton imports (delta_rule/triton_commit.py), else a batched matmul and a pass")
-    p.add_argument("--gdn-prep", choices=ONE_LAUNCH_CHOICES, default="auto",
-                   help="the runner's GDN conv, l2 norms and gates over a tree: auto = one Triton launch a layer on "
-                        "CUDA when Triton imports (delta_rule/triton_step.py), else the compiled piece")
+    for flag, what, launch, otherwise in (  # RunnerOptions' one-launch pieces (dispatch.ONE_LAUNCH_CHOICES)
+            ("--gdn-step", "one-node GDN core (the greedy step)", "a layer (delta_rule/triton_step.py)",
+             "the tree form's own"),
+            ("--commit", "commit of the GDN states", "for every layer (delta_rule/triton_commit.py)",
+             "a batched matmul and a pass"),
+            ("--gdn-prep", "GDN conv, l2 norms and gates over a tree", "a layer (delta_rule/triton_step.py)",
+             "the compiled piece")):
+        p.add_argument(flag, choices=ONE_LAUNCH_CHOICES, default="auto",
+                       help=f"the runner's {what}: auto = one Triton launch {launch} on CUDA when Triton imports, "
+                            f"else {otherwise}")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")
