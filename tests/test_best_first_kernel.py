@@ -42,6 +42,15 @@ def test_the_kernel_builds_build_trees_tree(depth, k, budget):
             assert DeviceTree.from_logprobs(11, values, b, kernel=True).to_host() == want, (depth, k, b, seed)
 
 
+def test_every_warp_count_builds_the_same_tree():
+    """The program's warps (gpu_bench times them) change where its reductions run, not the tree."""
+    for values in log_prob_sets(15, 64, 3)[:2]:
+        top = torch.topk(values.to(DEVICE), 64, dim=-1).values
+        want = tree_on_device(top, 64)
+        for warps in (1, 2, 4, 8):
+            assert all(torch.equal(a, b) for a, b in zip(best_first_triton(top, 64, warps=warps), want)), warps
+
+
 def test_the_tree_size_and_what_the_kernel_refuses():
     assert node_count(2, 3, 100) == 1 + 3 + 9 == len(tree_on_device(torch.zeros(2, 3), 100)[0])
     assert node_count(15, 64, 64) == 65 and node_count(1, 4, 3) == 4

@@ -183,6 +183,7 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's
     assert set(fast["tree_build"]) == {"4", "8", "128"} and all(t["same_tree"] for t in fast["tree_build"].values())
+    assert "Triton" in fast["best_first_warps"]["error"]  # the kernel's warps are timed on CUDA only
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
     assert fast["targets"]["exactness_fp32"]["met"]
 

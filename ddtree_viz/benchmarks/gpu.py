@@ -594,6 +594,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
                      "verify_per_bound": verify_ms / bound_ms, "verify_per_fast_greedy_step": verify_ms / out["greedy_step_ms"]})
     out["budgets"] = rows
     out["tree_build"] = tree_build(root, logprobs, sorted({*budgets, 128}), timed)
+    out["best_first_warps"] = best_first_warps(bench, logprobs, sorted({*budgets, 128}), timed)
     chain = DraftTree.chain_from_logprobs(root, logprobs)
     out["dflash_chain_verify_ms"] = timed(lambda: runner.forward(chain), repeats=20)
     out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
@@ -935,6 +936,30 @@ def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
             "graph_ms": timed(lambda: builder(root, logprobs).to_host(), repeats=20), "graph_error": builder.error,
             "graph_torch_ms": timed(lambda: torch_ops(root, logprobs).to_host(), repeats=20),
             "same_tree": host == device == graph == graph_torch}
+    return out
+
+
+def best_first_warps(bench: BenchConfig, logprobs, budgets: list[int], timed, warps=(1, 2, 4, 8)) -> dict:
+    """The best-first kernel (engine/best_first.py) alone per budget and warps a program: µs a call in a CUDA graph
+    of 8 calls (per_call_us) and whether its tree is the default warps' (`same`); where Triton cannot run, why."""
+    from ..engine.delta_rule.dispatch import triton_available
+
+    if not (bench.cuda and triton_available()):
+        return {"error": "the kernel runs on CUDA with Triton (tests run it in Triton's interpreter)"}
+    from ..engine.best_first import MAX_BUDGET, best_first_triton
+
+    out = {}
+    for budget in (b for b in budgets if b <= MAX_BUDGET):
+        top = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1).values  # as DeviceTree's
+        want = best_first_triton(top, budget)
+        out[str(budget)] = row = {}
+        for w in warps:
+            try:  # a warp count that cannot run here says why; the others are still timed
+                same = all(torch.equal(a, b) for a, b in zip(best_first_triton(top, budget, w), want))
+            except Exception as exc:
+                row[str(w)] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                continue
+            row[str(w)] = {"us": per_call_us(bench, timed, 8, lambda: best_first_triton(top, budget, w)), "same": same}
     return out
 
 

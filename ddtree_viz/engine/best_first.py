@@ -90,10 +90,11 @@ def node_count(depth_limit: int, k: int, budget: int) -> int:
     return 1 + min(budget, paths)
 
 
-def best_first_triton(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+def best_first_triton(top_logprobs: torch.Tensor, budget: int, warps: int | None = None) -> tuple[torch.Tensor, ...]:
     """tree_on_device's nodes (parents, depths, ranks, log-probs; root first) by the heap's loop in one program.
     top_logprobs [depth_limit, k] on a device Triton runs on (or CPU tensors in its interpreter), each row sorted
-    descending; 1 <= budget <= MAX_BUDGET and both sizes at least 1."""
+    descending; 1 <= budget <= MAX_BUDGET and both sizes at least 1. `warps`: the program's (default 4 up to 128
+    frontier slots, else 8; gpu_bench's tree_build times 1 to 8: each pop's reductions cross the warps)."""
     depth_limit, k = top_logprobs.shape
     if not (1 <= budget <= MAX_BUDGET and depth_limit >= 1 and k >= 1):
         raise ValueError(f"best_first_triton: budget {budget} (1 to {MAX_BUDGET}), log-probs {tuple(top_logprobs.shape)}")
@@ -104,5 +105,6 @@ def best_first_triton(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Te
     lps = torch.empty(n, dtype=torch.float64, device=dev)
     F = triton.next_power_of_2(n)
     _best_first_kernel[(1,)](lp, parents, depths, ranks, lps, n, depth_limit, min(k, budget), lp.stride(0),
-                             F=F, DP=triton.next_power_of_2(depth_limit), num_warps=4 if F <= 128 else 8)
+                             F=F, DP=triton.next_power_of_2(depth_limit),
+                             num_warps=warps or (4 if F <= 128 else 8))
     return parents, depths, ranks, lps
