@@ -125,6 +125,7 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     # the runner here holds no budget-128 tree (--budgets 4 8), so no round at 128
     i31 = targets["issue_31"]
     assert i31["greedy_step"]["target"] == "<= 1.2x" and i31["round_64"]["ms"] == fast["round_budget_64"]["round_ms"]
+    assert i31["round_64"]["ratio_chained"] == i31["round_64"]["ms"] / fast["greedy_step_chained_ms"]
     assert i31["host_per_round"]["met"] == (fast["round_budget_64"]["host"] <= 0.1)
     # the device timeline's code path, with the host's torch ops standing in for a device's kernels here
     timeline = fast["round_budget_64"]["device_timeline"]
