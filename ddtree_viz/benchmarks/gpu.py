@@ -54,7 +54,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
                    head_dim=32)
 
 
-# RunnerOptions fields runner_variants can switch
+# RunnerOptions' fields, every one (BenchConfig holds each; runner_variants can switch each)
 VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep")
 
 
@@ -95,9 +95,7 @@ class BenchConfig:
     def runner_options(self):
         from ..engine.runner import RunnerOptions
 
-        return RunnerOptions(gdn_kernel=self.gdn_kernel, fused=self.fused, attention=self.attention,
-                             compile=self.compile, blas=self.blas, gate_up=self.gate_up, gdn_step=self.gdn_step,
-                             commit=self.commit, gdn_prep=self.gdn_prep)
+        return RunnerOptions(**{name: getattr(self, name) for name in VARIANT_FIELDS})  # every RunnerOptions field
 
     @property
     def cuda(self) -> bool:

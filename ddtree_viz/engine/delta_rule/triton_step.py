@@ -54,6 +54,12 @@ def _window_conv(u_ptr, cs_ptr, cw_ptr, gather_ptr, c, s_u, s_cs, s_cw, KW: tl.c
 
 
 @triton.jit
+def _l2normed(x):
+    """x / |x|, as gdn_tree.l2norm (its eps under the root)."""
+    return x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
+
+
+@triton.jit
 def _gates(b_ptr, a_ptr, dt_ptr, A_log_ptr, h, DT: tl.constexpr):
     """A value head's beta = sigmoid(b) (rounded to DT, as the torch form's) and g = -exp(A_log) softplus(a +
     dt_bias), from the row's b and a."""
@@ -77,8 +83,8 @@ def _gdn_step_kernel(u_ptr, z_ptr, b_ptr, a_ptr, cs_ptr, cw_ptr, gather_ptr, A_l
     q = _window_conv(u_ptr, cs_ptr, cw_ptr, gather_ptr, hk * K + ck, 0, s_cs, s_cw, KW, DT)
     k = _window_conv(u_ptr, cs_ptr, cw_ptr, gather_ptr, KEY_DIM + hk * K + ck, 0, s_cs, s_cw, KW, DT)
     v = _window_conv(u_ptr, cs_ptr, cw_ptr, gather_ptr, 2 * KEY_DIM + h * V + cv, 0, s_cs, s_cw, KW, DT)
-    q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) / q_scale
-    k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+    q = _l2normed(q) / q_scale
+    k = _l2normed(k)
     tl.store(k_ptr + hk * K + ck, k, mask=(ck < K) & (h % REP == 0))  # the key head's first value head writes it
     beta, g = _gates(b_ptr, a_ptr, dt_ptr, A_log_ptr, h, DT)
     tl.store(g_ptr + h, g)
@@ -104,8 +110,8 @@ def _gdn_prep_kernel(u_ptr, b_ptr, a_ptr, cs_ptr, cw_ptr, gather_ptr, A_log_ptr,
     window = gather_ptr + t * KW
     q = _window_conv(u_ptr, cs_ptr, cw_ptr, window, hk * K + ck, s_u, s_cs, s_cw, KW, DT)
     k = _window_conv(u_ptr, cs_ptr, cw_ptr, window, KEY_DIM + hk * K + ck, s_u, s_cs, s_cw, KW, DT)
-    tl.store(q_ptr + (t * HK + hk) * K + ck, q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) / q_scale)
-    tl.store(k_ptr + (t * HK + hk) * K + ck, k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6))
+    tl.store(q_ptr + (t * HK + hk) * K + ck, _l2normed(q) / q_scale)
+    tl.store(k_ptr + (t * HK + hk) * K + ck, _l2normed(k))
     for r in tl.static_range(REP):  # the key head's value heads
         h = hk * REP + r
         v = _window_conv(u_ptr, cs_ptr, cw_ptr, window, 2 * KEY_DIM + h * V + cv, s_u, s_cs, s_cw, KW, DT)
