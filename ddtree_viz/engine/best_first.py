@@ -93,8 +93,9 @@ def node_count(depth_limit: int, k: int, budget: int) -> int:
 def best_first_triton(top_logprobs: torch.Tensor, budget: int, warps: int | None = None) -> tuple[torch.Tensor, ...]:
     """tree_on_device's nodes (parents, depths, ranks, log-probs; root first) by the heap's loop in one program.
     top_logprobs [depth_limit, k] on a device Triton runs on (or CPU tensors in its interpreter), each row sorted
-    descending; 1 <= budget <= MAX_BUDGET and both sizes at least 1. `warps`: the program's (default 4 up to 128
-    frontier slots, else 8; gpu_bench's tree_build times 1 to 8: each pop's reductions cross the warps)."""
+    descending; 1 <= budget <= MAX_BUDGET and both sizes at least 1. `warps`: the program's (default 1 up to 128
+    frontier slots, else 4: each pop's reductions cross the warps; gpu_bench's best_first_warps on an H200, µs a call
+    at 1 / 2 / 4 / 8 warps: budget 64 82 / 99 / 97 / 105, budget 128 396 / 265 / 216 / 242)."""
     depth_limit, k = top_logprobs.shape
     if not (1 <= budget <= MAX_BUDGET and depth_limit >= 1 and k >= 1):
         raise ValueError(f"best_first_triton: budget {budget} (1 to {MAX_BUDGET}), log-probs {tuple(top_logprobs.shape)}")
@@ -106,5 +107,5 @@ def best_first_triton(top_logprobs: torch.Tensor, budget: int, warps: int | None
     F = triton.next_power_of_2(n)
     _best_first_kernel[(1,)](lp, parents, depths, ranks, lps, n, depth_limit, min(k, budget), lp.stride(0),
                              F=F, DP=triton.next_power_of_2(depth_limit),
-                             num_warps=warps or (4 if F <= 128 else 8))
+                             num_warps=warps or (1 if F <= 128 else 4))
     return parents, depths, ranks, lps
