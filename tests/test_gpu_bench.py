@@ -26,7 +26,7 @@ def runner_report(tmp_path_factory) -> dict:
     DFlash2 drafter beside DFlash 1 (--dflash2): separate runs measured the bf16 runner three times (~20 s alone
     each, more in CI)."""
     return _bench(tmp_path_factory.mktemp("gpu-runner"), "--fast", "--exactness", "--variants", "gdn_kernel", "fused",
-                  "attention", "--fp8", "--fp8-context", "300", "--dflash2")
+                  "attention", "--fp8", "--fp8-context", "300", "--dflash2", "--tree-forms")
 
 
 def test_gpu_bench_smoke_with_the_runner(runner_report):
@@ -185,6 +185,7 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's
     assert set(fast["tree_build"]) == {"4", "8", "128"} and all(t["same_tree"] for t in fast["tree_build"].values())
     assert "Triton" in fast["best_first_warps"]["error"]  # the kernel's warps are timed on CUDA only
+    assert "tree_forms" not in fast  # a sweep of minutes on a GPU: only with --tree-forms
     assert report["fast_exactness_fp32_8_layers"][0]["runner_options"] == fast["options"]
     assert fast["targets"]["exactness_fp32"]["met"]
 

@@ -81,6 +81,7 @@ class BenchConfig:
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
     fp8_cap_gb: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap (GB, 1e9 bytes) while the FP8 target runs
     fp8_context: int = 4096  # --fp8-context: the prompt length of the FP8 peak-memory session
+    tree_forms: bool = False  # --tree-forms: with --fast, the tree delta rule's forms and tiles swept (tree_forms)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> BenchConfig:
@@ -89,7 +90,7 @@ class BenchConfig:
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
                    gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
                    gdn_prep=a.gdn_prep, variants=tuple(a.variants),
-                   dflash2=a.dflash2, fp8=a.fp8,
+                   dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
     def runner_options(self):
@@ -606,14 +607,15 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     out["greedy_step_chained_per_bound"] = out["greedy_step_chained_ms"] / bound_ms
     out["greedy_step_vs_transformers"] = out["greedy_step_ms"] / hf_greedy_ms
     out["graph_launch"] = graph_launch(runner, sizes, sync)
-    # the figures so far, issue #31's targets on them, in the log before the long tail (variants, tree forms): a run
+    # the figures so far, issue #31's targets on them, in the log before the long tail (variants, --tree-forms): a run
     # stopped by its time limit there keeps them (session 19's first run lost every figure that way)
     progress("fast_so_far", {**out, "issue_31": issue31_targets(out, bound_ms)})
     del engine, runner
     if bench.cuda:
         torch.cuda.empty_cache()
     out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
-    out["tree_forms"] = tree_forms(bench, target, sync)
+    if bench.tree_forms:
+        out["tree_forms"] = tree_forms(bench, target, sync)
     out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)
     return out
 
@@ -1685,7 +1687,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                 "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
                 "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
-    print(json.dumps(results[-1]), flush=True)
+    progress("fast_exactness", results[-1])
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
@@ -1701,7 +1703,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                             "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
                             "greedy_margin_at_divergence": margins[idx] if idx is not None else None,
                             "min_greedy_margin": min(margins)})
-            print(json.dumps(results[-1]), flush=True)
+            progress("fast_exactness", results[-1])
     del runner, target
     if bench.cuda:
         torch.cuda.empty_cache()
@@ -2047,7 +2049,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
                 "min_greedy_margin": min(greedy.margins),
                 **({"layer_devices": layer_devices(target)} if bench.split else {}),
             })
-            print(json.dumps(results[-1]), flush=True)
+            progress("exactness", results[-1])
     del target
     if bench.cuda:
         torch.cuda.empty_cache()
@@ -2103,6 +2105,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")
+    p.add_argument("--tree-forms", action="store_true",
+                   help="--fast: also sweep the tree delta rule's forms, precisions and tiles one GDN layer at a time "
+                        "(speed.fast.tree_forms: minutes on a GPU, so asked for apart from issue #31's figures)")
     p.add_argument("--dflash2", action="store_true",
                    help="--fast: also the DFlash2 drafter (qwen3.8-27b-dflash2-config.json, random weights) beside DFlash "
                         "1 on the runner: its pass at block 8 and whole rounds at budget 64 with the selector tree "
