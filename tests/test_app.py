@@ -869,6 +869,27 @@ def test_default_engine_on_the_page_is_auto_and_named(model_dirs):
                         settings(auto, verify="naive (known-wrong: flattened tree)")).session.engine == "transformers"
 
 
+def test_the_exact_engine_is_chosen_once_per_pair(model_dirs, monkeypatch):
+    """The views of every Step ask which engine runs exact rounds (the budget panel's costs); the choice walks the
+    target's modules (~1,000 at 64 layers: 2 ms of a 6 ms render on a CPU), so the host makes it once per loaded
+    pair, and again for a new pair."""
+    import dataclasses
+
+    from ddtree_viz.page import host as host_module
+
+    auto = ModelHost(str(model_dirs[0]), str(model_dirs[1]), "float32", "cpu")
+    auto.start(background=False)
+    asked = []
+    monkeypatch.setattr(host_module, "default_engine", lambda target: asked.append(target) or "runner")
+    tab = TabState()
+    for _ in range(3):
+        tab = actions.step(auto, tab, settings(auto))
+        render_views(auto, tab)
+    assert asked == [auto.pair.target] and auto.exact_engine == "runner"
+    auto.pair = dataclasses.replace(auto.pair)  # another pair (a reload): asked again
+    assert auto.exact_engine == "runner" and len(asked) == 2
+
+
 def test_stats_say_what_each_time_measures(host):
     """Issue #17, point 3: engine time per round, the Step's wall time on the server split into its parts, and both
     tokens/s measured the same way (model time only)."""

@@ -78,6 +78,7 @@ class ModelHost:
         self._layout_html: str | None = None
         self._longest_token: int | None = None  # characters of the vocabulary's longest entry (max_prompt_chars)
         self.warmup_s = 0.0  # the static runner's compile and a first round at load (warm_runner, warm_rounds; CUDA)
+        self._exact: tuple[ModelPair, str] | None = None  # exact_engine's answer for the pair it was asked for
 
     def start(self, background: bool = True) -> None:
         if background:
@@ -156,10 +157,13 @@ class ModelHost:
 
     @property
     def exact_engine(self) -> str:
-        """The engine exact rounds run on (the named one, or auto's choice for the loaded target)."""
+        """The engine exact rounds run on (the named one, or auto's choice for the loaded target, found once per
+        pair: the choice walks the target's modules, ~1,000 at 64 layers, and every Step's views ask for it)."""
         if self.engine != AUTO or self.pair is None:
             return self.engine
-        return default_engine(self.pair.target)
+        if self._exact is None or self._exact[0] is not self.pair:
+            self._exact = (self.pair, default_engine(self.pair.target))
+        return self._exact[1]
 
     def _engine_why(self) -> str:
         if self.engine != AUTO:
