@@ -1,23 +1,16 @@
 """engine/best_first.py: DDTree's best-first tree in one Triton program against build_tree, node for node (float32
 log-probs, ties decided by the rank path across depths, -inf candidates, every budget up to more than all paths),
-and against tree_on_device's tensors. Without a GPU the kernel runs in Triton's interpreter on CPU tensors
-(TRITON_INTERPRET=1, set before Triton is imported); skipped where Triton is not installed (CI's CPU torch)."""
-
-import os
+and against tree_on_device's tensors. Triton's interpreter without a GPU, skipped without Triton:
+tests/kernel_env.py."""
 
 import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("triton")
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine.best_first import MAX_BUDGET, best_first_triton, node_count  # noqa: E402
-from ddtree_viz.engine.tree import DeviceTree, DraftTree, build_tree, tree_on_device  # noqa: E402
-
-DEVICE = "cuda" if CUDA else "cpu"
+from ddtree_viz.engine.best_first import MAX_BUDGET, best_first_triton, node_count
+from ddtree_viz.engine.tree import DeviceTree, DraftTree, build_tree, tree_on_device
 
 
 def log_prob_sets(depth: int, k: int, seed: int) -> list[torch.Tensor]:

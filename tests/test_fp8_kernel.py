@@ -1,27 +1,21 @@
 """The FP8 GEMM (engine/fp8_gemm.py) against the float32 product with the weights dequantized (engine/fp8.py),
 for the runner's 1 to 129 rows, partial 128-blocks (dimensions that are not multiples of 128) and fused
-projections. Without a GPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set before the module is
-imported); skipped where Triton is not installed (the CPU build of torch has none).
+projections. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
 
 In the interpreter, float32 -> bfloat16 rounds toward zero (a GPU rounds to nearest even), so bfloat16 results
 are held to a bfloat16 step of the output; float32 to the order of the sums."""
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # before Triton is imported (it reads the switch then)
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine import fp8  # noqa: E402
-from ddtree_viz.engine.fp8_gemm import Config, bulk_copies, choose, fp8_linear  # noqa: E402
-from ddtree_viz.engine.fused import fuse_linears  # noqa: E402
+from ddtree_viz.engine import fp8
+from ddtree_viz.engine.fp8_gemm import Config, bulk_copies, choose, fp8_linear
+from ddtree_viz.engine.fused import fuse_linears
 
-DEVICE = "cuda" if CUDA else "cpu"
 BLOCK = (128, 128)
 
 

@@ -5,29 +5,21 @@ state untouched; bad shapes refused; dispatch's choice and fallback. The commit'
 (engine/delta_rule/triton_commit.py, RunnerOptions.commit="triton") against fused.commit_recurrent. The runner with
 both decodes greedy's tokens.
 
-Without a GPU the kernel runs in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set here before the
-kernel module is imported). Skipped where Triton is not installed (CI: the CPU build of torch has none)."""
-
-import os
+Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py."""
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine.delta_rule.dispatch import (  # noqa: E402
+from ddtree_viz.engine.delta_rule.dispatch import (
     TorchForm, check_one_node, check_prep, choose, choose_commit, d_prep, resolve_step, step_core, torch_core,
 )
-from ddtree_viz.engine.delta_rule.triton_commit import commit_recurrent_triton  # noqa: E402
-from ddtree_viz.engine.delta_rule.triton_step import gdn_prep_triton, gdn_step_triton  # noqa: E402
-from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent, gdn_prep  # noqa: E402
-from ddtree_viz.engine.gdn_tree import TreeIndex  # noqa: E402
-from tests.test_gdn_tree import random_tree  # noqa: E402
-
-DEVICE = "cuda" if CUDA else "cpu"
+from ddtree_viz.engine.delta_rule.triton_commit import commit_recurrent_triton
+from ddtree_viz.engine.delta_rule.triton_step import gdn_prep_triton, gdn_step_triton
+from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent, gdn_prep
+from ddtree_viz.engine.gdn_tree import TreeIndex
+from tests.test_gdn_tree import random_tree
 
 
 def layer_inputs(Hk, rep, K, V, kernel, dtype, seed, gather=None):

@@ -5,33 +5,26 @@ against parallel.tree_solve (cuBLAS's triangular solve), with its repetition cou
 the whole rule in two launches (tree_rule_triton, the CUDA default) against the torch form and the reference, from
 grouped key heads. Then the static runner with each: DDTree == greedy.
 
-Without a GPU the kernel runs in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set here before the
-kernel module is imported). Skipped where Triton is not installed (CI: the CPU build of torch has none)."""
+Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py."""
 
-import os
 import random
 from dataclasses import replace
 
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-import triton.language as tl  # noqa: E402
+import triton.language as tl
 
-from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference  # noqa: E402
-from ddtree_viz.engine.delta_rule.parallel import (  # noqa: E402
+from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference
+from ddtree_viz.engine.delta_rule.parallel import (
     solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
 )
-from ddtree_viz.engine.delta_rule.triton_blocked import tree_delta_rule_triton  # noqa: E402
-from ddtree_viz.engine.delta_rule.triton_solve import _split, tree_rule_triton, tree_solve_triton  # noqa: E402
-from ddtree_viz.engine.gdn_tree import TreeIndex  # noqa: E402
-from tests.test_gdn_tree import random_tree  # noqa: E402
-
-DEVICE = "cuda" if CUDA else "cpu"
+from ddtree_viz.engine.delta_rule.triton_blocked import tree_delta_rule_triton
+from ddtree_viz.engine.delta_rule.triton_solve import _split, tree_rule_triton, tree_solve_triton
+from ddtree_viz.engine.gdn_tree import TreeIndex
+from tests.test_gdn_tree import random_tree
 
 
 @triton.jit
@@ -222,7 +215,6 @@ def test_solve_at_qwen36_27b_shapes_on_the_gpu():
         _, parts, steps = parts_of(parents, 48, 128, 128, seed=T)
         for got, want in zip(tree_solve_triton(*parts, steps), tree_solve(*parts)):
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
-
 
 
 # -- the whole rule in two launches (delta_rule/triton_solve.py: tree_rule_triton) ------------------------------------

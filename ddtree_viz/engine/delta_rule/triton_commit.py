@@ -54,7 +54,7 @@ def commit_recurrent_triton(rec_all, k, g, delta, path, steps, length) -> None:
     """fused.commit_recurrent in one launch, in place: rec_all [Lg, H, K, V] fp32; k [Lg, T, H or Hk, K]; g [Lg, T,
     H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (unused: the kernel stops at `length`); length []."""
     Lg, H, K, V = rec_all.shape
-    if K & (K - 1) or 1 not in (rec_all.stride(3), k.stride(3), delta.stride(3)) or g.stride(2) != 1:
+    if K & (K - 1) or any(x.stride(-1) != 1 for x in (rec_all, k, g, delta)):
         raise ValueError(f"commit_recurrent_triton takes a power-of-two K ({K}) and unit strides along K, V and H")
     bv = math.gcd(V, BLOCK_V)  # value columns a program: a power of two that divides V
     P = path.shape[0]

@@ -160,7 +160,7 @@ def gdn_prep_triton(u, b, a, conv_state, gather, conv_weight, A_log, dt_bias, *,
     weights as GDNWeights holds them. Returns q, k [T, Hk, K], v [T, H, V], g, beta [T, H], all fp32."""
     T, K, V, kw = u.shape[0], head_k, head_v, conv_weight.shape[1]
     Hk = key_dim // K
-    if K & (K - 1) or V & (V - 1) or 1 not in (u.stride(1), b.stride(1), a.stride(1), conv_state.stride(1)):
+    if K & (K - 1) or V & (V - 1) or any(x.stride(1) != 1 for x in (u, b, a, conv_state)):
         raise ValueError(f"gdn_prep_triton takes power-of-two head dims and unit strides along channels (K={K}, V={V})")
     f32 = dict(dtype=torch.float32, device=u.device)
     q, k, v = torch.empty(T, Hk, K, **f32), torch.empty(T, Hk, K, **f32), torch.empty(T, Hk * rep, V, **f32)
