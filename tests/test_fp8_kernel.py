@@ -55,13 +55,43 @@ def test_fp8_gemm_configs_compute_the_same_product(rows, config):
     torch.testing.assert_close(fp8_linear(x, q, s, BLOCK, config).cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("config", [Config(16, 64, 4, sum_in_launch=True), Config(16, 64, 4),
+                                    Config(64, 128, 8, 8, swap=True, tail=16, sum_in_launch=True),
+                                    Config(64, 128, 8, 8, swap=True, tail=16)],
+                         ids=["decode-split4-in-launch", "decode-split4", "verify-tail-split8-in-launch",
+                              "verify-tail-split8"])
+def test_a_split_product_adds_its_slices_in_order(config):
+    """Split-K, the slices added in the product's launch (the last of a tile's programs to arrive) or by a second
+    kernel: the product equals, bit for bit, its K slices' products made one at a time and added in order; the
+    arrival counters are 0 again after, so a second launch (a graph's replay) gives the same."""
+    from ddtree_viz.engine import fp8_gemm
+    from ddtree_viz.engine.fp8_gemm import arrivals
+
+    rows, k = (1, 1024) if config.block_m == 16 else (65, 1024)
+    q, s = quantized(320, k, 3)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    y = fp8_linear(x, q, s, BLOCK, config)
+    step = k // config.split_k
+    one = dataclasses.replace(config, split_k=1)
+    slices = [fp8_linear(x[:, c:c + step].contiguous(), q[:, c:c + step].contiguous(),
+                         s[:, c // 128:(c + step) // 128].contiguous(), BLOCK, one) for c in range(0, k, step)]
+    expected = slices[0]
+    for part in slices[1:]:
+        expected = expected + part
+    assert torch.equal(y, expected)
+    assert (q.device, q.data_ptr()) in fp8_gemm._ARRIVALS or not config.sum_in_launch  # counted where asked
+    assert not arrivals(q, 1).any()
+    assert torch.equal(fp8_linear(x, q, s, BLOCK, config), y)
+
+
 def test_the_chosen_config_splits_narrow_long_weights():
     """At one row K is split in the most parts (up to 8) that keep 6 steps of 128 columns each: the narrow
     products [5120, K] (down_proj, the out/o projections) eight ways, the wide ones (gate+up, in_proj, qkv; K = 5120)
     four (section 13's measured best, or within 2%); 17 rows split only the narrow ones. A verify's 65 and 129 rows are one
-    program column of 64 + 16 and 128 + 16 rows, swapped, split as section 13's sweep measured fastest (or within
-    4%): the narrow products 8 (40 programs), gate+up 2 (272 programs), in_proj and qkv not (128 and 112); their
-    weight tiles by bulk copies where the device has them."""
+    program column of 64 + 16 and 128 + 16 rows, swapped, split as sections 13 and 29 measured fastest (or within
+    4%): the narrow products 8 (40 programs), gate+up 2 (272 programs), in_proj and qkv 2 at 65 rows (two programs
+    of 4 warps share an SM) and not at 129 (128 and 112 programs of 8 warps); their weight tiles by bulk copies
+    where the device has them."""
     cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
     assert choose(1, 5120, 17408, cuda132).split_k == 8 and choose(1, 5120, 6144, cuda132).split_k == 8
     for rows in (1, 16):
@@ -69,16 +99,19 @@ def test_the_chosen_config_splits_narrow_long_weights():
     assert [choose(17, n, 5120, cuda132).split_k for n in (34816, 16384, 14336, 5120)] == [1, 1, 1, 8]
     assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
     assert not choose(1, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
+    assert all(choose(rows, 5120, 6144, cuda132).sum_in_launch != (rows > 32) for rows in (1, 17, 65, 129))
     bulk = bulk_copies(cuda132)  # Triton's interpreter has bulk copies (TMA), as an H200 does; a CPU without it not
-    assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 1, 8, 3, swap=True, tail=16, tma=bulk)
+    assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 2, 4, 3, swap=True, tail=16, tma=bulk)
     assert choose(129, 16384, 5120, cuda132) == Config(128, 128, 1, 8, 3, swap=True, tail=16, tma=bulk)
     assert not any(choose(rows, 16384, 5120, cuda132).tma for rows in (1, 16, 17, 32, 161))  # bulk copies: verify rows
     if CUDA:
         major = torch.cuda.get_device_capability()[0]
         assert choose(65, 16384, 5120, torch.device("cuda")).tma == bulk_copies(torch.device("cuda")) == (major >= 9)
     shapes = ((5120, 17408), (5120, 6144), (34816, 5120), (16384, 5120), (14336, 5120))
-    for rows in (65, 129):
-        assert [choose(rows, n, k, cuda132).split_k for n, k in shapes] == [8, 8, 2, 1, 1]
+    assert [choose(65, n, k, cuda132).split_k for n, k in shapes] == [8, 8, 2, 2, 2]
+    assert [choose(129, n, k, cuda132).split_k for n, k in shapes] == [8, 8, 2, 1, 1]
+    assert {choose(65, n, k, cuda132).num_warps for n, k in shapes} == {4}
+    assert {choose(129, n, k, cuda132).num_warps for n, k in shapes} == {8}
     assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
 
 

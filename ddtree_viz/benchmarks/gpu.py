@@ -832,6 +832,7 @@ def gemm_configs(kernel, m: int, w) -> dict:
         alts["one_block"] = dataclasses.replace(c, block_m=2 * c.block_m, tail=0)
     if c.split_k > 1:
         alts["no_split"] = dataclasses.replace(c, split_k=1)
+        alts["sum_other"] = dataclasses.replace(c, sum_in_launch=not c.sum_in_launch)  # in the launch or after
     return alts
 
 

@@ -14,8 +14,9 @@ are masked. `choose` picks the tiles from the shape (`Config`): for a tree verif
 each weight tile is read and dequantized once, as a power-of-two block plus a 16- or 32-row tail (the tensor cores
 then do 80 rows of work for 65, not 128); the products swapped (W x^T: on Hopper the dequantized tile then feeds the
 tensor cores from registers); and split-K where the tiles alone would leave SMs idle (a narrow, long weight such as
-down_proj [5120, 17408]: its partial sums in float32, added in a fixed order by one more kernel, so the result does
-not depend on timing); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
+down_proj [5120, 17408]: its partial sums in float32, added in a fixed order, so the result does not depend on
+timing: at decode rows by the last of a tile's programs to arrive, in the same launch; at a verify's by one more
+kernel); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
 has them. The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
 Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
@@ -52,7 +53,9 @@ class Config:
     (16 or 32) a second product takes on the same dequantized tile, after the block's (a program covers
     block_m + tail rows of x); tma: the weight tiles loaded by the bulk tensor copies of Hopper and later (a
     tensor descriptor: no address arithmetic or masks in the program; the same tiles, zero-filled at the edges as
-    the masked loads are, so the same products and sums)."""
+    the masked loads are, so the same products and sums); sum_in_launch: with split_k > 1, the split slices added
+    by each tile's last program to arrive, in the product's own launch, rather than by a second kernel over all
+    of y (_sum_splits): the same sums in the same order."""
 
     block_m: int
     block_n: int = 64
@@ -62,17 +65,20 @@ class Config:
     swap: bool = False
     tail: int = 0
     tma: bool = False
+    sum_in_launch: bool = False
 
 
 @triton.jit
-def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
+def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PARTIAL: tl.constexpr,
-              SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr):
+              BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+              SUM_IN_LAUNCH: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr):
     """One tile of y = x (W x S)^T, BLOCK_M + TAIL rows of x by BLOCK_N of the weight, over input columns
     [k * K_SPLIT, (k + 1) * K_SPLIT); program (n block, m block, k). The tail (0 or a power of two) is a second
     product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
-    PARTIAL: y is float32 [split, M, N] (the k-th slice is this program's sum). SWAP: each product computed
+    SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
+    last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
+    _sum_splits does after. SWAP: each product computed
     transposed, W x^T (the same products and sums). TMA: w_ptr is a tensor descriptor of the weight with
     [BLOCK_N, BLOCK_K] tiles."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,9 +103,25 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPL
         if TAIL > 0:
             xt = tl.load(x_ptr + rt[:, None] * s_xm + rk[None, :], mask=(rt < M)[:, None] & mk[None, :], other=0.0)
             acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
-    _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP, PARTIAL)
-    if TAIL > 0:
-        _store(y_ptr, acc_tail, rt, rn, M, N, s_ym, SWAP, PARTIAL)
+    if SPLIT == 1:
+        _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP)
+        if TAIL > 0:
+            _store(y_ptr, acc_tail, rt, rn, M, N, s_ym, SWAP)
+    else:
+        slice_ptr = p_ptr + tl.program_id(2) * M * N
+        _store(slice_ptr, acc, rm, rn, M, N, N, SWAP)
+        if TAIL > 0:
+            _store(slice_ptr, acc_tail, rt, rn, M, N, N, SWAP)
+    if SPLIT > 1 and SUM_IN_LAUNCH:
+        # every thread's slice stored before the arrival is counted (the counter's add releases them at the
+        # device's scope; the last program's add acquires the other programs' slices)
+        tl.debug_barrier()
+        counter = c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+            _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
+            if TAIL > 0:
+                _sum_tile(p_ptr, y_ptr, rt, rn, M, N, s_ym, SPLIT)
+            tl.store(counter, 0)  # the tile's counter ready for the next launch
 
 
 @triton.jit
@@ -123,16 +145,12 @@ def _mma(acc, x, w, SWAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.cons
 
 
 @triton.jit
-def _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP: tl.constexpr, PARTIAL: tl.constexpr):
-    """Rows rm, columns rn of y from acc: float32 into the program's split slice if PARTIAL, else in y's dtype."""
+def _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP: tl.constexpr):
+    """Rows rm, columns rn of y (y's dtype: a float32 split slice, or the output) from acc."""
     if SWAP:
         acc = tl.trans(acc)
-    out = y_ptr + rm[:, None] * s_ym + rn[None, :]
     mask = (rm < M)[:, None] & (rn < N)[None, :]
-    if PARTIAL:
-        tl.store(out + tl.program_id(2) * M * N, acc, mask=mask)
-    else:
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rm[:, None] * s_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -143,6 +161,18 @@ def _sum_splits(p_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     for k in tl.static_range(1, SPLIT):
         acc += tl.load(p_ptr + k * MN + r, mask=r < MN, other=0.0)
     tl.store(y_ptr + r, acc.to(y_ptr.dtype.element_ty), mask=r < MN)
+
+
+@triton.jit
+def _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT: tl.constexpr):
+    """Rows rm, columns rn of y = the SPLIT float32 slices of p [SPLIT, M, N] added in order (slice 0 first),
+    rounded once to y's dtype. The slices are read from L2 (".cg"), where the other programs' stores are."""
+    offs = rm[:, None] * N + rn[None, :]
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    for k in tl.static_range(1, SPLIT):
+        acc += tl.load(p_ptr + k * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.store(y_ptr + rm[:, None] * s_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def fits(block: tuple[int, int]) -> bool:
@@ -181,26 +211,36 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     - 17 to 32 rows: 32 rows by 64, swapped (2-10% faster at 17 rows, 5-15% slower at one); a narrow product (fewer
       programs than SMs: [5120, K]) doubles its splits while the programs fill fewer than 3x the SMs and each split
       keeps 4 steps of BLOCK_K;
+    - at both, a split product's slices added in its own launch (`sum_in_launch`: 0.7-1.2 us less a narrow product at
+      1 and 17 rows than a second kernel, level for the wide ones; section 29);
     - tree verify (33 to 160 rows): all rows in one program column (`row_blocks`: 65 = 64 + a 16-row tail, 129 = 128
       + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K by the
       fewest waves of programs each split's work takes (`waves`), each doubling charged 15% (partial sums written
       and added), 1 to 8 splits of at least 6 steps: in_proj and qkv 1 (128 and 112 programs: one wave), gate+up 2
-      (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs); the
+      (272 programs: 3 waves against 2.5 at split 2), down_proj and the out/o projections 8 (40 programs); a block
+      of 64 rows or fewer (33 to 96 rows) with 4 warps and split at least in two, since two of its programs share
+      an SM (shared memory for both; at 65 rows in_proj and qkv 54.5 -> 40 us, gate+up 102 -> 95, down 57 -> 54;
+      at 129 rows 8 warps and the splits above stay the fastest, section 29); the
       weight tiles by bulk tensor copies where the device has them (`bulk_copies`: 7-18% faster at 65 and 129 rows
       for gate+up, down and the out/o projections, level for in_proj and qkv; at one row no faster, session 11);
+      the slices added by a second kernel (in the launch, each tile's last program adds 80 or 144 rows of 2 or 8
+      slices at the launch's end: 5-16 us slower a product, section 29);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
     if M <= 16:
-        return Config(16, 64, splits(K)[-1], 4, 3)
+        return Config(16, 64, splits(K)[-1], 4, 3, sum_in_launch=True)
     if M <= 32:
         programs = triton.cdiv(N, 64)
         while programs < sms and programs * split < 3 * sms and K // (BLOCK_K * split * 2) >= 4:
             split *= 2
-        return Config(32, 64, split, 4, 3, swap=True)
+        return Config(32, 64, split, 4, 3, swap=True, sum_in_launch=True)
     programs = triton.cdiv(N, 128)
     if M <= 160:
         main, tail = row_blocks(M)
         split = min(splits(K), key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
+        if main <= 64:  # two programs share an SM: 4 warps each, and at least two splits to fill them
+            return Config(main, 128, max(split, min(2, splits(K)[-1])), 4, 3, swap=True, tail=tail,
+                          tma=bulk_copies(device))
         return Config(main, 128, split, 8, 3, swap=True, tail=tail, tma=bulk_copies(device))
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
@@ -262,17 +302,32 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     M, N = x2.shape[0], weight.shape[0]
     w_arg, c = _weight_operand(weight, config or choose(M, N, K, x.device))
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
-    partial = c.split_k > 1
-    y = (torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if partial
-         else torch.empty(M, N, dtype=x.dtype, device=x.device))
     grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m + c.tail), c.split_k)
-    _fp8_gemm[grid](x2, w_arg, scale, y, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N, k_split,
-                    SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    partial = torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
+    counters = arrivals(weight, grid[0] * grid[1]) if c.split_k > 1 and c.sum_in_launch else y
+    _fp8_gemm[grid](x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0),
+                    N, k_split, SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
                     PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                    PARTIAL=partial, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, num_warps=c.num_warps,
-                    num_stages=stages(c, x.element_size(), shared_memory(x.device)))
-    if partial:  # the splits' float32 sums added in a fixed order, rounded once
-        out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-        _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](y, out, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
-        y = out
+                    SPLIT=c.split_k, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma,
+                    num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
+    if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
+        _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
+
+
+_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # counters a graph may still hold after a larger set replaced them
+
+
+def arrivals(weight: torch.Tensor, tiles: int) -> torch.Tensor:
+    """The split-K arrival counters of the products with `weight` (int32, one a tile of y; 0 between launches: a
+    tile's last program sets its counter back). A set a weight, so products that may run at once on two streams
+    (a drafter's and its target's) never share a counter, and a CUDA graph's launches keep theirs; never freed."""
+    key = (weight.device, weight.data_ptr())
+    counters = _ARRIVALS.get(key)
+    if counters is None or counters.numel() < tiles:
+        if counters is not None:
+            _OUTGROWN.append(counters)
+        counters = _ARRIVALS[key] = torch.zeros(tiles, dtype=torch.int32, device=weight.device)
+    return counters
