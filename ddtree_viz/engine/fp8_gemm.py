@@ -78,8 +78,7 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
     SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
     last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
-    _sum_splits does after. SWAP: each product computed
-    transposed, W x^T (the same products and sums). TMA: w_ptr is a tensor descriptor of the weight with
+    _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr is a tensor descriptor of the weight with
     [BLOCK_N, BLOCK_K] tiles."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
@@ -211,7 +210,7 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     - 17 to 32 rows: 32 rows by 64, swapped (2-10% faster at 17 rows, 5-15% slower at one); a narrow product (fewer
       programs than SMs: [5120, K]) doubles its splits while the programs fill fewer than 3x the SMs and each split
       keeps 4 steps of BLOCK_K;
-    - at both, a split product's slices added in its own launch (`sum_in_launch`: 0.7-1.2 us less a narrow product at
+    - at both, a split product's slices added in its own launch (`sum_in_launch`: 1.2-2.3 us less a narrow product at
       1 and 17 rows than a second kernel, level for the wide ones; section 29);
     - tree verify (33 to 160 rows): all rows in one program column (`row_blocks`: 65 = 64 + a 16-row tail, 129 = 128
       + 16), so each weight tile is read and dequantized once; 128 weight rows, 8 warps, swapped; split-K by the
@@ -224,7 +223,7 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
       weight tiles by bulk tensor copies where the device has them (`bulk_copies`: 7-18% faster at 65 and 129 rows
       for gate+up, down and the out/o projections, level for in_proj and qkv; at one row no faster, session 11);
       the slices added by a second kernel (in the launch, each tile's last program adds 80 or 144 rows of 2 or 8
-      slices at the launch's end: 5-16 us slower a product, section 29);
+      slices at the launch's end: 5-24 us slower a product, section 29);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
     if M <= 16:
