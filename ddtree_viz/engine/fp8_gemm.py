@@ -78,8 +78,8 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
     SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
     last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
-    _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr is a tensor descriptor of the weight with
-    [BLOCK_N, BLOCK_K] tiles."""
+    _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr
+    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
@@ -237,9 +237,9 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     if M <= 160:
         main, tail = row_blocks(M)
         split = min(splits(K), key=lambda k: waves(programs, k, sms) * (1 + 0.15 * (k.bit_length() - 1)))
-        if main <= 64:  # two programs share an SM: 4 warps each, and at least two splits to fill them
-            return Config(main, 128, max(split, min(2, splits(K)[-1])), 4, 3, swap=True, tail=tail,
-                          tma=bulk_copies(device))
+        if main <= 64:  # two programs share an SM: 4 warps each, and two splits at least (where K has room)
+            split = max(split, 2) if 2 in splits(K) else split
+            return Config(main, 128, split, 4, 3, swap=True, tail=tail, tma=bulk_copies(device))
         return Config(main, 128, split, 8, 3, swap=True, tail=tail, tma=bulk_copies(device))
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
