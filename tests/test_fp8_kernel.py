@@ -84,6 +84,21 @@ def test_a_split_product_adds_its_slices_in_order(config):
     assert torch.equal(fp8_linear(x, q, s, BLOCK, config), y)
 
 
+@pytest.mark.parametrize("config", [Config(16, 64, 4, 2, sum_in_launch=True), Config(16, 128, 1), Config(32, 64, 2)],
+                         ids=["decode-split4", "wide-tiles", "swap-less-split2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_weight_tiles_load_without_masks_to_the_same_bits(config, dtype):
+    """A weight whose tiles are all whole (N and K multiples of the tiles: loaded without masks) gives, bit for
+    bit, the first N columns of the same product over the weight with one more row (its last tile partial, every
+    load masked)."""
+    q, s = quantized(320, 1024, 5)
+    extra = torch.cat([q, q[:1]])  # 321 rows: the same three 128-row scale blocks
+    x = torch.randn(1 if config.block_m == 16 else 20, 1024, generator=torch.Generator().manual_seed(6))
+    x = x.to(dtype).to(DEVICE)
+    whole, masked = fp8_linear(x, q, s, BLOCK, config), fp8_linear(x, extra, s, BLOCK, config)
+    assert torch.equal(whole, masked[:, :320])
+
+
 def test_the_chosen_config_splits_narrow_long_weights():
     """At one row K is split in the most parts (up to 8) that keep 6 steps of 128 columns each: the narrow
     products [5120, K] (down_proj, the out/o projections) eight ways, the wide ones (gate+up, in_proj, qkv; K = 5120)

@@ -824,7 +824,7 @@ def gemm_configs(kernel, m: int, w) -> dict:
     c = kernel.choose(m, w.shape[0], w.shape[1], w.device)
     alts = {"chosen": c, **{f"block_n_{n}": dataclasses.replace(c, block_n=n) for n in (32, 64, 128) if n != c.block_n},
             "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
-            "warps_other": dataclasses.replace(c, num_warps=12 - c.num_warps),
+            "warps_other": dataclasses.replace(c, num_warps=4 if c.num_warps == 8 else 8),  # 4 <-> 8; 2 -> 8
             "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
     alts["swap_other"] = dataclasses.replace(c, swap=not c.swap)
     alts["tma_other"] = dataclasses.replace(c, tma=not c.tma)  # the weight tiles by bulk copies or by loads

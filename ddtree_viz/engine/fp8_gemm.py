@@ -72,14 +72,16 @@ class Config:
 def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
-              SUM_IN_LAUNCH: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr):
+              SUM_IN_LAUNCH: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr,
+              EVEN: tl.constexpr):
     """One tile of y = x (W x S)^T, BLOCK_M + TAIL rows of x by BLOCK_N of the weight, over input columns
     [k * K_SPLIT, (k + 1) * K_SPLIT); program (n block, m block, k). The tail (0 or a power of two) is a second
     product on the same dequantized weight tile, so 65 rows cost 64 + 16 rows of tensor-core work rather than 128.
     SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
     last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
     _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr
-    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles."""
+    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles. EVEN: N and K are multiples of BLOCK_N and
+    BLOCK_K, so every weight tile is whole and loaded without masks (x's rows keep theirs)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
@@ -90,13 +92,18 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
         acc_tail = _zeros(TAIL, BLOCK_N, SWAP)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        mk = rk < K
+        mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
         x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
         if TMA:
             w = w_ptr.load([tl.program_id(0) * BLOCK_N, k0])
+        elif EVEN:
+            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
         else:
             w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)  # one scale per row of the tile
+        if EVEN:  # one scale per row of the tile
+            s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K)
+        else:
+            s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)
         w = (w.to(tl.float32) * s[:, None]).to(x.dtype)  # the dequantized weight, rounded once to x's dtype
         acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
         if TAIL > 0:
@@ -309,7 +316,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                     N, k_split, SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
                     PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
                     SPLIT=c.split_k, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma,
-                    num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
+                    EVEN=not c.tma and N % c.block_n == 0 and K % BLOCK_K == 0, num_warps=c.num_warps,
+                    num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
