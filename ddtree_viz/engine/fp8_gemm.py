@@ -55,7 +55,8 @@ class Config:
     tensor descriptor: no address arithmetic or masks in the program; the same tiles, zero-filled at the edges as
     the masked loads are, so the same products and sums); sum_in_launch: with split_k > 1, the split slices added
     by each tile's last program to arrive, in the product's own launch, rather than by a second kernel over all
-    of y (_sum_splits): the same sums in the same order."""
+    of y (_sum_splits): the same sums in the same order; programs: 0, or a decode tile's launch as that many
+    persistent programs (_fp8_gemm_persistent: the same products, slices and sums)."""
 
     block_m: int
     block_n: int = 64
@@ -66,6 +67,7 @@ class Config:
     tail: int = 0
     tma: bool = False
     sum_in_launch: bool = False
+    programs: int = 0
 
 
 @triton.jit
@@ -85,28 +87,17 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
-    mn = rn < N
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     if TAIL > 0:
         rt = tl.program_id(1) * (BLOCK_M + TAIL) + BLOCK_M + tl.arange(0, TAIL)
         acc_tail = _zeros(TAIL, BLOCK_N, SWAP)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
-        x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
-        if TMA:
-            w = w_ptr.load([tl.program_id(0) * BLOCK_N, k0])
-        elif EVEN:
-            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
-        else:
-            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
-        if EVEN:  # one scale per row of the tile
-            s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K)
-        else:
-            s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)
-        w = (w.to(tl.float32) * s[:, None]).to(x.dtype)  # the dequantized weight, rounded once to x's dtype
+        x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, tl.program_id(0) * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn, SB_N,
+                     SB_K, BLOCK_K, TMA, EVEN)
         acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
         if TAIL > 0:
+            rk = k0 + tl.arange(0, BLOCK_K)
+            mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
             xt = tl.load(x_ptr + rt[:, None] * s_xm + rk[None, :], mask=(rt < M)[:, None] & mk[None, :], other=0.0)
             acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
     if SPLIT == 1:
@@ -128,6 +119,67 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
             if TAIL > 0:
                 _sum_tile(p_ptr, y_ptr, rt, rn, M, N, s_ym, SPLIT)
             tl.store(counter, 0)  # the tile's counter ready for the next launch
+
+
+@triton.jit
+def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
+                         SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+                         SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr):
+    """_fp8_gemm's decode tiles (all M <= BLOCK_M rows in one block, no tail, not swapped, the weight loaded by
+    address) from a fixed number of programs: program p takes the units (n block, k split) p, p + programs, ...
+    and walks their BLOCK_K steps in one loop, so its loads run ahead across the units' boundaries where a
+    program a unit starts each pipeline empty. The same products, slices and sums as _fp8_gemm's launch of the same
+    config (a split unit's slice stored; with SUM_IN_LAUNCH the tile's last unit to arrive adds the slices in
+    order, else _sum_splits after); a split that runs past K adds products of zeros (masked loads). Triton
+    (3.6) pipelines the loop's loads only without SUM_IN_LAUNCH: the barrier before an arrival is counted stops it."""
+    pid, programs = tl.program_id(0), tl.num_programs(0)
+    steps = K_SPLIT // BLOCK_K
+    total = tl.cdiv(tl.cdiv(N, BLOCK_N) * SPLIT - pid, programs) * steps
+    rm = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(0, total):  # the unit and step from i alone, so the pipeline can issue the next steps' loads
+        unit, step = pid + (i // steps) * programs, i % steps
+        tile, k_split = unit // SPLIT, unit % SPLIT
+        rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        k0 = k_split * K_SPLIT + step * BLOCK_K
+        x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, tile * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn, SB_N, SB_K, BLOCK_K,
+                     False, EVEN)
+        acc = _mma(acc, x, w, False, UPCAST, PRECISION)
+        if step == steps - 1:  # the unit's last step: its tile (or slice) out, the next unit's from zero
+            if SPLIT == 1:
+                _store(y_ptr, acc, rm, rn, M, N, s_ym, False)
+            else:
+                _store(p_ptr + k_split * M * N, acc, rm, rn, M, N, N, False)
+                if SUM_IN_LAUNCH:
+                    tl.debug_barrier()  # as in _fp8_gemm: the slice stored before its arrival is counted
+                    if tl.atomic_add(c_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                        _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
+                        tl.store(c_ptr + tile, 0)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _tile(x_ptr, w_ptr, s_ptr, rm, rn, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: tl.constexpr, SB_K: tl.constexpr,
+          BLOCK_K: tl.constexpr, TMA: tl.constexpr, EVEN: tl.constexpr):
+    """(x's rows rm, the weight's rows rn = n0 + [0, BLOCK_N) dequantized), columns [k0, k0 + BLOCK_K): each
+    weight element e4m3 -> float32 times its row's block scale, rounded once to x's dtype. TMA: w_ptr a tensor
+    descriptor; EVEN: the weight tile whole, loaded without masks (x's rows keep theirs)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
+    mn = rn < N
+    x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
+    if TMA:
+        w = w_ptr.load([n0, k0])
+    elif EVEN:
+        w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
+    else:
+        w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+    if EVEN:  # one scale per row of the tile
+        s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K)
+    else:
+        s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)
+    return x, (w.to(tl.float32) * s[:, None]).to(x.dtype)
 
 
 @triton.jit
@@ -312,12 +364,20 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     partial = torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
     counters = arrivals(weight, grid[0] * grid[1]) if c.split_k > 1 and c.sum_in_launch else y
-    _fp8_gemm[grid](x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0),
-                    N, k_split, SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
-                    PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                    SPLIT=c.split_k, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma,
-                    EVEN=not c.tma and N % c.block_n == 0 and K % BLOCK_K == 0, num_warps=c.num_warps,
-                    num_stages=stages(c, x.element_size(), shared_memory(x.device)))
+    args = (x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N,
+            k_split)
+    consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
+                  PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+                  SPLIT=c.split_k, EVEN=not c.tma and N % c.block_n == 0 and K % BLOCK_K == 0 and (
+                      not c.programs or k_split * c.split_k == K),  # persistent: no split runs past K
+                  num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
+    if c.programs:
+        if M > c.block_m or c.tail or c.swap or c.tma:
+            raise ValueError(f"fp8_linear: persistent programs take one unswapped block of rows by address: {c} at "
+                             f"{M} rows")
+        _fp8_gemm_persistent[(min(c.programs, grid[0] * c.split_k),)](*args, SUM_IN_LAUNCH=c.sum_in_launch, **consts)
+    else:
+        _fp8_gemm[grid](*args, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
