@@ -149,6 +149,19 @@ def test_gpu_bench_smoke_split(tmp_path):
     assert all(r["identical"] for r in report["exactness_fp32_8_layers"])
 
 
+def test_gpu_bench_smoke_exactness_alone_on_fp8_weights(tmp_path):
+    """--fast --fp8 --exactness --skip-speed: the runner's exactness checks alone, on plain and FP8 weights (what a
+    device call with a time limit runs when the speed figures are already measured), every fp32 run identical."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--fp8", "--exactness", "--skip-speed")
+    assert "speed" not in report
+    for key in ("fast_exactness_fp32_8_layers", "fast_exactness_fp8_fp32_8_layers"):
+        assert report[key] and all(r["identical"] for r in report[key]), key
+    assert {r["weights"] for r in report["fast_exactness_fp8_fp32_8_layers"]} == {"fp8"}
+    assert report["fast_exactness_fp8_bf16_full_depth"]
+    with pytest.raises(SystemExit):  # without --exactness, --skip-speed leaves --fp8 nothing to measure
+        gpu.main(["--smoke", "--fast", "--fp8", "--skip-speed"])
+
+
 def test_gpu_bench_smoke_ui(tmp_path):
     """--ui: the page's Step through page.actions.step + page.views.render_views on the runner, its check against the
     reference, the first Step after a new prompt against the prefill, and the bare round, with the issue #13 targets."""

@@ -2122,7 +2122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the runner beside bf16, after the bf16 target is freed: its weight-read bound, greedy step, "
                         "verify, rounds at budget 64, each GEMM, and the peak memory of a session at --fp8-context "
                         "tokens and budget 64 under --fp8-memory-cap (speed.fast.fp8; targets fp8_*); with --exactness "
-                        "the runner's exactness on FP8 weights too")
+                        "the runner's exactness on FP8 weights too (with --skip-speed as well: the checks alone)")
     p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GB",
                    help="--fp8: the process's GPU memory cap (GB) while the FP8 target runs (default: 40)")
     p.add_argument("--fp8-context", type=int, default=4096, help="--fp8: the peak-memory session's prompt (default: 4096)")
@@ -2137,8 +2137,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
-    if a.fp8 and (not a.fast or a.skip_speed or a.device_map == "auto"):
-        parser.error("--fp8 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
+    if a.fp8 and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
+        parser.error("--fp8 measures on the static runner: it needs --fast, without --device-map auto, and without "
+                     "--skip-speed unless --exactness (then the exactness checks alone, plain and FP8 weights)")
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
