@@ -130,9 +130,10 @@ def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm
     address) from a fixed number of programs: program p takes the units (n block, k split) p, p + programs, ...
     and walks their BLOCK_K steps in one loop, so its loads run ahead across the units' boundaries where a
     program a unit starts each pipeline empty. The same products, slices and sums as _fp8_gemm's launch of the same
-    config (a split unit's slice stored; with SUM_IN_LAUNCH the tile's last unit to arrive adds the slices in
-    order, else _sum_splits after); a split that runs past K adds products of zeros (masked loads). Triton
-    (3.6) pipelines the loop's loads only without SUM_IN_LAUNCH: the barrier before an arrival is counted stops it."""
+    config (a split unit's slice stored; with SUM_IN_LAUNCH the program counts its units' arrivals after its
+    loop, past one barrier, and the last of a tile's units to arrive adds its slices in order, else _sum_splits
+    after); a split that runs past K adds products of zeros (masked loads). The arrivals wait for the loop's end
+    because a barrier inside it stops Triton (3.6) pipelining the loads."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     steps = K_SPLIT // BLOCK_K
     total = tl.cdiv(tl.cdiv(N, BLOCK_N) * SPLIT - pid, programs) * steps
@@ -151,12 +152,14 @@ def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm
                 _store(y_ptr, acc, rm, rn, M, N, s_ym, False)
             else:
                 _store(p_ptr + k_split * M * N, acc, rm, rn, M, N, N, False)
-                if SUM_IN_LAUNCH:
-                    tl.debug_barrier()  # as in _fp8_gemm: the slice stored before its arrival is counted
-                    if tl.atomic_add(c_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
-                        _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
-                        tl.store(c_ptr + tile, 0)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SPLIT > 1 and SUM_IN_LAUNCH:  # every slice of the program stored, then its units' arrivals counted
+        tl.debug_barrier()
+        for j in range(0, total // steps):
+            tile = (pid + j * programs) // SPLIT
+            if tl.atomic_add(c_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+                _sum_tile(p_ptr, y_ptr, rm, tile * BLOCK_N + tl.arange(0, BLOCK_N), M, N, s_ym, SPLIT)
+                tl.store(c_ptr + tile, 0)
 
 
 @triton.jit
