@@ -141,9 +141,9 @@ def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(0, total):  # the unit and step from i alone, so the pipeline can issue the next steps' loads
         unit, step = pid + (i // steps) * programs, i % steps
-        tile, k_split = unit // SPLIT, unit % SPLIT
+        tile, part = unit // SPLIT, unit % SPLIT  # the unit's n block and its part of K
         rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        k0 = k_split * K_SPLIT + step * BLOCK_K
+        k0 = part * K_SPLIT + step * BLOCK_K
         x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, tile * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn, SB_N, SB_K, BLOCK_K,
                      False, EVEN)
         acc = _mma(acc, x, w, False, UPCAST, PRECISION)
@@ -151,7 +151,7 @@ def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm
             if SPLIT == 1:
                 _store(y_ptr, acc, rm, rn, M, N, s_ym, False)
             else:
-                _store(p_ptr + k_split * M * N, acc, rm, rn, M, N, N, False)
+                _store(p_ptr + part * M * N, acc, rm, rn, M, N, N, False)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT > 1 and SUM_IN_LAUNCH:  # every slice of the program stored, then its units' arrivals counted
         tl.debug_barrier()
