@@ -17,7 +17,9 @@ tensor cores from registers); and split-K where the tiles alone would leave SMs 
 down_proj [5120, 17408]: its partial sums in float32, added in a fixed order, so the result does not depend on
 timing: at decode rows by the last of a tile's programs to arrive, in the same launch; at a verify's by one more
 kernel); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
-has them. The bench (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
+has them, elsewhere by address, without masks where every tile is whole. The bench (`gpu_bench --fp8`, fp8_gemms)
+times other configs beside the chosen one, among them a decode product from persistent programs
+(`Config.programs`: a fixed number of programs walking the tiles in one pipelined loop; not chosen until measured).
 
 Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
 without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
