@@ -84,8 +84,8 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
     last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
     _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr
-    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles. EVEN: N and K are multiples of BLOCK_N and
-    BLOCK_K, so every weight tile is whole and loaded without masks (x's rows keep theirs)."""
+    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles. EVEN: N a multiple of BLOCK_N and K of
+    K_SPLIT's whole steps, so every tile is whole and loaded without masks (x's rows keep theirs)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
@@ -98,9 +98,7 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
                      SB_K, BLOCK_K, TMA, EVEN)
         acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
         if TAIL > 0:
-            rk = k0 + tl.arange(0, BLOCK_K)
-            mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
-            xt = tl.load(x_ptr + rt[:, None] * s_xm + rk[None, :], mask=(rt < M)[:, None] & mk[None, :], other=0.0)
+            xt = _x_rows(x_ptr, rt, k0, M, K, s_xm, BLOCK_K, EVEN)
             acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
     if SPLIT == 1:
         _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP)
@@ -134,8 +132,8 @@ def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm
     program a unit starts each pipeline empty. The same products, slices and sums as _fp8_gemm's launch of the same
     config (a split unit's slice stored; with SUM_IN_LAUNCH the program counts its units' arrivals after its
     loop, past one barrier, and the last of a tile's units to arrive adds its slices in order, else _sum_splits
-    after); a split that runs past K adds products of zeros (masked loads). The arrivals wait for the loop's end
-    because a barrier inside it stops Triton (3.6) pipelining the loads."""
+    after); a split that runs past K (not EVEN) adds products of zeros (masked loads). The arrivals wait for the
+    loop's end because a barrier inside it stops Triton (3.6) pipelining the loads."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     steps = K_SPLIT // BLOCK_K
     total = tl.cdiv(tl.cdiv(N, BLOCK_N) * SPLIT - pid, programs) * steps
@@ -171,9 +169,8 @@ def _tile(x_ptr, w_ptr, s_ptr, rm, rn, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: 
     weight element e4m3 -> float32 times its row's block scale, rounded once to x's dtype. TMA: w_ptr a tensor
     descriptor; EVEN: the weight tile whole, loaded without masks (x's rows keep theirs)."""
     rk = k0 + tl.arange(0, BLOCK_K)
-    mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
-    mn = rn < N
-    x = tl.load(x_ptr + rm[:, None] * s_xm + rk[None, :], mask=(rm < M)[:, None] & mk[None, :], other=0.0)
+    mk, mn = rk < K, rn < N
+    x = _x_rows(x_ptr, rm, k0, M, K, s_xm, BLOCK_K, EVEN)
     if TMA:
         w = w_ptr.load([n0, k0])
     elif EVEN:
@@ -185,6 +182,14 @@ def _tile(x_ptr, w_ptr, s_ptr, rm, rn, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: 
     else:
         s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)
     return x, (w.to(tl.float32) * s[:, None]).to(x.dtype)
+
+
+@triton.jit
+def _x_rows(x_ptr, rows, k0, M, K, s_xm, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+    """x's rows `rows` (0 past M), columns [k0, k0 + BLOCK_K) (0 past K, unless EVEN: K holds every step)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    mk = tl.full([BLOCK_K], 1, tl.int1) if EVEN else rk < K
+    return tl.load(x_ptr + rows[:, None] * s_xm + rk[None, :], mask=(rows < M)[:, None] & mk[None, :], other=0.0)
 
 
 @triton.jit
@@ -373,11 +378,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
             k_split)
     consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
                   PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                  SPLIT=c.split_k, EVEN=not c.tma and N % c.block_n == 0 and K % BLOCK_K == 0 and (
-                      not c.programs or k_split * c.split_k == K),  # persistent: no split runs past K
+                  SPLIT=c.split_k, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if c.programs:
-        if M > c.block_m or c.tail or c.swap or c.tma:
+        if not takes_programs(c, M):
             raise ValueError(f"fp8_linear: persistent programs take one unswapped block of rows by address: {c} at "
                              f"{M} rows")
         _fp8_gemm_persistent[(min(c.programs, grid[0] * c.split_k),)](*args, SUM_IN_LAUNCH=c.sum_in_launch, **consts)
@@ -386,6 +390,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
+
+
+def takes_programs(c: Config, M: int) -> bool:
+    """Whether c's product of M rows can run from persistent programs (_fp8_gemm_persistent: one row block of
+    every row, no tail, not swapped, the weight loaded by address)."""
+    return M <= c.block_m and not (c.tail or c.swap or c.tma)
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
