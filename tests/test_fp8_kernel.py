@@ -270,26 +270,3 @@ def test_bulk_copies_of_the_weight_give_the_same_product(rows, config):
         loads = fp8_linear(x, q, s, BLOCK, dataclasses.replace(config, tma=False))
         assert torch.equal(fp8_linear(x, q, s, BLOCK, config), loads)
         torch.testing.assert_close(loads.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("config", [Config(16, 64, 4, sum_in_launch=True, programs=3), Config(16, 64, 4, programs=3),
-                                    Config(16, 64, 3, sum_in_launch=True, programs=7), Config(16, 64, 1, programs=2),
-                                    Config(16, 128, 2, sum_in_launch=True, programs=64)],
-                         ids=["split4-in-launch-3-programs", "split4-3-programs", "split3-7-programs",
-                              "unsplit-2-programs", "more-programs-than-units"])
-@pytest.mark.parametrize("n, k, dtype", [(320, 1024, torch.bfloat16), (200, 1000, torch.float32)],
-                         ids=["whole-tiles-bf16", "partial-tiles-fp32"])
-def test_persistent_programs_give_the_launch_a_tile_bits(config, n, k, dtype):
-    """A decode product from a few persistent programs, each walking several units (n block, k split) in one loop,
-    equals bit for bit the same config launched a program a unit; the arrival counters are 0 after, so a second
-    launch gives the same."""
-    from ddtree_viz.engine.fp8_gemm import arrivals
-
-    q, s = quantized(n, k, 8)
-    for rows in (1, 2):
-        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
-        y = fp8_linear(x, q, s, BLOCK, config)
-        assert torch.equal(y, fp8_linear(x, q, s, BLOCK, dataclasses.replace(config, programs=0)))
-        assert not arrivals(q, 1).any() and torch.equal(fp8_linear(x, q, s, BLOCK, config), y)
-    with pytest.raises(ValueError, match="persistent"):
-        fp8_linear(torch.zeros(17, k, device=DEVICE), q, s, BLOCK, config)

@@ -833,10 +833,6 @@ def gemm_configs(kernel, m: int, w) -> dict:
     if c.split_k > 1:
         alts["no_split"] = dataclasses.replace(c, split_k=1)
         alts["sum_other"] = dataclasses.replace(c, sum_in_launch=not c.sum_in_launch)  # in the launch or after
-    if kernel.takes_programs(c, m):  # a decode tile's launch by persistent programs
-        sms = kernel.sm_count(w.device)
-        alts |= {f"persistent_{k}": dataclasses.replace(c, programs=k * sms) for k in (2, 4, 6)}
-        alts["persistent_4_sum_after"] = dataclasses.replace(c, programs=4 * sms, sum_in_launch=False)
     return alts
 
 

@@ -18,8 +18,7 @@ down_proj [5120, 17408]: its partial sums in float32, added in a fixed order, so
 timing: at decode rows by the last of a tile's programs to arrive, in the same launch; at a verify's by one more
 kernel); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
 has them, elsewhere by address, without masks where every tile is whole. The bench (`gpu_bench --fp8`, fp8_gemms)
-times other configs beside the chosen one, among them a decode product from persistent programs
-(`Config.programs`: a fixed number of programs walking the tiles in one pipelined loop; not chosen until measured).
+times other configs beside the chosen one.
 
 Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
 without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
@@ -57,8 +56,7 @@ class Config:
     tensor descriptor: no address arithmetic or masks in the program; the same tiles, zero-filled at the edges as
     the masked loads are, so the same products and sums); sum_in_launch: with split_k > 1, the split slices added
     by each tile's last program to arrive, in the product's own launch, rather than by a second kernel over all
-    of y (_sum_splits): the same sums in the same order; programs: 0, or a decode tile's launch as that many
-    persistent programs (_fp8_gemm_persistent: the same products, slices and sums)."""
+    of y (_sum_splits): the same sums in the same order."""
 
     block_m: int
     block_n: int = 64
@@ -69,7 +67,6 @@ class Config:
     tail: int = 0
     tma: bool = False
     sum_in_launch: bool = False
-    programs: int = 0
 
 
 @triton.jit
@@ -119,47 +116,6 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
             if TAIL > 0:
                 _sum_tile(p_ptr, y_ptr, rt, rn, M, N, s_ym, SPLIT)
             tl.store(counter, 0)  # the tile's counter ready for the next launch
-
-
-@triton.jit
-def _fp8_gemm_persistent(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
-                         SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
-                         SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr):
-    """_fp8_gemm's decode tiles (all M <= BLOCK_M rows in one block, no tail, not swapped, the weight loaded by
-    address) from a fixed number of programs: program p takes the units (n block, k split) p, p + programs, ...
-    and walks their BLOCK_K steps in one loop, so its loads run ahead across the units' boundaries where a
-    program a unit starts each pipeline empty. The same products, slices and sums as _fp8_gemm's launch of the same
-    config (a split unit's slice stored; with SUM_IN_LAUNCH the program counts its units' arrivals after its
-    loop, past one barrier, and the last of a tile's units to arrive adds its slices in order, else _sum_splits
-    after); a split that runs past K (not EVEN) adds products of zeros (masked loads). The arrivals wait for the
-    loop's end because a barrier inside it stops Triton (3.6) pipelining the loads."""
-    pid, programs = tl.program_id(0), tl.num_programs(0)
-    steps = K_SPLIT // BLOCK_K
-    total = tl.cdiv(tl.cdiv(N, BLOCK_N) * SPLIT - pid, programs) * steps
-    rm = tl.arange(0, BLOCK_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(0, total):  # the unit and step from i alone, so the pipeline can issue the next steps' loads
-        unit, step = pid + (i // steps) * programs, i % steps
-        tile, part = unit // SPLIT, unit % SPLIT  # the unit's n block and its part of K
-        rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        k0 = part * K_SPLIT + step * BLOCK_K
-        x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, tile * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn, SB_N, SB_K, BLOCK_K,
-                     False, EVEN)
-        acc = _mma(acc, x, w, False, UPCAST, PRECISION)
-        if step == steps - 1:  # the unit's last step: its tile (or slice) out, the next unit's from zero
-            if SPLIT == 1:
-                _store(y_ptr, acc, rm, rn, M, N, s_ym, False)
-            else:
-                _store(p_ptr + part * M * N, acc, rm, rn, M, N, N, False)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT > 1 and SUM_IN_LAUNCH:  # every slice of the program stored, then its units' arrivals counted
-        tl.debug_barrier()
-        for j in range(0, total // steps):
-            tile = (pid + j * programs) // SPLIT
-            if tl.atomic_add(c_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
-                _sum_tile(p_ptr, y_ptr, rm, tile * BLOCK_N + tl.arange(0, BLOCK_N), M, N, s_ym, SPLIT)
-                tl.store(c_ptr + tile, 0)
 
 
 @triton.jit
@@ -380,22 +336,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                   PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
                   SPLIT=c.split_k, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
-    if c.programs:
-        if not takes_programs(c, M):
-            raise ValueError(f"fp8_linear: persistent programs take one unswapped block of rows by address: {c} at "
-                             f"{M} rows")
-        _fp8_gemm_persistent[(min(c.programs, grid[0] * c.split_k),)](*args, SUM_IN_LAUNCH=c.sum_in_launch, **consts)
-    else:
-        _fp8_gemm[grid](*args, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
+    _fp8_gemm[grid](*args, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
-
-
-def takes_programs(c: Config, M: int) -> bool:
-    """Whether c's product of M rows can run from persistent programs (_fp8_gemm_persistent: one row block of
-    every row, no tail, not swapped, the weight loaded by address)."""
-    return M <= c.block_m and not (c.tail or c.swap or c.tma)
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
