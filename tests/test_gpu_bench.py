@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddtree_viz.benchmarks import gpu
+from ddtree_viz.engine.session import verdict
 
 
 def _bench(tmp_path, *extra) -> dict:
@@ -158,6 +159,12 @@ def test_gpu_bench_smoke_exactness_alone_on_fp8_weights(tmp_path):
         assert report[key] and all(r["identical"] for r in report[key]), key
     assert {r["weights"] for r in report["fast_exactness_fp8_fp32_8_layers"]} == {"fp8"}
     assert report["fast_exactness_fp8_bf16_full_depth"]
+    # each check's divergence judged against the runner's own noise, measured over its tokens by chain passes
+    for r in (r for key, runs in report.items() if key.startswith("fast_exactness") for r in runs):
+        assert r["runner_greedy_repeated"] and r["runner_noise_positions"] > 0 and r["runner_noise"] >= 0, r
+        assert r["verdict"] == (None if r["identical"] else verdict(r.get("runner_margin_at_divergence",
+                                                                         r.get("greedy_margin_at_divergence")),
+                                                                   r["runner_noise"])), r
     with pytest.raises(SystemExit):  # without --exactness, --skip-speed leaves --fp8 nothing to measure
         gpu.main(["--smoke", "--fast", "--fp8", "--skip-speed"])
 

@@ -1666,11 +1666,13 @@ def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), fp8: bool = False) -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`fp8`:
-    on FP8 weights made at random, each result saying so)."""
+    on FP8 weights made at random, each result saying so). Each divergence is judged as the page judges one
+    (session.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
+    largest |margin of a chain pass - margin of the one-token step| where both choose the same token)."""
     from ..engine.engines import RunnerEngine
     from ..engine.oracle import OracleProposer
     from ..engine.runner import StaticRunner
-    from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence
+    from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence, verdict
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, fp8)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
@@ -1679,15 +1681,21 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
         return RunnerEngine(target, None, tree_size=tree_size, block_size=16, max_new_tokens=new_tokens, runner=runner)
 
-    reference = EngineGreedy(engine(1), prompt, set()).extend_to(new_tokens)
-    greedy, margins = list(reference.ids), reference.margins
+    # the runner's greedy, then again with its noise measured: chains over the first run's tokens (as long as the
+    # runner's largest tree takes) beside the one-token steps, which decide the same tokens
+    first = EngineGreedy(engine(1), prompt, set(), control=False).extend_to(new_tokens).ids
+    reference = EngineGreedy(engine(1), prompt, set(), chain=min(16, max(budgets) + 1)).extend_to(new_tokens, first)
+    greedy, margins, noise = list(reference.ids), reference.margins, reference.noise
+    judged = {"runner_noise": noise, "runner_noise_positions": reference.noise_positions,
+              "runner_greedy_repeated": greedy == list(first)}  # the same tokens twice (the chains change nothing)
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": "fp8" if fp8 else "plain",
                 "check": "runner greedy vs transformers greedy",
                 "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
                 "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
-                "runner_margin_at_divergence": margins[idx] if idx is not None else None}]
+                "runner_margin_at_divergence": margins[idx] if idx is not None else None,
+                "verdict": verdict(margins[idx], noise) if idx is not None else None, **judged}]
     progress("fast_exactness", results[-1])
     for budget in budgets:
         for ranks in ranks_list:
@@ -1703,7 +1711,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
                             "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
                             "greedy_margin_at_divergence": margins[idx] if idx is not None else None,
-                            "min_greedy_margin": min(margins)})
+                            "verdict": verdict(margins[idx], noise) if idx is not None else None,
+                            "min_greedy_margin": min(margins), **judged})
             progress("fast_exactness", results[-1])
     del runner, target
     if bench.cuda:
