@@ -128,6 +128,8 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert i31["greedy_step"]["target"] == "<= 1.2x" and i31["round_64"]["ms"] == fast["round_budget_64"]["round_ms"]
     assert i31["round_64"]["ratio_chained"] == i31["round_64"]["ms"] / fast["greedy_step_chained_ms"]
     assert i31["host_per_round"]["met"] == (fast["round_budget_64"]["host"] <= 0.1)
+    # beside the host's times, the host's own speed in the same rounds (a fixed Python loop)
+    assert i31["host_per_round"]["host_loop_us"] == fast["round_budget_64"]["host_loop_us"] > 0
     # the device timeline's code path, with the host's torch ops standing in for a device's kernels here
     timeline = fast["round_budget_64"]["device_timeline"]
     assert timeline["rounds"] == 8 and timeline["busy_ms_per_round"] > 0 and timeline["kinds"], timeline.get("error")
