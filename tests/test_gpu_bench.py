@@ -161,7 +161,14 @@ def test_gpu_bench_smoke_exactness_alone_on_fp8_weights(tmp_path):
         assert report[key] and all(r["identical"] for r in report[key]), key
     assert {r["weights"] for r in report["fast_exactness_fp8_fp32_8_layers"]} == {"fp8"}
     assert report["fast_exactness_fp8_bf16_full_depth"]
-    # each check's divergence judged against the runner's own noise, measured over its tokens by chain passes
+    # each check's divergence judged against the runner's own noise, measured over its tokens by chain passes, and
+    # every check list's outcomes counted
+    summary = report.pop("fast_exactness_verdicts")
+    for key, runs in report.items():
+        if key.startswith("fast_exactness"):
+            assert summary[key] == gpu.verdict_summary(runs) and summary[key]["runs"] == len(runs) == sum(
+                summary[key][k] for k in ("identical", "noise", "mismatch", "unjudged")), key
+    assert summary["fast_exactness_fp32_8_layers"]["mismatches_none"]
     for r in (r for key, runs in report.items() if key.startswith("fast_exactness") for r in runs):
         assert r["runner_greedy_repeated"] and r["runner_noise_positions"] > 0 and r["runner_noise"] >= 0, r
         assert r["verdict"] == (None if r["identical"] else verdict(r.get("runner_margin_at_divergence",
@@ -352,3 +359,15 @@ def test_profiled_spans_keep_what_follows_the_last_mark():
     spans = gpu.profiled_spans(fn, warmup=lambda: torch.zeros(2).sub_(1))
     names = {name for _, _, name in spans}
     assert "aten::mul_" in names and not names & {"aten::add_", "aten::sub_", gpu.TIMELINE_START}
+
+
+def test_verdict_summary_counts_each_outcome():
+    """A check list's outcomes: identical runs, and divergences by verdict; the target holds only when every
+    divergence was judged noise."""
+    runs = [{"identical": True, "verdict": None}, {"identical": False, "verdict": "noise"},
+            {"identical": False, "verdict": "noise"}]
+    assert gpu.verdict_summary(runs) == {"runs": 3, "identical": 1, "noise": 2, "mismatch": 0, "unjudged": 0,
+                                         "mismatches_none": True}
+    assert not gpu.verdict_summary(runs + [{"identical": False, "verdict": "mismatch"}])["mismatches_none"]
+    unjudged = gpu.verdict_summary(runs + [{"identical": False, "verdict": None}])
+    assert unjudged["unjudged"] == 1 and not unjudged["mismatches_none"]

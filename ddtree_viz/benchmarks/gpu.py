@@ -1666,6 +1666,15 @@ def exactness_target(results: list[dict]) -> dict:
             "target": "every fp32 run identical", "met": bool(results) and all(r["identical"] for r in results)}
 
 
+def verdict_summary(results: list[dict]) -> dict:
+    """A check list's runs by outcome: identical, or diverging with the verdict `noise`, `mismatch` or none (no noise
+    measured there); `mismatches_none` is the reduced-precision target (every divergence within the noise)."""
+    counts = {"runs": len(results), "identical": sum(r["identical"] for r in results)}
+    for name, verdict in (("noise", "noise"), ("mismatch", "mismatch"), ("unjudged", None)):
+        counts[name] = sum(not r["identical"] and r.get("verdict") == verdict for r in results)
+    return {**counts, "mismatches_none": counts["mismatch"] == 0 and counts["unjudged"] == 0}
+
+
 def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int, fp8: bool = False):
     """The exactness checks' target (real widths, random weights; `fp8`: FP8 weights made at random), its pair (no
     drafter: oracle drafts) and a seeded random prompt."""
@@ -2202,6 +2211,10 @@ def main(argv: list[str] | None = None) -> int:
         report["fast_exactness_fp8_bf16_full_depth"] = fast_exactness(bench, a.layers, torch.bfloat16, [32, 64],
                                                                       a.new_tokens, ranks_list=((0,), (1,)), fp8=True)
         save()
+    verdicts = {key: verdict_summary(runs) for key, runs in report.items() if key.startswith("fast_exactness")}
+    if verdicts:  # every runner check's outcome at a glance, the reduced-precision ones' verdicts among them
+        report["fast_exactness_verdicts"] = verdicts
+        print(json.dumps({"fast_exactness_verdicts": verdicts}), flush=True)
     fast = report.get("speed", {}).get("fast")
     if fast is not None and "fast_exactness_fp32_8_layers" in report:
         fast["targets"]["exactness_fp32"] = exactness_target(report["fast_exactness_fp32_8_layers"])
