@@ -1029,8 +1029,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
                    launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
                    budget: int = 64, draft_ahead: bool = True, verify_ahead: bool = True) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
-    medians (the host's speed, host_loop_us, among them), the round as the host sees it and the draft path; with `timeline`, the device's idle time in the next
-    untimed rounds (device_timeline)."""
+    medians (the host's speed, host_loop_us, among them), the round as the host sees it and the draft path; with
+    `timeline`, the device's idle time in the next untimed rounds (device_timeline)."""
     from ..engine.session import DecodeSession, make_proposer
 
     options = {"compile": drafter_compile} if static else {}
