@@ -1029,8 +1029,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
                    launch_ahead: bool | None = None, drafter_compile: bool | None = None, timeline: bool = False,
                    budget: int = 64, draft_ahead: bool = True, verify_ahead: bool = True) -> dict:
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
-    medians (the host's speed, host_loop_us, among them), the round as the host sees it and the draft path; with
-    `timeline`, the device's idle time in the next untimed rounds (device_timeline)."""
+    medians, the host's speed just after them (host_loop_us), the round as the host sees it and the draft path;
+    with `timeline`, the device's idle time in the next untimed rounds (device_timeline)."""
     from ..engine.session import DecodeSession, make_proposer
 
     options = {"compile": drafter_compile} if static else {}
@@ -1043,7 +1043,7 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
     phases: dict[str, list[float]] = {"draft": [], "tree": [], "verify_commit": [], "host": [], "host_tree": [],
-                                      "host_runner": [], "host_draft": [], "host_loop_us": []}
+                                      "host_runner": [], "host_draft": []}
     kept, starts = [], []
     for r in range(14):
         starts.append(time.perf_counter())
@@ -1059,10 +1059,11 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
             phases["host_runner"].append(runner.host_ms[-1])
             phases["host"].append(phases["host_tree"][-1] + phases["host_runner"][-1])
             phases["host_draft"].append(getattr(proposer.runner, "host_ms", 0.0))
-            phases["host_loop_us"].append(host_loop_us())  # the host's speed beside its times (host_loop_us)
             kept.append(step.kept)
     out = {k: statistics.median(v) for k, v in phases.items()}
     out["round_ms"] = sum(out[k] for k in ("draft", "tree", "verify_commit"))
+    # the host's speed right after the rounds (between them it would be in step_wall_ms)
+    out["host_loop_us"] = statistics.median(host_loop_us() for _ in range(12))
     # a round as the host sees it, from one step's start to the next's (what the phases leave out included:
     # the record's reads after the commit)
     out["step_wall_ms"] = median_gap_ms(starts[2:])
@@ -1669,8 +1670,10 @@ def exactness_target(results: list[dict]) -> dict:
 def verdict_summary(results: list[dict]) -> dict:
     """A check list's runs by outcome: identical, or diverging with the verdict `noise`, `mismatch` or none (no noise
     measured there); `mismatches_none` is the reduced-precision target (every divergence within the noise)."""
+    from ..trace import VERDICT_MISMATCH, VERDICT_NOISE
+
     counts = {"runs": len(results), "identical": sum(r["identical"] for r in results)}
-    for name, verdict in (("noise", "noise"), ("mismatch", "mismatch"), ("unjudged", None)):
+    for name, verdict in (("noise", VERDICT_NOISE), ("mismatch", VERDICT_MISMATCH), ("unjudged", None)):
         counts[name] = sum(not r["identical"] and r.get("verdict") == verdict for r in results)
     return {**counts, "mismatches_none": counts["mismatch"] == 0 and counts["unjudged"] == 0}
 
