@@ -44,9 +44,10 @@ def test_fp8_gemm_is_the_dequantized_product_in_float32(rows, n, k):
 @pytest.mark.parametrize("rows", [1, 65, 129])
 @pytest.mark.parametrize("config", [Config(16, 64, 3), Config(64, 128, 2, 8), Config(128, 64, 1, 8),
                                     Config(16, 128, 2, swap=True), Config(128, 64, 1, 8, swap=True),
-                                    Config(64, 128, 3, 8, swap=True, tail=16), Config(32, 64, 1, tail=32)],
+                                    Config(64, 128, 3, 8, swap=True, tail=16), Config(32, 64, 1, tail=32),
+                                    Config(1, 64, 3, 8, sum_in_launch=True, gemv=True), Config(1, 32, 1, gemv=True)],
                          ids=["split3", "split2-wide", "one-block", "swap-split2", "swap-one-block", "swap-tail-split3",
-                              "tail"])
+                              "tail", "gemv-split3", "gemv-32"])
 def test_fp8_gemm_configs_compute_the_same_product(rows, config):
     """Every config (several row blocks, split-K with its float32 partial sums, 128-row weight tiles) gives the
     dequantized product; K = 1000 leaves a partial last block and an uneven last split."""
@@ -57,9 +58,10 @@ def test_fp8_gemm_configs_compute_the_same_product(rows, config):
 
 @pytest.mark.parametrize("config", [Config(16, 64, 4, sum_in_launch=True), Config(16, 64, 4),
                                     Config(64, 128, 8, 8, swap=True, tail=16, sum_in_launch=True),
-                                    Config(64, 128, 8, 8, swap=True, tail=16)],
+                                    Config(64, 128, 8, 8, swap=True, tail=16),
+                                    Config(1, 64, 4, 8, sum_in_launch=True, gemv=True), Config(1, 64, 4, gemv=True)],
                          ids=["decode-split4-in-launch", "decode-split4", "verify-tail-split8-in-launch",
-                              "verify-tail-split8"])
+                              "verify-tail-split8", "gemv-split4-in-launch", "gemv-split4"])
 def test_a_split_product_adds_its_slices_in_order(config):
     """Split-K, the slices added in the product's launch (the last of a tile's programs to arrive) or by a second
     kernel: the product equals, bit for bit, its K slices' products made one at a time and added in order; the
@@ -67,7 +69,7 @@ def test_a_split_product_adds_its_slices_in_order(config):
     from ddtree_viz.engine import fp8_gemm
     from ddtree_viz.engine.fp8_gemm import arrivals
 
-    rows, k = (1, 1024) if config.block_m == 16 else (65, 1024)
+    rows, k = (1, 1024) if config.block_m <= 16 else (65, 1024)
     q, s = quantized(320, k, 3)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     y = fp8_linear(x, q, s, BLOCK, config)
@@ -84,8 +86,9 @@ def test_a_split_product_adds_its_slices_in_order(config):
     assert torch.equal(fp8_linear(x, q, s, BLOCK, config), y)
 
 
-@pytest.mark.parametrize("config", [Config(16, 64, 4, 2, sum_in_launch=True), Config(16, 128, 1), Config(32, 64, 2)],
-                         ids=["decode-split4", "wide-tiles", "swap-less-split2"])
+@pytest.mark.parametrize("config", [Config(16, 64, 4, 2, sum_in_launch=True), Config(16, 128, 1), Config(32, 64, 2),
+                                    Config(1, 64, 4, 8, sum_in_launch=True, gemv=True)],
+                         ids=["decode-split4", "wide-tiles", "swap-less-split2", "gemv-split4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_whole_weight_tiles_load_without_masks_to_the_same_bits(config, dtype):
     """A weight whose tiles are all whole (N and K multiples of the tiles: loaded without masks) gives, bit for
@@ -93,7 +96,7 @@ def test_whole_weight_tiles_load_without_masks_to_the_same_bits(config, dtype):
     load masked)."""
     q, s = quantized(320, 1024, 5)
     extra = torch.cat([q, q[:1]])  # 321 rows: the same three 128-row scale blocks
-    x = torch.randn(1 if config.block_m == 16 else 20, 1024, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(1 if config.block_m <= 16 else 20, 1024, generator=torch.Generator().manual_seed(6))
     x = x.to(dtype).to(DEVICE)
     whole, masked = fp8_linear(x, q, s, BLOCK, config), fp8_linear(x, extra, s, BLOCK, config)
     assert torch.equal(whole, masked[:, :320])
@@ -109,11 +112,10 @@ def test_the_chosen_config_splits_narrow_long_weights():
     where the device has them."""
     cuda132 = torch.device("cpu")  # (sm_count: 132, an H200's, off CUDA)
     assert choose(1, 5120, 17408, cuda132).split_k == 8 and choose(1, 5120, 6144, cuda132).split_k == 8
-    for rows in (1, 16):
-        assert [choose(rows, n, 5120, cuda132).split_k for n in (34816, 16384, 14336)] == [4, 4, 4]
+    assert [choose(16, n, 5120, cuda132).split_k for n in (34816, 16384, 14336)] == [4, 4, 4]
     assert [choose(17, n, 5120, cuda132).split_k for n in (34816, 16384, 14336, 5120)] == [1, 1, 1, 8]
-    assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
-    assert not choose(1, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
+    assert choose(16, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
+    assert not choose(16, 5120, 6144, cuda132).swap and choose(17, 5120, 6144, cuda132).swap
     assert all(choose(rows, 5120, 6144, cuda132).sum_in_launch != (rows > 32) for rows in (1, 17, 65, 129))
     bulk = bulk_copies(cuda132)  # Triton's interpreter has bulk copies (TMA), as an H200 does; a CPU without it not
     assert choose(65, 16384, 5120, cuda132) == Config(64, 128, 2, 4, 3, swap=True, tail=16, tma=bulk)
@@ -128,6 +130,19 @@ def test_the_chosen_config_splits_narrow_long_weights():
     assert {choose(65, n, k, cuda132).num_warps for n, k in shapes} == {4}
     assert {choose(129, n, k, cuda132).num_warps for n, k in shapes} == {8}
     assert choose(4096, 34816, 5120, cuda132) == Config(128, 128, 1, 8, 3)
+
+
+def test_one_row_runs_on_the_cuda_cores_with_the_measured_splits():
+    """A greedy step's products (one row) take the CUDA-core kernel: 64 weight rows a program, K split in the fewest
+    parts that make 6 programs an SM (gate+up 2, in_proj and qkv 4, the narrow [5120, K] products 8), 8 warps but
+    for gate+up (4 tiles an SM of its own: 4); two rows and more the tile kernel."""
+    cuda132 = torch.device("cpu")
+    shapes = ((34816, 5120), (16384, 5120), (14336, 5120), (5120, 6144), (5120, 17408))
+    chosen = [choose(1, n, k, cuda132) for n, k in shapes]
+    assert all(c.gemv and c.block_n == 64 and c.sum_in_launch for c in chosen)
+    assert [(c.split_k, c.num_warps) for c in chosen] == [(2, 4), (4, 8), (4, 8), (8, 8), (8, 8)]
+    assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
+    assert not any(choose(rows, n, k, cuda132).gemv for rows in (2, 16, 65) for n, k in shapes)
 
 
 def test_stages_fit_the_shared_memory():

@@ -826,8 +826,11 @@ def gemm_configs(kernel, m: int, w) -> dict:
             "split_x2": dataclasses.replace(c, split_k=2 * c.split_k),
             "warps_other": dataclasses.replace(c, num_warps=4 if c.num_warps == 8 else 8),  # 4 <-> 8; 2 -> 8
             "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
-    alts["swap_other"] = dataclasses.replace(c, swap=not c.swap)
-    alts["tma_other"] = dataclasses.replace(c, tma=not c.tma)  # the weight tiles by bulk copies or by loads
+    if c.gemv:  # one row on the CUDA cores against the tile kernel's decode config (2 to 16 rows)
+        alts["tile"] = kernel.choose(2, w.shape[0], w.shape[1], w.device)
+    else:
+        alts["swap_other"] = dataclasses.replace(c, swap=not c.swap)
+        alts["tma_other"] = dataclasses.replace(c, tma=not c.tma)  # the weight tiles by bulk copies or by loads
     if c.tail:
         alts["one_block"] = dataclasses.replace(c, block_m=2 * c.block_m, tail=0)
     if c.split_k > 1:

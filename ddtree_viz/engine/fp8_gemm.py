@@ -2,14 +2,18 @@
 1 to 129 rows (a decode step, a tree verify at budget 128), the fp8 bytes and the block scales read from memory
 and dequantized in registers, so a step reads about half of bf16's bytes.
 
-The function computed is the dequantized model's (issue #29: activations stay in their dtype): each weight tile is
-e4m3 -> float32, times its block's float32 scale, rounded once to the activations' dtype (the same rounding as
-fp8.dequantize(...).to(dtype) at load), then multiplied with fp32 accumulation. So the runner with this kind and
-the runner with the weights dequantized at load compute the same products, up to the order of the sums.
+The function computed is the dequantized model's (issue #29: activations stay in their dtype). From 2 rows on, each
+weight tile is e4m3 -> float32, times its block's float32 scale, rounded once to the activations' dtype (the same
+rounding as fp8.dequantize(...).to(dtype) at load), then multiplied with fp32 accumulation: the runner with this
+kind and the runner with the weights dequantized at load compute the same products, up to the order of the sums.
+One row (a greedy step; _fp8_gemv, on the CUDA cores) multiplies the tile's one scale into x's float32 columns
+instead, so each weight is e4m3 -> float32 and one multiply-add: the same product with the weight exact rather
+than rounded to the activations' dtype (in bfloat16 a rounding of a weight apart: the noise the verdict rules
+measure; in float32 the same to the order of the sums).
 
-A program computes a tile of y, BLOCK_M (+ a TAIL) rows of x by BLOCK_N rows of the weight, walking its share of
-the input dimension BLOCK_K columns at a time; BLOCK_K divides the scale block's columns (128) and BLOCK_N its rows,
-so a tile needs one scale column and one scale per row. Partial blocks (a dimension that is not a multiple of 128)
+A program computes a tile of y, BLOCK_M (+ a TAIL) rows of x by BLOCK_N rows of the weight (one row: a row of x,
+`one_row`), walking its share of the input dimension BLOCK_K columns at a time; BLOCK_K divides the scale block's
+columns (128) and BLOCK_N its rows, so a tile needs one scale column and one scale per row. Partial blocks (a dimension that is not a multiple of 128)
 are masked. `choose` picks the tiles from the shape (`Config`): for a tree verify all rows in one program column, so
 each weight tile is read and dequantized once, as a power-of-two block plus a 16- or 32-row tail (the tensor cores
 then do 80 rows of work for 65, not 128); the products swapped (W x^T: on Hopper the dequantized tile then feeds the
@@ -56,7 +60,8 @@ class Config:
     tensor descriptor: no address arithmetic or masks in the program; the same tiles, zero-filled at the edges as
     the masked loads are, so the same products and sums); sum_in_launch: with split_k > 1, the split slices added
     by each tile's last program to arrive, in the product's own launch, rather than by a second kernel over all
-    of y (_sum_splits): the same sums in the same order."""
+    of y (_sum_splits): the same sums in the same order; gemv: a row of x a program, on the CUDA cores
+    (_fp8_gemv: no tensor-core tile, no dequantized weight tile; block_m, swap, tail and tma unused)."""
 
     block_m: int
     block_n: int = 64
@@ -67,6 +72,7 @@ class Config:
     tail: int = 0
     tma: bool = False
     sum_in_launch: bool = False
+    gemv: bool = False
 
 
 @triton.jit
@@ -107,15 +113,58 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
         if TAIL > 0:
             _store(slice_ptr, acc_tail, rt, rn, M, N, N, SWAP)
     if SPLIT > 1 and SUM_IN_LAUNCH:
-        # every thread's slice stored before the arrival is counted (the counter's add releases them at the
-        # device's scope; the last program's add acquires the other programs' slices)
-        tl.debug_barrier()
         counter = c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+        if _last_to_arrive(counter, SPLIT):
             _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
             if TAIL > 0:
                 _sum_tile(p_ptr, y_ptr, rt, rn, M, N, s_ym, SPLIT)
             tl.store(counter, 0)  # the tile's counter ready for the next launch
+
+
+@triton.jit
+def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
+              SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              SPLIT: tl.constexpr, SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr):
+    """Row m of y = x (W x S)^T, BLOCK_N of its columns, over input columns [k * K_SPLIT, (k + 1) * K_SPLIT);
+    program (n block, m, k). On the CUDA cores, for one row: BLOCK_N divides the scale block's rows and BLOCK_K its
+    columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
+    each weight is e4m3 -> float32 and one fused multiply-add, y[n] += sum_k w[n, k] (x[k] s), where the tile
+    kernel converts, scales and rounds every weight for the tensor cores (a one-row product then costs ~1.2x its
+    bytes' load time, not ~1.35x; PERFORMANCE.md section 32). The same dequantized product, its weight exact (never
+    rounded to x's dtype); the split's slices and their sums as the tile kernel's (SPLIT, SUM_IN_LAUNCH)."""
+    n0 = tl.program_id(0) * BLOCK_N
+    rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
+    k_start = tl.program_id(2) * K_SPLIT
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        s = tl.load(s_ptr + (n0 // SB_N) * s_sn + k0 // SB_K)
+        if EVEN:
+            x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk)
+            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
+        else:
+            x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk, mask=rk < K, other=0.0)
+            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=(rn < N)[:, None] & (rk < K)[None, :],
+                        other=0.0)
+        acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * s)[None, :], axis=1)
+    if SPLIT == 1:
+        _store(y_ptr, acc[None, :], rm, rn, M, N, s_ym, False)
+    else:
+        _store(p_ptr + tl.program_id(2) * M * N, acc[None, :], rm, rn, M, N, N, False)
+    if SPLIT > 1 and SUM_IN_LAUNCH:
+        counter = c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if _last_to_arrive(counter, SPLIT):
+            _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
+            tl.store(counter, 0)
+
+
+@triton.jit
+def _last_to_arrive(counter, SPLIT: tl.constexpr):
+    """Whether this program is the last of its tile's SPLIT to arrive. Every thread's slice is stored before the
+    arrival is counted (the counter's add releases them at the device's scope; the last program's add acquires the
+    other programs' slices)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
 
 
 @triton.jit
@@ -228,7 +277,8 @@ def stages(c: Config, itemsize: int, shared: int) -> int:
 
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     """The config for an [M, K] x [N, K]^T product (PERFORMANCE.md section 13 measured each rule on an H200):
-    - decode rows (M <= 16): 16 rows by 64 weight rows, K split in the most parts (up to 8) that keep 6 steps of
+    - one row (a greedy step): `one_row`'s, on the CUDA cores;
+    - 2 to 16 rows: 16 rows by 64 weight rows, K split in the most parts (up to 8) that keep 6 steps of
       BLOCK_K each (`splits`: 8 for down_proj and the out/o projections, 4 for in_proj, qkv and gate+up at K = 5120;
       the split in parts each program's bytes, so more of them are in flight: 3-11% faster at one row for the wide
       products, session 10's sweep);
@@ -251,6 +301,8 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
       slices at the launch's end: 5-24 us slower a product, section 29);
     - a prefill (more rows): 128 x 128 tiles, split while the programs fill fewer than the SMs."""
     sms, split = sm_count(device), 1
+    if M == 1:
+        return one_row(N, K, sms)
     if M <= 16:
         return Config(16, 64, splits(K)[-1], 4, 3, sum_in_launch=True)
     if M <= 32:
@@ -269,6 +321,16 @@ def choose(M: int, N: int, K: int, device: torch.device) -> Config:
     while programs * triton.cdiv(M, 128) * split < sms and K // (BLOCK_K * split * 2) >= 8:
         split *= 2
     return Config(128, 128, split, 8, 3)
+
+
+def one_row(N: int, K: int, sms: int) -> Config:
+    """A one-row product's config (_fp8_gemv; section 32's sweep of 48 a product on an H200): 64 weight rows a
+    program; K split in the fewest parts (of `splits`) that make 6 programs an SM (gate+up 2, in_proj and qkv 4, the
+    [5120, K] products 8: each the sweep's fastest); 8 warps, 4 where the weight alone has 4 tiles an SM (gate+up:
+    47.6 against 50.7 us)."""
+    tiles, options = triton.cdiv(N, 64), splits(K)
+    split = next((k for k in options if tiles * k >= 6 * sms), options[-1])
+    return Config(1, 64, split, 4 if tiles >= 4 * sms else 8, 3, sum_in_launch=True, gemv=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -324,19 +386,23 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K).contiguous()
     M, N = x2.shape[0], weight.shape[0]
-    w_arg, c = _weight_operand(weight, config or choose(M, N, K, x.device))
+    c = config or choose(M, N, K, x.device)
+    w_arg, c = (weight, c) if c.gemv else _weight_operand(weight, c)
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
-    grid = (triton.cdiv(N, c.block_n), triton.cdiv(M, c.block_m + c.tail), c.split_k)
+    grid = (triton.cdiv(N, c.block_n), M if c.gemv else triton.cdiv(M, c.block_m + c.tail), c.split_k)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     partial = torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
     counters = arrivals(weight, grid[0] * grid[1]) if c.split_k > 1 and c.sum_in_launch else y
     args = (x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N,
             k_split)
-    consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=BLOCK_K,
-                  PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                  SPLIT=c.split_k, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
+    consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_N=c.block_n, BLOCK_K=BLOCK_K, SPLIT=c.split_k,
+                  SUM_IN_LAUNCH=c.sum_in_launch, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
-    _fp8_gemm[grid](*args, SUM_IN_LAUNCH=c.sum_in_launch, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
+    if c.gemv:
+        _fp8_gemv[grid](*args, **consts)
+    else:
+        _fp8_gemm[grid](*args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
+                        else "tf32", UPCAST=INTERPRETED, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
     return y.reshape(*lead, N)
