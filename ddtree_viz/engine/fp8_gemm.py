@@ -103,22 +103,15 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
         if TAIL > 0:
             xt = _x_rows(x_ptr, rt, k0, M, K, s_xm, BLOCK_K, EVEN)
             acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
-    if SPLIT == 1:
-        _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP)
-        if TAIL > 0:
-            _store(y_ptr, acc_tail, rt, rn, M, N, s_ym, SWAP)
-    else:
-        slice_ptr = p_ptr + tl.program_id(2) * M * N
-        _store(slice_ptr, acc, rm, rn, M, N, N, SWAP)
-        if TAIL > 0:
-            _store(slice_ptr, acc_tail, rt, rn, M, N, N, SWAP)
+    _store_out(y_ptr, p_ptr, acc, rm, rn, M, N, s_ym, SPLIT, SWAP)
+    if TAIL > 0:
+        _store_out(y_ptr, p_ptr, acc_tail, rt, rn, M, N, s_ym, SPLIT, SWAP)
     if SPLIT > 1 and SUM_IN_LAUNCH:
-        counter = c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if _last_to_arrive(counter, SPLIT):
+        if _last_to_arrive(c_ptr, SPLIT):
             _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
             if TAIL > 0:
                 _sum_tile(p_ptr, y_ptr, rt, rn, M, N, s_ym, SPLIT)
-            tl.store(counter, 0)  # the tile's counter ready for the next launch
+            tl.store(_counter(c_ptr), 0)  # the tile's counter ready for the next launch
 
 
 @triton.jit
@@ -129,8 +122,8 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     program (n block, m, k). On the CUDA cores, for one row: BLOCK_N divides the scale block's rows and BLOCK_K its
     columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
     each weight is e4m3 -> float32 and one fused multiply-add, y[n] += sum_k w[n, k] (x[k] s), where the tile
-    kernel converts, scales and rounds every weight for the tensor cores (a one-row product then costs ~1.2x its
-    bytes' load time, not ~1.35x; PERFORMANCE.md section 32). The same dequantized product, its weight exact (never
+    kernel converts, scales and rounds every weight for the tensor cores (a one-row product then takes 1.04-1.13x a
+    load-only loop's time over its weight, the tile kernel 1.1-1.4x; PERFORMANCE.md section 32). The same dequantized product, its weight exact (never
     rounded to x's dtype); the split's slices and their sums as the tile kernel's (SPLIT, SUM_IN_LAUNCH)."""
     n0 = tl.program_id(0) * BLOCK_N
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
@@ -147,24 +140,35 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
             w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=(rn < N)[:, None] & (rk < K)[None, :],
                         other=0.0)
         acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * s)[None, :], axis=1)
-    if SPLIT == 1:
-        _store(y_ptr, acc[None, :], rm, rn, M, N, s_ym, False)
-    else:
-        _store(p_ptr + tl.program_id(2) * M * N, acc[None, :], rm, rn, M, N, N, False)
+    _store_out(y_ptr, p_ptr, acc[None, :], rm, rn, M, N, s_ym, SPLIT, False)
     if SPLIT > 1 and SUM_IN_LAUNCH:
-        counter = c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if _last_to_arrive(counter, SPLIT):
+        if _last_to_arrive(c_ptr, SPLIT):
             _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
-            tl.store(counter, 0)
+            tl.store(_counter(c_ptr), 0)
 
 
 @triton.jit
-def _last_to_arrive(counter, SPLIT: tl.constexpr):
+def _store_out(y_ptr, p_ptr, acc, rm, rn, M, N, s_ym, SPLIT: tl.constexpr, SWAP: tl.constexpr):
+    """A program's rows rm, columns rn: into y (SPLIT 1), else into its float32 split slice of p [SPLIT, M, N]."""
+    if SPLIT == 1:
+        _store(y_ptr, acc, rm, rn, M, N, s_ym, SWAP)
+    else:
+        _store(p_ptr + tl.program_id(2) * M * N, acc, rm, rn, M, N, N, SWAP)
+
+
+@triton.jit
+def _counter(c_ptr):
+    """The split-K arrival counter of this program's tile of y (program (n block, m block, k))."""
+    return c_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+
+
+@triton.jit
+def _last_to_arrive(c_ptr, SPLIT: tl.constexpr):
     """Whether this program is the last of its tile's SPLIT to arrive. Every thread's slice is stored before the
     arrival is counted (the counter's add releases them at the device's scope; the last program's add acquires the
     other programs' slices)."""
     tl.debug_barrier()
-    return tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+    return tl.atomic_add(_counter(c_ptr), 1, sem="acq_rel", scope="gpu") == SPLIT - 1
 
 
 @triton.jit
