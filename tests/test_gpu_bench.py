@@ -300,6 +300,8 @@ def test_gpu_bench_smoke_fp8(runner_report):
     for name in ("fp8_step", "fp8_round_64", "fp8_peak_memory", "fp8_exactness_fp32"):
         assert name in targets, name
     assert targets["fp8_step"]["ratio"] == f["greedy_step_ms"] / f["weight_read_bound_ms"]
+    assert targets["fp8_step"]["chained_ratio"] == f["greedy_step_chained_ms"] / f["weight_read_bound_ms"]
+    assert f["greedy_step_chained_ms"] > 0 and "steps" in f["greedy_step_timeline"]  # the FP8 step's kernels by kind
     fp8_runs = report["fast_exactness_fp8_fp32_8_layers"]
     assert fp8_runs and all(r["identical"] and r["weights"] == "fp8" for r in fp8_runs)
     assert targets["fp8_exactness_fp32"]["met"]
