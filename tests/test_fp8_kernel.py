@@ -143,6 +143,9 @@ def test_one_row_runs_on_the_cuda_cores_with_the_measured_splits():
     assert [(c.split_k, c.num_warps) for c in chosen] == [(2, 4), (4, 8), (4, 8), (8, 8), (8, 8)]
     assert choose(1, 5120, 1024, cuda132).split_k == 1  # 8 steps: two splits would keep 4
     assert not any(choose(rows, n, k, cuda132).gemv for rows in (2, 16, 65) for n, k in shapes)
+    q, s = quantized(256, 256, 1)
+    with pytest.raises(ValueError, match="straddle scale blocks"):  # one scale a tile: 256 rows span two blocks
+        fp8_linear(torch.ones(1, 256).to(DEVICE), q, s, BLOCK, Config(1, 256, 1, gemv=True))
 
 
 def test_stages_fit_the_shared_memory():

@@ -13,16 +13,16 @@ measure; in float32 the same to the order of the sums).
 
 A program computes a tile of y, BLOCK_M (+ a TAIL) rows of x by BLOCK_N rows of the weight (one row: a row of x,
 `one_row`), walking its share of the input dimension BLOCK_K columns at a time; BLOCK_K divides the scale block's
-columns (128) and BLOCK_N its rows, so a tile needs one scale column and one scale per row. Partial blocks (a dimension that is not a multiple of 128)
-are masked. `choose` picks the tiles from the shape (`Config`): for a tree verify all rows in one program column, so
-each weight tile is read and dequantized once, as a power-of-two block plus a 16- or 32-row tail (the tensor cores
-then do 80 rows of work for 65, not 128); the products swapped (W x^T: on Hopper the dequantized tile then feeds the
-tensor cores from registers); and split-K where the tiles alone would leave SMs idle (a narrow, long weight such as
-down_proj [5120, 17408]: its partial sums in float32, added in a fixed order, so the result does not depend on
-timing: at decode rows by the last of a tile's programs to arrive, in the same launch; at a verify's by one more
-kernel); for a verify, the weight tiles loaded by Hopper's bulk tensor copies (TMA) where the device
-has them, elsewhere by address, without masks where every tile is whole. The bench (`gpu_bench --fp8`, fp8_gemms)
-times other configs beside the chosen one.
+columns (128) and BLOCK_N its rows, so a tile needs one scale column and one scale per row. Partial blocks (a
+dimension that is not a multiple of 128) are masked. `choose` picks the tiles from the shape (`Config`): for a tree
+verify all rows in one program column, so each weight tile is read and dequantized once, as a power-of-two block
+plus a 16- or 32-row tail (the tensor cores then do 80 rows of work for 65, not 128); the products swapped (W x^T:
+on Hopper the dequantized tile then feeds the tensor cores from registers); and split-K where the tiles alone would
+leave SMs idle (a narrow, long weight such as down_proj [5120, 17408]: its partial sums in float32, added in a fixed
+order, so the result does not depend on timing: at decode rows by the last of a tile's programs to arrive, in the
+same launch; at a verify's by one more kernel); for a verify, the weight tiles loaded by Hopper's bulk tensor copies
+(TMA) where the device has them, elsewhere by address, without masks where every tile is whole. The bench
+(`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
 Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
 without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
@@ -123,8 +123,9 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
     each weight is e4m3 -> float32 and one fused multiply-add, y[n] += sum_k w[n, k] (x[k] s), where the tile
     kernel converts, scales and rounds every weight for the tensor cores (a one-row product then takes 1.04-1.13x a
-    load-only loop's time over its weight, the tile kernel 1.1-1.4x; PERFORMANCE.md section 32). The same dequantized product, its weight exact (never
-    rounded to x's dtype); the split's slices and their sums as the tile kernel's (SPLIT, SUM_IN_LAUNCH)."""
+    load-only loop's time over its weight, the tile kernel 1.1-1.4x; PERFORMANCE.md section 32). The same
+    dequantized product, its weight exact (never rounded to x's dtype); the split's slices and their sums as the
+    tile kernel's (SPLIT, SUM_IN_LAUNCH)."""
     n0 = tl.program_id(0) * BLOCK_N
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
     k_start = tl.program_id(2) * K_SPLIT
@@ -391,6 +392,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     x2 = x.reshape(-1, K).contiguous()
     M, N = x2.shape[0], weight.shape[0]
     c = config or choose(M, N, K, x.device)
+    if c.gemv and block[0] % c.block_n:  # _fp8_gemv reads one scale a tile
+        raise ValueError(f"fp8_linear: one-row tiles of {c.block_n} weight rows straddle scale blocks of {block}")
     w_arg, c = (weight, c) if c.gemv else _weight_operand(weight, c)
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
     grid = (triton.cdiv(N, c.block_n), M if c.gemv else triton.cdiv(M, c.block_m + c.tail), c.split_k)
