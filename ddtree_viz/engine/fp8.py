@@ -18,8 +18,9 @@ Kept as FP8 (`load_causal_lm(..., keep_fp8=True)`, what a target on one CUDA GPU
 becomes an `Fp8Linear` holding the checkpoint's e4m3 bytes and float32 scales (about 1 byte a parameter), whose
 forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/fp8_gemm.py (the bytes
 and scales read as stored, dequantized in registers, rounded once to the activations' dtype, or at one row kept
-exact through x's columns times the block's scale; no dequantized copy of a weight is ever made, so a prefill's peak memory is the FP8 model's); elsewhere the weight dequantized for the
-call (float32 product, cast once) and F.linear. The static runner fuses them as it fuses plain Linears (engine/fused.py).
+exact through x's columns times the block's scale; no dequantized copy of a weight is ever made, so a prefill's
+peak memory is the FP8 model's); elsewhere the weight dequantized for the call (float32 product, cast once) and
+F.linear. The static runner fuses them as it fuses plain Linears (engine/fused.py).
 """
 
 from __future__ import annotations
@@ -299,9 +300,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tu
     """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
     product rounded once to x's dtype, as a load in that dtype rounds it; on CUDA at one row not rounded, fp8_gemm's
     docstring). On CUDA the Triton GEMM reads the fp8 bytes and scales as stored (any number of rows: decode, tree
-    verify, prefill); elsewhere (a CPU, no Triton) the
-    weight is dequantized for this call and multiplied by F.linear (on a CPU bit for bit the model dequantized at
-    load)."""
+    verify, prefill); elsewhere (a CPU, no Triton) the weight is dequantized for this call and multiplied by
+    F.linear (on a CPU bit for bit the model dequantized at load)."""
     gemm = _gemm_module() if x.is_cuda else None
     if gemm is not None and gemm.fits(block):
         return gemm.fp8_linear(x, weight, scale, block)

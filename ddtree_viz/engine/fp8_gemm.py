@@ -135,11 +135,9 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
         s = tl.load(s_ptr + (n0 // SB_N) * s_sn + k0 // SB_K)
         if EVEN:
             x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk)
-            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
         else:
             x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk, mask=rk < K, other=0.0)
-            w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=(rn < N)[:, None] & (rk < K)[None, :],
-                        other=0.0)
+        w = _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
         acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * s)[None, :], axis=1)
     _store_out(y_ptr, p_ptr, acc[None, :], rm, rn, M, N, s_ym, SPLIT, False)
     if SPLIT > 1 and SUM_IN_LAUNCH:
@@ -178,20 +176,24 @@ def _tile(x_ptr, w_ptr, s_ptr, rm, rn, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: 
     """(x's rows rm, the weight's rows rn = n0 + [0, BLOCK_N) dequantized), columns [k0, k0 + BLOCK_K): each
     weight element e4m3 -> float32 times its row's block scale, rounded once to x's dtype. TMA: w_ptr a tensor
     descriptor; EVEN: the weight tile whole, loaded without masks (x's rows keep theirs)."""
-    rk = k0 + tl.arange(0, BLOCK_K)
-    mk, mn = rk < K, rn < N
     x = _x_rows(x_ptr, rm, k0, M, K, s_xm, BLOCK_K, EVEN)
-    if TMA:
-        w = w_ptr.load([n0, k0])
-    elif EVEN:
-        w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
-    else:
-        w = tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+    w = w_ptr.load([n0, k0]) if TMA else _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
     if EVEN:  # one scale per row of the tile
         s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K)
     else:
-        s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=mn, other=0.0)
+        s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K, mask=rn < N, other=0.0)
     return x, (w.to(tl.float32) * s[:, None]).to(x.dtype)
+
+
+@triton.jit
+def _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+    """The weight's e4m3 rows rn, columns [k0, k0 + BLOCK_K) by address (0 past N or K, unless EVEN: whole)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    if EVEN:
+        return tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :])
+    else:
+        return tl.load(w_ptr + rn[:, None] * s_wn + rk[None, :], mask=(rn < N)[:, None] & (rk < K)[None, :],
+                       other=0.0)
 
 
 @triton.jit
