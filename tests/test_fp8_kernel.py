@@ -148,6 +148,59 @@ def test_one_row_runs_on_the_cuda_cores_with_the_measured_splits():
         fp8_linear(torch.ones(1, 256).to(DEVICE), q, s, BLOCK, Config(1, 256, 1, gemv=True))
 
 
+@pytest.mark.parametrize("config", [Config(1, 64, 1, gemv=True), Config(1, 64, 3, 8, sum_in_launch=True, gemv=True),
+                                    Config(1, 64, 4, gemv=True)], ids=["gemv", "gemv-split3-in-launch", "gemv-split4"])
+@pytest.mark.parametrize("k", [1000, 1024])
+def test_plain_rows_ride_the_one_row_launch(config, k):
+    """A plain weight's rows (an FP8 checkpoint's bf16 in_proj_b / in_proj_a) in the one-row launch: y's first
+    columns are, bit for bit, the FP8 product alone; its last the plain product (two tiles, the second partial), as
+    F.linear's to the order of the sums; the arrival counters 0 again after. Two rows (the tile kernel) and an FP8
+    weight that is not a whole number of one-row tiles tall: the same two products side by side."""
+    from ddtree_viz.engine.fp8_gemm import arrivals, rides
+
+    assert rides(config, 256) and not rides(config, 160) and not rides(choose(2, 256, k, torch.device("cpu")), 256)
+    q, s = quantized(256, k, 11)
+    plain = (torch.randn(96, k, generator=torch.Generator().manual_seed(12)) * 0.05).to(DEVICE)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    y = fp8_linear(x, q, s, BLOCK, config, plain=plain)
+    assert y.shape == (1, 352)
+    assert torch.equal(y[:, :256], fp8_linear(x, q, s, BLOCK, config))
+    torch.testing.assert_close(y[:, 256:].cpu(), x.cpu() @ plain.cpu().T, rtol=1e-5, atol=1e-5)
+    assert not arrivals(q, 1).any() and torch.equal(fp8_linear(x, q, s, BLOCK, config, plain=plain), y)
+    x2 = torch.cat([x, x])
+    torch.testing.assert_close(fp8_linear(x2, q, s, BLOCK, plain=plain).cpu(), torch.cat([y, y]).cpu(), rtol=1e-5,
+                               atol=1e-5)
+    q160, s160 = q[:160].contiguous(), s[:2].contiguous()  # 2.5 one-row tiles
+    torch.testing.assert_close(fp8_linear(x, q160, s160, BLOCK, config, plain=plain).cpu(),
+                               torch.cat([y[:, :160], y[:, 256:]], dim=-1).cpu(), rtol=1e-5, atol=1e-5)
+    for bad in (plain[:, :-1], plain.double()):
+        with pytest.raises(ValueError, match="a plain weight"):
+            fp8_linear(x, q, s, BLOCK, config, plain=bad)
+
+
+def test_fused_runs_at_one_row_give_each_part_its_product():
+    """An FP8 checkpoint's GDN projections (fused.fuse_linears: FP8 qkv and z, plain b and a; qkv not a whole number
+    of scale blocks tall, a run of its own): at one row the plain run rides the FP8 run before it (one launch),
+    every part's output as the part's own product; at several rows one product a run."""
+    parts = {"in_proj_qkv": quantized(192, 256, 21), "in_proj_z": quantized(128, 256, 22)}
+    gdn = torch.nn.Module()
+    for name, (q, s) in parts.items():
+        setattr(gdn, name, fp8.Fp8Linear(q, s, BLOCK))
+    for name, seed in (("in_proj_b", 23), ("in_proj_a", 24)):
+        linear = torch.nn.Linear(256, 48, bias=False)
+        torch.nn.init.normal_(linear.weight, std=0.05, generator=torch.Generator().manual_seed(seed))
+        setattr(gdn, name, linear.to(DEVICE))
+    names = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+    fused = fuse_linears(gdn, names)
+    assert [type(r).__name__ for r in fused.runs] == ["FusedFp8Linear", "FusedFp8Linear", "FusedLinear"]
+    for rows in (1, 3):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+        for name, y in zip(names, fused(x)):
+            part = getattr(gdn, name)
+            want = reference(x, *parts[name]) if name in parts else x.cpu() @ part.weight.detach().cpu().T
+            torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_stages_fit_the_shared_memory():
     """A stage holds x's tile and the weight's: 129 float32 rows fit two on an H200 (three asked 288 KiB of its
     227), bfloat16 three; a 99 KiB card (RTX 4090, L40S) gets one for a verify, three for decode rows."""

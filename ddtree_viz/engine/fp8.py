@@ -296,16 +296,19 @@ def _gemm_module():
 _GEMM = None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+           plain: torch.Tensor | None = None) -> torch.Tensor:
     """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
     product rounded once to x's dtype, as a load in that dtype rounds it; on CUDA at one row not rounded, fp8_gemm's
     docstring). On CUDA the Triton GEMM reads the fp8 bytes and scales as stored (any number of rows: decode, tree
     verify, prefill); elsewhere (a CPU, no Triton) the weight is dequantized for this call and multiplied by
-    F.linear (on a CPU bit for bit the model dequantized at load)."""
+    F.linear (on a CPU bit for bit the model dequantized at load). `plain`: a weight of x's dtype whose product
+    x plain^T follows in y's last columns (on CUDA at one row in the same launch: fp8_linear)."""
     gemm = _gemm_module() if x.is_cuda else None
     if gemm is not None and gemm.fits(block):
-        return gemm.fp8_linear(x, weight, scale, block)
-    return F.linear(x, dequantize(weight, scale, block).to(x.dtype))
+        return gemm.fp8_linear(x, weight, scale, block, plain=plain)
+    y = F.linear(x, dequantize(weight, scale, block).to(x.dtype))
+    return y if plain is None else torch.cat((y, F.linear(x, plain)), dim=-1)
 
 
 class Fp8Linear(nn.Module):

@@ -115,9 +115,9 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
 
 
 @triton.jit
-def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
+def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT, q_ptr, s_qn, NQ,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              SPLIT: tl.constexpr, SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr):
+              SPLIT: tl.constexpr, SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr, PLAIN: tl.constexpr):
     """Row m of y = x (W x S)^T, BLOCK_N of its columns, over input columns [k * K_SPLIT, (k + 1) * K_SPLIT);
     program (n block, m, k). On the CUDA cores, for one row: BLOCK_N divides the scale block's rows and BLOCK_K its
     columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
@@ -125,25 +125,39 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     kernel converts, scales and rounds every weight for the tensor cores (a one-row product then takes 1.04-1.13x a
     load-only loop's time over its weight, the tile kernel 1.1-1.4x; PERFORMANCE.md section 32). The same
     dequantized product, its weight exact (never rounded to x's dtype); the split's slices and their sums as the
-    tile kernel's (SPLIT, SUM_IN_LAUNCH)."""
+    tile kernel's (SPLIT, SUM_IN_LAUNCH). PLAIN: a plain weight q [NQ, K] (x's dtype, no scales) rides the launch,
+    its rows y's columns N to N + NQ, made by the programs past W's tiles (W a whole number of them tall): an FP8
+    checkpoint's bf16 in_proj_b / in_proj_a beside its FP8 in_proj, one launch where two cuBLAS kernels were."""
     n0 = tl.program_id(0) * BLOCK_N
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
     k_start = tl.program_id(2) * K_SPLIT
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        s = tl.load(s_ptr + (n0 // SB_N) * s_sn + k0 // SB_K)
-        if EVEN:
-            x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk)
-        else:
-            x = tl.load(x_ptr + tl.program_id(1) * s_xm + rk, mask=rk < K, other=0.0)
-        w = _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
-        acc += tl.sum(w.to(tl.float32) * (x.to(tl.float32) * s)[None, :], axis=1)
-    _store_out(y_ptr, p_ptr, acc[None, :], rm, rn, M, N, s_ym, SPLIT, False)
+    if PLAIN and n0 >= N:  # the plain weight's rows rq, y's columns rn
+        rq = n0 - N + tl.arange(0, BLOCK_N)
+        for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+            x = _x_row(x_ptr + tl.program_id(1) * s_xm, k0, K, BLOCK_K, EVEN)
+            acc += tl.sum(_w_tile(q_ptr, rq, k0, NQ, K, s_qn, BLOCK_K, False).to(tl.float32) * x[None, :], axis=1)
+    else:
+        for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+            s = tl.load(s_ptr + (n0 // SB_N) * s_sn + k0 // SB_K)
+            x = _x_row(x_ptr + tl.program_id(1) * s_xm, k0, K, BLOCK_K, EVEN)
+            w = _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
+            acc += tl.sum(w.to(tl.float32) * (x * s)[None, :], axis=1)
+    _store_out(y_ptr, p_ptr, acc[None, :], rm, rn, M, N + NQ, s_ym, SPLIT, False)
     if SPLIT > 1 and SUM_IN_LAUNCH:
         if _last_to_arrive(c_ptr, SPLIT):
-            _sum_tile(p_ptr, y_ptr, rm, rn, M, N, s_ym, SPLIT)
+            _sum_tile(p_ptr, y_ptr, rm, rn, M, N + NQ, s_ym, SPLIT)
             tl.store(_counter(c_ptr), 0)
+
+
+@triton.jit
+def _x_row(row_ptr, k0, K, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+    """One row of x, columns [k0, k0 + BLOCK_K), in float32 (0 past K, unless EVEN: K holds every step)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    if EVEN:
+        return tl.load(row_ptr + rk).to(tl.float32)
+    else:
+        return tl.load(row_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -385,9 +399,11 @@ def waves(programs: int, split: int, sms: int) -> float:
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-               config: Config | None = None) -> torch.Tensor:
+               config: Config | None = None, plain: torch.Tensor | None = None) -> torch.Tensor:
     """y = x (weight x scale per block)^T for x [..., K] (the leading dimensions flattened to M rows), with `config`
-    (default: `choose`'s)."""
+    (default: `choose`'s). `plain`: a weight [NQ, K] of x's dtype whose product x plain^T follows in y's last NQ
+    columns; in the same launch where the one-row kernel runs and the FP8 weight is a whole number of its tiles
+    tall, else by F.linear beside it."""
     if not fits(block):
         raise ValueError(f"fp8_linear: scale blocks of {block} are not whole tiles of 128x{BLOCK_K}")
     lead, K = x.shape[:-1], x.shape[-1]
@@ -396,25 +412,40 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     c = config or choose(M, N, K, x.device)
     if c.gemv and block[0] % c.block_n:  # _fp8_gemv reads one scale a tile
         raise ValueError(f"fp8_linear: one-row tiles of {c.block_n} weight rows straddle scale blocks of {block}")
+    if plain is not None and (plain.shape[1] != K or plain.dtype != x.dtype):
+        raise ValueError(f"fp8_linear: a plain weight {tuple(plain.shape)} {plain.dtype} for x [{M}, {K}] {x.dtype}")
+    if plain is not None and not rides(c, N):
+        y = torch.cat((fp8_linear(x2, weight, scale, block, c), torch.nn.functional.linear(x2, plain)), dim=-1)
+        return y.reshape(*lead, N + plain.shape[0])
+    NQ = 0 if plain is None else plain.shape[0]
     w_arg, c = (weight, c) if c.gemv else _weight_operand(weight, c)
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
-    grid = (triton.cdiv(N, c.block_n), M if c.gemv else triton.cdiv(M, c.block_m + c.tail), c.split_k)
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    partial = torch.empty(c.split_k, M, N, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
+    tiles = triton.cdiv(N, c.block_n) + triton.cdiv(NQ, c.block_n)  # the plain rows' tiles after W's
+    grid = (tiles, M if c.gemv else triton.cdiv(M, c.block_m + c.tail), c.split_k)
+    y = torch.empty(M, N + NQ, dtype=x.dtype, device=x.device)
+    partial = torch.empty(c.split_k, M, N + NQ, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
     counters = arrivals(weight, grid[0] * grid[1]) if c.split_k > 1 and c.sum_in_launch else y
-    args = (x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N,
+    args = (x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N + NQ,
             k_split)
     consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_N=c.block_n, BLOCK_K=BLOCK_K, SPLIT=c.split_k,
                   SUM_IN_LAUNCH=c.sum_in_launch, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if c.gemv:
-        _fp8_gemv[grid](*args, **consts)
+        q = plain if plain is not None else weight  # (an unread pointer without plain rows)
+        _fp8_gemv[grid](*args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts)
     else:
         _fp8_gemm[grid](*args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
                         else "tf32", UPCAST=INTERPRETED, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
-        _sum_splits[(triton.cdiv(M * N, SUM_BLOCK),)](partial, y, M * N, SPLIT=c.split_k, BLOCK=SUM_BLOCK)
-    return y.reshape(*lead, N)
+        _sum_splits[(triton.cdiv(M * (N + NQ), SUM_BLOCK),)](partial, y, M * (N + NQ), SPLIT=c.split_k,
+                                                             BLOCK=SUM_BLOCK)
+    return y.reshape(*lead, N + NQ)
+
+
+def rides(c: Config, N: int) -> bool:
+    """Whether a plain weight's rows ride an FP8 product's launch under `c`: the one-row kernel over an FP8 weight
+    [N, K] that is a whole number of its tiles tall (the plain rows' tiles follow W's)."""
+    return c.gemv and N % c.block_n == 0
 
 
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
