@@ -62,7 +62,7 @@ class FusedLinear:
 class FusedRuns:
     """A group whose parts are not all of one kind (an FP8 checkpoint's bf16 in_proj_b / in_proj_a beside its FP8
     in_proj_qkv / in_proj_z) or do not stack in whole FP8 scale blocks: one fused GEMM per run of parts, the outputs
-    in the parts' order."""
+    in the parts' order; at one row a last plain run in the launch of the FP8 run before it (fp8_gemm.rides)."""
 
     runs: tuple  # FusedLinear | fp8.FusedFp8Linear, each for `counts[i]` consecutive parts
     counts: tuple[int, ...]
