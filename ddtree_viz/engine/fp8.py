@@ -296,19 +296,29 @@ def _gemm_module():
 _GEMM = None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-           plain: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
     product rounded once to x's dtype, as a load in that dtype rounds it; on CUDA at one row not rounded, fp8_gemm's
     docstring). On CUDA the Triton GEMM reads the fp8 bytes and scales as stored (any number of rows: decode, tree
     verify, prefill); elsewhere (a CPU, no Triton) the weight is dequantized for this call and multiplied by
-    F.linear (on a CPU bit for bit the model dequantized at load). `plain`: a weight of x's dtype whose product
-    x plain^T follows in y's last columns (on CUDA at one row in the same launch: fp8_linear)."""
+    F.linear (on a CPU bit for bit the model dequantized at load)."""
     gemm = _gemm_module() if x.is_cuda else None
     if gemm is not None and gemm.fits(block):
-        return gemm.fp8_linear(x, weight, scale, block, plain=plain)
-    y = F.linear(x, dequantize(weight, scale, block).to(x.dtype))
-    return y if plain is None else torch.cat((y, F.linear(x, plain)), dim=-1)
+        return gemm.fp8_linear(x, weight, scale, block)
+    return F.linear(x, dequantize(weight, scale, block).to(x.dtype))
+
+
+def riding_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                  plain: torch.Tensor) -> torch.Tensor | None:
+    """`linear`'s product and x plain^T (a plain weight of x's dtype) side by side in y, in one launch where the
+    Triton GEMM's one-row kernel takes the plain rows (fp8_gemm.rides); None elsewhere (the caller runs the two)."""
+    gemm = _gemm_module() if x.is_cuda and plain.dtype == x.dtype else None
+    if gemm is None or not gemm.fits(block):
+        return None
+    K, N = x.shape[-1], weight.shape[0]
+    if not gemm.rides(gemm.choose(x.numel() // K, N, K, x.device), N):
+        return None
+    return gemm.fp8_linear(x, weight, scale, block, plain=plain)
 
 
 class Fp8Linear(nn.Module):

@@ -62,17 +62,18 @@ class FusedLinear:
 class FusedRuns:
     """A group whose parts are not all of one kind (an FP8 checkpoint's bf16 in_proj_b / in_proj_a beside its FP8
     in_proj_qkv / in_proj_z) or do not stack in whole FP8 scale blocks: one fused GEMM per run of parts, the outputs
-    in the parts' order; at one row a last plain run in the launch of the FP8 run before it (fp8_gemm.rides)."""
+    in the parts' order; at one row on CUDA a last plain run in the launch of the FP8 run before it
+    (fp8.riding_linear)."""
 
     runs: tuple  # FusedLinear | fp8.FusedFp8Linear, each for `counts[i]` consecutive parts
     counts: tuple[int, ...]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         *head, last_fp8, plain = self.runs
-        if (x.numel() == x.shape[-1] and isinstance(last_fp8, fp8.FusedFp8Linear) and isinstance(plain, FusedLinear)
-                and plain.weight.dtype == x.dtype):  # one row: a last plain run rides the FP8 product's launch
-            y = fp8.linear(x, last_fp8.weight, last_fp8.scale, last_fp8.block, plain=plain.weight)
-            return tuple(y for run in head for y in run(x)) + y.split(last_fp8.sizes + plain.sizes, dim=-1)
+        if isinstance(last_fp8, fp8.FusedFp8Linear) and isinstance(plain, FusedLinear):
+            y = fp8.riding_linear(x, last_fp8.weight, last_fp8.scale, last_fp8.block, plain.weight)
+            if y is not None:  # one row on CUDA: the last plain run in the FP8 product's launch
+                return tuple(y for run in head for y in run(x)) + y.split(last_fp8.sizes + plain.sizes, dim=-1)
         return tuple(y for run in self.runs for y in run(x))
 
 
