@@ -273,12 +273,15 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     model's runner's to the order of the sums."""
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
+    from ddtree_viz.engine.fp8_gemm import rides
+    from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.session import DFlashProposer, GreedyReference
     from ddtree_viz.engine.tree import DraftTree
 
-    pair = tiny_pair("hybrid", seed=0, layers=8, hidden=256)
+    # in_proj_z 64 rows: one tile, so b and a ride; seed 2: no end-of-text in its 40 tokens (the session stops there)
+    pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
     assert fp8.quantize_linears(pair.target, BLOCK) > 0
     assert fp8.quantize_linears(pair.drafter, BLOCK, skip=()) > 0  # an FP8 drafter kept, in its static graphs
     pair.target.to("cuda")
@@ -289,6 +292,9 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
     assert runner.graphs and runner.options.fused
     assert any(isinstance(f, fp8.FusedFp8Linear) for f in runner._fused.values())
+    gdn = runner._fused[0, "mixer"]  # the bf16-kept in_proj_b / in_proj_a ride the FP8 in_proj_z's one-row launch
+    n, k = gdn.runs[-2].weight.shape
+    assert isinstance(gdn, FusedRuns) and rides(choose(1, n, k, torch.device("cuda")), n)
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
     for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
         oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
