@@ -693,7 +693,7 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch", "torch")
+    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch", "torch", "torch")
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -749,7 +749,7 @@ def test_runner_options_on_the_cpu():
 
     cpu = torch.device("cpu")
     assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused", "torch",
-                                                      "torch", "torch")
+                                                      "torch", "torch", "torch")
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")
@@ -765,12 +765,12 @@ def test_runner_options_on_the_cpu():
     assert RunnerOptions(gate_up="split").resolve(cpu).gate_up == "split"
     with pytest.raises(ValueError, match="gate_up"):
         RunnerOptions(gate_up="halves").resolve(cpu)
-    for one_launch in ("gdn_step", "commit", "gdn_prep"):  # ONE_LAUNCH_CHOICES' options, each named in its error
+    for one_launch in ("gdn_step", "commit", "gdn_prep", "norm"):  # ONE_LAUNCH_CHOICES' options, each named in its error
         with pytest.raises(ValueError, match=one_launch):
             RunnerOptions(**{one_launch: "fast"}).resolve(cpu)
-    assert RunnerOptions().resolve(cpu).gdn_prep == "torch"  # auto: the compiled piece where Triton cannot run
+    assert RunnerOptions().resolve(cpu).gdn_prep == RunnerOptions().resolve(cpu).norm == "torch"  # auto: the pieces
     on_cuda = RunnerOptions().resolve(torch.device("cuda"))
-    assert on_cuda.gdn_step == on_cuda.gdn_prep == ("triton" if triton_available() else "torch")
+    assert on_cuda.gdn_step == on_cuda.gdn_prep == on_cuda.norm == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_kernel="triton").resolve(cpu)
@@ -778,6 +778,8 @@ def test_runner_options_on_the_cpu():
             RunnerOptions(gdn_step="triton").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_prep="triton").resolve(cpu)
+        with pytest.raises(ValueError, match="Triton"):
+            RunnerOptions(norm="triton").resolve(cpu)
 
 
 def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch",
@@ -796,13 +798,13 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
     ref = GreedyReference(pair.target, prompt, set()).extend_to(new)
     kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
     eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False, "default", "fused", "torch",
-                                                            "torch"), **kw)
+                                                            "torch", norm="torch"), **kw)
     graphs = counters["stats"]["unique_graphs"]
     runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True, blas), **kw)
     assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
     assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
     want = "triton" if device == "cuda" else "torch"  # the step's core and the commit's update each one launch
-    assert runner.options.gdn_step == want and runner.options.commit == want
+    assert runner.options.gdn_step == want and runner.options.commit == want and runner.options.norm == want
     assert runner.options.gdn_prep == (want if runner.rule.takes_prep else "torch")  # a tree's prep one launch too
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
     made = counters["stats"]["unique_graphs"] - graphs

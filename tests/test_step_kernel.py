@@ -18,6 +18,7 @@ from ddtree_viz.engine.delta_rule.dispatch import (
 from ddtree_viz.engine.delta_rule.triton_commit import commit_recurrent_triton
 from ddtree_viz.engine.delta_rule.triton_step import gdn_prep_triton, gdn_step_triton
 from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent, gdn_prep
+from ddtree_viz.engine.triton_norm import add_rms_norm_triton
 from ddtree_viz.engine.gdn_tree import TreeIndex
 from tests.test_gdn_tree import random_tree
 
@@ -135,7 +136,7 @@ def test_dispatch_resolves_checks_and_falls_back():
 
 
 def test_runner_with_the_one_node_kernel_decodes_greedy():
-    """The static runner with gdn_step, commit and gdn_prep "triton" (and each tree form beside them): its greedy ==
+    """The static runner with gdn_step, commit, gdn_prep and norm "triton" (and each tree form beside them): its greedy ==
     transformers' greedy and its DDTree == greedy, token for token (fp32)."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
@@ -150,10 +151,12 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for kernel in ("torch", "triton-rule"):
-        options = RunnerOptions(kernel, True, "eager", gdn_step="triton", commit="triton", gdn_prep="triton")
+        options = RunnerOptions(kernel, True, "eager", gdn_step="triton", commit="triton", gdn_prep="triton",
+                                norm="triton")
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
         assert runner.kernel_error is None and runner.options.gdn_step == runner.options.commit == "triton"
+        assert runner.options.norm == "triton" and runner._norm_kernel is add_rms_norm_triton
         assert runner.rule.one_node is gdn_step_triton and runner._commit_kernel is commit_recurrent_triton
         assert runner.rule.prep is (gdn_prep_triton if kernel == "triton-rule" else None)  # the torch core has none
         assert runner.options.gdn_prep == ("triton" if kernel == "triton-rule" else "torch")

@@ -55,7 +55,8 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
 
 
 # RunnerOptions' fields, every one (BenchConfig holds each; runner_variants can switch each)
-VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep")
+VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep",
+                  "norm")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class BenchConfig:
     gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (RunnerOptions.gdn_step)
     commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
     gdn_prep: str = "auto"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
+    norm: str = "auto"  # --norm: a layer's residual add and the norm after it (RunnerOptions.norm)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -89,7 +91,7 @@ class BenchConfig:
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
                    gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
-                   gdn_prep=a.gdn_prep, variants=tuple(a.variants),
+                   gdn_prep=a.gdn_prep, norm=a.norm, variants=tuple(a.variants),
                    dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
@@ -1531,7 +1533,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
                 ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
                 ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton"),
-                ("gdn_prep", "triton"), ("gdn_prep", "torch")]
+                ("gdn_prep", "triton"), ("gdn_prep", "torch"), ("norm", "triton"), ("norm", "torch")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
@@ -2139,6 +2141,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("--commit", "commit of the GDN states", "for every layer (delta_rule/triton_commit.py)",
              "a batched matmul and a pass"),
             ("--gdn-prep", "GDN conv, l2 norms and gates over a tree", "a layer (delta_rule/triton_step.py)",
+             "the compiled piece"),
+            ("--norm", "residual add and the norm after it", "each, a program a row (engine/triton_norm.py)",
              "the compiled piece")):
         p.add_argument(flag, choices=ONE_LAUNCH_CHOICES, default="auto",
                        help=f"the runner's {what}: auto = one Triton launch {launch} on CUDA when Triton imports, "

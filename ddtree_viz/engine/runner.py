@@ -45,6 +45,8 @@ bitwise what they were):
                 written once in one launch (delta_rule/triton_commit.py); "torch" a batched matmul and a pass
     gdn_prep    a tree's GDN conv, l2 norms and gates: "triton" (the default on CUDA) one launch a layer
                 (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
+    norm        a layer's residual adds and the norms after them: "triton" (the default on CUDA) one launch each,
+                a program a row (engine/triton_norm.py); "torch" the piece fused.add_rms_norm
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -71,7 +73,7 @@ from .cache import layer_types
 from . import fp8, fused as fz
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import (
-    GDN_KERNELS, choose, choose_commit, resolve_option, resolve_step, triton_available,
+    GDN_KERNELS, choose, choose_commit, choose_norm, resolve_option, resolve_step, triton_available,
 )
 from .fused import (ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, FusedLinear, GDNWeights, Pieces,
                     fuse_linears)
@@ -157,6 +159,9 @@ class RunnerOptions:
     # piece gdn_prep) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the forms with
     # q and k at their key heads: triton-rule, triton, triton-tree)
     gdn_prep: str = "auto"
+    # a layer's residual add and the norm after it: auto (CUDA with Triton: triton) | torch (the piece
+    # fused.add_rms_norm) | triton (engine/triton_norm.py: one launch, a program a row)
+    norm: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -174,7 +179,7 @@ class RunnerOptions:
         gate_up = self.gate_up if cuda or self.gate_up != "auto" else "fused"  # nothing to measure without graphs
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas,
                              gate_up, resolve_step(self.gdn_step, device), resolve_step(self.commit, device, "commit"),
-                             resolve_step(self.gdn_prep, device, "gdn_prep"))
+                             resolve_step(self.gdn_prep, device, "gdn_prep"), resolve_step(self.norm, device, "norm"))
 
 
 @dataclass
@@ -254,16 +259,19 @@ class StaticRunner:
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.options = (options or RunnerOptions()).resolve(self.device)
-        # the tree delta rule's form, the one-node core, the tree's prep and the commit, once (kernel_error: why a
-        # Triton one was refused here; the torch one runs in its place)
+        # the tree delta rule's form, the one-node core, the tree's prep, the commit and the add and norm, once (why a
+        # Triton one was refused here, kernel_error; the torch one runs in its place)
         self.rule, self.kernel_error = choose(self.options.gdn_kernel, self.device, next(iter(gdn.values())),
                                               self.options.gdn_step, self.options.gdn_prep)
         self._commit_kernel, why = choose_commit(self.options.commit, self.device)
-        self.kernel_error = "; ".join(e for e in (self.kernel_error, why) if e) or None
+        self._norm_kernel, why_norm = choose_norm(self.options.norm, self.device, self.dtype,
+                                                   weight.shape[-1])
+        self.kernel_error = "; ".join(e for e in (self.kernel_error, why, why_norm) if e) or None
         self.options = replace(self.options, gdn_kernel=self.rule.name,
                                gdn_step="torch" if self.rule.one_node is None else "triton",
                                commit="torch" if self._commit_kernel is None else "triton",
-                               gdn_prep="torch" if self.rule.prep is None else "triton")
+                               gdn_prep="torch" if self.rule.prep is None else "triton",
+                               norm="torch" if self._norm_kernel is None else "triton")
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
@@ -586,7 +594,10 @@ class StaticRunner:
         return tree_cols, mask
 
     def _add_norm(self, x, y, norm):
-        """A residual add and the norm after it (`norm`: (scale, eps) of `_norms`): (x + y, norm(x + y))."""
+        """A residual add and the norm after it (`norm`: (scale, eps) of `_norms`): (x + y, norm(x + y)), in one
+        launch where RunnerOptions.norm is triton (engine/triton_norm.py), else the piece."""
+        if self._norm_kernel is not None:
+            return self._norm_kernel(x, y, *norm)
         return self.pieces(fz.add_rms_norm)(x, y, *norm)
 
     def _gdn(self, i, gdn, h, gather, core):

@@ -20,13 +20,14 @@ Each form's `rule(q, k, v, g, beta, state, ancestors) -> (o, delta)` is its tree
 key heads), which `check` compares with the torch form at construction: a Triton form that cannot compile or
 differs here leaves the torch form, and says why. Triton is imported only when a Triton form is chosen.
 
-Apart from the tree's form, three pieces each have a one-launch form (ONE_LAUNCH_CHOICES: "torch" or "triton",
+Apart from the tree's form, four pieces each have a one-launch form (ONE_LAUNCH_CHOICES: "torch" or "triton",
 "auto" the latter on CUDA): the one-node pass's core (`RunnerOptions.gdn_step`; "torch" the form's own, "triton"
 the whole core in one launch a layer, triton_step.gdn_step_triton: conv, gates, the one-step rule, gated norm),
 which `check_one_node` holds to the torch core at construction the same way; a tree's conv, l2 norms and gates
 before the rule (`RunnerOptions.gdn_prep`; "torch" the compiled piece, "triton" triton_step.gdn_prep_triton,
-`check_prep`), for the forms that take q and k at their key heads (triton-rule, triton, triton-tree); and the
-commit's recurrent update (`RunnerOptions.commit`, `choose_commit`).
+`check_prep`), for the forms that take q and k at their key heads (triton-rule, triton, triton-tree); the
+commit's recurrent update (`RunnerOptions.commit`, `choose_commit`); and a layer's residual add and the norm after
+it (`RunnerOptions.norm`, `choose_norm`: engine/triton_norm.py, a program a row).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree
 from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
 
 GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
-# gdn_step, commit and gdn_prep (each a piece in one launch, or not): auto is triton on CUDA where Triton imports
+# gdn_step, commit, gdn_prep and norm (each a piece in one launch, or not): auto is triton on CUDA where Triton imports
 ONE_LAUNCH_CHOICES = ("auto", "torch", "triton")
 
 
@@ -72,7 +73,7 @@ def resolve_option(option: str, device: torch.device) -> str:
 
 
 def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
-    """What `option` (a name of ONE_LAUNCH_CHOICES: RunnerOptions' `name`: gdn_step, commit or gdn_prep) means on
+    """What `option` (a name of ONE_LAUNCH_CHOICES: RunnerOptions' `name`: gdn_step, commit, gdn_prep or norm) means on
     `device`, as resolve_option: auto is triton on CUDA where Triton imports, else torch."""
     if option not in ONE_LAUNCH_CHOICES:
         raise ValueError(f"{name} must be one of {', '.join(ONE_LAUNCH_CHOICES)}, not {option!r}")
@@ -350,3 +351,28 @@ def choose_commit(option: str, device: torch.device) -> tuple[Callable | None, s
         return commit_recurrent_triton, None
     except Exception as exc:
         return None, f"the commit: {type(exc).__name__}: {str(exc)[:500]}"
+
+
+def choose_norm(option: str, device: torch.device, dtype: torch.dtype, width: int) -> tuple[Callable | None, str | None]:
+    """A layer's residual add and norm for a resolved option (`resolve_step`): (triton_norm's launch, None) where it
+    takes the model's rows (`width` columns) and gives fused.add_rms_norm's sum and, to a rounding, its norm, on
+    three rows of 1,000 columns in the model's dtype; (None, why) where it cannot (the piece runs); (None, None)
+    for "torch"."""
+    if option != "triton":
+        return None, None
+    try:
+        from ..fused import add_rms_norm
+        from ..triton_norm import WIDEST, add_rms_norm_triton
+
+        if width > WIDEST:
+            return None, f"the add and norm: rows of {width} columns, wider than the launch's {WIDEST}"
+
+        gen = torch.Generator().manual_seed(0)
+        x, y = (torch.randn(1, 3, 1000, generator=gen).to(device, dtype) for _ in range(2))
+        scale = (1 + 0.1 * torch.randn(1000, generator=gen)).to(device)
+        got, want = add_rms_norm_triton(x, y, scale, 1e-6), add_rms_norm(x, y, scale, 1e-6)
+        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got[1], want[1])  # the dtype's tolerance: a rounding apart at most
+        return add_rms_norm_triton, None
+    except Exception as exc:
+        return None, f"the add and norm: {type(exc).__name__}: {str(exc)[:500]}"
