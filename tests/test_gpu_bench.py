@@ -59,7 +59,8 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     # issue #18's report: what ran, the prefill at both lengths, each option switched, every target judged
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False,
                                "blas": "default", "gate_up": "fused",
-                               "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch"}  # CPU defaults
+                               "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch",
+                               "norm": "torch"}  # CPU defaults
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)

@@ -765,7 +765,8 @@ def test_runner_options_on_the_cpu():
     assert RunnerOptions(gate_up="split").resolve(cpu).gate_up == "split"
     with pytest.raises(ValueError, match="gate_up"):
         RunnerOptions(gate_up="halves").resolve(cpu)
-    for one_launch in ("gdn_step", "commit", "gdn_prep", "norm"):  # ONE_LAUNCH_CHOICES' options, each named in its error
+    # ONE_LAUNCH_CHOICES' options, each named in its error
+    for one_launch in ("gdn_step", "commit", "gdn_prep", "norm"):
         with pytest.raises(ValueError, match=one_launch):
             RunnerOptions(**{one_launch: "fast"}).resolve(cpu)
     assert RunnerOptions().resolve(cpu).gdn_prep == RunnerOptions().resolve(cpu).norm == "torch"  # auto: the pieces

@@ -136,8 +136,8 @@ def test_dispatch_resolves_checks_and_falls_back():
 
 
 def test_runner_with_the_one_node_kernel_decodes_greedy():
-    """The static runner with gdn_step, commit, gdn_prep and norm "triton" (and each tree form beside them): its greedy ==
-    transformers' greedy and its DDTree == greedy, token for token (fp32)."""
+    """The static runner with gdn_step, commit, gdn_prep and norm "triton" (and each tree form beside them): its
+    greedy == transformers' greedy and its DDTree == greedy, token for token (fp32)."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
     from ddtree_viz.engine.session import GreedyReference

@@ -353,7 +353,8 @@ def choose_commit(option: str, device: torch.device) -> tuple[Callable | None, s
         return None, f"the commit: {type(exc).__name__}: {str(exc)[:500]}"
 
 
-def choose_norm(option: str, device: torch.device, dtype: torch.dtype, width: int) -> tuple[Callable | None, str | None]:
+def choose_norm(option: str, device: torch.device, dtype: torch.dtype,
+                width: int) -> tuple[Callable | None, str | None]:
     """A layer's residual add and norm for a resolved option (`resolve_step`): (triton_norm's launch, None) where it
     takes the model's rows (`width` columns) and gives fused.add_rms_norm's sum and, to a rounding, its norm, on
     three rows of 1,000 columns in the model's dtype; (None, why) where it cannot (the piece runs); (None, None)
