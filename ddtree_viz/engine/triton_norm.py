@@ -1,10 +1,10 @@
 """A layer's residual add and the RMSNorm after it in one Triton launch, a program a row (RunnerOptions.norm).
 
 fused.add_rms_norm, compiled, is what the runner ran between a layer's products: 128 launches a pass at Qwen3.6-27B
-shapes, ~3.6 us each at one row and at 65 (inductor's looped reduction over the 5,120 columns: a pass for the
-sum of squares, another for the output), 0.46 ms of a greedy step (docs/PERFORMANCE.md section 33). Here a
-program holds its whole row in registers: it reads x and y once, writes x + y (in their dtype, as torch adds:
-the exact sum rounded once) and the norm of that sum, Qwen3.5's zero-centred RMSNorm (float32: the row's mean
+shapes, 2.2 us a call at one row and 3.4 at 65 in a CUDA graph on an H200 (this launch: 2.0 and 3.0; the greedy
+step 0.2 ms faster with it, docs/PERFORMANCE.md section 34). Here a program holds its whole row in registers:
+it reads x and y once, writes x + y (in their dtype, as torch adds: the exact sum rounded once) and the norm of
+that sum, Qwen3.5's zero-centred RMSNorm (float32: the row's mean
 square, its reciprocal square root, times the fp32 scale 1 + w, rounded once to the dtype). The same function
 as the piece; its sum of squares in another order, so a row's norm may differ from the piece's by a rounding
 (float32: ~1e-7; tests/test_norm_kernel.py). A program a row whatever the rows, so a greedy step's row and a
