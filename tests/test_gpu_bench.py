@@ -60,16 +60,18 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False,
                                "blas": "default", "gate_up": "fused",
                                "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch",
-                               "norm": "torch"}  # CPU defaults
+                               "norm": "torch", "pdl": "off"}  # CPU defaults
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)
     measured = [v for v in fast["variants"] if "error" not in v]
     options = [v["options"] for v in measured]
     assert {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default",
-            "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch"} in options
+            "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch",
+            "pdl": "off"} in options
     assert {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False, "blas": "default",
-            "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch"} in options
+            "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch",
+            "pdl": "off"} in options
     assert all(v["greedy_step_ms"] > 0 and v["verify_64_ms"] > 0 and v["verify_128_ms"] > 0 for v in measured)
     assert all("Triton" in v["error"] for v in fast["variants"] if "error" in v)
     forms = fast["tree_forms"]  # the tree delta rule's forms per GDN layer (the Triton ones need CUDA)
@@ -209,7 +211,8 @@ def test_gpu_bench_smoke_fast_only(tmp_path):
     fast = speed["fast"]
     assert fast["options"] == {"gdn_kernel": "torch", "fused": False, "attention": "sdpa", "compile": False,
                                "blas": "default", "gate_up": "fused",
-                               "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch"}
+                               "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch",
+                               "pdl": "off"}
     assert [v["options"]["fused"] for v in fast["variants"]] == [True]  # --variants: only the option named
     assert [row["budget"] for row in fast["budgets"]] == [4, 8]
     # the tree phase both ways (issue #31 item 1): the tree built on the device is the host's

@@ -693,7 +693,8 @@ def test_runner_with_fused_projections_equals_greedy(attention):
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch", "torch", "torch")
+    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch", "torch", "torch",
+                             "off")
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                           options=options)
     assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
@@ -749,7 +750,7 @@ def test_runner_options_on_the_cpu():
 
     cpu = torch.device("cpu")
     assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused", "torch",
-                                                      "torch", "torch", "torch")
+                                                      "torch", "torch", "torch", "off")
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")

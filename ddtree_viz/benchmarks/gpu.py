@@ -56,7 +56,7 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
 
 # RunnerOptions' fields, every one (BenchConfig holds each; runner_variants can switch each)
 VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep",
-                  "norm")
+                  "norm", "pdl")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ class BenchConfig:
     commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
     gdn_prep: str = "auto"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
     norm: str = "auto"  # --norm: a layer's residual add and the norm after it (RunnerOptions.norm)
+    pdl: str = "auto"  # --pdl: programmatic dependent launch of the one-row FP8 products and add + norms (.pdl)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
@@ -91,7 +92,7 @@ class BenchConfig:
                    fast_only=a.fast_only, gdn_kernel=a.gdn_kernel, fused=False if a.no_fused else None,
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
                    gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
-                   gdn_prep=a.gdn_prep, norm=a.norm, variants=tuple(a.variants),
+                   gdn_prep=a.gdn_prep, norm=a.norm, pdl=a.pdl, variants=tuple(a.variants),
                    dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 
@@ -1533,7 +1534,8 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
                 ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
                 ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton"),
-                ("gdn_prep", "triton"), ("gdn_prep", "torch"), ("norm", "triton"), ("norm", "torch")]
+                ("gdn_prep", "triton"), ("gdn_prep", "torch"), ("norm", "triton"), ("norm", "torch"),
+                ("pdl", "on"), ("pdl", "off")]
     rows = []
     for field, value in switched:
         if field not in bench.variants:
@@ -2101,6 +2103,7 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
 
 def build_parser() -> argparse.ArgumentParser:
     from ..engine.delta_rule.dispatch import GDN_KERNELS, ONE_LAUNCH_CHOICES
+    from ..engine.pdl import CHOICES as PDL_CHOICES
     from ..engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -2147,6 +2150,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, choices=ONE_LAUNCH_CHOICES, default="auto",
                        help=f"the runner's {what}: auto = one Triton launch {launch} on CUDA when Triton imports, "
                             f"else {otherwise}")
+    p.add_argument("--pdl", choices=PDL_CHOICES, default="auto",
+                   help="the runner's one-row FP8 products and add + norm launches launched behind the kernel before "
+                        "them (programmatic dependent launch, engine/pdl.py): auto = on for a CUDA device of compute "
+                        "capability 9.0 or later with Triton")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
                         f"{', '.join(VARIANT_FIELDS)}; none: no variants)")

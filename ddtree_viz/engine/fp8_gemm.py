@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 BLOCK_K = 128
 SUM_BLOCK = 1024  # elements of y a program of _sum_splits adds
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
@@ -117,7 +119,8 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
 @triton.jit
 def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT, q_ptr, s_qn, NQ,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              SPLIT: tl.constexpr, SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr, PLAIN: tl.constexpr):
+              SPLIT: tl.constexpr, SUM_IN_LAUNCH: tl.constexpr, EVEN: tl.constexpr, PLAIN: tl.constexpr,
+              PDL: tl.constexpr = False):
     """Row m of y = x (W x S)^T, BLOCK_N of its columns, over input columns [k * K_SPLIT, (k + 1) * K_SPLIT);
     program (n block, m, k). On the CUDA cores, for one row: BLOCK_N divides the scale block's rows and BLOCK_K its
     columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
@@ -132,13 +135,25 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
     k_start = tl.program_id(2) * K_SPLIT
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PDL:  # launched behind the kernel before (engine/pdl.py): the next may launch; x only after the wait below
+        tl.extra.cuda.gdc_launch_dependents()
     if PLAIN and n0 >= N:  # the plain weight's rows rq, y's columns rn
         rq = n0 - N + tl.arange(0, BLOCK_N)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
             x = _x_row(x_ptr + tl.program_id(1) * s_xm, k0, K, BLOCK_K, EVEN)
             acc += tl.sum(_w_tile(q_ptr, rq, k0, NQ, K, s_qn, BLOCK_K, False).to(tl.float32) * x[None, :], axis=1)
     else:
-        for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
+        k_first = k_start
+        if PDL:  # the first weight tile and its scale read while the kernel before finishes, then its first step
+            w0 = _w_tile(w_ptr, rn, k_start, N, K, s_wn, BLOCK_K, EVEN)
+            s0 = tl.load(s_ptr + (n0 // SB_N) * s_sn + k_start // SB_K)
+            tl.extra.cuda.gdc_wait()
+            x0 = _x_row(x_ptr + tl.program_id(1) * s_xm, k_start, K, BLOCK_K, EVEN)
+            acc += tl.sum(w0.to(tl.float32) * (x0 * s0)[None, :], axis=1)
+            k_first = k_start + BLOCK_K
+        for k0 in range(k_first, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
             s = tl.load(s_ptr + (n0 // SB_N) * s_sn + k0 // SB_K)
             x = _x_row(x_ptr + tl.program_id(1) * s_xm, k0, K, BLOCK_K, EVEN)
             w = _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
@@ -432,7 +447,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if c.gemv:
         q = plain if plain is not None else weight  # (an unread pointer without plain rows)
-        _fp8_gemv[grid](*args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts)
+        _fp8_gemv[grid](*args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts, **pdl.keywords(x))
     else:
         _fp8_gemm[grid](*args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
                         else "tf32", UPCAST=INTERPRETED, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)

@@ -47,6 +47,9 @@ bitwise what they were):
                 (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
     norm        a layer's residual adds and the norms after them: "triton" (the default on CUDA) one launch each,
                 a program a row (engine/triton_norm.py); "torch" the piece fused.add_rms_norm
+    pdl         "on" (the default on a CUDA device of compute capability 9.0 or later) the one-row FP8 products and
+                the add + norm launches launched behind the kernel before them, programmatic dependent launch
+                (engine/pdl.py); "off" each launched after the kernel before has finished
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -70,7 +73,7 @@ from transformers import DynamicCache
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
-from . import fp8, fused as fz
+from . import fp8, fused as fz, pdl
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import (
     GDN_KERNELS, choose, choose_commit, choose_norm, resolve_option, resolve_step, triton_available,
@@ -162,6 +165,9 @@ class RunnerOptions:
     # a layer's residual add and the norm after it: auto (CUDA with Triton: triton) | torch (the piece
     # fused.add_rms_norm) | triton (engine/triton_norm.py: one launch, a program a row)
     norm: str = "auto"
+    # the one-row FP8 products and the add + norm launches launched behind the kernel before them (engine/pdl.py):
+    # auto (a CUDA device of compute capability 9.0 or later, with Triton: on) | on | off
+    pdl: str = "auto"
 
     def resolve(self, device: torch.device) -> "RunnerOptions":
         if self.gdn_kernel not in GDN_KERNELS:
@@ -179,7 +185,8 @@ class RunnerOptions:
         gate_up = self.gate_up if cuda or self.gate_up != "auto" else "fused"  # nothing to measure without graphs
         return RunnerOptions(kernel, cuda if self.fused is None else bool(self.fused), self.attention, compiles, blas,
                              gate_up, resolve_step(self.gdn_step, device), resolve_step(self.commit, device, "commit"),
-                             resolve_step(self.gdn_prep, device, "gdn_prep"), resolve_step(self.norm, device, "norm"))
+                             resolve_step(self.gdn_prep, device, "gdn_prep"), resolve_step(self.norm, device, "norm"),
+                             pdl.resolve(self.pdl, device, triton_available()))
 
 
 @dataclass
@@ -557,6 +564,11 @@ class StaticRunner:
     # -- the two static functions: each layer kind once, from the pieces (compiled or not) ----------------------
 
     def _forward(self, slot: _Slot):
+        """_pass, its one-row FP8 products and add + norm launches launched early where RunnerOptions.pdl is on."""
+        with pdl.early(self.options.pdl == "on"):
+            return self._pass(slot)
+
+    def _pass(self, slot: _Slot):
         """One pass over the slot's tree (what a CUDA graph captures): (logits [T, vocab] fp32, features [T, F] or
         None, the GDN layers' stash for the commit: u [Lg, T, C], k, g, delta [Lg, T, H, .]). Each layer's closing
         residual add is one piece with the next norm."""

@@ -17,15 +17,21 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 WIDEST = 16_384  # columns a program holds (5,120 at 27B: 20 a thread of its 8 warps); wider rows keep the piece
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, y_ptr, scale_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, y_ptr, scale_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """Row program_id(0) of [rows, D] x, y (contiguous): sum = x + y in their dtype; out = rms_norm(sum) x scale."""
     at = tl.program_id(0).to(tl.int64) * D
     cols = tl.arange(0, BLOCK)
     inside = cols < D
+    if PDL:  # launched behind the kernel before (engine/pdl.py): the next may launch; x and y after the wait
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + at + cols, mask=inside, other=0.0)
     y = tl.load(y_ptr + at + cols, mask=inside, other=0.0)
     s = (x.to(tl.float32) + y.to(tl.float32)).to(x.dtype)  # torch's add in x's dtype: the exact sum, rounded once
@@ -56,5 +62,5 @@ def add_rms_norm_triton(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, e
     if rows:
         block = triton.next_power_of_2(D)
         _add_rms_norm_kernel[(rows,)](x, y, scale, total, out, D, eps, BLOCK=block,
-                                      num_warps=8 if block >= 4096 else 4)
+                                      num_warps=8 if block >= 4096 else 4, **pdl.keywords(x))
     return total, out
