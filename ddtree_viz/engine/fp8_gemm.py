@@ -130,7 +130,8 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     dequantized product, its weight exact (never rounded to x's dtype); the split's slices and their sums as the
     tile kernel's (SPLIT, SUM_IN_LAUNCH). PLAIN: a plain weight q [NQ, K] (x's dtype, no scales) rides the launch,
     its rows y's columns N to N + NQ, made by the programs past W's tiles (W a whole number of them tall): an FP8
-    checkpoint's bf16 in_proj_b / in_proj_a beside its FP8 in_proj, one launch where two cuBLAS kernels were."""
+    checkpoint's bf16 in_proj_b / in_proj_a beside its FP8 in_proj, one launch where two cuBLAS kernels were. PDL:
+    launched behind the kernel before (engine/pdl.py): the first weight tile and scale read before the wait for x."""
     n0 = tl.program_id(0) * BLOCK_N
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
     k_start = tl.program_id(2) * K_SPLIT

@@ -6,15 +6,15 @@ kernel before it in the stream still runs: its programs become resident as soon 
 has started and said so, and wait in the kernel (griddepcontrol.wait) until it has finished and its writes are
 visible. At a greedy step the device then no longer idles between a norm and the product after it, or a product
 and the norm after it, while the next kernel is launched and its programs are placed; and the one-row FP8 product
-reads its first weight tile before it waits. On an H200 at Qwen3.6-27B shapes the FP8 greedy step, chained, went
-from 9.51 to 9.34 ms (docs/PERFORMANCE.md section 35). The same PDL on the one-step GDN kernel, or on the product
-alone, made the step slower (9.49 and 9.66 ms): only these pairs are launched this way.
+reads its first weight tile before it waits. On H200s at Qwen3.6-27B shapes the FP8 greedy step, chained, went
+from 9.51 to 9.34 ms and, on another machine, from 9.69 to 9.52 (docs/PERFORMANCE.md section 35). Launching the
+one-step GDN kernel early as well gave 9.49 ms, the product alone without the norms 9.66: only these pairs launch
+early. A bf16 runner has no one-row FP8 product; its add + norms launch early all the same.
 
-The rules a kernel launched this way keeps (tests/test_fp8_kernel.py and tests/test_norm_kernel.py check the outputs
-bit-equal with and without): it lets the next kernel launch at its start (gdc_launch_dependents); before its wait
-it reads nothing but weights (never written while a pass runs) and writes nothing; everything else comes after the
-wait, which returns once the kernel before has finished (and so, through that kernel's own wait, every kernel
-before it).
+The rules a kernel launched this way keeps (tests/test_pdl.py checks the outputs bit-equal with and without): it
+lets the next kernel launch at its start (gdc_launch_dependents); before its wait it reads nothing but weights
+(never written while a pass runs) and writes nothing; everything else comes after the wait, which returns once the
+kernel before has finished (and so, through that kernel's own wait, every kernel before it).
 
 The runner turns it on around its passes (`early`); everything else (transformers' forward, a drafter's runner,
 the bench's lone products) launches as before.

@@ -47,9 +47,9 @@ bitwise what they were):
                 (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
     norm        a layer's residual adds and the norms after them: "triton" (the default on CUDA) one launch each,
                 a program a row (engine/triton_norm.py); "torch" the piece fused.add_rms_norm
-    pdl         "on" (the default on a CUDA device of compute capability 9.0 or later) the one-row FP8 products and
-                the add + norm launches launched behind the kernel before them, programmatic dependent launch
-                (engine/pdl.py); "off" each launched after the kernel before has finished
+    pdl         "on" (the default on a CUDA device of compute capability 9.0 or later, with Triton) the one-row FP8
+                products and the add + norm launches launched behind the kernel before them, programmatic dependent
+                launch (engine/pdl.py); "off" each launched after the kernel before has finished
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run

@@ -25,7 +25,8 @@ WIDEST = 16_384  # columns a program holds (5,120 at 27B: 20 a thread of its 8 w
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, y_ptr, scale_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = False):
-    """Row program_id(0) of [rows, D] x, y (contiguous): sum = x + y in their dtype; out = rms_norm(sum) x scale."""
+    """Row program_id(0) of [rows, D] x, y (contiguous): sum = x + y in their dtype; out = rms_norm(sum) x scale.
+    PDL: launched behind the kernel before (engine/pdl.py), x and y read after its wait."""
     at = tl.program_id(0).to(tl.int64) * D
     cols = tl.arange(0, BLOCK)
     inside = cols < D
