@@ -171,7 +171,7 @@ def test_bad_layouts_are_refused(checkpoints, tmp_path, case, keep):
     change, message = BAD_LAYOUTS[case]
     tiny.edit_checkpoint(broken, change)
     with pytest.raises(ModelLoadError) as info:
-        load_pair(str(broken), str(fp8_draft), keep_fp8=keep)
+        load_pair(str(broken), str(fp8_draft), keep_quantized=keep)
     assert message in str(info.value)
     if case == "missing weight":
         assert GATE in str(info.value)
@@ -184,11 +184,11 @@ KEPT_LABEL = "fp8-e4m3 block 128 (fp8 weights, float32 activations)"
 
 
 def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
-    """keep_fp8: each converted Linear holds the checkpoint's e4m3 bytes and float32 scales (about 1 byte a
+    """keep_quantized: each converted Linear holds the checkpoint's e4m3 bytes and float32 scales (about 1 byte a
     parameter), the modules left out stay plain; transformers' own forward gives the hand-dequantized model's
     logits bit for bit (float32 on a CPU: the weight dequantized for the call, F.linear)."""
     _, _, fp8_target, fp8_draft, reference = checkpoints
-    pair = load_pair(str(fp8_target), str(fp8_draft), keep_fp8=True)
+    pair = load_pair(str(fp8_target), str(fp8_draft), keep_quantized=True)
     stored = load_file(str(fp8_target / "model.safetensors"))
     kept = {n: m for n, m in pair.target.named_modules() if isinstance(m, fp8.Fp8Linear)}
     assert set(f"{n}.weight" for n in kept) == {k.removesuffix("_scale_inv") for k in stored if k.endswith("_scale_inv")}
@@ -208,14 +208,14 @@ def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
 
 
 def test_an_fp8_drafter_kept_drafts_the_dequantized_drafters_trees(checkpoints):
-    """keep_fp8 keeps the drafter's FP8 weights too (issue #29: an FP8 drafter on CUDA at half of bf16's memory):
+    """keep_quantized keeps the drafter's FP8 weights too (issue #29: an FP8 drafter on CUDA at half of bf16's memory):
     each converted drafter Linear holds the checkpoint's bytes and scales, and a session drafts the trees of the
     drafter dequantized at load, node for node and log-prob for log-prob (float32 on a CPU); through the static
     drafter (the function its CUDA graphs capture) the same trees, log-probs within 1e-5 as test_draft_runner holds."""
     from ddtree_viz.engine.session import DecodeSession, DFlashProposer
 
     _, _, fp8_target, fp8_draft, _ = checkpoints
-    kept_pair, plain_pair = (load_pair(str(fp8_target), str(fp8_draft), keep_fp8=keep) for keep in (True, False))
+    kept_pair, plain_pair = (load_pair(str(fp8_target), str(fp8_draft), keep_quantized=keep) for keep in (True, False))
     stored = load_file(str(fp8_draft / "model.safetensors"))
     kept = {n: m for n, m in kept_pair.drafter.named_modules() if isinstance(m, fp8.Fp8Linear)}
     assert kept and set(f"{n}.weight" for n in kept) == {k.removesuffix("_scale_inv") for k in stored
@@ -247,7 +247,7 @@ def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkp
     from ddtree_viz.engine.session import DecodeSession, EngineGreedy
 
     _, _, fp8_target, fp8_draft, reference = checkpoints
-    pair = load_pair(str(fp8_target), str(fp8_draft), keep_fp8=True)  # its own: fusing rewires the weights
+    pair = load_pair(str(fp8_target), str(fp8_draft), keep_quantized=True)  # its own: fusing rewires the weights
     prompt, new = list(b"def fibonacci(n):"), 24
     with torch.no_grad():
         ids = torch.tensor([prompt])

@@ -251,15 +251,19 @@ def test_fused_fp8_projections_split_as_their_parts():
 
 
 def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A copy of `model` with each Fp8Linear a plain Linear of its weight dequantized (float32 product, cast once):
-    the function the FP8 weights are held to."""
+    """A copy of `model` with each kept quantized Linear (fp8.Fp8Linear, int4.Int4Linear) a plain Linear of its
+    weight dequantized (float32 product, cast once): the function the quantized weights are held to."""
     import copy
+
+    from ddtree_viz.engine import int4
 
     twin = copy.deepcopy(model)
     for name, m in list(twin.named_modules()):
-        if isinstance(m, fp8.Fp8Linear):
-            plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=dtype)
-            plain.weight.data.copy_(fp8.dequantize(m.weight, m.weight_scale_inv, m.block).to(dtype))
+        if isinstance(m, fp8.KEPT):
+            weight = (fp8.dequantize(m.weight, m.weight_scale_inv, m.block) if isinstance(m, fp8.Fp8Linear)
+                      else int4.dequantize(m.parts(), m.spec))
+            plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=weight.device, dtype=dtype)
+            plain.weight.data.copy_(weight.to(dtype))
             parent, _, attr = name.rpartition(".")
             setattr(twin.get_submodule(parent), attr, plain)
     return twin

@@ -130,9 +130,6 @@ def test_loads_as_dequantized_by_hand(checkpoints):
     for name, tensor in pair.drafter.state_dict().items():
         assert torch.equal(tensor, drafter[name]), name
     assert pair.target_precision == LABEL and pair.draft_precision == DRAFT_LABEL
-    kept = load_pair(str(int4_target), str(int4_draft), keep_fp8=True)  # a CUDA GPU's default: nothing 4-bit kept
-    q_proj = "model.layers.3.self_attn.q_proj.weight"
-    assert kept.target_precision == LABEL and torch.equal(kept.target.state_dict()[q_proj], expected[q_proj])
     bf16 = load_pair(str(int4_target), str(int4_draft), dtype="bfloat16")
     name = "model.layers.3.self_attn.q_proj.weight"
     assert torch.equal(bf16.target.state_dict()[name], expected[name].to(torch.bfloat16))  # rounded once
@@ -157,6 +154,69 @@ def test_run_decodes_int4_target_as_its_greedy(checkpoints, capsys, tmp_path, en
                                        pad_token_id=0)
     n = len(trace.output_ids)  # it may end early, at an end-of-text token: greedy's own up to there
     assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+
+
+def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
+    """keep_quantized (a CUDA GPU's default): each quantized Linear of target and drafter holds the checkpoint's parts
+    as stored (int4.Int4Linear: about half a byte a parameter), the modules left out stay plain, the precision says
+    so; transformers' forward gives the hand-dequantized model's logits bit for bit (float32 on a CPU: the weight
+    dequantized for the call), and the kept drafter drafts the dequantized drafter's trees node for node."""
+    from ddtree_viz.engine.session import DecodeSession, DFlashProposer
+
+    int4_target, int4_draft, reference = checkpoints
+    pair, plain = (load_pair(str(int4_target), str(int4_draft), keep_quantized=keep) for keep in (True, False))
+    for model, directory in ((pair.target, int4_target), (pair.drafter, int4_draft)):
+        stored = load_file(str(directory / "model.safetensors"))
+        kept = {n: m for n, m in model.named_modules() if isinstance(m, int4.Int4Linear)}
+        assert {f"{n}.weight_packed" for n in kept} == {k for k in stored if k.endswith("weight_packed")}
+        for name, m in kept.items():
+            for part, tensor in m.parts().items():
+                assert torch.equal(tensor, stored[f"{name}.{part}"]), (name, part)
+        params = sum(m.in_features * m.out_features for m in kept.values())
+        nbytes = sum(t.numel() * t.element_size() for m in kept.values() for t in m.parts().values())
+        assert nbytes / params < 0.6  # float32 dequantized: 4 bytes a parameter
+    assert type(pair.target.model.layers[0].linear_attn.in_proj_a) is torch.nn.Linear
+    assert type(pair.target.lm_head) is torch.nn.Linear
+    assert pair.target_precision == LABEL.replace("dequantized to float32", "4-bit weights, float32 activations")
+    assert pair.draft_precision == DRAFT_LABEL.replace("dequantized to float32", "4-bit weights, float32 activations")
+    assert pair.drafter.activations == (torch.device("cpu"), torch.float32)
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
+    trees = []
+    for p in (pair, plain):
+        session = DecodeSession(p, budget=8, max_new_tokens=12, engine="transformers",
+                                proposer=DFlashProposer(p.drafter, p.target))
+        session.prefill(prompt_ids=list(b"def fibonacci(n):"))
+        trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
+    assert trees[0] == trees[1] and len(trees[0]) > 1
+
+
+def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(checkpoints):
+    """The static runner over Int4Linear weights on the CPU (the function its CUDA graphs capture, the 4-bit GEMM
+    there; 4-bit parts are not fused, each its own module): its greedy and its DDTree equal the hand-dequantized
+    model's own greedy, token for token, in float32."""
+    from ddtree_viz.engine.engines import RunnerEngine
+    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.session import DecodeSession, EngineGreedy
+
+    int4_target, int4_draft, reference = checkpoints
+    pair = load_pair(str(int4_target), str(int4_draft), keep_quantized=True)
+    prompt, new = list(b"def fibonacci(n):"), 24
+    with torch.no_grad():
+        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
+                          options=RunnerOptions("torch", True, "eager", False, "default"))
+    assert runner._fused[0, "mlp"] is None  # 4-bit gate + up: no fused kind, each part its own GEMM
+    engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
+                                       block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
+    assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want
+    session = DecodeSession(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
+    session.prefill(prompt_ids=prompt)
+    session.run()
+    stop = want.index(tiny.EOS_ID) + 1 if tiny.EOS_ID in want else new  # the session stops at end of text
+    assert session.generated == want[:stop] and stop > 16
 
 
 def test_activation_order_and_channel_scales_dequantize_by_group_index():

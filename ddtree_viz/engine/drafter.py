@@ -422,10 +422,11 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu", keep_fp8: bool = False) -> "DFlashDrafter":
+                        device: str | torch.device = "cpu", keep_quantized: bool = False) -> "DFlashDrafter":
         """The drafter of a folder (config.json + safetensors, bf16 or the official FP8 layout), checked against its
-        config. An FP8 checkpoint is dequantized at load, or with `keep_fp8` each converted Linear keeps the
-        checkpoint's e4m3 bytes and scales (fp8.Fp8Linear: half of bf16's memory, the FP8 GEMM on CUDA)."""
+        config. A quantized checkpoint (FP8, 4-bit pack-quantized) is dequantized at load, or with `keep_quantized`
+        each converted Linear keeps the checkpoint's weights as stored (fp8.Fp8Linear: e4m3 bytes and scales, half of
+        bf16's memory; int4.Int4Linear: packed parts, a quarter; their GEMMs on CUDA)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -454,8 +455,8 @@ class DFlashDrafter(nn.Module):
             except (OSError, SafetensorError) as e:
                 raise ModelLoadError(f"Could not read drafter weights {f}: {e}") from None
         spec = fp8.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
-        kept: dict | None = {} if keep_fp8 and spec is not None else None
-        if spec is not None:  # the official FP8 layout: dequantized here, in float32, then cast (engine/fp8.py)
+        kept: dict | None = {} if keep_quantized and spec is not None else None
+        if spec is not None:  # a quantized layout: dequantized here, in float32, then cast (engine/fp8.py, int4.py)
             state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter", keep=kept)
         cls.check_fields(config, state)
         model = cls.from_config_meta(config)
@@ -471,7 +472,7 @@ class DFlashDrafter(nn.Module):
             raise ModelLoadError(f"Drafter weights in {path} do not match its config.json; " + "; ".join(problems))
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
         if kept:
-            fp8.keep_linears(model, kept, spec.block, f"drafter {path}")
+            fp8.keep_linears(model, kept, f"drafter {path}")
         model.weight_format = spec.label(dtype, kept=bool(kept)) if spec is not None else None  # draft_precision
         return model.eval()
 
@@ -508,9 +509,12 @@ class DFlashDrafter(nn.Module):
 
     @property
     def activations(self) -> tuple[torch.device, torch.dtype]:
-        """Where the drafter computes and in which dtype: its first parameter's that is not an FP8 weight (an
-        fp8.Fp8Linear keeps the checkpoint's e4m3 bytes; it computes in its input's dtype)."""
-        p = next(p for p in self.parameters() if p.dtype != fp8.FP8_DTYPE)
+        """Where the drafter computes and in which dtype: its first parameter's that is not part of a kept quantized
+        weight (fp8.Fp8Linear and int4.Int4Linear keep the checkpoint's tensors; they compute in their input's
+        dtype)."""
+        kept = {id(p) for m in self.modules() if isinstance(m, fp8.KEPT)
+                for p in m.parameters() if p is not m.bias}
+        p = next(p for p in self.parameters() if id(p) not in kept)
         return p.device, p.dtype
 
     def new_cache(self) -> DraftKVCache:

@@ -14,7 +14,7 @@ the function we hold the runner to. Here the weights are dequantized once at loa
 and only then cast to the dtype asked for; the model is then built from its config without the quantization entry,
 so both engines meet plain Linear weights (docs/ARCHITECTURE.md "Add a weight format").
 
-Kept as FP8 (`load_causal_lm(..., keep_fp8=True)`, what a target on one CUDA GPU gets): each converted Linear
+Kept as FP8 (`load_causal_lm(..., keep_quantized=True)`, what a target on one CUDA GPU gets): each converted Linear
 becomes an `Fp8Linear` holding the checkpoint's e4m3 bytes and float32 scales (about 1 byte a parameter), whose
 forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/fp8_gemm.py (the bytes
 and scales read as stored, dequantized in registers, rounded once to the activations' dtype, or at one row kept
@@ -155,9 +155,9 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     one tensor (lazily, so a 27B checkpoint is read one tensor at a time). Refused, naming the tensor: an FP8
     weight without scales, scales without their weight, scales of the wrong shape or dtype. With `keep` (a dict),
     each FP8 weight goes in as its e4m3 values (exact in any float dtype, not yet scaled: `keep_linears` replaces
-    them) and keep[name] = (e4m3 weight, scales)."""
+    them) and keep[name] = (those values, a function (device, bias) -> the Fp8Linear of the weight and scales)."""
     if isinstance(spec, int4.Int4Spec):
-        return int4.dequantize_state(names, get, spec, dtype, what)
+        return int4.dequantize_state(names, get, spec, dtype, what, keep)
     names = list(names)
     present = set(names)
     state: dict[str, torch.Tensor] = {}
@@ -171,7 +171,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
             scale = get(name + SCALE_SUFFIX)
             _check_pair(name, tensor, scale, spec, what)
             if keep is not None:
-                keep[name] = (tensor, scale)
+                keep[name] = (tensor, lambda device, bias, q=tensor, s=scale: Fp8Linear(q.to(device), s.to(device),
+                                                                                      spec.block, bias))
             else:
                 tensor = dequantize(tensor, scale, spec.block)
         elif tensor.dtype == FP8_DTYPE:
@@ -214,7 +215,7 @@ def checkpoint_files(path: Path, what: str) -> list[Path]:
 def read_checkpoint(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, what: str,
                     keep: dict | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a local quantized checkpoint (FP8, or 4-bit pack-quantized), dequantized (dequantize_state;
-    `keep`: its FP8 pairs kept), read one tensor at a time."""
+    `keep`: its quantized weights kept), read one tensor at a time."""
     from safetensors import SafetensorError, safe_open
 
     where: dict[str, object] = {}
@@ -239,14 +240,14 @@ def expandable_segments() -> bool:
     return True
 
 
-def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, keep_fp8: bool = False,
+def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype, keep_quantized: bool = False,
                    **kwargs) -> torch.nn.Module:
-    """The target from a quantized checkpoint (FP8, or 4-bit pack-quantized: never kept): its config without the
+    """The target from a quantized checkpoint (FP8, or 4-bit pack-quantized): its config without the
     quantization entry (transformers builds plain Linear layers), the dequantized tensors as its state dict
     (transformers' own renaming applies, as for a bf16 checkpoint: model.language_model.* -> model.*), its generation
     config. Refused when a weight the model needs is not in the checkpoint (transformers would initialise it at
-    random). `keep_fp8`: each converted Linear an Fp8Linear of the checkpoint's bytes and scales (`keep_linears`),
-    the other tensors in `dtype`."""
+    random). `keep_quantized`: each converted Linear an Fp8Linear of the checkpoint's bytes and scales, or an
+    int4.Int4Linear of its packed parts (`keep_linears`), the other tensors in `dtype`."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -259,7 +260,7 @@ def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     if model_class.config_class == config.sub_configs.get("text_config"):  # as AutoModelForCausalLM does
         config = config.get_text_config()
-    kept: dict | None = {} if keep_fp8 else None
+    kept: dict | None = {} if keep_quantized else None
     state = read_checkpoint(path, spec, dtype, "target", kept)
     model, info = model_class.from_pretrained(None, config=config, state_dict=state, dtype=dtype,
                                               output_loading_info=True, **kwargs)
@@ -267,12 +268,12 @@ def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype
     if missing:
         raise ModelLoadError(f"target weights missing from {path}: {', '.join(missing[:5])}"
                              f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
-    del state  # (kept: the e4m3 values in `dtype`, each freed as its Linear is replaced)
+    del state  # (kept: the e4m3 or 4-bit values in `dtype`, each freed as its Linear is replaced)
     if kept:
-        keep_linears(model, kept, spec.block, f"target {path}")
+        keep_linears(model, kept, f"target {path}")
     if (path / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
-    setattr(model, FORMAT_ATTR, spec.label(dtype, kept=keep_fp8))
+    setattr(model, FORMAT_ATTR, spec.label(dtype, kept=keep_quantized))
     return model
 
 
@@ -343,6 +344,9 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, fp8-e4m3"
 
 
+KEPT = (Fp8Linear, int4.Int4Linear)  # the Linears kept as a quantized checkpoint stores them (their own GEMMs)
+
+
 @dataclass(frozen=True)
 class FusedFp8Linear:
     """fused.FusedLinear's FP8 kind: several Fp8Linears of one input as one FP8 weight (their rows stacked, each part
@@ -357,34 +361,21 @@ class FusedFp8Linear:
         return linear(x, self.weight, self.scale, self.block).split(self.sizes, dim=-1)
 
 
-@torch.no_grad()
 def quantize_linears(model: nn.Module, block: tuple[int, int] = (128, 128), skip: Iterable[str] = NOT_CONVERTED) -> int:
     """Every Linear of `model` whose name has none of `skip` in it replaced by an Fp8Linear of its weight quantized
     as the official checkpoints are (`quantize`, on the weight's device), one at a time (the transient is one
     weight in float32). The bench's and the GPU tests' FP8 models. Returns how many."""
-    done = 0
-    for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear and not any(s in name for s in skip):
-            q, scale = quantize(module.weight, block)
-            bias = None if module.bias is None else module.bias.detach()
-            owner, attr = _owner_of(model, name)
-            setattr(owner, attr, Fp8Linear(q, scale, block, bias))
-            done += 1
-    return done
+    return int4.replace_linears(model, skip, lambda weight, bias: Fp8Linear(*quantize(weight, block), block, bias))
 
 
-def _owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    parent, _, attr = name.rpartition(".")
-    return (model.get_submodule(parent) if parent else model), attr
-
-
-def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, torch.Tensor]], block: tuple[int, int],
-                 what: str) -> int:
-    """Each Linear of `model` loaded from a converted checkpoint weight (kept: checkpoint name -> (e4m3 weight,
-    scales)) replaced by an Fp8Linear of those bytes and scales. The checkpoint name is found through transformers'
-    renaming (model.language_model.layers.0... -> model.layers.0...): the names that end as the Linear's does, or
-    failing that the weights of its shape, and the one whose e4m3 values the Linear was loaded with. Returns how
-    many were replaced; refused when a Linear was loaded with e4m3 values it cannot be paired with."""
+def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, Callable]], what: str) -> int:
+    """Each Linear of `model` loaded from a quantized checkpoint weight (kept: checkpoint name -> (the values it
+    was loaded with, a function (device, bias) -> its kept module), as dequantize_state makes it) replaced by that
+    module: an Fp8Linear of the weight's bytes and scales, an int4.Int4Linear of its packed parts. The checkpoint
+    name is found through transformers' renaming (model.language_model.layers.0... -> model.layers.0...): the names
+    that end as the Linear's does, or failing that the weights of its shape, and the one whose values the Linear
+    was loaded with. Returns how many were replaced; refused when a Linear was loaded with quantized values it
+    cannot be paired with."""
     by_tail: dict[str, list[str]] = {}
     for name in kept:
         parts = name.split(".")
@@ -401,11 +392,10 @@ def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, torch.
                  if kept[n][0].shape == w.shape and torch.equal(kept[n][0].to(device=w.device, dtype=w.dtype), w)]
         if not match:
             if named:
-                raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the FP8 weight {named[0]}")
+                raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the quantized weight {named[0]}")
             continue
-        q, scale = kept[match[0]]
         bias = None if module.bias is None else module.bias.detach()
-        owner, attr = _owner_of(model, module_name)
-        setattr(owner, attr, Fp8Linear(q.to(w.device), scale.to(w.device), block, bias))
+        owner, attr = int4.owner_of(model, module_name)
+        setattr(owner, attr, kept[match[0]][1](w.device, bias))
         done += 1
     return done

@@ -18,16 +18,25 @@ and the real weight is (q - z) x scale (z = 0 when symmetric). Every other tenso
 ignored modules) is stored as is. As for the FP8 layout (engine/fp8.py, which dispatches here from `spec_of` and
 `dequantize_state`), the weights are dequantized once at load, the product computed in float32 (exact: a 4-bit
 integer times a bf16 scale) and only then cast to the dtype asked for; both engines then meet plain Linear weights.
-No 4-bit GEMM reads the packed bytes yet: on a GPU the dequantized model takes bf16's memory (docs/PERFORMANCE.md).
+
+Kept as stored (`keep`, what a target or drafter on one CUDA GPU gets, as FP8's): each quantized Linear becomes an
+`Int4Linear` holding the checkpoint's parts (about half a byte a parameter: a 27B target in about 15 GB), whose
+forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM of engine/int4_gemm.py (the
+words, scales and zero points read as stored, unpacked in registers, each weight rounded once to the activations'
+dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit for bit the model dequantized at
+load). The static runner calls them as modules (no fused 4-bit kind yet: engine/fused.py fuses plain and FP8 parts).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from ..errors import ModelLoadError
 
@@ -48,11 +57,16 @@ class Int4Spec:
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
-        """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)' (`kept` is
-        the FP8 layout's: nothing of this layout is kept packed yet)."""
+        """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the
+        weights kept 'int4 w4a16 group 128 sym (4-bit weights, bfloat16 activations)'."""
+        name = str(dtype).removeprefix("torch.")
+        return f"{self.scheme} ({f'4-bit weights, {name} activations' if kept else f'dequantized to {name}'})"
+
+    @property
+    def scheme(self) -> str:
+        """'int4 w4a16 group 128 sym', 'int4 w4a16 per channel asym'."""
         groups = f"group {self.group}" if self.group else "per channel"
-        return (f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'} "
-                f"(dequantized to {str(dtype).removeprefix('torch.')})")
+        return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}"
 
 
 def _whole(value) -> bool:
@@ -122,7 +136,7 @@ def pack(values: torch.Tensor, dim: int) -> torch.Tensor:
     v = (values.to(torch.int64) + OFFSET) if dim == 1 else (values.to(torch.int64) + OFFSET).T
     rows, cols = v.shape
     v = torch.nn.functional.pad(v, (0, -cols % PER_WORD)).reshape(rows, -1, PER_WORD)
-    words = (v << (torch.arange(PER_WORD, dtype=torch.int64) * BITS)).sum(-1)
+    words = (v << (torch.arange(PER_WORD, dtype=torch.int64, device=v.device) * BITS)).sum(-1)
     words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the top bit is the sign
     return words if dim == 1 else words.T.contiguous()
 
@@ -154,14 +168,14 @@ def quantize(weight: torch.Tensor, spec: Int4Spec,
     tiles = torch.nn.functional.pad(weight.float(), (0, n * group - inn)).reshape(out, n, group)
     if spec.symmetric:
         scale = (tiles.abs().amax(-1) / 7).clamp(min=1e-8).to(scale_dtype)
-        zero = torch.zeros(out, n)
+        zero = torch.zeros(out, n, device=weight.device)
     else:
         lo, hi = tiles.amin(-1).clamp(max=0), tiles.amax(-1).clamp(min=0)
         scale = ((hi - lo) / 15).clamp(min=1e-8).to(scale_dtype)
         zero = (torch.round(-lo / scale.float()) - OFFSET).clamp(-OFFSET, OFFSET - 1)
     q = (torch.round(tiles / scale.float()[..., None]) + zero[..., None]).clamp(-OFFSET, OFFSET - 1)
     parts = {"weight_packed": pack(q.reshape(out, -1)[:, :inn], 1), "weight_scale": scale,
-             "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}
+             "weight_shape": torch.tensor([out, inn], dtype=torch.int64, device=weight.device)}
     if not spec.symmetric:
         parts["weight_zero_point"] = pack(zero, 0)
     return parts
@@ -231,10 +245,12 @@ def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what:
 
 
 def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec,
-                     dtype: torch.dtype, what: str) -> dict[str, torch.Tensor]:
+                     dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
     ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
-    missing, of the wrong shape or dtype, or without its packed weight."""
+    missing, of the wrong shape or dtype, or without its packed weight. With `keep` (a dict), each packed weight
+    goes in as its q values (exact in any float dtype, not yet scaled: fp8.keep_linears replaces them) and
+    keep[name] = (those values, a function (device, bias) -> the Int4Linear of its parts)."""
     names = list(names)
     present = set(names)
     packed = {n.removesuffix("weight_packed") for n in names if n.endswith("weight_packed")}
@@ -246,7 +262,12 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
                 prefix = name.removesuffix(part)
                 parts = {p: get(prefix + p) for p in PARTS if prefix + p in present}
                 _check(prefix, parts, spec, what)
-                state[prefix + "weight"] = dequantize(parts, spec).to(dtype)
+                if keep is None:
+                    state[prefix + "weight"] = dequantize(parts, spec).to(dtype)
+                else:
+                    values = unpack(parts["weight_packed"], int(parts["weight_shape"][1]), 1).to(dtype)
+                    keep[prefix + "weight"] = (values, _maker(parts, spec))
+                    state[prefix + "weight"] = values
             continue
         orphan = next((p for p in PARTS if name.endswith(p)), None)
         if orphan is not None:
@@ -254,3 +275,89 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
         tensor = get(name)
         state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
     return state
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4-bit weights kept: Int4Linear and its function
+# ------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _gemm_module():
+    """engine/int4_gemm.py (Triton at its top) where Triton imports, else None."""
+    try:
+        from . import int4_gemm
+    except ImportError:
+        return None
+    return int4_gemm
+
+
+class Int4Linear(nn.Module):
+    """A Linear kept as the checkpoint stores it (its parts by their names: weight_packed, weight_scale, and where
+    stored weight_zero_point and weight_g_idx; weight_shape), computing the dequantized model's function: on CUDA
+    the 4-bit GEMM, elsewhere the weight dequantized for the call (float32 product, cast once) and F.linear.
+    transformers' forward calls it like the Linear it replaces."""
+
+    def __init__(self, parts: Mapping[str, torch.Tensor], spec: Int4Spec, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = (int(d) for d in parts["weight_shape"].tolist())
+        self.spec = spec
+        self.group = spec.group or self.in_features
+        for name in PARTS:
+            tensor = parts.get(name) if name != "weight_zero_point" or not spec.symmetric else None
+            if name in ("weight_packed", "weight_scale", "weight_zero_point"):
+                self.register_parameter(name, None if tensor is None else nn.Parameter(tensor, requires_grad=False))
+            else:
+                self.register_buffer(name, tensor)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def parts(self) -> dict[str, torch.Tensor]:
+        return {name: t for name in PARTS if (t := getattr(self, name)) is not None}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gemm = _gemm_module() if x.is_cuda else None
+        if gemm is not None:
+            y = gemm.int4_linear(x, self.weight_packed, self.weight_scale, self.weight_zero_point, self.weight_g_idx,
+                                 self.group)
+        else:
+            y = F.linear(x, dequantize(self.parts(), self.spec).to(device=x.device, dtype=x.dtype))
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.spec.scheme}"
+
+
+def _maker(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> Callable[[torch.device, torch.Tensor | None],
+                                                                          Int4Linear]:
+    """What fp8.keep_linears calls for a kept weight: its Int4Linear on `device`, with `bias`."""
+    return lambda device, bias: Int4Linear({k: v.to(device) for k, v in parts.items()}, spec, bias)
+
+
+@torch.no_grad()
+def quantize_linears(model: nn.Module, spec: Int4Spec, skip: Iterable[str] = ()) -> int:
+    """Every Linear of `model` whose name has none of `skip` in it replaced by an Int4Linear of its weight quantized
+    (`quantize`, on the weight's device), one at a time. The bench's and the GPU tests' 4-bit models. Returns how
+    many."""
+    return replace_linears(model, skip, lambda weight, bias: Int4Linear(quantize(weight, spec), spec, bias))
+
+
+@torch.no_grad()
+def replace_linears(model: nn.Module, skip: Iterable[str], make: Callable[[torch.Tensor, torch.Tensor | None],
+                                                                          nn.Module]) -> int:
+    """Every plain Linear of `model` whose name has none of `skip` in it replaced by make(weight, bias) (this
+    module's and fp8.py's quantize_linears), one at a time. Returns how many."""
+    skip = tuple(skip)
+    done = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is nn.Linear and not any(s in name for s in skip):
+            bias = None if module.bias is None else module.bias.detach()
+            owner, attr = owner_of(model, name)
+            setattr(owner, attr, make(module.weight.detach(), bias))
+            done += 1
+    return done
+
+
+def owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module holding submodule `name` and its attribute name there."""
+    parent, _, attr = name.rpartition(".")
+    return (model.get_submodule(parent) if parent else model), attr

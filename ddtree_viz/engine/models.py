@@ -255,10 +255,11 @@ def _offline_hint(name: str, what: str) -> str:
             f"network, then point at the directory: {flag} /path/to/model (a directory with config.json)")
 
 
-def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_fp8: bool | None = None):
-    """The target as a causal LM + its tokenizer. An FP8 checkpoint keeps its FP8 weights (engine/fp8.py's
-    Fp8Linear: half of bf16's memory, the runner's FP8 GEMM) where `keep_fp8` says so, by default on one CUDA GPU;
-    elsewhere it is dequantized at load; a 4-bit pack-quantized checkpoint (engine/int4.py) always is. A
+def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_quantized: bool | None = None):
+    """The target as a causal LM + its tokenizer. A quantized checkpoint keeps its weights as stored where
+    `keep_quantized` says so, by default on one CUDA GPU (engine/fp8.py's Fp8Linear: half of bf16's memory, the
+    runner's FP8 GEMM; engine/int4.py's Int4Linear for a 4-bit pack-quantized one: a quarter, the 4-bit GEMM);
+    elsewhere it is dequantized at load. A
     Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
     vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
     published) loads as its text model only: transformers' AutoModelForCausalLM maps model_type qwen3_5 to
@@ -282,10 +283,10 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
         if spec is not None:  # a quantized layout (FP8, 4-bit): read by us (engine/fp8.py, int4.py say why)
-            keep = device == "cuda" if keep_fp8 is None else keep_fp8
+            keep = device == "cuda" if keep_quantized is None else keep_quantized
             if keep and device == "cuda":
                 fp8.expandable_segments()
-            model = fp8.load_causal_lm(local, spec, dtype, keep_fp8=keep,
+            model = fp8.load_causal_lm(local, spec, dtype, keep_quantized=keep,
                                        **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
         else:
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -323,9 +324,9 @@ def _quantized_snapshot(name: str, local_only: bool) -> Path | None:
         raise ModelLoadError(_offline_hint(name, "target") if local_only else f"cannot fetch target {name!r}: {exc}") from None
 
 
-def load_drafter(name: str, dtype: torch.dtype, device, keep_fp8: bool | None = None) -> DFlashDrafter:
-    """The drafter of a folder or hub id; an FP8 checkpoint keeps its FP8 weights where `keep_fp8` says so, by
-    default on a CUDA device (as load_target's)."""
+def load_drafter(name: str, dtype: torch.dtype, device, keep_quantized: bool | None = None) -> DFlashDrafter:
+    """The drafter of a folder or hub id; a quantized checkpoint keeps its weights as stored where `keep_quantized`
+    says so, by default on a CUDA device (as load_target's)."""
     local = _check_local(name, "drafter")
     if local is None:  # hub id: fetch config + safetensors only
         hub_down = hub_offline()
@@ -337,8 +338,8 @@ def load_drafter(name: str, dtype: torch.dtype, device, keep_fp8: bool | None = 
             if hub_down:
                 raise ModelLoadError(_offline_hint(name, "drafter")) from None
             raise ModelLoadError(f"cannot fetch drafter {name!r}: {exc}") from None
-    keep = torch.device(device).type == "cuda" if keep_fp8 is None else keep_fp8
-    return drafter_class(local).from_pretrained(local, dtype=dtype, device=device, keep_fp8=keep).eval()
+    keep = torch.device(device).type == "cuda" if keep_quantized is None else keep_quantized
+    return drafter_class(local).from_pretrained(local, dtype=dtype, device=device, keep_quantized=keep).eval()
 
 
 def drafter_class(path: Path) -> type[DFlashDrafter]:
@@ -382,8 +383,8 @@ def quiet_transformers(verbose: bool = False) -> None:
 
 
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu",
-              keep_fp8: bool | None = None) -> ModelPair:
-    """Load target + tokenizer + drafter and check that they fit together (`keep_fp8`: load_target's and
+              keep_quantized: bool | None = None) -> ModelPair:
+    """Load target + tokenizer + drafter and check that they fit together (`keep_quantized`: load_target's and
     load_drafter's, each an FP8 checkpoint's)."""
     torch_dtype = parse_dtype(dtype)
     device = resolve_device(device)
@@ -394,10 +395,10 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
         draft = embedded_draft(draft)
     if draft is None:
         raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
-    model, tokenizer = load_target(target, torch_dtype, device, offline=embedded, keep_fp8=keep_fp8)
+    model, tokenizer = load_target(target, torch_dtype, device, offline=embedded, keep_quantized=keep_quantized)
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
-    drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device, keep_fp8=keep_fp8)
+    drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device, keep_quantized=keep_quantized)
     validate_pairing(drafter.config, model.config)
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None

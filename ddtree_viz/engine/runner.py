@@ -284,7 +284,7 @@ class StaticRunner:
         self.feature_layer_ids = list(feature_layer_ids or [])
         # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
         self._model_key = (str(self.device), self.dtype, target.config.to_json_string(),
-                           any(isinstance(m, fp8.Fp8Linear) for m in target.modules()))  # FP8 weights kept: GEMMs differ
+                           any(isinstance(m, fp8.KEPT) for m in target.modules()))  # weights kept quantized: GEMMs differ
         self._allocate_state(gdn)
         self._layer_weights(gdn)
         self.committed = 0

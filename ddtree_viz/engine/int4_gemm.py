@@ -1,0 +1,94 @@
+"""A GEMM that reads 4-bit weights as they are stored (engine/int4.py's pack-quantized layout): y = x W^T with
+W = (q - z) x scale unpacked in registers, so a 27B target keeps about a quarter of bf16's bytes (a Qwen3.6-27B
+W4A16 checkpoint in about 15 GB: one 24 GB card) and no dequantized copy of a weight is ever made.
+
+The function computed is the dequantized model's (issue #29: activations stay in their dtype): each weight tile is
+(q - z) x scale in float32 (exact: a 4-bit integer times a bf16 / fp16 / fp32 scale), rounded once to the
+activations' dtype (as int4.dequantize(...).to(dtype) at load rounds it), then multiplied with float32 accumulation;
+a float32 product in IEEE float32 (no TF32). So the runner over kept 4-bit weights and the runner over the weights
+dequantized at load compute the same products, up to the order of the sums.
+
+This is the first, plain form (docs/PERFORMANCE.md section 36): one kernel for every row count (a decode step's one
+row padded to the tensor cores' 16), a program a BLOCK_M x BLOCK_N tile of y walking the input dimension BLOCK_K
+columns at a time; each column's word loaded where it lies (eight columns share a word: the cache serves the
+repeats) and its field shifted out, each column's scale (and zero point) read through its group index, so every
+layout the loader accepts runs here unchanged: groups of any size, per channel, activation order (g_idx),
+asymmetric zero points packed along the rows, partial words and groups at the edges (masked). Not yet measured on a
+GPU; a one-row kernel on the CUDA cores and whole-group tiles are the FP8 GEMM's next steps applied here.
+
+Imported only where a kept 4-bit weight meets a CUDA input (int4.linear); without a GPU it runs in Triton's
+interpreter (TRITON_INTERPRET=1; tests/test_int4_kernel.py). Shapes: x [..., K] (float32, bfloat16 or float16),
+weight_packed [N, ceil(K/8)] int32, weight_scale [N, groups], weight_zero_point [ceil(N/8), groups] int32 or None,
+g_idx [K] or None; returns y [..., N] in x's dtype.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+BLOCK_K = 64  # a multiple of 8: a tile's columns are whole words
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
+
+
+@triton.jit
+def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym,
+               GROUP: tl.constexpr, ASYM: tl.constexpr, GIDX: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rm < M, rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = rk < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = col_ok[:, None] & k_ok[None, :]
+        words = tl.load(w_ptr + rn[:, None] * WORDS + (rk // 8)[None, :], mask=w_ok, other=0)
+        q = ((words >> ((rk % 8) * 4)[None, :]) & 0xF) - 8  # the field holds q + 8, the first in the low bits
+        if GIDX:
+            group = tl.load(g_ptr + rk, mask=k_ok, other=0)
+        else:
+            group = rk // GROUP
+        if ASYM:  # zero points packed along the rows: row n's in word n // 8, bits 4 (n % 8) ..
+            zw = tl.load(z_ptr + (rn // 8)[:, None] * GROUPS + group[None, :], mask=w_ok, other=0)
+            q -= ((zw >> ((rn % 8) * 4)[:, None]) & 0xF) - 8
+        scale = tl.load(s_ptr + rn[:, None] * GROUPS + group[None, :], mask=w_ok, other=0.0)
+        w = (q.to(tl.float32) * scale.to(tl.float32)).to(x.dtype)  # exact in float32, rounded once
+        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (as in fp8_gemm): the same exact products in fp32
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+def block_m(rows: int) -> int:
+    """Rows of x a program takes: the tensor cores' 16 at least, 64 at most (a prefill's many rows in tiles)."""
+    return min(64, max(16, triton.next_power_of_2(rows)))
+
+
+def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                g_idx: torch.Tensor | None, group: int) -> torch.Tensor:
+    """y = x W^T in x's dtype, W [N, K] = (q - z) x scale read from the packed layout (`group`: the columns a scale
+    covers, K for per-channel scales; `g_idx` each column's group in its place, activation order)."""
+    K, N = x.shape[-1], packed.shape[0]
+    if packed.shape[1] != triton.cdiv(K, 8) or scale.shape[0] != N:
+        raise ValueError(f"4-bit weight {list(packed.shape)} / scales {list(scale.shape)} do not fit {K} inputs")
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M:
+        bm = block_m(M)
+        grid = (triton.cdiv(M, bm), triton.cdiv(N, BLOCK_N))
+        _int4_gemm[grid](x2, packed, scale, packed if zero is None else zero, packed if g_idx is None else g_idx, y,
+                         M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), y.stride(0),
+                         GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
+                         PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+                         BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4)
+    return y.reshape(*x.shape[:-1], N)
