@@ -22,12 +22,12 @@ def _bench(tmp_path, *extra) -> dict:
 
 @pytest.fixture(scope="module")
 def runner_report(tmp_path_factory) -> dict:
-    """One --fast --exactness run for three tests: the runner beside transformers' forward (with_the_runner), with
-    FP8 weights beside bf16 (--fp8, measured after the bf16 target is freed, on the same default options) and the
-    DFlash2 drafter beside DFlash 1 (--dflash2): separate runs measured the bf16 runner three times (~20 s alone
-    each, more in CI)."""
+    """One --fast --exactness run for four tests: the runner beside transformers' forward (with_the_runner), with
+    FP8 and 4-bit weights beside bf16 (--fp8 --int4, measured after the bf16 target is freed, on the same default
+    options) and the DFlash2 drafter beside DFlash 1 (--dflash2): separate runs measured the bf16 runner each time
+    (~20 s alone each, more in CI)."""
     return _bench(tmp_path_factory.mktemp("gpu-runner"), "--fast", "--exactness", "--variants", "gdn_kernel", "fused",
-                  "attention", "--fp8", "--fp8-context", "300", "--dflash2", "--tree-forms")
+                  "attention", "--fp8", "--int4", "--fp8-context", "300", "--dflash2", "--tree-forms")
 
 
 def test_gpu_bench_smoke_with_the_runner(runner_report):
@@ -289,7 +289,8 @@ def test_gpu_bench_smoke_fp8(runner_report):
     f = fast["fp8"]
     assert "error" not in f, f.get("error")
     w = f["weights"]
-    assert w["fp8_bytes"] > 0 and w["scale_bytes"] > 0 and w["bytes"] == w["fp8_bytes"] + w["scale_bytes"] + w["other_bytes"]
+    assert w["quantized_bytes"] > 0 and w["scale_bytes"] > 0
+    assert w["bytes"] == w["quantized_bytes"] + w["scale_bytes"] + w["other_bytes"]
     assert w["bytes"] < report["speed"]["weight_bytes"]  # the bf16 target's
     assert f["weight_read_bound_ms"] < report["speed"]["weight_read_bound_ms"]
     assert f["greedy_step_ms"] > 0 and f["bf16_greedy_step_ms"] == fast["greedy_step_ms"]
@@ -309,6 +310,33 @@ def test_gpu_bench_smoke_fp8(runner_report):
     fp8_runs = report["fast_exactness_fp8_fp32_8_layers"]
     assert fp8_runs and all(r["identical"] and r["weights"] == "fp8" for r in fp8_runs)
     assert targets["fp8_exactness_fp32"]["met"]
+
+
+def test_gpu_bench_smoke_int4(runner_report):
+    """issue #29's W4A16 (--int4): the same shapes with 4-bit weights made at random (int4.Int4Linear, symmetric,
+    groups of 128, built layer by layer) on the runner in the same run: its own weight-read bound (words + bf16
+    scales + the bf16 rest: below FP8's), greedy step, verify, rounds at budget 64, the peak-memory session against
+    a 24 GB card's 22 GB, its targets; with --exactness the runner's DDTree == its greedy on 4-bit weights."""
+    report = runner_report
+    fast = report["speed"]["fast"]
+    f = fast["int4"]
+    assert "error" not in f, f.get("error")
+    assert f["weights"]["quantized_bytes"] > 0 and f["group"] == 128 and "gemms" not in f
+    w, fp8 = f["weights"], fast["fp8"]["weights"]
+    assert w["bytes"] == w["quantized_bytes"] + w["scale_bytes"] + w["other_bytes"]
+    assert w["quantized_bytes"] * 2 == fp8["quantized_bytes"] and w["other_bytes"] == fp8["other_bytes"]
+    assert f["weight_read_bound_ms"] < fast["fp8"]["weight_read_bound_ms"]
+    assert f["greedy_step_ms"] > 0 and [row["budget"] for row in f["budgets"]] == [4, 8]
+    assert f["round_budget_64"]["round_ms"] > 0 and f["options"] == fast["options"]
+    assert f["peak_memory"]["target"] == "<= 22 GB" and f["peak_memory"]["rounds"] >= 1
+    targets = fast["targets"]
+    for name in ("int4_step", "int4_round_64", "int4_peak_memory", "int4_exactness_fp32"):
+        assert name in targets, name
+    assert targets["int4_step"]["ratio"] == f["greedy_step_ms"] / f["weight_read_bound_ms"]
+    assert targets["int4_step"]["of"] == "4-bit weight-read bound"
+    runs = report["fast_exactness_int4_fp32_8_layers"]
+    assert runs and all(r["identical"] and r["weights"] == "int4" for r in runs)
+    assert report["fast_exactness_int4_bf16_full_depth"] and targets["int4_exactness_fp32"]["met"]
 
 
 def test_model_bytes_count_each_storage_once():

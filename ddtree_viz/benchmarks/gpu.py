@@ -14,6 +14,9 @@
                                                         # made at random on the runner beside bf16, its bound, its
                                                         # peak memory at a 4,096-token context under a 40 GB cap
                                                         # (speed.fast.fp8, targets fp8_*)
+    python -m ddtree_viz.benchmarks.gpu --fast --fast-only --fp8 --int4 --budgets 64 128 --json gpu.json
+                                                        # and 4-bit weights (W4A16, groups of 128) after them: its own
+                                                        # bound, peak under a 24 GB cap (speed.fast.int4, int4_*)
 
 Every time is the median of repeated CUDA-synchronised runs, reported in ms and as a ratio to the
 weight-read bound (weight bytes / measured copy bandwidth) and to the greedy decode step.
@@ -81,9 +84,11 @@ class BenchConfig:
     pdl: str = "auto"  # --pdl: programmatic dependent launch of the one-row FP8 products and add + norms (.pdl)
     variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
-    fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (fp8_speed)
+    fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (quantized_speed)
     fp8_cap_gb: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap (GB, 1e9 bytes) while the FP8 target runs
-    fp8_context: int = 4096  # --fp8-context: the prompt length of the FP8 peak-memory session
+    fp8_context: int = 4096  # --fp8-context: the prompt length of the quantized targets' peak-memory session
+    int4: bool = False  # --int4: with --fast, the target with 4-bit weights made at random beside bf16 (quantized_speed)
+    int4_cap_gb: float = 24.0  # --int4-memory-cap: the GPU memory cap (GB) while the 4-bit target runs (a 24 GB card)
     tree_forms: bool = False  # --tree-forms: with --fast, the tree delta rule's forms and tiles swept (tree_forms)
 
     @classmethod
@@ -93,8 +98,16 @@ class BenchConfig:
                    attention=a.attention, compile=False if a.no_compile else None, blas=a.blas,
                    gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
                    gdn_prep=a.gdn_prep, norm=a.norm, pdl=a.pdl, variants=tuple(a.variants),
-                   dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms,
+                   dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms, int4=a.int4, int4_cap_gb=a.int4_memory_cap,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
+
+    @property
+    def quantized(self) -> tuple[str, ...]:
+        """The quantized weight formats asked for (QUANTIZED: --fp8, --int4), each measured beside bf16."""
+        return tuple(w for w in QUANTIZED if getattr(self, w))
+
+    def cap_gb(self, weights: str) -> float:
+        return self.fp8_cap_gb if weights == "fp8" else self.int4_cap_gb
 
     def runner_options(self):
         from ..engine.runner import RunnerOptions
@@ -165,18 +178,22 @@ def build_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
 
 
 FP8_BLOCK = (128, 128)  # the official checkpoints' weight_block_size
+INT4_GROUP = 128  # llm-compressor's W4A16 preset: symmetric 4-bit integers, a bf16 scale per 128 columns of a row
+QUANTIZED = ("fp8", "int4")  # the weight formats made at random beside bf16 (BenchConfig fields of these names)
+FORMAT_NAMES = {"plain": "bf16", "fp8": "FP8", "int4": "4-bit"}
 
 
 @torch.no_grad()
-def build_fp8_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
-    """build_target's model with FP8 weights made at random: each decoder layer materialised on the device, initialised
-    as build_target does and its Linears quantized in 128 x 128 blocks (fp8.quantize_linears: e4m3 bytes + float32
-    scales, the official layout's bf16 modules left as they are) before the next, so the build's peak is the FP8
-    model plus one layer in `dtype`, never the bf16 model."""
+def build_quantized_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype, weights: str = "fp8"):
+    """build_target's model with quantized weights made at random (`weights`: "fp8" or "int4"): each decoder layer
+    materialised on the device, initialised as build_target does and its Linears quantized (fp8.quantize_linears:
+    e4m3 bytes + float32 scales in 128 x 128 blocks; int4.quantize_linears: 4-bit words + bf16 scales in groups of
+    128; the official FP8 layout's bf16 modules left as they are in both) before the next, so the build's peak is
+    the quantized model plus one layer in `dtype`, never the bf16 model."""
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    from ..engine import fp8
+    from ..engine import fp8, int4
 
     cfg = target_config(bench, layers)
     with torch.device("meta"):
@@ -184,7 +201,10 @@ def build_fp8_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype)
     for i, layer in enumerate(model.model.layers):
         layer.to_empty(device=bench.device)
         random_init_(model, seed=i, prefix=f"model.layers.{i}.")
-        fp8.quantize_linears(layer, FP8_BLOCK)
+        if weights == "fp8":
+            fp8.quantize_linears(layer, FP8_BLOCK)
+        else:
+            int4.quantize_linears(layer, int4.Int4Spec(INT4_GROUP, True), skip=fp8.NOT_CONVERTED)
     for part in (model.model.embed_tokens, model.model.norm, model.lm_head):
         part.to_empty(device=bench.device)
     random_init_(model, seed=len(model.model.layers), prefix="model.embed_tokens.")
@@ -403,13 +423,15 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     for row in rows:
         row["verify_exact_per_bound"] = row["verify_exact_ms"] / bound_ms
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
-    if bench.fp8 and "fast" in out:  # the FP8 target after the bf16 one is freed (one 27B model at a time)
+    if bench.quantized and "fast" in out:  # the quantized targets after the bf16 one is freed (one 27B at a time)
         print(json.dumps({"bf16_targets": out["fast"]["targets"]}), flush=True)  # kept in the log if a limit hits
         del target, base, prefill, cache
-        out["fast"]["fp8"] = fp8_speed_or_error(bench, layers, dtype, budgets, drafter, prompt[0].tolist(), logprobs,
-                                                out["copy_bandwidth_TBps"] * 1e12, out["fast"])
-        if "error" not in out["fast"]["fp8"]:
-            out["fast"]["targets"].update(fp8_targets(out["fast"]["fp8"]))
+        for weights in bench.quantized:
+            out["fast"][weights] = quantized_speed_or_error(bench, weights, layers, dtype, budgets, drafter,
+                                                            prompt[0].tolist(), logprobs,
+                                                            out["copy_bandwidth_TBps"] * 1e12, out["fast"])
+            if "error" not in out["fast"][weights]:
+                out["fast"]["targets"].update(quantized_targets(out["fast"][weights], weights))
     elif bench.cuda:  # the caller builds the next model; free this one's memory first
         del target, base, prefill
     if bench.cuda:
@@ -418,13 +440,13 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     return out
 
 
-def fp8_speed_or_error(*args) -> dict:
-    """fp8_speed, or what broke (traceback on stderr; the cap lifted): the bf16 figures still come back."""
+def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
+    """quantized_speed, or what broke (traceback on stderr; the cap lifted): the bf16 figures still come back."""
     try:
-        return fp8_speed(*args)
+        return quantized_speed(bench, *args)
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory under the cap: that is a finding, reported
         traceback.print_exc()
-        memory_cap(args[0], None)
+        memory_cap(bench, None)
         return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
 
@@ -624,23 +646,30 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
 
 
 # ------------------------------------------------------------------------------------------------------------
-# FP8 weights (issue #29 items 2 and 5)
+# Quantized weights, FP8 and 4-bit (issue #29 items 2 and 5, and its W4A16)
 # ------------------------------------------------------------------------------------------------------------
 
 
 def weight_bytes_of(target) -> dict:
-    """What a decode step reads of the target: its FP8 weights' bytes and scales, every other parameter (bf16
-    embeddings and lm_head, the modules left in bf16, norms); `bytes` their sum."""
-    from ..engine import fp8
+    """What a decode step reads of the target: its quantized weights' bytes (FP8 e4m3 bytes; 4-bit words and zero
+    points) and their scales, every other parameter (bf16 embeddings and lm_head, the modules left in bf16, norms);
+    `bytes` their sum."""
+    from ..engine import fp8, int4
 
-    fp8_bytes = scale_bytes = 0
+    quantized = scale_bytes = 0
     for m in target.modules():
         if isinstance(m, fp8.Fp8Linear):
-            fp8_bytes += m.weight.numel() * m.weight.element_size()
+            quantized += m.weight.numel() * m.weight.element_size()
             scale_bytes += m.weight_scale_inv.numel() * m.weight_scale_inv.element_size()
+        elif isinstance(m, int4.Int4Linear):
+            for name, t in m.parts().items():
+                if name in ("weight_packed", "weight_zero_point"):
+                    quantized += t.numel() * t.element_size()
+                elif name == "weight_scale":
+                    scale_bytes += t.numel() * t.element_size()
     total = sum(p.numel() * p.element_size() for p in target.parameters())
-    return {"bytes": total, "fp8_bytes": fp8_bytes, "scale_bytes": scale_bytes,
-            "other_bytes": total - fp8_bytes - scale_bytes}
+    return {"bytes": total, "quantized_bytes": quantized, "scale_bytes": scale_bytes,
+            "other_bytes": total - quantized - scale_bytes}
 
 
 def memory_cap(bench: BenchConfig, gb: float | None) -> float | None:
@@ -661,25 +690,27 @@ def free_cuda(bench: BenchConfig) -> None:
 
 
 @torch.no_grad()
-def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], drafter, prompt: list[int],
-              logprobs, bandwidth: float, bf16: dict) -> dict:
-    """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with FP8 weights made at random
-    (build_fp8_target) under the process's memory cap (`bench.fp8_cap_gb`), on the runner with the options of the
-    bf16 run: its weight-read bound (fp8 bytes + scales + the bf16 rest at the copy bandwidth measured before), the
-    greedy step, each budget's verify, whole rounds at budget 64 (the same bf16 drafter), the peak memory of a
-    session at a `bench.fp8_context`-token prompt and budget 64 (fp8_peak_memory), the GEMMs one by one
-    (fp8_gemms), each beside the bf16 run's figure; the step chained and its kernels by kind (greedy_step_chained)."""
+def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.dtype, budgets: list[int], drafter,
+                    prompt: list[int], logprobs, bandwidth: float, bf16: dict) -> dict:
+    """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with quantized weights made at
+    random (`weights` "fp8" or "int4": build_quantized_target) under the process's memory cap (bench.cap_gb), on the
+    runner with the options of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
+    the copy bandwidth measured before), the greedy step, each budget's verify, whole rounds at budget 64 (the same
+    bf16 drafter), the peak memory of a session at a `bench.fp8_context`-token prompt and budget 64
+    (quantized_peak_memory), for FP8 the GEMMs one by one (fp8_gemms), each beside the bf16 run's figure; the step
+    chained and its kernels by kind (greedy_step_chained)."""
     from ..engine.engines import RunnerEngine
     from ..engine.fp8 import expandable_segments
     from ..engine.tree import DraftTree
     from ..engine.verify import device_sync
 
     free_cuda(bench)
-    out: dict = {"memory_cap_GB": memory_cap(bench, bench.fp8_cap_gb), "block": list(FP8_BLOCK),
+    out: dict = {"weights": weights, "memory_cap_GB": memory_cap(bench, bench.cap_gb(weights)),
+                 **({"block": list(FP8_BLOCK)} if weights == "fp8" else {"group": INT4_GROUP, "symmetric": True}),
                  "expandable_segments": expandable_segments() if bench.cuda else None,
                  "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None}
     t0 = time.perf_counter()
-    target = build_fp8_target(bench, layers, dtype)
+    target = build_quantized_target(bench, layers, dtype, weights)
     out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
     out["weight_read_bound_ms"] = bound_ms = out["weights"]["bytes"] / bandwidth * 1e3
     sync = device_sync(target, drafter)
@@ -705,17 +736,19 @@ def fp8_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     for budget in budgets:
         tree = DraftTree.from_logprobs(root, logprobs, budget)
         ms = timed(lambda: runner.forward(tree), repeats=20)
-        out["budgets"].append({"budget": budget, "positions": len(tree), "verify_ms": ms, "verify_per_fp8_step": ms / step,
+        out["budgets"].append({"budget": budget, "positions": len(tree), "verify_ms": ms, "verify_per_step": ms / step,
                                "bf16_verify_ms": bf16_verify.get(budget)})
     out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
     out.update(greedy_step_per_bound=step / bound_ms, bf16_greedy_step_ms=bf16["greedy_step_ms"],
                greedy_step_vs_bf16=step / bf16["greedy_step_ms"])
-    progress("fp8", {k: v for k, v in out.items() if k != "blas"})
+    progress(weights, {k: v for k, v in out.items() if k != "blas"})
     del engine, runner
     free_cuda(bench)
-    out["peak_memory"] = fp8_peak_memory(bench, pair, bench.fp8_context, budget=64)
-    progress("fp8_peak_memory", out["peak_memory"])
-    out["gemms"] = fp8_gemms(bench, target, timer(sync))
+    out["peak_memory"] = quantized_peak_memory(bench, pair, bench.fp8_context, budget=64,
+                                               limit_gb=PEAK_LIMIT_GB[weights])
+    progress(f"{weights}_peak_memory", out["peak_memory"])
+    if weights == "fp8":
+        out["gemms"] = fp8_gemms(bench, target, timer(sync))
     del pair, target
     free_cuda(bench)
     memory_cap(bench, None)
@@ -735,8 +768,14 @@ def peak_gib(bench: BenchConfig) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if bench.cuda else None
 
 
+# the peak a session may reach (the two models alone + the session): FP8 the issue's 36 GB (a 40 GB card); 4-bit
+# 22 GB, what a 24 GB card leaves beside the CUDA context
+PEAK_LIMIT_GB = {"fp8": 36.0, "int4": 22.0}
+
+
 @torch.no_grad()
-def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, rounds: int = 6) -> dict:
+def quantized_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, rounds: int = 6,
+                          limit_gb: float = 36.0) -> dict:
     """Item 5: a session as a user runs it (DecodeSession on the runner engine: its runner sized for the prompt, CUDA
     graphs, the static drafter) on a `context`-token prompt at `budget`, `rounds` rounds; the peak GPU memory
     torch allocated (reset first: the models are resident, the rest is the session's) and what stays allocated.
@@ -756,14 +795,14 @@ def fp8_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 64, ro
     prefill_s = time.perf_counter() - start
     session.run(max_steps=rounds)
     out = {"context": context, "budget": budget, "rounds": len(session.history), "prefill_s": prefill_s,
-           "runner_max_len": session.cache.max_len, "target": "<= 36 GB"}
+           "runner_max_len": session.cache.max_len, "target": f"<= {limit_gb:g} GB"}
     if bench.cuda:
         peak, models = torch.cuda.max_memory_allocated(), model_bytes(pair.target, pair.drafter)
         out.update(peak_GB=peak / 1e9, peak_GiB=peak / 2**30, models_GiB=resident / 2**30,
                    session_GiB=(peak - resident) / 2**30, after_GiB=torch.cuda.memory_allocated() / 2**30,
                    reserved_peak_GiB=torch.cuda.max_memory_reserved() / 2**30, model_bytes_GiB=models / 2**30,
                    leftover_GiB=(resident - models) / 2**30, peak_models_alone_GB=(models + peak - resident) / 1e9,
-                   met=models + peak - resident <= 36e9)
+                   met=models + peak - resident <= limit_gb * 1e9)
     del session, proposer
     return out
 
@@ -843,22 +882,24 @@ def gemm_configs(kernel, m: int, w) -> dict:
     return alts
 
 
-def fp8_targets(f: dict) -> dict:
-    """Issue #29's targets from fp8_speed's figures: the FP8 greedy step <= 1.35x its own bound, verify at budget 64
-    <= 1.25x and a whole round at 64 <= 1.5x the FP8 step, the peak at 4,096 tokens and budget 64 <= 36 GB."""
-    step = f["greedy_step_ms"]
+def quantized_targets(f: dict, weights: str) -> dict:
+    """Issue #29's targets from quantized_speed's figures (`weights` "fp8" or "int4", the keys' prefix): the greedy
+    step <= 1.35x its own bound, verify at budget 64 <= 1.25x and a whole round at 64 <= 1.5x that step, the peak
+    at 4,096 tokens and budget 64 <= 36 GB (4-bit: the issue sets only "its own bound ratio"; held to FP8's ratios,
+    and to 22 GB: a 24 GB card)."""
+    name, step = FORMAT_NAMES[weights], f["greedy_step_ms"]
     chained = f.get("greedy_step_chained_ms")  # the step with no read between steps: the device's share of it
-    out = {"fp8_step": {**_target(step, f["weight_read_bound_ms"], 1.35, "FP8 weight-read bound"),
-                        "bf16_step_ms": f["bf16_greedy_step_ms"], "chained_ms": chained,
-                        "chained_ratio": chained / f["weight_read_bound_ms"] if chained else None}}
+    out = {f"{weights}_step": {**_target(step, f["weight_read_bound_ms"], 1.35, f"{name} weight-read bound"),
+                               "bf16_step_ms": f["bf16_greedy_step_ms"], "chained_ms": chained,
+                               "chained_ratio": chained / f["weight_read_bound_ms"] if chained else None}}
     verify = {row["budget"]: row["verify_ms"] for row in f["budgets"]}
     if 64 in verify:
-        out["fp8_verify_64"] = _target(verify[64], step, 1.25, "FP8 runner greedy step")
-    out["fp8_round_64"] = _target(f["round_budget_64"]["round_ms"], step, 1.5, "FP8 runner greedy step")
+        out[f"{weights}_verify_64"] = _target(verify[64], step, 1.25, f"{name} runner greedy step")
+    out[f"{weights}_round_64"] = _target(f["round_budget_64"]["round_ms"], step, 1.5, f"{name} runner greedy step")
     peak = f["peak_memory"]
-    out["fp8_peak_memory"] = {"GB": peak.get("peak_models_alone_GB"), "of": "the two models alone + the session",
-                              "raw_peak_GB": peak.get("peak_GB"), "target": "<= 36 GB", "met": peak.get("met"),
-                              "context": peak["context"], "budget": peak["budget"], "cap_GB": f["memory_cap_GB"]}
+    out[f"{weights}_peak_memory"] = {"GB": peak.get("peak_models_alone_GB"), "of": "the two models alone + the session",
+                                     "raw_peak_GB": peak.get("peak_GB"), "target": peak["target"], "met": peak.get("met"),
+                                     "context": peak["context"], "budget": peak["budget"], "cap_GB": f["memory_cap_GB"]}
     return out
 
 
@@ -1688,10 +1729,11 @@ def verdict_summary(results: list[dict]) -> dict:
     return {**counts, "mismatches_none": counts["mismatch"] == 0 and counts["unjudged"] == 0}
 
 
-def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int, fp8: bool = False):
-    """The exactness checks' target (real widths, random weights; `fp8`: FP8 weights made at random), its pair (no
-    drafter: oracle drafts) and a seeded random prompt."""
-    target = (build_fp8_target if fp8 else build_target)(bench, layers, dtype)
+def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_len: int, weights: str = "plain"):
+    """The exactness checks' target (real widths, random weights; `weights` "fp8" or "int4": quantized weights made
+    at random), its pair (no drafter: oracle drafts) and a seeded random prompt."""
+    target = (build_target(bench, layers, dtype) if weights == "plain"
+              else build_quantized_target(bench, layers, dtype, weights))
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
     return target, pair_of(bench, target, None, dtype), prompt
@@ -1699,9 +1741,9 @@ def exactness_setup(bench: BenchConfig, layers: int, dtype: torch.dtype, prompt_
 
 @torch.no_grad()
 def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], new_tokens: int,
-                   prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), fp8: bool = False) -> list[dict]:
-    """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`fp8`:
-    on FP8 weights made at random, each result saying so). Each divergence is judged as the page judges one
+                   prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), weights: str = "plain") -> list[dict]:
+    """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`weights`
+    "fp8" or "int4": on quantized weights made at random, each result saying so). Each divergence is judged as the page judges one
     (session.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
     largest |margin of a chain pass - margin of the one-token step| where both choose the same token)."""
     from ..engine.engines import RunnerEngine
@@ -1709,7 +1751,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     from ..engine.runner import StaticRunner
     from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence, verdict
 
-    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, fp8)
+    target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, weights)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
                           options=bench.runner_options())
 
@@ -1725,7 +1767,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
               "runner_greedy_repeated": greedy == list(first)}  # the same tokens twice (the chains change nothing)
     hf = list(GreedyReference(target, prompt, set()).extend_to(new_tokens).ids)
     idx = first_divergence(greedy, hf)
-    results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": "fp8" if fp8 else "plain",
+    results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": weights,
                 "check": "runner greedy vs transformers greedy",
                 "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
                 "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
@@ -1741,7 +1783,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
             session.run()
             out, rounds = session.generated, [r.kept for r in session.history]
             idx = first_divergence(out, greedy)
-            results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": "fp8" if fp8 else "plain",
+            results.append({"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": weights,
                             "check": "runner ddtree vs runner greedy",
                             "budget": budget, "ranks": list(ranks), "rounds": len(rounds),
                             "mean_acceptance": sum(rounds) / len(rounds), "identical": idx is None, "first_divergence": idx,
@@ -2101,6 +2143,28 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     return results
 
 
+def quantized_arguments(p: argparse.ArgumentParser) -> None:
+    """build_parser's options for the quantized targets (issue #29): FP8 and 4-bit weights made at random."""
+    p.add_argument("--fp8", action="store_true",
+                   help="--fast: also the target with FP8 weights made at random (128x128 blocks, kept as fp8 on the GPU) "
+                        "on the runner beside bf16, after the bf16 target is freed: its weight-read bound, greedy step, "
+                        "verify, rounds at budget 64, each GEMM, and the peak memory of a session at --fp8-context "
+                        "tokens and budget 64 under --fp8-memory-cap (speed.fast.fp8; targets fp8_*); with --exactness "
+                        "the runner's exactness on FP8 weights too (with --skip-speed as well: the checks alone)")
+    p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GB",
+                   help="--fp8: the process's GPU memory cap (GB) while the FP8 target runs (default: 40)")
+    p.add_argument("--fp8-context", type=int, default=4096,
+                   help="--fp8, --int4: the peak-memory session's prompt (default: 4096)")
+    p.add_argument("--int4", action="store_true",
+                   help="--fast: also the target with 4-bit weights made at random (W4A16: symmetric, groups of 128, "
+                        "kept packed on the GPU, engine/int4_gemm.py) on the runner beside bf16, after the bf16 (and "
+                        "FP8) target is freed: its weight-read bound, greedy step, verify, rounds at budget 64 and the "
+                        "peak memory of a session under --int4-memory-cap (speed.fast.int4; targets int4_*); with "
+                        "--exactness the runner's exactness on 4-bit weights too")
+    p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
+                   help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..engine.delta_rule.dispatch import GDN_KERNELS, ONE_LAUNCH_CHOICES
     from ..engine.pdl import CHOICES as PDL_CHOICES
@@ -2164,15 +2228,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--fast: also the DFlash2 drafter (qwen3.8-27b-dflash2-config.json, random weights) beside DFlash "
                         "1 on the runner: its pass at block 8 and whole rounds at budget 64 with the selector tree "
                         "(speed.fast.dflash2; targets dflash2_draft_pass, dflash2_round_64)")
-    p.add_argument("--fp8", action="store_true",
-                   help="--fast: also the target with FP8 weights made at random (128x128 blocks, kept as fp8 on the GPU) "
-                        "on the runner beside bf16, after the bf16 target is freed: its weight-read bound, greedy step, "
-                        "verify, rounds at budget 64, each GEMM, and the peak memory of a session at --fp8-context "
-                        "tokens and budget 64 under --fp8-memory-cap (speed.fast.fp8; targets fp8_*); with --exactness "
-                        "the runner's exactness on FP8 weights too (with --skip-speed as well: the checks alone)")
-    p.add_argument("--fp8-memory-cap", type=float, default=40.0, metavar="GB",
-                   help="--fp8: the process's GPU memory cap (GB) while the FP8 target runs (default: 40)")
-    p.add_argument("--fp8-context", type=int, default=4096, help="--fp8: the peak-memory session's prompt (default: 4096)")
+    quantized_arguments(p)
     p.add_argument("--costs", action="store_true",
                    help="issue #30: the runner's cost table at --budgets and S(b) at an oracle-controlled acceptance")
     p.add_argument("--smoke", action="store_true", help="toy widths on the CPU: checks the script, measures nothing real")
@@ -2184,9 +2240,11 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
-    if a.fp8 and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
-        parser.error("--fp8 measures on the static runner: it needs --fast, without --device-map auto, and without "
-                     "--skip-speed unless --exactness (then the exactness checks alone, plain and FP8 weights)")
+    for flag in ("fp8", "int4"):
+        if getattr(a, flag) and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
+            parser.error(f"--{flag} measures on the static runner: it needs --fast, without --device-map auto, and "
+                         "without --skip-speed unless --exactness (then the exactness checks alone, plain and "
+                         "quantized weights)")
     bench = BenchConfig.from_args(a)
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
@@ -2224,12 +2282,12 @@ def main(argv: list[str] | None = None) -> int:
         report[f"{name}_bf16_full_depth"] = check(bench, a.layers, torch.bfloat16, [32], a.new_tokens,
                                                   ranks_list=((0,), (1,)))
         save()
-    if a.exactness and bench.fp8:  # issue #29: the runner's exactness on FP8 weights
-        report["fast_exactness_fp8_fp32_8_layers"] = fast_exactness(bench, 8 if not a.smoke else 4, torch.float32,
-                                                                    [4, 32, 64], a.new_tokens, fp8=True)
+    for weights in bench.quantized if a.exactness else ():  # issue #29: the runner's exactness on quantized weights
+        report[f"fast_exactness_{weights}_fp32_8_layers"] = fast_exactness(
+            bench, 8 if not a.smoke else 4, torch.float32, [4, 32, 64], a.new_tokens, weights=weights)
         save()
-        report["fast_exactness_fp8_bf16_full_depth"] = fast_exactness(bench, a.layers, torch.bfloat16, [32, 64],
-                                                                      a.new_tokens, ranks_list=((0,), (1,)), fp8=True)
+        report[f"fast_exactness_{weights}_bf16_full_depth"] = fast_exactness(
+            bench, a.layers, torch.bfloat16, [32, 64], a.new_tokens, ranks_list=((0,), (1,)), weights=weights)
         save()
     verdicts = {key: verdict_summary(runs) for key, runs in report.items() if key.startswith("fast_exactness")}
     if verdicts:  # every runner check's outcome at a glance, the reduced-precision ones' verdicts among them
@@ -2238,8 +2296,10 @@ def main(argv: list[str] | None = None) -> int:
     fast = report.get("speed", {}).get("fast")
     if fast is not None and "fast_exactness_fp32_8_layers" in report:
         fast["targets"]["exactness_fp32"] = exactness_target(report["fast_exactness_fp32_8_layers"])
-    if fast is not None and "fast_exactness_fp8_fp32_8_layers" in report:
-        fast["targets"]["fp8_exactness_fp32"] = exactness_target(report["fast_exactness_fp8_fp32_8_layers"])
+    for weights in bench.quantized:
+        if fast is not None and f"fast_exactness_{weights}_fp32_8_layers" in report:
+            fast["targets"][f"{weights}_exactness_fp32"] = exactness_target(
+                report[f"fast_exactness_{weights}_fp32_8_layers"])
     if fast is not None:
         print(json.dumps({"targets": fast["targets"]}, indent=1), flush=True)
         print(forms_table(fast, report["speed"]["weight_read_bound_ms"]), flush=True)
