@@ -192,23 +192,33 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     assert trees[0] == trees[1] and len(trees[0]) > 1
 
 
-def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(checkpoints):
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(checkpoints, fused):
     """The static runner over Int4Linear weights on the CPU (the function its CUDA graphs capture, the 4-bit GEMM
-    there; 4-bit parts are not fused, each its own module): its greedy and its DDTree equal the hand-dequantized
-    model's own greedy, token for token, in float32."""
+    there): its greedy and its DDTree equal the hand-dequantized model's own greedy, token for token, in float32.
+    Fused: the 4-bit parts stacked (words and scales as one storage each), the bf16 in_proj_b / in_proj_a a run of
+    their own."""
     from ddtree_viz.engine.engines import RunnerEngine
+    from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
     from ddtree_viz.engine.session import DecodeSession, EngineGreedy
 
     int4_target, int4_draft, reference = checkpoints
-    pair = load_pair(str(int4_target), str(int4_draft), keep_quantized=True)
+    pair = load_pair(str(int4_target), str(int4_draft), keep_quantized=True)  # its own: fusing rewires the weights
     prompt, new = list(b"def fibonacci(n):"), 24
     with torch.no_grad():
         want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
-                          options=RunnerOptions("torch", True, "eager", False, "default"))
-    assert runner._fused[0, "mlp"] is None  # 4-bit gate + up: no fused kind, each part its own GEMM
+                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+    if fused:
+        gdn, attention, mlp = runner._fused[0, "mixer"], runner._fused[3, "mixer"], runner._fused[0, "mlp"]
+        assert isinstance(gdn, FusedRuns) and gdn.counts == (2, 2)  # qkv + z in 4 bits, b + a plain
+        assert [type(r).__name__ for r in gdn.runs] == ["FusedInt4Linear", "FusedLinear"]
+        assert isinstance(attention, int4.FusedInt4Linear) and isinstance(mlp, int4.FusedInt4Linear)
+        layer = pair.target.model.layers[0].mlp
+        assert layer.up_proj.weight_packed.data_ptr() == mlp.packed[layer.gate_proj.out_features].data_ptr()
+        assert layer.up_proj.weight_scale.data_ptr() == mlp.scale[layer.gate_proj.out_features].data_ptr()
     engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
                                        block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
     assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want

@@ -30,7 +30,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, ClassVar, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -356,6 +356,7 @@ class FusedFp8Linear:
     scale: torch.Tensor  # [ceil(rows / block[0]), ceil(in / block[1])] float32
     block: tuple[int, int]
     sizes: tuple[int, ...]
+    STACKS: ClassVar[dict[str, str]] = {"weight": "weight", "scale": "weight_scale_inv"}  # field: the parts' attribute
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return linear(x, self.weight, self.scale, self.block).split(self.sizes, dim=-1)

@@ -9,8 +9,9 @@ one GEMM of them:
     MLP        gate_proj + up_proj
 
 FP8 weights kept (engine/fp8.py's Fp8Linear) fuse the same way, bytes and block scales stacked (fp8.FusedFp8Linear,
-the Triton GEMM on CUDA); a group of two kinds (the official FP8 layout keeps in_proj_b / in_proj_a in bf16) is one
-fused GEMM per run of one kind (FusedRuns). Every fused kind is called alike: x -> the parts' outputs.
+the Triton GEMM on CUDA), and so do 4-bit weights kept (engine/int4.py's Int4Linear: words, scales and zero points
+stacked, int4.FusedInt4Linear); a group of two kinds (the official FP8 layout keeps in_proj_b / in_proj_a in bf16)
+is one fused GEMM per run of one kind (FusedRuns). Every fused kind is called alike: x -> the parts' outputs.
 
 Memory: the fused weight *is* the storage. Each original Linear's weight becomes a Parameter viewing its rows of
 the fused matrix, so the model (transformers' own forward, the prefill, the transformers engine) computes with
@@ -31,13 +32,14 @@ functions either way (`Pieces`): through torch.compile when `RunnerOptions.compi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-from . import fp8
+from . import fp8, int4
 from .delta_rule.parallel import tree_delta_rule_masked, tree_delta_rule_parts
 from .delta_rule.step import delta_rule_step
 from .gdn_tree import l2norm, tree_conv
@@ -53,6 +55,7 @@ class FusedLinear:
 
     weight: torch.Tensor  # [sum of out_features, in_features]
     sizes: tuple[int, ...]
+    STACKS: ClassVar[dict[str, str]] = {"weight": "weight"}  # each stacked field: the parts' attribute it views
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.nn.functional.linear(x, self.weight).split(self.sizes, dim=-1)
@@ -65,7 +68,7 @@ class FusedRuns:
     in the parts' order; at one row on CUDA a last plain run in the launch of the FP8 run before it
     (fp8.riding_linear)."""
 
-    runs: tuple  # FusedLinear | fp8.FusedFp8Linear, each for `counts[i]` consecutive parts
+    runs: tuple  # FusedLinear | fp8.FusedFp8Linear | int4.FusedInt4Linear, each for `counts[i]` consecutive parts
     counts: tuple[int, ...]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -78,34 +81,44 @@ class FusedRuns:
 
 
 def _kind(m: nn.Module):
-    """What a part fuses with: plain bias-free Linears of one dtype, or bias-free Fp8Linears of one scale block;
-    None for anything else (quantised some other way, with a bias, hooked)."""
+    """What a part fuses with: plain bias-free Linears of one dtype, bias-free Fp8Linears of one scale block, or
+    bias-free Int4Linears of one group size, zero-point scheme and scale dtype without activation order (each
+    column's group its own); None for anything else (quantised some other way, with a bias, hooked)."""
     if getattr(m, "_hf_hook", None) is not None or getattr(m, "bias", None) is not None:
         return None
     if type(m) is nn.Linear:
         return ("plain", m.weight.dtype)
     if type(m) is fp8.Fp8Linear:
         return ("fp8", m.block)
+    if type(m) is int4.Int4Linear and m.weight_g_idx is None:
+        return ("int4", m.group, m.weight_zero_point is None, m.weight_scale.dtype)
     return None
 
 
 def fusable(owner: nn.Module, names: tuple[str, ...]) -> bool:
-    """Bias-free Linears (plain or FP8-kept) of one input width and device."""
+    """Bias-free Linears (plain, FP8- or 4-bit-kept) of one input width and device."""
     mods = [getattr(owner, n, None) for n in names]
     if any(m is None or _kind(m) is None for m in mods):
         return False
-    w = [m.weight for m in mods]
-    return len({x.shape[1] for x in w}) == 1 and len({x.device for x in w}) == 1
+    return len({m.in_features for m in mods}) == 1 and len({next(m.parameters()).device for m in mods}) == 1
+
+
+def _whole(m: nn.Module) -> bool:
+    """Whether a part's rows end where its kind's stacked tensors' rows do: an FP8 part a whole number of scale
+    blocks tall (a block would otherwise hold rows of two parts under one scale), a 4-bit part with zero points a
+    multiple of 8 rows (they are packed 8 rows to a word)."""
+    kind = _kind(m)[0]
+    if kind == "fp8":
+        return m.out_features % m.block[0] == 0
+    return kind == "plain" or m.weight_zero_point is None or m.out_features % int4.PER_WORD == 0
 
 
 def _runs(mods) -> list[list[nn.Module]]:
-    """Consecutive parts of one kind, an FP8 run broken after a part that is not a whole number of scale blocks
-    tall (a block would otherwise hold rows of two parts under one scale)."""
+    """Consecutive parts of one kind, a run broken after a part that is not `_whole`."""
     runs = [[mods[0]]]
     for m in mods[1:]:
         last = runs[-1][-1]
-        whole = _kind(last)[0] == "plain" or last.out_features % last.block[0] == 0
-        if _kind(m) == _kind(last) and whole:
+        if _kind(m) == _kind(last) and _whole(last):
             runs[-1].append(m)
         else:
             runs.append([m])
@@ -123,16 +136,16 @@ def _views_of(storage: torch.Tensor, parts: list[torch.Tensor]) -> bool:
 
 
 def _still_fused(done, mods) -> bool:
-    """`done` (a fused group made before) still is the storage of `mods`' weights (and scales)."""
+    """`done` (a fused group made before) still is the storage of `mods`' weights (and scales, zero points)."""
     runs, counts = (done.runs, done.counts) if isinstance(done, FusedRuns) else ((done,), (len(mods),))
     start = 0
     for run, n in zip(runs, counts):
         part = mods[start:start + n]
         start += n
-        if not _views_of(run.weight, [m.weight for m in part]):
-            return False
-        if isinstance(run, fp8.FusedFp8Linear) and not _views_of(run.scale, [m.weight_scale_inv for m in part]):
-            return False
+        for field, attr in run.STACKS.items():
+            storage = getattr(run, field)
+            if storage is not None and not _views_of(storage, [getattr(m, attr) for m in part]):
+                return False
     return start == len(mods)
 
 
@@ -153,16 +166,22 @@ def _stack(mods, attr: str) -> torch.Tensor:
 
 def _fuse_run(mods):
     sizes = tuple(m.out_features for m in mods)
-    if _kind(mods[0])[0] == "fp8":
+    kind = _kind(mods[0])[0]
+    if kind == "fp8":
         return fp8.FusedFp8Linear(_stack(mods, "weight"), _stack(mods, "weight_scale_inv"), mods[0].block, sizes)
+    if kind == "int4":
+        zero = None if mods[0].weight_zero_point is None else _stack(mods, "weight_zero_point")
+        return int4.FusedInt4Linear(_stack(mods, "weight_packed"), _stack(mods, "weight_scale"), zero, mods[0].group,
+                                    sizes)
     return FusedLinear(_stack(mods, "weight"), sizes)
 
 
 @torch.no_grad()
-def fuse_linears(owner: nn.Module, names: tuple[str, ...]) -> FusedLinear | fp8.FusedFp8Linear | FusedRuns | None:
+def fuse_linears(owner: nn.Module, names: tuple[str, ...]
+                 ) -> FusedLinear | fp8.FusedFp8Linear | int4.FusedInt4Linear | FusedRuns | None:
     """Fuse `owner`'s Linears `names` (in this order) into one weight whose row blocks become their weights (FP8-kept
-    parts: their bytes and their scales); parts of two kinds, or FP8 parts that do not stack in whole scale blocks,
-    one fused weight per run (FusedRuns). Each is called as x -> the parts' outputs. None when they cannot be fused
+    parts: their bytes and their scales; 4-bit-kept: their words, scales and zero points); parts of two kinds, or
+    quantized parts that do not stack whole (`_whole`), one fused weight per run (FusedRuns). Each is called as x -> the parts' outputs. None when they cannot be fused
     (see `fusable`)."""
     if not fusable(owner, names):
         return None

@@ -24,7 +24,7 @@ Kept as stored (`keep`, what a target or drafter on one CUDA GPU gets, as FP8's)
 forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM of engine/int4_gemm.py (the
 words, scales and zero points read as stored, unpacked in registers, each weight rounded once to the activations'
 dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit for bit the model dequantized at
-load). The static runner calls them as modules (no fused 4-bit kind yet: engine/fused.py fuses plain and FP8 parts).
+load). The static runner fuses them as it fuses plain and FP8 Linears (FusedInt4Linear, engine/fused.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, ClassVar, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -292,6 +292,21 @@ def _gemm_module():
     return int4_gemm
 
 
+def linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+           g_idx: torch.Tensor | None, group: int) -> torch.Tensor:
+    """y = x W^T in x's dtype, W = (q - z) x scale from the packed parts (`group`: the columns a scale covers, x's
+    width for one scale a row): the dequantized model's function. On CUDA the Triton GEMM reads the parts as stored;
+    elsewhere the weight is dequantized for this call (float32 product, cast once) and multiplied by F.linear (on a
+    CPU bit for bit the model dequantized at load)."""
+    gemm = _gemm_module() if x.is_cuda else None
+    if gemm is not None:
+        return gemm.int4_linear(x, packed, scale, zero, g_idx, group)
+    parts = {"weight_packed": packed, "weight_scale": scale, "weight_zero_point": zero, "weight_g_idx": g_idx,
+             "weight_shape": torch.tensor([packed.shape[0], x.shape[-1]])}
+    weight = dequantize({k: v for k, v in parts.items() if v is not None}, Int4Spec(group, zero is None))
+    return F.linear(x, weight.to(device=x.device, dtype=x.dtype))
+
+
 class Int4Linear(nn.Module):
     """A Linear kept as the checkpoint stores it (its parts by their names: weight_packed, weight_scale, and where
     stored weight_zero_point and weight_g_idx; weight_shape), computing the dequantized model's function: on CUDA
@@ -315,16 +330,28 @@ class Int4Linear(nn.Module):
         return {name: t for name in PARTS if (t := getattr(self, name)) is not None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gemm = _gemm_module() if x.is_cuda else None
-        if gemm is not None:
-            y = gemm.int4_linear(x, self.weight_packed, self.weight_scale, self.weight_zero_point, self.weight_g_idx,
-                                 self.group)
-        else:
-            y = F.linear(x, dequantize(self.parts(), self.spec).to(device=x.device, dtype=x.dtype))
+        y = linear(x, self.weight_packed, self.weight_scale, self.weight_zero_point, self.weight_g_idx, self.group)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.spec.scheme}"
+
+
+@dataclass(frozen=True)
+class FusedInt4Linear:
+    """fused.FusedLinear's 4-bit kind: several Int4Linears of one input (one group size and zero-point scheme, no
+    activation order) as one packed weight (their words, scales and zero points stacked by rows; each part but the
+    last a multiple of 8 rows where zero points are packed along them); y = x W^T split into their outputs."""
+
+    packed: torch.Tensor  # [sum of out_features, ceil(in / 8)] int32
+    scale: torch.Tensor  # [sum of out_features, groups]
+    zero: torch.Tensor | None  # [ceil(rows / 8), groups] int32, asymmetric only
+    group: int
+    sizes: tuple[int, ...]
+    STACKS: ClassVar[dict[str, str]] = {"packed": "weight_packed", "scale": "weight_scale", "zero": "weight_zero_point"}
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return linear(x, self.packed, self.scale, self.zero, None, self.group).split(self.sizes, dim=-1)
 
 
 def _maker(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> Callable[[torch.device, torch.Tensor | None],
