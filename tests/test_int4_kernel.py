@@ -12,7 +12,7 @@ import torch
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
 from ddtree_viz.engine import int4
-from ddtree_viz.engine.int4_gemm import int4_linear
+from ddtree_viz.engine.int4_gemm import Config, int4_linear
 
 LAYOUTS = {  # name: (out, in, spec, activation order)
     "group128-sym": (64, 256, int4.Int4Spec(128, True), False),
@@ -40,9 +40,9 @@ def reference(x: torch.Tensor, parts: dict, spec: int4.Int4Spec) -> torch.Tensor
     return x.float().cpu() @ w.T
 
 
-def product(x: torch.Tensor, parts: dict, spec: int4.Int4Spec) -> torch.Tensor:
+def product(x: torch.Tensor, parts: dict, spec: int4.Int4Spec, config: Config | None = None) -> torch.Tensor:
     return int4_linear(x, parts["weight_packed"], parts["weight_scale"], parts.get("weight_zero_point"),
-                       parts.get("weight_g_idx"), spec.group or x.shape[-1])
+                       parts.get("weight_g_idx"), spec.group or x.shape[-1], config)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 17, 65, 129, 200])
@@ -67,6 +67,67 @@ def test_int4_gemm_in_half_precision(dtype):
     torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
 
 
+CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block_n=128, num_warps=8),
+           "block_k_32_stages_2": Config(block_k=32, num_stages=2), "gemv": Config(block_k=32, gemv=True),
+           "gemv_128": Config(block_n=128, block_k=32, num_warps=8, gemv=True)}
+
+
+@pytest.mark.parametrize("rows", [1, 3, 65])
+@pytest.mark.parametrize("layout", ["group128-sym-partial", "group32-asym"])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_every_config_computes_the_dequantized_product(rows, layout, config):
+    """The bench's configs (other tiles, and the one-row kernel on the CUDA cores: x times the row's scale in float32,
+    each weight exact, a row of x a program) compute the same product, to the order of the sums in float32."""
+    parts, spec = quantized(layout, rows + 1)
+    x = torch.randn(rows, LAYOUTS[layout][1], generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+    y = product(x, parts, spec, CONFIGS[config])
+    torch.testing.assert_close(y.cpu(), reference(x, parts, spec), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_one_row_kernel_in_half_precision(dtype):
+    """One row on the CUDA cores in bf16 / fp16 activations: the weight exact rather than rounded to the dtype (as
+    fp8_gemm's one-row product), so the output is the rounded-weight product's to a step of the output."""
+    parts, spec = quantized("group32-asym", 6)
+    x = torch.randn(1, 136, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEVICE)
+    y = product(x, parts, spec, CONFIGS["gemv"])
+    ref = reference(x, parts, spec)
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+
+
+def test_the_one_row_kernel_needs_whole_groups():
+    """Activation order, or steps wider than a group, are refused by the one-row kernel (gemv_fits), not misread."""
+    x = torch.randn(1, 160).to(DEVICE)
+    parts, spec = quantized("actorder-asym", 1)
+    with pytest.raises(ValueError, match="needs whole groups"):
+        product(x, parts, spec, CONFIGS["gemv"])
+    parts, spec = quantized("group32-asym", 1)
+    with pytest.raises(ValueError, match="needs whole groups"):
+        product(x[:, :136], parts, spec, Config(block_k=64, gemv=True))
+
+
+def test_the_benchs_other_configs_compute_the_same_product():
+    """gpu_bench --int4 times int4_gemm.choose's config beside its neighbours and, at one row, the kernel on the CUDA
+    cores (gpu.int4_configs) on the model's bf16 activations: each one runs and gives the dequantized product (to
+    bf16's rounding of the output; float32 in the interpreter)."""
+    from ddtree_viz.benchmarks import gpu
+    from ddtree_viz.engine import int4_gemm
+
+    parts, spec = quantized("group128-sym", 11)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    for rows in (1, 65):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+        configs = gpu.int4_configs(int4_gemm, rows, 256, 128)
+        assert configs["chosen"] == int4_gemm.choose(rows, 64, 256) and len(configs) >= 6
+        assert any(c.gemv for c in configs.values()) == (rows == 1)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+        for label, config in configs.items():
+            torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
+                                       msg=label, **tol)
+
+
 def test_a_kept_linear_on_the_device_is_its_dequantized_linear():
     """int4.Int4Linear (what a kept checkpoint's Linears become) computes the dequantized weight's product, with
     its bias; a weight that does not fit the input is refused, not read out of bounds."""
@@ -79,10 +140,39 @@ def test_a_kept_linear_on_the_device_is_its_dequantized_linear():
         product(x[:, :152], parts, spec)
 
 
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_fused_4bit_projections_split_as_their_parts(symmetric):
+    """gate + up (MLP) as one 4-bit weight (fused.fuse_linears over Int4Linears): each output equals its own part's
+    product; with zero points (packed 8 rows to a word) a part that is not a multiple of 8 rows ends its run, and
+    parts in activation order are not fused at all."""
+    from ddtree_viz.engine.fused import FusedRuns, fuse_linears
+
+    spec = int4.Int4Spec(32, symmetric)
+    gen = torch.Generator().manual_seed(5)
+    gate, up = (int4.quantize(torch.randn(n, 96, generator=gen) * 0.05, spec) for n in (72, 60))
+    mlp = torch.nn.Module()
+    mlp.gate_proj, mlp.up_proj = (int4.Int4Linear({k: v.to(DEVICE) for k, v in p.items()}, spec) for p in (gate, up))
+    fused = fuse_linears(mlp, ("gate_proj", "up_proj"))
+    assert isinstance(fused, int4.FusedInt4Linear) and fused.packed.shape == (132, 12)
+    assert (fused.zero is None) == symmetric and (symmetric or fused.zero.shape == (17, 3))
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    for y, parts in zip(fused(x), (gate, up)):
+        torch.testing.assert_close(y.cpu(), reference(x, parts, spec), rtol=1e-5, atol=1e-5)
+    swapped = torch.nn.Module()
+    swapped.up_proj, swapped.gate_proj = (int4.Int4Linear({k: v.to(DEVICE) for k, v in p.items()}, spec)
+                                          for p in (up, gate))
+    again = fuse_linears(swapped, ("up_proj", "gate_proj"))
+    assert isinstance(again, int4.FusedInt4Linear if symmetric else FusedRuns)  # 60 rows: not whole zero-point words
+    ordered = torch.nn.Module()
+    ordered.a, ordered.b = (int4.Int4Linear({**p, "weight_g_idx": torch.arange(96, dtype=torch.int32) // 32}, spec)
+                            for p in (gate, up))
+    assert fuse_linears(ordered, ("a", "b")) is None
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA graphs, the Triton GEMM)")
 def test_runner_with_4bit_weights_in_cuda_graphs():
-    """The runner's defaults on CUDA (CUDA graphs, compiled pieces, 4-bit projections through the Triton GEMM, each
-    its own module) over 4-bit weights (groups of 128, symmetric), float32: greedy == transformers' greedy of the
+    """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused 4-bit projections through the Triton GEMM)
+    over 4-bit weights (groups of 128, symmetric), float32: greedy == transformers' greedy of the
     dequantized model, DDTree == that greedy (oracle drafts); a tree pass's logits equal the dequantized model's
     runner's to the order of the sums."""
     from tests.test_fp8_kernel import dequantized_twin
@@ -102,7 +192,7 @@ def test_runner_with_4bit_weights_in_cuda_graphs():
     prompt, new = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"], 40
     ref = GreedyReference(twin, prompt, set()).extend_to(new)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    assert runner.graphs and runner.options.fused and runner._fused[0, "mlp"] is None  # 4-bit: not fused
+    assert runner.graphs and runner.options.fused and isinstance(runner._fused[0, "mlp"], int4.FusedInt4Linear)
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
     for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
         oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)

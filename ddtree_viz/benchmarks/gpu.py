@@ -747,8 +747,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     out["peak_memory"] = quantized_peak_memory(bench, pair, bench.fp8_context, budget=64,
                                                limit_gb=PEAK_LIMIT_GB[weights])
     progress(f"{weights}_peak_memory", out["peak_memory"])
-    if weights == "fp8":
-        out["gemms"] = fp8_gemms(bench, target, timer(sync))
+    out["gemms"] = (fp8_gemms if weights == "fp8" else int4_gemms)(bench, target, timer(sync))
     del pair, target
     free_cuda(bench)
     memory_cap(bench, None)
@@ -820,29 +819,36 @@ def model_bytes(*models) -> int:
     return total
 
 
-def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
-    """Each GEMM of a layer as the runner runs it (the fused FP8 groups of layer 0 and the first attention layer, and
-    their single projections), microseconds a call (`per_call_us`: a CUDA graph of `calls` calls on a GPU) for each
-    row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose picks) beside cuBLAS's bf16 GEMM on
-    the dequantized weight, the FP8 bytes a call reads over its time, and at 1, 65 and 129 rows other configs beside the
-    chosen one (`gemm_configs`), to tune `choose` from one run."""
-    from ..engine import fp8
+def layer_gemms(target, fused_kind) -> dict[str, object]:
+    """Each GEMM of a layer as the runner runs it: the runs of `fused_kind` (fp8.FusedFp8Linear,
+    int4.FusedInt4Linear) in the fused groups of layer 0 (GDN in_proj, MLP gate + up) and of the first attention
+    layer (q + k + v), and their single projections (out_proj, o_proj, down_proj: the modules)."""
     from ..engine.fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, fuse_linears
     from ..engine.verify import gdn_modules
 
-    per_call = functools.partial(per_call_us, bench, timed, calls)
     layers = target.model.layers
     attn = next(i for i in range(len(layers)) if i not in set(gdn_modules(target)))
-    weights = {}
+    out: dict[str, object] = {}
     for name, (owner, names) in {"gdn_in_proj": (layers[0].linear_attn, GDN_PROJECTIONS),
                                  "attention_qkv": (layers[attn].self_attn, ATTENTION_PROJECTIONS),
                                  "mlp_gate_up": (layers[0].mlp, MLP_PROJECTIONS)}.items():
         fused = fuse_linears(owner, names)  # the runner's (already made: fusing is idempotent)
-        run = next(r for r in getattr(fused, "runs", (fused,)) if isinstance(r, fp8.FusedFp8Linear))
-        weights[name] = (run.weight, run.scale)
-    for name, module in (("gdn_out_proj", layers[0].linear_attn.out_proj),
-                         ("attention_o_proj", layers[attn].self_attn.o_proj), ("mlp_down", layers[0].mlp.down_proj)):
-        weights[name] = (module.weight, module.weight_scale_inv)
+        out[name] = next(r for r in getattr(fused, "runs", (fused,)) if isinstance(r, fused_kind))
+    out.update(gdn_out_proj=layers[0].linear_attn.out_proj, attention_o_proj=layers[attn].self_attn.o_proj,
+               mlp_down=layers[0].mlp.down_proj)
+    return out
+
+
+def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
+    """Each GEMM of a layer as the runner runs it (layer_gemms), microseconds a call (`per_call_us`: a CUDA graph of
+    `calls` calls on a GPU) for each row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose
+    picks) beside cuBLAS's bf16 GEMM on the dequantized weight, the FP8 bytes a call reads over its time, and at 1,
+    65 and 129 rows other configs beside the chosen one (`gemm_configs`), to tune `choose` from one run."""
+    from ..engine import fp8
+
+    per_call = functools.partial(per_call_us, bench, timed, calls)
+    weights = {name: ((g.weight, g.scale) if isinstance(g, fp8.FusedFp8Linear) else (g.weight, g.weight_scale_inv))
+               for name, g in layer_gemms(target, fp8.FusedFp8Linear).items()}
     kernel = fp8._gemm_module() if bench.cuda else None  # other configs: where the Triton GEMM runs
     dtype, out = target.get_input_embeddings().weight.dtype, {}
     for name, (w, s) in weights.items():
@@ -860,6 +866,55 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
         out[name] = row
         del dense
     return out
+
+
+def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
+    """fp8_gemms for the 4-bit target: each GEMM of a layer (layer_gemms) a call, the 4-bit GEMM (int4.linear, the
+    config int4_gemm.choose picks) beside cuBLAS's bf16 GEMM on the dequantized weight, the packed bytes (words,
+    scales, zero points) a call reads over its time, and at 1, 65 and 129 rows other configs (`int4_configs`: other
+    tiles, and at one row the kernel on the CUDA cores), to choose from one run."""
+    from ..engine import int4
+
+    per_call = functools.partial(per_call_us, bench, timed, calls)
+    kernel = int4._gemm_module() if bench.cuda else None
+    dtype, out = target.get_input_embeddings().weight.dtype, {}
+    for name, g in layer_gemms(target, int4.FusedInt4Linear).items():
+        fused = isinstance(g, int4.FusedInt4Linear)
+        parts = ((g.packed, g.scale, g.zero) if fused else (g.weight_packed, g.weight_scale, g.weight_zero_point))
+        k = g.in_features if not fused else parts[0].shape[1] * int4.PER_WORD  # (real widths: whole words)
+        spec = int4.Int4Spec(g.group if g.group != k else 0, parts[2] is None)
+        dense = int4.dequantize({"weight_packed": parts[0], "weight_scale": parts[1], "weight_shape": torch.tensor(
+            [parts[0].shape[0], k]), **({"weight_zero_point": parts[2]} if parts[2] is not None else {})}, spec).to(dtype)
+        nbytes = sum(t.numel() * t.element_size() for t in parts if t is not None)
+        row: dict = {"shape": [parts[0].shape[0], k]}
+        for m in rows:
+            x = torch.randn(m, k, device=dense.device, dtype=dtype)
+            us = per_call(lambda: int4.linear(x, *parts, None, g.group))
+            cell = row[str(m)] = {"int4_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
+            if isinstance(us, float) and us > 0:
+                cell["int4_TBps"] = nbytes / (us * 1e-6) / 1e12
+            if kernel is not None and m in (1, 65, 129):
+                cell["configs"] = {label: {"config": asdict(c), "us": per_call(
+                    lambda: kernel.int4_linear(x, *parts, None, g.group, c))} for label, c in
+                    int4_configs(kernel, m, k, g.group).items()}
+        out[name] = row
+        del dense
+    return out
+
+
+def int4_configs(kernel, m: int, k: int, group: int) -> dict:
+    """int4_gemm's chosen config for an [m, k] product and its neighbours, one field changed each; at one row the
+    kernel on the CUDA cores (two widths of a step) where the groups allow it."""
+    c = kernel.choose(m, 0, k)
+    alts = {"chosen": c, **{f"block_n_{n}": dataclasses.replace(c, block_n=n) for n in (32, 128) if n != c.block_n},
+            "block_k_128": dataclasses.replace(c, block_k=128), "warps_8": dataclasses.replace(c, num_warps=8),
+            "stages_2": dataclasses.replace(c, num_stages=2), "stages_4": dataclasses.replace(c, num_stages=4)}
+    if m == 1:
+        for bk, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (128, 32, 2)):
+            gemv = kernel.Config(block_n=bn, block_k=bk, num_warps=warps, gemv=True)
+            if kernel.gemv_fits(gemv, k, group, None):
+                alts[f"gemv_{bn}x{bk}_w{warps}"] = gemv
+    return alts
 
 
 def gemm_configs(kernel, m: int, w) -> dict:

@@ -8,13 +8,17 @@ activations' dtype (as int4.dequantize(...).to(dtype) at load rounds it), then m
 a float32 product in IEEE float32 (no TF32). So the runner over kept 4-bit weights and the runner over the weights
 dequantized at load compute the same products, up to the order of the sums.
 
-This is the first, plain form (docs/PERFORMANCE.md section 36): one kernel for every row count (a decode step's one
-row padded to the tensor cores' 16), a program a BLOCK_M x BLOCK_N tile of y walking the input dimension BLOCK_K
-columns at a time; each column's word loaded where it lies (eight columns share a word: the cache serves the
-repeats) and its field shifted out, each column's scale (and zero point) read through its group index, so every
-layout the loader accepts runs here unchanged: groups of any size, per channel, activation order (g_idx),
-asymmetric zero points packed along the rows, partial words and groups at the edges (masked). Not yet measured on a
-GPU; a one-row kernel on the CUDA cores and whole-group tiles are the FP8 GEMM's next steps applied here.
+This is the first, plain form (docs/PERFORMANCE.md section 36), and `choose` picks it at every shape: one kernel for
+every row count (a decode step's one row padded to the tensor cores' 16), a program a BLOCK_M x block_n tile of y
+walking the input dimension block_k columns at a time; each column's word loaded where it lies (eight columns share
+a word: the cache serves the repeats) and its field shifted out, each column's scale (and zero point) read through
+its group index, so every layout the loader accepts runs here unchanged: groups of any size, per channel,
+activation order (g_idx), asymmetric zero points packed along the rows, partial words and groups at the edges
+(masked). Beside it, for the bench to time (`Config.gemv`, gpu_bench --int4's gemms), the one-row kernel on the CUDA
+cores that fp8_gemm's measurements favour at one row: a word's eight fields against eight of x's columns, x times
+the row's scale in float32 so each weight is exact (as fp8_gemm's one-row product: in bfloat16 a rounding of a
+weight apart from the tile form, the noise the verdict rules measure; in float32 the same to the order of the
+sums), whole groups only. Neither is measured on a GPU yet.
 
 Imported only where a kept 4-bit weight meets a CUDA input (int4.linear); without a GPU it runs in Triton's
 interpreter (TRITON_INTERPRET=1; tests/test_int4_kernel.py). Shapes: x [..., K] (float32, bfloat16 or float16),
@@ -25,14 +29,38 @@ g_idx [K] or None; returns y [..., N] in x's dtype.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64
-BLOCK_K = 64  # a multiple of 8: a tile's columns are whole words
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A launch's tiles: rows of the weight a program computes (block_n), input columns a step (block_k, a multiple
+    of 8: whole words), its warps and pipeline stages; gemv: one row of x a program on the CUDA cores (_int4_gemv:
+    each word's eight fields against eight of x's columns, x times the row's scale in float32 and the weight exact,
+    as fp8_gemm's one-row product; whole groups only: no activation order, block_k dividing the group)."""
+
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    gemv: bool = False
+
+
+def choose(rows: int, n: int, k: int) -> Config:
+    """The launch for an [rows, k] x [n, k]^T product: the plain tile form at every shape until a GPU's figures
+    (gpu_bench --int4: speed.fast.int4.gemms, this config beside its neighbours and the one-row kernel) choose."""
+    return Config()
+
+
+def gemv_fits(c: Config, k: int, group: int, g_idx: torch.Tensor | None) -> bool:
+    """Whether _int4_gemv computes this weight: each block_k columns of one group (a tile's one scale a row)."""
+    return g_idx is None and group % c.block_k == 0 and c.block_k % 8 == 0
 
 
 @triton.jit
@@ -66,15 +94,43 @@ def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS,
              mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, WORDS, GROUPS, stride_xm, stride_ym,
+               GROUP: tl.constexpr, ASYM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    m = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rw = tl.arange(0, BLOCK_K // 8)  # a step's words
+    n_ok = rn < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w_col = k0 // 8 + rw
+        words = tl.load(w_ptr + rn[:, None] * WORDS + w_col[None, :], mask=n_ok[:, None] & (w_col < WORDS)[None, :],
+                        other=0)
+        group = k0 // GROUP  # one group a step (gemv_fits)
+        scale = tl.load(s_ptr + rn * GROUPS + group, mask=n_ok, other=0.0).to(tl.float32)
+        if ASYM:
+            zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=n_ok, other=0)
+            zero = (((zw >> ((rn % 8) * 4)) & 0xF) - 8).to(tl.float32)
+        for i in tl.static_range(8):  # field i of each word: columns k0 + 8 w + i
+            col = k0 + rw * 8 + i
+            xs = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
+            q = (((words >> (4 * i)) & 0xF) - 8).to(tl.float32)
+            if ASYM:
+                q = q - zero[:, None]
+            acc += q * (scale[:, None] * xs[None, :])
+    tl.store(y_ptr + m * stride_ym + rn, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
 def block_m(rows: int) -> int:
     """Rows of x a program takes: the tensor cores' 16 at least, 64 at most (a prefill's many rows in tiles)."""
     return min(64, max(16, triton.next_power_of_2(rows)))
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-                g_idx: torch.Tensor | None, group: int) -> torch.Tensor:
+                g_idx: torch.Tensor | None, group: int, config: Config | None = None) -> torch.Tensor:
     """y = x W^T in x's dtype, W [N, K] = (q - z) x scale read from the packed layout (`group`: the columns a scale
-    covers, K for per-channel scales; `g_idx` each column's group in its place, activation order)."""
+    covers, K for per-channel scales; `g_idx` each column's group in its place, activation order); `config` the
+    launch (`choose`'s by default)."""
     K, N = x.shape[-1], packed.shape[0]
     if packed.shape[1] != triton.cdiv(K, 8) or scale.shape[0] != N:
         raise ValueError(f"4-bit weight {list(packed.shape)} / scales {list(scale.shape)} do not fit {K} inputs")
@@ -82,13 +138,22 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
+    c = config or choose(M, N, K)
+    if c.gemv and not gemv_fits(c, K, group, g_idx):
+        raise ValueError(f"the one-row kernel needs whole groups: group {group}, block_k {c.block_k}, "
+                         f"activation order {g_idx is not None}")
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    if M:
+    launch = dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
+    if M and c.gemv:
+        _int4_gemv[(M, triton.cdiv(N, c.block_n))](x2, packed, scale, z, y, N, K, packed.shape[1], scale.shape[1],
+                                                   x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None,
+                                                   BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
+    elif M:
         bm = block_m(M)
-        grid = (triton.cdiv(M, bm), triton.cdiv(N, BLOCK_N))
-        _int4_gemm[grid](x2, packed, scale, packed if zero is None else zero, packed if g_idx is None else g_idx, y,
-                         M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), y.stride(0),
-                         GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
-                         PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-                         BLOCK_M=bm, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4)
+        _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n))](
+            x2, packed, scale, z, packed if g_idx is None else g_idx, y, M, N, K, packed.shape[1], scale.shape[1],
+            x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
+            PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+            BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y.reshape(*x.shape[:-1], N)
