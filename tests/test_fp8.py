@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from ddtree_viz import cli
-from ddtree_viz.engine import fp8
+from ddtree_viz.engine import fp8, int4
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
 from ddtree_viz.trace import Trace
@@ -205,6 +205,35 @@ def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+def test_kept_weights_load_as_stand_ins_and_an_fp8_embedding_as_its_values(checkpoints, tmp_path):
+    """keep_quantized reads each FP8 weight into its kept module only: the state transformers loads holds a stand-in
+    of one element for it (a 27B checkpoint's load then takes its own size in host memory, not a dequantized
+    model's), each paired back by its storage. A quantized tensor that is no Linear's (an embedding converted too)
+    gets its dequantized values, not the stand-in's zeros: the model's logits are the dequantized model's."""
+    from ddtree_viz.engine.models import load_target
+
+    _, _, fp8_target, _, _ = checkpoints
+    kept: dict = {}
+    state = fp8.read_checkpoint(fp8_target, fp8.spec_of(json.loads((fp8_target / "config.json").read_text()), "t"),
+                                torch.float32, "target", kept)
+    assert kept and all(state[name] is kept[name][0] and state[name].untyped_storage().nbytes() == 4 for name in kept)
+    embedded = tmp_path / "target"
+    shutil.copytree(fp8_target, embedded)
+
+    def convert_embedding(state, config):
+        name = "model.embed_tokens.weight"
+        state[name], state[name + "_scale_inv"] = fp8.quantize(state[name], BLOCK)
+
+    tiny.edit_checkpoint(embedded, convert_embedding)
+    (model, _), (plain, _) = (load_target(str(embedded), torch.float32, "cpu", keep_quantized=keep)
+                              for keep in (True, False))
+    embedding = model.get_input_embeddings().weight
+    assert not int4.is_stand_in(embedding) and torch.equal(embedding, plain.get_input_embeddings().weight)
+    ids = torch.tensor([list(range(3, 30))])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
 
 
 def test_an_fp8_drafter_kept_drafts_the_dequantized_drafters_trees(checkpoints):

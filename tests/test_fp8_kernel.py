@@ -255,13 +255,10 @@ def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     weight dequantized (float32 product, cast once): the function the quantized weights are held to."""
     import copy
 
-    from ddtree_viz.engine import int4
-
     twin = copy.deepcopy(model)
     for name, m in list(twin.named_modules()):
         if isinstance(m, fp8.KEPT):
-            weight = (fp8.dequantize(m.weight, m.weight_scale_inv, m.block) if isinstance(m, fp8.Fp8Linear)
-                      else int4.dequantize(m.parts(), m.spec))
+            weight = m.dequantized()
             plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=weight.device, dtype=dtype)
             plain.weight.data.copy_(weight.to(dtype))
             parent, _, attr = name.rpartition(".")

@@ -154,8 +154,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     kept): each FP8 weight times its scales (float32, then cast), every other tensor cast as is. `get(name)` reads
     one tensor (lazily, so a 27B checkpoint is read one tensor at a time). Refused, naming the tensor: an FP8
     weight without scales, scales without their weight, scales of the wrong shape or dtype. With `keep` (a dict),
-    each FP8 weight goes in as its e4m3 values (exact in any float dtype, not yet scaled: `keep_linears` replaces
-    them) and keep[name] = (those values, a function (device, bias) -> the Fp8Linear of the weight and scales)."""
+    each FP8 weight goes in as its int4.stand_in (`keep_linears` replaces it) and keep[name] = (the stand-in, a
+    function (device, bias) -> the Fp8Linear of the weight and scales)."""
     if isinstance(spec, int4.Int4Spec):
         return int4.dequantize_state(names, get, spec, dtype, what, keep)
     names = list(names)
@@ -171,8 +171,10 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
             scale = get(name + SCALE_SUFFIX)
             _check_pair(name, tensor, scale, spec, what)
             if keep is not None:
-                keep[name] = (tensor, lambda device, bias, q=tensor, s=scale: Fp8Linear(q.to(device), s.to(device),
-                                                                                      spec.block, bias))
+                keep[name] = (int4.stand_in(tuple(tensor.shape), dtype, tensor.device),
+                              lambda device, bias, q=tensor, s=scale: Fp8Linear(q.to(device), s.to(device), spec.block,
+                                                                                bias))
+                tensor = keep[name][0]
             else:
                 tensor = dequantize(tensor, scale, spec.block)
         elif tensor.dtype == FP8_DTYPE:
@@ -268,7 +270,7 @@ def load_causal_lm(path: Path, spec: Fp8Spec | int4.Int4Spec, dtype: torch.dtype
     if missing:
         raise ModelLoadError(f"target weights missing from {path}: {', '.join(missing[:5])}"
                              f"{' ...' if len(missing) > 5 else ''} ({len(missing)} in all)")
-    del state  # (kept: the e4m3 or 4-bit values in `dtype`, each freed as its Linear is replaced)
+    del state  # (kept: each weight's stand-in, replaced by its kept module)
     if kept:
         keep_linears(model, kept, f"target {path}")
     if (path / "generation_config.json").is_file():
@@ -340,6 +342,10 @@ class Fp8Linear(nn.Module):
         y = linear(x, self.weight, self.weight_scale_inv, self.block)
         return y if self.bias is None else y + self.bias
 
+    def dequantized(self) -> torch.Tensor:
+        """The real weight, e4m3 x scale in float32."""
+        return dequantize(self.weight, self.weight_scale_inv, self.block)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, fp8-e4m3"
 
@@ -370,33 +376,42 @@ def quantize_linears(model: nn.Module, block: tuple[int, int] = (128, 128), skip
 
 
 def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, Callable]], what: str) -> int:
-    """Each Linear of `model` loaded from a quantized checkpoint weight (kept: checkpoint name -> (the values it
-    was loaded with, a function (device, bias) -> its kept module), as dequantize_state makes it) replaced by that
-    module: an Fp8Linear of the weight's bytes and scales, an int4.Int4Linear of its packed parts. The checkpoint
-    name is found through transformers' renaming (model.language_model.layers.0... -> model.layers.0...): the names
-    that end as the Linear's does, or failing that the weights of its shape, and the one whose values the Linear
-    was loaded with. Returns how many were replaced; refused when a Linear was loaded with quantized values it
-    cannot be paired with."""
+    """Each Linear of `model` loaded from a quantized checkpoint weight (kept: checkpoint name -> (the stand-in it
+    was loaded with, int4.stand_in; a function (device, bias) -> its kept module), as dequantize_state makes it)
+    replaced by that module: an Fp8Linear of the weight's bytes and scales, an int4.Int4Linear of its packed parts.
+    The Linear is paired by the stand-in's storage (each its own), and the checkpoint name found through
+    transformers' renaming (model.language_model.layers.0... -> model.layers.0...: the names that end as the
+    Linear's does) must be that one. A quantized tensor loaded into something other than a Linear (an embedding) gets
+    its dequantized values (float32 product, cast to its dtype), so no stand-in is left to compute zeros. Returns
+    how many Linears were replaced; refused when a Linear named as a quantized weight was not loaded with its
+    stand-in."""
     by_tail: dict[str, list[str]] = {}
     for name in kept:
         parts = name.split(".")
         for i in range(len(parts) - 1):
             by_tail.setdefault(".".join(parts[i:]), []).append(name)
+    by_storage = {values.untyped_storage().data_ptr(): name for name, (values, _) in kept.items()}
     done = 0
     for module_name, module in list(model.named_modules()):
         if type(module) is not nn.Linear:
             continue
         w = module.weight.detach()
         named = by_tail.get(module_name + ".weight") or by_tail.get(module_name.split(".", 1)[-1] + ".weight") or []
-        candidates = named or [n for n, (q, _) in kept.items() if q.shape == w.shape]
-        match = [n for n in candidates
-                 if kept[n][0].shape == w.shape and torch.equal(kept[n][0].to(device=w.device, dtype=w.dtype), w)]
-        if not match:
+        match = by_storage.get(w.untyped_storage().data_ptr())
+        if match is None or (named and match not in named):
             if named:
                 raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the quantized weight {named[0]}")
             continue
         bias = None if module.bias is None else module.bias.detach()
         owner, attr = int4.owner_of(model, module_name)
-        setattr(owner, attr, kept[match[0]][1](w.device, bias))
+        setattr(owner, attr, kept[match][1](w.device, bias))
         done += 1
+    for name, p in list(model.named_parameters()):  # a quantized tensor that is no Linear's (an embedding): its values
+        if int4.is_stand_in(p):
+            key = by_storage.get(p.untyped_storage().data_ptr())
+            if key is None:
+                raise ModelLoadError(f"{what}: {name} holds a quantized weight's stand-in it cannot be paired with")
+            owner, attr = int4.owner_of(model, name)
+            setattr(owner, attr, nn.Parameter(kept[key][1](p.device, None).dequantized().to(p.dtype),
+                                              requires_grad=False))
     return done
