@@ -171,9 +171,7 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
             scale = get(name + SCALE_SUFFIX)
             _check_pair(name, tensor, scale, spec, what)
             if keep is not None:
-                keep[name] = (int4.stand_in(tuple(tensor.shape), dtype, tensor.device),
-                              lambda device, bias, q=tensor, s=scale: Fp8Linear(q.to(device), s.to(device), spec.block,
-                                                                                bias))
+                keep[name] = (int4.stand_in(tuple(tensor.shape), dtype, tensor.device), _maker(tensor, scale, spec.block))
                 tensor = keep[name][0]
             else:
                 tensor = dequantize(tensor, scale, spec.block)
@@ -348,6 +346,11 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, block={self.block}, fp8-e4m3"
+
+
+def _maker(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> Callable:
+    """What keep_linears calls for a kept FP8 weight: (device, bias) -> its Fp8Linear there."""
+    return lambda device, bias: Fp8Linear(weight.to(device), scale.to(device), block, bias)
 
 
 KEPT = (Fp8Linear, int4.Int4Linear)  # the Linears kept as a quantized checkpoint stores them (their own GEMMs)
