@@ -92,10 +92,7 @@ def test_loads_as_dequantized_by_hand(checkpoints):
     """Target and drafter weights equal the checkpoint dequantized by hand in float32, bit for bit."""
     _, _, fp8_target, fp8_draft, reference = checkpoints
     pair = load_pair(str(fp8_target), str(fp8_draft))
-    loaded, expected = pair.target.state_dict(), reference.state_dict()
-    assert loaded.keys() == expected.keys()
-    for name in expected:
-        assert torch.equal(loaded[name], expected[name]), name
+    tiny.assert_same_weights(pair.target.state_dict(), reference.state_dict())
     drafter = hand_dequantized(fp8_draft)
     for name, tensor in pair.drafter.state_dict().items():
         assert torch.equal(tensor, drafter[name]), name
@@ -153,7 +150,7 @@ BAD_LAYOUTS = {
                               "model.layers.0.mlp.extra.weight_scale_inv have no weight"),
     "weight not fp8": (lambda s, c: s.update({GATE: s[GATE].to(torch.float32)}), f"{GATE} has scales but is float32"),
     "missing weight": (lambda s, c: [s.pop(GATE), s.pop(GATE + "_scale_inv")], f"target weights missing from"),
-    "unknown method": (lambda s, c: c["quantization_config"].update(quant_method="gptq"), "quant_method 'gptq' is not supported"),
+    "unknown method": (lambda s, c: c["quantization_config"].update(quant_method="awq"), "quant_method 'awq' is not supported"),
     "unknown fmt": (lambda s, c: c["quantization_config"].update(fmt="e5m2"), "fmt 'e5m2' is not supported"),
     "static activations": (lambda s, c: c["quantization_config"].update(activation_scheme="static"),
                            "activation_scheme 'static' is not supported"),

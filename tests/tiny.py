@@ -145,3 +145,10 @@ def edit_checkpoint(directory: Path, change) -> None:
     change(state, config)
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config))
+
+
+def assert_same_weights(loaded: dict, expected: dict) -> None:
+    """Two state dicts with the same names and every tensor equal, bit for bit (the loaders' tests)."""
+    assert loaded.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(loaded[name], expected[name]), name

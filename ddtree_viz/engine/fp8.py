@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from . import int4
+from . import gptq, int4
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
@@ -77,9 +77,11 @@ def spec_of(config: Mapping, what: str) -> Fp8Spec | int4.Int4Spec | None:
     method = qc.get("quant_method")
     if method == "compressed-tensors":
         return int4.spec_of(qc, where)
+    if method == "gptq":
+        return gptq.spec_of(qc, where)
     if method != "fp8":
         raise ModelLoadError(f"{where}: quant_method {method!r} is not supported (the FP8 layout, quant_method 'fp8', "
-                             "and 4-bit weights in compressed-tensors' pack-quantized format load)")
+                             "and 4-bit weights in compressed-tensors' pack-quantized format or GPTQ's load)")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(f"{where}: fmt {fmt!r} is not supported (only 'e4m3', float8_e4m3fn weights)")
@@ -157,6 +159,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     each FP8 weight goes in as its int4.stand_in (`keep_linears` replaces it) and keep[name] = (the stand-in, a
     function (device, bias) -> the Fp8Linear of the weight and scales)."""
     if isinstance(spec, int4.Int4Spec):
+        if spec.layout in gptq.FORMATS:  # GPTQ's tensors read as the pack-quantized parts they are
+            names, get = gptq.translate(names, get, spec, what)
         return int4.dequantize_state(names, get, spec, dtype, what, keep)
     names = list(names)
     present = set(names)

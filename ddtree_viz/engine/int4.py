@@ -55,6 +55,7 @@ class Int4Spec:
     group: int
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
+    layout: str = "pack-quantized"  # as stored: compressed-tensors' "pack-quantized", or GPTQ's (engine/gptq.py)
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
         """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the
@@ -64,9 +65,10 @@ class Int4Spec:
 
     @property
     def scheme(self) -> str:
-        """'int4 w4a16 group 128 sym', 'int4 w4a16 per channel asym'."""
+        """'int4 w4a16 group 128 sym', 'int4 w4a16 per channel asym', 'int4 w4a16 group 128 sym gptq'."""
         groups = f"group {self.group}" if self.group else "per channel"
-        return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}"
+        stored = "" if self.layout == "pack-quantized" else f" {self.layout}"
+        return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}{stored}"
 
 
 def _whole(value) -> bool:
