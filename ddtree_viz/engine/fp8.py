@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
-from . import gptq, int4
+from . import int4, int4_formats
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
 FP8_DTYPE = torch.float8_e4m3fn
@@ -78,10 +78,12 @@ def spec_of(config: Mapping, what: str) -> Fp8Spec | int4.Int4Spec | None:
     if method == "compressed-tensors":
         return int4.spec_of(qc, where)
     if method == "gptq":
-        return gptq.spec_of(qc, where)
+        return int4_formats.gptq_spec(qc, where)
+    if method == "awq":
+        return int4_formats.awq_spec(qc, where)
     if method != "fp8":
         raise ModelLoadError(f"{where}: quant_method {method!r} is not supported (the FP8 layout, quant_method 'fp8', "
-                             "and 4-bit weights in compressed-tensors' pack-quantized format or GPTQ's load)")
+                             "and 4-bit weights in compressed-tensors' pack-quantized format, GPTQ's or AWQ's load)")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(f"{where}: fmt {fmt!r} is not supported (only 'e4m3', float8_e4m3fn weights)")
@@ -159,8 +161,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     each FP8 weight goes in as its int4.stand_in (`keep_linears` replaces it) and keep[name] = (the stand-in, a
     function (device, bias) -> the Fp8Linear of the weight and scales)."""
     if isinstance(spec, int4.Int4Spec):
-        if spec.layout in gptq.FORMATS:  # GPTQ's tensors read as the pack-quantized parts they are
-            names, get = gptq.translate(names, get, spec, what)
+        if spec.layout != "pack-quantized":  # GPTQ or AWQ tensors read as the pack-quantized parts they are
+            names, get = int4_formats.translate(names, get, spec, what)
         return int4.dequantize_state(names, get, spec, dtype, what, keep)
     names = list(names)
     present = set(names)
@@ -175,7 +177,8 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
             scale = get(name + SCALE_SUFFIX)
             _check_pair(name, tensor, scale, spec, what)
             if keep is not None:
-                keep[name] = (int4.stand_in(tuple(tensor.shape), dtype, tensor.device), _maker(tensor, scale, spec.block))
+                keep[name] = (int4.stand_in(tuple(tensor.shape), dtype, tensor.device),
+                              _maker(tensor, scale, spec.block))
                 tensor = keep[name][0]
             else:
                 tensor = dequantize(tensor, scale, spec.block)
@@ -407,7 +410,8 @@ def keep_linears(model: nn.Module, kept: Mapping[str, tuple[torch.Tensor, Callab
         match = by_storage.get(w.untyped_storage().data_ptr())
         if match is None or (named and match not in named):
             if named:
-                raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the quantized weight {named[0]}")
+                raise ModelLoadError(f"{what}: Linear {module_name} was not loaded with the quantized weight "
+                                     f"{named[0]}")
             continue
         bias = None if module.bias is None else module.bias.detach()
         owner, attr = int4.owner_of(model, module_name)

@@ -181,8 +181,8 @@ def fuse_linears(owner: nn.Module, names: tuple[str, ...]
                  ) -> FusedLinear | fp8.FusedFp8Linear | int4.FusedInt4Linear | FusedRuns | None:
     """Fuse `owner`'s Linears `names` (in this order) into one weight whose row blocks become their weights (FP8-kept
     parts: their bytes and their scales; 4-bit-kept: their words, scales and zero points); parts of two kinds, or
-    quantized parts that do not stack whole (`_whole`), one fused weight per run (FusedRuns). Each is called as x -> the parts' outputs. None when they cannot be fused
-    (see `fusable`)."""
+    quantized parts that do not stack whole (`_whole`), one fused weight per run (FusedRuns). Each is called as x ->
+    the parts' outputs. None when they cannot be fused (see `fusable`)."""
     if not fusable(owner, names):
         return None
     mods = [getattr(owner, n) for n in names]

@@ -55,7 +55,7 @@ class Int4Spec:
     group: int
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
-    layout: str = "pack-quantized"  # as stored: compressed-tensors' "pack-quantized", or GPTQ's (engine/gptq.py)
+    layout: str = "pack-quantized"  # as stored: "pack-quantized", or GPTQ's / AWQ's (engine/int4_formats.py)
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
         """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the

@@ -1,11 +1,13 @@
-"""4-bit GPTQ checkpoints (engine/gptq.py): a tiny hybrid saved in GPTQModel's layout (qweight packed along the
-inputs, qzeros along the outputs, v1 storing each zero point minus one, scales [groups, out], g_idx) loads through
-`load_pair` / `run --target DIR`, its weights equal to the checkpoint dequantized by hand (GPTQModel's formula,
-scales[g, o] x (u[i, o] - zero[g, o]), one input at a time in numpy), kept packed or dequantized, and decodes
-identical to greedy and to that hand-dequantized model's own generation. Every bad layout is refused by name.
+"""4-bit GPTQ and AWQ checkpoints (engine/int4_formats.py): a tiny hybrid saved in GPTQModel's layout (qweight
+packed along the inputs, qzeros along the outputs, v1 storing each zero point minus one, scales [groups, out],
+g_idx) or AutoAWQ's GEMM layout (qweight [in, out / 8] and qzeros packed along the outputs in AWQ's interleaved
+field order) loads through `load_pair` / `run --target DIR`, its weights equal to the checkpoint dequantized by hand
+(scales[g, o] x (u[i, o] - zero[g, o]), each field read one at a time in numpy), kept packed or dequantized, and
+decodes identical to greedy and to that hand-dequantized model's own generation. Every bad layout is refused by
+name.
 
-The layouts: symmetric v1 with groups of 128 over 192-wide rows (the last group partial), in activation order
-(a permuted g_idx), asymmetric v2 with groups of 32, and per channel (group_size -1)."""
+The layouts: GPTQ symmetric v1 with groups of 128 over 192-wide rows (the last group partial), in activation order
+(a permuted g_idx), asymmetric v2 with groups of 32, per channel (group_size -1); AWQ with groups of 128 and 32."""
 
 from __future__ import annotations
 
@@ -26,12 +28,15 @@ from tests import tiny
 
 HIDDEN = 192
 SKIP = ("lm_head", "embed_tokens", "in_proj_a", "in_proj_b")
-LAYOUTS = {  # name: (group_size, sym, checkpoint_format, activation order)
+LAYOUTS = {  # name: (group_size, sym, checkpoint_format ("awq": AutoAWQ's), activation order)
     "sym-v1": (128, True, "gptq", False),
     "sym-v1-actorder": (128, True, "gptq", True),
     "asym-v2": (32, False, "gptq_v2", False),
     "channel-asym-v1": (-1, False, "gptq", False),
+    "awq-g128": (128, False, "awq", False),
+    "awq-g32": (32, False, "awq", False),
 }
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: field f of a word holds output 8c + AWQ_ORDER[f]
 
 
 def gptq_quantize(w: torch.Tensor, group: int, sym: bool, actorder: bool, seed: int) -> dict[str, np.ndarray]:
@@ -70,7 +75,19 @@ def pack_words(values: np.ndarray, axis: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(words.astype(np.uint32).view(np.int32), 0, axis))
 
 
-def to_gptq_layout(directory, layout: str) -> None:
+def awq_words(values: np.ndarray) -> np.ndarray:
+    """AutoAWQ's pack of [rows, out] values: word c of a row holds outputs 8c .. 8c+7, output 8c + AWQ_ORDER[f] in
+    bits 4f .. 4f+3."""
+    rows, out = values.shape
+    padded = np.zeros((rows, -(-out // 8) * 8), dtype=np.uint64)
+    padded[:, :out] = values
+    words = np.zeros((rows, padded.shape[1] // 8), dtype=np.uint64)
+    for f, k in enumerate(AWQ_ORDER):
+        words |= padded[:, k::8] << np.uint64(4 * f)
+    return np.ascontiguousarray(words.astype(np.uint32).view(np.int32))
+
+
+def to_layout(directory, layout: str) -> None:
     group, sym, fmt, actorder = LAYOUTS[layout]
 
     def change(state, config):
@@ -78,20 +95,46 @@ def to_gptq_layout(directory, layout: str) -> None:
                                   and not any(s in n for s in SKIP)]):
             q = gptq_quantize(state.pop(name), group, sym, actorder, i)
             prefix = name.removesuffix("weight")
+            if fmt == "awq":
+                state.update({prefix + "qweight": torch.from_numpy(awq_words(q["u"])),
+                              prefix + "qzeros": torch.from_numpy(awq_words(q["zeros"])),
+                              prefix + "scales": torch.from_numpy(q["scales"])})
+                continue
             stored_zeros = q["zeros"] - (1 if fmt == "gptq" else 0)
             state.update({prefix + "qweight": torch.from_numpy(pack_words(q["u"], 0)),
                           prefix + "qzeros": torch.from_numpy(pack_words(stored_zeros, 1)),
                           prefix + "scales": torch.from_numpy(q["scales"]),
                           prefix + "g_idx": torch.from_numpy(q["g_idx"].astype(np.int32))})
-        config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym,
-                                         "desc_act": actorder, "checkpoint_format": fmt, "damp_percent": 0.01}
+        config["quantization_config"] = (
+            {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
+             "modules_to_not_convert": list(SKIP)} if fmt == "awq" else
+            {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": actorder,
+             "checkpoint_format": fmt, "damp_percent": 0.01})
 
     tiny.edit_checkpoint(directory, change)
 
 
+def awq_by_hand(state: dict, prefix: str, group: int) -> torch.Tensor:
+    """AutoAWQ's dequantization, one field at a time: output o of input i is field AWQ_ORDER.index(o % 8) of word
+    o // 8; scales[g, o] x (u[i, o] - zero[g, o]), g = i // group."""
+    qweight, qzeros = (state[prefix + part].numpy().view(np.uint32) for part in ("qweight", "qzeros"))
+    scales = state[prefix + "scales"].float().numpy()
+    inn, out = qweight.shape[0], scales.shape[1]
+    group = inn if group == -1 else group
+
+    def field(words, o):
+        return ((words[:, o // 8] >> np.uint32(4 * AWQ_ORDER.index(o % 8))) & np.uint32(0xF)).astype(np.float32)
+
+    w = np.empty((out, inn), dtype=np.float32)
+    g = np.arange(inn) // group
+    for o in range(out):
+        w[o] = scales[g, o] * (field(qweight, o) - field(qzeros, o)[g])
+    return torch.from_numpy(w)
+
+
 def by_hand(state: dict, prefix: str, fmt: str) -> torch.Tensor:
     """GPTQModel's dequantize_weight, one input i at a time: scales[g, o] x (u[i, o] - zero[g, o]), g = g_idx[i]."""
-    qweight, qzeros = state[prefix + "qweight"].numpy().view(np.uint32), state[prefix + "qzeros"].numpy().view(np.uint32)
+    qweight, qzeros = (state[prefix + part].numpy().view(np.uint32) for part in ("qweight", "qzeros"))
     scales, g_idx = state[prefix + "scales"].float().numpy(), state[prefix + "g_idx"].numpy()
     out = qweight.shape[1]
     zeros = np.stack([(qzeros[:, o // 8] >> np.uint32(4 * (o % 8))) & np.uint32(0xF) for o in range(out)], 1)
@@ -112,11 +155,13 @@ def checkpoints(tmp_path_factory):
     for layout in LAYOUTS:
         directory = root / layout
         shutil.copytree(target, directory)
-        to_gptq_layout(directory, layout)
+        to_layout(directory, layout)
         state = load_file(str(directory / "model.safetensors"))
         reference = tiny.target_model(hidden=HIDDEN)
-        hand = {n.removesuffix("qweight") + "weight": by_hand(state, n.removesuffix("qweight"), LAYOUTS[layout][2])
-                for n in state if n.endswith("qweight")}
+        group, _, fmt, _ = LAYOUTS[layout]
+        prefixes = [n.removesuffix("qweight") for n in state if n.endswith("qweight")]
+        hand = {p + "weight": awq_by_hand(state, p, group) if fmt == "awq" else by_hand(state, p, fmt)
+                for p in prefixes}
         reference.load_state_dict({**{n: t for n, t in state.items() if not n.endswith(
             ("qweight", "qzeros", "scales", "g_idx"))}, **hand})
         out[layout] = (directory, reference)
@@ -144,30 +189,37 @@ def test_loads_as_dequantized_by_hand_kept_or_not(checkpoints, layout):
     modules = {n: m for n, m in kept.target.named_modules() if isinstance(m, int4.Int4Linear)}
     orders = set()  # whether each weight's g_idx was the plain one (dropped) or not (kept)
     assert {f"{n}.qweight" for n in modules} == {k for k in stored if k.endswith("qweight")}
+    awq = LAYOUTS[layout][2] == "awq"
     for name, m in modules.items():
+        if awq:  # fields repacked along the inputs: the same values as the checkpoint's, by hand above
+            assert m.weight_g_idx is None and m.weight_zero_point is not None
+            continue
         assert torch.equal(m.weight_packed, stored[f"{name}.qweight"].T)
         g_idx, group = stored[f"{name}.g_idx"].long(), LAYOUTS[layout][0]
         ordinary = torch.equal(g_idx, torch.arange(m.in_features) // (m.in_features if group == -1 else group))
         assert (m.weight_g_idx is None) == ordinary and (m.weight_zero_point is None) == LAYOUTS[layout][1]
         orders.add(ordinary)
-    assert orders == ({True, False} if LAYOUTS[layout][3] else {True})  # in activation order where wider than a group
+    assert awq or orders == ({True, False} if LAYOUTS[layout][3] else {True})  # activation order: where wider
     assert (plain.target_precision, kept.target_precision) == (label(layout, False), label(layout, True))
+    assert {n for n, m in kept.target.named_modules() if isinstance(m, torch.nn.Linear)} >= {
+        "lm_head", "model.layers.0.linear_attn.in_proj_a"}  # the modules left out stay plain
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(kept.target(input_ids=ids).logits, reference(input_ids=ids).logits)
 
 
-@pytest.mark.parametrize("engine", ["transformers", "runner"])
-def test_run_decodes_a_gptq_target_as_its_greedy(checkpoints, capsys, tmp_path, engine):
-    """`run --target GPTQ` on both engines: identical to greedy, equal to the hand-dequantized model's own
+@pytest.mark.parametrize("engine, layout", [("transformers", "sym-v1-actorder"), ("runner", "sym-v1-actorder"),
+                                            ("runner", "awq-g32")])
+def test_run_decodes_a_gptq_or_awq_target_as_its_greedy(checkpoints, capsys, tmp_path, engine, layout):
+    """`run --target GPTQ|AWQ` on both engines: identical to greedy, equal to the hand-dequantized model's own
     generation, the precision printed and in the trace."""
     layouts, draft = checkpoints
-    directory, reference = layouts["sym-v1-actorder"]
+    directory, reference = layouts[layout]
     trace_path = tmp_path / "t.json"
     rc = cli.main(["run", "--target", str(directory), "--draft", str(draft), "--prompt", "def f(x):",
                    "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
     out = capsys.readouterr().out
-    assert rc == 0 and "output identical to greedy for" in out and label("sym-v1-actorder", False) in out
+    assert rc == 0 and "output identical to greedy for" in out and label(layout, False) in out
     trace = Trace.load(trace_path)
     ids = torch.tensor([list(trace.prompt_ids)])
     with torch.no_grad():
@@ -186,7 +238,8 @@ def _config(c, **values):
 
 
 BAD_LAYOUTS = {
-    "missing qzeros": (lambda s, c: s.pop(GATE + "qzeros"), f"{GATE}qweight is GPTQ-packed but {GATE}qzeros is missing"),
+    "missing qzeros": (lambda s, c: s.pop(GATE + "qzeros"),
+                       f"{GATE}qweight is GPTQ-packed but {GATE}qzeros is missing"),
     "mis-shaped scales": (lambda s, c: s.update({GATE + "scales": s[GATE + "scales"][:, :100].clone()}),
                           f"{GATE}scales has shape [2, 100], not [groups, 384]"),
     "mis-shaped qweight": (lambda s, c: s.update({GATE + "qweight": s[GATE + "qweight"][:20].clone()}),
@@ -208,13 +261,26 @@ BAD_LAYOUTS = {
 }
 
 
+AWQ_BAD_LAYOUTS = {
+    "awq missing qzeros": (lambda s, c: s.pop(GATE + "qzeros"),
+                           f"{GATE}qweight is AWQ-packed but {GATE}qzeros is missing"),
+    "awq mis-shaped qzeros": (lambda s, c: s.update({GATE + "qzeros": s[GATE + "qzeros"][:, :40].clone()}),
+                              f"{GATE}qzeros has shape [6, 40]; 384 outputs need [6, 48]"),
+    "awq mis-shaped scales": (lambda s, c: s.update({GATE + "scales": s[GATE + "scales"][:4].clone()}),
+                              f"{GATE}scales has shape [4, 384]; 192 inputs need [6, out]"),
+    "awq gemv version": (lambda s, c: _config(c, version="gemv"), "AWQ version 'gemv' is not supported (only 'gemm')"),
+    "awq without zero points": (lambda s, c: _config(c, zero_point=False), "AWQ without zero points is not supported"),
+}
+BAD_LAYOUTS.update({case: (*entry, "awq-g32") for case, entry in AWQ_BAD_LAYOUTS.items()})
+
+
 @pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "kept"])
 @pytest.mark.parametrize("case", sorted(BAD_LAYOUTS))
-def test_bad_gptq_layouts_are_refused(checkpoints, tmp_path, case, keep):
+def test_bad_layouts_are_refused(checkpoints, tmp_path, case, keep):
     layouts, draft = checkpoints
     broken = tmp_path / "target"
-    shutil.copytree(layouts["sym-v1"][0], broken)
-    change, message = BAD_LAYOUTS[case]
+    change, message, *base = BAD_LAYOUTS[case]
+    shutil.copytree(layouts[base[0] if base else "sym-v1"][0], broken)
     tiny.edit_checkpoint(broken, change)
     with pytest.raises(ModelLoadError) as info:
         load_pair(str(broken), str(draft), keep_quantized=keep)
