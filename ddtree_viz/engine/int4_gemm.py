@@ -11,8 +11,9 @@ dequantized at load compute the same products, up to the order of the sums.
 This is the first, plain form (docs/PERFORMANCE.md section 36), and `choose` picks it at every shape: one kernel for
 every row count (a decode step's one row padded to the tensor cores' 16), a program a BLOCK_M x block_n tile of y
 walking the input dimension block_k columns at a time; each column's word loaded where it lies (eight columns share
-a word: the cache serves the repeats) and its field shifted out, each column's scale (and zero point) read through
-its group index, so every layout the loader accepts runs here unchanged: groups of any size, per channel,
+a word: the cache serves the repeats) and its field shifted out; a scale (and zero point) a row for the step where
+its columns are one group (block_k dividing the group, no activation order), else each column's read through its
+group index, so every layout the loader accepts runs here unchanged: groups of any size, per channel,
 activation order (g_idx), asymmetric zero points packed along the rows, partial words and groups at the edges
 (masked). Beside it, for the bench to time (`Config.gemv`, gpu_bench --int4's gemms), the one-row kernel on the CUDA
 cores that fp8_gemm's measurements favour at one row: a word's eight fields against eight of x's columns, x times
@@ -65,8 +66,8 @@ def gemv_fits(c: Config, k: int, group: int, g_idx: torch.Tensor | None) -> bool
 
 @triton.jit
 def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym,
-               GROUP: tl.constexpr, ASYM: tl.constexpr, GIDX: tl.constexpr, PRECISION: tl.constexpr,
-               UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               GROUP: tl.constexpr, ASYM: tl.constexpr, GIDX: tl.constexpr, WHOLE: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rm < M, rn < N
@@ -78,14 +79,21 @@ def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS,
         w_ok = col_ok[:, None] & k_ok[None, :]
         words = tl.load(w_ptr + rn[:, None] * WORDS + (rk // 8)[None, :], mask=w_ok, other=0)
         q = ((words >> ((rk % 8) * 4)[None, :]) & 0xF) - 8  # the field holds q + 8, the first in the low bits
-        if GIDX:
-            group = tl.load(g_ptr + rk, mask=k_ok, other=0)
-        else:
-            group = rk // GROUP
-        if ASYM:  # zero points packed along the rows: row n's in word n // 8, bits 4 (n % 8) ..
-            zw = tl.load(z_ptr + (rn // 8)[:, None] * GROUPS + group[None, :], mask=w_ok, other=0)
-            q -= ((zw >> ((rn % 8) * 4)[:, None]) & 0xF) - 8
-        scale = tl.load(s_ptr + rn[:, None] * GROUPS + group[None, :], mask=w_ok, other=0.0)
+        if WHOLE:  # the step's columns all in group k0 // GROUP: a scale (and zero point) a row
+            group = k0 // GROUP
+            if ASYM:
+                zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=col_ok, other=0)
+                q -= (((zw >> ((rn % 8) * 4)) & 0xF) - 8)[:, None]
+            scale = tl.load(s_ptr + rn * GROUPS + group, mask=col_ok, other=0.0)[:, None]
+        else:  # each column's group: its g_idx (activation order), or column // GROUP
+            if GIDX:
+                group = tl.load(g_ptr + rk, mask=k_ok, other=0)
+            else:
+                group = rk // GROUP
+            if ASYM:  # zero points packed along the rows: row n's in word n // 8, bits 4 (n % 8) ..
+                zw = tl.load(z_ptr + (rn // 8)[:, None] * GROUPS + group[None, :], mask=w_ok, other=0)
+                q -= ((zw >> ((rn % 8) * 4)[:, None]) & 0xF) - 8
+            scale = tl.load(s_ptr + rn[:, None] * GROUPS + group[None, :], mask=w_ok, other=0.0)
         w = (q.to(tl.float32) * scale.to(tl.float32)).to(x.dtype)  # exact in float32, rounded once
         if UPCAST:  # the interpreter's bf16 tl.dot is wrong (as in fp8_gemm): the same exact products in fp32
             x, w = x.to(tl.float32), w.to(tl.float32)
@@ -154,6 +162,6 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n))](
             x2, packed, scale, z, packed if g_idx is None else g_idx, y, M, N, K, packed.shape[1], scale.shape[1],
             x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
-            PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+            WHOLE=g_idx is None and group % c.block_k == 0, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
             BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y.reshape(*x.shape[:-1], N)
