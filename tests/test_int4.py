@@ -157,7 +157,8 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     """keep_quantized (a CUDA GPU's default): each quantized Linear of target and drafter holds the checkpoint's parts
     as stored (int4.Int4Linear: about half a byte a parameter), the modules left out stay plain, the precision says
     so; transformers' forward gives the hand-dequantized model's logits bit for bit (float32 on a CPU: the weight
-    dequantized for the call), and the kept drafter drafts the dequantized drafter's trees node for node."""
+    dequantized for the call), and the kept drafter drafts the dequantized drafter's trees node for node (through
+    the static drafter, the function its CUDA graphs capture, the same trees, log-probs within 1e-5)."""
     from ddtree_viz.engine.session import DecodeSession, DFlashProposer
 
     int4_target, int4_draft, reference = checkpoints
@@ -181,12 +182,14 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     with torch.no_grad():
         assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
     trees = []
-    for p in (pair, plain):
+    for p, static in ((pair, False), (pair, True), (plain, False)):  # static: the drafter's CUDA graphs' path
         session = DecodeSession(p, budget=8, max_new_tokens=12, engine="transformers",
-                                proposer=DFlashProposer(p.drafter, p.target))
+                                proposer=DFlashProposer(p.drafter, p.target, static=static))
         session.prefill(prompt_ids=list(b"def fibonacci(n):"))
         trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
-    assert trees[0] == trees[1] and len(trees[0]) > 1
+    assert trees[0] == trees[2] and len(trees[0]) > 1
+    assert [[t[:2] for t in tree] for tree in trees[1]] == [[t[:2] for t in tree] for tree in trees[2]]
+    assert max(abs(a[2] - b[2]) for x, y in zip(trees[1], trees[2]) for a, b in zip(x, y)) < 1e-5
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
