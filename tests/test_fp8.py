@@ -239,7 +239,6 @@ def test_an_fp8_drafter_kept_drafts_the_dequantized_drafters_trees(checkpoints):
     each converted drafter Linear holds the checkpoint's bytes and scales, and a session drafts the trees of the
     drafter dequantized at load, node for node and log-prob for log-prob (float32 on a CPU); through the static
     drafter (the function its CUDA graphs capture) the same trees, log-probs within 1e-5 as test_draft_runner holds."""
-    from ddtree_viz.engine.session import DecodeSession, DFlashProposer
 
     _, _, fp8_target, fp8_draft, _ = checkpoints
     kept_pair, plain_pair = (load_pair(str(fp8_target), str(fp8_draft), keep_quantized=keep) for keep in (True, False))
@@ -251,15 +250,7 @@ def test_an_fp8_drafter_kept_drafts_the_dequantized_drafters_trees(checkpoints):
         assert torch.equal(m.weight.view(torch.uint8), stored[f"{name}.weight"].view(torch.uint8)), name
     assert not any(isinstance(m, fp8.Fp8Linear) for m in plain_pair.drafter.modules())
     assert (kept_pair.draft_precision, plain_pair.draft_precision) == (KEPT_LABEL, LABEL)
-    trees = []
-    for pair, static in ((kept_pair, False), (kept_pair, True), (plain_pair, False)):  # static: the CUDA graphs' path
-        proposer = DFlashProposer(pair.drafter, pair.target, static=static)
-        session = DecodeSession(pair, budget=8, max_new_tokens=12, engine="transformers", proposer=proposer)
-        session.prefill(prompt_ids=list(b"def fibonacci(n):"))
-        trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
-    assert trees[0] == trees[2] and len(trees[0]) > 1
-    assert [[t[:2] for t in tree] for tree in trees[1]] == [[t[:2] for t in tree] for tree in trees[2]]
-    assert max(abs(a[2] - b[2]) for x, y in zip(trees[1], trees[2]) for a, b in zip(x, y)) < 1e-5
+    tiny.assert_kept_drafter_drafts_as_plain(kept_pair, plain_pair)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
@@ -268,10 +259,8 @@ def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkp
     its greedy and its DDTree (the FP8 drafter's trees) equal the hand-dequantized model's own greedy, token for
     token, in float32. Fused: the FP8 parts stacked (bytes and scales as one storage), the official layout's bf16
     in_proj_b / in_proj_a a run of their own, parts that are not whole 128-row blocks not stacked after."""
-    from ddtree_viz.engine.engines import RunnerEngine
     from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
-    from ddtree_viz.engine.session import DecodeSession, EngineGreedy
 
     _, _, fp8_target, fp8_draft, reference = checkpoints
     pair = load_pair(str(fp8_target), str(fp8_draft), keep_quantized=True)  # its own: fusing rewires the weights
@@ -292,14 +281,7 @@ def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkp
         layer = pair.target.model.layers[0].mlp
         assert layer.up_proj.weight.data_ptr() == mlp.weight[layer.gate_proj.out_features].data_ptr()
         assert layer.up_proj.weight_scale_inv.data_ptr() == mlp.scale[3].data_ptr()  # 384 rows: 3 scale rows
-    engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
-                                       block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
-    assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want
-    session = DecodeSession(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
-    session.prefill(prompt_ids=prompt)
-    session.run()
-    stop = want.index(tiny.EOS_ID) + 1 if tiny.EOS_ID in want else new  # the session stops at end of text
-    assert session.generated == want[:stop] and stop > 16
+    tiny.assert_runner_decodes(pair, runner, prompt, new, want)
 
 
 def test_a_bad_drafter_is_refused_by_the_cli(checkpoints, tmp_path, capsys):

@@ -159,7 +159,6 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     so; transformers' forward gives the hand-dequantized model's logits bit for bit (float32 on a CPU: the weight
     dequantized for the call), and the kept drafter drafts the dequantized drafter's trees node for node (through
     the static drafter, the function its CUDA graphs capture, the same trees, log-probs within 1e-5)."""
-    from ddtree_viz.engine.session import DecodeSession, DFlashProposer
 
     int4_target, int4_draft, reference = checkpoints
     pair, plain = (load_pair(str(int4_target), str(int4_draft), keep_quantized=keep) for keep in (True, False))
@@ -181,15 +180,7 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(pair.target(input_ids=ids).logits, reference(input_ids=ids).logits)
-    trees = []
-    for p, static in ((pair, False), (pair, True), (plain, False)):  # static: the drafter's CUDA graphs' path
-        session = DecodeSession(p, budget=8, max_new_tokens=12, engine="transformers",
-                                proposer=DFlashProposer(p.drafter, p.target, static=static))
-        session.prefill(prompt_ids=list(b"def fibonacci(n):"))
-        trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
-    assert trees[0] == trees[2] and len(trees[0]) > 1
-    assert [[t[:2] for t in tree] for tree in trees[1]] == [[t[:2] for t in tree] for tree in trees[2]]
-    assert max(abs(a[2] - b[2]) for x, y in zip(trees[1], trees[2]) for a, b in zip(x, y)) < 1e-5
+    tiny.assert_kept_drafter_drafts_as_plain(pair, plain)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
@@ -198,10 +189,8 @@ def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(check
     there): its greedy and its DDTree equal the hand-dequantized model's own greedy, token for token, in float32.
     Fused: the 4-bit parts stacked (words and scales as one storage each), the bf16 in_proj_b / in_proj_a a run of
     their own."""
-    from ddtree_viz.engine.engines import RunnerEngine
     from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
-    from ddtree_viz.engine.session import DecodeSession, EngineGreedy
 
     int4_target, int4_draft, reference = checkpoints
     pair = load_pair(str(int4_target), str(int4_draft), keep_quantized=True)  # its own: fusing rewires the weights
@@ -219,14 +208,7 @@ def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(check
         layer = pair.target.model.layers[0].mlp
         assert layer.up_proj.weight_packed.data_ptr() == mlp.packed[layer.gate_proj.out_features].data_ptr()
         assert layer.up_proj.weight_scale.data_ptr() == mlp.scale[layer.gate_proj.out_features].data_ptr()
-    engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
-                                       block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
-    assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want
-    session = DecodeSession(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
-    session.prefill(prompt_ids=prompt)
-    session.run()
-    stop = want.index(tiny.EOS_ID) + 1 if tiny.EOS_ID in want else new  # the session stops at end of text
-    assert session.generated == want[:stop] and stop > 16
+    tiny.assert_runner_decodes(pair, runner, prompt, new, want)
 
 
 def test_activation_order_and_channel_scales_dequantize_by_group_index():

@@ -98,7 +98,7 @@ def test_the_one_row_kernel_in_half_precision(dtype):
 
 
 def test_the_one_row_kernel_needs_whole_groups():
-    """Activation order, or steps wider than a group, are refused by the one-row kernel (gemv_fits), not misread."""
+    """Activation order, or steps wider than a group, are refused by the one-row kernel (whole_groups), not misread."""
     x = torch.randn(1, 160).to(DEVICE)
     parts, spec = quantized("actorder-asym", 1)
     with pytest.raises(ValueError, match="needs whole groups"):

@@ -180,7 +180,7 @@ def build_target(bench: BenchConfig, layers: int | None, dtype: torch.dtype):
 FP8_BLOCK = (128, 128)  # the official checkpoints' weight_block_size
 INT4_GROUP = 128  # llm-compressor's W4A16 preset: symmetric 4-bit integers, a bf16 scale per 128 columns of a row
 QUANTIZED = ("fp8", "int4")  # the weight formats made at random beside bf16 (BenchConfig fields of these names)
-FORMAT_NAMES = {"plain": "bf16", "fp8": "FP8", "int4": "4-bit"}
+FORMAT_NAMES = {"fp8": "FP8", "int4": "4-bit"}
 
 
 @torch.no_grad()
@@ -912,7 +912,7 @@ def int4_configs(kernel, m: int, k: int, group: int) -> dict:
     if m == 1:
         for bk, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (128, 32, 2)):
             gemv = kernel.Config(block_n=bn, block_k=bk, num_warps=warps, gemv=True)
-            if kernel.gemv_fits(gemv, k, group, None):
+            if kernel.whole_groups(gemv, group, None):
                 alts[f"gemv_{bn}x{bk}_w{warps}"] = gemv
     return alts
 
@@ -2213,8 +2213,8 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int4", action="store_true",
                    help="--fast: also the target with 4-bit weights made at random (W4A16: symmetric, groups of 128, "
                         "kept packed on the GPU, engine/int4_gemm.py) on the runner beside bf16, after the bf16 (and "
-                        "FP8) target is freed: its weight-read bound, greedy step, verify, rounds at budget 64 and the "
-                        "peak memory of a session under --int4-memory-cap (speed.fast.int4; targets int4_*); with "
+                        "FP8) target is freed: its weight-read bound, greedy step, verify, rounds at budget 64, each GEMM "
+                        "and the peak memory of a session under --int4-memory-cap (speed.fast.int4; targets int4_*); with "
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")

@@ -20,11 +20,11 @@ ignored modules) is stored as is. As for the FP8 layout (engine/fp8.py, which di
 integer times a bf16 scale) and only then cast to the dtype asked for; both engines then meet plain Linear weights.
 
 Kept as stored (`keep`, what a target or drafter on one CUDA GPU gets, as FP8's): each quantized Linear becomes an
-`Int4Linear` holding the checkpoint's parts (about half a byte a parameter: a 27B target in about 15 GB), whose
-forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM of engine/int4_gemm.py (the
-words, scales and zero points read as stored, unpacked in registers, each weight rounded once to the activations'
-dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit for bit the model dequantized at
-load). The static runner fuses them as it fuses plain and FP8 Linears (FusedInt4Linear, engine/fused.py).
+`Int4Linear` holding the checkpoint's parts (about half a byte a parameter: a 27B target in 17.7 GB with its bf16
+embeddings and lm_head), whose forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM
+of engine/int4_gemm.py (the words, scales and zero points read as stored, unpacked in registers, each weight
+rounded once to the activations' dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit
+for bit the model dequantized at load). The static runner fuses them as it fuses plain and FP8 Linears (FusedInt4Linear, engine/fused.py).
 """
 
 from __future__ import annotations

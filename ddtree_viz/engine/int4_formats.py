@@ -63,13 +63,19 @@ def gptq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
     fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
     if fmt not in FORMATS:
         raise ModelLoadError(f"{where}: GPTQ checkpoint format {fmt!r} is not supported ({', '.join(FORMATS)})")
-    group = qc.get("group_size", 128)
-    if not (isinstance(group, int) and not isinstance(group, bool) and (group >= 1 or group == -1)):
-        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1 or -1, not {group!r}")
+    group = _group_size(qc, where)
     symmetric = qc.get("sym", True)
     if not isinstance(symmetric, bool):
         raise ModelLoadError(f"{where}: sym must be true or false, not {symmetric!r}")
-    return int4.Int4Spec(max(group, 0), symmetric, (), fmt)
+    return int4.Int4Spec(group, symmetric, (), fmt)
+
+
+def _group_size(qc: Mapping, where: str) -> int:
+    """A GPTQ / AWQ config's group_size as int4's group (0: one group a row, their -1)."""
+    group = qc.get("group_size", 128)
+    if not (isinstance(group, int) and not isinstance(group, bool) and (group >= 1 or group == -1)):
+        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1 or -1, not {group!r}")
+    return max(group, 0)
 
 
 def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple[int, int]:
@@ -81,7 +87,7 @@ def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple
         if part not in gptq:
             raise ModelLoadError(f"{what} weight {prefix}qweight is GPTQ-packed but {prefix}{part} is missing")
     for part in ("qweight", "qzeros", "g_idx"):
-        if gptq[part].dtype not in (torch.int32, torch.int64) or gptq[part].is_floating_point():
+        if gptq[part].dtype not in (torch.int32, torch.int64):
             fail(part, f"is {str(gptq[part].dtype).removeprefix('torch.')}, not an integer type")
     qweight, g_idx = gptq["qweight"], gptq["g_idx"]
     if g_idx.dim() != 1:
@@ -90,9 +96,9 @@ def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple
     if qweight.dim() != 2 or qweight.shape[0] != math.ceil(inn / int4.PER_WORD):
         fail("qweight", f"has shape {list(qweight.shape)}; {inn} inputs (g_idx) need {math.ceil(inn / 8)} rows")
     out = qweight.shape[1]
-    groups = gptq["scales"].shape[0] if gptq["scales"].dim() == 2 else -1
     if gptq["scales"].dim() != 2 or gptq["scales"].shape[1] != out:
         fail("scales", f"has shape {list(gptq['scales'].shape)}, not [groups, {out}]")
+    groups = gptq["scales"].shape[0]
     if tuple(gptq["qzeros"].shape) != (groups, math.ceil(out / int4.PER_WORD)):
         fail("qzeros", f"has shape {list(gptq['qzeros'].shape)}; {groups} groups of {out} outputs need "
                        f"[{groups}, {math.ceil(out / 8)}]")
@@ -141,10 +147,8 @@ def awq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
         raise ModelLoadError(f"{where}: AWQ version {version!r} is not supported (only 'gemm')")
     if qc.get("zero_point", True) is not True:
         raise ModelLoadError(f"{where}: AWQ without zero points is not supported")
-    group = qc.get("group_size", 128)
-    if not (isinstance(group, int) and not isinstance(group, bool) and (group >= 1 or group == -1)):
-        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1 or -1, not {group!r}")
-    return int4.Int4Spec(max(group, 0), False, tuple(str(m) for m in qc.get("modules_to_not_convert") or ()), "awq")
+    skip = tuple(str(m) for m in qc.get("modules_to_not_convert") or ())
+    return int4.Int4Spec(_group_size(qc, where), False, skip, "awq")
 
 
 def _awq_fields(words: torch.Tensor, count: int) -> torch.Tensor:

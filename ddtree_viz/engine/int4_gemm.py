@@ -1,6 +1,7 @@
 """A GEMM that reads 4-bit weights as they are stored (engine/int4.py's pack-quantized layout): y = x W^T with
-W = (q - z) x scale unpacked in registers, so a 27B target keeps about a quarter of bf16's bytes (a Qwen3.6-27B
-W4A16 checkpoint in about 15 GB: one 24 GB card) and no dequantized copy of a weight is ever made.
+W = (q - z) x scale unpacked in registers, so a 27B target keeps about a quarter of bf16's Linear bytes (a Qwen3.6-27B
+W4A16 target in 17.7 GB with its bf16 embeddings and lm_head: one 24 GB card) and no dequantized copy of a weight is
+ever made.
 
 The function computed is the dequantized model's (issue #29: activations stay in their dtype): each weight tile is
 (q - z) x scale in float32 (exact: a 4-bit integer times a bf16 / fp16 / fp32 scale), rounded once to the
@@ -59,15 +60,17 @@ def choose(rows: int, n: int, k: int) -> Config:
     return Config()
 
 
-def gemv_fits(c: Config, k: int, group: int, g_idx: torch.Tensor | None) -> bool:
-    """Whether _int4_gemv computes this weight: each block_k columns of one group (a tile's one scale a row)."""
+def whole_groups(c: Config, group: int, g_idx: torch.Tensor | None) -> bool:
+    """Whether each block_k columns of a step lie in one group (no activation order, block_k dividing the group):
+    a scale and zero point a row for the step, the tile kernel's WHOLE form; what _int4_gemv needs."""
     return g_idx is None and group % c.block_k == 0 and c.block_k % 8 == 0
 
 
 @triton.jit
 def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym,
                GROUP: tl.constexpr, ASYM: tl.constexpr, GIDX: tl.constexpr, WHOLE: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rm < M, rn < N
@@ -114,7 +117,7 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, WORDS, GROUPS, stride_xm
         w_col = k0 // 8 + rw
         words = tl.load(w_ptr + rn[:, None] * WORDS + w_col[None, :], mask=n_ok[:, None] & (w_col < WORDS)[None, :],
                         other=0)
-        group = k0 // GROUP  # one group a step (gemv_fits)
+        group = k0 // GROUP  # one group a step (whole_groups)
         scale = tl.load(s_ptr + rn * GROUPS + group, mask=n_ok, other=0.0).to(tl.float32)
         if ASYM:
             zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=n_ok, other=0)
@@ -147,7 +150,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         x2 = x2.contiguous()
     M = x2.shape[0]
     c = config or choose(M, N, K)
-    if c.gemv and not gemv_fits(c, K, group, g_idx):
+    whole = whole_groups(c, group, g_idx)
+    if c.gemv and not whole:
         raise ValueError(f"the one-row kernel needs whole groups: group {group}, block_k {c.block_k}, "
                          f"activation order {g_idx is not None}")
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
@@ -162,6 +166,6 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n))](
             x2, packed, scale, z, packed if g_idx is None else g_idx, y, M, N, K, packed.shape[1], scale.shape[1],
             x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
-            WHOLE=g_idx is None and group % c.block_k == 0, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+            WHOLE=whole, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
             BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y.reshape(*x.shape[:-1], N)
