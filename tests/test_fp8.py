@@ -114,19 +114,11 @@ def test_run_decodes_fp8_target_as_its_greedy(checkpoints, capsys, tmp_path, eng
     """`run --target FP8 --draft FP8` on both engines: identical to greedy, equal to the hand-dequantized model's own
     generation, the precision printed and in the trace."""
     _, _, fp8_target, fp8_draft, reference = checkpoints
-    trace_path = tmp_path / "t.json"
-    rc = cli.main(["run", "--target", str(fp8_target), "--draft", str(fp8_draft), "--prompt", "def f(x):",
-                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
-    out = capsys.readouterr().out
-    assert rc == 0 and "identical to greedy for 16 tokens" in out and LABEL in out
-    trace = Trace.load(trace_path)
+    out, trace = tiny.run_quantized(fp8_target, fp8_draft, engine, tmp_path, capsys)
+    assert "identical to greedy for 16 tokens" in out and LABEL in out
     assert trace.settings["target_precision"] == trace.settings["draft_precision"] == LABEL
-    assert trace.settings["engine"] == engine
-    ids = torch.tensor([list(trace.prompt_ids)])
-    with torch.no_grad():
-        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0)
-    assert list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()
+    assert trace.settings["engine"] == engine and len(trace.output_ids) == 16
+    tiny.assert_generated_by(trace, reference)
 
 
 @pytest.mark.parametrize("which", ["target", "drafter"])
@@ -198,6 +190,7 @@ def test_fp8_weights_kept_are_the_checkpoints_bytes_and_scales(checkpoints):
     nbytes = sum(m.weight.numel() * m.weight.element_size() + m.weight_scale_inv.numel() * 4 for m in kept.values())
     assert nbytes / params < 1.01  # float32 dequantized: 4 bytes a parameter
     assert type(pair.target.model.layers[0].linear_attn.in_proj_a) is torch.nn.Linear
+    tiny.assert_parameters_counted(pair, reference)
     assert type(pair.target.lm_head) is torch.nn.Linear
     assert pair.target_precision == KEPT_LABEL and pair.draft_precision == KEPT_LABEL
     ids = torch.tensor([list(range(3, 40))])

@@ -19,7 +19,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddtree_viz import cli
 from ddtree_viz.engine import int4
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
@@ -137,20 +136,10 @@ def test_run_decodes_int4_target_as_its_greedy(checkpoints, capsys, tmp_path, en
     """`run --target INT4 --draft INT4` on both engines: identical to greedy, equal to the hand-dequantized model's own
     generation, the precision printed and in the trace."""
     int4_target, int4_draft, reference = checkpoints
-    trace_path = tmp_path / "t.json"
-    rc = cli.main(["run", "--target", str(int4_target), "--draft", str(int4_draft), "--prompt", "def f(x):",
-                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
-    out = capsys.readouterr().out
-    assert rc == 0 and "output identical to greedy for" in out and LABEL in out
-    assert "of the checkpoint's" not in out  # a packed weight counts its 4-bit values: all were loaded
-    trace = Trace.load(trace_path)
+    out, trace = tiny.run_quantized(int4_target, int4_draft, engine, tmp_path, capsys)
+    assert LABEL in out and "of the checkpoint's" not in out  # a packed weight counts its 4-bit values
     assert trace.settings["target_precision"] == LABEL and trace.settings["draft_precision"] == DRAFT_LABEL
-    ids = torch.tensor([list(trace.prompt_ids)])
-    with torch.no_grad():
-        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0)
-    n = len(trace.output_ids)  # it may end early, at an end-of-text token: greedy's own up to there
-    assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+    tiny.assert_generated_by(trace, reference)
 
 
 def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
@@ -174,6 +163,8 @@ def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
         assert nbytes / params < 0.6  # float32 dequantized: 4 bytes a parameter
     assert type(pair.target.model.layers[0].linear_attn.in_proj_a) is torch.nn.Linear
     assert type(pair.target.lm_head) is torch.nn.Linear
+    for loaded in (pair, plain):
+        tiny.assert_parameters_counted(loaded, reference)
     assert pair.target_precision == LABEL.replace("dequantized to float32", "4-bit weights, float32 activations")
     assert pair.draft_precision == DRAFT_LABEL.replace("dequantized to float32", "4-bit weights, float32 activations")
     assert pair.drafter.activations == (torch.device("cpu"), torch.float32)

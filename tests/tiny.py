@@ -154,6 +154,41 @@ def assert_same_weights(loaded: dict, expected: dict) -> None:
         assert torch.equal(loaded[name], expected[name]), name
 
 
+def run_quantized(target: Path, draft: Path, engine: str, tmp_path: Path, capsys) -> tuple[str, object]:
+    """`run --target DIR --draft DIR` (16 new tokens, budget 8, on `engine`) with a trace: its printed output,
+    checked to be identical to greedy, and the trace."""
+    from ddtree_viz import cli
+    from ddtree_viz.trace import Trace
+
+    trace_path = tmp_path / "t.json"
+    rc = cli.main(["run", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
+                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "output identical to greedy for" in out
+    return out, Trace.load(trace_path)
+
+
+def assert_generated_by(trace, reference: torch.nn.Module) -> None:
+    """The trace's output is the reference model's own greedy generation (transformers' generate) from its prompt,
+    up to where it ended (at least 8 tokens; a run may stop early at an end-of-text token)."""
+    ids = torch.tensor([list(trace.prompt_ids)])
+    with torch.no_grad():
+        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
+                                       pad_token_id=0)
+    n = len(trace.output_ids)
+    assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+
+
+def assert_parameters_counted(pair: ModelPair, reference: torch.nn.Module) -> None:
+    """A quantized target's parameters counted as its plain model's, loaded (kept: each weight's out x in, not its
+    words and scales) and on disk (packed words eight parameters a word; scales, zero points, group indices none), so
+    the parameters line says how many and no 'of the checkpoint's' beside it."""
+    n = sum(p.numel() for p in reference.parameters())
+    assert pair.target_parameters == n
+    assert pair.parameters_line().startswith(f"target parameters loaded: {n:,}")
+    assert "of the checkpoint's" not in pair.parameters_line()
+
+
 def assert_kept_drafter_drafts_as_plain(kept: ModelPair, plain: ModelPair) -> None:
     """A drafter with quantized weights kept drafts the trees of the same drafter dequantized at load, node for node
     and log-prob for log-prob (float32 on a CPU); through the static drafter (the function its CUDA graphs capture)

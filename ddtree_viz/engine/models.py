@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..options import DEVICES
-from . import fp8, int4
+from . import fp8, int4, int4_formats
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .dflash2 import DFlash2Drafter, is_dflash2
@@ -96,24 +96,27 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
-def packed_parameters(name: str, shape: list[int]) -> int:
-    """The parameters one stored tensor holds: a quantized layout's scales, zero points and shapes none, a packed
-    4-bit weight eight a word (its rows padded to whole words), any other tensor its size."""
-    if name.endswith(fp8.SCALE_SUFFIX) or name.endswith(int4.PARTS[1:]):
+def packed_parameters(name: str, shape: list[int], packed: set[str] = frozenset()) -> int:
+    """The parameters one stored tensor holds: a quantized layout's scales, zero points, group indices and shapes
+    none (GPTQ's / AWQ's `scales`, `qzeros`, `g_idx` where their weight's `qweight` is among `packed`, the weights'
+    prefixes), a packed 4-bit weight eight a word (its rows padded to whole words), any other tensor its size."""
+    part = name.rpartition(".")[2]
+    if name.endswith(fp8.SCALE_SUFFIX) or name.endswith(int4.PARTS[1:]) or (
+            part in int4_formats.PARTS[1:] and name.removesuffix(part) in packed):
         return 0
-    return math.prod(shape) * (int4.PER_WORD if name.endswith(int4.PARTS[0]) else 1)
+    words = name.endswith(int4.PARTS[0]) or part == int4_formats.PARTS[0]
+    return math.prod(shape) * (int4.PER_WORD if words else 1)
 
 
 def checkpoint_info(path: Path) -> CheckpointInfo | None:
     """The checkpoint's architecture and parameter counts (None when it has no readable safetensors files)."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        counts: dict[str, int] = {}
+        shapes: dict[str, list[int]] = {}
         for f in sorted(path.glob("*.safetensors")):
-            for name, shape in _safetensors_shapes(f).items():
-                n = packed_parameters(name, shape)
-                if n:
-                    counts[name] = n
+            shapes.update(_safetensors_shapes(f))
+        packed = {name.removesuffix(int4_formats.PARTS[0]) for name in shapes if name.endswith(".qweight")}
+        counts = {name: n for name, shape in shapes.items() if (n := packed_parameters(name, shape, packed))}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not counts:
@@ -125,8 +128,14 @@ def checkpoint_info(path: Path) -> CheckpointInfo | None:
 
 
 def count_parameters(model: torch.nn.Module) -> int:
-    """Parameters the loaded model holds (tied weights counted once)."""
-    return sum(p.numel() for p in model.parameters())
+    """Parameters the loaded model holds (tied weights counted once; a quantized weight kept as stored, out x in,
+    not its bytes, words, scales and zero points)."""
+    total = sum(p.numel() for p in model.parameters())
+    for m in model.modules():
+        if isinstance(m, fp8.KEPT):
+            total += m.out_features * m.in_features - sum(
+                p.numel() for name, p in m.named_parameters(recurse=False) if name != "bias")
+    return total
 
 
 def _billions(n: int) -> str:

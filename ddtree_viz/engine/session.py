@@ -148,8 +148,13 @@ class DFlashProposer:
     def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
         """The reference path: the drafter's own forward over its DraftKVCache, eagerly."""
         hidden = self._hidden(root_token_id, committed_len, new_features, block_size)
+        return torch.log_softmax(self._logits(hidden), dim=-1)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits of its output: the target's lm_head (a Linear, or one kept quantized: no `weight`)
+        on its own device, then the drafter's compute_logits."""
         lm_head = self.target.get_output_embeddings()
-        return torch.log_softmax(self.drafter.compute_logits(lm_head(hidden.to(lm_head.weight.device))), dim=-1)
+        return self.drafter.compute_logits(lm_head(hidden.to(next(lm_head.parameters()).device)))
 
     def _hidden(self, root_token_id, committed_len, new_features, block_size) -> torch.Tensor:
         """The drafter's normed output at depths 1..block_size-1 [block_size - 1, hidden] (its cache extended)."""
@@ -195,8 +200,7 @@ class DFlash2Proposer(DFlashProposer):
     @torch.no_grad()
     def propose_dynamic(self, root_token_id, committed_len, new_features, block_size):
         hidden = self._hidden(root_token_id, committed_len, new_features, block_size)
-        lm_head = self.target.get_output_embeddings()
-        logits = self.drafter.compute_logits(lm_head(hidden.to(lm_head.weight.device)))
+        logits = self._logits(hidden)
         self._last = self.drafter.extra_outputs(hidden, logits, int(root_token_id))
         return torch.log_softmax(logits, dim=-1)
 
