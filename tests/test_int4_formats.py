@@ -19,11 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddtree_viz import cli
 from ddtree_viz.engine import int4
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
-from ddtree_viz.trace import Trace
 from tests import tiny
 
 HIDDEN = 192
@@ -87,24 +85,32 @@ def awq_words(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words.astype(np.uint32).view(np.int32))
 
 
-def to_layout(directory, layout: str) -> None:
+def store(state: dict, prefix: str, q: dict[str, np.ndarray], packing: str, g_idx: bool = True) -> None:
+    """One quantized weight (gptq_quantize's) into the state dict as `packing` ("gptq": v1, each zero point stored
+    minus one; "gptq_v2"; "awq") stores it; GPTQ's with its g_idx unless told not."""
+    if packing == "awq":
+        state.update({prefix + "qweight": torch.from_numpy(awq_words(q["u"])),
+                      prefix + "qzeros": torch.from_numpy(awq_words(q["zeros"])),
+                      prefix + "scales": torch.from_numpy(q["scales"])})
+        return
+    stored_zeros = q["zeros"] - (1 if packing == "gptq" else 0)
+    state.update({prefix + "qweight": torch.from_numpy(pack_words(q["u"], 0)),
+                  prefix + "qzeros": torch.from_numpy(pack_words(stored_zeros, 1)),
+                  prefix + "scales": torch.from_numpy(q["scales"])})
+    if g_idx:
+        state[prefix + "g_idx"] = torch.from_numpy(q["g_idx"].astype(np.int32))
+
+
+def to_layout(directory, layout: str) -> tuple[dict[str, int], str]:
+    """The checkpoint in GPTQModel's or AutoAWQ's layout; returns each packed weight's group and the packing."""
     group, sym, fmt, actorder = LAYOUTS[layout]
+    groups = {}
 
     def change(state, config):
         for i, name in enumerate([n for n in state if n.endswith(".weight") and state[n].dim() == 2
                                   and not any(s in n for s in SKIP)]):
-            q = gptq_quantize(state.pop(name), group, sym, actorder, i)
-            prefix = name.removesuffix("weight")
-            if fmt == "awq":
-                state.update({prefix + "qweight": torch.from_numpy(awq_words(q["u"])),
-                              prefix + "qzeros": torch.from_numpy(awq_words(q["zeros"])),
-                              prefix + "scales": torch.from_numpy(q["scales"])})
-                continue
-            stored_zeros = q["zeros"] - (1 if fmt == "gptq" else 0)
-            state.update({prefix + "qweight": torch.from_numpy(pack_words(q["u"], 0)),
-                          prefix + "qzeros": torch.from_numpy(pack_words(stored_zeros, 1)),
-                          prefix + "scales": torch.from_numpy(q["scales"]),
-                          prefix + "g_idx": torch.from_numpy(q["g_idx"].astype(np.int32))})
+            groups[name.removesuffix("weight")] = group
+            store(state, name.removesuffix("weight"), gptq_quantize(state.pop(name), group, sym, actorder, i), fmt)
         config["quantization_config"] = (
             {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
              "modules_to_not_convert": list(SKIP)} if fmt == "awq" else
@@ -112,6 +118,7 @@ def to_layout(directory, layout: str) -> None:
              "checkpoint_format": fmt, "damp_percent": 0.01})
 
     tiny.edit_checkpoint(directory, change)
+    return groups, fmt
 
 
 def awq_by_hand(state: dict, prefix: str, group: int) -> torch.Tensor:
@@ -132,10 +139,13 @@ def awq_by_hand(state: dict, prefix: str, group: int) -> torch.Tensor:
     return torch.from_numpy(w)
 
 
-def by_hand(state: dict, prefix: str, fmt: str) -> torch.Tensor:
-    """GPTQModel's dequantize_weight, one input i at a time: scales[g, o] x (u[i, o] - zero[g, o]), g = g_idx[i]."""
+def by_hand(state: dict, prefix: str, fmt: str, group: int | None = None) -> torch.Tensor:
+    """GPTQModel's dequantize_weight, one input i at a time: scales[g, o] x (u[i, o] - zero[g, o]), g = g_idx[i]
+    (without a g_idx, AutoRound's, i // group)."""
     qweight, qzeros = (state[prefix + part].numpy().view(np.uint32) for part in ("qweight", "qzeros"))
-    scales, g_idx = state[prefix + "scales"].float().numpy(), state[prefix + "g_idx"].numpy()
+    scales = state[prefix + "scales"].float().numpy()
+    inn = qweight.shape[0] * 8
+    g_idx = state[prefix + "g_idx"].numpy() if prefix + "g_idx" in state else np.arange(inn) // (group or inn)
     out = qweight.shape[1]
     zeros = np.stack([(qzeros[:, o // 8] >> np.uint32(4 * (o % 8))) & np.uint32(0xF) for o in range(out)], 1)
     zeros = zeros.astype(np.float32) + (1 if fmt == "gptq" else 0)
@@ -146,26 +156,39 @@ def by_hand(state: dict, prefix: str, fmt: str) -> torch.Tensor:
     return torch.from_numpy(w)
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """{layout: (target dir, the hand-dequantized target model)}, and the plain drafter's dir."""
-    root = tmp_path_factory.mktemp("gptq")
+def hand_checkpoints(root, layouts, write) -> tuple[dict, object]:
+    """{layout: (target dir, the hand-dequantized target model, each packed weight's group)} for a tiny hybrid saved
+    by `write(directory, layout)` (-> the groups and the packing: "gptq", "gptq_v2", "awq"), and the plain drafter's
+    dir."""
     target, draft = tiny.save_pair(tiny.tiny_pair(hidden=HIDDEN), root / "plain")
     out = {}
-    for layout in LAYOUTS:
+    for layout in layouts:
         directory = root / layout
         shutil.copytree(target, directory)
-        to_layout(directory, layout)
+        groups, packing = write(directory, layout)
         state = load_file(str(directory / "model.safetensors"))
+        hand = {p + "weight": awq_by_hand(state, p, g) if packing == "awq" else by_hand(state, p, packing, g)
+                for p, g in groups.items()}
         reference = tiny.target_model(hidden=HIDDEN)
-        group, _, fmt, _ = LAYOUTS[layout]
-        prefixes = [n.removesuffix("qweight") for n in state if n.endswith("qweight")]
-        hand = {p + "weight": awq_by_hand(state, p, group) if fmt == "awq" else by_hand(state, p, fmt)
-                for p in prefixes}
         reference.load_state_dict({**{n: t for n, t in state.items() if not n.endswith(
             ("qweight", "qzeros", "scales", "g_idx"))}, **hand})
-        out[layout] = (directory, reference)
+        out[layout] = (directory, reference, groups)
     return out, draft
+
+
+def assert_refused(layouts, draft, tmp_path, base: str, change, message: str, keep: bool) -> None:
+    """A copy of `base`'s checkpoint changed by change(state, config) is refused, kept or not, saying `message`."""
+    broken = tmp_path / "target"
+    shutil.copytree(layouts[base][0], broken)
+    tiny.edit_checkpoint(broken, change)
+    with pytest.raises(ModelLoadError) as info:
+        load_pair(str(broken), str(draft), keep_quantized=keep)
+    assert message in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return hand_checkpoints(tmp_path_factory.mktemp("gptq"), LAYOUTS, to_layout)
 
 
 def label(layout: str, kept: bool) -> str:
@@ -181,7 +204,7 @@ def test_loads_as_dequantized_by_hand_kept_or_not(checkpoints, layout):
     default): each quantized Linear an Int4Linear whose parts are the checkpoint's translated (qweight^T word for
     word), the same logits bit for bit; the precision says which."""
     layouts, draft = checkpoints
-    directory, reference = layouts[layout]
+    directory, reference, _ = layouts[layout]
     plain = load_pair(str(directory), str(draft))
     tiny.assert_same_weights(plain.target.state_dict(), reference.state_dict())
     kept = load_pair(str(directory), str(draft), keep_quantized=True)
@@ -201,6 +224,8 @@ def test_loads_as_dequantized_by_hand_kept_or_not(checkpoints, layout):
         orders.add(ordinary)
     assert awq or orders == ({True, False} if LAYOUTS[layout][3] else {True})  # activation order: where wider
     assert (plain.target_precision, kept.target_precision) == (label(layout, False), label(layout, True))
+    for loaded in (plain, kept):
+        tiny.assert_parameters_counted(loaded, reference)
     assert {n for n, m in kept.target.named_modules() if isinstance(m, torch.nn.Linear)} >= {
         "lm_head", "model.layers.0.linear_attn.in_proj_a"}  # the modules left out stay plain
     ids = torch.tensor([list(range(3, 40))])
@@ -214,19 +239,10 @@ def test_run_decodes_a_gptq_or_awq_target_as_its_greedy(checkpoints, capsys, tmp
     """`run --target GPTQ|AWQ` on both engines: identical to greedy, equal to the hand-dequantized model's own
     generation, the precision printed and in the trace."""
     layouts, draft = checkpoints
-    directory, reference = layouts[layout]
-    trace_path = tmp_path / "t.json"
-    rc = cli.main(["run", "--target", str(directory), "--draft", str(draft), "--prompt", "def f(x):",
-                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
-    out = capsys.readouterr().out
-    assert rc == 0 and "output identical to greedy for" in out and label(layout, False) in out
-    trace = Trace.load(trace_path)
-    ids = torch.tensor([list(trace.prompt_ids)])
-    with torch.no_grad():
-        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0)
-    n = len(trace.output_ids)
-    assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+    directory, reference, _ = layouts[layout]
+    out, trace = tiny.run_quantized(directory, draft, engine, tmp_path, capsys)
+    assert label(layout, False) in out
+    tiny.assert_generated_by(trace, reference)
 
 
 GATE = "model.layers.0.mlp.gate_proj."
@@ -277,24 +293,170 @@ BAD_LAYOUTS.update({case: (*entry, "awq-g32") for case, entry in AWQ_BAD_LAYOUTS
 @pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "kept"])
 @pytest.mark.parametrize("case", sorted(BAD_LAYOUTS))
 def test_bad_layouts_are_refused(checkpoints, tmp_path, case, keep):
-    layouts, draft = checkpoints
-    broken = tmp_path / "target"
     change, message, *base = BAD_LAYOUTS[case]
-    shutil.copytree(layouts[base[0] if base else "sym-v1"][0], broken)
-    tiny.edit_checkpoint(broken, change)
-    with pytest.raises(ModelLoadError) as info:
-        load_pair(str(broken), str(draft), keep_quantized=keep)
-    assert message in str(info.value)
+    assert_refused(*checkpoints, tmp_path, base[0] if base else "sym-v1", change, message, keep)
 
 
 def test_the_config_is_gptqmodels(checkpoints):
     """The test checkpoints carry what GPTQModel writes: quant_method gptq, bits, group_size, sym, desc_act and the
     checkpoint format; int32 words, float16 scales."""
     layouts, _ = checkpoints
-    directory, _ = layouts["sym-v1"]
+    directory, _, _ = layouts["sym-v1"]
     qc = json.loads((directory / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "gptq" and qc["checkpoint_format"] == "gptq" and qc["bits"] == 4
     state = load_file(str(directory / "model.safetensors"))
     assert state[GATE + "qweight"].dtype == torch.int32 and tuple(state[GATE + "qweight"].shape) == (24, 384)
     assert state[GATE + "scales"].dtype == torch.float16 and tuple(state[GATE + "qzeros"].shape) == (2, 48)
     assert np.all(state[GATE + "qzeros"].numpy().view(np.uint32) == 0x77777777)  # v1: 8 - 1 in every field
+
+
+# ------------------------------------------------------------------------------------------------------------
+# AutoRound (Intel's auto-round): GPTQ's or AWQ's words under its packing_format, per-layer rules in extra_config
+# ------------------------------------------------------------------------------------------------------------
+
+AUTOROUND = {  # name: (packing_format, group_size, sym, extra_config)
+    # the default packing (GPTQ v1, no g_idx), layers set apart: one by name (groups of 32), one asymmetric, the
+    # attention output left in 16 bits by a regex, and the lm_head quantized (AutoRound's quant_lm_head: outside the
+    # blocks, so named in extra_config)
+    "ar-gptq-sym": ("auto_round:auto_gptq", 128, True,
+                    {"model.layers.1.mlp.down_proj": {"group_size": 32}, "model.layers.2.mlp.up_proj": {"sym": False},
+                     ".*self_attn\\.o_proj.*": {"bits": 16, "data_type": "float"},
+                     "lm_head": {"bits": 4, "group_size": 64, "sym": False, "data_type": "int"}}),
+    "ar-gptq-asym": ("auto_round:auto_gptq", 32, False, {}),
+    # zero points as they are; a layer's own name wins over a regex before it that also finds it (its other keys
+    # the config's)
+    "ar-native-asym": ("auto_round", 64, False, {".*mlp\\.down_proj.*": {"group_size": 128, "sym": True},
+                                                 "model.layers.0.mlp.down_proj": {"group_size": 32}}),
+    "ar-gptqmodel": ("auto_round:gptqmodel", 128, False, {}),  # with a g_idx, zero points as they are
+    "ar-awq-sym": ("auto_round:auto_awq", 128, True, {}),
+    "ar-awq-asym": ("auto_round:auto_awq", 32, False, {}),
+}
+
+
+# how each packing stores its words, from auto-round's export and inference code (its GPTQ_FORMAT subtracts one from
+# each zero point, GPTQ_FORMAT_NO_ZP does not; gptqmodel's writes a g_idx)
+AUTOROUND_STORES = {"auto_round:auto_gptq": "gptq", "auto_round": "gptq_v2", "auto_round:gptqmodel": "gptq_v2",
+                    "auto_round:auto_awq": "awq"}
+
+
+def autoround_rule(layout: str, layer: str) -> tuple[int, int, bool]:
+    """(bits, group, sym) of a layer, by AutoRound's rule read off its docs: an extra_config key equal to the
+    layer's name, else the first key with '.*' in it that re.search finds in the name, over the config's values."""
+    import re
+
+    _, group, sym, extra = AUTOROUND[layout]
+    entry = extra.get(layer) or next((e for k, e in extra.items() if ".*" in k and re.search(k, layer)), {})
+    return entry.get("bits", 4), entry.get("group_size", group), entry.get("sym", sym)
+
+
+def to_autoround(directory, layout: str) -> tuple[dict[str, int], str]:
+    """The checkpoint in AutoRound's export: each 4-bit layer as its packing stores it; returns each packed layer's
+    group and how its words are stored (for the dequantization by hand)."""
+    packing, group, sym, extra = AUTOROUND[layout]
+    groups = {}
+
+    def change(state, config):
+        names = [n for n in state if n.endswith(".weight") and state[n].dim() == 2
+                 and (n.removesuffix(".weight") in extra or not any(s in n for s in SKIP))]
+        for i, name in enumerate(names):
+            prefix = name.removesuffix("weight")
+            bits, g, symmetric = autoround_rule(layout, prefix.removesuffix("."))
+            if bits == 16:
+                continue
+            groups[prefix] = g
+            store(state, prefix, gptq_quantize(state.pop(name), g, symmetric, False, i), AUTOROUND_STORES[packing],
+                  g_idx=packing == "auto_round:gptqmodel")
+        config["quantization_config"] = {
+            "quant_method": "auto-round", "bits": 4, "group_size": group, "sym": sym, "data_type": "int",
+            "packing_format": packing, "autoround_version": "0.9.0", "iters": 200,
+            "block_name_to_quantize": "model.layers", **({"extra_config": extra} if extra else {})}
+
+    tiny.edit_checkpoint(directory, change)
+    return groups, AUTOROUND_STORES[packing]
+
+
+@pytest.fixture(scope="module")
+def autoround(tmp_path_factory):
+    return hand_checkpoints(tmp_path_factory.mktemp("autoround"), AUTOROUND, to_autoround)
+
+
+@pytest.mark.parametrize("layout", sorted(AUTOROUND))
+def test_autoround_loads_as_dequantized_by_hand_kept_or_not(autoround, layout):
+    """Each packing format read as AutoRound's inference reads it: dequantized, every weight equal to the formula
+    by hand bit for bit in float32; kept, each packed layer an Int4Linear of its own group and zero-point scheme
+    (extra_config's rules: by name first, then regex; a 16-bit layer plain), the same logits bit for bit."""
+    layouts, draft = autoround
+    directory, reference, groups = layouts[layout]
+    plain = load_pair(str(directory), str(draft))
+    tiny.assert_same_weights(plain.target.state_dict(), reference.state_dict())
+    kept = load_pair(str(directory), str(draft), keep_quantized=True)
+    modules = {n: m for n, m in kept.target.named_modules() if isinstance(m, int4.Int4Linear)}
+    assert {f"{n}." for n in modules} == set(groups)
+    for name, m in modules.items():
+        _, group, sym = autoround_rule(layout, name)
+        assert (m.group, m.weight_zero_point is None, m.weight_g_idx) == (group, sym, None), name
+    if layout == "ar-gptq-sym":
+        assert type(kept.target.get_submodule("model.layers.3.self_attn.o_proj")) is torch.nn.Linear
+        assert type(kept.target.lm_head) is int4.Int4Linear
+        tiny.assert_kept_drafter_drafts_as_plain(kept, plain)  # through a 4-bit lm_head, kept
+        assert plain.target_precision == ("int4 w4a16 group 128 sym auto_round:auto_gptq (3 layer rules) "
+                                          "(dequantized to float32)")
+    for loaded in (plain, kept):
+        tiny.assert_parameters_counted(loaded, reference)
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        assert torch.equal(kept.target(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("engine, layout", [("transformers", "ar-native-asym"), ("runner", "ar-gptq-sym")])
+def test_run_decodes_an_autoround_target_as_its_greedy(autoround, capsys, tmp_path, engine, layout):
+    """`run --target AUTOROUND`: identical to greedy and to the hand-dequantized model's own generation; through the
+    runner, layers of different groups and zero-point schemes side by side (one fused group of two kinds)."""
+    layouts, draft = autoround
+    directory, reference, _ = layouts[layout]
+    out, trace = tiny.run_quantized(directory, draft, engine, tmp_path, capsys)
+    assert AUTOROUND[layout][0] in out and "of the checkpoint's" not in out
+    tiny.assert_generated_by(trace, reference)
+
+
+def _extra(c, layer, **entry):
+    c["quantization_config"].setdefault("extra_config", {})[layer] = entry
+
+
+UP = "model.layers.0.mlp.up_proj"
+AUTOROUND_BAD = {  # case: (change, message, base layout)
+    "fp8 packing": (lambda s, c: _config(c, packing_format="auto_round:fp8_static"),
+                    "AutoRound packing_format 'auto_round:fp8_static' is not supported", "ar-gptq-asym"),
+    "mx_fp data": (lambda s, c: _config(c, data_type="mx_fp"), "AutoRound data_type 'mx_fp' is not supported",
+                   "ar-gptq-asym"),
+    "8-bit activations": (lambda s, c: _config(c, act_bits=8),
+                          "activations quantized to 8 bits (act_bits) are not supported", "ar-gptq-asym"),
+    "8-bit weights": (lambda s, c: _config(c, bits=8), "AutoRound weights of 8 bits are not supported",
+                      "ar-gptq-asym"),
+    "an 8-bit layer": (lambda s, c: _extra(c, UP, bits=8),
+                       f"extra_config '{UP}': AutoRound weights of 8 bits are not supported", "ar-gptq-asym"),
+    "packed, said unquantized": (lambda s, c: _extra(c, UP, bits=16),
+                                 f"{UP}.qweight is packed but the config's extra_config leaves {UP} unquantized",
+                                 "ar-gptq-asym"),
+    "a layer's group not its scales'": (lambda s, c: _extra(c, UP, group_size=64),
+                                        f"{UP}.scales has shape", "ar-gptq-asym"),
+    "missing qzeros": (lambda s, c: s.pop(UP + ".qzeros"), f"{UP}.qweight is GPTQ-packed but {UP}.qzeros is missing",
+                       "ar-native-asym"),
+    "awq sym, other zero points": (lambda s, c: s.update({UP + ".qzeros": torch.zeros_like(s[UP + ".qzeros"])}),
+                                   f"{UP}.qzeros: the config says sym but the zero points are not all 8", "ar-awq-sym"),
+    "extra_config not an object": (lambda s, c: _config(c, extra_config=[UP]), "extra_config must be a JSON object",
+                                   "ar-gptq-asym"),
+}
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["dequantized", "kept"])
+@pytest.mark.parametrize("case", sorted(AUTOROUND_BAD))
+def test_bad_autoround_layouts_are_refused(autoround, tmp_path, case, keep):
+    change, message, base = AUTOROUND_BAD[case]
+    assert_refused(*autoround, tmp_path, base, change, message, keep)
+
+
+def test_a_gptq_weight_needs_its_g_idx(checkpoints, tmp_path):
+    """GPTQModel and AutoGPTQ always write g_idx: without it a GPTQ checkpoint is refused (AutoRound's is not)."""
+    assert_refused(*checkpoints, tmp_path, "asym-v2", lambda s, c: s.pop(GATE + "g_idx"),
+                   f"{GATE}qweight is GPTQ-packed but {GATE}g_idx is missing", keep=False)

@@ -81,9 +81,12 @@ def spec_of(config: Mapping, what: str) -> Fp8Spec | int4.Int4Spec | None:
         return int4_formats.gptq_spec(qc, where)
     if method == "awq":
         return int4_formats.awq_spec(qc, where)
+    if method in int4_formats.AUTOROUND_METHODS:
+        return int4_formats.autoround_spec(qc, where)
     if method != "fp8":
         raise ModelLoadError(f"{where}: quant_method {method!r} is not supported (the FP8 layout, quant_method 'fp8', "
-                             "and 4-bit weights in compressed-tensors' pack-quantized format, GPTQ's or AWQ's load)")
+                             "and 4-bit weights in compressed-tensors' pack-quantized format, GPTQ's, AWQ's or "
+                             "AutoRound's load)")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
         raise ModelLoadError(f"{where}: fmt {fmt!r} is not supported (only 'e4m3', float8_e4m3fn weights)")

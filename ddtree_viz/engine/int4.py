@@ -29,8 +29,10 @@ for bit the model dequantized at load). The static runner fuses them as it fuses
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Mapping
 
@@ -55,7 +57,9 @@ class Int4Spec:
     group: int
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
-    layout: str = "pack-quantized"  # as stored: "pack-quantized", or GPTQ's / AWQ's (engine/int4_formats.py)
+    layout: str = "pack-quantized"  # as stored: "pack-quantized", GPTQ's, AWQ's or AutoRound's (int4_formats.py)
+    # per layer (AutoRound's extra_config): (its name, or a regex), its group, symmetric; group None: not quantized
+    overrides: tuple[tuple[str, int | None, bool], ...] = ()
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
         """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the
@@ -65,10 +69,47 @@ class Int4Spec:
 
     @property
     def scheme(self) -> str:
-        """'int4 w4a16 group 128 sym', 'int4 w4a16 per channel asym', 'int4 w4a16 group 128 sym gptq'."""
+        """'int4 w4a16 group 128 sym', 'int4 w4a16 per channel asym', 'int4 w4a16 group 128 sym gptq', and where
+        some layers are quantized otherwise 'int4 w4a16 group 128 sym auto_round:auto_gptq (2 layer rules)'."""
         groups = f"group {self.group}" if self.group else "per channel"
         stored = "" if self.layout == "pack-quantized" else f" {self.layout}"
+        rules = sum(1 for _, group, symmetric in self.overrides
+                    if group is not None and (group, symmetric) != (self.group, self.symmetric))
+        stored += f" ({rules} layer rule{'s' * (rules != 1)})" if rules else ""
         return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}{stored}"
+
+    def at(self, prefix: str) -> Int4Spec | None:
+        """The spec of the weight whose tensors' names start with `prefix` ('model.layers.0.mlp.up_proj.'): by
+        AutoRound's rule, the override naming its layer exactly, else the first override that is a regex (it has one
+        of REGEX_TOKENS) found in the layer's name (re.search), else this spec; None where that override leaves the
+        layer unquantized."""
+        if not self.overrides:
+            return self
+        name = prefix.removesuffix(".")
+        hit = next((o for o in self.overrides if o[0] == name), None) or next(
+            (o for o in self.overrides if _finds(o[0], name)), None)
+        if hit is None:
+            hit = (name, self.group, self.symmetric)
+        return None if hit[1] is None else dataclasses.replace(self, group=hit[1], symmetric=hit[2], overrides=())
+
+
+REGEX_TOKENS = (".*", "^", "$", "|", "(", ")", "[", "]", "?", "+")  # AutoRound's: such a key is a regex, not a name
+
+
+@functools.lru_cache(maxsize=256)
+def _regex(pattern: str) -> re.Pattern | None:
+    """An override key as a regex, or None: a plain name, or no valid regex (AutoRound skips those)."""
+    if not any(t in pattern for t in REGEX_TOKENS):
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return None
+
+
+def _finds(pattern: str, name: str) -> bool:
+    regex = _regex(pattern)
+    return regex is not None and regex.search(name) is not None
 
 
 def _whole(value) -> bool:
@@ -264,9 +305,10 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
                      dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
     ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
-    missing, of the wrong shape or dtype, or without its packed weight. With `keep` (a dict), each packed weight
-    goes in as its `stand_in` (fp8.keep_linears replaces it) and keep[name] = (the stand-in, a function
-    (device, bias) -> the Int4Linear of its parts)."""
+    missing, of the wrong shape or dtype, or without its packed weight. Each weight is read under its own spec
+    (`spec.at`: AutoRound's per-layer rules; refused where they leave it unquantized). With `keep` (a dict), each
+    packed weight goes in as its `stand_in` (fp8.keep_linears replaces it) and keep[name] = (the stand-in, a
+    function (device, bias) -> the Int4Linear of its parts)."""
     names = list(names)
     present = set(names)
     packed = {n.removesuffix("weight_packed") for n in names if n.endswith("weight_packed")}
@@ -277,13 +319,17 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
             if part == "weight_packed":
                 prefix = name.removesuffix(part)
                 parts = {p: get(prefix + p) for p in PARTS if prefix + p in present}
-                _check(prefix, parts, spec, what)
+                mine = spec.at(prefix)
+                if mine is None:
+                    raise ModelLoadError(f"{what} weight {prefix}weight is packed but the config leaves "
+                                         f"{prefix.removesuffix('.')} unquantized")
+                _check(prefix, parts, mine, what)
                 if keep is None:
-                    state[prefix + "weight"] = dequantize(parts, spec).to(dtype)
+                    state[prefix + "weight"] = dequantize(parts, mine).to(dtype)
                 else:
                     shape = (int(parts["weight_shape"][0]), int(parts["weight_shape"][1]))
                     values = stand_in(shape, dtype, parts["weight_packed"].device)
-                    keep[prefix + "weight"] = (values, _maker(parts, spec))
+                    keep[prefix + "weight"] = (values, _maker(parts, mine))
                     state[prefix + "weight"] = values
             continue
         orphan = next((p for p in PARTS if name.endswith(p)), None)

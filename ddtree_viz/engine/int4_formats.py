@@ -29,6 +29,17 @@ AWQ (`quant_method` "awq", bits 4, group_size, zero_point true, version "gemm"):
 (AutoAWQ's unpack_awq + reverse_awq_order.) Its fields are unpacked, put in output order and packed again along
 the inputs.
 
+AutoRound (Intel's auto-round; `quant_method` "auto-round", older "intel/auto-round"; bits 4, group_size, sym,
+data_type "int", packing_format) stores one of the two layouts above, as its inference code reads them
+(auto_round/inference/backend.py): "auto_round:auto_gptq" (the default, and what a symmetric export writes) is GPTQ
+v1 (each zero point minus one), "auto_round" and "auto_round:gptqmodel" are GPTQ with the zero points as they are
+(gptqmodel's with a g_idx, the others without: the groups are then column // group_size), "auto_round:auto_awq"
+AWQ's GEMM layout. Its `extra_config` sets layers apart ({layer name or regex: {bits, group_size, sym, ...}}; a
+layer of 16 bits is stored plain): each weight is read with its own group and zero-point scheme (int4.Int4Spec.at,
+AutoRound's rule: the exact name first, else the first regex found in the name). Refused: another packing format
+(FP8, MXFP / NVFP4, llm-compressor's, which is compressed-tensors), data type, bit width (in the config or any
+extra_config entry) or quantized activations (act_bits below 16).
+
 Each checkpoint is translated here, one weight at a time as it is read, into int4's parts (`translate`), and from
 there loads exactly as a pack-quantized one: dequantized at load, or kept packed on one CUDA GPU (int4.Int4Linear,
 the 4-bit GEMM). Symmetric GPTQ checkpoints (sym: every zero point 8) carry no zero point after
@@ -51,6 +62,11 @@ from . import int4
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 AWQ_PARTS = PARTS[:3]
 FORMATS = ("gptq", "gptq_v2")
+AUTOROUND_METHODS = ("auto-round", "intel/auto-round")
+# AutoRound's packing formats as the layouts they store (its inference/backend.py: GPTQ_FORMAT "zp+-1",
+# GPTQ_FORMAT_NO_ZP, AWQ_FORMAT)
+AUTOROUND_PACKINGS = {"auto_round:auto_gptq": "gptq", "auto_round": "gptq_v2", "auto_round:gptqmodel": "gptq_v2",
+                      "auto_round:auto_awq": "awq"}
 SYMMETRIC_ZERO = 8  # the zero point of a symmetric 4-bit GPTQ weight (v2; stored as 7 in v1)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: field f of word c holds output 8c + AWQ_ORDER[f]
 
@@ -70,6 +86,48 @@ def gptq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
     return int4.Int4Spec(group, symmetric, (), fmt)
 
 
+def autoround_spec(qc: Mapping, where: str) -> int4.Int4Spec:
+    """The Int4Spec of an AutoRound quantization_config (layout: its packing format, read as AUTOROUND_PACKINGS
+    says; overrides: its extra_config); a ModelLoadError for another packing format, or for anything but 4-bit
+    integer weights with 16-bit activations, in the config or in any extra_config entry."""
+    packing = qc.get("packing_format", "auto_round:auto_gptq")
+    if packing not in AUTOROUND_PACKINGS:
+        raise ModelLoadError(f"{where}: AutoRound packing_format {packing!r} is not supported "
+                             f"({', '.join(AUTOROUND_PACKINGS)})")
+    group, symmetric = _autoround_scheme(qc, {}, where)
+    extra = qc.get("extra_config") or {}
+    if not isinstance(extra, Mapping):
+        raise ModelLoadError(f"{where}: extra_config must be a JSON object, not {extra!r}")
+    overrides = []
+    for layer, entry in extra.items():
+        if not isinstance(entry, Mapping):
+            raise ModelLoadError(f"{where} extra_config {layer!r} must be a JSON object, not {entry!r}")
+        bits = entry.get("bits", qc.get("bits"))
+        if int4._whole(bits) and bits >= 16:
+            overrides.append((str(layer), None, True))  # left unquantized
+        else:
+            overrides.append((str(layer), *_autoround_scheme(qc, entry, f"{where} extra_config {layer!r}")))
+    return int4.Int4Spec(group, symmetric, (), packing, tuple(overrides))
+
+
+def _autoround_scheme(qc: Mapping, entry: Mapping, where: str) -> tuple[int, bool]:
+    """(group, symmetric) of AutoRound's config with one extra_config entry over it; refused unless 4-bit integer
+    weights with 16-bit (or no) activation quantization."""
+    value = {**qc, **entry}
+    if value.get("bits") != int4.BITS:
+        raise ModelLoadError(f"{where}: AutoRound weights of {value.get('bits')!r} bits are not supported (only 4)")
+    if value.get("data_type", "int") != "int":
+        raise ModelLoadError(f"{where}: AutoRound data_type {value.get('data_type')!r} is not supported (only 'int')")
+    act_bits = value.get("act_bits")
+    if act_bits is not None and not (int4._whole(act_bits) and act_bits >= 16):
+        raise ModelLoadError(f"{where}: activations quantized to {act_bits!r} bits (act_bits) are not supported; "
+                             "only weight-only checkpoints (W4A16) load")
+    symmetric = value.get("sym", True)
+    if not isinstance(symmetric, bool):
+        raise ModelLoadError(f"{where}: sym must be true or false, not {symmetric!r}")
+    return _group_size(value, where), symmetric
+
+
 def _group_size(qc: Mapping, where: str) -> int:
     """A GPTQ / AWQ config's group_size as int4's group (0: one group a row, their -1)."""
     group = qc.get("group_size", 128)
@@ -78,22 +136,30 @@ def _group_size(qc: Mapping, where: str) -> int:
     return max(group, 0)
 
 
+def packing(spec: int4.Int4Spec) -> str:
+    """The layout a GPTQ, AWQ or AutoRound spec's weights are stored in: "gptq" (v1), "gptq_v2" or "awq"."""
+    return AUTOROUND_PACKINGS.get(spec.layout, spec.layout)
+
+
 def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple[int, int]:
-    """(out, in) of a GPTQ weight, its parts checked against each other (their dtypes and shapes)."""
+    """(out, in) of a GPTQ weight, its parts checked against each other (their dtypes and shapes); `in` is g_idx's
+    length, or without one (AutoRound's) qweight's rows x 8."""
     def fail(part: str, why: str):
         raise ModelLoadError(f"{what} tensor {prefix}{part} {why}")
 
     for part in PARTS:
-        if part not in gptq:
+        if part not in gptq and part != "g_idx":
             raise ModelLoadError(f"{what} weight {prefix}qweight is GPTQ-packed but {prefix}{part} is missing")
     for part in ("qweight", "qzeros", "g_idx"):
-        if gptq[part].dtype not in (torch.int32, torch.int64):
+        if part in gptq and gptq[part].dtype not in (torch.int32, torch.int64):
             fail(part, f"is {str(gptq[part].dtype).removeprefix('torch.')}, not an integer type")
-    qweight, g_idx = gptq["qweight"], gptq["g_idx"]
-    if g_idx.dim() != 1:
+    qweight, g_idx = gptq["qweight"], gptq.get("g_idx")
+    if g_idx is not None and g_idx.dim() != 1:
         fail("g_idx", f"has shape {list(g_idx.shape)}, not [in]")
-    inn = g_idx.numel()
-    if qweight.dim() != 2 or qweight.shape[0] != math.ceil(inn / int4.PER_WORD):
+    if qweight.dim() != 2:
+        fail("qweight", f"has shape {list(qweight.shape)}, not [in / 8, out]")
+    inn = g_idx.numel() if g_idx is not None else qweight.shape[0] * int4.PER_WORD
+    if qweight.shape[0] != math.ceil(inn / int4.PER_WORD):
         fail("qweight", f"has shape {list(qweight.shape)}; {inn} inputs (g_idx) need {math.ceil(inn / 8)} rows")
     out = qweight.shape[1]
     if gptq["scales"].dim() != 2 or gptq["scales"].shape[1] != out:
@@ -108,7 +174,7 @@ def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple
 def _zeros(prefix: str, qzeros: torch.Tensor, out: int, spec: int4.Int4Spec, what: str) -> torch.Tensor:
     """int4's signed zero points [out, groups] (zero - 8) of a GPTQ weight; v1 stores each minus one."""
     z = int4.unpack(qzeros.to(torch.int32).T.contiguous(), out, 0)
-    if spec.layout == "gptq":
+    if packing(spec) == "gptq":
         if (z == int4.OFFSET - 1).any():
             raise ModelLoadError(f"{what} tensor {prefix}qzeros holds a GPTQ v1 zero point of 15, which is 16: "
                                  "outside 4 bits")
@@ -121,9 +187,15 @@ def _zeros(prefix: str, qzeros: torch.Tensor, out: int, spec: int4.Int4Spec, wha
 
 def convert(prefix: str, gptq: Mapping[str, torch.Tensor], spec: int4.Int4Spec, what: str) -> dict[str, torch.Tensor]:
     """One GPTQ weight's parts (PARTS, by name) as int4's (by name, without the prefix)."""
+    if spec.layout in FORMATS and "g_idx" not in gptq:  # GPTQModel and AutoGPTQ always write it
+        raise ModelLoadError(f"{what} weight {prefix}qweight is GPTQ-packed but {prefix}g_idx is missing")
     out, inn = _shape_of(prefix, gptq, what)
     groups = gptq["scales"].shape[0]
-    g_idx = gptq["g_idx"].long()
+    if "g_idx" not in gptq and groups != math.ceil(inn / (spec.group or inn)):
+        raise ModelLoadError(f"{what} tensor {prefix}scales has shape {list(gptq['scales'].shape)}; {inn} inputs in "
+                             f"groups of {spec.group or inn} (the config's for this layer) need "
+                             f"[{math.ceil(inn / (spec.group or inn))}, {out}]")
+    g_idx = gptq["g_idx"].long() if "g_idx" in gptq else torch.arange(inn) // (spec.group or inn)
     if g_idx.numel() and (g_idx.min() < 0 or g_idx.max() >= groups):
         raise ModelLoadError(f"{what} tensor {prefix}g_idx names groups outside 0 .. {groups - 1}")
     z = _zeros(prefix, gptq["qzeros"], out, spec, what)
@@ -184,9 +256,15 @@ def convert_awq(prefix: str, awq: Mapping[str, torch.Tensor], spec: int4.Int4Spe
         if tuple(awq[part].shape) != (rows, math.ceil(out / int4.PER_WORD)):
             fail(part, f"has shape {list(awq[part].shape)}; {out} outputs need [{rows}, {math.ceil(out / 8)}]")
     u, zero = _awq_fields(qweight, out), _awq_fields(awq["qzeros"], out)
-    return {"weight_packed": int4.pack((u - int4.OFFSET).T, 1), "weight_scale": scales.T.contiguous(),
-            "weight_zero_point": int4.pack((zero - int4.OFFSET).T, 0),
-            "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}
+    parts = {"weight_packed": int4.pack((u - int4.OFFSET).T, 1), "weight_scale": scales.T.contiguous(),
+             "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}
+    if spec.symmetric:  # AutoRound's symmetric AWQ export: every zero point 8, carried by no part
+        if (zero != SYMMETRIC_ZERO).any():
+            raise ModelLoadError(f"{what} tensor {prefix}qzeros: the config says sym but the zero points are not "
+                                 f"all {SYMMETRIC_ZERO}")
+    else:
+        parts["weight_zero_point"] = int4.pack((zero - int4.OFFSET).T, 0)
+    return parts
 
 
 def _plain(g_idx: torch.Tensor, group: int) -> bool:
@@ -201,15 +279,17 @@ def _part_of(name: str, parts: tuple[str, ...]) -> str | None:
 
 def translate(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: int4.Int4Spec,
               what: str) -> tuple[list[str], Callable[[str], torch.Tensor]]:
-    """A GPTQ or AWQ checkpoint's tensor names and reader (spec.layout says which) as int4's pack-quantized ones
-    (int4.dequantize_state's `names` and `get`): each weight's parts translated by `convert` / `convert_awq` when
-    its first part is read (one weight held at a time), every other tensor as it is. Refused, naming the tensor: a
-    part without its qweight."""
-    awq = spec.layout == "awq"
+    """A GPTQ, AWQ or AutoRound checkpoint's tensor names and reader (`packing` says which) as int4's
+    pack-quantized ones (int4.dequantize_state's `names` and `get`): each weight's parts translated by `convert` /
+    `convert_awq` under its own spec (`spec.at`) when its first part is read (one weight held at a time), every other
+    tensor as it is. Refused, naming the tensor: a part without its qweight, a packed weight the config's
+    extra_config leaves unquantized."""
+    awq = packing(spec) == "awq"
     parts_of, translated = (AWQ_PARTS, convert_awq) if awq else (PARTS, convert)
     names = list(names)
     present = set(names)
     packed = {n.removesuffix("qweight") for n in names if _part_of(n, parts_of) == "qweight"}
+    specs = {prefix: spec.at(prefix) for prefix in packed}  # each weight's own (AutoRound's extra_config)
     out: list[str] = []
     for name in names:
         part = _part_of(name, parts_of)
@@ -218,10 +298,14 @@ def translate(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: in
             out.append(name)
         elif prefix not in packed:
             raise ModelLoadError(f"{what} tensor {name} has no packed weight {prefix}qweight")
+        elif specs[prefix] is None:
+            raise ModelLoadError(f"{what} weight {prefix}qweight is packed but the config's extra_config leaves "
+                                 f"{prefix.removesuffix('.')} unquantized (16 bits)")
         elif part == "qweight":
-            plain = awq or prefix + "g_idx" not in present or _plain(get(prefix + "g_idx"), spec.group)
+            mine = specs[prefix]
+            plain = awq or prefix + "g_idx" not in present or _plain(get(prefix + "g_idx"), mine.group)
             out += [prefix + p for p in ("weight_packed", "weight_scale", "weight_shape")
-                    + (() if spec.symmetric else ("weight_zero_point",)) + (() if plain else ("weight_g_idx",))]
+                    + (() if mine.symmetric else ("weight_zero_point",)) + (() if plain else ("weight_g_idx",))]
     done: dict[str, dict[str, torch.Tensor]] = {}
 
     def read(name: str) -> torch.Tensor:
@@ -232,7 +316,7 @@ def translate(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: in
         if prefix not in done:
             done.clear()  # one weight's translation held at a time
             done[prefix] = translated(prefix, {p: get(prefix + p) for p in parts_of if prefix + p in present},
-                                      spec, what)
+                                      specs[prefix], what)
         return done[prefix][part]
 
     return out, read
