@@ -33,7 +33,25 @@ LAYOUTS = {  # name: (group_size, sym, checkpoint_format ("awq": AutoAWQ's), act
     "channel-asym-v1": (-1, False, "gptq", False),
     "awq-g128": (128, False, "awq", False),
     "awq-g32": (32, False, "awq", False),
+    "sym-v1-dynamic": (128, True, "gptq", False),
 }
+DYNAMIC = {  # GPTQModel's per-layer rules, in order: the first whose regex re.match-es a layer's name rules it
+    "sym-v1-dynamic": {"-:.*self_attn\\.o_proj": {},  # left in 16 bits
+                       "+:model\\.layers\\.1\\.mlp\\.": {"group_size": 32, "sym": False},
+                       "model\\.layers\\.1\\.mlp\\.down_proj": {"group_size": 64},  # after the rule above: unused
+                       "+:model\\.layers\\.2\\.mlp\\.down_proj": {"group_size": -1}},
+}
+
+
+def gptq_rule(layout: str, layer: str) -> tuple[bool, int, bool]:
+    """(quantized, group, sym) of a layer under its layout's dynamic rules, read off GPTQModel's docs."""
+    import re
+
+    group, sym, *_ = LAYOUTS[layout]
+    for key, entry in DYNAMIC.get(layout, {}).items():
+        if re.match(key.removeprefix("-:").removeprefix("+:"), layer):
+            return not key.startswith("-:"), entry.get("group_size", group), entry.get("sym", sym)
+    return True, group, sym
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack: field f of a word holds output 8c + AWQ_ORDER[f]
 
 
@@ -109,13 +127,17 @@ def to_layout(directory, layout: str) -> tuple[dict[str, int], str]:
     def change(state, config):
         for i, name in enumerate([n for n in state if n.endswith(".weight") and state[n].dim() == 2
                                   and not any(s in n for s in SKIP)]):
-            groups[name.removesuffix("weight")] = group
-            store(state, name.removesuffix("weight"), gptq_quantize(state.pop(name), group, sym, actorder, i), fmt)
+            quantized, g, symmetric = gptq_rule(layout, name.removesuffix(".weight"))
+            if quantized:
+                groups[name.removesuffix("weight")] = g
+                store(state, name.removesuffix("weight"), gptq_quantize(state.pop(name), g, symmetric, actorder, i),
+                      fmt)
         config["quantization_config"] = (
             {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
              "modules_to_not_convert": list(SKIP)} if fmt == "awq" else
             {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": sym, "desc_act": actorder,
-             "checkpoint_format": fmt, "damp_percent": 0.01})
+             "checkpoint_format": fmt, "damp_percent": 0.01, **({"dynamic": DYNAMIC[layout]} if layout in DYNAMIC
+                                                                else {})})
 
     tiny.edit_checkpoint(directory, change)
     return groups, fmt
@@ -195,7 +217,8 @@ def label(layout: str, kept: bool) -> str:
     group, sym, fmt, _ = LAYOUTS[layout]
     groups = "per channel" if group == -1 else f"group {group}"
     how = "4-bit weights, float32 activations" if kept else "dequantized to float32"
-    return f"int4 w4a16 {groups} {'sym' if sym else 'asym'} {fmt} ({how})"
+    rules = f" ({len(DYNAMIC[layout]) - 1} layer rules)" if layout in DYNAMIC else ""  # the one in 16 bits not counted
+    return f"int4 w4a16 {groups} {'sym' if sym else 'asym'} {fmt}{rules} ({how})"
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -218,16 +241,18 @@ def test_loads_as_dequantized_by_hand_kept_or_not(checkpoints, layout):
             assert m.weight_g_idx is None and m.weight_zero_point is not None
             continue
         assert torch.equal(m.weight_packed, stored[f"{name}.qweight"].T)
-        g_idx, group = stored[f"{name}.g_idx"].long(), LAYOUTS[layout][0]
-        ordinary = torch.equal(g_idx, torch.arange(m.in_features) // (m.in_features if group == -1 else group))
-        assert (m.weight_g_idx is None) == ordinary and (m.weight_zero_point is None) == LAYOUTS[layout][1]
+        _, group, sym = gptq_rule(layout, name)
+        g_idx, width = stored[f"{name}.g_idx"].long(), m.in_features if group == -1 else group
+        ordinary = torch.equal(g_idx, torch.arange(m.in_features) // width)
+        assert (m.weight_g_idx is None) == ordinary and (m.weight_zero_point is None) == sym and m.group == width
         orders.add(ordinary)
     assert awq or orders == ({True, False} if LAYOUTS[layout][3] else {True})  # activation order: where wider
     assert (plain.target_precision, kept.target_precision) == (label(layout, False), label(layout, True))
     for loaded in (plain, kept):
         tiny.assert_parameters_counted(loaded, reference)
     assert {n for n, m in kept.target.named_modules() if isinstance(m, torch.nn.Linear)} >= {
-        "lm_head", "model.layers.0.linear_attn.in_proj_a"}  # the modules left out stay plain
+        "lm_head", "model.layers.0.linear_attn.in_proj_a"} | ({"model.layers.3.self_attn.o_proj"} if layout in DYNAMIC
+                                                              else set())  # the modules left out stay plain
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
         assert torch.equal(kept.target(input_ids=ids).logits, reference(input_ids=ids).logits)
@@ -274,6 +299,15 @@ BAD_LAYOUTS = {
     "marlin format": (lambda s, c: _config(c, checkpoint_format="marlin"),
                       "GPTQ checkpoint format 'marlin' is not supported"),
     "group size 0": (lambda s, c: _config(c, group_size=0), "group_size must be a whole number >= 1 or -1, not 0"),
+    "an 8-bit dynamic rule": (lambda s, c: c["quantization_config"]["dynamic"].update({"+:lm_head": {"bits": 8}}),
+                              "dynamic '+:lm_head': GPTQ weights of 8 bits are not supported", "sym-v1-dynamic"),
+    "a packed layer ruled out": (lambda s, c: _config(c, dynamic={"-:.*gate_proj": {}}),
+                                 f"{GATE}qweight is packed but the config's per-layer rules (extra_config, dynamic) "
+                                 f"leave {GATE.removesuffix('.')} unquantized"),
+    "dynamic not an object": (lambda s, c: _config(c, dynamic=["x"]), "dynamic must be a JSON object"),
+    "a dynamic rule's group not its scales'": (
+        lambda s, c: _config(c, dynamic={"+:model\\.layers\\.0\\.mlp\\.gate": {"group_size": 64}}),
+        f"{GATE}weight_scale has shape [384, 2]; weight [384, 192] in groups of 64 needs [384, 3]"),
 }
 
 
@@ -436,7 +470,8 @@ AUTOROUND_BAD = {  # case: (change, message, base layout)
     "an 8-bit layer": (lambda s, c: _extra(c, UP, bits=8),
                        f"extra_config '{UP}': AutoRound weights of 8 bits are not supported", "ar-gptq-asym"),
     "packed, said unquantized": (lambda s, c: _extra(c, UP, bits=16),
-                                 f"{UP}.qweight is packed but the config's extra_config leaves {UP} unquantized",
+                                 f"{UP}.qweight is packed but the config's per-layer rules (extra_config, dynamic) "
+                                 f"leave {UP} unquantized",
                                  "ar-gptq-asym"),
     "a layer's group not its scales'": (lambda s, c: _extra(c, UP, group_size=64),
                                         f"{UP}.scales has shape", "ar-gptq-asym"),

@@ -58,8 +58,9 @@ class Int4Spec:
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
     layout: str = "pack-quantized"  # as stored: "pack-quantized", GPTQ's, AWQ's or AutoRound's (int4_formats.py)
-    # per layer (AutoRound's extra_config): (its name, or a regex), its group, symmetric; group None: not quantized
-    overrides: tuple[tuple[str, int | None, bool], ...] = ()
+    # per-layer rules (AutoRound's extra_config, GPTQ's dynamic): (how, pattern, group, symmetric), `how` one of
+    # RULES; group None: the layer is left unquantized
+    overrides: tuple[tuple[str, str, int | None, bool], ...] = ()
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
         """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the
@@ -73,43 +74,42 @@ class Int4Spec:
         some layers are quantized otherwise 'int4 w4a16 group 128 sym auto_round:auto_gptq (2 layer rules)'."""
         groups = f"group {self.group}" if self.group else "per channel"
         stored = "" if self.layout == "pack-quantized" else f" {self.layout}"
-        rules = sum(1 for _, group, symmetric in self.overrides
+        rules = sum(1 for *_, group, symmetric in self.overrides
                     if group is not None and (group, symmetric) != (self.group, self.symmetric))
         stored += f" ({rules} layer rule{'s' * (rules != 1)})" if rules else ""
         return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}{stored}"
 
     def at(self, prefix: str) -> Int4Spec | None:
-        """The spec of the weight whose tensors' names start with `prefix` ('model.layers.0.mlp.up_proj.'): by
-        AutoRound's rule, the override naming its layer exactly, else the first override that is a regex (it has one
-        of REGEX_TOKENS) found in the layer's name (re.search), else this spec; None where that override leaves the
-        layer unquantized."""
+        """The spec of the weight whose tensors' names start with `prefix` ('model.layers.0.mlp.up_proj.'): the rule
+        naming its layer exactly, else the first rule (in order) whose regex finds it, else this spec; None where
+        that rule leaves the layer unquantized."""
         if not self.overrides:
             return self
         name = prefix.removesuffix(".")
-        hit = next((o for o in self.overrides if o[0] == name), None) or next(
-            (o for o in self.overrides if _finds(o[0], name)), None)
+        hit = next((o for o in self.overrides if o[0] == "name" and o[1] == name), None) or next(
+            (o for o in self.overrides if o[0] != "name" and _finds(o[0], o[1], name)), None)
         if hit is None:
-            hit = (name, self.group, self.symmetric)
-        return None if hit[1] is None else dataclasses.replace(self, group=hit[1], symmetric=hit[2], overrides=())
+            return dataclasses.replace(self, overrides=())
+        return None if hit[2] is None else dataclasses.replace(self, group=hit[2], symmetric=hit[3], overrides=())
 
 
-REGEX_TOKENS = (".*", "^", "$", "|", "(", ")", "[", "]", "?", "+")  # AutoRound's: such a key is a regex, not a name
+# how a rule finds its layers: its pattern equal to the layer's name, or a regex found in it (re.search, AutoRound's
+# extra_config) or matching it from its start (re.match, GPTQ's dynamic)
+RULES = ("name", "search", "match")
 
 
 @functools.lru_cache(maxsize=256)
 def _regex(pattern: str) -> re.Pattern | None:
-    """An override key as a regex, or None: a plain name, or no valid regex (AutoRound skips those)."""
-    if not any(t in pattern for t in REGEX_TOKENS):
-        return None
+    """A rule's regex, or None where it is none (the checkpoint's tools skip those)."""
     try:
         return re.compile(pattern)
     except re.error:
         return None
 
 
-def _finds(pattern: str, name: str) -> bool:
+def _finds(how: str, pattern: str, name: str) -> bool:
     regex = _regex(pattern)
-    return regex is not None and regex.search(name) is not None
+    return regex is not None and (regex.search if how == "search" else regex.match)(name) is not None
 
 
 def _whole(value) -> bool:

@@ -67,23 +67,53 @@ AUTOROUND_METHODS = ("auto-round", "intel/auto-round")
 # GPTQ_FORMAT_NO_ZP, AWQ_FORMAT)
 AUTOROUND_PACKINGS = {"auto_round:auto_gptq": "gptq", "auto_round": "gptq_v2", "auto_round:gptqmodel": "gptq_v2",
                       "auto_round:auto_awq": "awq"}
+# auto-round's heuristic: an extra_config key holding one of these is a regex, any other a layer's name
+REGEX_TOKENS = (".*", "^", "$", "|", "(", ")", "[", "]", "?", "+")
 SYMMETRIC_ZERO = 8  # the zero point of a symmetric 4-bit GPTQ weight (v2; stored as 7 in v1)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: field f of word c holds output 8c + AWQ_ORDER[f]
 
 
 def gptq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
-    """The Int4Spec of a GPTQ quantization_config (layout "gptq" or "gptq_v2"); a ModelLoadError for anything but
-    4-bit weights in one of those two checkpoint formats."""
-    if qc.get("bits") != int4.BITS:
-        raise ModelLoadError(f"{where}: GPTQ weights of {qc.get('bits')!r} bits are not supported (only 4)")
+    """The Int4Spec of a GPTQ quantization_config (layout "gptq" or "gptq_v2"; overrides: its `dynamic` rules); a
+    ModelLoadError for anything but 4-bit weights in one of those two checkpoint formats."""
     fmt = qc.get("checkpoint_format") or qc.get("format") or "gptq"
     if fmt not in FORMATS:
         raise ModelLoadError(f"{where}: GPTQ checkpoint format {fmt!r} is not supported ({', '.join(FORMATS)})")
-    group = _group_size(qc, where)
-    symmetric = qc.get("sym", True)
+    group, symmetric = _gptq_scheme(qc, {}, where)
+
+    def rule(key: str, entry: Mapping, here: str) -> tuple:
+        """GPTQModel's dynamic (as vLLM reads it): '-:regex' leaves the layers it matches unquantized, '+:regex'
+        (or a bare regex) sets their bits / group_size / sym; the first that re.match-es a layer's name rules it."""
+        if key.startswith("-:"):
+            return ("match", key.removeprefix("-:"), None, True)
+        return ("match", key.removeprefix("+:"), *_gptq_scheme(qc, entry, here))
+
+    return int4.Int4Spec(group, symmetric, (), fmt, _rules(qc.get("dynamic"), "dynamic", where, rule))
+
+
+def _gptq_scheme(qc: Mapping, entry: Mapping, where: str) -> tuple[int, bool]:
+    """(group, symmetric) of a GPTQ config with one dynamic entry over it; refused unless 4-bit weights."""
+    value = {**qc, **entry}
+    if value.get("bits") != int4.BITS:
+        raise ModelLoadError(f"{where}: GPTQ weights of {value.get('bits')!r} bits are not supported (only 4)")
+    symmetric = value.get("sym", True)
     if not isinstance(symmetric, bool):
         raise ModelLoadError(f"{where}: sym must be true or false, not {symmetric!r}")
-    return int4.Int4Spec(group, symmetric, (), fmt)
+    return _group_size(value, where), symmetric
+
+
+def _rules(table, name: str, where: str, rule: Callable[[str, Mapping, str], tuple]) -> tuple[tuple, ...]:
+    """A config's per-layer table (AutoRound's extra_config, GPTQ's dynamic: {key: {bits, group_size, sym, ...}})
+    as Int4Spec.overrides, in order, each entry made by rule(key, entry, where it is for messages)."""
+    table = {} if table is None else table
+    if not isinstance(table, Mapping):
+        raise ModelLoadError(f"{where}: {name} must be a JSON object, not {table!r}")
+    out = []
+    for key, entry in table.items():
+        if not isinstance(entry, Mapping):
+            raise ModelLoadError(f"{where} {name} {key!r} must be a JSON object, not {entry!r}")
+        out.append(rule(str(key), entry, f"{where} {name} {key!r}"))
+    return tuple(out)
 
 
 def autoround_spec(qc: Mapping, where: str) -> int4.Int4Spec:
@@ -95,19 +125,17 @@ def autoround_spec(qc: Mapping, where: str) -> int4.Int4Spec:
         raise ModelLoadError(f"{where}: AutoRound packing_format {packing!r} is not supported "
                              f"({', '.join(AUTOROUND_PACKINGS)})")
     group, symmetric = _autoround_scheme(qc, {}, where)
-    extra = qc.get("extra_config") or {}
-    if not isinstance(extra, Mapping):
-        raise ModelLoadError(f"{where}: extra_config must be a JSON object, not {extra!r}")
-    overrides = []
-    for layer, entry in extra.items():
-        if not isinstance(entry, Mapping):
-            raise ModelLoadError(f"{where} extra_config {layer!r} must be a JSON object, not {entry!r}")
+
+    def rule(key: str, entry: Mapping, here: str) -> tuple:
+        """auto-round's reading: a key with one of REGEX_TOKENS is a regex (re.search), any other a layer's name;
+        16 bits or more leaves the layer unquantized."""
+        how = "search" if any(t in key for t in REGEX_TOKENS) else "name"
         bits = entry.get("bits", qc.get("bits"))
         if int4._whole(bits) and bits >= 16:
-            overrides.append((str(layer), None, True))  # left unquantized
-        else:
-            overrides.append((str(layer), *_autoround_scheme(qc, entry, f"{where} extra_config {layer!r}")))
-    return int4.Int4Spec(group, symmetric, (), packing, tuple(overrides))
+            return (how, key, None, True)
+        return (how, key, *_autoround_scheme(qc, entry, here))
+
+    return int4.Int4Spec(group, symmetric, (), packing, _rules(qc.get("extra_config"), "extra_config", where, rule))
 
 
 def _autoround_scheme(qc: Mapping, entry: Mapping, where: str) -> tuple[int, bool]:
@@ -299,8 +327,8 @@ def translate(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: in
         elif prefix not in packed:
             raise ModelLoadError(f"{what} tensor {name} has no packed weight {prefix}qweight")
         elif specs[prefix] is None:
-            raise ModelLoadError(f"{what} weight {prefix}qweight is packed but the config's extra_config leaves "
-                                 f"{prefix.removesuffix('.')} unquantized (16 bits)")
+            raise ModelLoadError(f"{what} weight {prefix}qweight is packed but the config's per-layer rules "
+                                 f"(extra_config, dynamic) leave {prefix.removesuffix('.')} unquantized")
         elif part == "qweight":
             mine = specs[prefix]
             plain = awq or prefix + "g_idx" not in present or _plain(get(prefix + "g_idx"), mine.group)
