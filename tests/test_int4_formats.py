@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddtree_viz.engine import int4
+from ddtree_viz.engine import fp8, int4, int4_formats
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
 from tests import tiny
@@ -495,3 +495,15 @@ def test_a_gptq_weight_needs_its_g_idx(checkpoints, tmp_path):
     """GPTQModel and AutoGPTQ always write g_idx: without it a GPTQ checkpoint is refused (AutoRound's is not)."""
     assert_refused(*checkpoints, tmp_path, "asym-v2", lambda s, c: s.pop(GATE + "g_idx"),
                    f"{GATE}qweight is GPTQ-packed but {GATE}g_idx is missing", keep=False)
+
+
+@pytest.mark.parametrize("packing, stored", [("auto_round:auto_gptq", "gptq"), ("auto_round", "gptq_v2"),
+                                             ("auto_round:gptqmodel", "gptq_v2"), ("auto_round:auto_awq", "awq"),
+                                             ("auto", "gptq"), ("auto_round:gptq", "gptq"), ("auto_round:awq", "awq"),
+                                             (None, "gptq")])
+def test_autoround_packing_names(packing, stored):
+    """Each of AutoRound's packing names, the older ones its loader normalises and none at all (its default), read as
+    the layout auto-round's inference reads it as."""
+    qc = {"quant_method": "intel/auto-round", "bits": 4, "group_size": 128, "sym": True,
+          **({"packing_format": packing} if packing else {})}
+    assert int4_formats.packing(fp8.spec_of({"quantization_config": qc}, "target")) == stored

@@ -64,9 +64,10 @@ AWQ_PARTS = PARTS[:3]
 FORMATS = ("gptq", "gptq_v2")
 AUTOROUND_METHODS = ("auto-round", "intel/auto-round")
 # AutoRound's packing formats as the layouts they store (its inference/backend.py: GPTQ_FORMAT "zp+-1",
-# GPTQ_FORMAT_NO_ZP, AWQ_FORMAT)
+# GPTQ_FORMAT_NO_ZP, AWQ_FORMAT; and the older names its convert_model.py normalises: "auto", "auto_round:gptq",
+# "auto_round:awq")
 AUTOROUND_PACKINGS = {"auto_round:auto_gptq": "gptq", "auto_round": "gptq_v2", "auto_round:gptqmodel": "gptq_v2",
-                      "auto_round:auto_awq": "awq"}
+                      "auto_round:auto_awq": "awq", "auto": "gptq", "auto_round:gptq": "gptq", "auto_round:awq": "awq"}
 # auto-round's heuristic: an extra_config key holding one of these is a regex, any other a layer's name
 REGEX_TOKENS = (".*", "^", "$", "|", "(", ")", "[", "]", "?", "+")
 SYMMETRIC_ZERO = 8  # the zero point of a symmetric 4-bit GPTQ weight (v2; stored as 7 in v1)
