@@ -453,6 +453,23 @@ def test_run_decodes_an_autoround_target_as_its_greedy(autoround, capsys, tmp_pa
     tiny.assert_generated_by(trace, reference)
 
 
+def test_an_autoround_drafter_loads_and_drafts_as_dequantized(autoround, tmp_path):
+    """A drafter saved by AutoRound (asymmetric, GPTQ v1 words) loads through `--draft` as its dequantization by hand,
+    bit for bit; kept, it drafts the dequantized drafter's trees node for node, and its precision says so."""
+    layouts, draft = autoround
+    quantized = tmp_path / "draft"
+    shutil.copytree(draft, quantized)
+    groups, stored = to_autoround(quantized, "ar-gptq-asym")
+    state = load_file(str(quantized / "model.safetensors"))
+    target = layouts["ar-gptq-asym"][0]
+    plain, kept = (load_pair(str(target), str(quantized), keep_quantized=keep) for keep in (False, True))
+    weights = plain.drafter.state_dict()
+    assert len(groups) == 8 and all(torch.equal(weights[p + "weight"], by_hand(state, p, stored, g))
+                                    for p, g in groups.items())
+    assert kept.draft_precision == "int4 w4a16 group 32 asym auto_round:auto_gptq (4-bit weights, float32 activations)"
+    tiny.assert_kept_drafter_drafts_as_plain(kept, plain)
+
+
 def _extra(c, layer, **entry):
     c["quantization_config"].setdefault("extra_config", {})[layer] = entry
 

@@ -51,8 +51,8 @@ STRATEGIES = ("group", "channel")
 
 @dataclass(frozen=True)
 class Int4Spec:
-    """What a pack-quantized checkpoint's quantization_config promises: the group each scale covers (0: a whole row,
-    strategy "channel") and whether zero points are stored."""
+    """What a 4-bit checkpoint's quantization_config promises: the group each scale covers (0: a whole row, strategy
+    "channel"), whether zero points are stored, how its words are laid out, and the layers it sets apart (`at`)."""
 
     group: int
     symmetric: bool
