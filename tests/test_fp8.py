@@ -253,17 +253,9 @@ def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkp
     token, in float32. Fused: the FP8 parts stacked (bytes and scales as one storage), the official layout's bf16
     in_proj_b / in_proj_a a run of their own, parts that are not whole 128-row blocks not stacked after."""
     from ddtree_viz.engine.fused import FusedRuns
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
 
     _, _, fp8_target, fp8_draft, reference = checkpoints
-    pair = load_pair(str(fp8_target), str(fp8_draft), keep_quantized=True)  # its own: fusing rewires the weights
-    prompt, new = list(b"def fibonacci(n):"), 24
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        want = reference.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0)[0, len(prompt):].tolist()
-    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
-                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+    pair, runner = tiny.kept_runner(fp8_target, fp8_draft, fused)
     if fused:
         gdn, attention, mlp = runner._fused[0, "mixer"], runner._fused[3, "mixer"], runner._fused[0, "mlp"]
         # qkv (64 rows: a partial block) and z in FP8, each its own run; b + a plain, one run
@@ -274,7 +266,7 @@ def test_runner_with_fp8_weights_kept_decodes_the_hand_dequantized_greedy(checkp
         layer = pair.target.model.layers[0].mlp
         assert layer.up_proj.weight.data_ptr() == mlp.weight[layer.gate_proj.out_features].data_ptr()
         assert layer.up_proj.weight_scale_inv.data_ptr() == mlp.scale[3].data_ptr()  # 384 rows: 3 scale rows
-    tiny.assert_runner_decodes(pair, runner, prompt, new, want)
+    tiny.assert_runner_decodes_as(pair, runner, reference)
 
 
 def test_a_bad_drafter_is_refused_by_the_cli(checkpoints, tmp_path, capsys):

@@ -181,16 +181,9 @@ def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(check
     Fused: the 4-bit parts stacked (words and scales as one storage each), the bf16 in_proj_b / in_proj_a a run of
     their own."""
     from ddtree_viz.engine.fused import FusedRuns
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
 
     int4_target, int4_draft, reference = checkpoints
-    pair = load_pair(str(int4_target), str(int4_draft), keep_quantized=True)  # its own: fusing rewires the weights
-    prompt, new = list(b"def fibonacci(n):"), 24
-    with torch.no_grad():
-        want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
-                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+    pair, runner = tiny.kept_runner(int4_target, int4_draft, fused)
     if fused:
         gdn, attention, mlp = runner._fused[0, "mixer"], runner._fused[3, "mixer"], runner._fused[0, "mlp"]
         assert isinstance(gdn, FusedRuns) and gdn.counts == (2, 2)  # qkv + z in 4 bits, b + a plain
@@ -199,7 +192,7 @@ def test_runner_with_4bit_weights_kept_decodes_the_hand_dequantized_greedy(check
         layer = pair.target.model.layers[0].mlp
         assert layer.up_proj.weight_packed.data_ptr() == mlp.packed[layer.gate_proj.out_features].data_ptr()
         assert layer.up_proj.weight_scale.data_ptr() == mlp.scale[layer.gate_proj.out_features].data_ptr()
-    tiny.assert_runner_decodes(pair, runner, prompt, new, want)
+    tiny.assert_runner_decodes_as(pair, runner, reference)
 
 
 def test_activation_order_and_channel_scales_dequantize_by_group_index():

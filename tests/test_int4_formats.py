@@ -453,6 +453,24 @@ def test_run_decodes_an_autoround_target_as_its_greedy(autoround, capsys, tmp_pa
     tiny.assert_generated_by(trace, reference)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_runner_over_kept_autoround_layers_of_several_schemes(autoround, fused):
+    """The runner over an AutoRound target kept as stored (a CUDA GPU's default; on the CPU the same Int4Linears,
+    each dequantized for its call): a gate / up group of two schemes fused as two runs, a layer in groups of 32, a
+    4-bit lm_head; its greedy is the hand-dequantized model's, token for token, and DDTree's output too."""
+    from ddtree_viz.engine.fused import FusedRuns
+
+    layouts, draft = autoround
+    directory, reference, _ = layouts["ar-gptq-sym"]
+    pair, runner = tiny.kept_runner(directory, draft, fused)
+    assert type(pair.target.lm_head) is int4.Int4Linear and pair.target.model.layers[1].mlp.down_proj.group == 32
+    if fused:
+        split, whole = runner._fused[2, "mlp"], runner._fused[0, "mlp"]
+        assert isinstance(split, FusedRuns) and split.counts == (1, 1)  # gate_proj sym, up_proj asym
+        assert isinstance(whole, int4.FusedInt4Linear)
+    tiny.assert_runner_decodes_as(pair, runner, reference)
+
+
 def test_an_autoround_drafter_loads_and_drafts_as_dequantized(autoround, tmp_path):
     """A drafter saved by AutoRound (asymmetric, GPTQ v1 words) loads through `--draft` as its dequantization by hand,
     bit for bit; kept, it drafts the dequantized drafter's trees node for node, and its precision says so."""

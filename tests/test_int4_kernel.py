@@ -169,12 +169,23 @@ def test_fused_4bit_projections_split_as_their_parts(symmetric):
     assert fuse_linears(ordered, ("a", "b")) is None
 
 
+def mix_schemes(target: torch.nn.Module) -> None:
+    """Layers set apart as AutoRound's extra_config or GPTQ's dynamic set them (a symmetric group-128 target): layer
+    1's up_proj in groups of 32 with zero points beside its symmetric gate_proj (their fused group split in two
+    runs), and the lm_head in 4 bits (groups of 64, zero points)."""
+    mlp = target.model.layers[1].mlp
+    for owner, attr, weight, spec in ((mlp, "up_proj", mlp.up_proj.dequantized(), int4.Int4Spec(32, False)),
+                                      (target, "lm_head", target.lm_head.weight.detach(), int4.Int4Spec(64, False))):
+        setattr(owner, attr, int4.Int4Linear(int4.quantize(weight, spec), spec))
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA graphs, the Triton GEMM)")
-def test_runner_with_4bit_weights_in_cuda_graphs():
+@pytest.mark.parametrize("schemes", ["uniform", "mixed"])
+def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused 4-bit projections through the Triton GEMM)
-    over 4-bit weights (groups of 128, symmetric), float32: greedy == transformers' greedy of the
-    dequantized model, DDTree == that greedy (oracle drafts); a tree pass's logits equal the dequantized model's
-    runner's to the order of the sums."""
+    over 4-bit weights (groups of 128, symmetric; mixed: with layers of other schemes, `mix_schemes`), float32:
+    greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle drafts); a tree pass's
+    logits equal the dequantized model's runner's to the order of the sums."""
     from tests.test_fp8_kernel import dequantized_twin
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
@@ -186,6 +197,8 @@ def test_runner_with_4bit_weights_in_cuda_graphs():
 
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
     assert int4.quantize_linears(pair.target, int4.Int4Spec(128, True), skip=fp8.NOT_CONVERTED) > 0
+    if schemes == "mixed":
+        mix_schemes(pair.target)
     pair.target.to("cuda")
     pair.drafter.to("cuda")
     twin = dequantized_twin(pair.target, torch.float32)
@@ -193,6 +206,8 @@ def test_runner_with_4bit_weights_in_cuda_graphs():
     ref = GreedyReference(twin, prompt, set()).extend_to(new)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
     assert runner.graphs and runner.options.fused and isinstance(runner._fused[0, "mlp"], int4.FusedInt4Linear)
+    if schemes == "mixed":
+        assert runner._fused[1, "mlp"].counts == (1, 1) and type(pair.target.lm_head) is int4.Int4Linear
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
     for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
         oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)

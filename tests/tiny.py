@@ -168,15 +168,34 @@ def run_quantized(target: Path, draft: Path, engine: str, tmp_path: Path, capsys
     return out, Trace.load(trace_path)
 
 
-def assert_generated_by(trace, reference: torch.nn.Module) -> None:
-    """The trace's output is the reference model's own greedy generation (transformers' generate) from its prompt,
-    up to where it ended (at least 8 tokens; a run may stop early at an end-of-text token)."""
-    ids = torch.tensor([list(trace.prompt_ids)])
+def greedy_ids(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
+    """The model's own greedy generation (transformers' generate, no end of text) of `new` tokens after `prompt`."""
     with torch.no_grad():
-        generated = reference.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0)
+        out = model.generate(torch.tensor([list(prompt)]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_generated_by(trace, reference: torch.nn.Module) -> None:
+    """The trace's output is the reference model's own greedy generation from its prompt, up to where it ended (at
+    least 8 tokens; a run may stop early at an end-of-text token)."""
     n = len(trace.output_ids)
-    assert n >= 8 and list(trace.output_ids) == generated[0, ids.shape[1]:].tolist()[:n]
+    assert n >= 8 and list(trace.output_ids) == greedy_ids(reference, trace.prompt_ids, 16)[:n]
+
+
+RUNNER_PROMPT, RUNNER_NEW = list(b"def fibonacci(n):"), 24
+
+
+def kept_runner(target: Path, draft: Path, fused: bool):
+    """A quantized pair loaded with its weights kept (its own: fusing rewires them) and a StaticRunner over its
+    target, torch forms, eager, projections fused or not: (pair, runner)."""
+    from ddtree_viz.engine.models import load_pair
+    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+
+    pair = load_pair(str(target), str(draft), keep_quantized=True)
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
+                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+    return pair, runner
 
 
 def assert_parameters_counted(pair: ModelPair, reference: torch.nn.Module) -> None:
@@ -206,11 +225,14 @@ def assert_kept_drafter_drafts_as_plain(kept: ModelPair, plain: ModelPair) -> No
     assert max(abs(a[2] - b[2]) for x, y in zip(trees[1], trees[2]) for a, b in zip(x, y)) < 1e-5
 
 
-def assert_runner_decodes(pair: ModelPair, runner, prompt: list[int], new: int, want: list[int]) -> None:
-    """The static runner's greedy on `pair`'s target equals `want` token for token, and its DDTree (the pair's
-    drafter, budget 8) too, up to the end of text where the session stops."""
+def assert_runner_decodes_as(pair: ModelPair, runner, reference: torch.nn.Module) -> None:
+    """The static runner's greedy on `pair`'s target after RUNNER_PROMPT equals the reference model's own greedy
+    token for token, and its DDTree (the pair's drafter, budget 8) too, up to the end of text where it stops."""
     from ddtree_viz.engine.engines import RunnerEngine
     from ddtree_viz.engine.session import DecodeSession, EngineGreedy
+
+    prompt, new = RUNNER_PROMPT, RUNNER_NEW
+    want = greedy_ids(reference, prompt, new)
 
     engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
                                        block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
