@@ -116,6 +116,27 @@ def test_the_layout_is_compressed_tensors_pack_quantized(checkpoints):
     assert config["quant_method"] == "compressed-tensors" and config["format"] == "pack-quantized"
 
 
+def slow_pack(values: torch.Tensor, dim: int) -> torch.Tensor:
+    """The obviously correct pack: each word the sum of its eight fields (q + 8) << 4j in int64, then read as int32."""
+    v = (values.to(torch.int64) + 8) if dim == 1 else (values.to(torch.int64) + 8).T
+    rows, cols = v.shape
+    v = torch.nn.functional.pad(v, (0, -cols % 8)).reshape(rows, -1, 8)
+    words = (v << (torch.arange(8, dtype=torch.int64) * 4)).sum(-1)
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words if dim == 1 else words.T.contiguous()
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (1, 384), (3, 9), (384, 1), (75, 136), (16, 64)])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_pack_is_the_fields_summed(shape, dim):
+    """int4.pack (two fields a byte, four bytes a word) equals the int64 sum of shifted fields, one-row and one-column
+    tensors, partial words and the sign bit (a top field of 8 or more) included; unpack inverts it."""
+    values = torch.randint(-8, 8, shape, generator=torch.Generator().manual_seed(shape[0] * 7 + dim))
+    words = int4.pack(values, dim)
+    assert words.dtype == torch.int32 and torch.equal(words, slow_pack(values, dim))
+    assert torch.equal(int4.unpack(words, shape[dim], dim), values.int())
+
+
 def test_loads_as_dequantized_by_hand(checkpoints):
     """Target and drafter weights equal the checkpoint dequantized by hand in float32, bit for bit; the precision
     says what was loaded."""

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Mapping
 
@@ -190,12 +191,20 @@ def unpack(packed: torch.Tensor, count: int, dim: int) -> torch.Tensor:
 
 def pack(values: torch.Tensor, dim: int) -> torch.Tensor:
     """unpack's inverse: signed 4-bit values [rows, cols] -> int32 words along `dim` (the last word zero-padded)."""
-    v = (values.to(torch.int64) + OFFSET) if dim == 1 else (values.to(torch.int64) + OFFSET).T
-    rows, cols = v.shape
-    v = torch.nn.functional.pad(v, (0, -cols % PER_WORD)).reshape(rows, -1, PER_WORD)
-    words = (v << (torch.arange(PER_WORD, dtype=torch.int64, device=v.device) * BITS)).sum(-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # the top bit is the sign
-    return words if dim == 1 else words.T.contiguous()
+    u = (values + OFFSET).to(torch.uint8)
+    return pack_fields(u) if dim == 1 else pack_fields(u.T).T.contiguous()
+
+
+def pack_fields(fields: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit fields (uint8, 0 .. 15) [rows, cols] -> int32 words of eight along the columns, field j in
+    bits 4j .. 4j+3 (the last word zero-padded): two fields a byte, four bytes a word read as one little-endian
+    int32 (byte order asserted at import), in uint8 throughout (a 27B checkpoint's words are repacked at load)."""
+    rows, cols = fields.shape
+    u = torch.nn.functional.pad(fields, (0, -cols % PER_WORD))
+    return (u[:, 0::2] | (u[:, 1::2] << BITS)).contiguous().view(-1).view(torch.int32).reshape(rows, -1)
+
+
+assert sys.byteorder == "little", "pack_fields reads four bytes as one little-endian int32"
 
 
 def groups_of(columns: int, spec: Int4Spec, g_idx: torch.Tensor | None, device: torch.device) -> torch.Tensor:

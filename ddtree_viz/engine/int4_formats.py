@@ -72,6 +72,7 @@ AUTOROUND_PACKINGS = {"auto_round:auto_gptq": "gptq", "auto_round": "gptq_v2", "
 REGEX_TOKENS = (".*", "^", "$", "|", "(", ")", "[", "]", "?", "+")
 SYMMETRIC_ZERO = 8  # the zero point of a symmetric 4-bit GPTQ weight (v2; stored as 7 in v1)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's packing: field f of word c holds output 8c + AWQ_ORDER[f]
+AWQ_FIELD_OF = [AWQ_ORDER.index(k) for k in range(8)]  # output 8c + k is field AWQ_FIELD_OF[k]
 
 
 def gptq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
@@ -253,12 +254,12 @@ def awq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
 
 
 def _awq_fields(words: torch.Tensor, count: int) -> torch.Tensor:
-    """AWQ words [rows, count / 8] -> their unsigned fields [rows, count], in output order."""
-    shifts = torch.arange(int4.PER_WORD, dtype=torch.int32, device=words.device) * int4.BITS
-    fields = (words.to(torch.int32)[:, :, None] >> shifts) & 0xF  # [rows, words, field]
-    ordered = torch.empty_like(fields)
-    ordered[:, :, list(AWQ_ORDER)] = fields  # field f holds output AWQ_ORDER[f] of its word
-    return ordered.reshape(words.shape[0], -1)[:, :count]
+    """AWQ words [rows, count / 8] -> their unsigned fields [rows, count] (uint8), in output order: each word's four
+    bytes (little-endian) hold fields 2b and 2b + 1, and field f holds output AWQ_ORDER[f] of the word's eight."""
+    rows = words.shape[0]
+    b = words.to(torch.int32).contiguous().view(-1).view(torch.uint8).reshape(rows, -1, 4)  # [rows, words, bytes]
+    fields = torch.stack((b & 0xF, b >> int4.BITS), -1).reshape(rows, -1, int4.PER_WORD)  # field f at f
+    return torch.stack([fields[:, :, f] for f in AWQ_FIELD_OF], -1).reshape(rows, -1)[:, :count]
 
 
 def convert_awq(prefix: str, awq: Mapping[str, torch.Tensor], spec: int4.Int4Spec,
@@ -284,8 +285,8 @@ def convert_awq(prefix: str, awq: Mapping[str, torch.Tensor], spec: int4.Int4Spe
     for part, rows in (("qweight", inn), ("qzeros", groups)):
         if tuple(awq[part].shape) != (rows, math.ceil(out / int4.PER_WORD)):
             fail(part, f"has shape {list(awq[part].shape)}; {out} outputs need [{rows}, {math.ceil(out / 8)}]")
-    u, zero = _awq_fields(qweight, out), _awq_fields(awq["qzeros"], out)
-    parts = {"weight_packed": int4.pack((u - int4.OFFSET).T, 1), "weight_scale": scales.T.contiguous(),
+    u, zero = _awq_fields(qweight, out), _awq_fields(awq["qzeros"], out).int()
+    parts = {"weight_packed": int4.pack_fields(u.T), "weight_scale": scales.T.contiguous(),
              "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}
     if spec.symmetric:  # AutoRound's symmetric AWQ export: every zero point 8, carried by no part
         if (zero != SYMMETRIC_ZERO).any():
