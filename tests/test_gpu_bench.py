@@ -325,6 +325,7 @@ def test_gpu_bench_smoke_int4(runner_report):
     gemms = f["gemms"]  # each GEMM of a layer beside bf16's (configs only where the Triton GEMM runs: a GPU)
     assert set(gemms) == set(fast["fp8"]["gemms"]) and gemms["mlp_gate_up"]["shape"][0] == 2 * gpu.SMOKE_TARGET["intermediate_size"]
     assert all(gemms[name]["65"]["int4_us"] > 0 and gemms[name]["65"]["bf16_us"] > 0 for name in gemms)
+    assert all(gemms[name]["1"]["int4_asym_us"] > 0 for name in gemms)  # the symmetric target's GEMMs with zero points
     w, fp8 = f["weights"], fast["fp8"]["weights"]
     assert w["bytes"] == w["quantized_bytes"] + w["scale_bytes"] + w["other_bytes"]
     assert w["quantized_bytes"] * 2 == fp8["quantized_bytes"] and w["other_bytes"] == fp8["other_bytes"]

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import random
 import statistics
 import time
@@ -871,8 +872,9 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
 def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
     """fp8_gemms for the 4-bit target: each GEMM of a layer (layer_gemms) a call, the 4-bit GEMM (int4.linear, the
     config int4_gemm.choose picks) beside cuBLAS's bf16 GEMM on the dequantized weight, the packed bytes (words,
-    scales, zero points) a call reads over its time, and at 1, 65 and 129 rows other configs (`int4_configs`: other
-    tiles, and at one row the kernel on the CUDA cores), to choose from one run."""
+    scales, zero points) a call reads over its time, the same GEMM with zero points (`int4_asym_us`: AWQ's and
+    asymmetric AutoRound / GPTQ files' form) where the target has none, and at 1, 65 and 129 rows other configs
+    (`int4_configs`: other tiles, and at one row the kernel on the CUDA cores), to choose from one run."""
     from ..engine import int4
 
     per_call = functools.partial(per_call_us, bench, timed, calls)
@@ -887,12 +889,17 @@ def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: 
             [parts[0].shape[0], k]), **({"weight_zero_point": parts[2]} if parts[2] is not None else {})}, spec).to(dtype)
         nbytes = sum(t.numel() * t.element_size() for t in parts if t is not None)
         row: dict = {"shape": [parts[0].shape[0], k]}
+        zero = None if parts[2] is not None else torch.randint(  # zero points, as an AWQ / asymmetric file has them
+            -2 ** 31, 2 ** 31, (math.ceil(parts[0].shape[0] / int4.PER_WORD), parts[1].shape[1]), dtype=torch.int32,
+            device=dense.device)
         for m in rows:
             x = torch.randn(m, k, device=dense.device, dtype=dtype)
             us = per_call(lambda: int4.linear(x, *parts, None, g.group))
             cell = row[str(m)] = {"int4_us": us, "bf16_us": per_call(lambda: torch.nn.functional.linear(x, dense))}
             if isinstance(us, float) and us > 0:
                 cell["int4_TBps"] = nbytes / (us * 1e-6) / 1e12
+            if zero is not None:  # the same product with zero points read too
+                cell["int4_asym_us"] = per_call(lambda: int4.linear(x, parts[0], parts[1], zero, None, g.group))
             if kernel is not None and m in (1, 65, 129):
                 cell["configs"] = {label: {"config": asdict(c), "us": per_call(
                     lambda: kernel.int4_linear(x, *parts, None, g.group, c))} for label, c in
