@@ -93,11 +93,12 @@ def gptq_spec(qc: Mapping, where: str) -> int4.Int4Spec:
     return int4.Int4Spec(group, symmetric, (), fmt, _rules(qc.get("dynamic"), "dynamic", where, rule))
 
 
-def _gptq_scheme(qc: Mapping, entry: Mapping, where: str) -> tuple[int, bool]:
-    """(group, symmetric) of a GPTQ config with one dynamic entry over it; refused unless 4-bit weights."""
+def _gptq_scheme(qc: Mapping, entry: Mapping, where: str, maker: str = "GPTQ") -> tuple[int, bool]:
+    """(group, symmetric) of a GPTQ (or AutoRound) config with one per-layer entry over it; refused unless 4-bit
+    weights."""
     value = {**qc, **entry}
     if value.get("bits") != int4.BITS:
-        raise ModelLoadError(f"{where}: GPTQ weights of {value.get('bits')!r} bits are not supported (only 4)")
+        raise ModelLoadError(f"{where}: {maker} weights of {value.get('bits')!r} bits are not supported (only 4)")
     symmetric = value.get("sym", True)
     if not isinstance(symmetric, bool):
         raise ModelLoadError(f"{where}: sym must be true or false, not {symmetric!r}")
@@ -144,18 +145,13 @@ def _autoround_scheme(qc: Mapping, entry: Mapping, where: str) -> tuple[int, boo
     """(group, symmetric) of AutoRound's config with one extra_config entry over it; refused unless 4-bit integer
     weights with 16-bit (or no) activation quantization."""
     value = {**qc, **entry}
-    if value.get("bits") != int4.BITS:
-        raise ModelLoadError(f"{where}: AutoRound weights of {value.get('bits')!r} bits are not supported (only 4)")
     if value.get("data_type", "int") != "int":
         raise ModelLoadError(f"{where}: AutoRound data_type {value.get('data_type')!r} is not supported (only 'int')")
     act_bits = value.get("act_bits")
     if act_bits is not None and not (int4._whole(act_bits) and act_bits >= 16):
         raise ModelLoadError(f"{where}: activations quantized to {act_bits!r} bits (act_bits) are not supported; "
                              "only weight-only checkpoints (W4A16) load")
-    symmetric = value.get("sym", True)
-    if not isinstance(symmetric, bool):
-        raise ModelLoadError(f"{where}: sym must be true or false, not {symmetric!r}")
-    return _group_size(value, where), symmetric
+    return _gptq_scheme(qc, entry, where, "AutoRound")
 
 
 def _group_size(qc: Mapping, where: str) -> int:
