@@ -266,6 +266,32 @@ def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     return twin
 
 
+def assert_oracle_ddtree_is_greedy(pair, runner, prompt: list[int], ids: list[int]) -> None:
+    """The runner's DDTree with oracle drafts (the right token at rank 0, at rank 1, and in a three-rank mix; budgets
+    4 and 16) decodes `ids`, the greedy it is held to."""
+    from tests.test_runner import runner_ddtree
+    from ddtree_viz.engine.oracle import OracleProposer
+
+    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
+        oracle = OracleProposer(ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
+        assert runner_ddtree(pair, runner, oracle, prompt, len(ids), budget)[0] == list(ids)
+
+
+def assert_tree_pass_is_twins(pair, runner, twin, prompt: list[int]) -> None:
+    """A tree pass (a 16-node chain of random log-probs) on the runner over quantized weights gives the logits of the
+    same pass on a runner over their dequantized twin, to the order of the sums."""
+    from ddtree_viz.engine.runner import StaticRunner
+    from ddtree_viz.engine.tree import DraftTree
+
+    plain = StaticRunner(twin, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
+    tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, pair.target.config.vocab_size).log_softmax(-1))
+    logits = []
+    for r in (runner, plain):
+        r.prefill(prompt)
+        logits.append(r.forward(tree)[0].clone())
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA graphs, the Triton GEMM)")
 def test_runner_with_fp8_weights_in_cuda_graphs():
     """The runner's defaults on CUDA (CUDA graphs, compiled pieces, fused FP8 projections through the Triton GEMM)
@@ -276,10 +302,8 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     from tests.tiny import tiny_pair
     from ddtree_viz.engine.fp8_gemm import rides
     from ddtree_viz.engine.fused import FusedRuns
-    from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.session import DFlashProposer, GreedyReference
-    from ddtree_viz.engine.tree import DraftTree
 
     # in_proj_z 64 rows: one tile, so b and a ride; seed 2: no end-of-text in its 40 tokens (the session stops there)
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
@@ -297,18 +321,10 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     n, k = gdn.runs[-2].weight.shape
     assert isinstance(gdn, FusedRuns) and rides(choose(1, n, k, torch.device("cuda")), n)
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
-    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
-        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
-        assert runner_ddtree(pair, runner, oracle, prompt, new, budget)[0] == list(ref.ids)
+    assert_oracle_ddtree_is_greedy(pair, runner, prompt, ref.ids)
     out, _ = runner_ddtree(pair, runner, DFlashProposer(pair.drafter, pair.target), prompt, new, 16)
     assert out == list(ref.ids)
-    plain = StaticRunner(twin, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, pair.target.config.vocab_size).log_softmax(-1))
-    logits = []
-    for r in (runner, plain):
-        r.prefill(prompt)
-        logits.append(r.forward(tree)[0].clone())
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    assert_tree_pass_is_twins(pair, runner, twin, prompt)
 
 
 def test_the_benchs_other_configs_compute_the_same_product():

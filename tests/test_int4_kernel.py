@@ -186,14 +186,12 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     over 4-bit weights (groups of 128, symmetric; mixed: with layers of other schemes, `mix_schemes`), float32:
     greedy == transformers' greedy of the dequantized model, DDTree == that greedy (oracle drafts); a tree pass's
     logits equal the dequantized model's runner's to the order of the sums."""
-    from tests.test_fp8_kernel import dequantized_twin
-    from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
+    from tests.test_fp8_kernel import assert_oracle_ddtree_is_greedy, assert_tree_pass_is_twins, dequantized_twin
+    from tests.test_runner import PROMPT, runner_greedy
     from tests.tiny import tiny_pair
     from ddtree_viz.engine import fp8
-    from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.session import GreedyReference
-    from ddtree_viz.engine.tree import DraftTree
 
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
     assert int4.quantize_linears(pair.target, int4.Int4Spec(128, True), skip=fp8.NOT_CONVERTED) > 0
@@ -209,13 +207,5 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     if schemes == "mixed":
         assert runner._fused[1, "mlp"].counts == (1, 1) and type(pair.target.lm_head) is int4.Int4Linear
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
-    for budget, ranks in [(4, [0]), (16, [1]), (16, [0, 2, 1])]:
-        oracle = OracleProposer(ref.ids, len(prompt), ranks, pair.target.config.vocab_size, block_size=8)
-        assert runner_ddtree(pair, runner, oracle, prompt, new, budget)[0] == list(ref.ids)
-    plain = StaticRunner(twin, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, pair.target.config.vocab_size).log_softmax(-1))
-    logits = []
-    for r in (runner, plain):
-        r.prefill(prompt)
-        logits.append(r.forward(tree)[0].clone())
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    assert_oracle_ddtree_is_greedy(pair, runner, prompt, ref.ids)
+    assert_tree_pass_is_twins(pair, runner, twin, prompt)

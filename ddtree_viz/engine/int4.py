@@ -59,8 +59,9 @@ class Int4Spec:
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
     layout: str = "pack-quantized"  # as stored: "pack-quantized", GPTQ's, AWQ's or AutoRound's (int4_formats.py)
-    # per-layer rules (AutoRound's extra_config, GPTQ's dynamic): (how, pattern, group, symmetric), `how` one of
-    # RULES; group None: the layer is left unquantized
+    # per-layer rules (AutoRound's extra_config, GPTQ's dynamic): (how, pattern, group, symmetric); how: "name" (the
+    # pattern is the layer's name), "search" (a regex found in it: AutoRound's) or "match" (a regex matching it from
+    # its start: GPTQ's); group None: the layer is left unquantized
     overrides: tuple[tuple[str, str, int | None, bool], ...] = ()
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
@@ -92,11 +93,6 @@ class Int4Spec:
         if hit is None:
             return dataclasses.replace(self, overrides=())
         return None if hit[2] is None else dataclasses.replace(self, group=hit[2], symmetric=hit[3], overrides=())
-
-
-# how a rule finds its layers: its pattern equal to the layer's name, or a regex found in it (re.search, AutoRound's
-# extra_config) or matching it from its start (re.match, GPTQ's dynamic)
-RULES = ("name", "search", "match")
 
 
 @functools.lru_cache(maxsize=256)
@@ -315,7 +311,7 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
     ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
     missing, of the wrong shape or dtype, or without its packed weight. Each weight is read under its own spec
-    (`spec.at`: AutoRound's per-layer rules; refused where they leave it unquantized). With `keep` (a dict), each
+    (`spec.at`: AutoRound's extra_config, GPTQ's dynamic; refused where they leave it unquantized). With `keep` (a dict), each
     packed weight goes in as its `stand_in` (fp8.keep_linears replaces it) and keep[name] = (the stand-in, a
     function (device, bias) -> the Int4Linear of its parts)."""
     names = list(names)
