@@ -268,6 +268,34 @@ def test_gpu_bench_smoke_dflash2(runner_report):
     assert rnd["dflash_round_ms"] == fast["round_budget_64"]["round_ms"] and isinstance(rnd["met"], bool)
 
 
+def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
+    """--quantized-only --int4-drafter (issue #67: a 4-bit target in a process of its own, as a 24 GB card holds it):
+    no bf16 target measured, the drafter's Linears 4-bit (fewer bytes than the bf16 drafter's), the 4-bit figures
+    and their targets, the peak at two contexts; the flags refused where they mean nothing."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--int4", "--quantized-only", "--int4-drafter",
+                    "--fp8-context", "200", "--no-profiler")
+    speed = report["speed"]
+    assert speed["quantized_only"] and "greedy_step_ms" not in speed  # no bf16 figure made up
+    f = speed["fast"]["int4"]
+    assert "error" not in f, f.get("error")
+    bf16_drafter = gpu.model_bytes(gpu.build_drafter(gpu.BenchConfig(smoke=True, device="cpu"),
+                                                     gpu.build_target(gpu.BenchConfig(smoke=True, device="cpu"), 4,
+                                                                      torch.bfloat16), torch.bfloat16))
+    assert speed["drafter"]["weights"] == "int4" and 0 < speed["drafter"]["GiB"] * 2**30 < bf16_drafter
+    assert f["bf16_greedy_step_ms"] is None and f["greedy_step_vs_bf16"] is None and f["greedy_step_ms"] > 0
+    assert set(f["runner_trail_GiB"]) >= {"runner", "prefill", "slot_1"}
+    assert (f["peak_memory"]["context"], f["peak_memory_long"]["context"]) == (200, 400)
+    targets = speed["fast"]["targets"]
+    assert targets["int4_step"]["target"] == "<= 1.4x" and targets["int4_round_64"]["target"] == "<= 1.4x"
+    assert targets["int4_peak_memory_long"]["target"] == "<= 22 GiB"
+    assert f["round_budget_64"]["device_timeline"] == {"error": "not profiled (--no-profiler)"}
+    for argv, words in ((["--smoke", "--fast", "--quantized-only"], "--quantized-only measures"),
+                        (["--smoke", "--fast", "--int4", "--int4-drafter"], "--int4-drafter goes with")):
+        with pytest.raises(SystemExit) as exc:
+            gpu.main(argv)
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_gpu_bench_dflash2_needs_the_runner(capsys):
     import pytest
 

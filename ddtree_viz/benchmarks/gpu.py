@@ -485,13 +485,15 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
 
 
 def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
-    """quantized_speed, or what broke (traceback on stderr; the cap lifted): the bf16 figures still come back."""
+    """quantized_speed, or what broke (traceback on stderr; the cap lifted) beside what it measured before (its
+    memory trail among them): the bf16 figures still come back."""
+    out: dict = {}
     try:
-        return quantized_speed(bench, *args)
+        return quantized_speed(bench, *args, out=out)
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory under the cap: that is a finding, reported
         traceback.print_exc()
         memory_cap(bench, None)
-        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        return {**out, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
 
 def verify_rows(target, base, token: int, logprobs, budgets: list[int], prompt_len: int, sync) -> list[dict]:
@@ -738,7 +740,7 @@ def free_cuda(bench: BenchConfig) -> None:
 
 @torch.no_grad()
 def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.dtype, budgets: list[int], drafter,
-                    prompt: list[int], logprobs, bandwidth: float, bf16: dict) -> dict:
+                    prompt: list[int], logprobs, bandwidth: float, bf16: dict, out: dict | None = None) -> dict:
     """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with quantized weights made at
     random (`weights` "fp8" or "int4": build_quantized_target) under the process's memory cap (bench.cap_gb), on the
     runner with the options of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
@@ -756,13 +758,14 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     # process still hold (allocated beyond the drafter: compiled pieces' constants, cached graphs) is not the
     # card's, so the cap is raised by exactly that much, and said.
     leftover = max(0, torch.cuda.memory_allocated() - model_bytes(drafter)) if bench.cuda else 0
-    out: dict = {"weights": weights, "card_GB": bench.cap_gb(weights),
+    out = {} if out is None else out
+    out.update({"weights": weights, "card_GB": bench.cap_gb(weights),
                  "memory_cap_GB": memory_cap(bench, bench.cap_gb(weights) + leftover / 1e9),
                  "leftover_GiB": leftover / 2**30,
                  **({"block": list(FP8_BLOCK)} if weights == "fp8" else {"group": INT4_GROUP, "symmetric": True}),
                  "expandable_segments": expandable_segments() if bench.cuda else None,
                  "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None,
-                 "drafter_GiB": model_bytes(drafter) / 2**30}
+                 "drafter_GiB": model_bytes(drafter) / 2**30})
     t0 = time.perf_counter()
     target = build_quantized_target(bench, layers, dtype, weights, trail=out.setdefault("build_trail_GiB", {}))
     out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
@@ -777,9 +780,13 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     start = time.perf_counter()
     runner, out["graphs_error"] = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids,
                                                bench.runner_options())
+    trail = out.setdefault("runner_trail_GiB", {})  # allocated after each stage: where a runner's memory goes
+    trail["runner"] = allocated_gib(bench)
     logits, _ = runner.prefill(prompt)
+    trail["prefill"] = allocated_gib(bench)
     for size in sizes:
         runner.slot_for(size)
+        trail[f"slot_{size}"] = allocated_gib(bench)
     out.update(options=asdict(runner.options), graphs=runner.graphs, compile_error=runner.compile_error,
                capture_s=time.perf_counter() - start, blas=dict(runner.blas))
     rounds_tokens = 16 * drafter.block_size
@@ -822,6 +829,10 @@ def progress(name: str, figures: dict) -> None:
     """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them), with the
     seconds since the script started (`at_s`: what a device call's time limit leaves for the rest)."""
     print(json.dumps({name: figures, "at_s": round(time.perf_counter() - STARTED, 1)}, default=str), flush=True)
+
+
+def allocated_gib(bench: BenchConfig) -> float | None:
+    return torch.cuda.memory_allocated() / 2**30 if bench.cuda else None
 
 
 def peak_gib(bench: BenchConfig) -> float | None:
@@ -2400,6 +2411,10 @@ def main(argv: list[str] | None = None) -> int:
                          "quantized weights)")
     bench = BenchConfig.from_args(a)
     PROFILER[0] = not a.no_profiler
+    if bench.quantized and bench.cuda:  # before the first allocation, so that every segment can grow (fp8.py)
+        from ..engine.fp8 import expandable_segments
+
+        expandable_segments()
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
     report = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu (smoke)", "torch": torch.__version__,
