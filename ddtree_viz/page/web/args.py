@@ -4,10 +4,12 @@ are answered before gradio, torch and the models load (a second, not half a minu
 from __future__ import annotations
 
 import argparse
+import os
 
 from ...errors import InputError
-from ...options import DEVICES, DTYPES, ENGINE_CHOICES, check_port, port_number
+from ...options import DEVICES, DTYPES, ENGINE_CHOICES, check_int, check_port, port_number
 
+MAX_THREADS = 1024  # torch threads: more than any machine this runs on has cores (a larger number only fails later)
 FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
 
 
@@ -48,12 +50,19 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
 
 def checked_args(argv: list[str] | None, prog: str = "app.py") -> argparse.Namespace:
     """The options parsed (--help and a bad option exit here) and the checks that need no gradio, torch or model
-    (--threads, a port in use): the entry points call it before importing the app, so these errors come in a
+    (--threads, --report-root, the --replay file, a port in use): the entry points call it before importing the app, so these errors come in a
     second, not after the imports (half a minute on a loaded machine). The app calls it again (the port may have
     been taken since). A user error is an InputError."""
     args = build_parser(prog).parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"--threads must be at least 1, not {args.threads}")
+    if args.threads is not None:
+        check_int("--threads", args.threads, 1, MAX_THREADS)
+    if args.report_root is not None and not os.path.isdir(args.report_root):
+        raise InputError(f"--report-root {args.report_root}: no such directory (name a folder that exists; the "
+                         "Analyze tab reads report folders under it)")
+    if args.replay is not None:  # read and checked now, as the page will read it: a bad file is refused at start
+        from ...trace import load_any
+
+        load_any(args.replay)
     check_port(args.host, args.port)
     return args
 
