@@ -55,7 +55,17 @@ class RoundCost:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RoundCost":
-        return cls(**{f.name: (int if f.name == "rounds" else float)(d[f.name]) for f in dataclasses.fields(cls)})
+        """Checked as a cache entry must be (CostTable.from_dict): this version's keys, every time a finite number,
+        the phases >= 0, the whole round > 0, at least one round timed (a 0, NaN or negative cost would make every
+        speed-up figure after it wrong or infinite)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        _keys(d, names, "a round's cost")
+        values = {name: _finite(d[name], name) for name in names}
+        if any(values[p] < 0 for p in PHASES if p != "host") or values["total"] <= 0:
+            raise InputError(f"a round's cost must have phases >= 0 ms and a total > 0 ms, not {dict(values)}")
+        if values["rounds"] < 1 or values["rounds"] != int(values["rounds"]):
+            raise InputError(f"a round's cost must count whole rounds >= 1, not {d['rounds']!r}")
+        return cls(**{**values, "rounds": int(values["rounds"])})
 
 
 @dataclass(frozen=True)
@@ -80,14 +90,46 @@ class CostTable:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "CostTable":
+        """A table as the cache or a report keeps it, every entry checked (InputError naming the first bad one)."""
         try:
-            rounds = {int(b): RoundCost.from_dict(c) for b, c in d["rounds"].items()}
-            chain = RoundCost.from_dict(d["chain"]) if d.get("chain") else None
-            return cls(key=str(d["key"]), device=str(d["device"]), device_name=str(d["device_name"]),
-                       engine=str(d["engine"]), block_size=int(d["block_size"]), greedy_ms=float(d["greedy_ms"]),
-                       rounds=rounds, chain=chain, measured_at=str(d["measured_at"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            _keys(d, {f.name for f in dataclasses.fields(cls)}, "a cost table")
+            if not isinstance(d["rounds"], Mapping) or not d["rounds"]:
+                raise InputError("a cost table's rounds must be a non-empty object of budget -> cost")
+            rounds = {_budget(b): RoundCost.from_dict(c) for b, c in d["rounds"].items()}
+            chain = RoundCost.from_dict(d["chain"]) if d["chain"] is not None else None
+            greedy = _finite(d["greedy_ms"], "greedy_ms")
+            if greedy <= 0:
+                raise InputError(f"a cost table's greedy_ms must be > 0, not {greedy}")
+            block = d["block_size"]
+            if isinstance(block, bool) or not isinstance(block, int) or block < 2:
+                raise InputError(f"a cost table's block_size must be a whole number >= 2, not {block!r}")
+            texts = {name: d[name] for name in ("key", "device", "device_name", "engine", "measured_at")}
+            if not all(isinstance(v, str) for v in texts.values()):
+                raise InputError("a cost table's key, device, device_name, engine and measured_at must be text")
+            return cls(**texts, block_size=block, greedy_ms=greedy, rounds=rounds, chain=chain)
+        except (TypeError, AttributeError) as exc:
             raise InputError(f"not a cost table: {type(exc).__name__} {exc}") from None
+
+
+def _keys(d: Any, names: set[str], what: str) -> None:
+    if not isinstance(d, Mapping):
+        raise InputError(f"{what} must be an object, not {type(d).__name__}")
+    if set(d) != names:
+        missing, extra = sorted(names - set(d)), sorted(set(d) - names)
+        raise InputError(f"{what} has not this version's keys (missing {missing}, unknown {extra})")
+
+
+def _finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _budget(key: Any) -> int:
+    text = str(key)
+    if not (text.isascii() and text.isdigit()) or len(text) > 6 or int(text) < 1:
+        raise InputError(f"a cost table's budget must be a whole number >= 1, not {key!r}")
+    return int(text)
 
 
 def costs_key(target: str, draft: str, dtype: str, device: str, device_name: str, engine: str, block_size: int,
@@ -122,13 +164,17 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return data["tables"]
 
 
-def cached_costs(key: str, path: Path | None = None) -> CostTable | None:
+def cached_costs(key: str, path: Path | None = None, notes: list[str] | None = None) -> CostTable | None:
+    """The cache's table for `key`, or None: none there, or an entry that fails CostTable.from_dict's checks (then
+    `notes`, if given, gets why: the caller measures again and says so)."""
     entry = _read_cache(path or cache_path()).get(key)
     if entry is None:
         return None
     try:
         return CostTable.from_dict(entry)
-    except InputError:
+    except InputError as exc:
+        if notes is not None:
+            notes.append(f"the cached cost table was not used ({exc})")
         return None
 
 
@@ -139,7 +185,8 @@ def save_costs(table: CostTable, path: Path | None = None) -> Path:
     tables[table.key] = table.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": CACHE_VERSION, "tables": tables}, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps({"version": CACHE_VERSION, "tables": tables}, indent=1, allow_nan=False),
+                   encoding="utf-8")
     os.replace(tmp, path)
     return path
 

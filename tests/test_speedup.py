@@ -5,6 +5,7 @@ flag, the papers' table, and `analyze`'s whole study on the embedded pair (real 
 import csv
 import io
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -83,6 +84,40 @@ def test_cost_cache(tmp_path, monkeypatch):
         path.write_text(junk)
         assert speedup.cached_costs("k") is None
     speedup.save_costs(table)  # a broken cache is replaced, not a crash
+    assert speedup.cached_costs("k") == table
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d.update(greedy_ms=0), "greedy_ms must be > 0"),
+    (lambda d: d.update(greedy_ms=float("nan")), "greedy_ms must be a finite number"),
+    (lambda d: d.update(greedy_ms="5"), "greedy_ms must be a finite number"),
+    (lambda d: d["rounds"]["1"].update(total=0.0), "a total > 0 ms"),
+    (lambda d: d["rounds"]["1"].update(verify=-1.0), "phases >= 0 ms"),
+    (lambda d: d["rounds"]["1"].update(draft=float("inf")), "draft must be a finite number"),
+    (lambda d: d["rounds"]["1"].update(rounds=0), "whole rounds >= 1"),
+    (lambda d: d["rounds"]["1"].pop("commit"), "missing ['commit']"),
+    (lambda d: d.update(extra=1), "unknown ['extra']"),
+    (lambda d: d.update(rounds={}), "non-empty object"),
+    (lambda d: d.update(rounds={"0": d["rounds"]["1"]}), "budget must be a whole number >= 1"),
+    (lambda d: d.update(rounds={"x": d["rounds"]["1"]}), "budget must be a whole number >= 1"),
+    (lambda d: d.update(block_size=True), "block_size must be a whole number"),
+    (lambda d: d.update(device=3), "must be text"),
+])
+def test_a_bad_cache_entry_is_refused_by_name_and_measured_again(tmp_path, monkeypatch, mutate, words):
+    """issue #64 class 3: a cache entry is checked on read (finite, positive, this version's keys); a bad one is
+    not used (the caller measures again and says why), and nothing the cache writes is bare NaN / Infinity."""
+    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path))
+    table = _table({1: 5.0, 2: 6.0})
+    entry = json.loads(json.dumps(table.to_dict()))
+    mutate(entry)
+    with pytest.raises(InputError, match=re.escape(words)):
+        speedup.CostTable.from_dict(entry)
+    path = speedup.cache_path()
+    path.write_text(json.dumps({"version": speedup.CACHE_VERSION, "tables": {"k": entry}}))
+    notes: list[str] = []
+    assert speedup.cached_costs("k", notes=notes) is None and words in notes[0]
+    speedup.save_costs(table)  # measured again: the entry replaced, the file strict JSON
+    json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in the cache"))
     assert speedup.cached_costs("k") == table
 
 

@@ -108,9 +108,10 @@ def trace_path(out: Path, index: int, kind: str = "", side: str = "") -> Path:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """`obj` as indented JSON, written whole or not at all (a temporary file moved into place)."""
+    """`obj` as indented strict JSON (a NaN or infinity is a ValueError, never a bare NaN in the file), written whole
+    or not at all (a temporary file moved into place)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False), encoding="utf-8")  # strict JSON
     os.replace(tmp, path)
 
 

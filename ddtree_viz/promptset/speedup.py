@@ -55,7 +55,10 @@ def costs_for(pair: ModelPair, contexts: list[list[int]], budgets: list[int], *,
 
     engine = engine_for(engine, EXACT, pair.target)
     key = pair_key(pair, engine, block_size)
-    table = None if remeasure else speedup.cached_costs(key)
+    notes: list[str] = []
+    table = None if remeasure else speedup.cached_costs(key, notes=notes)
+    for note in notes:
+        say(f"costs: {note}: measured again")
     if table is not None and set(budgets) <= set(table.rounds) and table.chain is not None:
         say(f"costs: cached ({table.measured_at}, {table.device_name})")
         return table, True
