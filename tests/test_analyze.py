@@ -222,6 +222,43 @@ def test_existing_dir_resume_and_force(run_dir, tmp_path):
     assert summary["prompts"] == summary["prompts_total"] == 1 and not (out / "traces" / "0007.json").exists()
 
 
+def test_resume_keeps_only_what_this_run_made(run_dir, tmp_path, capsys):
+    """issue #64 class 3: --resume into a folder made from other prompts, settings or models. prompts.json is the
+    manifest; other settings or models are refused (exit 2, what differs named); a prompt that differs at its index
+    and a stray trace (an index not in the set) are moved to unmatched/ and said, the set's prompt decoded again; a
+    folder without a manifest is refused. The summary counts only this run's traces."""
+    out = tmp_path / "out"
+    shutil.copytree(run_dir / "out", out)
+    before = json.loads((out / "summary.json").read_text())
+    shutil.copy(out / "traces" / "0000.json", out / "traces" / "0099.json")  # a stray from elsewhere
+    capsys.readouterr()
+    assert analyze("--prompts", run_dir / "p.txt", "--out", out, *SETTINGS, "--resume", "--budgets", 1, 2, 4, 8) == 0
+    err = capsys.readouterr().err
+    assert "resume: traces/0099.json: prompt 99 is not in this set: moved to unmatched/" in err, err
+    assert (out / "unmatched" / "0099.json").exists() and not (out / "traces" / "0099.json").exists()
+    assert json.loads((out / "summary.json").read_text()) == before  # the stray is not counted
+    for flags, words in ((["--max-new-tokens", "5", "--budget", "8", "--no-speedup"], "max_new_tokens: 6 -> 5"),
+                         ([*SETTINGS, "--temperature", "0.5"], "temperature: 0.0 -> 0.5"),
+                         ([*SETTINGS, "--draft", "dflash2"], "other models (draft: 'embedded' -> 'dflash2')")):
+        assert analyze("--prompts", run_dir / "p.txt", "--out", out, *flags, "--resume") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --resume: DIR's traces were made with other") and words in err, err
+    assert json.loads((out / "summary.json").read_text()) == before  # nothing touched by the refusals
+    # another set: its first prompt differs, its second is the same
+    other = tmp_path / "other.txt"
+    first, *rest = PROMPTS.split("\n\n")
+    other.write_text("\n\n".join(["def sub(a, b):", *rest]), encoding="utf-8")
+    kept = (out / "traces" / "0001.json").read_bytes()
+    assert analyze("--prompts", other, "--out", out, *SETTINGS, "--resume") == 0
+    err = capsys.readouterr().err
+    assert "traces/0000.json: prompt 0 differs from the one it was made for" in err and "0001" not in err, err
+    assert Trace.load(out / "traces" / "0000.json").prompt == "def sub(a, b):"
+    assert (out / "traces" / "0001.json").read_bytes() == kept and (out / "unmatched" / "0000.json").exists()
+    (out / "prompts.json").unlink()
+    assert analyze("--prompts", other, "--out", out, *SETTINGS, "--resume") == 2
+    assert "has no prompts.json" in capsys.readouterr().err
+
+
 def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(run_dir, tmp_path, capsys):
     """#27 D12: --resume over a truncated trace stopped with an error (it was kept as done): it is decoded again; a
     trace that cannot be written (nor its error record) ended in a traceback: error: ..., exit 2."""

@@ -15,6 +15,7 @@ from .. import analysis
 from ..errors import InputError
 from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
+from ..promptset.resume import reconcile
 from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_settings,
                      decode_settings, load_models)
 
@@ -139,7 +140,12 @@ def _one_set(args, prompts: str, out: Path) -> int:
     main = state is None or state.is_main_process
     if main:
         prepare_dir(out, args.resume, args.force, main=True)
-        write_json(out / "prompts.json", {"file": str(prompts), "prompts": items, "settings": _settings(args)})
+        model = {"target": args.target or "embedded", "draft": args.draft or "embedded"}
+        if args.resume:  # keep only the traces of this set, settings and models (promptset/resume.py)
+            for note in reconcile(out, items, _settings(args), model):
+                print(f"resume: {note}", file=sys.stderr)
+        write_json(out / "prompts.json", {"file": str(prompts), "prompts": items, "settings": _settings(args),
+                                          "model": model})
     if state is not None:
         state.wait_for_everyone()
         if not main:
