@@ -749,23 +749,11 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     (quantized_peak_memory), for FP8 the GEMMs one by one (fp8_gemms), each beside the bf16 run's figure; the step
     chained and its kernels by kind (greedy_step_chained)."""
     from ..engine.engines import RunnerEngine
-    from ..engine.fp8 import expandable_segments
     from ..engine.tree import DraftTree
     from ..engine.verify import device_sync
 
-    free_cuda(bench)
-    # The cap stands for the card: this phase's target, its drafter and its session. What earlier phases of this
-    # process still hold (allocated beyond the drafter: compiled pieces' constants, cached graphs) is not the
-    # card's, so the cap is raised by exactly that much, and said.
-    leftover = max(0, torch.cuda.memory_allocated() - model_bytes(drafter)) if bench.cuda else 0
     out = {} if out is None else out
-    out.update({"weights": weights, "card_GB": bench.cap_gb(weights),
-                 "memory_cap_GB": memory_cap(bench, bench.cap_gb(weights) + leftover / 1e9),
-                 "leftover_GiB": leftover / 2**30,
-                 **({"block": list(FP8_BLOCK)} if weights == "fp8" else {"group": INT4_GROUP, "symmetric": True}),
-                 "expandable_segments": expandable_segments() if bench.cuda else None,
-                 "allocated_before_GiB": torch.cuda.memory_allocated() / 2**30 if bench.cuda else None,
-                 "drafter_GiB": model_bytes(drafter) / 2**30})
+    out.update(quantized_memory_cap(bench, weights, drafter))
     t0 = time.perf_counter()
     target = build_quantized_target(bench, layers, dtype, weights, trail=out.setdefault("build_trail_GiB", {}))
     out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
@@ -829,6 +817,22 @@ def progress(name: str, figures: dict) -> None:
     """A part's figures on stdout as soon as they are measured (a run stopped by a time limit keeps them), with the
     seconds since the script started (`at_s`: what a device call's time limit leaves for the rest)."""
     print(json.dumps({name: figures, "at_s": round(time.perf_counter() - STARTED, 1)}, default=str), flush=True)
+
+
+def quantized_memory_cap(bench: BenchConfig, weights: str, drafter) -> dict:
+    """The cap of a quantized phase, set, and what it is made of. The cap stands for the card: this phase's target,
+    its drafter and its session. What earlier phases of this process still hold (allocated beyond the drafter:
+    compiled pieces' constants, cached graphs) is not the card's, so the cap is raised by exactly that much, and
+    said (`leftover_GiB`)."""
+    from ..engine.fp8 import expandable_segments
+
+    free_cuda(bench)
+    leftover = max(0, torch.cuda.memory_allocated() - model_bytes(drafter)) if bench.cuda else 0
+    return {"weights": weights, "card_GB": bench.cap_gb(weights),
+            "memory_cap_GB": memory_cap(bench, bench.cap_gb(weights) + leftover / 1e9), "leftover_GiB": leftover / 2**30,
+            **({"block": list(FP8_BLOCK)} if weights == "fp8" else {"group": INT4_GROUP, "symmetric": True}),
+            "expandable_segments": expandable_segments() if bench.cuda else None,
+            "allocated_before_GiB": allocated_gib(bench), "drafter_GiB": model_bytes(drafter) / 2**30}
 
 
 def allocated_gib(bench: BenchConfig) -> float | None:
@@ -2399,9 +2403,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    a = parser.parse_args(argv)
+def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The combinations that measure nothing, refused (argparse's error: exit 2)."""
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     for flag in ("fp8", "int4"):
@@ -2409,14 +2412,32 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag} measures on the static runner: it needs --fast, without --device-map auto, and "
                          "without --skip-speed unless --exactness (then the exactness checks alone, plain and "
                          "quantized weights)")
+    if a.quantized_only and (not (a.fp8 or a.int4) or a.skip_speed):
+        parser.error("--quantized-only measures the --fp8 / --int4 targets: name one, without --skip-speed")
+    if a.int4_drafter and not a.quantized_only:
+        parser.error("--int4-drafter goes with --quantized-only")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    checked_flags(parser, a)
     bench = BenchConfig.from_args(a)
     PROFILER[0] = not a.no_profiler
+    try:
+        return measure(a, bench)
+    finally:
+        PROFILER[0] = True  # the module's default again (tests call main in one process)
+
+
+def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
+    """What the flags ask for, measured part by part, the report saved after each part (--json)."""
+    if not a.smoke and not torch.cuda.is_available():
+        raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
     if bench.quantized and bench.cuda:  # before the first allocation, so that every segment can grow (fp8.py)
         from ..engine.fp8 import expandable_segments
 
         expandable_segments()
-    if not a.smoke and not torch.cuda.is_available():
-        raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
     report = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu (smoke)", "torch": torch.__version__,
               "gpus": torch.cuda.device_count() if bench.cuda else 0, "device_map": a.device_map}
     import transformers
@@ -2428,14 +2449,10 @@ def main(argv: list[str] | None = None) -> int:
             Path(a.json).write_text(json.dumps(report, indent=1))
 
     if a.quantized_only:
-        if not bench.quantized or a.skip_speed:
-            parser.error("--quantized-only measures the --fp8 / --int4 targets: name one, without --skip-speed")
         report["speed"] = quantized_alone(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps({"targets": report["speed"]["fast"]["targets"]}, indent=1), flush=True)
         save()
         return 0
-    if a.int4_drafter:
-        parser.error("--int4-drafter goes with --quantized-only")
     if not a.skip_speed:
         report["speed"] = speed(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps(report["speed"], indent=1), flush=True)
