@@ -212,7 +212,7 @@ def _check(args, prompts: str) -> list[dict]:
 def _decode(args, items: list[dict], out: Path, state) -> None:
     """This process's share of the prompts decoded into DIR (promptset.decode.decode_set), a progress line on
     stderr. analyze decodes on the reference path (transformers' forward); --method both: DDTree, then the chain."""
-    from ..engine.prompts import has_chat_template, parse_thinking
+    from ..engine.prompts import check_prompt_fits, has_chat_template, parse_thinking
     from ..promptset.decode import decode_set
 
     mine, label, rank = items, "", 0
@@ -224,6 +224,7 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
     pair = _pair(args, gpu)
     if args.chat and not has_chat_template(pair.tokenizer):
         raise InputError("--chat: the target's tokenizer has no chat template (the embedded pair has none)")
+    check_prompt_fits(pair, items)  # every prompt, before the first is decoded
     thinking = parse_thinking(args.thinking)
     settings = decode_settings(args, method="ddtree" if args.method == BOTH else args.method, engine="transformers")
     spec_of = lambda item: item_spec(item, args.chat, args.system, thinking)  # noqa: E731

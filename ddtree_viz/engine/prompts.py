@@ -13,6 +13,7 @@ not handed a variable they do not know; asking for a thinking mode from a templa
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,3 +223,32 @@ def encode(tokenizer, spec: PromptSpec) -> Encoded:
 
 __all__ = ["PromptSpec", "Encoded", "encode", "render", "check_spec", "check_prompt_text", "check_messages", "read_prompt_file",
            "spec_from_file", "has_chat_template", "takes_thinking", "chat_template_text", "parse_thinking", "ROLES"]
+
+
+def max_prompt_chars(pair) -> int | None:
+    """The most characters a prompt for `pair` can have and still fit its target's positions (no token spells more
+    characters than the vocabulary's longest entry), or None when the tokenizer has no vocabulary to bound a token
+    by. The page and `analyze` refuse a longer prompt before tokenizing it."""
+    longest = _longest_token_chars(pair.tokenizer)
+    return pair.max_positions * longest if longest else None
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_token_chars(tokenizer) -> int:
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    return max((len(k) for k in (get_vocab() if callable(get_vocab) else ())), default=0)
+
+
+def check_prompt_fits(pair, items: list[dict]) -> None:
+    """Every prompt of a set (read_prompts' items) within max_prompt_chars, before any of them is decoded: a prompt
+    that cannot fit fails at once, naming it, not after the others have run."""
+    limit = max_prompt_chars(pair)
+    if limit is None:
+        return
+    for item in items:
+        chars = len(item.get("prompt", "")) + sum(len(m.get("content") or "") for m in item.get("messages", ())
+                                                  if isinstance(m, dict) and isinstance(m.get("content"), str))
+        if chars > limit:
+            raise InputError(f"prompt {item['index'] + 1} ({item.get('source', 'of the set')}) is {chars:,} "
+                             f"characters; it cannot fit the target's {pair.max_positions:,} positions (at most "
+                             f"{limit:,} characters); shorten it or leave it out")

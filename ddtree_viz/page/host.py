@@ -76,7 +76,6 @@ class ModelHost:
         self._thread: threading.Thread | None = None
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
         self._layout_html: str | None = None
-        self._longest_token: int | None = None  # characters of the vocabulary's longest entry (max_prompt_chars)
         self.warmup_s = 0.0  # the static runner's compile and a first round at load (warm_runner, warm_rounds; CUDA)
         self._exact: tuple[ModelPair, str] | None = None  # exact_engine's answer for the pair it was asked for
 
@@ -194,12 +193,9 @@ class ModelHost:
         before the models load."""
         if self.pair is None:
             return None
-        if self._longest_token is None:  # 0: a tokenizer with no vocabulary to bound a token's text by
-            get_vocab = getattr(self.pair.tokenizer, "get_vocab", None)
-            self._longest_token = max((len(k) for k in (get_vocab() if callable(get_vocab) else ())), default=0)
-        if not self._longest_token:
-            return MAX_PAGE_PROMPT_CHARS
-        return min(self.pair.max_positions * self._longest_token, MAX_PAGE_PROMPT_CHARS)
+        from ..engine.prompts import max_prompt_chars
+
+        return min(max_prompt_chars(self.pair) or MAX_PAGE_PROMPT_CHARS, MAX_PAGE_PROMPT_CHARS)
 
     def layout_html(self) -> str:
         """The per-layer cache layout measured at load (before the first step), as the page's compact table."""

@@ -31,7 +31,8 @@ def _exists(p: Path) -> bool:
 
 
 def read_prompts(path: str | Path, shown: str | None = None) -> list[dict[str, Any]]:
-    """[{index, prompt | messages, source}] from a prompt file: JSONL (one object a line with 'prompt': str or
+    """[{index, prompt | messages, source}] from a prompt file: a JSON list (first non-blank character '['; each entry
+    a prompt's text or an object as below), JSONL (one object a line with 'prompt': str or
     'messages': [...]; a file named *.jsonl, or whose first non-blank character is '{') or plain text (one prompt
     per blank-line-separated block). A bare name of a shipped set (e.g. 'heldout-code') is found in
     ddtree_viz/prompts/. Messages name the file as `shown` (default: `path` as given; the page: the upload's own
@@ -50,7 +51,9 @@ def read_prompts(path: str | Path, shown: str | None = None) -> list[dict[str, A
     if not _exists(p) and p.name and len(os.fsencode(p.name)) <= 255:
         raise InputError(f"prompt file {path} does not exist")
     text = read_limited(p, MAX_SET_BYTES, "prompt file", shown=str(path))
-    if p.suffix == ".jsonl" or text.lstrip().startswith("{"):
+    if text.lstrip().startswith("["):
+        items = _json_list_prompts(text, path, p.name)
+    elif p.suffix == ".jsonl" or text.lstrip().startswith("{"):
         items = _jsonl_prompts(text, path, p.name)
     else:
         items = []
@@ -67,23 +70,42 @@ def _jsonl_prompts(text: str, path: str | Path, name: str) -> list[dict[str, Any
     """The prompts of a JSONL file, one object a line ('prompt' text or 'messages'; 'source' optional)."""
     items: list[dict[str, Any]] = []
     for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} line {no}: not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"{path} line {no}: expected an object with 'prompt' or 'messages'")
-        source = obj.get("source") if isinstance(obj.get("source"), str) else f"{name}:{no}"
-        extra = {"category": obj["category"]} if isinstance(obj.get("category"), str) and obj["category"] else {}
-        if isinstance(obj.get("prompt"), str) and obj["prompt"]:
-            items.append({"index": len(items), "prompt": obj["prompt"], "source": source, **extra})
-        elif isinstance(obj.get("messages"), list) and obj["messages"]:
-            items.append({"index": len(items), "messages": obj["messages"], "source": source, **extra})
-        else:
-            raise InputError(f"{path} line {no}: expected a non-empty 'prompt' (text) or 'messages' (list)")
+        if line.strip():
+            items.append(_prompt_item(_json(line, f"{path} line {no}"), len(items), f"{path} line {no}",
+                                      f"{name}:{no}"))
     return items
+
+
+def _json_list_prompts(text: str, path: str | Path, name: str) -> list[dict[str, Any]]:
+    """The prompts of a JSON file holding one list: each entry a prompt's text or an object as a JSONL line's."""
+    data = _json(text, str(path))
+    if not isinstance(data, list):
+        raise InputError(f"{path}: a JSON prompt file holds one list of prompts (text, or objects with 'prompt' or "
+                         "'messages'); JSONL (one object a line) and plain text (blank-line-separated) work too")
+    return [_prompt_item({"prompt": entry} if isinstance(entry, str) else entry, i, f"{path} entry {i + 1}",
+                         f"{name}[{i}]") for i, entry in enumerate(data)]
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to be a prompt") from None
+
+
+def _prompt_item(obj: Any, index: int, where: str, default_source: str) -> dict[str, Any]:
+    """One prompt from an object of a prompt file ('prompt' text or 'messages'; 'source', 'category' optional)."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected an object with 'prompt' or 'messages'")
+    source = obj.get("source") if isinstance(obj.get("source"), str) else default_source
+    extra = {"category": obj["category"]} if isinstance(obj.get("category"), str) and obj["category"] else {}
+    if isinstance(obj.get("prompt"), str) and obj["prompt"]:
+        return {"index": index, "prompt": obj["prompt"], "source": source, **extra}
+    if isinstance(obj.get("messages"), list) and obj["messages"]:
+        return {"index": index, "messages": obj["messages"], "source": source, **extra}
+    raise InputError(f"{where}: expected a non-empty 'prompt' (text) or 'messages' (list)")
 
 
 def shipped_sets() -> list[str]:

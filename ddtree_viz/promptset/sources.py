@@ -53,8 +53,9 @@ def read_source(name: str) -> list[dict[str, Any]]:
 
 
 def _count(text: str, name: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise InputError(f"--prompts {name}: the count after ':' must be a whole number of at least 1")
+    if not (text.isascii() and text.isdigit()) or len(text) > 6 or int(text) < 1:
+        raise InputError(f"--prompts {name}: the count after ':' must be a whole number from 1 to 999999 "
+                         "(digits 0-9)")
     return int(text)
 
 
@@ -78,11 +79,20 @@ def hf_prompts(spec: str) -> list[dict[str, Any]]:
     if not name:
         raise InputError("--prompts hf:NAME[:SPLIT] needs a dataset name (e.g. hf:gsm8k, hf:openai/gsm8k:test)")
     path = Path(name)
-    if path.suffix in (".jsonl", ".json") and path.is_file():
+    if _is_local(name):  # a path here is read as a file of rows (a folder, device or pipe refused by name)
+        if path.suffix not in (".jsonl", ".json"):
+            raise InputError(f"--prompts hf:{name}: a local path must be a .jsonl or .json file of rows")
         return rows_to_items(_local_rows(path), None, path.stem)
     hub_id, config, default_split, field = KNOWN.get(name, (name, None, "test", None))
     rows = _hub_rows(hub_id, config, split or default_split)
     return rows_to_items(rows, field, name)
+
+
+def _is_local(name: str) -> bool:
+    try:
+        return os.path.lexists(name)
+    except (OSError, ValueError):  # a name the file system refuses (too long, a NUL)
+        return False
 
 
 def _local_rows(path: Path) -> list[dict]:
@@ -95,6 +105,8 @@ def _local_rows(path: Path) -> list[dict]:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     except ValueError as exc:
         raise InputError(f"dataset file {path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"dataset file {path}: JSON nested too deeply to be rows") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise InputError(f"dataset file {path}: expected rows (objects), one a line or a JSON list")
     return rows

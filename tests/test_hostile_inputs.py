@@ -1,0 +1,113 @@
+"""Issue #64's hostile inputs, table-driven: each case is refused before any work with a clear `error:` naming the
+cause (exit 2 from the CLI, an InputError from the readers the CLI and the page share), or read correctly. Never a
+traceback. Cases of classes 3 (another run's files), 4 (sizes and kinds checked first) and 5 (the app's flags) that
+need no model; those that do live beside their code (test_analyze.py, test_speedup.py, test_app_flags.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from ddtree_viz.cli import main
+from ddtree_viz.errors import InputError
+from ddtree_viz.promptset.files import read_prompts
+
+NESTED = "[" * 100_000 + "]" * 100_000
+NESTED_OBJ = '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# (file name, content, the words the refusal must hold)
+REFUSED_FILES = [
+    ("nested.json", NESTED, "nested too deeply"),
+    ("nested.jsonl", NESTED_OBJ, "nested too deeply"),
+    ("nested-line2.jsonl", '{"prompt": "a"}\n' + NESTED_OBJ, "line 2: JSON nested too deeply"),
+    ("object.json", '{"prompts": ["a"]}', "expected a non-empty 'prompt'"),
+    ("numbers.json", "[1, 2]", "entry 1: expected an object"),
+    ("empty-list.json", "[]", "holds no prompts"),
+    ("empty-entry.json", '["a", ""]', "entry 2: expected a non-empty 'prompt'"),
+    ("broken.json", '["a", ', "not JSON"),
+    ("messages-not-list.json", '[{"messages": "hi"}]', "entry 1: expected a non-empty 'prompt'"),
+    ("jsonl-array-line.jsonl", '{"prompt": "a"}\n[1]\n', "line 2: expected an object"),
+    ("blank.txt", "\n\n   \n", "holds no prompts"),
+    ("bad-utf8.txt", None, "UTF-8"),
+]
+
+
+@pytest.mark.parametrize("name, text, words", REFUSED_FILES, ids=[c[0] for c in REFUSED_FILES])
+def test_bad_prompt_files_are_refused_by_name(tmp_path, name, text, words):
+    path = tmp_path / name
+    if text is None:
+        path.write_bytes(b"def f():\n\xff\xfe\n")
+    else:
+        path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError) as exc:
+        read_prompts(path)
+    assert words in str(exc.value) and "Traceback" not in str(exc.value), str(exc.value)
+
+
+def test_a_json_list_is_read_as_a_list_of_prompts(tmp_path):
+    path = _write(tmp_path, "set.json", json.dumps(["def f():", {"prompt": "x = ", "category": "code"},
+                                                    {"messages": [{"role": "user", "content": "hi"}]}]))
+    items = read_prompts(path)
+    assert [it.get("prompt") for it in items] == ["def f():", "x = ", None]
+    assert items[1]["category"] == "code" and items[2]["messages"][0]["content"] == "hi"
+    assert [it["index"] for it in items] == [0, 1, 2] and items[0]["source"] == "set.json[0]"
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "rows.jsonl"
+    os.mkfifo(path)
+    return path
+
+
+# --prompts values the CLI must refuse at once (exit 2, `error:` and the words), before any model loads
+REFUSED_SETS = [
+    ("humaneval:²", "whole number from 1 to 999999"),
+    ("humaneval:٣", "whole number from 1 to 999999"),
+    ("humaneval:" + "9" * 5000, "whole number from 1 to 999999"),
+    ("humaneval:0", "whole number from 1 to 999999"),
+    ("humaneval:-3", "whole number from 1 to 999999"),
+    ("hf:{tmp}", "a local path must be a .jsonl or .json file"),
+    ("hf:/dev/null", "a local path must be a .jsonl or .json file"),
+    ("hf:{tmp}/dir.jsonl", "is a directory"),
+    ("hf:{fifo}", "not a regular file"),
+    ("hf:{tmp}/nested.json", "nested too deeply"),
+    ("{tmp}/nested.json", "nested too deeply"),
+    ("{tmp}/missing.txt", "does not exist"),
+    ("{tmp}/dir.jsonl", "is a directory"),
+    ("{fifo}", "not a regular file"),
+]
+
+
+@pytest.mark.parametrize("spec, words", REFUSED_SETS, ids=[f"{i}:{c[0][:30]}" for i, c in enumerate(REFUSED_SETS)])
+def test_bad_prompt_sets_are_refused_before_any_model_work(tmp_path, capsys, spec, words):
+    (tmp_path / "dir.jsonl").mkdir()
+    _write(tmp_path, "nested.json", NESTED)
+    fifo = _fifo(tmp_path) if "{fifo}" in spec else None
+    prompts = spec.format(tmp=tmp_path, fifo=fifo)
+    assert main(["analyze", "--prompts", prompts, "--out", str(tmp_path / "out"), "--no-speedup"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()  # nothing written: refused before the report folder is made
+
+
+def test_a_prompt_too_long_for_the_target_is_refused_before_the_others_decode(tmp_path, capsys):
+    """The page refuses a prompt that cannot fit the target at once; analyze now does too, naming it, before the
+    first prompt of the set is decoded (it failed only after decoding the others)."""
+    path = _write(tmp_path, "p.txt", "def add(a, b):\n\n" + "x" * 2_000_000 + "\n")
+    out = tmp_path / "out"
+    assert main(["analyze", "--prompts", str(path), "--out", str(out), "--max-new-tokens", "4", "--no-speedup"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"error: prompt 2 \(p\.txt block 2\) is 2,000,000 characters; it cannot fit the target's "
+                     r"[\d,]+ positions", err), err
+    assert not list((out / "traces").glob("*.json"))  # the first prompt was not decoded either
