@@ -1,6 +1,7 @@
 """DFlash drafter: equivalence with z-lab semantics, caching, IO, config and pairing checks."""
 
 import json
+import re
 import math
 
 import pytest
@@ -278,7 +279,23 @@ def test_load_errors(tmp_path):
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text((tmp_path / "ok" / "config.json").read_text())
-    with pytest.raises(ModelLoadError, match="No drafter weights"):
+    with pytest.raises(ModelLoadError, match="no drafter weights in"):
+        DFlashDrafter.from_pretrained(no_weights)
+    # issue #64 class 4: an index whose weight_map is not names -> files, or names a path or a pipe, is refused by
+    # name before any weight is read (a list or a number ended in a traceback; a pipe hung the load)
+    import os
+    for weight_map, words in (([1, 2], "must map each tensor name"), (7, "must map each tensor name"),
+                              ({"w": ["a.safetensors"]}, "must map each tensor name"),
+                              ({"w": "../ok/model.safetensors"}, "is a path, not a file of the folder"),
+                              ({"w": "pipe.safetensors"}, "is not a regular file"),
+                              ({"w": "absent.safetensors"}, "cannot be read")):
+        (no_weights / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        if not (no_weights / "pipe.safetensors").exists():
+            os.mkfifo(no_weights / "pipe.safetensors")
+        with pytest.raises(ModelLoadError, match=re.escape(words)):
+            DFlashDrafter.from_pretrained(no_weights)
+    (no_weights / "model.safetensors.index.json").write_text("[" * 100_000)
+    with pytest.raises(ModelLoadError, match="weight index .* is unreadable"):
         DFlashDrafter.from_pretrained(no_weights)
 
     corrupt = tmp_path / "corrupt"

@@ -111,3 +111,51 @@ def test_a_prompt_too_long_for_the_target_is_refused_before_the_others_decode(tm
     assert re.search(r"error: prompt 2 \(p\.txt block 2\) is 2,000,000 characters; it cannot fit the target's "
                      r"[\d,]+ positions", err), err
     assert not list((out / "traces").glob("*.json"))  # the first prompt was not decoded either
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory):
+    from tests import tiny
+
+    return tiny.save_pair(tiny.tiny_pair("hybrid"), tmp_path_factory.mktemp("pair"))
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("case, words", [
+    ("layers", "says 1,000,000 decoder layers; its weights hold 4"),
+    ("text_layers", "says 1,000,000 decoder layers; its weights hold 4"),
+    ("pipe", "is not a regular file"),
+    ("index_list", "must map each tensor name"),
+    ("index_path", "is a path, not a file of the folder"),
+    ("index_nested", "is unreadable"),
+    ("header", "no readable safetensors header"),
+])
+def test_a_target_checkpoint_is_bounded_by_its_files_before_it_is_built(saved_pair, tmp_path, capsys, case, words):
+    """issue #64 class 4: a config of 10^6 layers hung the load (transformers built the model first); a pipe among
+    the weights hung it; a bad index ended in a traceback. Each is refused from the headers, by name, at once."""
+    target = _copy(saved_pair[0], tmp_path / "target")
+    config = json.loads((target / "config.json").read_text())
+    if case == "layers":
+        config["num_hidden_layers"] = 10**6
+    elif case == "text_layers":
+        config = {**config, "text_config": {**config, "num_hidden_layers": 10**6}}
+    elif case == "pipe":
+        os.mkfifo(target / "extra.safetensors")
+    elif case == "header":
+        (target / "extra.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    else:
+        weights = {"index_list": ["model.safetensors"], "index_path": {"w": "../target/model.safetensors"},
+                   "index_nested": None}[case]
+        index = "[" * 100_000 if weights is None else json.dumps({"weight_map": weights})
+        (target / "model.safetensors.index.json").write_text(index)
+    (target / "config.json").write_text(json.dumps(config))
+    code = main(["run", "--target", str(target), "--draft", str(saved_pair[1]), "--prompt", "x", "--max-new-tokens",
+                 "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and words in err and "Traceback" not in err, err

@@ -434,20 +434,8 @@ class DFlashDrafter(nn.Module):
         if not path.is_dir():
             raise ModelLoadError(f"Drafter directory not found: {path}")
         config = cls.config_class.from_file(path / "config.json")
-        index = path / "model.safetensors.index.json"
-        if (path / "model.safetensors").is_file():
-            files = [path / "model.safetensors"]
-        elif index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise ModelLoadError(f"Drafter weight index {index} is unreadable: {e!r}") from None
-            files = [path / f for f in sorted(set(weight_map.values()))]
-        else:
-            files = sorted(path.glob("*.safetensors"))
-        if not files:
-            raise ModelLoadError(f"No drafter weights in {path} (expected model.safetensors "
-                                 f"or model.safetensors.index.json).")
+        files = ([path / "model.safetensors"] if (path / "model.safetensors").is_file()
+                 else fp8.checkpoint_files(path, "drafter"))  # the index's shards, checked, else *.safetensors
         state: dict[str, Tensor] = {}
         for f in files:
             try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar, Iterable, Mapping
@@ -36,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..errors import DDTreeVizError, ModelLoadError
+from ..files import read_limited
 from . import int4, int4_formats
 
 SCALE_SUFFIX = "_scale_inv"  # weight -> weight_scale_inv
@@ -206,19 +208,37 @@ def config_entry(block: tuple[int, int] = (128, 128), skip: Iterable[str] = ()) 
             "weight_block_size": list(block), "modules_to_not_convert": list(skip)}
 
 
+MAX_INDEX_BYTES = 64 << 20  # a model.safetensors.index.json (a 27B's is ~100 KB)
+
+
 def checkpoint_files(path: Path, what: str) -> list[Path]:
-    """A model directory's safetensors files: the index's shards, else every *.safetensors file."""
+    """A model directory's safetensors files: the index's shards, else every *.safetensors file. The index must map
+    tensor names to file names in the directory; every file must be a regular file (a pipe or device would hang the
+    read): ModelLoadError naming what is wrong."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = [path / f for f in sorted(set(weight_map.values()))]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelLoadError(f"{what} weight index {index} is unreadable: {exc!r}") from None
+            weight_map = json.loads(read_limited(index, MAX_INDEX_BYTES, "weight index"))["weight_map"]
+        except (DDTreeVizError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ModelLoadError(f"{what} weight index {index} is unreadable: {exc}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ModelLoadError(f"{what} weight index {index}: weight_map must map each tensor name to a file name")
+        names = sorted(set(weight_map.values()))
+        if any(Path(f).name != f or f in ("", ".", "..") for f in names):
+            raise ModelLoadError(f"{what} weight index {index}: a file name in weight_map is a path, not a file "
+                                 f"of the folder: {next(f for f in names if Path(f).name != f or f in ('', '.', '..'))!r}")
+        files = [path / f for f in names]
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no {what} weights in {path} (no *.safetensors files)")
+    for f in files:
+        try:
+            regular = stat.S_ISREG(os.stat(f).st_mode)
+        except OSError as exc:
+            raise ModelLoadError(f"{what} weights {f} cannot be read: {exc.strerror or exc}") from None
+        if not regular:
+            raise ModelLoadError(f"{what} weights {f} is not a regular file (a folder, device or pipe is not read)")
     return files
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import socket
 import urllib.parse
@@ -240,6 +241,29 @@ def check_config(path: Path, what: str) -> dict:
     return config
 
 
+LAYER_NAME = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")  # a decoder layer's tensors
+
+
+def check_layers_held(path: Path, config: dict, what: str) -> None:
+    """A local checkpoint's config bounded by what its files hold, before a model of its size is built: every
+    safetensors file regular (fp8.checkpoint_files), and no more decoder layers in the config than the weights have
+    (a config of 10^6 layers hung the load). Read from the files' headers only; a folder with no safetensors
+    files is left to transformers."""
+    if not (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+        return
+    held = set()
+    for f in fp8.checkpoint_files(path, what):
+        try:
+            held.update(int(m.group(1)) for name in _safetensors_shapes(f) if (m := LAYER_NAME.match(name)))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise ModelLoadError(f"{what} weights {f} have no readable safetensors header: {exc}") from None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = text.get("num_hidden_layers")
+    if held and isinstance(layers, int) and layers > len(held):
+        raise ModelLoadError(f"{what} config {path / 'config.json'} says {layers:,} decoder layers; its weights hold "
+                             f"{len(held):,} (model.layers.*): the config of another model, or weights missing")
+
+
 def hub_offline() -> bool:
     """True when the hub must not be asked (HF_HUB_OFFLINE) or cannot be reached: no route to its endpoint within
     HUB_PROBE_S seconds, so a hub id fails in seconds, not after the hub client's retries."""
@@ -283,7 +307,9 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     source = str(local) if local is not None else name
     spec = None
     if local is not None:
-        spec = fp8.spec_of(check_config(local / "config.json", "target"), "target")
+        config = check_config(local / "config.json", "target")
+        check_layers_held(local, config, "target")  # before transformers builds a model of the config's size
+        spec = fp8.spec_of(config, "target")
     kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
     if offline or local is not None or hub_down:
         kwargs["local_files_only"] = True
