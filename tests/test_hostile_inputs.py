@@ -159,3 +159,16 @@ def test_a_target_checkpoint_is_bounded_by_its_files_before_it_is_built(saved_pa
                  "2"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and words in err and "Traceback" not in err, err
+
+
+def test_a_huge_fp8_block_size_is_one_block_not_gigabytes():
+    """issue #64 class 4: weight_block_size [10^12, 10^12] over a small weight allocated gigabytes before any check;
+    a block larger than the weight is one block: the same product as a block of the weight's own size."""
+    import torch
+
+    from ddtree_viz.engine import fp8
+
+    weight = torch.randn(5, 7).to(fp8.FP8_DTYPE)
+    scale = torch.tensor([[0.5]])
+    huge = fp8.dequantize(weight, scale, (10**12, 10**12))
+    assert torch.equal(huge, fp8.dequantize(weight, scale, (5, 7))) and torch.equal(huge, weight.float() * 0.5)

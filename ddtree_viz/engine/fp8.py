@@ -112,7 +112,10 @@ def grid(shape: Iterable[int], block: tuple[int, int]) -> tuple[int, int]:
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """weight x scale per block, in float32 (the exact product: an e4m3 value times a float32 scale)."""
     out, inn = weight.shape
-    full = scale.float().repeat_interleave(block[0], 0)[:out].repeat_interleave(block[1], 1)[:, :inn]
+    # a block taller or wider than the weight is one block that way: repeat no further than the weight reaches (a
+    # weight_block_size of 10^9 allocated gigabytes before any check)
+    rows, cols = min(block[0], out), min(block[1], inn)
+    full = scale.float().repeat_interleave(rows, 0)[:out].repeat_interleave(cols, 1)[:, :inn]
     return weight.float() * full
 
 
