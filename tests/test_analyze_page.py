@@ -468,6 +468,23 @@ def test_links_out_of_the_report_root_and_loops_are_refused(report_dir, tmp_path
         assert str(tmp_path) not in str(err.value).replace(str(root / "loop"), "") or dirs.root is None
 
 
+def test_a_default_report_with_its_speedup_study_is_not_called_different(report_dir, tmp_path):
+    """issue #64 class 6: analyze's default report holds the speed-up study in summary.json (from speedup.json,
+    measured, not a figure of the traces): the tab said "summary.json differs" on every such report."""
+    for keep_prompts in (True, False):
+        copy = tmp_path / f"study-{keep_prompts}"
+        shutil.copytree(report_dir, copy)
+        if not keep_prompts:
+            (copy / "prompts.json").unlink()
+        summary = json.loads((copy / "summary.json").read_text())
+        summary["speedup"] = {"greedy_ms": 10.0, "budgets": {"4": {"predicted_speedup": 1.5}}}
+        (copy / "summary.json").write_text(json.dumps(summary))
+        assert "summary.json differs" not in load_report_dir(TabState(), str(copy)).report.note
+        summary["prompts"] += 1  # a figure of the traces edited: still noted
+        (copy / "summary.json").write_text(json.dumps(summary))
+        assert "summary.json differs" in load_report_dir(TabState(), str(copy)).report.note
+
+
 def test_a_summary_that_disagrees_with_its_traces_is_noted_and_an_empty_report_refused(report_dir, tmp_path):
     """D10: without prompts.json a made-up summary.json loaded with no note; an empty report read '0 of 0 prompts'."""
     plain = tmp_path / "plain"

@@ -304,10 +304,13 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
 def _comparable(summary: dict, whole: bool, like: dict | None = None) -> dict:
     """A summary as it can be held against summary.json: whole (prompts.json read), all of it; without prompts.json,
     less what only prompts.json gives (each prompt's source and text) and the budget curve at the budgets `like`
-    (the one computed) has."""
-    if whole or not isinstance(summary, dict):
+    (the one computed) has. Never the speed-up study (`speedup`: measured timings that analyze adds from
+    speedup.json, not a figure of the traces), which every default report has."""
+    if not isinstance(summary, dict):
         return summary
-    out = dict(summary)
+    out = {k: v for k, v in summary.items() if k != "speedup"}
+    if whole:
+        return out
     if isinstance(out.get("per_prompt"), list):
         out["per_prompt"] = [{k: v for k, v in p.items() if k not in ("source", "prompt")} if isinstance(p, dict)
                              else p for p in out["per_prompt"]]
