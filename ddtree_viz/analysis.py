@@ -4,7 +4,7 @@ these, so each figure is computed one way.
 
 - `budget_curve(step)`: the tokens the same round would have gained under every smaller budget (exact, below).
 - `session_budget_curve(steps)`: those curves summed over a session.
-- `acceptance_histogram(steps)`: rounds by accepted drafts.
+- `acceptance_histogram(steps)`: rounds by tokens kept (accepted drafts + the bonus, a cut walk at what it kept).
 - `per_depth_counts(steps)` / `per_depth_acceptance(steps)`: P(accepted drafts >= d | accepted drafts >= d-1,
   tree depth >= d), d = 1..block-1.
 - `stop_info(step)`: at the depth where the walk stopped, the drafter's top candidate, the target's token and how
@@ -183,12 +183,14 @@ def _block_depths(steps: Sequence[StepRecord], block_size: int | None) -> int:
 
 
 def acceptance_histogram(steps: Sequence[StepRecord], block_size: int | None = None) -> list[int]:
-    """Item n = rounds with exactly n accepted drafts (n + 1 tokens gained), n = 0..block_size-1 (default: up to
-    the deepest tree seen)."""
+    """Item n = rounds that kept n + 1 tokens (n accepted drafts and the bonus), n = 0..block_size-1 (default: up
+    to the deepest tree seen). A round cut by max new tokens or the end of text counts what it kept, as every
+    acceptance figure does, so the histogram's mean is the headline's tokens per round (issue #64: it counted the
+    uncut walk, 3.37 where the headline said 3.06)."""
     n = max(_block_depths(steps, block_size), max((accepted_drafts(s) for s in steps), default=0))
     hist = [0] * (n + 1)
     for s in steps:
-        hist[accepted_drafts(s)] += 1
+        hist[s.kept - 1] += 1
     return hist
 
 

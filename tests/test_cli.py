@@ -432,7 +432,7 @@ def test_run_prints_the_session_analysis_and_compare_writes_both(model_args, cap
                    "--engine", "transformers", "--compare", "method=dflash,block-size=4", "--trace", str(path)])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " in out
+    assert "acceptance histogram (rounds with 0, 1, 2, ... accepted drafts kept; a cut round at what it kept): " in out
     assert "per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): d1:" in out
     assert "session budget curve (budget:tokens gained" in out and "later rounds elsewhere" in out
     assert "B: DFlash chain, block 4, exact" in out and "session chain length curve" in out

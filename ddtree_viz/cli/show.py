@@ -28,7 +28,7 @@ def print_session_analysis(steps, block_size, method: str) -> None:
     if not steps:
         return
     hist = analysis.acceptance_histogram(steps, block_size)
-    print("acceptance histogram (rounds with 0, 1, 2, ... accepted drafts): " + " ".join(map(str, hist)))
+    print("acceptance histogram (rounds with 0, 1, 2, ... accepted drafts kept; a cut round at what it kept): " + " ".join(map(str, hist)))
     print("per-depth acceptance P(accepted >= d | accepted >= d-1, tree depth >= d): "
           + rates_line(analysis.per_depth_acceptance(steps, block_size)))
     unit = "chain length" if method in CHAINS else "budget"

@@ -111,17 +111,17 @@ def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, **o
 
 def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
                title: str | None = None) -> FigureSpec:
-    """Left: rounds by accepted drafts; right: per-depth conditional acceptance (bars, with n/m in the hover).
+    """Left: rounds by accepted drafts kept (a cut round at what it kept); right: per-depth conditional acceptance (bars, with n/m in the hover).
     Plain data (figure.FigureSpec)."""
     hist = analysis.acceptance_histogram(steps, block_size)
     counts = analysis.per_depth_counts(steps, block_size)
     # the right panel's full definition is in its hover text and docs/INSPECTOR.md: P(accepted ≥ d | accepted ≥ d−1,
     # tree depth ≥ d); the title stays short enough not to run into the left one at half the page's width
-    layout = _two_panels("rounds by accepted drafts", "P(≥ d accepted | ≥ d−1)")
+    layout = _two_panels("rounds by accepted drafts kept", "P(≥ d accepted | ≥ d−1)")
     depths = list(range(1, len(counts) + 1))
     data = [
         dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
-             hovertemplate="%{x} accepted drafts: %{y} rounds<extra></extra>"),
+             hovertemplate="%{x} accepted drafts kept: %{y} rounds<extra></extra>"),
         dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
              customdata=[[p, r] for p, r in counts], name="conditional acceptance",
              hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds (accepted ≥ d−1, tree depth ≥ d) = "

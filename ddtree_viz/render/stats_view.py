@@ -159,7 +159,7 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
         rows.append(("⚠ output looks degenerate (its tokens/s is no speed-up)", _num(summary["degenerate"])))
     if summary.get("acceptance_histogram"):
         unit = "chain length" if summary.get("method") in CHAINS else "budget"
-        rows += [("rounds by accepted drafts (0, 1, 2, ...)", " ".join(map(str, summary["acceptance_histogram"]))),
+        rows += [("rounds by accepted drafts kept (0, 1, 2, ...; a cut round at what it kept)", " ".join(map(str, summary["acceptance_histogram"]))),
                  ("P(accepted ≥ d, given accepted ≥ d−1 and depth ≥ d)", rates_line(summary["per_depth_acceptance"])),
                  (f"tokens by {unit} (same rounds; "
                   + ("as recorded: naive rounds are not exact)" if naive else "exact per round)"),
