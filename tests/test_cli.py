@@ -443,7 +443,7 @@ def test_run_prints_the_session_analysis_and_compare_writes_both(model_args, cap
 
     both = load_any(path)
     assert isinstance(both, CompareTrace) and both.b.settings["method"] == "dflash" and both.b.settings["block_size"] == 4
-    hist = out.split("accepted drafts): ")[1].splitlines()[0].split()
+    hist = out.split("at what it kept): ")[1].splitlines()[0].split()
     assert sum(map(int, hist)) == len(both.a.steps)
     with pytest.raises(Exception, match="compare trace"):
         Trace.load(path)
