@@ -449,7 +449,9 @@ def compare_outputs(a, b) -> dict[str, Any]:
         acc = [s.kept for s in t.steps]
         return {"identical": None if t.greedy_ids is None else t.first_divergence is None,
                 "first_divergence": t.first_divergence, "rounds": len(t.steps), "tokens": len(t.output_ids),
-                "mean_acceptance": sum(acc) / len(acc) if acc else None}
+                "mean_acceptance": sum(acc) / len(acc) if acc else None,
+                "pending": bool(getattr(t, "reference_pending", False)),  # the reference is still decoding
+                "checked": len(t.greedy_ids) if t.greedy_ids is not None else 0}
 
     diff = {k: [a.settings.get(k), b.settings.get(k)] for k in COMPARED_SETTINGS
             if a.settings.get(k) != b.settings.get(k)}

@@ -17,6 +17,7 @@ from ddtree_viz.render.layout import DEFAULT_LABEL_CHARS
 from ddtree_viz import analysis
 from ddtree_viz.render.budget_view import budget_figure, depth_figure
 from ddtree_viz.render.compare_view import compare_html
+from ddtree_viz.render.style import DIVERGE_COLOR
 from ddtree_viz.render.grid_view import grid_data, grid_figure
 from ddtree_viz.render.inspect_view import inspector_html, node_choices, stop_html
 from ddtree_viz.render.text import esc, lookup, shorten, token_texts_from_steps, unknown_token, visible
@@ -633,6 +634,20 @@ def test_compare_html_says_where_two_outputs_part(oracle, naive):
     assert c["part_at"] == 3 and c["b"]["identical"] is False and c["a"]["identical"] is True
     behind = dataclasses.replace(oracle, output_ids=oracle.output_ids[:5])
     assert analysis.compare_outputs(oracle, behind)["part_at"] is None  # a live side that is behind has not parted
+
+
+def test_compare_marks_tokens_past_a_pending_reference_unchecked_not_wrong(oracle):
+    """issue #64 class 6: in compare mode A's newest tokens were marked red (differing from greedy) while the live
+    page's reference had not reached them yet; they are unchecked, and the verdict says so. A finished reference
+    that ends early still marks what it does not cover."""
+    pending = dataclasses.replace(oracle, greedy_ids=oracle.greedy_ids[:4], reference_pending=True,
+                                  first_divergence=None)
+    html = compare_html(pending, oracle)
+    row_a = html.split('data-side="A"')[1].split('data-side="B"')[0]
+    assert DIVERGE_COLOR not in row_a and "DIVERGES" not in html
+    assert f"identical to greedy so far (checking tokens 4-{len(oracle.output_ids) - 1})" in html
+    short = dataclasses.replace(oracle, greedy_ids=oracle.greedy_ids[:4], first_divergence=4)
+    assert DIVERGE_COLOR in compare_html(short, oracle).split('data-side="A"')[1].split('data-side="B"')[0]
 
 
 def test_render_is_pure_no_torch_gradio_or_engine():

@@ -19,6 +19,8 @@ def _verdict(side: dict, sampled: bool) -> str:
     ref = "the target's own sampling" if sampled else "greedy"
     if side["identical"] is None:
         return f"{ref} not recorded"
+    if side.get("pending") and side["identical"]:
+        return f"identical to {ref} so far (checking tokens {side['checked']}-{side['tokens'] - 1})"
     if side["identical"]:
         return f"identical to {ref}"
     return f"DIVERGES from {ref} at token {side['first_divergence']}"
@@ -28,7 +30,9 @@ def _row(trace: Trace, part: int | None, text, name: str) -> str:
     spans = []
     ref = trace.greedy_ids
     for i, t in enumerate(trace.output_ids):
-        wrong = ref is not None and (i >= len(ref) or ref[i] != t)
+        # past a reference still being decoded (the live page) a token is unchecked, not wrong (issue #64: A's
+        # newest tokens were marked red until Back and Forward)
+        wrong = ref is not None and (ref[i] != t if i < len(ref) else not trace.reference_pending)
         after = part is not None and i >= part
         style_ = ["padding:0 1px", "border-radius:2px", "display:inline-block", "white-space:pre-wrap",
                   "overflow-wrap:anywhere", "max-width:100%"]  # a break point between any two tokens
