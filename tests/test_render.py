@@ -758,3 +758,12 @@ def test_lookup_names_from_the_tokenizer_then_the_fallback_made_when_first_neede
     assert (text(7), text(8), text(7)) == ("seven", unknown_token(8), "seven") and made == [1]
     assert lookup(None, {7: "seven"})(7) == "seven" and lookup(None)(3) == unknown_token(3)
     assert lookup(lambda i: 1 / 0)(5) == unknown_token(5)  # a tokenizer failing on one id
+
+
+def test_counts_are_worded_by_their_number():
+    """issue #65 item 7: '1 drafted tokens' and other plurals."""
+    from ddtree_viz.render.text import plural
+
+    assert [plural(n, "drafted token") for n in (0, 1, 2, 1000)] == [
+        "0 drafted tokens", "1 drafted token", "2 drafted tokens", "1,000 drafted tokens"]
+    assert plural(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "3 matches"

@@ -25,7 +25,7 @@ from ..render.layout import tree_layout
 from ..render.mask_plot import mask_spec
 from ..render.prompt_view import prompt_html
 from ..render.stats_view import acceptance_spec, stats_markdown, stats_summary
-from ..render.text import esc
+from ..render.text import esc, plural
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
 from .host import ModelHost
@@ -237,8 +237,9 @@ def _status(tab: TabState, k: int) -> str:
     step = trace.steps[k]
     mode = "replay of a saved trace (no model)" if tab.replay else "live"
     naive = " — **naive verification: the known-wrong flattened-tree behaviour**" if step.verify == "naive" else ""
-    status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {step.acceptance - 1} drafted tokens "
-              f"+ bonus{_kept_note(step)}, {len(step.nodes)} tree positions, committed length {step.committed_len}.")
+    status = (f"Round {k + 1} of {len(trace.steps)} ({mode}){naive}: accepted {plural(step.acceptance - 1, 'drafted token')} "
+              f"+ bonus{_kept_note(step)}, {plural(len(step.nodes), 'tree position')}, committed length "
+              f"{step.committed_len}.")
     if is_sampled(trace.settings):
         status += (f" Target's choice: {esc(sampling_label(trace.settings))}, noise "
                    f"{esc(trace.settings.get('noise'))} (reproduce: `run {esc(sampling_flags(trace.settings))}`).")

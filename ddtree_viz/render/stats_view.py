@@ -13,7 +13,7 @@ from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_tex
 from .budget_view import budget_line, rates_line
 from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
-from .text import esc, plotly_text
+from .text import esc, plotly_text, plural
 
 TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
 ACCEPTANCE_TITLE = "Tokens kept per round (accepted drafts + bonus, as output)"
@@ -62,7 +62,7 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def _kept_words(s: StepRecord) -> str:
-    walk = f"{s.acceptance - 1} accepted draft(s) + bonus = {s.acceptance} tokens"
+    walk = f"{plural(s.acceptance - 1, 'accepted draft')} + bonus = {plural(s.acceptance, 'token')}"
     return f"the walk accepted {walk}; {s.kept} kept (the session stopped there)" if s.cut else walk
 
 
