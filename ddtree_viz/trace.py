@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import TraceError
 from .files import read_limited
@@ -206,7 +206,7 @@ class Trace:
     def load(cls, path: str | Path, name: str | None = None) -> "Trace":
         """Read, check and validate a trace file. `name`: how messages call the file (default: its path; the page
         passes the uploaded file's own name, never the server's temporary path)."""
-        return cls.from_json(_read(path, name))
+        return _named(lambda: cls.from_json(_read(path, name)), path, name)
 
 
 COMPARE_KIND = "compare"
@@ -233,7 +233,19 @@ class CompareTrace:
 def load_any(path: str | Path, name: str | None = None) -> Trace | CompareTrace:
     """A trace file or a compare trace file, checked and validated (TraceError naming the problem). `name`: how
     messages call the file (Trace.load)."""
-    return any_from_json(_read(path, name))
+    return _named(lambda: any_from_json(_read(path, name)), path, name)
+
+
+def _named(load: Callable[[], Any], path: str | Path, name: str | None) -> Any:
+    """load(), its TraceError naming the file first when it does not already (a bad field deep in a trace said
+    where in the trace, not which file: issue #64 class 7)."""
+    shown = name if name is not None else str(path)
+    try:
+        return load()
+    except TraceError as exc:
+        if shown in str(exc):
+            raise
+        raise TraceError(f"trace file {shown}: {exc}") from None
 
 
 def any_from_json(text: str | bytes) -> Trace | CompareTrace:

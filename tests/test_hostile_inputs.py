@@ -172,3 +172,21 @@ def test_a_huge_fp8_block_size_is_one_block_not_gigabytes():
     scale = torch.tensor([[0.5]])
     huge = fp8.dequantize(weight, scale, (10**12, 10**12))
     assert torch.equal(huge, fp8.dequantize(weight, scale, (5, 7))) and torch.equal(huge, weight.float() * 0.5)
+
+
+@pytest.mark.parametrize("text", ['{"schema_version": 1}', '{"kind": "compare", "schema_version": 1, "a": {}}', "[1]",
+                                  '{"schema_version": 99}'])
+def test_a_bad_trace_names_its_file_first(tmp_path, text):
+    """issue #64 class 7: an error deep in a trace said where in the trace, not which file; the page's upload names
+    the user's own file name (never the server's temporary path)."""
+    from ddtree_viz.errors import TraceError
+    from ddtree_viz.trace import Trace, load_any
+
+    path = _write(tmp_path, "mine.json", text)
+    for load in (load_any, Trace.load):
+        with pytest.raises(TraceError) as exc:
+            load(path, name="upload.json")
+        message = str(exc.value)
+        assert "upload.json" in message and str(tmp_path) not in message, message
+        with pytest.raises(TraceError, match=re.escape(str(path))):
+            load(path)
