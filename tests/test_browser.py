@@ -360,10 +360,14 @@ def test_chat_switch_is_off_and_disabled_without_a_template(page):
     assert chat.is_disabled() and not chat.is_checked()
     thinking = page.locator("#ddv-thinking input[type=checkbox]")  # #26.7: drawn ticked, it read as on
     assert thinking.is_disabled() and not thinking.is_checked()
-    page.get_by_label("Prompt").fill("import os\n")
+    page.get_by_label("Prompt").fill("import os\n" + "x = 1\n" * 60)
     page.get_by_role("button", name="Step", exact=True).click()
     wait_status(page, "Round 1 of 1")
     assert "raw text (no chat template)" in page.locator("#ddv-prompt-view").inner_text()
+    # issue #65 item 2: a long prompt's box is bounded (about six lines) and scrolls inside
+    box = page.evaluate("(() => { const p = document.querySelector('#ddv-prompt-view pre');"
+                        " return [p.clientHeight, p.scrollHeight]; })()")
+    assert box[0] < 200 < box[1], box
 
 
 def test_chat_template_system_message_and_thinking(app_64_layers):

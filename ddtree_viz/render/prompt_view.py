@@ -52,12 +52,17 @@ def prompt_summary(trace: Trace) -> str:
             f"thinking {thinking}, {n} tokens")
 
 
+PROMPT_VIEW_EM = 8  # the prompt's box: about six lines, scrolling inside (a 1,800-token prompt put the tree 9,000 px down)
+
+
 def prompt_html(trace: Trace | None) -> str:
-    """The prefilled prompt with its summary line; empty before anything was prefilled."""
+    """The prefilled prompt with its summary line, in a box of bounded height that scrolls inside and can be dragged
+    taller (issue #65 item 2); empty before anything was prefilled."""
     if trace is None:
         return ""
     return (f'<div class="ddv-prompt-view"><div><b>Prompt as prefilled</b> — {esc(prompt_summary(trace))}</div>'
-            f'<pre style="white-space: pre-wrap; margin: 0.3em 0 0 0;">{prompt_markup(trace.prompt)}</pre></div>')
+            f'<pre class="ddv-prompt-text" style="white-space: pre-wrap; margin: 0.3em 0 0 0; max-height: '
+            f'{PROMPT_VIEW_EM}em; overflow: auto; resize: vertical">{prompt_markup(trace.prompt)}</pre></div>')
 
 
 __all__ = ["SPECIAL", "prompt_html", "prompt_markup", "prompt_summary"]
