@@ -21,6 +21,8 @@ def _verdict(side: dict, sampled: bool) -> str:
         return f"{ref} not recorded"
     if side["identical"]:
         return f"identical to {ref}"
+    if side.get("invalid"):
+        return f"comparison with {ref} INVALID: {side['invalid']}"
     return f"DIVERGES from {ref} at token {side['first_divergence']}"
 
 
