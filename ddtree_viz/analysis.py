@@ -447,7 +447,7 @@ def compare_outputs(a, b) -> dict[str, Any]:
 
     def side(t) -> dict[str, Any]:
         acc = [s.kept for s in t.steps]
-        return {"identical": None if t.greedy_ids is None else t.first_divergence is None,
+        return {"identical": t.identical, "invalid": t.invalid,
                 "first_divergence": t.first_divergence, "rounds": len(t.steps), "tokens": len(t.output_ids),
                 "mean_acceptance": sum(acc) / len(acc) if acc else None,
                 "pending": bool(getattr(t, "reference_pending", False)),  # the reference is still decoding

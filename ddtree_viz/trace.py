@@ -173,6 +173,9 @@ class Trace:
     divergence_verdict: str | None = None
     reference_ms: float = 0.0  # time the reference has spent decoding (apart from the rounds')
     reference_pending: bool = False  # the reference has not reached the end of the output yet (live page)
+    # why the comparison with the reference proves nothing (session.invalid_reason: a round's or the reference's
+    # logits held NaN or inf); None: it stands. An invalid trace is never "identical to greedy" (`identical`)
+    invalid: str | None = None
     # how the prompt was given (engine/prompts.py): with the chat template on, `prompt` is the templated text and
     # `messages` the conversation as given ({role, content}, the system prompt first); `thinking` is the template's
     # thinking switch as asked (None: the template's default). Raw-text prompts leave these at their defaults.
@@ -180,6 +183,14 @@ class Trace:
     chat_template: bool = False
     thinking: bool | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def identical(self) -> bool | None:
+        """The output identical to its reference: None without a reference, False where the comparison is `invalid`
+        (equal tokens chosen from NaN logits prove nothing)."""
+        if self.greedy_ids is None:
+            return None
+        return self.first_divergence is None and self.invalid is None
 
     @property
     def tree_scoring(self) -> str:
@@ -784,6 +795,8 @@ def _check_fields(trace: Trace, where: str) -> None:
             _at_least(getattr(trace, name), 0.0, f"{where}.{name}", "a distance")
     for name in ("noise_positions", "drift_positions"):
         _at_least(getattr(trace, name), 0, f"{where}.{name}", "a count")
+    if trace.invalid is not None:
+        check_text(trace.invalid, f"{where}.invalid", 4096)
     if trace.divergence_verdict not in (None, VERDICT_NOISE, VERDICT_MISMATCH):
         raise TraceError(f"{where}.divergence_verdict: {_show(trace.divergence_verdict)} (one of null, "
                          f"{VERDICT_NOISE}, {VERDICT_MISMATCH})")

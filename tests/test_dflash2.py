@@ -189,6 +189,21 @@ def test_bad_checkpoints_are_refused_naming_the_weight_or_field(tiny_dirs, tmp_p
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name, value, words", [
+    ("candidate_selector.predecessor_codebook", float("nan"), "1 non-finite value (NaN; the first at [3, 5])"),
+    ("candidate_selector.successor_codebook", float("-inf"), "1 non-finite value (inf; the first at [3, 5])"),
+])
+def test_a_codebook_holding_nan_or_inf_is_refused_naming_it(tiny_dirs, tmp_path, name, value, words):
+    """Issue #64: a NaN in a codebook made every pair score NaN, loaded silently. Refused at load, by name."""
+    codebook = load_file(str(tiny_dirs[1] / "model.safetensors"))[name].clone()
+    codebook[3, 5] = value
+    bad = rewrite(tiny_dirs[1], tmp_path / "bad", reshape={name: codebook})
+    with pytest.raises(ModelLoadError) as err:
+        load_pair(str(tiny_dirs[0]), str(bad))
+    assert f"drafter tensor {name} holds {words}" in str(err.value) and "download it again" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_a_dflash1_checkpoint_loads_as_before_and_honours_the_logit_fields(tmp_path):
     pair = tiny_pair("hybrid", seed=0)
     target_dir, draft_dir = save_pair(pair, tmp_path)

@@ -149,6 +149,11 @@ BAD_LAYOUTS = {
                            "activation_scheme 'static' is not supported"),
     "bad block size": (lambda s, c: c["quantization_config"].update(weight_block_size=[128]),
                        "weight_block_size must be two whole numbers"),
+    # issue #64: a NaN / inf scale made every output token '!' and the page called it identical to greedy
+    "NaN scale": (lambda s, c: s[GATE + "_scale_inv"].__setitem__((1, 0), math.nan),
+                  f"target tensor {GATE}_scale_inv holds 1 non-finite value (NaN; the first at [1, 0])"),
+    "inf scales": (lambda s, c: s[GATE + "_scale_inv"][0].fill_(-math.inf),
+                   f"target tensor {GATE}_scale_inv holds 2 non-finite values (inf; the first at [0, 0])"),
 }
 
 

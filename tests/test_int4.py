@@ -277,6 +277,11 @@ BAD_LAYOUTS = {
                            "a quantized KV cache (kv_cache_scheme) is not supported"),
     "sparse weights": (lambda s, c: c["quantization_config"].update(sparsity_config={"format": "sparse-24-bitmask"}),
                        "sparse weights ('sparse-24-bitmask') are not supported"),
+    # issue #64: a NaN / inf scale loaded silently, every output token '!' and called identical to greedy
+    "NaN scale": (lambda s, c: s[GATE + "weight_scale"].__setitem__((5, 1), math.nan),
+                  f"target tensor {GATE}weight_scale holds 1 non-finite value (NaN; the first at [5, 1])"),
+    "inf scale": (lambda s, c: s[GATE + "weight_scale"].__setitem__((0, 0), math.inf),
+                  f"target tensor {GATE}weight_scale holds 1 non-finite value (inf; the first at [0, 0])"),
 }
 
 

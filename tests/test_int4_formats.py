@@ -12,6 +12,7 @@ The layouts: GPTQ symmetric v1 with groups of 128 over 192-wide rows (the last g
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -308,6 +309,11 @@ BAD_LAYOUTS = {
     "a dynamic rule's group not its scales'": (
         lambda s, c: _config(c, dynamic={"+:model\\.layers\\.0\\.mlp\\.gate": {"group_size": 64}}),
         f"{GATE}weight_scale has shape [384, 2]; weight [384, 192] in groups of 64 needs [384, 3]"),
+    # issue #64: a NaN / inf scale loaded silently, every output token '!' and called identical to greedy
+    "NaN scale": (lambda s, c: s[GATE + "scales"].__setitem__((1, 7), math.nan),
+                  f"target tensor {GATE}scales holds 1 non-finite value (NaN; the first at [1, 7])"),
+    "inf scale": (lambda s, c: s[GATE + "scales"].__setitem__((3, 0), -math.inf),
+                  f"target tensor {GATE}scales holds 1 non-finite value (inf; the first at [3, 0])", "asym-v2"),
 }
 
 
@@ -320,6 +326,8 @@ AWQ_BAD_LAYOUTS = {
                               f"{GATE}scales has shape [4, 384]; 192 inputs need [6, out]"),
     "awq gemv version": (lambda s, c: _config(c, version="gemv"), "AWQ version 'gemv' is not supported (only 'gemm')"),
     "awq without zero points": (lambda s, c: _config(c, zero_point=False), "AWQ without zero points is not supported"),
+    "awq NaN and inf scales": (lambda s, c: s[GATE + "scales"][2, :3].copy_(torch.tensor([math.inf, math.nan, 1.0])),
+                               f"target tensor {GATE}scales holds 2 non-finite values (NaN and inf; the first at [2, 0])"),
 }
 BAD_LAYOUTS.update({case: (*entry, "awq-g32") for case, entry in AWQ_BAD_LAYOUTS.items()})
 
@@ -516,6 +524,10 @@ AUTOROUND_BAD = {  # case: (change, message, base layout)
                                    f"{UP}.qzeros: the config says sym but the zero points are not all 8", "ar-awq-sym"),
     "extra_config not an object": (lambda s, c: _config(c, extra_config=[UP]), "extra_config must be a JSON object",
                                    "ar-gptq-asym"),
+    "NaN scale": (lambda s, c: s[UP + ".scales"].__setitem__((1, 2), math.nan),
+                  f"target tensor {UP}.scales holds 1 non-finite value (NaN; the first at [1, 2])", "ar-gptq-asym"),
+    "awq inf scale": (lambda s, c: s[UP + ".scales"].__setitem__((0, 9), math.inf),
+                      f"target tensor {UP}.scales holds 1 non-finite value (inf; the first at [0, 9])", "ar-awq-asym"),
 }
 
 

@@ -91,6 +91,8 @@ def print_trace_summary(trace, path) -> None:
     what, who, gap = reference_words(s)
     if trace.greedy_ids is None:
         print(f"{who} reference not recorded (--no-greedy)")
+    elif trace.invalid is not None:
+        print(f"comparison with {what} INVALID: {trace.invalid}")
     elif trace.first_divergence is None:
         print(f"output identical to {what} for {len(trace.output_ids)} tokens")
     else:

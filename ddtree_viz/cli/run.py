@@ -252,14 +252,17 @@ def _greedy_line(session, verify: str) -> str:
     label = " (naive verification, known-wrong)" if verify == "naive" else ""
     what, who, gap = reference_words(session.settings)
     greedy = session.greedy()
-    index, margin = session.divergence()
+    check = session.divergence_check()
+    index, margin = check.index, check.margin
+    if check.invalid is not None:  # never "identical": equal tokens chosen from NaN logits prove nothing
+        said = "matches" if index is None else f"differs at generated token {index}"
+        return f"comparison with {what} INVALID ({said}, proving nothing): {check.invalid}{label}"
     if index is None:
         return f"output identical to {what} for {len(session.generated)} tokens{label}"
     ours = _token(session, session.generated[index]) if index < len(session.generated) else "(ended)"
     theirs = _token(session, greedy.ids[index]) if index < len(greedy.ids) else "(ended)"
     where = f"DIVERGES from {what} at generated token {index}{label}: {session.method} {ours} vs {who} {theirs}"
     where += f", {gap} {margin:.4g}" if margin is not None else ""
-    check = session.divergence_check()
     return where + f"\nverdict: {verdict_words(check.verdict, check.margin, check.noise, check.noise_positions)}"
 
 

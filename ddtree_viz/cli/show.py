@@ -52,6 +52,7 @@ def print_compare(a, b) -> None:
               f"B {texts(b, [c['b_token_id']])!r} ({c['b_token_id']})")
     for name, side in (("A", c["a"]), ("B", c["b"])):
         verdict = ("reference not recorded" if side["identical"] is None else "identical to its reference"
-                   if side["identical"] else f"DIVERGES from its reference at token {side['first_divergence']}")
+                   if side["identical"] else f"comparison with its reference INVALID: {side['invalid']}"
+                   if side.get("invalid") else f"DIVERGES from its reference at token {side['first_divergence']}")
         mean = "-" if side["mean_acceptance"] is None else f"{side['mean_acceptance']:.2f}"
         print(f"  {name}: {side['rounds']} rounds, {side['tokens']} tokens, mean acceptance {mean}: {verdict}")

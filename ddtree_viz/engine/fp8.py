@@ -158,6 +158,7 @@ def _check_pair(name: str, weight: torch.Tensor, scale: torch.Tensor, spec: Fp8S
                if implied else "")
         raise ModelLoadError(f"{what} scales {name}{SCALE_SUFFIX} have shape {list(scale.shape)}; weight {name} "
                              f"{list(weight.shape)} in {spec.block[0]}x{spec.block[1]} blocks needs {list(want)}{why}")
+    int4.refuse_nonfinite(scale, name + SCALE_SUFFIX, what)
 
 
 def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Fp8Spec | int4.Int4Spec,
@@ -165,7 +166,7 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
     """The checkpoint's tensors as a plain state dict in `dtype` (a 4-bit layout's: int4.dequantize_state, nothing
     kept): each FP8 weight times its scales (float32, then cast), every other tensor cast as is. `get(name)` reads
     one tensor (lazily, so a 27B checkpoint is read one tensor at a time). Refused, naming the tensor: an FP8
-    weight without scales, scales without their weight, scales of the wrong shape or dtype. With `keep` (a dict),
+    weight without scales, scales without their weight, scales of the wrong shape or dtype, or holding NaN or inf. With `keep` (a dict),
     each FP8 weight goes in as its int4.stand_in (`keep_linears` replaces it) and keep[name] = (the stand-in, a
     function (device, bias) -> the Fp8Linear of the weight and scales)."""
     if isinstance(spec, int4.Int4Spec):

@@ -274,6 +274,23 @@ def config_entry(spec: Int4Spec) -> dict:
             "ignore": list(spec.ignore)}
 
 
+def refuse_nonfinite(tensor: torch.Tensor, name: str, what: str) -> None:
+    """A loaded scale (or codebook) that holds NaN or inf refused, naming the tensor: every weight it multiplies
+    would be NaN or inf, the logits NaN and the argmax token 0, an output that still matches a greedy reference made
+    the same way. The quantized readers (fp8.py, this one, int4_formats.py) and DFlash2's codebooks call it once a
+    tensor at load; one isfinite over the scales (about 1/128 of the weights), not over the weights."""
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return
+    bad = (~finite).nonzero()
+    nan = int(torch.isnan(tensor).sum())
+    kinds = " and ".join(k for k, n in (("NaN", nan), ("inf", bad.shape[0] - nan)) if n)
+    raise ModelLoadError(f"{what} tensor {name} holds {bad.shape[0]} non-finite value{'s' * (bad.shape[0] != 1)} "
+                         f"({kinds}; the first at {bad[0].tolist()}): the weights it scales would be NaN or inf and "
+                         "every output token garbage. The checkpoint is damaged or badly exported: download it again "
+                         "or quantize it again (a checkpoint whose scales are all finite loads)")
+
+
 def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what: str) -> None:
     """One quantized weight's parts against the layout; the message names the tensor."""
     def fail(part: str, why: str):
@@ -304,13 +321,15 @@ def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what:
     g_idx = parts.get("weight_g_idx")
     if g_idx is not None and (g_idx.min() < 0 or g_idx.max() >= n):
         fail("weight_g_idx", f"names groups outside 0 .. {n - 1}")
+    if spec.layout == "pack-quantized":  # (GPTQ's, AWQ's, AutoRound's scales: checked by name as read there)
+        refuse_nonfinite(parts["weight_scale"], prefix + "weight_scale", what)
 
 
 def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec,
                      dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
     ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
-    missing, of the wrong shape or dtype, or without its packed weight. Each weight is read under its own spec
+    missing, of the wrong shape or dtype, or without its packed weight, a scale holding NaN or inf. Each weight is read under its own spec
     (`spec.at`: AutoRound's extra_config, GPTQ's dynamic; refused where they leave it unquantized). With `keep` (a dict), each
     packed weight goes in as its `stand_in` (fp8.keep_linears replaces it) and keep[name] = (the stand-in, a
     function (device, bias) -> the Int4Linear of its parts)."""

@@ -44,9 +44,9 @@ Each checkpoint is translated here, one weight at a time as it is read, into int
 there loads exactly as a pack-quantized one: dequantized at load, or kept packed on one CUDA GPU (int4.Int4Linear,
 the 4-bit GEMM). Symmetric GPTQ checkpoints (sym: every zero point 8) carry no zero point after
 translation; a g_idx that is the plain column // group_size is dropped (the groups are then whole, so the weight
-fuses and the one-row kernel fits). Refused, naming the tensor: a part missing or mis-shaped, a symmetric config
-whose zero points are not all 8, a GPTQ v1 zero point of 15 (16 does not fit 4 bits), another bit width, checkpoint
-format or AWQ version.
+fuses and the one-row kernel fits). Refused, naming the tensor: a part missing or mis-shaped, scales holding NaN or
+inf (int4.refuse_nonfinite; the zero points are packed integers, never NaN), a symmetric config whose zero points are
+not all 8, a GPTQ v1 zero point of 15 (16 does not fit 4 bits), another bit width, checkpoint format or AWQ version.
 """
 
 from __future__ import annotations
@@ -224,6 +224,7 @@ def convert(prefix: str, gptq: Mapping[str, torch.Tensor], spec: int4.Int4Spec, 
     g_idx = gptq["g_idx"].long() if "g_idx" in gptq else torch.arange(inn) // (spec.group or inn)
     if g_idx.numel() and (g_idx.min() < 0 or g_idx.max() >= groups):
         raise ModelLoadError(f"{what} tensor {prefix}g_idx names groups outside 0 .. {groups - 1}")
+    int4.refuse_nonfinite(gptq["scales"], prefix + "scales", what)
     z = _zeros(prefix, gptq["qzeros"], out, spec, what)
     parts = {"weight_packed": gptq["qweight"].to(torch.int32).T.contiguous(),
              "weight_scale": gptq["scales"].T.contiguous(),
@@ -281,6 +282,7 @@ def convert_awq(prefix: str, awq: Mapping[str, torch.Tensor], spec: int4.Int4Spe
     for part, rows in (("qweight", inn), ("qzeros", groups)):
         if tuple(awq[part].shape) != (rows, math.ceil(out / int4.PER_WORD)):
             fail(part, f"has shape {list(awq[part].shape)}; {out} outputs need [{rows}, {math.ceil(out / 8)}]")
+    int4.refuse_nonfinite(scales, prefix + "scales", what)
     u, zero = _awq_fields(qweight, out), _awq_fields(awq["qzeros"], out).int()
     parts = {"weight_packed": int4.pack_fields(u.T), "weight_scale": scales.T.contiguous(),
              "weight_shape": torch.tensor([out, inn], dtype=torch.int64)}

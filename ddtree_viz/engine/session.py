@@ -260,6 +260,7 @@ class GreedyResult:
     # pass - margin of the one-token pass| over the positions compared so far (None: none compared yet)
     noise: float | None = None
     noise_positions: int = 0
+    nonfinite: int | None = None  # the first of these tokens chosen from logits holding NaN or inf (None: none)
 
 
 class GreedyReference:
@@ -290,6 +291,7 @@ class GreedyReference:
         self.noise_deltas: list[float] = []  # |chain margin - one-token margin| per compared position
         self._pending: dict[int, tuple[tuple[int, ...], int, float, int]] = {}
         self.finished = False  # end of text reached
+        self.nonfinite: int | None = None  # the first token chosen from logits holding NaN or inf
         self.seconds = 0.0  # time spent decoding so far (prefill included)
         self._sync = device_sync(target)
         self.cache = None
@@ -334,6 +336,8 @@ class GreedyReference:
                     self._control(n, candidates)
                 logits = self._next(self.ids[-1])
             logits = logits.float()
+            if self.nonfinite is None and not bool(torch.isfinite(logits).all()):  # (read as the token is: no wait)
+                self.nonfinite = len(self.ids)
             scores = self.sampler.scores(logits[None], [len(self.prompt_ids) + len(self.ids)])[0]
             token = int(scores.argmax())
             self.ids.append(token)
@@ -349,7 +353,8 @@ class GreedyReference:
         """The first n tokens decoded so far (all of them: None), with the noise measured so far."""
         n = len(self.ids) if n is None else n
         noise = max(self.noise_deltas) if self.noise_deltas else None
-        return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]), noise, len(self.noise_deltas))
+        bad = self.nonfinite if self.nonfinite is not None and self.nonfinite < n else None
+        return GreedyResult(tuple(self.ids[:n]), tuple(self.margins[:n]), noise, len(self.noise_deltas), bad)
 
     def _control(self, n: int, candidates) -> None:
         """One chain pass over [the last token, candidates...] predicting the next tokens up to n (not already
@@ -437,6 +442,19 @@ class DivergenceCheck:
     reference: str  # what the reference ran on: "runner" or "transformers"
     pending: bool  # the reference has not reached the end of the output yet (compared as far as it has)
     result: GreedyResult
+    invalid: str | None = None  # why no verdict stands (logits held NaN or inf: invalid_reason); None: it does
+
+
+def invalid_reason(round_index: int | None, reference_token: int | None, reference: str) -> str | None:
+    """Why a comparison with the reference proves nothing, or None: a round's verify logits or the reference's held
+    NaN or inf (argmax then picks whatever the NaN sits on, both sides alike: '!!!!' equal to '!!!!')."""
+    where = [f"round {round_index}'s verify logits"] if round_index is not None else []
+    where += [f"the reference's logits at generated token {reference_token}"] if reference_token is not None else []
+    if not where:
+        return None
+    return (f"{' and '.join(where)} hold NaN or inf ({reference} reference), so the tokens chosen there mean nothing "
+            "and agreeing with the reference proves nothing: the target's weights (or a quantization scale) or its "
+            "arithmetic are not finite; load a checkpoint whose weights are finite, or a wider dtype")
 
 
 def verdict(margin: float | None, noise: float | None) -> str | None:
@@ -616,6 +634,7 @@ class DecodeSession:
         self._named: dict[str, int] = {"prompt": 0, "output": 0, "reference": 0}
         # _drift's rounds already compared in full: (the reference, their count, their deltas, the limit then)
         self._drift_done: tuple = (None, 0, (), 0)
+        self.nonfinite_round: int | None = None  # the first round whose verify logits held NaN or inf
 
     @property
     def cache(self):
@@ -754,6 +773,8 @@ class DecodeSession:
             self._queue_draft(self.committed_len + len(accepted))
         timings = {**(drafted.times() if drafted is not None else {}), **clock.times()} if clock is not None else {}
         host = self._host(*reads)
+        if not host.pop("finite") and self.nonfinite_round is None:
+            self.nonfinite_round = len(self.history)
         target_argmax = host["argmax"]
         state_error = engine.state_error(tree, accepted)
         own = len(tree) - 1 if self.method in CHAINS else self.budget
@@ -920,7 +941,7 @@ class DecodeSession:
         margins and top tokens, the drafter's top candidates per depth and its rank and log-prob of the target's
         choice at the depth the walk stopped (`depth` accepted nodes); and on a GPU the event after the copies.
         Queued before the next round's draft, so on a GPU the copies do not wait behind it."""
-        reads = {"argmax": argmax}
+        reads = {"argmax": argmax, "finite": torch.isfinite(logits).all()}  # (one reduction: invalid_reason)
         greedy = self.sampler.greedy
         if not greedy:
             reads["chosen"] = chosen
@@ -1121,8 +1142,10 @@ class DecodeSession:
         gap = result.margins[idx] if idx is not None and idx < len(result.margins) else None
         gap = gap if gap is not None and math.isfinite(gap) else None
         drift, drift_n = self._drift(result, len(output) if idx is None else idx)
+        invalid = invalid_reason(self.nonfinite_round, result.nonfinite, self.reference)
         return DivergenceCheck(idx, gap, result.noise, result.noise_positions, drift, drift_n,
-                               verdict(gap, result.noise) if idx is not None else None, self.reference, pending, result)
+                               verdict(gap, result.noise) if idx is not None and invalid is None else None,
+                               self.reference, pending, result, invalid)
 
     def _drift(self, ref: GreedyResult, upto: int) -> tuple[float | None, int]:
         """max |tree pass margin - reference margin| over the output tokens before `upto` that the rounds chose
@@ -1170,7 +1193,7 @@ class DecodeSession:
         extra = {} if check is None else dict(
             numerical_noise=check.noise, noise_positions=check.noise_positions, tree_drift=check.drift,
             drift_positions=check.drift_positions, divergence_verdict=check.verdict, reference_pending=check.pending,
-            reference_ms=self.greedy_seconds * 1e3)
+            reference_ms=self.greedy_seconds * 1e3, invalid=check.invalid)
         return Trace(
             target=self.pair.target_name, draft=self.pair.draft_name, prompt=self.prompt, prompt_ids=tuple(self.prompt_ids),
             output_ids=tuple(self.generated), greedy_ids=greedy_ids, first_divergence=div, settings=self.settings,

@@ -95,7 +95,7 @@ def _summarize_side(report: Report, budgets: list[int] | None, side: str) -> dic
     method = first.settings.get("method", "ddtree") if first else "ddtree"
     rounds, n = len(steps), len(order)
     hist = analysis.acceptance_histogram(steps, block) if steps else []
-    identical = sum(1 for i in order if traces[i].greedy_ids is not None and traces[i].first_divergence is None)
+    identical = sum(1 for i in order if traces[i].identical)  # (an invalid trace, NaN logits: not identical)
     ranks, top = _stops(traces, order, side, block)
     return {
         "summary_version": SUMMARY_VERSION,
@@ -139,7 +139,7 @@ def _prompt_row(items: list[dict], i: int, t: Trace, side: str) -> dict[str, Any
     return {"index": i, "file": _name(i, side), "source": _source(items, i), "rounds": len(t.steps),
             "tokens": len(t.output_ids), "mean_acceptance": sum(acc) / len(acc) if acc else None,
             "first_divergence": t.first_divergence,
-            "identical_to_greedy": None if t.greedy_ids is None else t.first_divergence is None}
+            "identical_to_greedy": t.identical}
 
 
 def _by_position(traces: dict[int, Trace], order: list[int]) -> list[dict[str, Any]]:

@@ -23,6 +23,8 @@ def _verdict(side: dict, sampled: bool) -> str:
         return f"identical to {ref} so far (checking tokens {side['checked']}-{side['tokens'] - 1})"
     if side["identical"]:
         return f"identical to {ref}"
+    if side.get("invalid"):
+        return f"comparison with {ref} INVALID: {side['invalid']}"
     return f"DIVERGES from {ref} at token {side['first_divergence']}"
 
 

@@ -92,6 +92,10 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: in
         missing = "greedy reference" if ref == "greedy" else ref
         return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no {missing})")
     checked = min(shown, len(greedy)) if trace.reference_pending else None
+    if trace.invalid is not None:  # never "identical": equal tokens chosen from NaN logits prove nothing
+        fd = trace.first_divergence if trace.first_divergence is not None and trace.first_divergence < shown else None
+        return GreedyComparison(shown, True, fd, None, naive,
+                                f"comparison with {ref} INVALID: {trace.invalid}", checked, "invalid")
     compared = shown if checked is None else checked
     first = next((i for i in range(compared) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
     if first is None:
@@ -174,7 +178,7 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
                            unchecked, cmp.verdict))
     note = NAIVE_NOTE if cmp.naive else (EXACT_NOTE if ref == "greedy" else SAMPLED_NOTE.format(label=sampling_label(trace.settings)))
     note_style = f"color:{style.DIVERGE_COLOR};font-weight:bold" if cmp.naive else "color:#555"
-    ok = cmp.has_greedy and cmp.first_divergence is None
+    ok = cmp.has_greedy and cmp.first_divergence is None and cmp.verdict != "invalid"
     summary_style = "color:#1a7f37" if ok else (f"color:{style.DIVERGE_COLOR}" if cmp.has_greedy else "")
     return (
         '<div class="ddv-diff">'

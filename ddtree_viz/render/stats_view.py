@@ -99,7 +99,8 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "verify": trace.settings.get("verify", steps[0].verify if steps else None),
         "budget": trace.settings.get("budget"),
         "sampling": sampling_label(trace.settings),
-        "identical_to_greedy": None if trace.greedy_ids is None else trace.first_divergence is None,
+        "identical_to_greedy": trace.identical,
+        "invalid": trace.invalid,  # why the comparison proves nothing (NaN logits), or None
         "first_divergence": trace.first_divergence,
         "degenerate": degenerate(trace.output_ids),  # why the output looks like a loop (speedup.py), or None
         # acceptance by depth and the budget that would have done (ddtree_viz.analysis.session_analysis)
@@ -167,8 +168,9 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
     same = summary.get("identical_to_greedy")
     ref = "greedy" if summary.get("sampling", "greedy") == "greedy" else "the target's own sampling (same seed)"
     verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
-    rows.append((f"identical to {ref}", "–" if same is None else
-                 ("yes" if same else f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")))
+    no = (f"no: INVALID, {_num(summary['invalid'])}" if summary.get("invalid") else
+          f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")
+    rows.append((f"identical to {ref}", "–" if same is None else ("yes" if same else no)))
     rows += list(extra)
     warning = analysis.acceptance_warning(summary.get("mean_acceptance"), summary.get("rounds") or 0)
     loud = f"**⚠ Warning:** {esc(warning)}\n\n" if warning and (summary.get("rounds") or 0) >= WARN_ROUNDS else ""
