@@ -14,7 +14,6 @@ import threading
 import time
 
 import gradio as gr
-from starlette.middleware import Middleware
 
 from ...errors import DDTreeVizError, InputError
 from ..analyze_tab import ReportDirs
@@ -24,7 +23,7 @@ from .analyze_tab import AnalyzeTab
 from .args import FILE_TTL_S, build_parser, checked_args  # noqa: F401 - build_parser: the app's options (tests read them here)
 from .script import CSS, KEYS_JS
 from .step_tab import StepTab
-from .tabfiles import FileGuard
+from .tabfiles import file_guard
 from .wiring import Page
 
 STATE_TTL_S = 1800  # a tab left alone this long (with no browser heartbeat to say it closed) is freed
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
             demo.launch(server_name=args.host, server_port=args.port, share=args.share, js=KEYS_JS, css=CSS,
                         show_error=True, footer_links=[], max_file_size=MAX_UPLOAD_BYTES,
                         state_session_capacity=STATE_SESSIONS, run_history=False,
-                        app_kwargs={"middleware": [Middleware(FileGuard, owners=demo.ddtree_files)]})
+                        app_kwargs={"middleware": file_guard(demo.ddtree_files)})
         except OSError as exc:  # the port was taken between the check and the launch
             raise InputError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another with --port") from None
     except DDTreeVizError as exc:
