@@ -197,3 +197,22 @@ def test_unrecorded_files_are_served_as_before(demo, recorded):
         os.rmdir(os.path.dirname(upload))
     owners = FileOwners()
     assert not owners.refuses({f"/gradio_api/file={recorded[0]}"}, None)  # nothing recorded: nothing refused
+
+
+def test_an_event_cannot_be_handed_another_browsers_download(demo, recorded):
+    """The gap beside the routes: a client handing a handler (/replay, a report upload) the cache path of another
+    browser's download as its file input. The handlers' check refuses it by the file's identity (any spelling);
+    the owner, and files nobody recorded, pass."""
+    from ddtree_viz.errors import InputError
+
+    path, _ = recorded
+    owners = demo.ddtree_files
+    for cookie in (None, OTHER):
+        for form in (path, path.replace("/", "//"), os.path.relpath(path)):
+            with pytest.raises(InputError, match="belongs to another browser"):
+                owners.check_inputs(form, SimpleNamespace(cookies={COOKIE: cookie} if cookie else {}))
+        with pytest.raises(InputError, match="belongs to another browser"):
+            owners.check_inputs([__file__, path], SimpleNamespace(cookies={}))
+    owners.check_inputs(path, SimpleNamespace(cookies={COOKIE: OWNER}))
+    owners.check_inputs([__file__], SimpleNamespace(cookies={}))
+    owners.check_inputs(None, None)

@@ -90,6 +90,7 @@ class AnalyzeTab:
         def on_report_upload(t, paths, request: gr.Request):
             if not paths:
                 return self.show(t)
+            page.files.check_inputs(paths, request)  # not another browser's download (tabfiles.py)
             page.add(request, t)
             return self.show(load_report_upload(t, paths))
 

@@ -382,6 +382,7 @@ class StepTab:
         def on_upload(t, ph, path, request: gr.Request):
             if not path:
                 return self.show(t, ph)
+            page.files.check_inputs(path, request)  # not another browser's download (tabfiles.py)
             page.add(request, t)
             # messages name the file as uploaded, never the server's temporary path. The upload itself stays for
             # gradio's delete_cache (file_ttl): gradio gives identical uploads one path, which another tab may be

@@ -69,6 +69,16 @@ class FileOwners:
                 self._files[key].owners.add(owner)
         return cached
 
+    def check_inputs(self, paths, request: gr.Request | None) -> None:
+        """An event's file inputs (an upload's server paths) that name another browser's recorded download: refused
+        (InputError), as the file routes refuse them. A client could otherwise hand a handler (/replay, a report
+        upload) the cache path of a trace another tab downloaded and have it shown."""
+        from ...errors import InputError
+
+        texts = {str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths or ())}
+        if texts and self.refuses(texts, _request_cookie(request)):
+            raise InputError("that file belongs to another browser's session: upload a file of your own")
+
     def refuses(self, texts: set[str], owner: str | None) -> bool:
         """True when any of `texts` (a request's decoded path, its query's values) names a recorded file, in any
         spelling a route could resolve, that `owner` does not own. A file nobody recorded is never refused."""
