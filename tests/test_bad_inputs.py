@@ -369,7 +369,7 @@ def test_corrupt_trace(good_trace, tmp_path, name):
     path.write_text(text)
     with pytest.raises(TraceError) as exc2:
         Trace.load(path)
-    assert str(exc2.value) == str(exc.value)
+    assert str(exc2.value) == f"trace file {path}: {exc.value}"  # the same error, naming the file first
 
 
 

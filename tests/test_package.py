@@ -30,7 +30,7 @@ def test_pyproject_dependencies_are_the_requirements_pins():
     assert project["scripts"] == {"ddtree-viz": "ddtree_viz.cli:main"}
 
 
-def test_app_subcommand_hands_its_options_to_the_web_parser(monkeypatch):
+def test_app_subcommand_hands_its_options_to_the_web_parser(monkeypatch, tmp_path):
     import socket
 
     from ddtree_viz.page.web import app as web
@@ -40,11 +40,12 @@ def test_app_subcommand_hands_its_options_to_the_web_parser(monkeypatch):
         port = s.getsockname()[1]
     seen = {}
     monkeypatch.setattr(web, "main", lambda argv, prog="app.py": seen.update(argv=argv, prog=prog) or 0)
-    argv = ["--port", str(port), "--replay", "t.json", "--engine", "runner"]
+    argv = ["--port", str(port), "--report-root", str(tmp_path), "--engine", "runner"]  # flags checked first: real ones
     assert cli.main(["app", *argv]) == 0
     assert seen["argv"] == argv and seen["prog"].endswith(" app")
     args = web.build_parser().parse_args(seen["argv"])
-    assert (args.port, args.replay, args.engine, args.host, args.share) == (port, "t.json", "runner", "127.0.0.1", False)
+    assert (args.port, args.report_root, args.engine, args.host, args.share) == (port, str(tmp_path), "runner",
+                                                                                  "127.0.0.1", False)
 
 
 def test_app_subcommand_help_is_the_web_ui_options(capsys):

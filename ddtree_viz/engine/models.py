@@ -256,7 +256,7 @@ def check_layers_held(path: Path, config: dict, what: str) -> None:
         try:
             held.update(int(m.group(1)) for name in _safetensors_shapes(f) if (m := LAYER_NAME.match(name)))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise ModelLoadError(f"{what} weights {f} have no readable safetensors header: {exc}") from None
+            raise ModelLoadError(f"cannot load {what}: its weights {f} have no readable safetensors header ({exc})") from None
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     layers = text.get("num_hidden_layers")
     if held and isinstance(layers, int) and layers > len(held):
