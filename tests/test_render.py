@@ -767,3 +767,25 @@ def test_counts_are_worded_by_their_number():
     assert [plural(n, "drafted token") for n in (0, 1, 2, 1000)] == [
         "0 drafted tokens", "1 drafted token", "2 drafted tokens", "1,000 drafted tokens"]
     assert plural(1, "match", "matches") == "1 match" and plural(3, "match", "matches") == "3 matches"
+
+
+def test_a_round_cut_by_max_new_tokens_says_so_in_its_tree(pair):
+    """issue #64 class 6: a round cut by the token cap showed its whole walk (16 tokens) where 7 were kept, and its
+    tree did not mark the cut: the title now says how many of the walk's tokens were kept."""
+    from ddtree_viz.engine.session import DecodeSession
+    from ddtree_viz.render.layout import tree_layout
+    from ddtree_viz.render.tree_plot import default_title
+
+    ids, reference = greedy_ids(pair, PROMPT)
+    session = DecodeSession(pair, budget=8, max_new_tokens=6,
+                            proposer=OracleProposer(reference, len(ids), [0], pair.target.config.vocab_size))
+    session.prefill(PROMPT)
+    session.run()
+    cut = [s for s in session.history if s.cut]
+    assert cut, "the oracle's long walks must overrun max new tokens"
+    step = cut[-1]
+    title = default_title(tree_layout(step))
+    assert f"bonus = {step.acceptance} tokens, {step.kept} kept: the session stopped there" in title, title
+    whole = next((s for s in session.history if not s.cut), None)
+    assert whole is None or "kept" not in default_title(tree_layout(whole))
+    assert "kept" not in default_title(tree_layout(step, phase="drafted"))

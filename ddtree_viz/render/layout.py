@@ -105,6 +105,7 @@ class TreeLayout:
     max_depth: int | None
     min_logprob: float | None
     logprob_range: tuple[float, float]  # (min, max) drafter log-prob over the shown nodes
+    kept: int | None = None  # tokens the round added to the output, where fewer than its walk's (a cut round)
     _index: dict[int, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -290,7 +291,7 @@ def tree_layout(
         committed_len=step.committed_len, nodes=tuple(out), edges=tuple(edges), accepted=accepted,
         bonus_id=bonus_id, bonus_token_id=step.bonus_token_id, total_nodes=n_tree, hidden=keep.count(False),
         max_depth=max_depth, min_logprob=min_logprob,
-        logprob_range=(min(lps), max(lps)) if lps else (-1.0, 0.0),
+        logprob_range=(min(lps), max(lps)) if lps else (-1.0, 0.0), kept=step.kept if step.cut else None,
     )
     return for_phase(layout, phase)
 

@@ -12,7 +12,7 @@ from .layout import (
     path_outlined,
 )
 from .scheme import PAGE_SCHEME, Scheme, edge_color, fixed_fill, outline_color
-from .text import TokenText, lookup, plotly_text as esc, visible
+from .text import TokenText, lookup, plotly_text as esc, plural, visible
 
 EDGE_LINE = {"edge": (style.EDGE_WIDTH, "solid"), "path": (style.PATH_EDGE_WIDTH, "solid"), "bonus": (2, "dash")}
 # the accepted path's edges toggle with the accepted nodes and have no legend entry of their own: "accepted path"
@@ -114,7 +114,10 @@ def default_title(layout: TreeLayout) -> str:
         return head + " · drafted (before verification)"
     gained = len(layout.accepted)
     mode = " · NAIVE verify (known-wrong)" if layout.verify == "naive" else ""
-    return f"{head} · accepted {gained - 1} draft(s) + bonus = {gained} token(s){mode}"
+    walk = f"accepted {plural(gained - 1, 'draft')} + bonus = {plural(gained, 'token')}"
+    if layout.kept is not None:  # the session stopped inside this walk (max new tokens, end of text)
+        walk += f", {layout.kept} kept: the session stopped there"
+    return f"{head} · {walk}{mode}"
 
 
 def tree_figure(layout: TreeLayout, **options) -> go.Figure:
