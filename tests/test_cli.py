@@ -398,7 +398,7 @@ def test_bad_output_path_is_refused_before_the_work(model_args, tmp_path, capsys
 
 def test_export_bad_output_path_is_refused_before_rendering(tmp_path, capsys):
     assert cli.main(["export", "--trace", str(tmp_path / "none.json"), "--out", str(tmp_path / "no" / "x.svg")]) == 2
-    assert "the folder" in capsys.readouterr().err
+    assert f"{tmp_path / 'no'} does not exist" in capsys.readouterr().err
 
 
 def test_max_new_tokens_past_the_target_names_the_real_limit(capsys):

@@ -190,3 +190,68 @@ def test_a_bad_trace_names_its_file_first(tmp_path, text):
         assert "upload.json" in message and str(tmp_path) not in message, message
         with pytest.raises(TraceError, match=re.escape(str(path))):
             load(path)
+
+
+@pytest.fixture(scope="module")
+def good_trace(tmp_path_factory) -> str:
+    """A real trace of the embedded pair (run --trace), for the export cases."""
+    path = tmp_path_factory.mktemp("good") / "good.json"
+    assert main(["run", "--prompt", "def f(x):", "--max-new-tokens", "8", "--trace", str(path)]) == 0
+    return str(path)
+
+
+# The CLI's numbers, paths and kinds: each refused at once with exit 2 and `error:` naming the cause (these held in
+# earlier rounds; kept here so they stay held)
+CLI_REFUSED = [
+    (["run", "--prompt", ""], "the prompt is empty"),
+    (["run", "--prompt", "x", "--budget", "0"], "budget must be between 1 and 4096, not 0"),
+    (["run", "--prompt", "x", "--budget", "100000"], "budget must be between 1 and 4096, not 100000"),
+    (["run", "--prompt", "x", "--max-new-tokens", "0"], "max new tokens must be between 1 and 8192"),
+    (["run", "--prompt", "x", "--max-new-tokens", "99999999"], "max new tokens must be between 1 and 8192"),
+    (["run", "--prompt", "x", "--temperature", "-1"], "temperature must be a number from 0"),
+    (["run", "--prompt", "x", "--temperature", "nan"], "temperature must be a number from 0"),
+    (["run", "--prompt", "x", "--top-p", "2"], "top-p must be a number above 0 and at most 1"),
+    (["run", "--prompt", "x", "--top-k", "-3"], "top-k must be a whole number"),
+    (["run", "--prompt", "x", "--seed", "-1"], "seed must be a whole number from 0 to 4294967295"),
+    (["run", "--prompt", "x", "--block-size", "1"], "block size must be at least 2"),
+    (["run", "--prompt-file", "{tmp}/none.txt"], "prompt file not found"),
+    (["run", "--prompt-file", "/dev/zero"], "not a regular file"),
+    (["run", "--prompt", "x", "--target", "{tmp}/none", "--draft", "{tmp}/none"], "target directory not found"),
+    (["run", "--prompt", "x", "--max-new-tokens", "2", "--trace", "{tmp}/no/dir/t.json"], "does not exist"),
+    (["replay", "{tmp}/none.json"], "trace file not found"),
+    (["replay", "/dev/null"], "not a regular file"),
+    (["replay", "{tmp}/nested.json"], "trace"),
+    (["export", "--trace", "{tmp}/none.json", "--out", "{tmp}/x.svg"], "trace file not found"),
+    (["analyze", "--prompts", "heldout-code", "--out", "{tmp}/o", "--budget", "0"], "budget must be between 1"),
+    (["analyze", "--prompts", "heldout-code", "--out", "{tmp}/o", "--budgets", "0"], "--budgets must be whole"),
+    (["analyze", "--prompts", "no-such-set", "--out", "{tmp}/o"], "does not exist"),
+    (["analyze", "--prompts", "heldout-code", "--out", "/dev/null/x"], "cannot write the output directory"),
+    (["analyze", "--prompts", "hf:", "--out", "{tmp}/o"], "needs a dataset name"),
+    (["bench", "--budget", "0"], "budget must be between 1 and 4096"),
+    (["run", "--prompt", "x", "--max-new-tokens", "2", "--trace", "/dev/null/t.json"], "/dev/null is not a folder"),
+    # export of a real trace (the module's good.json) with bad settings
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--step", "0"], "step 0 is out of range"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--step", "9999"], "step 9999 is out of range"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--step", "x"], "step must be a round number"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.png", "--dpi", "0"], "dpi must be a whole number from 10"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.png", "--dpi", "100000"], "dpi must be a whole number"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--width", "0"], "width must be from 0.5 to 200"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--width", "1e9"], "width must be from 0.5 to 200"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--label-chars", "0"], "label chars must be"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--max-depth", "-1"], "max depth must be"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.svg", "--min-logprob", "nan"], "min log-prob must be"),
+    (["export", "--trace", "{good}", "--out", "/dev/null/x.svg"], "/dev/null is not a folder"),
+    (["export", "--trace", "{good}", "--out", "{tmp}"], "cannot tell the format"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/x.docx"], "cannot tell the format"),
+    (["export", "--trace", "{good}", "--out", "{tmp}/no/dir/x.svg"], "does not exist"),
+    (["export", "--trace", "/dev/null", "--out", "{tmp}/x.svg"], "not a regular file"),
+]
+
+
+@pytest.mark.parametrize("argv, words", CLI_REFUSED, ids=[f"{i}:{' '.join(c[0][:3])[:40]}" for i, c in
+                                                          enumerate(CLI_REFUSED)])
+def test_the_cli_refuses_bad_numbers_paths_and_kinds_by_name(good_trace, tmp_path, capsys, argv, words):
+    _write(tmp_path, "nested.json", NESTED)
+    code = main([a.format(tmp=tmp_path, good=good_trace) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines()[-1].startswith("error: ") and words in err and "Traceback" not in err, err

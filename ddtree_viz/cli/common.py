@@ -23,7 +23,8 @@ def check_output_path(path: str | Path, what: str) -> Path:
         if out.is_dir():
             raise InputError(f"cannot write {what} {out}: it is a directory")
         if not folder.is_dir():
-            raise InputError(f"cannot write {what} {out}: the folder {folder} does not exist")
+            why = "is not a folder" if os.path.lexists(folder) else "does not exist"  # /dev/null/x: it exists
+            raise InputError(f"cannot write {what} {out}: {folder} {why}")
         if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
             raise InputError(f"cannot write {what} {out}: permission denied")
     except OSError as exc:
