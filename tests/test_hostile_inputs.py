@@ -255,3 +255,16 @@ def test_the_cli_refuses_bad_numbers_paths_and_kinds_by_name(good_trace, tmp_pat
     code = main([a.format(tmp=tmp_path, good=good_trace) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and err.splitlines()[-1].startswith("error: ") and words in err and "Traceback" not in err, err
+
+
+def test_weights_of_another_size_are_named_not_pointed_at_a_hidden_report(saved_pair, tmp_path, capsys):
+    """issue #64 class 7: a checkpoint whose weights do not fit its config said "look at the above report" with
+    nothing above (transformers logs the report; the app keeps its logs quiet). The error names the tensors."""
+    target = _copy(saved_pair[0], tmp_path / "target")
+    config = json.loads((target / "config.json").read_text())
+    config["intermediate_size"] = config["intermediate_size"] * 2
+    (target / "config.json").write_text(json.dumps(config))
+    code = main(["run", "--target", str(target), "--draft", str(saved_pair[1]), "--prompt", "x", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "above report" not in err and "Traceback" not in err, err
+    assert re.search(r"weight\(s\) do not have the config's shape: model\.layers\.0\.mlp\.\w+_proj\.weight \[", err), err

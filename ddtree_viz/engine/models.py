@@ -264,6 +264,29 @@ def check_layers_held(path: Path, config: dict, what: str) -> None:
                              f"{len(held):,} (model.layers.*): the config of another model, or weights missing")
 
 
+def misshaped_report(path: Path, limit: int = 5) -> str:
+    """Which checkpoint tensors do not have the shape the config's model needs (the safetensors headers against the
+    model built on the meta device): what transformers' "look at the above report" referred to, in its place."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, trust_remote_code=False))
+        expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+        stored: dict[str, list[int]] = {}
+        for f in fp8.checkpoint_files(path, "target"):
+            stored.update(_safetensors_shapes(f))
+    except Exception as exc:  # noqa: BLE001 - the report is a courtesy: say what could not be compared
+        return f"some weights do not fit the config (their shapes could not be compared: {type(exc).__name__})"
+    renamed = {k.replace("model.language_model.", "model."): v for k, v in stored.items()}
+    wrong = [f"{k} {renamed[k]} != {v}" for k, v in sorted(expected.items()) if k in renamed and renamed[k] != v]
+    if not wrong:
+        return "some weights do not fit the config (transformers found mismatched sizes)"
+    more = f" ... ({len(wrong)} in all)" if len(wrong) > limit else ""
+    return (f"{len(wrong)} weight(s) do not have the config's shape: {'; '.join(wrong[:limit])}{more} (checkpoint "
+            "shape != the config's); the config.json of another model, or weights of another size")
+
+
 def hub_offline() -> bool:
     """True when the hub must not be asked (HF_HUB_OFFLINE) or cannot be reached: no route to its endpoint within
     HUB_PROBE_S seconds, so a hub id fails in seconds, not after the hub client's retries."""
@@ -332,6 +355,8 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     except (TypeError, AttributeError, IndexError, RuntimeError) as exc:  # a config transformers cannot build from
         if "out of memory" in str(exc).lower():
             raise
+        if "above report" in str(exc) and local is not None:  # transformers' report was a log we keep quiet: say it
+            raise ModelLoadError(f"cannot load target {name!r}: {misshaped_report(local)}") from None
         raise ModelLoadError(f"cannot load target {name!r}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
     if device != "auto":
         model.to(device)
