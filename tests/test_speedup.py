@@ -268,7 +268,14 @@ def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatc
     for _ in range(3):
         tab = actions.step(host, tab, read_settings(host, values))
     names = lambda v: [t.get("name") for t in v.budget_spec.data]  # noqa: E731
-    assert "predicted speed-up" not in names(render_views(host, tab))
+    notes = lambda v: " ".join(a.get("text", "") for a in v.budget_spec.layout["annotations"])  # noqa: E731
+    before = render_views(host, tab)
+    assert "predicted speed-up" not in names(before)
+    # issue #65 item 6: where no costs are measured, the panel says which command measures them
+    command = host.costs_command(8)
+    assert command.startswith("python -m ddtree_viz bench --costs --target ") and "--engine transformers" in command
+    assert "No speed-up axis yet" in notes(before)
+    assert "bench --costs" in notes(before).replace("<br>", " ")
     ids = host.pair.tokenizer.encode("def f(x):\n")
     table = measure_costs(host.pair, ids, [1, 2, 4, 8], engine="transformers", block_size=8, rounds=2)
     assert set(table.rounds) == {1, 2, 4, 8} and table.greedy_ms > 0 and table.chain is not None
@@ -279,6 +286,7 @@ def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatc
     assert trace["x"] == [1, 2, 4, 8]
     assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
     assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])
+    assert "No speed-up axis yet" not in notes(shown)  # measured: no hint
 
 
 def test_degenerate_output_is_flagged_beside_the_page_throughput():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import shlex
 import time
 
 from ..engine.cache import cache_layout
@@ -153,6 +154,15 @@ class ModelHost:
         from ..speedup import cached_costs
 
         return cached_costs(pair_key(self.pair, self.exact_engine, block_size))
+
+    def costs_command(self, block_size: int) -> str:
+        """The command that measures this machine's cost table for the loaded pair at `block_size` (what costs()
+        reads): what the budget panel says where no table is measured yet (issue #65 item 6)."""
+        target, draft, dtype, device = self.args
+        models = "".join(f" --{flag} {shlex.quote(str(value))}" for flag, value in (("target", target), ("draft", draft))
+                         if value is not None)
+        return (f"python -m ddtree_viz bench --costs{models} --dtype {dtype} --device {device} --engine "
+                f"{self.exact_engine} --block-size {block_size}")
 
     @property
     def exact_engine(self) -> str:

@@ -129,7 +129,7 @@ VIEWS: dict[str, View] = {
     "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
                                            token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
-    "budget_spec": View(lambda s: budget_spec(s.steps, prediction=_prediction(s))),  # round and session; S(b)
+    "budget_spec": View(lambda s: budget_spec(s.steps, prediction=_prediction(s), note=_costs_note(s))),  # S(b)
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
     "stop": View(lambda s: stop_html(s.step, s.text) if s.step.nodes else "", _no_text),  # where and why it stopped
     "inspector": View(lambda s: s.inspector[0], _no_text),  # the node inspector
@@ -377,6 +377,20 @@ def _prediction(s: Shown):
         return predict(s.steps, costs)
     except InputError:
         return None
+
+
+def _costs_note(s: Shown) -> str | None:
+    """Where S(b) could be drawn but this machine's costs are not measured: the command that measures them."""
+    from ..speedup import tree_rounds
+
+    trace = s.trace
+    if trace.settings.get("method") != "ddtree" or not tree_rounds(s.steps) or s.tab.replay or s.host.pair is None:
+        return None
+    block = trace.settings.get("block_size") or 0
+    if s.host.costs(block) is not None:
+        return None
+    return ("No speed-up axis yet: this machine's round costs for this pair are not measured. Measure them once "
+            f"(about a minute on the embedded pair): {s.host.costs_command(block)}")
 
 
 def _grid(s: Shown) -> FigureSpec | None:

@@ -42,10 +42,11 @@ def budget_figure(steps: Sequence[StepRecord], k: int | None = None, **options) 
 
 
 def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
-                title: str | None = None, prediction=None) -> FigureSpec:
+                title: str | None = None, prediction=None, note: str | None = None) -> FigureSpec:
     """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k, and with a
     `prediction` (speedup.Prediction from this machine's measured costs) the predicted speed-up S(b) on a second
-    axis, the best budget marked. Plain data (figure.FigureSpec)."""
+    axis, the best budget marked; `note`, a line under the caveat (the page: how to measure the costs where none
+    are). Plain data (figure.FigureSpec)."""
     steps = list(steps)
     k = len(steps) - 1 if k is None else k
     step = steps[k]
@@ -71,6 +72,8 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
     # plotly does not wrap text: the caveat in lines that fit a half-width panel, under the axis titles
     lines = textwrap.wrap(analysis.curve_caveat(step.method) + exact, CAVEAT_CHARS)
+    if note:
+        lines += textwrap.wrap(note, CAVEAT_CHARS, break_on_hyphens=False)
     layout.update(
         title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
         height=250 + 13 * len(lines), plot_bgcolor="white",
