@@ -108,11 +108,6 @@ def _prompt_item(obj: Any, index: int, where: str, default_source: str) -> dict[
     raise InputError(f"{where}: expected a non-empty 'prompt' (text) or 'messages' (list)")
 
 
-def shipped_sets() -> list[str]:
-    """The shipped prompt sets (ddtree_viz/prompts/), by the name read_prompts takes."""
-    return sorted(p.stem for p in PROMPTS_DIR.iterdir() if p.suffix in (".txt", ".jsonl"))
-
-
 def item_spec(item: dict, chat: bool = False, system: str | None = None, thinking: bool | None = None):
     """One prompt of the set as the engine takes it: raw text, or (chat) the text as the user's message or the
     item's messages, through the tokenizer's chat template (engine/prompts.py); checked."""

@@ -6,7 +6,6 @@ studies into the papers' table (render/table.py writes it).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,8 +201,3 @@ def table_rows(studies: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append(dict(benchmark=bench, method=f"DDTree (b={best})", speedup=p["predicted_speedup"],
                              tau=p["tau"], measured=False))
     return rows
-
-
-def mean_error(studies: dict[str, dict[str, Any]]) -> float | None:
-    errors = [abs(r["error"]) for s in studies.values() for r in s["validation"]]
-    return statistics.mean(errors) if errors else None

@@ -6,7 +6,6 @@ same body (report_body: headline, figures, top misses, prompts) with its round l
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any
 
@@ -530,7 +529,3 @@ def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | N
     path = out / "report.html"
     path.write_text(report_html(summary, svgs, items, metas), encoding="utf-8")
     return path
-
-
-def summary_json(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, indent=1, ensure_ascii=False)
