@@ -262,6 +262,54 @@ def test_resume_keeps_only_what_this_run_made(run_dir, tmp_path, capsys):
     assert "has no prompts.json" in capsys.readouterr().err
 
 
+def test_misses_file_agrees_with_the_traces_it_came_from(both_dir, tmp_path, capsys):
+    """issue #68 item 2: `analyze --misses F` (here over a resumed --method both report: nothing decoded again)
+    writes one strict JSON line per round whose walk stopped short of the block, and each agrees with its trace:
+    the round, the depth the path left the target, the target's token at that output position, the drafter's
+    candidates at that depth (rank and log-prob), whether and where the target's token was drafted."""
+    from ddtree_viz import analysis
+
+    out = tmp_path / "out"
+    shutil.copytree(both_dir, out)
+    misses = tmp_path / "misses.jsonl"
+    assert analyze("--prompts", both_dir.parent / "p.txt", "--out", out, *SETTINGS, "--budgets", 1, 2, 4, 8,
+                   "--method", "both", "--resume", "--misses", misses) == 0
+    lines = misses.read_text(encoding="utf-8").splitlines()
+    assert f"misses: {len(lines)} rounds" in capsys.readouterr().out
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}")) for line in lines]
+    assert rows and {r["side"] for r in rows} == {"ddtree", "dflash"} and all(r["version"] == 1 for r in rows)
+    expected = 0
+    for name in sorted(os.listdir(out / "traces")):
+        if name.endswith(".json") and name.count(".") in (1, 2) and not name.endswith(("meta.json", "error.json")):
+            t = Trace.load(out / "traces" / name)
+            expected += sum(analysis.stop_info(s, t.settings["block_size"])["reason"] != analysis.STOP_BLOCK_END
+                            for s in t.steps)
+    assert len(rows) == expected
+    for r in rows:
+        t = Trace.load(out / r["trace"])
+        step = t.steps[r["round"] - 1]
+        assert r["depth"] == len(step.accepted) and r["target_token_id"] == step.bonus_token_id
+        assert r["context_len"] == len(t.prompt_ids) + r["output_position"]
+        if not r["cut"]:
+            assert t.output_ids[r["output_position"]] == r["target_token_id"]
+        assert r["drafter_top"] == [[i, lp] for i, lp in analysis.draft_row(step, r["depth"])]
+        if r["target_drafted"]:
+            assert r["drafter_top"][r["target_draft_rank"]][0] == r["target_token_id"]
+        else:
+            assert r["target_token_id"] not in [i for i, _ in r["drafter_top"]] and r["target_draft_rank"] is None
+    # docs/MISSES.md's loader, as written there, turns the file into training pairs
+    doc = (ROOT / "docs" / "MISSES.md").read_text(encoding="utf-8")
+    loader: dict = {}
+    exec(re.search(r"```python\n(.*?)```", doc, re.S).group(1), loader)
+    pairs = list(loader["drafter_pairs"](out, misses))
+    assert [(len(c), tok, d) for c, tok, d in pairs] == [(r["context_len"], r["target_token_id"], r["depth"])
+                                                         for r in rows]
+    # a misses file that cannot be written is refused before any work
+    assert analyze("--prompts", both_dir.parent / "p.txt", "--out", tmp_path / "o2", *SETTINGS,
+                   "--misses", tmp_path / "no" / "m.jsonl") == 2
+    assert "cannot write misses file" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
 def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(run_dir, tmp_path, capsys):
     """#27 D12: --resume over a truncated trace stopped with an error (it was kept as done): it is decoded again; a
     trace that cannot be written (nor its error record) ended in a traceback: error: ..., exit 2."""

@@ -16,8 +16,8 @@ from ..errors import InputError
 from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
 from ..promptset.resume import reconcile
-from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_settings,
-                     decode_settings, load_models)
+from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_output_path,
+                     check_settings, decode_settings, load_models)
 
 CHAT_NEEDED = "chat prompts ({'messages': [...]}) need the target's chat template: add --chat"
 
@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
     an.add_argument("--thinking", choices=("on", "off"), help="the template's thinking switch, with --chat")
     an.add_argument("--budgets", type=whole_number, nargs="+", metavar="B",
                     help="the budget curve at these budgets (default: every budget up to --budget)")
+    an.add_argument("--misses", metavar="FILE.jsonl",
+                    help="also write where the drafter missed: one strict JSON line per round whose walk stopped "
+                         "short of the block (docs/MISSES.md; one set: FILE; several: FILE per set, the set's name "
+                         "before the suffix)")
     an.add_argument("--method", default="ddtree", choices=SET_METHODS,
                     help="default: ddtree; both: every prompt with DDTree (traces/NNNN.json) and with the DFlash chain "
                          "(traces/NNNN.dflash.json), the same settings otherwise; summary.json's 'dflash' holds the "
@@ -179,6 +183,8 @@ def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool)
     except OSError as exc:
         raise InputError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     _print_summary(summary, out)
+    if args.misses is not None:
+        _write_misses(args, prompts, out)
     if interrupted:
         print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
               file=sys.stderr)
@@ -189,11 +195,31 @@ def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool)
     return 0
 
 
+def _misses_path(args, prompts: str) -> Path:
+    """--misses FILE for this set: FILE itself with one set, else FILE with the set's name before its suffix."""
+    path = Path(args.misses)
+    return path if len(args.prompts) == 1 else path.with_name(f"{path.stem}.{set_dirname(prompts)}{path.suffix}")
+
+
+def _write_misses(args, prompts: str, out: Path) -> None:
+    from ..promptset.misses import miss_rows, write_misses
+    from ..promptset.report import load_dir
+
+    path = _misses_path(args, prompts)
+    try:
+        n = write_misses(path, miss_rows(load_dir(out), set_dirname(prompts)))
+    except OSError as exc:
+        raise InputError(f"cannot write the misses file {path}: {exc.strerror or exc}") from None
+    print(f"misses: {n} rounds where the walk left the target, in {path}")
+
+
 def _check(args, prompts: str) -> list[dict]:
     """The prompt set, read, and every option checked before any model work (nothing written yet)."""
     from ..engine.prompts import parse_thinking
 
     items = read_prompts(prompts)
+    if args.misses is not None:
+        check_output_path(_misses_path(args, prompts), "misses file")
     if not args.chat and any("messages" in it for it in items):
         raise InputError(CHAT_NEEDED)
     thinking = parse_thinking(args.thinking)
