@@ -69,7 +69,11 @@ def test_int4_gemm_in_half_precision(dtype):
 
 CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block_n=128, num_warps=8),
            "block_k_32_stages_2": Config(block_k=32, num_stages=2), "gemv": Config(block_k=32, gemv=True),
-           "gemv_128": Config(block_n=128, block_k=32, num_warps=8, gemv=True)}
+           "gemv_128": Config(block_n=128, block_k=32, num_warps=8, gemv=True),
+           # the word form: whole words a step, unpacked in registers; one group a step, several, and split inputs
+           "words_k32": Config(block_n=32, block_k=32, words=True),
+           "words_k128_split_2": Config(block_n=16, block_k=128, words=True, split_k=2),
+           "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32)}
 
 
 @pytest.mark.parametrize("rows", [1, 3, 65])

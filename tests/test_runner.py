@@ -979,3 +979,24 @@ def test_prefill_features_are_transformers_hidden_states():
     with torch.no_grad():
         hidden = target(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
     assert torch.equal(feats, torch.cat([hidden[i + 1][0] for i in ids], dim=-1))
+
+
+def test_a_prefill_in_chunks_is_the_prefill_in_one_forward(monkeypatch):
+    """A long prompt's prefill runs in chunks of runner.PREFILL_CHUNK tokens, the cache carried between them (a
+    prefill's transients a chunk's: a 16k prompt on a 4-bit 27B fits a 24 GB card). In float32 the chunks give what
+    one forward gives: the last position's logits, the drafter's features, and every layer's committed state, and
+    the decode after it."""
+    from ddtree_viz.engine import runner as runner_module
+
+    target = tiny_pair("hybrid", seed=0, layers=8).target
+    ids, prompt = [1, 6, 7], list(range(3, 40))
+    whole = StaticRunner(target, max_len=256, sizes=(1,), feature_layer_ids=ids)
+    logits, feats = whole.prefill(prompt)
+    monkeypatch.setattr(runner_module, "PREFILL_CHUNK", 5)  # 37 tokens: seven chunks and a partial one
+    chunked = StaticRunner(target, max_len=256, sizes=(1,), feature_layer_ids=ids)
+    logits_c, feats_c = chunked.prefill(prompt)
+    torch.testing.assert_close(logits_c, logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(feats_c, feats, rtol=1e-5, atol=1e-5)
+    for name in ("rec_all", "conv_all", "keys_all", "values_all"):
+        torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), rtol=1e-5, atol=1e-5, msg=name)
+    assert chunked.committed == whole.committed == len(prompt)

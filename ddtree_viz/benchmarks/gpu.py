@@ -484,6 +484,19 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
     return out
 
 
+@torch.no_grad()
+def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
+    """--int4-tune: a 4-layer 4-bit target at the 27B's widths (its layer kinds, each GEMM's shape), the copy
+    bandwidth, and int4_tune.tune's sweep of the 4-bit GEMM's launches over them."""
+    from ..engine.verify import device_sync
+    from .int4_tune import tune
+
+    target = build_quantized_target(bench, 4, dtype, "int4")
+    timed = timer(device_sync(target))
+    bandwidth = copy_bandwidth(timed, bench.device, gib=0.25 if bench.smoke else 4.0)
+    return {"copy_bandwidth_TBps": bandwidth / 1e12, "gemms": tune(bench, target, timed, bandwidth)}
+
+
 def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
     """quantized_speed, or what broke (traceback on stderr; the cap lifted) beside what it measured before (its
     memory trail among them): the bf16 figures still come back."""
@@ -2341,6 +2354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantized-only", action="store_true",
                    help="with --fp8 / --int4: only the quantized targets, no bf16 target before them (quantized_alone)")
     p.add_argument("--int4-drafter", action="store_true", help="with --quantized-only: the drafter's Linears 4-bit")
+    p.add_argument("--int4-tune", action="store_true",
+                   help="only the 4-bit GEMM's launches swept at the 27B's shapes (benchmarks/int4_tune.py)")
     p.add_argument("--no-profiler", action="store_true",
                    help="no device timelines through torch.profiler (each comes back as 'not profiled')")
     p.add_argument("--new-tokens", type=int, default=48)
@@ -2448,6 +2463,10 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(report, indent=1))
 
+    if a.int4_tune:
+        report["int4_tune"] = int4_tune(bench, getattr(torch, a.dtype))
+        save()
+        return 0
     if a.quantized_only:
         report["speed"] = quantized_alone(bench, a.layers, getattr(torch, a.dtype), a.budgets)
         print(json.dumps({"targets": report["speed"]["fast"]["targets"]}, indent=1), flush=True)

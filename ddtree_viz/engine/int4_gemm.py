@@ -52,12 +52,27 @@ class Config:
     num_warps: int = 4
     num_stages: int = 3
     gemv: bool = False
+    # the word form (_int4_words): a step's words loaded whole ([block_n, block_k / 8], each row's contiguous) and
+    # unpacked in registers, its scales a group at a time; the input split into split_k slices, each slice's
+    # partial product summed after (a second, deterministic reduction); block_m rows of x a program (0: block_m())
+    words: bool = False
+    split_k: int = 1
+    block_m: int = 0
 
 
 def choose(rows: int, n: int, k: int) -> Config:
     """The launch for an [rows, k] x [n, k]^T product: the plain tile form at every shape until a GPU's figures
     (gpu_bench --int4: speed.fast.int4.gemms, this config beside its neighbours and the one-row kernel) choose."""
     return Config()
+
+
+def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:
+    """Whether the word form can read this layout: no activation order, and a step's columns either inside one group
+    (block_k dividing it) or whole groups of a power-of-2 size (the group dividing block_k); each split's slice whole
+    steps."""
+    pow2 = group & (group - 1) == 0
+    return (g_idx is None and c.block_k % 8 == 0 and (group % c.block_k == 0 or (pow2 and c.block_k % group == 0))
+            and c.split_k >= 1)
 
 
 def whole_groups(c: Config, group: int, g_idx: torch.Tensor | None) -> bool:
@@ -132,6 +147,49 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, WORDS, GROUPS, stride_xm
     tl.store(y_ptr + m * stride_ym + rn, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride_xm, SLICE,
+                GROUP: tl.constexpr, ASYM: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    part = tl.program_id(2)
+    row_ok, col_ok = rm < M, rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    shifts = tl.arange(0, 8) * 4  # field i of a word: bits 4i .. 4i + 3
+    for step in range(0, SLICE, BLOCK_K):  # past K (the last slice's tail): all masked
+        k0 = part * SLICE + step
+        rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(w_ptr + rn[:, None] * WORDS + rw[None, :], mask=col_ok[:, None] & (rw < WORDS)[None, :],
+                        other=0)
+        q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K)) - 8
+        if GROUP % BLOCK_K == 0:  # the step inside one group: a scale (and zero point) a row
+            group = k0 // GROUP
+            s_ok = col_ok & (k0 < K)
+            scale = tl.load(s_ptr + rn * GROUPS + group, mask=s_ok, other=0.0).to(tl.float32)
+            if ASYM:
+                zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=s_ok, other=0)
+                q -= (((zw >> ((rn % 8) * 4)) & 0xF) - 8)[:, None]
+            w = q.to(tl.float32) * scale[:, None]
+        else:  # BLOCK_K // GROUP whole groups a step
+            gi = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            g_ok = col_ok[:, None] & (gi < GROUPS)[None, :]
+            scale = tl.load(s_ptr + rn[:, None] * GROUPS + gi[None, :], mask=g_ok, other=0.0).to(tl.float32)
+            q3 = tl.reshape(q, (BLOCK_N, BLOCK_K // GROUP, GROUP))
+            if ASYM:
+                zw = tl.load(z_ptr + (rn // 8)[:, None] * GROUPS + gi[None, :], mask=g_ok, other=0)
+                q3 -= (((zw >> ((rn % 8) * 4)[:, None]) & 0xF) - 8)[:, :, None]
+            w = tl.reshape(q3.to(tl.float32) * scale[:, :, None], (BLOCK_N, BLOCK_K))
+        rk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
+        w = w.to(x.dtype)  # exact in float32, rounded once
+        if UPCAST:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    tl.store(p_ptr + part * M * N + rm[:, None] * N + rn[None, :], acc.to(p_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
 def block_m(rows: int) -> int:
     """Rows of x a program takes: the tensor cores' 16 at least, 64 at most (a prefill's many rows in tiles)."""
     return min(64, max(16, triton.next_power_of_2(rows)))
@@ -157,6 +215,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     launch = dict(num_warps=c.num_warps, num_stages=c.num_stages)
     z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
+    if M and c.words and word_groups(c, group, K, g_idx):
+        return _words(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
     if M and c.gemv:
         _int4_gemv[(M, triton.cdiv(N, c.block_n))](x2, packed, scale, z, y, N, K, packed.shape[1], scale.shape[1],
                                                    x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None,
@@ -169,3 +229,21 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
             WHOLE=whole, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
             BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y.reshape(*x.shape[:-1], N)
+
+
+def _words(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+           c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
+    """The word form's launch: split_k slices of the input (whole steps each), each slice's partial product in
+    float32 and their sum in a fixed order (torch's sum over the slices), or with one slice the product cast in
+    the store."""
+    (M, K), N = x2.shape, packed.shape[0]
+    slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
+    parts = triton.cdiv(K, slice_k)
+    out = y if parts == 1 else torch.empty(parts, M, N, device=x2.device, dtype=torch.float32)
+    bm = c.block_m or block_m(M)
+    _int4_words[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n), parts)](
+        x2, packed, scale, packed if zero is None else zero, out, M, N, K, packed.shape[1], scale.shape[1],
+        x2.stride(0), slice_k, GROUP=group, ASYM=zero is not None,
+        PRECISION="ieee" if x2.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
+    return y if parts == 1 else torch.sum(out, 0, out=None).to(y.dtype)

@@ -91,6 +91,11 @@ BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
 # rows padded to a multiple of 16 (what cuBLAS picks differs by row count; docs/PERFORMANCE.md section 23)
 GATE_UP_FORMS = ("fused", "split", "padded")
 GATE_UP_CHOICES = ("auto", *GATE_UP_FORMS)
+# a prefill's tokens a forward: transformers' forward over a long prompt in chunks, its cache carried from one to
+# the next (the GDN layers start from the carried conv window and recurrent state), so a prefill's transients (a
+# layer's activations, the MLP's intermediate, the reference conv's copies) are a chunk's, not the prompt's: a 16k
+# prompt on a 4-bit 27B asked 322 MB more past a 24 GB card's cap in one forward (docs/PERFORMANCE.md)
+PREFILL_CHUNK = 4096
 GATE_UP_GAIN = 0.98  # "auto" takes a form other than the fused GEMM where it is at least 2% faster
 # the norms the pieces compute (zero-centred RMSNorm: x / rms(x) * (1 + w), the scale precomputed in fp32)
 NORM_KINDS = ("Qwen3_5RMSNorm", "Qwen3_5TextRMSNorm", "Qwen3_5MoeRMSNorm")
@@ -697,7 +702,9 @@ class StaticRunner:
         cache = DynamicCache(config=self.target.config)
         ids = torch.tensor([prompt_ids], device=self.device)
         with sdpa_backends(self.device), self._features_kept() as kept:
-            out = self.target(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            for start in range(0, ids.shape[1], PREFILL_CHUNK):  # the cache carried from chunk to chunk
+                out = self.target(input_ids=ids[:, start:start + PREFILL_CHUNK], cache=cache, use_cache=True,
+                                  logits_to_keep=1)
         n = len(prompt_ids)
         for i, layer in enumerate(cache.layers):
             if i in self.conv:
@@ -708,7 +715,8 @@ class StaticRunner:
                 self.values[i][:, :, :n].copy_(layer.values)
         self.committed = n
         self.committed_t.fill_(n)
-        feats = torch.cat([kept[i][0] for i in self.feature_layer_ids], dim=-1) if self.feature_layer_ids else None
+        feats = (torch.cat([torch.cat(kept[i], dim=1)[0] for i in self.feature_layer_ids], dim=-1)
+                 if self.feature_layer_ids else None)
         return out.logits[0, -1].float(), feats
 
     @contextmanager
@@ -717,13 +725,13 @@ class StaticRunner:
         (the last layer's through the final norm, as transformers' hidden_states[L] is), what
         output_hidden_states=True gives at [i + 1], without holding every layer's (65 x 42 MB at 4,096 tokens of a
         27B model: 2.7 GB at the prefill's peak)."""
-        kept: dict[int, torch.Tensor] = {}
+        kept: dict[int, list[torch.Tensor]] = {i: [] for i in self.feature_layer_ids}  # a tensor a chunk
         last = len(self.layers) - 1
         hooks = []
         for i in self.feature_layer_ids:
             module = self.target.model.norm if i == last else self.layers[i]
             hooks.append(module.register_forward_hook(
-                lambda m, args, out, i=i: kept.__setitem__(i, out[0] if isinstance(out, tuple) else out)))
+                lambda m, args, out, i=i: kept[i].append(out[0] if isinstance(out, tuple) else out)))
         try:
             yield kept
         finally:
