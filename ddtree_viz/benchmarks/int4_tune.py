@@ -29,9 +29,9 @@ def candidates(kernel, rows: int) -> dict[str, object]:
     Config = kernel.Config
     out = {"tile_default": Config(), "chosen": kernel.choose(rows, 0, 0)}
     if rows <= 16:
-        grid = itertools.product((16, 32, 64), (128, 256, 512), (1, 2, 4, 8), ((4, 3), (8, 4)), (16,))
+        grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,))
     else:
-        grid = itertools.product((64, 128), (64, 128, 256), (1, 2, 4), ((4, 3), (8, 3)), (64, 128))
+        grid = itertools.product((64, 128), (64, 128), (1, 2), ((4, 3), (8, 3)), (64, 128))
     for bn, bk, split, (warps, stages), bm in grid:
         out[f"words_m{bm}_n{bn}_k{bk}_s{split}_w{warps}_p{stages}"] = Config(
             block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, words=True, split_k=split, block_m=bm)

@@ -31,6 +31,7 @@ g_idx [K] or None; returns y [..., N] in x's dtype.
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -60,10 +61,24 @@ class Config:
     block_m: int = 0
 
 
+SMS = 132  # an H100's / H200's multiprocessors: the programs a launch should at least fill twice
+
+
 def choose(rows: int, n: int, k: int) -> Config:
-    """The launch for an [rows, k] x [n, k]^T product: the plain tile form at every shape until a GPU's figures
-    (gpu_bench --int4: speed.fast.int4.gemms, this config beside its neighbours and the one-row kernel) choose."""
-    return Config()
+    """The launch for an [rows, k] x [n, k]^T product: the word form, its input split into as many slices as it
+    takes for about two programs a multiprocessor (a 5120-row down_proj at one row has 160 programs of 32 rows:
+    two slices), each slice at least four steps. The tile form ran a 27B decode step at 50x its weight-read bound
+    on an H100 (docs/PERFORMANCE.md): 80 programs walking 272 steps each. gpu_bench --int4-tune measures these
+    launches against their neighbours."""
+    if rows <= 16:
+        c = Config(block_n=32, block_k=256, num_warps=4, num_stages=3, words=True, block_m=16)
+    else:
+        c = Config(block_n=64, block_k=128, num_warps=8, num_stages=3, words=True, block_m=64 if rows <= 64 else 128)
+    if not n or not k:
+        return c
+    programs = triton.cdiv(rows, c.block_m) * triton.cdiv(n, c.block_n)
+    split = max(1, min(triton.cdiv(2 * SMS, programs), k // (4 * c.block_k)))
+    return dataclasses.replace(c, split_k=split)
 
 
 def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:
@@ -208,6 +223,8 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         x2 = x2.contiguous()
     M = x2.shape[0]
     c = config or choose(M, N, K)
+    if c.words and not word_groups(c, group, K, g_idx):  # activation order, or groups the word form cannot step
+        c = Config()
     whole = whole_groups(c, group, g_idx)
     if c.gemv and not whole:
         raise ValueError(f"the one-row kernel needs whole groups: group {group}, block_k {c.block_k}, "
@@ -215,7 +232,7 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     launch = dict(num_warps=c.num_warps, num_stages=c.num_stages)
     z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
-    if M and c.words and word_groups(c, group, K, g_idx):
+    if M and c.words:
         return _words(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
     if M and c.gemv:
         _int4_gemv[(M, triton.cdiv(N, c.block_n))](x2, packed, scale, z, y, N, K, packed.shape[1], scale.shape[1],
