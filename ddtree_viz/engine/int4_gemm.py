@@ -9,18 +9,19 @@ activations' dtype (as int4.dequantize(...).to(dtype) at load rounds it), then m
 a float32 product in IEEE float32 (no TF32). So the runner over kept 4-bit weights and the runner over the weights
 dequantized at load compute the same products, up to the order of the sums.
 
-This is the first, plain form (docs/PERFORMANCE.md section 36), and `choose` picks it at every shape: one kernel for
-every row count (a decode step's one row padded to the tensor cores' 16), a program a BLOCK_M x block_n tile of y
-walking the input dimension block_k columns at a time; each column's word loaded where it lies (eight columns share
-a word: the cache serves the repeats) and its field shifted out; a scale (and zero point) a row for the step where
-its columns are one group (block_k dividing the group, no activation order), else each column's read through its
-group index, so every layout the loader accepts runs here unchanged: groups of any size, per channel,
-activation order (g_idx), asymmetric zero points packed along the rows, partial words and groups at the edges
-(masked). Beside it, for the bench to time (`Config.gemv`, gpu_bench --int4's gemms), the one-row kernel on the CUDA
-cores that fp8_gemm's measurements favour at one row: a word's eight fields against eight of x's columns, x times
-the row's scale in float32 so each weight is exact (as fp8_gemm's one-row product: in bfloat16 a rounding of a
-weight apart from the tile form, the noise the verdict rules measure; in float32 the same to the order of the
-sums), whole groups only. Neither is measured on a GPU yet.
+Three forms. The word form (`Config.words`, what `choose` picks): a program a block_m x block_n tile of y, a step's
+words loaded whole ([block_n, block_k / 8], each row's contiguous) and unpacked in registers, its scales (and zero
+points) a group at a time (one group a step, or whole groups of a power-of-2 size), the input split into split_k
+slices whose partial products are summed after in a fixed order (deterministic), so a decode step's few programs
+do not each walk the whole input. The tile form, the first one (docs/PERFORMANCE.md section 36), and the fallback
+for what the word form cannot step (activation order, groups neither dividing nor divided by a step): each column's
+word loaded where it lies and its field shifted out, each column's scale through its group index, so every layout
+the loader accepts runs here unchanged: groups of any size, per channel, activation order (g_idx), asymmetric zero
+points packed along the rows, partial words and groups at the edges (masked). On an H100 it ran the 27B's decode step
+at 50x its weight-read bound: a down_proj's 80 programs walked 272 steps each. And for the bench to time
+(`Config.gemv`), the one-row kernel on the CUDA cores: a word's eight fields against eight of x's columns, x times
+the row's scale in float32 so each weight is exact (in bfloat16 a rounding of a weight apart from the tile form, the
+noise the verdict rules measure; in float32 the same to the order of the sums), whole groups only.
 
 Imported only where a kept 4-bit weight meets a CUDA input (int4.linear); without a GPU it runs in Triton's
 interpreter (TRITON_INTERPRET=1; tests/test_int4_kernel.py). Shapes: x [..., K] (float32, bfloat16 or float16),
