@@ -1003,3 +1003,48 @@ def test_a_step_in_flight_shows_its_progress_on_the_status_only(page):
     assert page.evaluate(PROGRESS_JS) == ["ddv-status"]
     wait_status(page, "Round 2 of 2")
     page.wait_for_function("document.querySelector('#ddv-grid').innerText.includes('round 2')", timeout=30_000)
+
+
+def headline_and_tree_in_view(page, size: dict) -> dict:
+    """The status line (the round's headline, or the error) inside the window, and the tree under it: its top in
+    the window and at least half the window's height of it shown (all of it when shorter: a budget-128 tree is
+    taller than any window)."""
+    box = page.evaluate("""() => { const r = (id) => { const b = document.getElementById(id).getBoundingClientRect();
+                                                      return {top: b.top, bottom: b.bottom}; };
+                                   return {status: r('ddv-status'), tree: r('ddv-tree')}; }""")
+    assert box["status"]["top"] >= 0 and box["status"]["bottom"] <= size["height"], box
+    tree = box["tree"]
+    shown = min(tree["bottom"], size["height"]) - tree["top"]
+    assert tree["top"] >= 0 and shown >= min(tree["bottom"] - tree["top"], size["height"] / 2), box
+    return box
+
+
+def test_after_step_run_and_an_error_the_headline_and_tree_are_on_the_first_screen(app_url):
+    """#65.1: at 1280x800 the status line sat at y ~1100 under the settings: after Step the screen did not change,
+    an empty prompt's error was invisible. After a Step, a Run and an error, the round's headline (or the error)
+    and the tree are in the window without scrolling by hand."""
+    small = {"width": 1280, "height": 800}
+    p, browser, page = open_page(app_url, small)
+    try:
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, "Round 1 of 1")
+        page.wait_for_function("document.querySelector('#ddv-tree .js-plotly-plot .scatterlayer')", timeout=30_000)
+        headline_and_tree_in_view(page, small)
+        page.screenshot(path=str(ARTIFACTS / "after-step-1280x800.png"))
+        page.evaluate("window.scrollTo(0, 0)")  # back to the buttons, as a user who reads the settings
+        page.locator("#ddv-max-new input[type=number]").fill("24")
+        page.locator("#ddv-max-new input[type=number]").press("Enter")
+        page.get_by_role("button", name="Run", exact=True).click()
+        wait_text(page, "#ddv-status", "Finished", 180)
+        wait_status(page, "Finished")
+        headline_and_tree_in_view(page, small)
+        page.evaluate("window.scrollTo(0, 0)")
+        page.get_by_label("Prompt").fill("")
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_text(page, "#ddv-status", "prompt", 60)
+        box = headline_and_tree_in_view(page, small)
+        assert "empty" in page.locator("#ddv-status").inner_text().lower(), box
+        page.screenshot(path=str(ARTIFACTS / "error-1280x800.png"))
+    finally:
+        browser.close()
+        p.stop()

@@ -5,6 +5,7 @@ from ...render import report as report_view
 
 KEYS_JS = """
 () => {
+  const ACTIONS = '#ddv-step, #ddv-run, #ddv-check-transformers, #ddv-reset, #ddv-back, #ddv-forward';
   // the node inspector: a click on a tree node writes its tree position into the hidden #ddv-inspect-click box
   // (gr.Plot forwards no plotly events); a nonce makes a second click on the same node count too
   const hook = () => {
@@ -152,6 +153,26 @@ KEYS_JS = """
     const seen = new MutationObserver(() => { stepping = 0; seen.disconnect(); });
     // the Markdown's own text, not the progress tracker beside it (its timer ticks while the Step is on its way)
     seen.observe(status.querySelector('.prose, .md') || status, {childList: true, subtree: true, characterData: true});
+  }, true);
+  // issue #65.1: after an action (Step, Run, the check, Reset, Back, Forward, and their keys) the round's headline
+  // and its tree on the first screen, an error where the eye is: when the status line next changes (the answer,
+  // the first round of a Run, or the error), it is scrolled to the top of the window if it or the tree under it is
+  // out of view (at 1280x800 the status sat at y ~1100, under the settings)
+  document.addEventListener('click', (e) => {
+    const b = e.target && e.target.closest ? e.target.closest(ACTIONS) : null;
+    const status = b && document.getElementById('ddv-status');
+    if (!status) return;
+    const text = status.querySelector('.prose, .md') || status;
+    if (text._ddvReveal) text._ddvReveal.disconnect();
+    const seen = new MutationObserver(() => {
+      seen.disconnect();
+      text._ddvReveal = null;
+      const tree = document.getElementById('ddv-tree');
+      const r = status.getBoundingClientRect(), t = tree ? tree.getBoundingClientRect() : r;
+      if (r.top < 0 || Math.max(r.bottom, t.bottom) > window.innerHeight) status.scrollIntoView({block: 'start'});
+    });
+    text._ddvReveal = seen;
+    seen.observe(text, {childList: true, subtree: true, characterData: true});
   }, true);
   // the Analyze tab: a click on a round link of the report writes 'file|round|nonce' into the hidden
   // #ddv-report-click box, which opens that round in the Step tab (the link's own href goes nowhere)
