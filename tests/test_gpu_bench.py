@@ -437,3 +437,17 @@ def test_verdict_summary_counts_each_outcome():
     assert not gpu.verdict_summary(runs + [{"identical": False, "verdict": "mismatch"}])["mismatches_none"]
     unjudged = gpu.verdict_summary(runs + [{"identical": False, "verdict": None}])
     assert unjudged["unjudged"] == 1 and not unjudged["mismatches_none"]
+
+
+def test_int4_tune_says_why_it_measures_nothing_without_triton(tmp_path):
+    """--int4-tune sweeps the 4-bit GEMM's launches (benchmarks/int4_tune.py); where torch has no Triton (the CPU
+    build) the report says why instead of a traceback."""
+    import importlib.util
+
+    from ddtree_viz.benchmarks import gpu
+
+    if importlib.util.find_spec("triton") is not None:
+        pytest.skip("with Triton the sweep is a GPU's: gpu_bench --int4-tune")
+    out = tmp_path / "tune.json"
+    assert gpu.main(["--smoke", "--int4-tune", "--json", str(out)]) == 0
+    assert "needs Triton" in json.loads(out.read_text())["int4_tune"]["error"]

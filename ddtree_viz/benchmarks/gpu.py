@@ -491,10 +491,16 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
     from ..engine.verify import device_sync
     from .int4_tune import tune
 
+    from ..engine import int4
+
+    if int4._gemm_module() is None:
+        return {"error": "the 4-bit GEMM needs Triton, which this torch build lacks"}
     target = build_quantized_target(bench, 4, dtype, "int4")
     timed = timer(device_sync(target))
     bandwidth = copy_bandwidth(timed, bench.device, gib=0.25 if bench.smoke else 4.0)
-    return {"copy_bandwidth_TBps": bandwidth / 1e12, "gemms": tune(bench, target, timed, bandwidth)}
+    gemms = layer_gemms(target, int4.FusedInt4Linear)
+    return {"copy_bandwidth_TBps": bandwidth / 1e12,
+            "gemms": tune(gemms, functools.partial(per_call_us, bench, timed, 24), bandwidth)}
 
 
 def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:

@@ -14,7 +14,6 @@ measured in the same run."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 
@@ -39,16 +38,15 @@ def candidates(kernel, rows: int) -> dict[str, object]:
 
 
 @torch.no_grad()
-def tune(bench, target, timed, bandwidth: float, calls: int = 24) -> dict:
-    """Per GEMM and row count: every candidate's microseconds a call (or why it failed, or its error against the
-    tile form), the best, and the packed bytes' bound."""
+def tune(gemms: dict, per_call, bandwidth: float) -> dict:
+    """Per GEMM of `gemms` (gpu.layer_gemms of a 4-bit target) and row count: every candidate's microseconds a call
+    (`per_call(fn)`: gpu.per_call_us, a CUDA graph of calls), or why it failed, or its error against the tile form;
+    the best, and the packed bytes' bound."""
     from ..engine import int4
-    from .gpu import layer_gemms, per_call_us
 
     kernel = int4._gemm_module()
-    dtype = target.get_input_embeddings().weight.dtype
     out: dict = {}
-    for name, g in layer_gemms(target, int4.FusedInt4Linear).items():
+    for name, g in gemms.items():
         fused = isinstance(g, int4.FusedInt4Linear)
         packed, scale = (g.packed, g.scale) if fused else (g.weight_packed, g.weight_scale)
         k = packed.shape[1] * int4.PER_WORD
@@ -57,12 +55,11 @@ def tune(bench, target, timed, bandwidth: float, calls: int = 24) -> dict:
         row: dict = {"shape": [packed.shape[0], k], "bytes": nbytes, "bound_us": nbytes / bandwidth * 1e6,
                      "copies": len(copies)}
         for m in ROWS:
-            x = torch.randn(m, k, device=packed.device, dtype=dtype)
+            x = torch.randn(m, k, device=packed.device, dtype=scale.dtype)  # bf16 scales: the model's dtype
             ref = kernel.int4_linear(x, packed, scale, None, None, g.group, kernel.Config()).float()
             cells = {}
             for label, c in candidates(kernel, m).items():
-                cells[label] = measure(kernel, x, copies, g.group, c, ref, functools.partial(per_call_us, bench,
-                                                                                            timed, calls))
+                cells[label] = measure(kernel, x, copies, g.group, c, ref, per_call)
             timed_ok = {lb: v["us"] for lb, v in cells.items() if isinstance(v.get("us"), float)}
             best = min(timed_ok, key=timed_ok.get)
             row[str(m)] = {"best": best, "best_config": dataclasses.asdict(candidates(kernel, m)[best]),

@@ -728,7 +728,7 @@ class StaticRunner:
         kept: dict[int, list[torch.Tensor]] = {i: [] for i in self.feature_layer_ids}  # a tensor a chunk
         last = len(self.layers) - 1
         hooks = []
-        for i in self.feature_layer_ids:
+        for i in kept:  # a layer named twice (a toy drafter's ids) hooked once
             module = self.target.model.norm if i == last else self.layers[i]
             hooks.append(module.register_forward_hook(
                 lambda m, args, out, i=i: kept[i].append(out[0] if isinstance(out, tuple) else out)))
