@@ -283,7 +283,7 @@ def test_runner_with_cuda_graphs_equals_greedy():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 def test_recorded_rounds_build_their_tree_on_the_device_by_default():
     """The page's rounds (records kept) on one GPU build DDTree's marginal tree on the device by default
-    (_tree_where; PERFORMANCE.md section 21), with the same records, tree for tree, as the host's tree."""
+    (_tree_where; docs/lab/NOTEBOOK.md section 21), with the same records, tree for tree, as the host's tree."""
     pair, prompt, runner = on_cuda()
     histories = []
     for where in (None, False):
@@ -925,7 +925,7 @@ def test_warm_rounds_runs_a_short_session_of_the_settings_and_drops_it(pair):
 def test_the_pages_first_step_after_load_compiles_nothing():
     """The page's load on a GPU runs a first round at its default settings (page/host.py, warm_rounds), so a new
     tab's first Step and check at those settings make no Triton kernel and no compiled graph (a fresh process's
-    first Step took 8.9 s at 27B shapes before: PERFORMANCE.md section 22)."""
+    first Step took 8.9 s at 27B shapes before: docs/lab/NOTEBOOK.md section 22)."""
     import triton
     from ddtree_viz.page import actions
     from ddtree_viz.page.host import ModelHost

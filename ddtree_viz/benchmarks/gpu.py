@@ -1350,7 +1350,7 @@ def gate_up_forms(runner) -> dict:
 
 def host_loop_us() -> float:
     """The host's own speed now: µs for a fixed pure-Python loop (2,000 multiplies and adds). The H200 machines'
-    hosts moved it 0.9-1.7x within one process (PERFORMANCE.md section 31), and every host figure (a launch, a
+    hosts moved it 0.9-1.7x within one process (docs/lab/NOTEBOOK.md section 31), and every host figure (a launch, a
     round's host time) moves with it, so each is reported beside it."""
     start = time.perf_counter()
     sum(i * i for i in range(2000))

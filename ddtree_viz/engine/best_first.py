@@ -2,7 +2,7 @@
 log-probs are, node for node build_tree's (ties included).
 
 tree.tree_on_device builds the same tree by tensor ops, a stable sort a depth: in a CUDA graph about 350 small
-kernels, 1.8 ms at budget 64 on an H200 (docs/PERFORMANCE.md section 14), where the host's heap takes ~0.1 ms. Here
+kernels, 1.8 ms at budget 64 on an H200 (docs/lab/NOTEBOOK.md section 14), where the host's heap takes ~0.1 ms. Here
 one program runs the heap's loop itself: the frontier (the heap's entries) sits in registers, F slots of score,
 parent's score, parent, depth, rank and rank path; each of the n - 1 pops takes the best entry (score descending,
 then the rank path ascending, a prefix before its extensions: build_tree's order), writes its node, puts its next

@@ -365,7 +365,7 @@ def runner_blocker(target) -> str | None:
 def default_engine(target, verify: str = EXACT, reference_gdn: bool = False) -> str:
     """THE rule for which engine runs when none is named (`auto`: the CLI's run and bench, the page, DecodeSession):
     the first engine in the registry's order of preference that can run this target and mode. That is the static
-    runner (same rounds, same records, faster on a CPU too: PERFORMANCE.md section 1) for exact rounds on a
+    runner (same rounds, same records, faster on a CPU too: docs/lab/NOTEBOOK.md section 1) for exact rounds on a
     Qwen3.5 hybrid target on one device; transformers' own forward (the reference path) everywhere else: naive
     rounds, the reference GDN, pure-attention targets, targets split by a device_map."""
     for entry in ENTRIES:

@@ -266,7 +266,7 @@ def expandable_segments() -> bool:
     """Ask torch's CUDA allocator for expandable segments, unless PYTORCH_CUDA_ALLOC_CONF says otherwise (the user's
     choice stands); whether they are on. A 27B FP8 target and its drafter fill most of a 40 GB card, and with
     fixed-size segments the memory the runner's graphs need next is scattered over them: the first H200 run under a
-    40 GB cap ran out with 4.94 GiB reserved but unused (docs/PERFORMANCE.md section 13)."""
+    40 GB cap ran out with 4.94 GiB reserved but unused (docs/lab/NOTEBOOK.md section 13)."""
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if conf:
         return "expandable_segments:true" in conf.replace(" ", "").lower()

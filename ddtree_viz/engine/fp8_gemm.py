@@ -126,7 +126,7 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     columns, so a tile has one scale, and it multiplies x's BLOCK_K columns (float32) instead of the tile's weights:
     each weight is e4m3 -> float32 and one fused multiply-add, y[n] += sum_k w[n, k] (x[k] s), where the tile
     kernel converts, scales and rounds every weight for the tensor cores (a one-row product then takes 1.04-1.13x a
-    load-only loop's time over its weight, the tile kernel 1.1-1.4x; PERFORMANCE.md section 32). The same
+    load-only loop's time over its weight, the tile kernel 1.1-1.4x; docs/lab/NOTEBOOK.md section 32). The same
     dequantized product, its weight exact (never rounded to x's dtype); the split's slices and their sums as the
     tile kernel's (SPLIT, SUM_IN_LAUNCH). PLAIN: a plain weight q [NQ, K] (x's dtype, no scales) rides the launch,
     its rows y's columns N to N + NQ, made by the programs past W's tiles (W a whole number of them tall): an FP8
@@ -313,7 +313,7 @@ def stages(c: Config, itemsize: int, shared: int) -> int:
 
 
 def choose(M: int, N: int, K: int, device: torch.device) -> Config:
-    """The config for an [M, K] x [N, K]^T product (PERFORMANCE.md section 13 measured each rule on an H200):
+    """The config for an [M, K] x [N, K]^T product (docs/lab/NOTEBOOK.md section 13 measured each rule on an H200):
     - one row (a greedy step): `one_row`'s, on the CUDA cores;
     - 2 to 16 rows: 16 rows by 64 weight rows, K split in the most parts (up to 8) that keep 6 steps of
       BLOCK_K each (`splits`: 8 for down_proj and the out/o projections, 4 for in_proj, qkv and gate+up at K = 5120;

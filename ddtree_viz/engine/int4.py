@@ -164,7 +164,7 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -
     """What a kept weight is loaded as while transformers loads the rest (dequantize_state's `keep`): zeros of its
     shape and `dtype` in one element of memory (a stride-0 view), whose storage tells fp8.keep_linears which Linear
     was loaded with it; the kept module replaces it, so a checkpoint's memory at load is its own size, not a
-    dequantized model's (docs/PERFORMANCE.md section 36: a 0.33B model's FP8 load +949 -> +54 MiB of host memory).
+    dequantized model's (docs/lab/NOTEBOOK.md section 36: a 0.33B model's FP8 load +949 -> +54 MiB of host memory).
     """
     return torch.zeros(1, dtype=dtype, device=device).expand(shape)
 

@@ -13,7 +13,7 @@ Three forms. The word form (`Config.words`, what `choose` picks): a program a bl
 words loaded whole ([block_n, block_k / 8], each row's contiguous) and unpacked in registers, its scales (and zero
 points) a group at a time (one group a step, or whole groups of a power-of-2 size), the input split into split_k
 slices whose partial products are summed after in a fixed order (deterministic), so a decode step's few programs
-do not each walk the whole input. The tile form, the first one (docs/PERFORMANCE.md section 36), and the fallback
+do not each walk the whole input. The tile form, the first one (docs/lab/NOTEBOOK.md section 36), and the fallback
 for what the word form cannot step (activation order, groups neither dividing nor divided by a step): each column's
 word loaded where it lies and its field shifted out, each column's scale through its group index, so every layout
 the loader accepts runs here unchanged: groups of any size, per channel, activation order (g_idx), asymmetric zero

@@ -2,7 +2,7 @@
 
 A verify graph at Qwen3.6-27B shapes is ~1,240 kernels; its replay() costs the host 0.45-0.8 ms (gpu_bench's
 `graph_launch`), and in a round it can only start once the host has built the tree and staged it, so the device
-waits for the launch (PERFORMANCE.md section 17). Launched ahead, the graph is queued on a stream of its own behind
+waits for the launch (docs/lab/NOTEBOOK.md section 17). Launched ahead, the graph is queued on a stream of its own behind
 a wait on a device word (the CUDA driver's stream memory operations: cuStreamWaitValue32 / cuStreamWriteValue32,
 no kernel, no SM held), while the device still runs the draft; the host builds the tree, queues the inputs' copies
 and then the word's write on the main stream, and the graph starts as soon as they land. The main stream waits for

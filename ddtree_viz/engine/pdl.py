@@ -7,7 +7,7 @@ has started and said so, and wait in the kernel (griddepcontrol.wait) until it h
 visible. At a greedy step the device then no longer idles between a norm and the product after it, or a product
 and the norm after it, while the next kernel is launched and its programs are placed; and the one-row FP8 product
 reads its first weight tile before it waits. On H200s at Qwen3.6-27B shapes the FP8 greedy step, chained, went
-from 9.51 to 9.34 ms and, on another machine, from 9.69 to 9.52 (docs/PERFORMANCE.md section 35). Launching the
+from 9.51 to 9.34 ms and, on another machine, from 9.69 to 9.52 (docs/lab/NOTEBOOK.md section 35). Launching the
 one-step GDN kernel early as well gave 9.49 ms, the product alone without the norms 9.66: only these pairs launch
 early. A bf16 runner has no one-row FP8 product; its add + norms launch early all the same.
 

@@ -88,7 +88,7 @@ ATTENTION_KINDS = ("eager", "sdpa")
 BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
 BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
 # the MLP's gate and up projections, fused into one weight: one GEMM, two GEMMs on its halves, or one GEMM over the
-# rows padded to a multiple of 16 (what cuBLAS picks differs by row count; docs/PERFORMANCE.md section 23)
+# rows padded to a multiple of 16 (what cuBLAS picks differs by row count; docs/lab/NOTEBOOK.md section 23)
 GATE_UP_FORMS = ("fused", "split", "padded")
 GATE_UP_CHOICES = ("auto", *GATE_UP_FORMS)
 # a prefill's tokens a forward: transformers' forward over a long prompt in chunks, its cache carried from one to
@@ -142,7 +142,7 @@ def pick_gate_up(timed: dict[str, float]) -> str:
 class RunnerOptions:
     """How the runner computes on its device. "auto" / None pick the measured-fastest forms: fused projections and
     the compiled elementwise pieces on CUDA (greedy step 21.4 -> 16.2 ms at Qwen3.6-27B shapes on an H200), the
-    tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/PERFORMANCE.md section 6); `resolve`
+    tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/lab/NOTEBOOK.md section 6); `resolve`
     says what a device gets."""
 
     # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the

@@ -520,7 +520,7 @@ class DecodeSession:
         `launch_ahead`: DDTree's marginal rounds launch the verify graph before the tree is built, where the engine
         can (the runner on a GPU; engine/launch.py) and both models are on that one GPU (a phase timed by the wall
         clock would wait for the whole device inside the window); the same passes. None (default): where the
-        rounds keep no record (a recorded round's reads may wait on the whole device; PERFORMANCE.md section 19).
+        rounds keep no record (a recorded round's reads may wait on the whole device; docs/lab/NOTEBOOK.md section 19).
         `draft_ahead`: a queued draft goes in before the host reads the walk, from its result on the device, where
         it can (`draft_ahead`); `verify_ahead`: and the next round's tree and verify behind it (`verify_ahead`); the
         same rounds and records either way."""
@@ -582,7 +582,7 @@ class DecodeSession:
     def _tree_where(self, asked: bool | None, launch_ahead: bool | None) -> bool:
         """Whether DDTree's marginal tree is built on the device (`tree_on_device`): as asked (refused where the
         engine cannot take a tree as tensors), or for None where it was measured to cost the host least and the
-        round no more (PERFORMANCE.md sections 20-21): rounds on the runner, recorded (the page) or not, a drafter
+        round no more (docs/lab/NOTEBOOK.md sections 20-21): rounds on the runner, recorded (the page) or not, a drafter
         and the target on one GPU (the log-probs where the tree is built), the tree by the best-first kernel
         (Triton), unless a launch ahead was asked for (a host tree's)."""
         engine = self.target_engine
@@ -1215,7 +1215,7 @@ class DecodeSession:
         """Text of every id the trace names (prompt, output, reference, records), by str(id). Kept as the ids
         appear: each call decodes only the ids named since the last and copies the dict, so a Step's to_trace does
         not decode, sort or gather every id of the session again (at 27B shapes with random weights the records
-        name ~31,000 ids by round 100, which cost the page's Step 20 ms: PERFORMANCE.md section 22)."""
+        name ~31,000 ids by round 100, which cost the page's Step 20 ms: docs/lab/NOTEBOOK.md section 22)."""
         for source, ids in (("prompt", self.prompt_ids), ("output", self.generated), ("reference", greedy_ids or ())):
             self._name_new(source, ids)
         texts, unnamed = self._texts, self._unnamed

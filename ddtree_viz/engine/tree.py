@@ -91,7 +91,7 @@ class DeviceTree:
 
 class DeviceTreeBuilder:
     """DeviceTree.from_logprobs at one budget, captured as a CUDA graph per log-prob shape on a GPU: eagerly the
-    build is hundreds of small kernels (PERFORMANCE.md section 14: 12 ms at budget 64 on an H200, 1.8 ms in the
+    build is hundreds of small kernels (docs/lab/NOTEBOOK.md section 14: 12 ms at budget 64 on an H200, 1.8 ms in the
     graph with the copy back), in a graph one launch. The log-probs and the root's token are copied into the
     graph's inputs; the tree's tensors are its outputs, valid until the next call. Off CUDA, or where the capture
     failed (`error` says why), it builds eagerly. tests/test_tree.py holds the graph's trees to build_tree's."""
@@ -306,7 +306,7 @@ def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: i
     max_path - 1). The mask is the closure of "itself or its parent" by squaring (after s squarings a node reaches
     its ancestors up to 2^s steps away: ceil(log2(max_depth)) matrix products of 0 / 1 entries, exact in float32);
     the windows walk every node's ancestors one step at a time, kernel - 1 steps. A few dozen small ops, where a
-    step at a time for the mask too took ~130 (a host launching each of them: PERFORMANCE.md section 19)."""
+    step at a time for the mask too took ~130 (a host launching each of them: docs/lab/NOTEBOOK.md section 19)."""
     T = parents.shape[0]
     index = torch.arange(T, device=parents.device)
     reach = torch.eye(T, dtype=torch.float32, device=parents.device)  # itself, then its parent (the root has none)

@@ -2,7 +2,7 @@
 
 fused.add_rms_norm, compiled, is what the runner ran between a layer's products: 128 launches a pass at Qwen3.6-27B
 shapes, 2.2 us a call at one row and 3.4 at 65 in a CUDA graph on an H200 (this launch: 2.0 and 3.0; the greedy
-step 0.2 ms faster with it, docs/PERFORMANCE.md section 34). Here a program holds its whole row in registers:
+step 0.2 ms faster with it, docs/lab/NOTEBOOK.md section 34). Here a program holds its whole row in registers:
 it reads x and y once, writes x + y (in their dtype, as torch adds: the exact sum rounded once) and the norm of
 that sum, Qwen3.5's zero-centred RMSNorm (float32: the row's mean
 square, its reciprocal square root, times the fp32 scale 1 + w, rounded once to the dtype). The same function

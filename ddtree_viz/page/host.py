@@ -27,7 +27,7 @@ def cpu_threads(device: str = "cpu", cores: int | None = None) -> int:
     """Torch threads for the page's model work: one core less than this process may use (at least one), leaving a
     core to the server and the browser. On the CPU, two threads against a busy browser spin-wait in every
     operation's barrier: on a 2-core machine a DDTree round went from ~25 ms to ~450 ms while the page drew
-    (docs/PERFORMANCE.md, the page). On a GPU the host needs one thread."""
+    (docs/lab/NOTEBOOK.md section 8). On a GPU the host needs one thread."""
     if device != "cpu":
         return 1
     if cores is None:
@@ -247,7 +247,7 @@ def settle_heap() -> None:
     """Everything loaded so far (the models' modules, torch's and transformers' own objects: ~390,000 on the page's
     64-layer bench target) put out of the garbage collector's reach (gc.freeze). Otherwise a full collection scans
     them all in the middle of some Step: 218 ms once in 40 Steps of that target on the development machine, none
-    after (PERFORMANCE.md section 8)."""
+    after (docs/lab/NOTEBOOK.md section 8)."""
     gc.collect()
     gc.freeze()
 

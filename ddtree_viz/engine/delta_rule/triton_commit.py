@@ -5,7 +5,7 @@ fused.commit_recurrent advances each layer's state along the accepted path in it
     S <- e^{G_end} S + sum_{p < length} e^{G_end - G_p} k_p delta_p^T,    G_p = g_{path_0} + ... + g_{path_p},
 
 as a batched matmul into a temporary and a pass that reads it, the state, and writes the state: at Qwen3.6-27B
-shapes (48 layers x 48 heads of [128, 128] fp32, 151 MB) about 230 us a commit, compiled (docs/PERFORMANCE.md
+shapes (48 layers x 48 heads of [128, 128] fp32, 151 MB) about 230 us a commit, compiled (docs/lab/NOTEBOOK.md
 section 26).
 Here each program holds a [K, BLOCK_V] tile of one layer's head and adds the path's terms to it, one rank-one
 product a step (fp32; the steps past `length`, read on the device so that a CUDA graph serves every path, masked

@@ -34,7 +34,7 @@ torch.linalg.solve_triangular and a bmm). Here one launch does both, a program p
 All arithmetic is fp32. The products are "tf32x3" by default: each fp32 product as three TF32 tensor-core products
 (lo.hi + hi.lo, then hi.hi), which keeps fp32 accuracy (on an H200 at Qwen3.6-27B shapes its largest difference from
 the torch form, 9.5e-7 at 65 positions, equals "ieee"'s) at 16 us a layer against 41 us for "ieee"'s CUDA-core
-products and 47 us for cuBLAS's solve + bmm (docs/PERFORMANCE.md section 6). The split is made here (_split, _dot_parts:
+products and 47 us for cuBLAS's solve + bmm (docs/lab/NOTEBOOK.md section 6). The split is made here (_split, _dot_parts:
 Triton's own order and rounding, without its NaN replacement; a factor used twice split once), and a launch whose
 tiles are full (T = TP + 1: 65 and 129 positions) drops its masks (_below): 7-17% less a layer than Triton's split
 with masks (section 25). In Triton's interpreter (tests on a CPU) every product is plain fp32.
@@ -53,7 +53,7 @@ BLOCK_V = {64: 16, 128: 64}  # value columns per program by row tile (measured o
 # the products' precision: "tf32x3" three TF32 tensor-core products per fp32 product, split here (_split,
 # _dot_parts), fp32-accurate; "triton-tf32x3" the same split made by Triton (tl.dot's "tf32x3": the same numbers
 # for finite inputs, but it also replaces NaNs in the small products and splits a factor again at each use); "tf32"
-# one TF32 product (not fp32-accurate); "ieee" CUDA-core fp32 (docs/PERFORMANCE.md sections 6 and 25)
+# one TF32 product (not fp32-accurate); "ieee" CUDA-core fp32 (docs/lab/NOTEBOOK.md sections 6 and 25)
 PRECISION = "tf32x3"
 PRECISIONS = ("tf32x3", "triton-tf32x3", "tf32", "ieee")
 
@@ -283,14 +283,14 @@ PARTS_BLOCK_R = {64: 16, 128: 32}
 # value heads on 16 key heads), by row tile, with its rows and warps a program. An H200 at those shapes, a tree of
 # 15 levels, us a call by value head / by key head (rows a program, warps): at 65 positions 11.4 (16, 4) / 14.4
 # (16, 8); at 129 27.3 (32, 4) / 22.3 (16, 8), the whole rule 74.2 / 70.0 (the latter with (16, 4): 23.8;
-# docs/PERFORMANCE.md section 22)
+# docs/lab/NOTEBOOK.md section 22)
 PARTS_GROUP = {128: True}
 PARTS_GROUP_BLOCK_R = {64: 16, 128: 16}
 PARTS_GROUP_WARPS = {128: 8}
 # the solve's rows a block by row tile (_solve_blocked; a tile not here: one block, the level repetition over
 # every row, as _solve_rows), taken where the tree's level count (`steps`) is at least BLOCKED_FROM's for the tile.
 # An H200 at Qwen3.6-27B shapes, us a layer, over every row / by blocks of 16 / of 32 (gpu_bench's
-# tree_forms.solve_by_depth; docs/PERFORMANCE.md section 20): at 65 positions 28.1 / 31.5 / 31.7 at 1 level,
+# tree_forms.solve_by_depth; docs/lab/NOTEBOOK.md section 20): at 65 positions 28.1 / 31.5 / 31.7 at 1 level,
 # 32.3 / 32.6 / 35.3 at 7, 36.9 / 34.6 / 39.9 at 11, 39.8 / 33.8 / 42.2 at 15; at 129 positions 76.2 / 84.2 / 75.5
 # at 1, 79.4 / 85.1 / 76.5 at 2, 91.4 / 86.2 / 79.2 at 7, 111.4 / 88.1 / 81.0 at 15 (71.3 / 74.7 by blocks of 32 at
 # 0 levels, section 19); a chain of 129: 375 / 109 / 120

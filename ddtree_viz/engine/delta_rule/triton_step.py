@@ -3,7 +3,7 @@ tree, its part before the delta rule (conv, l2 norms, gates) in one launch (`gdn
 
 The torch form (fused.gdn_core at T = 1, compiled) runs it as six kernels a layer: the conv over the window, the
 l2 norms and gates, the one-step delta rule (two reductions), the gated norm; at Qwen3.6-27B shapes ~17 us a layer
-and ~0.8 ms over a step's 48 GDN layers, with their spacing (docs/PERFORMANCE.md section 26). Here one program per
+and ~0.8 ms over a step's 48 GDN layers, with their spacing (docs/lab/NOTEBOOK.md section 26). Here one program per
 value head does all of it from registers:
 
     window   the node's conv window by `gather` (its row: columns of (committed conv inputs, u), as tree_conv reads)
