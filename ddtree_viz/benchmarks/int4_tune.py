@@ -42,7 +42,7 @@ def candidates(kernel, rows: int) -> dict[str, object]:
 def tune(bench, target, timed, bandwidth: float, calls: int = 24) -> dict:
     """Per GEMM and row count: every candidate's microseconds a call (or why it failed, or its error against the
     tile form), the best, and the packed bytes' bound."""
-    from ..engine import int4
+    from ..engine.weights import int4_common as int4
     from .gpu import layer_gemms, per_call_us
 
     kernel = int4._gemm_module()
