@@ -179,7 +179,6 @@ def config_entry(block: tuple[int, int] = (128, 128), skip: Iterable[str] = ()) 
             "weight_block_size": list(block), "modules_to_not_convert": list(skip)}
 
 
-
 # ------------------------------------------------------------------------------------------------------------
 # FP8 weights kept: Fp8Linear, its function, its fused kind
 # ------------------------------------------------------------------------------------------------------------
@@ -259,8 +258,6 @@ class Fp8Linear(nn.Module):
 def _maker(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> Callable:
     """What load.keep_linears calls for a kept FP8 weight: (device, bias) -> its Fp8Linear there."""
     return lambda device, bias: Fp8Linear(weight.to(device), scale.to(device), block, bias)
-
-
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,6 @@ OFFSET = 1 << (BITS - 1)  # a field holds q + 8
 SYMMETRIC_ZERO = 8  # the unsigned zero point of a symmetric 4-bit weight (GPTQ v2's, AWQ's; stored as 7 in GPTQ v1)
 
 
-
 @dataclass(frozen=True)
 class Int4Spec:
     """What a 4-bit checkpoint's quantization_config promises: the group each scale covers (0: a whole row, strategy
