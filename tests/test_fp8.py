@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from ddtree_viz import cli
-from ddtree_viz.engine import fp8, int4
+from ddtree_viz.engine.weights import fp8, load, registry
+from ddtree_viz.engine.weights.base import is_stand_in
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
 from ddtree_viz.trace import Trace
@@ -212,7 +213,7 @@ def test_kept_weights_load_as_stand_ins_and_an_fp8_embedding_as_its_values(check
 
     _, _, fp8_target, _, _ = checkpoints
     kept: dict = {}
-    state = fp8.read_checkpoint(fp8_target, fp8.spec_of(json.loads((fp8_target / "config.json").read_text()), "t"),
+    state = load.read_checkpoint(fp8_target, registry.spec_of(json.loads((fp8_target / "config.json").read_text()), "t"),
                                 torch.float32, "target", kept)
     assert kept and all(state[name] is kept[name][0] and state[name].untyped_storage().nbytes() == 4 for name in kept)
     embedded = tmp_path / "target"
@@ -226,7 +227,7 @@ def test_kept_weights_load_as_stand_ins_and_an_fp8_embedding_as_its_values(check
     (model, _), (plain, _) = (load_target(str(embedded), torch.float32, "cpu", keep_quantized=keep)
                               for keep in (True, False))
     embedding = model.get_input_embeddings().weight
-    assert not int4.is_stand_in(embedding) and torch.equal(embedding, plain.get_input_embeddings().weight)
+    assert not is_stand_in(embedding) and torch.equal(embedding, plain.get_input_embeddings().weight)
     ids = torch.tensor([list(range(3, 30))])
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)

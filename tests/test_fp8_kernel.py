@@ -1,4 +1,4 @@
-"""The FP8 GEMM (engine/fp8_gemm.py) against the float32 product with the weights dequantized (engine/fp8.py),
+"""The FP8 GEMM (engine/fp8_gemm.py) against the float32 product with the weights dequantized (engine/weights/fp8.py),
 for the runner's 1 to 129 rows, partial 128-blocks (dimensions that are not multiples of 128) and fused
 projections. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
 
@@ -12,7 +12,8 @@ import torch
 
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine import fp8
+from ddtree_viz.engine.weights import fp8
+from ddtree_viz.engine.weights.registry import KEPT
 from ddtree_viz.engine.fp8_gemm import Config, bulk_copies, choose, fp8_linear
 from ddtree_viz.engine.fused import fuse_linears
 
@@ -257,7 +258,7 @@ def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 
     twin = copy.deepcopy(model)
     for name, m in list(twin.named_modules()):
-        if isinstance(m, fp8.KEPT):
+        if isinstance(m, KEPT):
             weight = m.dequantized()
             plain = torch.nn.Linear(m.in_features, m.out_features, bias=False, device=weight.device, dtype=dtype)
             plain.weight.data.copy_(weight.to(dtype))

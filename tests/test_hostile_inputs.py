@@ -166,7 +166,7 @@ def test_a_huge_fp8_block_size_is_one_block_not_gigabytes():
     a block larger than the weight is one block: the same product as a block of the weight's own size."""
     import torch
 
-    from ddtree_viz.engine import fp8
+    from ddtree_viz.engine.weights import fp8
 
     weight = torch.randn(5, 7).to(fp8.FP8_DTYPE)
     scale = torch.tensor([[0.5]])

@@ -1,6 +1,6 @@
-"""4-bit weight-only checkpoints in compressed-tensors' pack-quantized layout (engine/int4.py; issue #29's W4A16): a
-tiny hybrid and its DFlash drafter saved in it load through `load_pair` / `run --target DIR --draft DIR`, their
-weights equal to the checkpoint dequantized by hand (numpy bit operations, one field at a time, in float32), and
+"""4-bit weight-only checkpoints in compressed-tensors' pack-quantized layout (engine/weights/compressed_tensors.py,
+int4_common.py; issue #29's W4A16): a tiny hybrid and its DFlash drafter saved in it load through `load_pair` /
+`run --target DIR --draft DIR`, their weights equal to the checkpoint dequantized by hand (numpy bit operations, one field at a time, in float32), and
 decode identical to greedy and to that hand-dequantized model's own generation. Every bad layout is refused with
 the tensor's name.
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddtree_viz.engine import int4
+from ddtree_viz.engine.weights import compressed_tensors, int4_common as int4
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
 from ddtree_viz.trace import Trace
@@ -36,10 +36,10 @@ DRAFT_LABEL = "int4 w4a16 group 32 asym (dequantized to float32)"
 def _to_int4_layout(directory, spec: int4.Int4Spec, skip=NOT_CONVERTED) -> None:
     """Rewrite a saved model directory in the pack-quantized layout (parts + quantization_config)."""
     def change(state, config):
-        converted = int4.quantize_state(state, spec, lambda name: not any(s in name for s in skip))
+        converted = compressed_tensors.quantize_state(state, spec, lambda name: not any(s in name for s in skip))
         state.clear()
         state.update(converted)
-        config["quantization_config"] = int4.config_entry(spec)
+        config["quantization_config"] = compressed_tensors.config_entry(spec)
 
     tiny.edit_checkpoint(directory, change)
 

@@ -1,4 +1,4 @@
-"""4-bit GPTQ and AWQ checkpoints (engine/int4_formats.py): a tiny hybrid saved in GPTQModel's layout (qweight
+"""4-bit GPTQ and AWQ checkpoints (engine/weights/gptq.py, awq.py, autoround.py): a tiny hybrid saved in GPTQModel's layout (qweight
 packed along the inputs, qzeros along the outputs, v1 storing each zero point minus one, scales [groups, out],
 g_idx) or AutoAWQ's GEMM layout (qweight [in, out / 8] and qzeros packed along the outputs in AWQ's interleaved
 field order) loads through `load_pair` / `run --target DIR`, its weights equal to the checkpoint dequantized by hand
@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ddtree_viz.engine import fp8, int4, int4_formats
+from ddtree_viz.engine.weights import int4_common as int4, registry
+from ddtree_viz.engine.weights.autoround import packing as autoround_packing
 from ddtree_viz.engine.models import load_pair
 from ddtree_viz.errors import ModelLoadError
 from tests import tiny
@@ -553,4 +554,4 @@ def test_autoround_packing_names(packing, stored):
     the layout auto-round's inference reads it as."""
     qc = {"quant_method": "intel/auto-round", "bits": 4, "group_size": 128, "sym": True,
           **({"packing_format": packing} if packing else {})}
-    assert int4_formats.packing(fp8.spec_of({"quantization_config": qc}, "target")) == stored
+    assert autoround_packing(registry.spec_of({"quantization_config": qc}, "target")) == stored

@@ -1,4 +1,4 @@
-"""The 4-bit GEMM (engine/int4_gemm.py) against the float32 product with the weights dequantized (engine/int4.py):
+"""The 4-bit GEMM (engine/int4_gemm.py) against the float32 product with the weights dequantized (engine/weights/int4_common.py):
 a decode step's one row, a tree verify's 17 to 129, a prefill's more; every layout the loader accepts (groups of
 128 and of 32, per channel, activation order, asymmetric zero points packed along the rows), partial words, groups
 and zero-point words at the edges. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
@@ -11,7 +11,7 @@ import torch
 
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine import int4
+from ddtree_viz.engine.weights import int4_common as int4
 from ddtree_viz.engine.int4_gemm import Config, int4_linear
 
 LAYOUTS = {  # name: (out, in, spec, activation order)
@@ -193,7 +193,7 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     from tests.test_fp8_kernel import assert_oracle_ddtree_is_greedy, assert_tree_pass_is_twins, dequantized_twin
     from tests.test_runner import PROMPT, runner_greedy
     from tests.tiny import tiny_pair
-    from ddtree_viz.engine import fp8
+    from ddtree_viz.engine.weights import fp8
     from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.session import GreedyReference
 

@@ -8,7 +8,8 @@ option on and off."""
 import pytest
 import torch
 
-from ddtree_viz.engine import fp8, pdl
+from ddtree_viz.engine import pdl
+from ddtree_viz.engine.weights import fp8
 
 # nothing here imports Triton at collection (the runner does): Triton's interpreter tests set it up first
 # (tests/kernel_env.py), and these need none

@@ -198,7 +198,7 @@ def build_quantized_target(bench: BenchConfig, layers: int | None, dtype: torch.
     from transformers import AutoModelForCausalLM
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
 
-    from ..engine import fp8, int4
+    from ..engine.weights import fp8, int4_common as int4
 
     cfg = target_config(bench, layers)
     with torch.device("meta"):
@@ -459,7 +459,7 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
     run drafts them from a prompt's features: a tree's size, not its tokens, sets a verify's cost."""
     from types import SimpleNamespace
 
-    from ..engine import int4
+    from ..engine.weights import int4_common as int4
     from ..engine.verify import device_sync
 
     cfg = target_config(bench, layers)
@@ -489,9 +489,8 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
     """--int4-tune: a 4-layer 4-bit target at the 27B's widths (its layer kinds, each GEMM's shape), the copy
     bandwidth, and int4_tune.tune's sweep of the 4-bit GEMM's launches over them."""
     from ..engine.verify import device_sync
+    from ..engine.weights import int4_common as int4
     from .int4_tune import tune
-
-    from ..engine import int4
 
     if int4._gemm_module() is None:
         return {"error": "the 4-bit GEMM needs Triton, which this torch build lacks"}
@@ -719,19 +718,14 @@ def weight_bytes_of(target) -> dict:
     """What a decode step reads of the target: its quantized weights' bytes (FP8 e4m3 bytes; 4-bit words and zero
     points) and their scales, every other parameter (bf16 embeddings and lm_head, the modules left in bf16, norms);
     `bytes` their sum."""
-    from ..engine import fp8, int4
+    from ..engine.weights.registry import KEPT
 
     quantized = scale_bytes = 0
     for m in target.modules():
-        if isinstance(m, fp8.Fp8Linear):
-            quantized += m.weight.numel() * m.weight.element_size()
-            scale_bytes += m.weight_scale_inv.numel() * m.weight_scale_inv.element_size()
-        elif isinstance(m, int4.Int4Linear):
-            for name, t in m.parts().items():
-                if name in ("weight_packed", "weight_zero_point"):
-                    quantized += t.numel() * t.element_size()
-                elif name == "weight_scale":
-                    scale_bytes += t.numel() * t.element_size()
+        if isinstance(m, KEPT):  # each kept kind says which of its tensors are the weight's, which its scales
+            weight, scales = m.stored_bytes()
+            quantized += weight
+            scale_bytes += scales
     total = sum(p.numel() * p.element_size() for p in target.parameters())
     return {"bytes": total, "quantized_bytes": quantized, "scale_bytes": scale_bytes,
             "other_bytes": total - quantized - scale_bytes}
@@ -843,7 +837,7 @@ def quantized_memory_cap(bench: BenchConfig, weights: str, drafter) -> dict:
     its drafter and its session. What earlier phases of this process still hold (allocated beyond the drafter:
     compiled pieces' constants, cached graphs) is not the card's, so the cap is raised by exactly that much, and
     said (`leftover_GiB`)."""
-    from ..engine.fp8 import expandable_segments
+    from ..engine.weights.load import expandable_segments
 
     free_cuda(bench)
     leftover = max(0, torch.cuda.memory_allocated() - model_bytes(drafter)) if bench.cuda else 0
@@ -940,7 +934,7 @@ def fp8_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: i
     `calls` calls on a GPU) for each row count: FP8 (fp8.linear: the Triton GEMM with the config fp8_gemm.choose
     picks) beside cuBLAS's bf16 GEMM on the dequantized weight, the FP8 bytes a call reads over its time, and at 1,
     65 and 129 rows other configs beside the chosen one (`gemm_configs`), to tune `choose` from one run."""
-    from ..engine import fp8
+    from ..engine.weights import fp8
 
     per_call = functools.partial(per_call_us, bench, timed, calls)
     weights = {name: ((g.weight, g.scale) if isinstance(g, fp8.FusedFp8Linear) else (g.weight, g.weight_scale_inv))
@@ -970,7 +964,7 @@ def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: 
     scales, zero points) a call reads over its time, the same GEMM with zero points (`int4_asym_us`: AWQ's and
     asymmetric AutoRound / GPTQ files' form) where the target has none, and at 1, 65 and 129 rows other configs
     (`int4_configs`: other tiles, and at one row the kernel on the CUDA cores), to choose from one run."""
-    from ..engine import int4
+    from ..engine.weights import int4_common as int4
 
     per_call = functools.partial(per_call_us, bench, timed, calls)
     kernel = int4._gemm_module() if bench.cuda else None
@@ -2455,8 +2449,8 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
     """What the flags ask for, measured part by part, the report saved after each part (--json)."""
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
-    if bench.quantized and bench.cuda:  # before the first allocation, so that every segment can grow (fp8.py)
-        from ..engine.fp8 import expandable_segments
+    if bench.quantized and bench.cuda:  # before the first allocation, so that every segment can grow (weights/load.py)
+        from ..engine.weights.load import expandable_segments
 
         expandable_segments()
     report = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu (smoke)", "torch": torch.__version__,

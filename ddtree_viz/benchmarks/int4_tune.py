@@ -42,7 +42,7 @@ def tune(gemms: dict, per_call, bandwidth: float) -> dict:
     """Per GEMM of `gemms` (gpu.layer_gemms of a 4-bit target) and row count: every candidate's microseconds a call
     (`per_call(fn)`: gpu.per_call_us, a CUDA graph of calls), or why it failed, or its error against the tile form;
     the best, and the packed bytes' bound."""
-    from ..engine import int4
+    from ..engine.weights import int4_common as int4
 
     kernel = int4._gemm_module()
     out: dict = {}

@@ -30,8 +30,8 @@ from torch import Tensor, nn
 
 from ddtree_viz.errors import ModelLoadError
 
-from . import int4
 from .drafter import DFlashConfig, DFlashDecoderLayer, DFlashDrafter
+from .weights.base import refuse_nonfinite
 
 ARCHITECTURE = "DFlash2DraftModel"
 DFLASH2_FIELDS = ("conv_group_size", "conv_kernel_size", "selector_rank", "selector_top_k")
@@ -216,10 +216,10 @@ class DFlash2Drafter(DFlashDrafter):
     def check_fields(cls, config: DFlash2Config, state: dict[str, Tensor]) -> None:
         """The DFlash2 fields against the weights' shapes: the selector's rank, the kernel size and the group size,
         each refused naming the field and the weight that disagrees; and the selector's two codebooks refused where
-        they hold NaN or inf (int4.refuse_nonfinite: every pair score would be NaN)."""
+        they hold NaN or inf (weights.base.refuse_nonfinite: every pair score would be NaN)."""
         for name in CODEBOOKS:
             if name in state:
-                int4.refuse_nonfinite(state[name], name, "drafter")
+                refuse_nonfinite(state[name], name, "drafter")
         H = config.hidden_size
         checks = [("selector_rank", "candidate_selector.hidden_projection.weight", 0, config.selector_rank)]
         for i in range(config.num_hidden_layers):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_viz.engine import fp8
+from ddtree_viz.engine.weights import load as weight_load, registry as weights
 from ddtree_viz.engine.backends import sdpa_backends
 from ddtree_viz.errors import ModelLoadError, PairingError
 from ddtree_viz.trace import MAX_DEPTH
@@ -425,8 +425,9 @@ class DFlashDrafter(nn.Module):
                         device: str | torch.device = "cpu", keep_quantized: bool = False) -> "DFlashDrafter":
         """The drafter of a folder (config.json + safetensors, bf16 or the official FP8 layout), checked against its
         config. A quantized checkpoint (FP8, 4-bit pack-quantized) is dequantized at load, or with `keep_quantized`
-        each converted Linear keeps the checkpoint's weights as stored (fp8.Fp8Linear: e4m3 bytes and scales, half of
-        bf16's memory; int4.Int4Linear: packed parts, a quarter; their GEMMs on CUDA)."""
+        each converted Linear keeps the checkpoint's weights as stored (its format's kept module: fp8.Fp8Linear, e4m3
+        bytes and scales, half of bf16's memory; int4_common.Int4Linear, packed parts, a quarter; their GEMMs on
+        CUDA)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -435,17 +436,17 @@ class DFlashDrafter(nn.Module):
             raise ModelLoadError(f"Drafter directory not found: {path}")
         config = cls.config_class.from_file(path / "config.json")
         files = ([path / "model.safetensors"] if (path / "model.safetensors").is_file()
-                 else fp8.checkpoint_files(path, "drafter"))  # the index's shards, checked, else *.safetensors
+                 else weight_load.checkpoint_files(path, "drafter"))  # the index's shards, checked, else *.safetensors
         state: dict[str, Tensor] = {}
         for f in files:
             try:
                 state.update(load_file(str(f), device=str(device)))
             except (OSError, SafetensorError) as e:
                 raise ModelLoadError(f"Could not read drafter weights {f}: {e}") from None
-        spec = fp8.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
+        spec = weights.spec_of(json.loads((path / "config.json").read_text(encoding="utf-8")), "drafter")
         kept: dict | None = {} if keep_quantized and spec is not None else None
-        if spec is not None:  # a quantized layout: dequantized here, in float32, then cast (engine/fp8.py, int4.py)
-            state = fp8.dequantize_state(state, state.__getitem__, spec, dtype, "drafter", keep=kept)
+        # a quantized layout dequantized here, in float32, then cast (engine/weights/); plain weights as they are
+        state = weights.format_of(spec).state(state, state.__getitem__, spec, dtype, "drafter", keep=kept)
         cls.check_fields(config, state)
         model = cls.from_config_meta(config)
         expected = {k: tuple(p.shape) for k, p in model.state_dict().items()}
@@ -460,7 +461,7 @@ class DFlashDrafter(nn.Module):
             raise ModelLoadError(f"Drafter weights in {path} do not match its config.json; " + "; ".join(problems))
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
         if kept:
-            fp8.keep_linears(model, kept, f"drafter {path}")
+            weight_load.keep_linears(model, kept, f"drafter {path}")
         model.weight_format = spec.label(dtype, kept=bool(kept)) if spec is not None else None  # draft_precision
         return model.eval()
 
@@ -498,9 +499,9 @@ class DFlashDrafter(nn.Module):
     @property
     def activations(self) -> tuple[torch.device, torch.dtype]:
         """Where the drafter computes and in which dtype: its first parameter's that is not part of a kept quantized
-        weight (fp8.Fp8Linear and int4.Int4Linear keep the checkpoint's tensors; they compute in their input's
+        weight (weights.KEPT: Fp8Linear and Int4Linear keep the checkpoint's tensors; they compute in their input's
         dtype)."""
-        kept = {id(p) for m in self.modules() if isinstance(m, fp8.KEPT)
+        kept = {id(p) for m in self.modules() if isinstance(m, weights.KEPT)
                 for p in m.parameters() if p is not m.bias}
         p = next(p for p in self.parameters() if id(p) not in kept)
         return p.device, p.dtype

@@ -1,4 +1,4 @@
-"""A GEMM that reads FP8 weights as they are stored (engine/fp8.py's layout): y = x (W x S)^T for the runner's
+"""A GEMM that reads FP8 weights as they are stored (engine/weights/fp8.py's layout): y = x (W x S)^T for the runner's
 1 to 129 rows (a decode step, a tree verify at budget 128), the fp8 bytes and the block scales read from memory
 and dequantized in registers, so a step reads about half of bf16's bytes.
 
@@ -24,9 +24,9 @@ same launch; at a verify's by one more kernel); for a verify, the weight tiles l
 (TMA) where the device has them, elsewhere by address, without masks where every tile is whole. The bench
 (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
-Imported only where this kind is chosen (Triton at the top: engine/fp8.py's `linear` imports it on a CUDA input);
-without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside the
-runner's compiled pieces (between them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs
+Imported only where this kind is chosen (Triton at the top: engine/weights/fp8.py's `linear` imports it on a CUDA
+input); without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside
+the runner's compiled pieces (between them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs
 capture its launches as they capture cuBLAS's (the runner's warm-up runs compile it first).
 
 Shapes: x [M, K] (any M: a prefill's too; float32, bfloat16 or float16), weight [N, K] float8_e4m3fn, scale

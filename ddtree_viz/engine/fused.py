@@ -8,10 +8,12 @@ one GEMM of them:
     attention  q_proj (query + gate) + k_proj + v_proj
     MLP        gate_proj + up_proj
 
-FP8 weights kept (engine/fp8.py's Fp8Linear) fuse the same way, bytes and block scales stacked (fp8.FusedFp8Linear,
-the Triton GEMM on CUDA), and so do 4-bit weights kept (engine/int4.py's Int4Linear: words, scales and zero points
-stacked, int4.FusedInt4Linear); a group of two kinds (the official FP8 layout keeps in_proj_b / in_proj_a in bf16)
-is one fused GEMM per run of one kind (FusedRuns). Every fused kind is called alike: x -> the parts' outputs.
+FP8 weights kept (engine/weights/fp8.py's Fp8Linear) fuse the same way, bytes and block scales stacked
+(FusedFp8Linear, the Triton GEMM on CUDA), and so do 4-bit weights kept (engine/weights/int4_common.py's Int4Linear:
+words, scales and zero points stacked, FusedInt4Linear); a group of two kinds (the official FP8 layout keeps
+in_proj_b / in_proj_a in bf16) is one fused GEMM per run of one kind (FusedRuns). Each kind's rules (what fuses with
+what, where a run must end, its fused form) are its weight format's fast layout (weights.registry.layout_of); this
+module names none. Every fused kind is called alike: x -> the parts' outputs.
 
 Memory: the fused weight *is* the storage. Each original Linear's weight becomes a Parameter viewing its rows of
 the fused matrix, so the model (transformers' own forward, the prefill, the transformers engine) computes with
@@ -32,17 +34,17 @@ functions either way (`Pieces`): through torch.compile when `RunnerOptions.compi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-from . import fp8, int4
 from .delta_rule.parallel import tree_delta_rule_masked, tree_delta_rule_parts
 from .delta_rule.step import delta_rule_step
 from .gdn_tree import l2norm, tree_conv
+from .weights.plain import FusedLinear
+from .weights.registry import layout_of
 
 GDN_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -50,49 +52,33 @@ MLP_PROJECTIONS = ("gate_proj", "up_proj")
 
 
 @dataclass(frozen=True)
-class FusedLinear:
-    """One GEMM for several bias-free Linears of the same input: y = x W^T, split into their outputs."""
-
-    weight: torch.Tensor  # [sum of out_features, in_features]
-    sizes: tuple[int, ...]
-    STACKS: ClassVar[dict[str, str]] = {"weight": "weight"}  # each stacked field: the parts' attribute it views
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.nn.functional.linear(x, self.weight).split(self.sizes, dim=-1)
-
-
-@dataclass(frozen=True)
 class FusedRuns:
     """A group whose parts are not all of one kind (an FP8 checkpoint's bf16 in_proj_b / in_proj_a beside its FP8
     in_proj_qkv / in_proj_z) or do not stack in whole FP8 scale blocks: one fused GEMM per run of parts, the outputs
-    in the parts' order; at one row on CUDA a last plain run in the launch of the FP8 run before it
-    (fp8.riding_linear)."""
+    in the parts' order; at one row on CUDA a last plain run in the launch of the run before it where that run's
+    kind carries it (`ride`: the FP8 kind's, fp8.riding_linear)."""
 
-    runs: tuple  # FusedLinear | fp8.FusedFp8Linear | int4.FusedInt4Linear, each for `counts[i]` consecutive parts
+    runs: tuple  # a fused kind (FusedLinear, FusedFp8Linear, FusedInt4Linear) for `counts[i]` consecutive parts each
     counts: tuple[int, ...]
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        *head, last_fp8, plain = self.runs
-        if isinstance(last_fp8, fp8.FusedFp8Linear) and isinstance(plain, FusedLinear):
-            y = fp8.riding_linear(x, last_fp8.weight, last_fp8.scale, last_fp8.block, plain.weight)
-            if y is not None:  # one row on CUDA: the last plain run in the FP8 product's launch
-                return tuple(y for run in head for y in run(x)) + y.split(last_fp8.sizes + plain.sizes, dim=-1)
+        *head, last, plain = self.runs
+        if isinstance(plain, FusedLinear):
+            y = last.ride(x, plain)
+            if y is not None:  # one row on CUDA: the last plain run in the product's launch before it
+                return tuple(y for run in head for y in run(x)) + y.split(last.sizes + plain.sizes, dim=-1)
         return tuple(y for run in self.runs for y in run(x))
 
 
 def _kind(m: nn.Module):
     """What a part fuses with: plain bias-free Linears of one dtype, bias-free Fp8Linears of one scale block, or
     bias-free Int4Linears of one group size, zero-point scheme and scale dtype without activation order (each
-    column's group its own); None for anything else (quantised some other way, with a bias, hooked)."""
+    column's group its own): its layout's key (weights.registry.layout_of); None for anything else (quantised some
+    other way, with a bias, hooked)."""
     if getattr(m, "_hf_hook", None) is not None or getattr(m, "bias", None) is not None:
         return None
-    if type(m) is nn.Linear:
-        return ("plain", m.weight.dtype)
-    if type(m) is fp8.Fp8Linear:
-        return ("fp8", m.block)
-    if type(m) is int4.Int4Linear and m.weight_g_idx is None:
-        return ("int4", m.group, m.weight_zero_point is None, m.weight_scale.dtype)
-    return None
+    layout = layout_of(m)
+    return None if layout is None else layout.key(m)
 
 
 def fusable(owner: nn.Module, names: tuple[str, ...]) -> bool:
@@ -106,11 +92,8 @@ def fusable(owner: nn.Module, names: tuple[str, ...]) -> bool:
 def _whole(m: nn.Module) -> bool:
     """Whether a part's rows end where its kind's stacked tensors' rows do: an FP8 part a whole number of scale
     blocks tall (a block would otherwise hold rows of two parts under one scale), a 4-bit part with zero points a
-    multiple of 8 rows (they are packed 8 rows to a word)."""
-    kind = _kind(m)[0]
-    if kind == "fp8":
-        return m.out_features % m.block[0] == 0
-    return kind == "plain" or m.weight_zero_point is None or m.out_features % int4.PER_WORD == 0
+    multiple of 8 rows (they are packed 8 rows to a word): its layout's `whole`."""
+    return layout_of(m).whole(m)
 
 
 def _runs(mods) -> list[list[nn.Module]]:
@@ -149,11 +132,14 @@ def _still_fused(done, mods) -> bool:
     return start == len(mods)
 
 
-def _stack(mods, attr: str) -> torch.Tensor:
+def _stack(mods, attr: str) -> torch.Tensor | None:
     """The parts' `attr` tensors stacked by rows into one new tensor, each part's `attr` then a Parameter viewing
-    its rows of it (the old tensor freed): built one group at a time, no second copy of the model."""
+    its rows of it (the old tensor freed): built one group at a time, no second copy of the model. None where the
+    parts hold none (a symmetric 4-bit weight's zero points)."""
     parts = [getattr(m, attr) for m in mods]
     first = parts[0]
+    if first is None:
+        return None
     storage = torch.empty(sum(p.shape[0] for p in parts), first.shape[1], dtype=first.dtype, device=first.device)
     offset = 0
     for m, p in zip(mods, parts):
@@ -165,20 +151,14 @@ def _stack(mods, attr: str) -> torch.Tensor:
 
 
 def _fuse_run(mods):
-    sizes = tuple(m.out_features for m in mods)
-    kind = _kind(mods[0])[0]
-    if kind == "fp8":
-        return fp8.FusedFp8Linear(_stack(mods, "weight"), _stack(mods, "weight_scale_inv"), mods[0].block, sizes)
-    if kind == "int4":
-        zero = None if mods[0].weight_zero_point is None else _stack(mods, "weight_zero_point")
-        return int4.FusedInt4Linear(_stack(mods, "weight_packed"), _stack(mods, "weight_scale"), zero, mods[0].group,
-                                    sizes)
-    return FusedLinear(_stack(mods, "weight"), sizes)
+    """One run of parts of one kind as its layout's fused kind, each of its STACKS stacked."""
+    layout = layout_of(mods[0])
+    stacked = {field: _stack(mods, attr) for field, attr in layout.fused.STACKS.items()}
+    return layout.fuse(mods, stacked, tuple(m.out_features for m in mods))
 
 
 @torch.no_grad()
-def fuse_linears(owner: nn.Module, names: tuple[str, ...]
-                 ) -> FusedLinear | fp8.FusedFp8Linear | int4.FusedInt4Linear | FusedRuns | None:
+def fuse_linears(owner: nn.Module, names: tuple[str, ...]):
     """Fuse `owner`'s Linears `names` (in this order) into one weight whose row blocks become their weights (FP8-kept
     parts: their bytes and their scales; 4-bit-kept: their words, scales and zero points); parts of two kinds, or
     quantized parts that do not stack whole (`_whole`), one fused weight per run (FusedRuns). Each is called as x ->

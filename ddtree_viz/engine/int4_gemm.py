@@ -69,7 +69,7 @@ def choose(rows: int, n: int, k: int) -> Config:
     """The launch for an [rows, k] x [n, k]^T product: the word form, its input split into as many slices as it
     takes for about two programs a multiprocessor (a 5120-row down_proj at one row has 160 programs of 32 rows:
     two slices), each slice at least four steps. The tile form ran a 27B decode step at 50x its weight-read bound
-    on an H100 (docs/PERFORMANCE.md): 80 programs walking 272 steps each. gpu_bench --int4-tune measures these
+    on an H100 (docs/lab/NOTEBOOK.md section 39): 80 programs walking 272 steps each. gpu_bench --int4-tune measures these
     launches against their neighbours."""
     if rows <= 16:
         c = Config(block_n=32, block_k=256, num_warps=4, num_stages=3, words=True, block_m=16)

@@ -6,7 +6,6 @@ Never `trust_remote_code`. The embedded default loads from assets/ with no netwo
 from __future__ import annotations
 
 import json
-import math
 import re
 import os
 import socket
@@ -19,11 +18,11 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..options import DEVICES
-from . import fp8, int4, int4_formats
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .dflash2 import DFlash2Drafter, is_dflash2
 from .drafter import DFlashDrafter, validate_pairing
+from .weights import load as weight_load, registry as weights
 
 # The embedded pair is the repository's top-level assets/, found from this file (not from the working directory):
 # there in a checkout and in an editable install (`pip install -e .`); a wheel installed into site-packages has no
@@ -83,7 +82,7 @@ class CheckpointInfo:
     """What a local checkpoint holds, read from config.json and the safetensors headers (no tensor is read)."""
 
     architectures: tuple[str, ...]
-    parameters: int  # every weight in the checkpoint's safetensors files (quantized: packed_parameters)
+    parameters: int  # every weight in the checkpoint's safetensors files (quantized: weights.stored_parameters)
     parts: dict[str, int]  # SKIPPED_PARTS name -> parameters under that prefix
 
 
@@ -97,18 +96,6 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
 
 
-def packed_parameters(name: str, shape: list[int], packed: set[str] = frozenset()) -> int:
-    """The parameters one stored tensor holds: a quantized layout's scales, zero points, group indices and shapes
-    none (GPTQ's / AWQ's `scales`, `qzeros`, `g_idx` where their weight's `qweight` is among `packed`, the weights'
-    prefixes), a packed 4-bit weight eight a word (its rows padded to whole words), any other tensor its size."""
-    part = name.rpartition(".")[2]
-    if name.endswith(fp8.SCALE_SUFFIX) or name.endswith(int4.PARTS[1:]) or (
-            part in int4_formats.PARTS[1:] and name.removesuffix(part) in packed):
-        return 0
-    words = name.endswith(int4.PARTS[0]) or part == int4_formats.PARTS[0]
-    return math.prod(shape) * (int4.PER_WORD if words else 1)
-
-
 def checkpoint_info(path: Path) -> CheckpointInfo | None:
     """The checkpoint's architecture and parameter counts (None when it has no readable safetensors files)."""
     try:
@@ -116,8 +103,7 @@ def checkpoint_info(path: Path) -> CheckpointInfo | None:
         shapes: dict[str, list[int]] = {}
         for f in sorted(path.glob("*.safetensors")):
             shapes.update(_safetensors_shapes(f))
-        packed = {name.removesuffix(int4_formats.PARTS[0]) for name in shapes if name.endswith(".qweight")}
-        counts = {name: n for name, shape in shapes.items() if (n := packed_parameters(name, shape, packed))}
+        counts = {name: n for name, shape in shapes.items() if (n := weights.stored_parameters(name, shape, shapes))}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not counts:
@@ -133,7 +119,7 @@ def count_parameters(model: torch.nn.Module) -> int:
     not its bytes, words, scales and zero points)."""
     total = sum(p.numel() for p in model.parameters())
     for m in model.modules():
-        if isinstance(m, fp8.KEPT):
+        if isinstance(m, weights.KEPT):
             total += m.out_features * m.in_features - sum(
                 p.numel() for name, p in m.named_parameters(recurse=False) if name != "bias")
     return total
@@ -246,13 +232,13 @@ LAYER_NAME = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")  # a de
 
 def check_layers_held(path: Path, config: dict, what: str) -> None:
     """A local checkpoint's config bounded by what its files hold, before a model of its size is built: every
-    safetensors file regular (fp8.checkpoint_files), and no more decoder layers in the config than the weights have
-    (a config of 10^6 layers hung the load). Read from the files' headers only; a folder with no safetensors
-    files is left to transformers."""
+    safetensors file regular (weights/load.py: checkpoint_files), and no more decoder layers in the config than the
+    weights have (a config of 10^6 layers hung the load). Read from the files' headers only; a folder with no
+    safetensors files is left to transformers."""
     if not (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
         return
     held = set()
-    for f in fp8.checkpoint_files(path, what):
+    for f in weight_load.checkpoint_files(path, what):
         try:
             held.update(int(m.group(1)) for name in _safetensors_shapes(f) if (m := LAYER_NAME.match(name)))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -274,7 +260,7 @@ def misshaped_report(path: Path, limit: int = 5) -> str:
             model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, trust_remote_code=False))
         expected = {k: list(v.shape) for k, v in model.state_dict().items()}
         stored: dict[str, list[int]] = {}
-        for f in fp8.checkpoint_files(path, "target"):
+        for f in weight_load.checkpoint_files(path, "target"):
             stored.update(_safetensors_shapes(f))
     except Exception as exc:  # noqa: BLE001 - the report is a courtesy: say what could not be compared
         return f"some weights do not fit the config (their shapes could not be compared: {type(exc).__name__})"
@@ -313,8 +299,8 @@ def _offline_hint(name: str, what: str) -> str:
 
 def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = False, keep_quantized: bool | None = None):
     """The target as a causal LM + its tokenizer. A quantized checkpoint keeps its weights as stored where
-    `keep_quantized` says so, by default on one CUDA GPU (engine/fp8.py's Fp8Linear: half of bf16's memory, the
-    runner's FP8 GEMM; engine/int4.py's Int4Linear for a 4-bit pack-quantized one: a quarter, the 4-bit GEMM);
+    `keep_quantized` says so, by default on one CUDA GPU (engine/weights/fp8.py's Fp8Linear: half of bf16's memory,
+    the runner's FP8 GEMM; weights/int4_common.py's Int4Linear for a 4-bit one: a quarter, the 4-bit GEMM);
     elsewhere it is dequantized at load. A
     Qwen3.5/3.6 `*ForConditionalGeneration` checkpoint (text_config +
     vision_config, weights under model.language_model.*, a vision tower under model.visual.*, as Qwen3.6-27B is
@@ -332,7 +318,7 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
     if local is not None:
         config = check_config(local / "config.json", "target")
         check_layers_held(local, config, "target")  # before transformers builds a model of the config's size
-        spec = fp8.spec_of(config, "target")
+        spec = weights.spec_of(config, "target")
     kwargs = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
     if offline or local is not None or hub_down:
         kwargs["local_files_only"] = True
@@ -340,11 +326,11 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
         kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, local_files_only=kwargs.get("local_files_only", False))
-        if spec is not None:  # a quantized layout (FP8, 4-bit): read by us (engine/fp8.py, int4.py say why)
+        if spec is not None:  # a quantized layout (FP8, 4-bit): read by us (engine/weights/load.py says why)
             keep = device == "cuda" if keep_quantized is None else keep_quantized
             if keep and device == "cuda":
-                fp8.expandable_segments()
-            model = fp8.load_causal_lm(local, spec, dtype, keep_quantized=keep,
+                weight_load.expandable_segments()
+            model = weight_load.load_causal_lm(local, spec, dtype, keep_quantized=keep,
                                        **{k: v for k, v in kwargs.items() if k in ("device_map", "attn_implementation")})
         else:
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -366,8 +352,8 @@ def load_target(name: str, dtype: torch.dtype, device: str, *, offline: bool = F
 
 def _quantized_snapshot(name: str, local_only: bool) -> Path | None:
     """A hub id whose config.json has a quantization_config (the FP8 layout): its snapshot (configs, tokenizer,
-    safetensors) as a local directory, so that engine/fp8.py reads it (transformers' own FP8 loading is not the
-    dequantized model: fp8.py says why). None for any other hub id, or when its config cannot be had (transformers'
+    safetensors) as a local directory, so that engine/weights/ reads it (transformers' own FP8 loading is not the
+    dequantized model: weights/load.py says why). None for any other hub id, or when its config cannot be had (transformers'
     own load then says why)."""
     from huggingface_hub import hf_hub_download, snapshot_download
 
@@ -463,7 +449,7 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
     return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
-                     getattr(model, fp8.FORMAT_ATTR, None), getattr(drafter, "weight_format", None))
+                     getattr(model, weight_load.FORMAT_ATTR, None), getattr(drafter, "weight_format", None))
 
 
 def _display(name: str) -> str:

@@ -73,16 +73,17 @@ from transformers import DynamicCache
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
-from . import fp8, fused as fz, pdl
+from . import fused as fz, pdl
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import (
     GDN_KERNELS, choose, choose_commit, choose_norm, resolve_option, resolve_step, triton_available,
 )
-from .fused import (ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, FusedLinear, GDNWeights, Pieces,
-                    fuse_linears)
+from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
 from .tree import DraftTree, follow_on_device, tree_inputs_on_device
 from .verify import decoder_layers, gdn_modules
+from .weights.plain import FusedLinear
+from .weights.registry import KEPT
 
 ATTENTION_KINDS = ("eager", "sdpa")
 BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
@@ -94,7 +95,7 @@ GATE_UP_CHOICES = ("auto", *GATE_UP_FORMS)
 # a prefill's tokens a forward: transformers' forward over a long prompt in chunks, its cache carried from one to
 # the next (the GDN layers start from the carried conv window and recurrent state), so a prefill's transients (a
 # layer's activations, the MLP's intermediate, the reference conv's copies) are a chunk's, not the prompt's: a 16k
-# prompt on a 4-bit 27B asked 322 MB more past a 24 GB card's cap in one forward (docs/PERFORMANCE.md)
+# prompt on a 4-bit 27B asked 322 MB more past a 24 GB card's cap in one forward (docs/lab/NOTEBOOK.md section 39)
 PREFILL_CHUNK = 4096
 GATE_UP_GAIN = 0.98  # "auto" takes a form other than the fused GEMM where it is at least 2% faster
 # the norms the pieces compute (zero-centred RMSNorm: x / rms(x) * (1 + w), the scale precomputed in fp32)
@@ -289,7 +290,7 @@ class StaticRunner:
         self.feature_layer_ids = list(feature_layer_ids or [])
         # the model's part of the keys of work done once per process (the compile warm-up, the GEMM library choice)
         self._model_key = (str(self.device), self.dtype, target.config.to_json_string(),
-                           any(isinstance(m, fp8.KEPT) for m in target.modules()))  # weights kept quantized: GEMMs differ
+                           any(isinstance(m, KEPT) for m in target.modules()))  # weights kept quantized: GEMMs differ
         self._allocate_state(gdn)
         self._layer_weights(gdn)
         self.committed = 0

@@ -1,10 +1,7 @@
-"""4-bit weight-only checkpoints (W4A16) in compressed-tensors' pack-quantized layout, read by us.
+"""What the 4-bit formats share: the layout every one of them is read as, loaded and kept in.
 
-The community 4-bit Qwen3.6-27B checkpoints (llm-compressor's AWQ / GPTQ / round-to-nearest W4A16 runs) are saved by
-compressed-tensors in its "pack-quantized" format. config.json's `quantization_config` is {quant_method
-"compressed-tensors", format "pack-quantized", config_groups {name: {targets, weights {num_bits 4, type "int",
-symmetric, strategy "group" | "channel", group_size, actorder}, input_activations null}}, ignore [...]}; each
-quantized Linear stores, in place of `weight`:
+That layout is compressed-tensors' "pack-quantized" one (compressed_tensors.py reads its config): each quantized
+Linear stores, in place of `weight`:
 
     weight_packed      int32 [out, ceil(in / 8)]: eight 4-bit fields a word, column 8w + i in bits 4i .. 4i+3, each
                        the signed value q in [-8, 7] stored as q + 8
@@ -15,16 +12,19 @@ quantized Linear stores, in place of `weight`:
     weight_shape       int [2]: (out, in)
 
 and the real weight is (q - z) x scale (z = 0 when symmetric). Every other tensor (embeddings, lm_head, norms, the
-ignored modules) is stored as is. As for the FP8 layout (engine/fp8.py, which dispatches here from `spec_of` and
-`dequantize_state`), the weights are dequantized once at load, the product computed in float32 (exact: a 4-bit
-integer times a bf16 scale) and only then cast to the dtype asked for; both engines then meet plain Linear weights.
+ignored modules) is stored as is. GPTQ's, AWQ's and AutoRound's tensors are translated into these parts as they are
+read (`translate`, each format's `convert`), so every 4-bit format loads through `dequantize_state`: the weights
+dequantized once at load, the product computed in float32 (exact: a 4-bit integer times a bf16 scale) and only then
+cast to the dtype asked for; both engines then meet plain Linear weights. Each weight is read under its own spec
+(`Int4Spec.at`: GPTQ's `dynamic`, AutoRound's `extra_config`, as per-layer rules of one shape, `rules`).
 
 Kept as stored (`keep`, what a target or drafter on one CUDA GPU gets, as FP8's): each quantized Linear becomes an
 `Int4Linear` holding the checkpoint's parts (about half a byte a parameter: a 27B target in 17.7 GB with its bf16
 embeddings and lm_head), whose forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM
 of engine/int4_gemm.py (the words, scales and zero points read as stored, unpacked in registers, each weight
 rounded once to the activations' dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit
-for bit the model dequantized at load). The static runner fuses them as it fuses plain and FP8 Linears (FusedInt4Linear, engine/fused.py).
+for bit the model dequantized at load). The static runner fuses them as it fuses plain and FP8 Linears (LAYOUT:
+FusedInt4Linear, engine/fused.py).
 """
 
 from __future__ import annotations
@@ -35,19 +35,21 @@ import math
 import re
 import sys
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterable, Mapping
+from typing import Callable, ClassVar, Container, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelLoadError
+from ...errors import ModelLoadError
+from .base import replace_linears, stand_in, whole_number
+from .plain import FusedLinear
 
 PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")
 BITS = 4
 PER_WORD = 32 // BITS
 OFFSET = 1 << (BITS - 1)  # a field holds q + 8
-STRATEGIES = ("group", "channel")
+SYMMETRIC_ZERO = 8  # the unsigned zero point of a symmetric 4-bit weight (GPTQ v2's, AWQ's; stored as 7 in GPTQ v1)
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,12 @@ class Int4Spec:
     group: int
     symmetric: bool
     ignore: tuple[str, ...] = ()  # as given (informational: the tensors decide)
-    layout: str = "pack-quantized"  # as stored: "pack-quantized", GPTQ's, AWQ's or AutoRound's (int4_formats.py)
+    layout: str = "pack-quantized"  # as stored: "pack-quantized", "gptq", "gptq_v2", "awq" or AutoRound's packing
     # per-layer rules (AutoRound's extra_config, GPTQ's dynamic): (how, pattern, group, symmetric); how: "name" (the
     # pattern is the layer's name), "search" (a regex found in it: AutoRound's) or "match" (a regex matching it from
     # its start: GPTQ's); group None: the layer is left unquantized
     overrides: tuple[tuple[str, str, int | None, bool], ...] = ()
+    format: str = "compressed-tensors"  # the registry's name of its reader (gptq, awq, autoround: theirs)
 
     def label(self, dtype: torch.dtype, kept: bool = False) -> str:
         """The precision as people read it, e.g. 'int4 w4a16 group 128 sym (dequantized to bfloat16)', or with the
@@ -107,71 +110,6 @@ def _regex(pattern: str) -> re.Pattern | None:
 def _finds(how: str, pattern: str, name: str) -> bool:
     regex = _regex(pattern)
     return regex is not None and (regex.search if how == "search" else regex.match)(name) is not None
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def spec_of(qc: Mapping, where: str) -> Int4Spec:
-    """The spec of a compressed-tensors quantization_config (`where` names it in messages); a ModelLoadError for
-    anything but 4-bit integer weights, group- or channel-wise, without activation quantization, packed."""
-    fmt = qc.get("format")
-    if qc.get("kv_cache_scheme"):
-        raise ModelLoadError(f"{where}: a quantized KV cache (kv_cache_scheme) is not supported")
-    sparsity = qc.get("sparsity_config")
-    if isinstance(sparsity, Mapping) and sparsity.get("format", "dense") != "dense":
-        raise ModelLoadError(f"{where}: sparse weights ({sparsity.get('format')!r}) are not supported")
-    groups = qc.get("config_groups")
-    if not isinstance(groups, Mapping) or not groups:
-        raise ModelLoadError(f"{where}: config_groups must name at least one group of quantized modules")
-    specs = set()
-    for name, group in groups.items():
-        if not isinstance(group, Mapping) or not isinstance(group.get("weights"), Mapping):
-            raise ModelLoadError(f"{where}: config group {name!r} has no weights entry")
-        if group.get("input_activations") or group.get("output_activations"):
-            raise ModelLoadError(f"{where}: config group {name!r} quantizes activations; only weight-only "
-                                 "checkpoints (W4A16) load")
-        group_format = group.get("format") or fmt
-        if group_format != "pack-quantized":
-            raise ModelLoadError(f"{where}: format {group_format!r} is not supported (only 'pack-quantized')")
-        specs.add(_weights_spec(group["weights"], f"{where} config group {name!r}"))
-    if len(specs) != 1:
-        raise ModelLoadError(f"{where}: config groups with different weight schemes are not supported")
-    (spec,) = specs
-    return Int4Spec(spec[0], spec[1], tuple(str(s) for s in qc.get("ignore") or ()))
-
-
-def _weights_spec(w: Mapping, where: str) -> tuple[int, bool]:
-    if w.get("num_bits") != BITS or w.get("type", "int") != "int":
-        raise ModelLoadError(f"{where}: weights of {w.get('num_bits')!r} bits of type {w.get('type')!r} are not "
-                             "supported (only 4-bit integers)")
-    strategy = w.get("strategy")
-    if strategy not in STRATEGIES:
-        raise ModelLoadError(f"{where}: weight strategy {strategy!r} is not supported ({', '.join(STRATEGIES)})")
-    if w.get("dynamic"):
-        raise ModelLoadError(f"{where}: dynamic weight scales are not supported")
-    group = w.get("group_size") if strategy == "group" else 0
-    if strategy == "group" and not (_whole(group) and group >= 1):
-        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1, not {group!r}")
-    symmetric = w.get("symmetric", True)
-    if not isinstance(symmetric, bool):
-        raise ModelLoadError(f"{where}: symmetric must be true or false, not {symmetric!r}")
-    return group, symmetric
-
-
-def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """What a kept weight is loaded as while transformers loads the rest (dequantize_state's `keep`): zeros of its
-    shape and `dtype` in one element of memory (a stride-0 view), whose storage tells fp8.keep_linears which Linear
-    was loaded with it; the kept module replaces it, so a checkpoint's memory at load is its own size, not a
-    dequantized model's (docs/lab/NOTEBOOK.md section 36: a 0.33B model's FP8 load +949 -> +54 MiB of host memory).
-    """
-    return torch.zeros(1, dtype=dtype, device=device).expand(shape)
-
-
-def is_stand_in(t: torch.Tensor) -> bool:
-    """A `stand_in` (or any tensor of more than one element in one element of memory)."""
-    return t.dim() > 0 and t.numel() > 1 and all(stride == 0 for stride in t.stride())
 
 
 def unpack(packed: torch.Tensor, count: int, dim: int) -> torch.Tensor:
@@ -243,56 +181,9 @@ def quantize(weight: torch.Tensor, spec: Int4Spec,
     return parts
 
 
-def quantize_state(state: Mapping[str, torch.Tensor], spec: Int4Spec,
-                   convert: Callable[[str], bool]) -> dict[str, torch.Tensor]:
-    """A plain state dict in the layout: each 2-D weight `convert(name)` picks becomes its parts."""
-    return convert_weights(state, convert, lambda name, w: {name.removesuffix("weight") + part: t
-                                                             for part, t in quantize(w, spec).items()})
-
-
-def convert_weights(state: Mapping[str, torch.Tensor], convert: Callable[[str], bool],
-                    stored: Callable[[str, torch.Tensor], dict]) -> dict[str, torch.Tensor]:
-    """A plain state dict in a quantized layout (this one's, or fp8's): each 2-D weight `convert(name)` picks
-    replaced by the tensors `stored(name, weight)` makes (name -> tensor), every other tensor kept (the tests' and
-    benches' checkpoints)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state.items():
-        if name.endswith(".weight") and tensor.dim() == 2 and convert(name):
-            out.update(stored(name, tensor))
-        else:
-            out[name] = tensor.detach().contiguous()
-    return out
-
-
-def config_entry(spec: Int4Spec) -> dict:
-    """The quantization_config llm-compressor writes for a W4A16 run (one group over every Linear)."""
-    weights = {"num_bits": BITS, "type": "int", "symmetric": spec.symmetric, "dynamic": False,
-               "strategy": "group" if spec.group else "channel", "group_size": spec.group or None, "actorder": None}
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                          "output_activations": None}},
-            "ignore": list(spec.ignore)}
-
-
-def refuse_nonfinite(tensor: torch.Tensor, name: str, what: str) -> None:
-    """A loaded scale (or codebook) that holds NaN or inf refused, naming the tensor: every weight it multiplies
-    would be NaN or inf, the logits NaN and the argmax token 0, an output that still matches a greedy reference made
-    the same way. The quantized readers (fp8.py, this one, int4_formats.py) and DFlash2's codebooks call it once a
-    tensor at load; one isfinite over the scales (about 1/128 of the weights), not over the weights."""
-    finite = torch.isfinite(tensor)
-    if bool(finite.all()):
-        return
-    bad = (~finite).nonzero()
-    nan = int(torch.isnan(tensor).sum())
-    kinds = " and ".join(k for k, n in (("NaN", nan), ("inf", bad.shape[0] - nan)) if n)
-    raise ModelLoadError(f"{what} tensor {name} holds {bad.shape[0]} non-finite value{'s' * (bad.shape[0] != 1)} "
-                         f"({kinds}; the first at {bad[0].tolist()}): the weights it scales would be NaN or inf and "
-                         "every output token garbage. The checkpoint is damaged or badly exported: download it again "
-                         "or quantize it again (a checkpoint whose scales are all finite loads)")
-
-
-def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what: str) -> None:
-    """One quantized weight's parts against the layout; the message names the tensor."""
+def check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what: str) -> None:
+    """One quantized weight's parts against the layout (their scales' values apart: each format checks those as it
+    reads them, by their stored names); the message names the tensor."""
     def fail(part: str, why: str):
         raise ModelLoadError(f"{what} tensor {prefix}{part} {why}")
 
@@ -321,18 +212,17 @@ def _check(prefix: str, parts: Mapping[str, torch.Tensor], spec: Int4Spec, what:
     g_idx = parts.get("weight_g_idx")
     if g_idx is not None and (g_idx.min() < 0 or g_idx.max() >= n):
         fail("weight_g_idx", f"names groups outside 0 .. {n - 1}")
-    if spec.layout == "pack-quantized":  # (GPTQ's, AWQ's, AutoRound's scales: checked by name as read there)
-        refuse_nonfinite(parts["weight_scale"], prefix + "weight_scale", what)
 
 
-def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec,
-                     dtype: torch.dtype, what: str, keep: dict | None = None) -> dict[str, torch.Tensor]:
+def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec, dtype: torch.dtype,
+                     what: str, keep: dict | None = None, checked: Callable = check) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors as a plain state dict in `dtype`: each packed weight's parts as its `weight`
     ((q - z) x scale in float32, then cast), every other tensor cast as is. Refused, naming the tensor: a part
     missing, of the wrong shape or dtype, or without its packed weight, a scale holding NaN or inf. Each weight is read under its own spec
     (`spec.at`: AutoRound's extra_config, GPTQ's dynamic; refused where they leave it unquantized). With `keep` (a dict), each
-    packed weight goes in as its `stand_in` (fp8.keep_linears replaces it) and keep[name] = (the stand-in, a
-    function (device, bias) -> the Int4Linear of its parts)."""
+    packed weight goes in as its base.stand_in (load.keep_linears replaces it) and keep[name] = (the stand-in, a
+    function (device, bias) -> the Int4Linear of its parts). `checked(prefix, parts, spec, what)`: each weight's
+    parts checked (`check`, and a format's own checks)."""
     names = list(names)
     present = set(names)
     packed = {n.removesuffix("weight_packed") for n in names if n.endswith("weight_packed")}
@@ -347,7 +237,7 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
                 if mine is None:
                     raise ModelLoadError(f"{what} weight {prefix}weight is packed but the config leaves "
                                          f"{prefix.removesuffix('.')} unquantized")
-                _check(prefix, parts, mine, what)
+                checked(prefix, parts, mine, what)
                 if keep is None:
                     state[prefix + "weight"] = dequantize(parts, mine).to(dtype)
                 else:
@@ -373,7 +263,7 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
 def _gemm_module():
     """engine/int4_gemm.py (Triton at its top) where Triton imports, else None."""
     try:
-        from . import int4_gemm
+        from .. import int4_gemm
     except ImportError:
         return None
     return int4_gemm
@@ -420,6 +310,11 @@ class Int4Linear(nn.Module):
         """The real weight, (q - z) x scale in float32."""
         return dequantize(self.parts(), self.spec)
 
+    def stored_bytes(self) -> tuple[int, int]:
+        """(the weight's bytes: its words and zero points, its scales' bytes) as kept: what a step reads of it."""
+        size = {name: t.numel() * t.element_size() for name, t in self.parts().items()}
+        return size["weight_packed"] + size.get("weight_zero_point", 0), size["weight_scale"]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight_packed, self.weight_scale, self.weight_zero_point, self.weight_g_idx, self.group)
         return y if self.bias is None else y + self.bias
@@ -430,7 +325,7 @@ class Int4Linear(nn.Module):
 
 @dataclass(frozen=True)
 class FusedInt4Linear:
-    """fused.FusedLinear's 4-bit kind: several Int4Linears of one input (one group size and zero-point scheme, no
+    """plain.FusedLinear's 4-bit kind: several Int4Linears of one input (one group size and zero-point scheme, no
     activation order) as one packed weight (their words, scales and zero points stacked by rows; each part but the
     last a multiple of 8 rows where zero points are packed along them); y = x W^T split into their outputs."""
 
@@ -444,10 +339,14 @@ class FusedInt4Linear:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return linear(x, self.packed, self.scale, self.zero, None, self.group).split(self.sizes, dim=-1)
 
+    def ride(self, x: torch.Tensor, plain: FusedLinear) -> None:
+        """No plain run rides a 4-bit launch."""
+        return None
+
 
 def _maker(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> Callable[[torch.device, torch.Tensor | None],
                                                                           Int4Linear]:
-    """What fp8.keep_linears calls for a kept weight: its Int4Linear on `device`, with `bias`."""
+    """What load.keep_linears calls for a kept weight: its Int4Linear on `device`, with `bias`."""
     return lambda device, bias: Int4Linear({k: v.to(device) for k, v in parts.items()}, spec, bias)
 
 
@@ -459,23 +358,119 @@ def quantize_linears(model: nn.Module, spec: Int4Spec, skip: Iterable[str] = ())
     return replace_linears(model, skip, lambda weight, bias: Int4Linear(quantize(weight, spec), spec, bias))
 
 
-@torch.no_grad()
-def replace_linears(model: nn.Module, skip: Iterable[str], make: Callable[[torch.Tensor, torch.Tensor | None],
-                                                                          nn.Module]) -> int:
-    """Every plain Linear of `model` whose name has none of `skip` in it replaced by make(weight, bias) (this
-    module's and fp8.py's quantize_linears), one at a time. Returns how many."""
-    skip = tuple(skip)
-    done = 0
-    for name, module in list(model.named_modules()):
-        if type(module) is nn.Linear and not any(s in name for s in skip):
-            bias = None if module.bias is None else module.bias.detach()
-            owner, attr = owner_of(model, name)
-            setattr(owner, attr, make(module.weight.detach(), bias))
-            done += 1
-    return done
+class Int4Layout:
+    """Int4Linear as the runner runs it: parts of one group size, zero-point scheme and scale dtype without
+    activation order (each column's group its own) stack their words, scales and zero points (FusedInt4Linear), a
+    run going on past a part with zero points only where it is a multiple of 8 rows (they are packed 8 rows a word)."""
+
+    module = Int4Linear
+    fused = FusedInt4Linear
+    quantized = True
+
+    def key(self, m: Int4Linear) -> tuple | None:
+        if m.weight_g_idx is not None:
+            return None
+        return ("int4", m.group, m.weight_zero_point is None, m.weight_scale.dtype)
+
+    def whole(self, m: Int4Linear) -> bool:
+        return m.weight_zero_point is None or m.out_features % PER_WORD == 0
+
+    def fuse(self, mods: list[Int4Linear], stacked: Mapping[str, torch.Tensor | None], sizes: tuple[int, ...]
+             ) -> FusedInt4Linear:
+        return FusedInt4Linear(stacked["packed"], stacked["scale"], stacked["zero"], mods[0].group, sizes)
 
 
-def owner_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The module holding submodule `name` and its attribute name there."""
-    parent, _, attr = name.rpartition(".")
-    return (model.get_submodule(parent) if parent else model), attr
+LAYOUT = Int4Layout()  # every 4-bit format's fast layout
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What GPTQ's, AWQ's and AutoRound's configs and tensors share: group sizes, per-layer rules, qweight words
+# ------------------------------------------------------------------------------------------------------------
+
+
+def group_size(qc: Mapping, where: str) -> int:
+    """A GPTQ / AWQ / AutoRound config's group_size as Int4Spec's group (0: one group a row, their -1)."""
+    group = qc.get("group_size", 128)
+    if not (whole_number(group) and (group >= 1 or group == -1)):
+        raise ModelLoadError(f"{where}: group_size must be a whole number >= 1 or -1, not {group!r}")
+    return max(group, 0)
+
+
+def rules(table, name: str, where: str, rule: Callable[[str, Mapping, str], tuple]) -> tuple[tuple, ...]:
+    """A config's per-layer table (AutoRound's extra_config, GPTQ's dynamic: {key: {bits, group_size, sym, ...}})
+    as Int4Spec.overrides, in order, each entry made by rule(key, entry, where it is for messages)."""
+    table = {} if table is None else table
+    if not isinstance(table, Mapping):
+        raise ModelLoadError(f"{where}: {name} must be a JSON object, not {table!r}")
+    out = []
+    for key, entry in table.items():
+        if not isinstance(entry, Mapping):
+            raise ModelLoadError(f"{where} {name} {key!r} must be a JSON object, not {entry!r}")
+        out.append(rule(str(key), entry, f"{where} {name} {key!r}"))
+    return tuple(out)
+
+
+def qweight_parameters(name: str, shape: list[int], names: Container[str], parts: tuple[str, ...]) -> int | None:
+    """The parameters a GPTQ- or AWQ-packed tensor holds (`parts`: the format's, qweight first): its qweight's words
+    eight each, its other parts (scales, zero points, groups) none where their weight's qweight is stored; None for
+    any other tensor."""
+    part = name.rpartition(".")[2]
+    prefix = name.removesuffix(part)
+    if part in parts[1:] and prefix.endswith(".") and prefix + parts[0] in names:
+        return 0
+    return math.prod(shape) * PER_WORD if part == parts[0] else None
+
+
+def plain_groups(g_idx: torch.Tensor, group: int) -> bool:
+    """Whether a g_idx is the plain column // group (no activation order)."""
+    g_idx = g_idx.long()
+    return torch.equal(g_idx, torch.arange(g_idx.numel(), device=g_idx.device) // (group or max(1, g_idx.numel())))
+
+
+def _part_of(name: str, parts: tuple[str, ...]) -> str | None:
+    return next((p for p in parts if name == p or name.endswith("." + p)), None)
+
+
+def translate(names: Iterable[str], get: Callable[[str], torch.Tensor], spec: Int4Spec, what: str,
+              parts_of: tuple[str, ...], convert: Callable) -> tuple[list[str], Callable[[str], torch.Tensor]]:
+    """A checkpoint's tensor names and reader in another 4-bit layout (`parts_of`: its parts' names, the packed
+    words first; GPTQ's, AWQ's) as this layout's (dequantize_state's `names` and `get`): each weight's parts
+    translated by convert(prefix, its parts by name, its spec, what) under its own spec (`spec.at`) when its first
+    part is read (one weight held at a time), every other tensor as it is. Refused, naming the tensor: a part without
+    its packed words, a packed weight the config's per-layer rules leave unquantized."""
+    words = parts_of[0]
+    names = list(names)
+    present = set(names)
+    packed = {n.removesuffix(words) for n in names if _part_of(n, parts_of) == words}
+    specs = {prefix: spec.at(prefix) for prefix in packed}  # each weight's own (AutoRound's extra_config)
+    out: list[str] = []
+    for name in names:
+        part = _part_of(name, parts_of)
+        prefix = name.removesuffix(part) if part else ""
+        if part is None:
+            out.append(name)
+        elif prefix not in packed:
+            raise ModelLoadError(f"{what} tensor {name} has no packed weight {prefix}{words}")
+        elif specs[prefix] is None:
+            raise ModelLoadError(f"{what} weight {prefix}{words} is packed but the config's per-layer rules "
+                                 f"(extra_config, dynamic) leave {prefix.removesuffix('.')} unquantized")
+        elif part == words:
+            mine = specs[prefix]
+            plain = ("g_idx" not in parts_of or prefix + "g_idx" not in present
+                     or plain_groups(get(prefix + "g_idx"), mine.group))
+            out += [prefix + p for p in ("weight_packed", "weight_scale", "weight_shape")
+                    + (() if mine.symmetric else ("weight_zero_point",)) + (() if plain else ("weight_g_idx",))]
+    done: dict[str, dict[str, torch.Tensor]] = {}
+
+    def read(name: str) -> torch.Tensor:
+        part = next((p for p in PARTS if name.endswith(p) and name.removesuffix(p) in packed), None)
+        if part is None:
+            return get(name)
+        prefix = name.removesuffix(part)
+        if prefix not in done:
+            done.clear()  # one weight's translation held at a time
+            done[prefix] = convert(prefix, {p: get(prefix + p) for p in parts_of if prefix + p in present},
+                                   specs[prefix], what)
+        return done[prefix][part]
+
+    return out, read
