@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import numbers
+import re
 import socket
 
 from .registry import (AUTO, ENGINE_CHOICES, ENGINES, EXACT, NAIVE, REFERENCE_ENGINE, REFERENCE_NAMES,
@@ -22,7 +23,8 @@ __all__ = [
     "TREE_SCORINGS", "DRAFTER_FAMILIES", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
     "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
     "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
-    "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "check_port", "DecodeSettings",
+    "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "PAPER_WIDTHS_CM", "PAPER_WIDTHS", "length_inches",
+    "paper_width", "check_port", "DecodeSettings",
 ]
 
 # A round's method: DDTree's best-first tree, DFlash's top-1 chain, or DFlash2's chain (its candidate selector's
@@ -53,6 +55,12 @@ SCHEME_NAMES = ("colorblind", "grayscale")
 COLOR_RANGES = ("trace", "round")  # the log-prob colour scale over the whole trace or the round
 PHASES = ("drafted", "verified")  # a round as the drafter built it, or with the accepted path and bonus
 DEFAULT_DPI = 300
+# A paper's widths for an exported figure (issue #65 item 4): one column of a two-column paper (ACL, ICML, IEEE:
+# \columnwidth 3.25-3.5 in; 8.5 cm = 241 pt) and the full text width (6.75-7.2 in). The default is a column.
+PAPER_WIDTHS_CM = {"column": 8.5, "full": 17.5}
+PAPER_WIDTHS = tuple(PAPER_WIDTHS_CM)
+FIGURE_INCHES = (0.5, 200.0)  # an exported figure's width or height, at least and at most
+_UNITS = {"cm": 1 / 2.54, "mm": 0.1 / 2.54, "in": 1.0, "pt": 1 / 72.27}  # inches per unit (pt: TeX's, as \columnwidth)
 
 MAX_BUDGET = 4096  # nodes of one tree (the root apart)
 MAX_NEW_TOKENS = 8192
@@ -97,6 +105,36 @@ def whole_number(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+
+
+def length_inches(text: str, what: str = "a length") -> float:
+    """'8.5cm', '85mm', '3.3in', '241pt' or a bare number (centimetres) -> inches; InputError naming the forms, and
+    the limits (FIGURE_INCHES), otherwise."""
+    m = re.fullmatch(r"\s*([-+.\de]+?)\s*(cm|mm|in|pt)?\s*", str(text).lower())
+    try:
+        inches = float(m[1]) * _UNITS[m[2] or "cm"] if m else None
+    except ValueError:
+        inches = None
+    if inches is None:
+        raise InputError(f"{what} must be a number of centimetres or a length such as 8.5cm, 85mm, 3.3in or 241pt, "
+                         f"not {text!r}")
+    lo, hi = FIGURE_INCHES
+    if not lo <= inches <= hi:
+        raise InputError(f"{what} must be from {lo:g} to {hi:g} in ({lo * 2.54:g} to {hi * 2.54:g} cm), not {text!r}")
+    return inches
+
+
+def paper_width(text: str) -> str | float:
+    """--width: 'column', 'full' (PAPER_WIDTHS_CM) or a length (length_inches: a bare number is centimetres) ->
+    the name, or inches; InputError naming every form otherwise."""
+    name = str(text).strip().lower()
+    if name in PAPER_WIDTHS_CM:
+        return name
+    try:
+        return length_inches(text, "the width")
+    except InputError as exc:
+        raise InputError(f"{exc} (or column: {PAPER_WIDTHS_CM['column']:g} cm, full: {PAPER_WIDTHS_CM['full']:g} cm)") \
+            from None
 
 
 def port_number(text: str) -> int:

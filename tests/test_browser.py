@@ -949,6 +949,10 @@ def test_a_changed_export_setting_withdraws_the_last_file_at_once(page):
     with page.expect_download(timeout=60_000) as svg:
         page.get_by_role("button", name="Export figure").click()
     assert svg.value.suggested_filename.endswith(".svg")
+    # issue #65 item 4: the panel says the figure's print size (a column of a paper by default)
+    page.wait_for_function("document.querySelector('#ddv-export-size').innerText.includes('SVG: 8.5 cm x ')",
+                           timeout=30_000)
+    assert "pt labels" in page.locator("#ddv-export-size").inner_text()
     old = page.locator("#ddv-export-file")
     page.wait_for_function("(() => { const e = document.getElementById('ddv-export-file'); "
                            "return e && e.offsetParent !== null; })()", timeout=30_000)
@@ -958,6 +962,11 @@ def test_a_changed_export_setting_withdraws_the_last_file_at_once(page):
     with page.expect_download(timeout=60_000) as png:
         page.get_by_role("button", name="Export figure").click()
     assert png.value.suggested_filename.endswith(".png")
+    page.get_by_label("full").check()  # the full text width: its size said once exported
+    with page.expect_download(timeout=60_000):
+        page.get_by_role("button", name="Export figure").click()
+    page.wait_for_function("document.querySelector('#ddv-export-size').innerText.includes('PNG: 17.5 cm x ')",
+                           timeout=30_000)
 
 
 def test_a_prompt_set_run_here_fits_its_column_and_has_wall_times(app_url):

@@ -25,6 +25,7 @@ from ddtree_viz.page.views import render_views
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError, TraceError
+from ddtree_viz.options import PAPER_WIDTHS_CM
 from ddtree_viz.render import export as ex
 from ddtree_viz.render import style
 from ddtree_viz.render.scheme import SCHEMES
@@ -465,7 +466,8 @@ def test_special_characters_survive_every_format(evil, trace, k, tmp_path):
     labels = [n.label for n in layout.nodes]
     assert any("$" in lab for lab in labels) and any("<script>" in lab or "<script" in lab for lab in labels)
 
-    svg = ex.export_figure(evil, k, "svg")
+    wide = 12.0  # inches: wide enough that no label is cut to fit (a column's width cuts them: tests/test_print_size.py)
+    svg = ex.export_figure(evil, k, "svg", width=wide)
     root, texts = svg_texts(svg)  # still well-formed XML
     for lab in labels:
         assert lab in texts, lab  # literally, unescaped after parsing (no mathtext: '$x^2$' stays as typed)
@@ -476,7 +478,8 @@ def test_special_characters_survive_every_format(evil, trace, k, tmp_path):
     assert pdf.startswith(b"%PDF") and pdf_pages(pdf) == 1
     assert png_size(ex.export_figure(evil, k, "png", width=5, height=4, dpi=80)) == (400, 320)
 
-    tikz = ex.export_figure(evil, k, "tikz", title="T_1 & <b>100%</b> $", caption="a #caption ~ with ^ and \\").decode()
+    tikz = ex.export_figure(evil, k, "tikz", title="T_1 & <b>100%</b> $", caption="a #caption ~ with ^ and \\",
+                            width=wide).decode()
     groups = label_groups(tikz)
     assert len(groups) == len(layout.nodes)
     for lab, group in zip(labels, groups):
@@ -552,7 +555,7 @@ def test_labels_ids_both_title_caption_path_label_ranks(trace, k):
     root, texts = svg_texts(ex.export_figure(trace, k, "svg", show="ids"))
     assert {str(n.token_id) for n in st.nodes} <= set(texts)
     both = layout_of(trace, k, show="both")
-    _, texts = svg_texts(ex.export_figure(trace, k, "svg", show="both"))
+    _, texts = svg_texts(ex.export_figure(trace, k, "svg", show="both", width=12.0))  # wide: no label cut to fit
     assert all(n.label in texts and n.label.endswith(f" {n.token_id}") for n in both.nodes)
     _, texts = svg_texts(ex.export_figure(trace, k, "svg", title="My tree", caption="Figure 3: a tree."))
     assert "My tree" in texts and "Figure 3: a tree." in texts
@@ -639,7 +642,7 @@ def trace_file(trace, tmp_path_factory):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cli_export_end_to_end(trace_file, trace, k, tmp_path, capsys, fmt):
     out = tmp_path / f"fig{ex.EXTENSION[fmt]}"
-    extra = ["--width", "4", "--height", "3", "--dpi", "50"] if fmt == "png" else []
+    extra = ["--width", "4in", "--height", "3in", "--dpi", "50"] if fmt == "png" else []
     rc = cli.main(["export", "--trace", str(trace_file), "--step", str(k), "--out", str(out), *extra])
     assert rc == 0
     assert f"round {k} of {len(trace.steps)}" in capsys.readouterr().out
@@ -850,11 +853,15 @@ def test_served_app_exports_the_round_on_screen(served_replay, trace_file, trace
     out = client.predict("verified", handle_file(str(trace_file)), api_name="/replay")
     assert f"Round {len(trace.steps)} of {len(trace.steps)}" in out[0]
     client.predict("verified", api_name="/back")
-    got = client.predict("verified", "svg", "tree", "both", "grayscale", "", "1", True, api_name="/export")
+    got, note = client.predict("verified", "svg", "tree", "both", "grayscale", "", "1", True, "full", api_name="/export")
     path = Path(got["value"] if isinstance(got, dict) else got)
     assert path.name == f"ddtree-round{len(trace.steps) - 1}-tree.svg"
-    assert path.read_bytes() == ex.export_figure(trace, len(trace.steps) - 1, "svg", show="both",
-                                                 colors="grayscale", max_depth=1)
+    exported = ex.export(trace, len(trace.steps) - 1, "svg", show="both", colors="grayscale", max_depth=1, width="full")
+    assert path.read_bytes() == exported.data
+    assert note == f"Exported: {exported.size.describe()}" and note.startswith("Exported: SVG: 17.5 cm x ")
+    # the width left out is the page's default, a column; its size is said too
+    got, note = client.predict("verified", "tikz", "tree", "text", "colorblind", "", "", True, api_name="/export")
+    assert note.startswith("Exported: TikZ: 8.5 cm x ") and "pt labels" in note
     with pytest.raises(Exception, match="max depth must be a whole number"):
         client.predict("verified", "svg", "tree", "text", "colorblind", "", "1.5", True, api_name="/export")
 
@@ -871,7 +878,7 @@ def test_downloads_and_exports_are_served_only_to_the_browser_that_made_them(ser
     other = Client(served_replay, verbose=False)
     owner.predict("verified", handle_file(str(trace_file)), api_name="/replay")
     made = [owner.predict(api_name="/download"),
-            owner.predict("verified", "tikz", "tree", "text", "colorblind", "", "", True, api_name="/export")]
+            owner.predict("verified", "tikz", "tree", "text", "colorblind", "", "", True, "column", api_name="/export")[0]]
     urls = [got["value"]["url"] if "value" in got else got["url"] for got in made]  # a DownloadButton's update
     for url in urls:
         assert httpx.get(url).status_code == 404
@@ -975,8 +982,8 @@ def test_hostile_text_in_the_grid_and_a_round_without_one(trace, k):
 @pytest.mark.parametrize("budget", [32, 128])
 def test_default_tree_export_is_page_sized_with_readable_labels(pair, budget):
     """Issue #26.9: the exported tree was 6 x 15 in for 33 nodes, too tall for a paper page. By default it is a
-    column wide (3.5 or 7 in) and at most 9 in tall while labels of at least 6 pt fit (beside their nodes when
-    above them does not); a tree with more rows than that (128 nodes, ~120 leaves) is as short as 6 pt labels
+    column wide (8.5 cm, issue #65 item 4) and at most 9 in tall while labels of at least 6 pt fit (beside their nodes
+    when above them does not); a tree with more rows than that (128 nodes, ~120 leaves) is as short as 6 pt labels
     allow. SVG and PDF agree."""
     from ddtree_viz.render import mpl
 
@@ -991,12 +998,13 @@ def test_default_tree_export_is_page_sized_with_readable_labels(pair, budget):
     w_in, h_in = (float(root.get(a).removesuffix("pt")) / 72 for a in ("width", "height"))
     media = re.search(rb"MediaBox \[ 0 0 ([\d.]+) ([\d.]+) \]", ex.export_figure(trace, k, "pdf"))
     assert (round(float(media[1]) / 72, 2), round(float(media[2]) / 72, 2)) == (round(w_in, 2), round(h_in, 2))
-    assert w_in in mpl.PAGE_WIDTHS
+    assert round(w_in * 2.54, 2) == PAPER_WIDTHS_CM["column"]
     rows = layout_of(trace, k).height
     if budget == 32:
         assert h_in <= mpl.MAX_PAGE_HEIGHT
     else:  # as tall as its rows need at the smallest label, no taller
-        assert h_in <= max(mpl.MAX_PAGE_HEIGHT, rows * mpl.LABEL_MIN_PT * 1.35 / 72 + 3.0), (rows, h_in)  # + title, legend
+        extras = mpl._tree_extras(w_in, title=True, caption=None, legend=True)  # title, legend, colour bar (under it)
+        assert h_in <= max(mpl.MAX_PAGE_HEIGHT, rows * mpl.LABEL_MIN_PT * 1.35 / 72 + extras), (rows, h_in)
     sizes = [float(re.search(r"font-size: ([\d.]+)px", t.get("style"))[1])
              for g in by_id(root, "ddt-label-") for t in g.iter(f"{SVG_NS}text")]
     assert len(sizes) == len(layout_of(trace, k).nodes) and min(sizes) >= mpl.LABEL_MIN_PT

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..errors import InputError
 # The export choices come from options (torch- and plotly-free): building the parser imports no renderer.
-from ..options import (COLOR_RANGES, DEFAULT_DPI, PHASES, SCHEME_NAMES, SHOW_CHOICES, whole_number,
-                       EXPORT_FIGURES as FIGURES, EXPORT_FORMATS as FORMATS)
+from ..options import (COLOR_RANGES, DEFAULT_DPI, PAPER_WIDTHS_CM, PHASES, SCHEME_NAMES, SHOW_CHOICES, length_inches,
+                       paper_width, whole_number, EXPORT_FIGURES as FIGURES, EXPORT_FORMATS as FORMATS)
 from .common import check_output_path
 
 
@@ -54,16 +54,22 @@ def add_parser(sub) -> None:
     f = ex.add_argument_group("output")
     f.add_argument("--dpi", type=whole_number, help=f"PNG resolution (default: {DEFAULT_DPI}, lowered for a figure so large "
                    "that its PNG would pass 30 million pixels; an explicit --dpi may reach 120 million)")
-    f.add_argument("--width", type=float, metavar="INCHES", help="figure width (default: sized to the figure); "
-                   "a PNG is exactly round(width x dpi) pixels wide")
-    f.add_argument("--height", type=float, metavar="INCHES", help="figure height (default: sized to the figure)")
+    f.add_argument("--width", default="column", metavar="column|full|LENGTH",
+                   help=f"the figure's width in a paper: column (default: one column of a two-column paper, "
+                        f"{PAPER_WIDTHS_CM['column']:g} cm), full (the text width, {PAPER_WIDTHS_CM['full']:g} cm) or a "
+                        "length (8cm, 85mm, 3.3in, 241pt; a bare number is centimetres). Labels are 8 pt, shrunk to 6 pt "
+                        "(then cut) where the figure would not fit; the size is printed. A PNG is exactly "
+                        "round(width x dpi) pixels wide")
+    f.add_argument("--height", metavar="LENGTH",
+                   help="figure height, a length as --width's (default: what the figure needs at its width; TikZ: "
+                        "always)")
     f.add_argument("--standalone", action="store_true",
                    help="TikZ: a whole LaTeX document that compiles alone (default: a tikzpicture to \\input)")
     ex.set_defaults(handler=command)
 
 
 def command(args) -> int:
-    from ..render.export import ExportOptions, export_figure, format_for, resolve_round
+    from ..render.export import ExportOptions, export, format_for, resolve_round
     from ..trace import Trace
 
     fmt = format_for(args.out, args.format)
@@ -71,19 +77,23 @@ def command(args) -> int:
         figure=args.figure, phase=args.phase, show=args.show, colors=args.colors, min_logprob=args.min_logprob,
         max_depth=args.max_depth, path_label=args.path_label, ranks=args.ranks, legend=args.legend, title=args.title,
         show_title=not args.no_title, caption=args.caption, label_chars=args.label_chars, color_range=args.color_range,
-        dpi=args.dpi, width=args.width, height=args.height, standalone=args.standalone,
+        dpi=args.dpi, width=paper_width(args.width),
+        height=None if args.height is None else length_inches(args.height, "the height"), standalone=args.standalone,
     )
     if args.out != "-":
         check_output_path(args.out, "export file")
     trace = Trace.load(args.trace)  # TraceError (missing, corrupt, newer schema) -> `error: ...`, exit 2
     k = resolve_round(trace, args.step)
-    data = export_figure(trace, k + 1, fmt, options)
+    exported = export(trace, k + 1, fmt, options)
+    data = exported.data
     if args.out == "-":
         if fmt in ("pdf", "png") and sys.stdout.isatty():
             raise InputError(f"not writing {fmt.upper()} bytes to a terminal: pass --out FILE or redirect standard output")
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
+        if exported.size is not None:  # the figure went to standard output: its size to standard error
+            print(exported.size.describe(), file=sys.stderr)
         return 0
     path = Path(args.out)
     try:
@@ -94,6 +104,8 @@ def command(args) -> int:
     if fmt == "png":
         size = ", {} x {} px".format(*png_size(data))
     print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} ({len(data)} bytes{size})")
+    if exported.size is not None:
+        print(exported.size.describe())
     return 0
 
 

@@ -295,15 +295,23 @@ def set_tree_filter(tab: TabState, min_lp, depth) -> TabState:
     return tab
 
 
-def export_round(tab: TabState, phase: str, fmt, figure, show, colors, min_lp, depth, title) -> Path:
+def export_round(tab: TabState, phase: str, fmt, figure, show, colors, min_lp, depth, title,
+                 width="column") -> tuple[Path, str]:
     """'Export figure': the round on screen as a file in the tab's own folder (render/export.py; blank filters:
-    none)."""
+    none), at a paper's column or full width; the file and what the export panel says of its size ('' for HTML and
+    JSON)."""
     if tab.trace is None or not tab.trace.steps:
         raise InputError("nothing to export yet: step, run or replay a trace first")
     max_depth, min_logprob = tree_filter(min_lp, depth)
-    return exporter.export_round_file(
+    path, size = exporter.export_round(
         tab.trace, tab.view, fmt, directory=tab.new_folder("export"), phase=phase, figure=figure, show=show,
-        colors=colors, min_logprob=min_logprob, max_depth=max_depth, show_title=bool(title))
+        colors=colors, min_logprob=min_logprob, max_depth=max_depth, show_title=bool(title), width=width)
+    return path, size_note(size)
+
+
+def size_note(size) -> str:
+    """The export panel's line for an export's print size (render.paper.PrintSize; None: none)."""
+    return "" if size is None else f"Exported: {size.describe()}"
 
 
 def move(tab: TabState, delta: int | None = None, to: int | None = None) -> TabState:

@@ -1,9 +1,13 @@
 """Paper-ready export of one round of a trace: the draft tree (or the verify mask, or acceptance per round) as
 SVG / PDF / PNG (matplotlib, no browser), TikZ, a self-contained interactive HTML page, or JSON.
 
-    from ddtree_viz.render.export import export_figure, export_to_file
+    from ddtree_viz.render.export import export, export_figure, export_to_file
     svg = export_figure(trace, step=3, fmt="svg", colors="grayscale", max_depth=4)   # bytes
     export_to_file(trace, "fig/round3.tex", step="last", standalone=True)              # format from the suffix
+    export(trace, 3, "tikz", width="full").size.describe()    # 'TikZ: 17.5 cm x 15.2 cm, 8 pt labels'
+
+Paper figures (SVG, PDF, PNG, TikZ) are drawn at a paper's width: one column (8.5 cm) by default, the full text width,
+or inches (render/paper.py); each says its size, and what did not fit, in its PrintSize.
 
 `step` is the round as the page shows it: 1-based ("Round 1 of N" is the first), or "last". Every keyword is
 an ExportOptions field and a `python -m ddtree_viz export` flag of the same name (min_logprob=-3 is
@@ -25,17 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, TraceError
-from ..options import COLOR_RANGES, DEFAULT_DPI, EXPORT_FIGURES, EXPORT_FORMATS, SHOW_CHOICES
+from ..options import (COLOR_RANGES, DEFAULT_DPI, EXPORT_FIGURES, EXPORT_FORMATS, FIGURE_INCHES, PAPER_WIDTHS,
+                       PAPER_WIDTHS_CM, SHOW_CHOICES)
 from ..trace import SCHEMA_VERSION, StepRecord, Trace, step_from_dict, to_plain
 from . import style
 from .layout import PHASES, DEFAULT_LABEL_CHARS, TreeLayout, node_colors, tree_layout
 from .mask_plot import default_title as _mask_title
 from .mask_plot import mask_figure, shown_positions, tick_labels, verify_mask
+from .paper import CM_PER_IN, PrintSize
 from .scheme import SCHEME_NAMES, Scheme, get_scheme, hex_color
 from .stats_view import ACCEPTANCE_TITLE, acceptance_figure
 from .text import lookup, shorten, visible
 
-FORMATS, FIGURES = EXPORT_FORMATS, EXPORT_FIGURES
+FORMATS, FIGURES = EXPORT_FORMATS, EXPORT_FIGURES  # with PAPER_WIDTHS(_CM): the page reads them here
 SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz": "tikz", ".html": "html",
             ".htm": "html", ".json": "json"}
 EXTENSION = {"svg": ".svg", "pdf": ".pdf", "png": ".png", "tikz": ".tex", "html": ".html", "json": ".json"}
@@ -67,8 +73,8 @@ class ExportOptions:
     label_chars: int | None = None  # cut labels to this many characters (default: 12 tree, 8 mask)
     color_range: str = "trace"  # trace: the page's (min log-prob over all rounds .. 0); round: this round's own
     dpi: int | None = None  # PNG resolution; None: 300, lowered for huge figures to stay under DEFAULT_PNG_PIXELS
-    width: float | None = None  # inches (default: sized to the figure)
-    height: float | None = None  # inches
+    width: str | float | None = "column"  # a paper's column (8.5 cm), full (its text width, 17.5 cm), or inches
+    height: float | None = None  # inches (default: sized to the figure at that width; TikZ: always)
     standalone: bool = False  # TikZ: a whole document that compiles alone, not a picture to \input
 
     def __post_init__(self) -> None:
@@ -84,13 +90,17 @@ class ExportOptions:
             raise InputError(f"min log-prob must be a number, not {self.min_logprob!r}")
         if self.label_chars is not None and (not isinstance(self.label_chars, int) or self.label_chars < 1):
             raise InputError(f"label chars must be a whole number >= 1, not {self.label_chars!r}")
+        lo, hi = FIGURE_INCHES
         if self.dpi is not None and (isinstance(self.dpi, bool) or not isinstance(self.dpi, int)
                                      or not 10 <= self.dpi <= 2400):
             raise InputError(f"dpi must be a whole number from 10 to 2400, not {self.dpi!r}")
+        if isinstance(self.width, str) and self.width not in PAPER_WIDTHS:
+            raise InputError(f"width must be {' or '.join(PAPER_WIDTHS)} or a number of inches, not {self.width!r}")
         for name in ("width", "height"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and 0.5 <= v <= 200):
-                raise InputError(f"{name} must be from 0.5 to 200 inches, not {v!r}")
+            if v is not None and not isinstance(v, str) and not (
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi):
+                raise InputError(f"{name} must be from {lo:g} to {hi:g} inches, not {v!r}")
 
     def replace(self, **changes) -> "ExportOptions":
         return dataclasses.replace(self, **changes)
@@ -265,33 +275,51 @@ def _comment(trace: Trace, k: int, o: ExportOptions) -> str:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def export_figure(trace: Trace, step: int | str = "last", fmt: str = "svg", options: ExportOptions | None = None,
-                  **kwargs) -> bytes:
-    """One round of `trace` as `fmt` bytes (text formats UTF-8). `step`: 1-based round or 'last'. Keywords:
-    ExportOptions fields. Raises InputError for a bad round or option."""
+@dataclass(frozen=True)
+class Exported:
+    """An export's bytes and, for the paper formats (SVG, PDF, PNG, TikZ), its print size: PrintSize.describe() is the
+    line the CLI prints and the page shows ('TikZ: 8.5 cm x 6.1 cm, 8 pt labels', and what did not fit)."""
+
+    data: bytes
+    size: PrintSize | None  # None for HTML and JSON
+
+
+def export(trace: Trace, step: int | str = "last", fmt: str = "svg", options: ExportOptions | None = None,
+           **kwargs) -> Exported:
+    """One round of `trace` as `fmt` (text formats UTF-8) with its print size. `step`: 1-based round or 'last'.
+    Keywords: ExportOptions fields. Raises InputError for a bad round or option."""
     _choice("format", fmt, FORMATS)
     o = make_options(options, **kwargs)
     k = resolve_round(trace, step)
     if fmt == "json":
-        return (json.dumps(round_json(trace, k, o), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+        return Exported((json.dumps(round_json(trace, k, o), indent=1, ensure_ascii=False) + "\n").encode("utf-8"), None)
     if fmt == "html":
-        return html_page(trace, k, o).encode("utf-8")
+        return Exported(html_page(trace, k, o).encode("utf-8"), None)
     if fmt == "tikz":
-        return _tikz(trace, k, o).encode("utf-8")
-    return _matplotlib(trace, k, o, fmt)
+        drawn = _tikz(trace, k, o)
+        return Exported(drawn.text.encode("utf-8"), drawn.size)
+    return Exported(*_matplotlib(trace, k, o, fmt))
+
+
+def export_figure(trace: Trace, step: int | str = "last", fmt: str = "svg", options: ExportOptions | None = None,
+                  **kwargs) -> bytes:
+    """One round of `trace` as `fmt` bytes (export's, without the size)."""
+    return export(trace, step, fmt, options, **kwargs).data
 
 
 def export_to_file(trace: Trace, out: str | Path, step: int | str = "last", fmt: str | None = None,
                    options: ExportOptions | None = None, **kwargs) -> Path:
     """export_figure written to `out` (format from its suffix unless given). InputError if it cannot be written."""
-    fmt = format_for(out, fmt)
-    data = export_figure(trace, step, fmt, options, **kwargs)
+    return _write(out, export(trace, step, format_for(out, fmt), options, **kwargs))[0]
+
+
+def _write(out: str | Path, exported: Exported) -> tuple[Path, PrintSize | None]:
     path = Path(out)
     try:
-        path.write_bytes(data)
+        path.write_bytes(exported.data)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return path, exported.size
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -299,11 +327,13 @@ def export_to_file(trace: Trace, out: str | Path, step: int | str = "last", fmt:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
+def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> tuple[bytes, PrintSize]:
+    """The figure's bytes and its print size (at the width asked for: mpl.width_in)."""
     from . import mpl
 
     step = trace.steps[k]
     scheme = get_scheme(o.colors)
+    width = mpl.width_in(o.width)
     with mpl.rendering():
         if o.figure == "tree":
             parts = tree_parts(trace, k, o)
@@ -313,31 +343,39 @@ def _matplotlib(trace: Trace, k: int, o: ExportOptions, fmt: str) -> bytes:
                     f"round {k + 1} would draw {shown} tree positions; an {fmt.upper()} figure draws at most "
                     f"{MAX_FIGURE_POSITIONS}: hide some with max depth / min log-prob (--max-depth, --min-logprob; the "
                     "accepted path always stays), or export html or json")
-            size = mpl.tree_size(parts.layout, title=bool(parts.title), caption=parts.caption, legend=o.legend)
+            size = mpl.tree_size(parts.layout, width, title=bool(parts.title), caption=parts.caption, legend=o.legend)
             page = _page(o, size, parts.title, parts.caption, fmt)
             fig = mpl.tree_figure_mpl(parts.layout, parts.fills, parts.scheme, page, cmin=parts.cmin, cmax=parts.cmax,
                                       ranks=o.ranks, path_label=o.path_label)
             meta = parts.title or f"ddtree-viz round {k + 1}"
+            label_pt, notes = mpl.tree_style(parts.layout, page).label_pt, mpl.tree_notes(parts.layout, page, o.width,
+                                                                                          o.ranks)
         elif o.figure == "mask":
             rows, cols, accepted = mask_labels(step, o)
             title = _title(o, _mask_title(step))
-            page = _page(o, mpl.mask_size(len(rows), title=bool(title), caption=_caption(o)), title, _caption(o), fmt)
+            page = _page(o, mpl.mask_size(len(rows), width, title=bool(title), caption=_caption(o)), title,
+                         _caption(o), fmt)
             fig = mpl.mask_figure_mpl(verify_mask(step).tolist(), rows, cols, accepted, scheme, page)
             meta = title or f"ddtree-viz verify mask, round {k + 1}"
+            label_pt, notes = mpl.MASK_TICK_PT, mpl.mask_notes(len(rows), o.width)
         elif o.figure == "grid":
             gp = grid_parts(trace, k, o)
-            size = mpl.grid_size(gp.grid.depths, gp.grid.k, title=bool(gp.title), caption=_caption(o))
+            size = mpl.grid_size(gp.grid.depths, gp.grid.k, width, title=bool(gp.title), caption=_caption(o),
+                                 note=gp.note)
             page = _page(o, size, gp.title, _caption(o), fmt)
             fig = mpl.grid_figure_mpl(gp.grid, scheme, page, cmin=gp.cmin, cmax=gp.cmax, note=gp.note)
             meta = gp.title or f"ddtree-viz drafter's grid, round {k + 1}"
+            label_pt, notes = mpl.grid_label(gp.grid, page.width)[0], mpl.grid_notes(gp.grid, o.width)
         else:
             steps = trace.steps[: k + 1]
             title = _title(o, ACCEPTANCE_TITLE)
-            page = _page(o, mpl.acceptance_size(len(steps), title=bool(title), caption=_caption(o)), title,
+            page = _page(o, mpl.acceptance_size(len(steps), width, title=bool(title), caption=_caption(o)), title,
                          _caption(o), fmt)
             fig = mpl.acceptance_figure_mpl([s.index + 1 for s in steps], [s.kept for s in steps], scheme, page)
             meta = title or "ddtree-viz acceptance per round"
-        return mpl.save(fig, fmt, page, meta)
+            label_pt, notes = 7, []
+        data = mpl.save(fig, fmt, page, meta)
+    return data, PrintSize(fmt.upper(), page.width * CM_PER_IN, page.height * CM_PER_IN, label_pt, tuple(notes))
 
 
 def png_pixels(width: float, height: float, dpi: int) -> tuple[int, int]:
@@ -348,7 +386,7 @@ def png_pixels(width: float, height: float, dpi: int) -> tuple[int, int]:
 def _page(o: ExportOptions, default: tuple[float, float], title: str | None, caption: str | None, fmt: str):
     from . import mpl
 
-    w = float(o.width) if o.width is not None else default[0]
+    w = default[0]  # the width asked for (mpl.width_in)
     h = float(o.height) if o.height is not None else default[1]
     dpi = effective_dpi(o, w, h)
     if fmt == "png":
@@ -374,30 +412,27 @@ def effective_dpi(o: ExportOptions, width: float, height: float) -> int:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _tikz(trace: Trace, k: int, o: ExportOptions) -> str:
-    from . import tikz
+def _tikz(trace: Trace, k: int, o: ExportOptions):
+    """The picture (tikz.Drawn: its text and its print size), fitted to the width asked for."""
+    from . import tikz, tikz_charts
 
     step = trace.steps[k]
-    comment = _comment(trace, k, o)
+    common = dict(standalone=o.standalone, width=o.width, comment=_comment(trace, k, o))
     if o.figure == "tree":
         p = tree_parts(trace, k, o)
         return tikz.tree_tikz(p.layout, p.fills, p.scheme, cmin=p.cmin, cmax=p.cmax, title=p.title, caption=p.caption,
-                              ranks=o.ranks, path_label=o.path_label, legend=o.legend, standalone=o.standalone,
-                              comment=comment)
+                              ranks=o.ranks, path_label=o.path_label, legend=o.legend, **common)
     scheme = get_scheme(o.colors)
     if o.figure == "grid":
         gp = grid_parts(trace, k, o)
-        return tikz.grid_tikz(gp.grid, gp.fills, scheme, note=gp.note, title=gp.title, caption=_caption(o),
-                              standalone=o.standalone, comment=comment)
+        return tikz_charts.grid_tikz(gp.grid, gp.fills, scheme, note=gp.note, title=gp.title, caption=_caption(o), **common)
     if o.figure == "mask":
         rows, cols, accepted = mask_labels(step, o)
-        return tikz.mask_tikz(verify_mask(step).tolist(), rows, cols, accepted, scheme,
-                              title=_title(o, _mask_title(step)), caption=_caption(o), standalone=o.standalone,
-                              comment=comment)
+        return tikz_charts.mask_tikz(verify_mask(step).tolist(), rows, cols, accepted, scheme,
+                              title=_title(o, _mask_title(step)), caption=_caption(o), **common)
     steps = trace.steps[: k + 1]
-    return tikz.acceptance_tikz([s.index + 1 for s in steps], [s.kept for s in steps], scheme,
-                                title=_title(o, ACCEPTANCE_TITLE), caption=_caption(o), standalone=o.standalone,
-                                comment=comment)
+    return tikz_charts.acceptance_tikz([s.index + 1 for s in steps], [s.kept for s in steps], scheme,
+                                title=_title(o, ACCEPTANCE_TITLE), caption=_caption(o), **common)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -431,7 +466,7 @@ def plotly_figure(trace: Trace, k: int, o: ExportOptions):
     else:
         fig = acceptance_figure(trace.steps[: k + 1], title=_title(o, ACCEPTANCE_TITLE) or "", scheme=scheme,
                                 legend=o.legend)
-    if o.width is not None:
+    if o.width is not None and not isinstance(o.width, str):  # a paper's column or full width: the screen's instead
         fig.update_layout(width=int(o.width * 96))
     if o.height is not None:
         fig.update_layout(height=int(o.height * 96))
@@ -568,9 +603,16 @@ def step_from_export(data: dict | str) -> StepRecord:
 
 def export_round_file(trace: Trace | None, view: int, fmt: str, directory: str | Path | None = None,
                       **kwargs) -> Path:
+    """export_round's file."""
+    return export_round(trace, view, fmt, directory, **kwargs)[0]
+
+
+def export_round(trace: Trace | None, view: int, fmt: str, directory: str | Path | None = None,
+                 **kwargs) -> tuple[Path, PrintSize | None]:
     """Export the round the page shows (`view`: the page's 0-based round index) to
-    <directory or a new temporary folder>/ddtree-round<N>-<figure>.<ext>; InputError when there is nothing
-    to export yet. Keywords: ExportOptions fields (the page passes phase, figure, show, colors, ...)."""
+    <directory or a new temporary folder>/ddtree-round<N>-<figure>.<ext>; the file and its print size (None for HTML
+    and JSON). InputError when there is nothing to export yet. Keywords: ExportOptions fields (the page passes phase,
+    figure, show, colors, width, ...)."""
     import tempfile
 
     if trace is None or not trace.steps:
@@ -579,7 +621,7 @@ def export_round_file(trace: Trace | None, view: int, fmt: str, directory: str |
     o = make_options(**kwargs)
     k = max(0, min(int(view), len(trace.steps) - 1))
     folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="ddtree-export-"))
-    return export_to_file(trace, folder / suggested_name(trace, k, fmt, o.figure), step=k + 1, fmt=fmt, options=o)
+    return _write(folder / suggested_name(trace, k, fmt, o.figure), export(trace, k + 1, fmt, o))
 
 
 def optional_number(text: str | float | None, name: str, integer: bool = False) -> float | int | None:

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import functools
 import io
+import math
 import re
 import textwrap
 import threading
@@ -31,8 +32,9 @@ from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
-from . import style
+from . import paper, style
 from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_at, path_outlined
 from .scheme import Scheme, edge_color, fixed_fill, outline_color, scale_samples
 from .text import shorten
@@ -239,33 +241,50 @@ def legend_rows(width: float, entries: int = 6) -> int:
     return -(-entries // legend_columns(width))
 
 
-PAGE_WIDTHS = (3.5, 7.0)  # a paper's single and double column (in)
-MAX_PAGE_HEIGHT = 9.0  # a tree's default height stays within a page (in), while its labels stay >= LABEL_MIN_PT
+MAX_PAGE_HEIGHT = paper.PAGE_HEIGHT_CM / paper.CM_PER_IN  # a tree's default height stays within a page (in), while
+# its labels stay >= LABEL_MIN_PT
 ROW_ABOVE = 0.42  # a row (in) with each label above its node and the rank under it
 ROW_BESIDE = 0.15  # a row (in) with each label beside its node, on one line (7 pt)
-LABEL_PT, LABEL_MIN_PT = 7.5, 6.0
+LABEL_PT, LABEL_MIN_PT = paper.LABEL_SIZES[0], paper.MIN_LABEL_PT
+MONO_EM = 0.602  # DejaVu Sans Mono's advance (em)
+BAR_BELOW_IN = 5.0  # a figure narrower than this (a paper's column) has its colour bar under it, not beside it
+
+
+def tree_margin(width: float) -> float:
+    """Inches of a tree figure's width that are not depth columns: the colour bar beside it and its ticks (a wide
+    figure), or the margins alone (a narrow one: its bar is under it)."""
+    return 0.35 if width < BAR_BELOW_IN else 1.1
 
 
 def _tree_extras(width: float, *, title: bool, caption: str | None, legend: bool) -> float:
     """Inches of a tree figure that are not rows: the depth axis, title, legend and caption."""
     h = 0.9 + (0.35 if title else 0) + (legend_rows(width) * 0.2 + 0.15 if legend else 0)
+    h += 0.55 if width < BAR_BELOW_IN else 0  # the colour bar under the tree
     return h + (0.16 * len(caption_lines(caption, width)) + 0.12 if caption else 0)
 
 
-def tree_size(layout: TreeLayout, *, title: bool, caption: str | None, legend: bool) -> tuple[float, float]:
-    """Default figure size (inches) for a tree, page-sized: a single column (3.5 in) for a tree of up to 4 depths,
-    else a double column (7 in); ROW_ABOVE a row (labels above the nodes) while that fits in MAX_PAGE_HEIGHT, else
-    the labels beside the nodes (tree_style), rows as close as LABEL_MIN_PT text allows: a taller tree than that
-    grows past the page (hide some with the filters). It was 6 x 15 in for 33 nodes (issue #26)."""
-    w = PAGE_WIDTHS[0] if layout.width <= 4 else PAGE_WIDTHS[1]
-    extras = _tree_extras(w, title=title, caption=caption, legend=legend)
+def tree_size(layout: TreeLayout, width: float, *, title: bool, caption: str | None,
+              legend: bool) -> tuple[float, float]:
+    """Default figure height (inches) for a tree `width` inches wide (a paper's column by default: the export's
+    width option): ROW_ABOVE a row (labels above the nodes) while that fits in MAX_PAGE_HEIGHT, else the labels beside
+    the nodes (tree_style), rows as close as LABEL_MIN_PT text allows: a taller tree than that grows past the page
+    (hide some with the filters). A tree too deep for its labels beside the nodes keeps them above, however tall
+    (issue #65). It was 6 x 15 in for 33 nodes (issue #26)."""
+    extras = _tree_extras(width, title=title, caption=caption, legend=legend)
     rows = layout.height
     h = ROW_ABOVE * rows + extras
-    if h > MAX_PAGE_HEIGHT:
+    if h > MAX_PAGE_HEIGHT and _beside_fits(layout, width):
         dense = LABEL_MIN_PT * 1.35 / 72  # one line of the smallest label, and a gap
         h = max(MAX_PAGE_HEIGHT, dense * rows + extras) if ROW_BESIDE * rows + extras > MAX_PAGE_HEIGHT \
             else ROW_BESIDE * rows + extras
-    return w, max(h, 2.4)
+    return width, max(h, 2.4)
+
+
+def _beside_fits(layout: TreeLayout, width: float) -> bool:
+    """Whether a tree's whole labels and ranks fit beside their nodes, on one line, in its depth columns."""
+    column = (width - tree_margin(width)) / (max(layout.width, 1) + 0.25)
+    room = column - (MARKER_SIZE["other"] * 0.55 / 2 + 2.5) / 72
+    return _chars_in(room, LABEL_MIN_PT) >= max(len(n.label) for n in layout.nodes) + 4
 
 
 @dataclass(frozen=True)
@@ -275,22 +294,79 @@ class TreeStyle:
     beside: bool
     label_pt: float
     marker_scale: float  # of MARKER_SIZE
-    label_chars: int | None  # beside: labels cut to fit a depth column (None: as laid out)
+    label_chars: int | None  # labels cut to fit a depth column (None: as laid out)
+    fits: bool = True  # False: even labels cut to MIN_CHARS at LABEL_MIN_PT overlap in a depth column
+    column: float = 1.0  # in: a depth column
+    row: float = ROW_ABOVE  # in: a row
+
+
+MIN_CHARS = 3  # a label cut to fit keeps at least this many characters ('ab…')
+
+
+def _chars_in(room: float, pt: float) -> int:
+    """How many monospace characters at `pt` fit `room` inches."""
+    return int(room / (MONO_EM * pt / 72) + 1e-9)
 
 
 def tree_style(layout: TreeLayout, page: Page) -> TreeStyle:
-    """The labels' placement and size for the rows the figure's height leaves (tree_size chose that height; a
-    height set by hand gets the same treatment)."""
+    """The labels' placement, size and cut for the figure's size: above their nodes when the rows leave room
+    (tree_size chose the height; a height set by hand gets the same treatment), at the largest of paper.LABEL_SIZES
+    whose labels fit side by side in a row (paper.column_need), else cut to fit at the smallest; beside them otherwise,
+    on one line, as large as the rows allow (7 pt) and smaller where a depth column is narrow."""
     rows, cols = layout.height, layout.width
+    longest = max(len(n.label) for n in layout.nodes)
+    points = [(n.x, n.y) for n in layout.nodes]
+
+    def need(pt: float, chars: int) -> float:  # in: the depth column labels side by side need (paper.column_need)
+        return paper.column_need(points, [min(len(n.label), chars) * MONO_EM * pt / 72 for n in layout.nodes], 0.06)
+
     pitch = (page.height - _tree_extras(page.width, title=bool(page.title), caption=page.caption,
                                         legend=page.legend)) / max(rows, 1)
+    column = (page.width - tree_margin(page.width)) / (max(cols, 1) + 0.25)  # in: a depth column (the axes span cols + 0.25)
+    at = dict(column=column, row=pitch)
     if pitch >= ROW_ABOVE * 0.9:
-        return TreeStyle(False, LABEL_PT, 1.0, None)
-    pt = max(LABEL_MIN_PT, min(7.0, pitch * 72 / 1.35))
+        for pt in paper.LABEL_SIZES:
+            if need(pt, longest) <= column:
+                return TreeStyle(False, pt, 1.0, None, **at)
+        fit = [c for c in range(MIN_CHARS, longest) if need(LABEL_MIN_PT, c) <= column]
+        return TreeStyle(False, LABEL_MIN_PT, 1.0, max(fit, default=MIN_CHARS), bool(fit), **at)
+    top = max(LABEL_MIN_PT, min(7.0, pitch * 72 / 1.35))  # as large as the rows allow, smaller where a column is narrow
     scale = max(0.55, min(1.0, pitch * 72 * 0.8 / MARKER_SIZE["other"]))
-    column = (page.width - 1.1) / max(cols, 1)  # in: the colour bar and margins out
     room = column - (MARKER_SIZE["other"] * scale / 2 + 2.5) / 72
-    return TreeStyle(True, pt, scale, max(2, int(room / (0.6 * pt / 72))))
+    pt = next((p for p in (top, 6.5, LABEL_MIN_PT) if p <= top and _chars_in(room, p) >= longest + 4), LABEL_MIN_PT)
+    chars = _chars_in(room, pt)
+    return TreeStyle(True, pt, scale, max(2, chars), chars >= 2, **at)
+
+
+def tree_notes(layout: TreeLayout, page: Page, width, ranks: bool = True) -> list[str]:
+    """What a tree figure says about its fit: labels cut (the most characters one kept), or too narrow even so; taller
+    than a page."""
+    tall = paper.too_tall(page.height * paper.CM_PER_IN)
+    return _width_notes(layout, tree_style(layout, page), width, ranks) + ([tall] if tall else [])
+
+
+def _width_notes(layout: TreeLayout, look: TreeStyle, width, ranks: bool) -> list[str]:
+    if not look.fits:
+        cols = max(layout.width, 1) + 0.25
+        w = width_in(width)
+        needed = tree_margin(w) + cols * (MIN_CHARS * MONO_EM * LABEL_MIN_PT / 72 + 0.06)
+        return [paper.too_wide(width, needed * paper.CM_PER_IN)]
+    kept = [len(_label_text(n, look, ranks)) - len(_rank_text(n, look, ranks)) for n in layout.nodes]
+    cut = [k for k, n in zip(kept, layout.nodes) if k < len(n.label)]
+    return [paper.cut_labels(width, max(cut))] if cut else []
+
+
+def _rank_text(n, look: TreeStyle, ranks: bool) -> str:
+    """A node's rank where it shares the label's line (beside its node): ' r3'."""
+    return f" r{n.rank}" if look.beside and ranks and n.rank >= 0 else ""
+
+
+def _label_text(n, look: TreeStyle, ranks: bool) -> str:
+    """A node's label as drawn: cut to the depth column (look.label_chars, its rank's characters included beside)."""
+    rank = _rank_text(n, look, ranks)
+    if look.label_chars is None:
+        return n.label + rank
+    return shorten(n.label, max(1, look.label_chars - len(rank))) + rank
 
 
 def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, page: Page, *, cmin: float,
@@ -300,12 +376,12 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     cols, rows = layout.width, layout.height
 
     _draw_edges(ax, layout, scheme)
+    look = tree_style(layout, page)
     spot = path_label_at(layout) if path_label else None
-    if spot is not None:
+    if spot is not None and _path_label_fits(spot, look):
         a, b, text = spot
         ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(0, -3), textcoords="offset points", ha="center",
                     va="top", fontsize=6.5, style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
-    look = tree_style(layout, page)
     _draw_nodes(ax, layout, fills, scheme, ranks, look)
 
     ax.set_xlim(-0.5, cols - 0.5 + 0.25)
@@ -323,7 +399,10 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     if any(n.logprob is not None for n in layout.nodes):
         cmap = ListedColormap(scale_samples(scheme.colorscale, 256))
         sm = ScalarMappable(norm=Normalize(cmin, cmax if cmax > cmin else cmin + 1e-6), cmap=cmap)
-        cb = host.colorbar(sm, ax=ax, fraction=0.035, pad=0.01, aspect=max(8, min(30, rows * 2.5)))
+        if page.width < BAR_BELOW_IN:  # a column's figure: the depth columns take its whole width
+            cb = host.colorbar(sm, ax=ax, location="bottom", fraction=0.04, pad=0.02, aspect=30, shrink=0.8)
+        else:
+            cb = host.colorbar(sm, ax=ax, fraction=0.035, pad=0.01, aspect=max(8, min(30, rows * 2.5)))
         if cb.solids is not None:
             cb.solids.set_rasterized(False)  # matplotlib rasterises long colour bars; keep the figure all vector
             cb.solids.set_edgecolor("face")  # no hairline seams between the bar's cells
@@ -334,6 +413,13 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
         _tree_legend(host, layout, scheme, page.width)
     _finish(ax, page)
     return fig
+
+
+def _path_label_fits(spot, look: TreeStyle) -> bool:
+    """Whether 'accepted path' fits along its edge (else it is left out: the legend names the path)."""
+    a, b, text = spot
+    edge = math.hypot((b.x - a.x) * look.column, (b.y - a.y) * look.row)
+    return len(text) * 0.55 * 6.5 / 72 <= edge - MARKER_SIZE["accepted"] / 72
 
 
 def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
@@ -373,13 +459,11 @@ def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, r
         sc.set_gid(f"ddt-nodes-{role}")
     for n in layout.nodes:
         if look.beside:
-            rank = f" r{n.rank}" if ranks and n.rank >= 0 else ""
-            text = shorten(n.label, max(1, look.label_chars - len(rank))) + rank
-            ax.annotate(text, (n.x, n.y), xytext=(MARKER_SIZE[n.role] * look.marker_scale / 2 + 1.5, 0),
+            ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(MARKER_SIZE[n.role] * look.marker_scale / 2 + 1.5, 0),
                         textcoords="offset points", ha="left", va="center", fontsize=look.label_pt, family=MONO,
                         gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
             continue
-        ax.annotate(n.label, (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
+        ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
                     fontsize=look.label_pt, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
         if ranks and n.rank >= 0:
             ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
@@ -409,12 +493,36 @@ def _tree_legend(host, layout: TreeLayout, scheme: Scheme, width: float) -> None
 MAX_TICKS = style.MASK_MAX_TICKS
 
 
-def mask_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
-    """0.16 in per cell, shrinking for big trees so the figure stays within 24 in (labels thin out past 64)."""
-    cell = min(0.16, 21.0 / (n + 1))
-    w = min(max(cell * (n + 1) + 2.2, 4.0), 24.0)
-    h = min(max(cell * n + 2.0 + (0.35 if title else 0) + 0.16 * len(caption_lines(caption, w)) + 0.12, 3.0), 26.0)
-    return w, h
+MASK_TICK_PT = 6
+MASK_MARGIN_IN = 2.2  # a mask figure's width that is not cells: its row labels, axis label and margins
+
+
+def mask_size(n: int, width: float, *, title: bool, caption: str | None) -> tuple[float, float]:
+    """A mask `width` inches wide: its cells square, 0.16 in at most, the height they leave (at most 26 in)."""
+    cell = mask_cell(n, width)
+    return width, min(max(cell * n + 2.0 + (0.35 if title else 0) + 0.16 * len(caption_lines(caption, width)) + 0.12,
+                          3.0), 26.0)
+
+
+def mask_cell(n: int, width: float) -> float:
+    """A mask's cell (in) at `width` inches: n tree positions and the prefix band across."""
+    return max(0.0, min(0.16, (width - MASK_MARGIN_IN) / (n + 1)))
+
+
+def mask_every(n: int, width: float) -> int:
+    """A mask labels one position in this many: MAX_TICKS at most, and no closer than a line of its tick labels."""
+    line = MASK_TICK_PT * 1.3 / 72
+    return max(1, -(-n // MAX_TICKS), math.ceil(line / max(mask_cell(n, width), 1e-6) - 1e-9))
+
+
+def mask_notes(n: int, width) -> list[str]:
+    """What a mask figure says about its fit: labels thinned to fit, or cells too small to see."""
+    w = width_in(width)
+    if mask_cell(n, w) * paper.CM_PER_IN < 0.03:
+        return [paper.too_wide(width, (MASK_MARGIN_IN + 0.03 / paper.CM_PER_IN * (n + 1)) * paper.CM_PER_IN)]
+    every = mask_every(n, w)
+    return [f"labels on one position in {every} to fit {paper.asked(width)} at {MASK_TICK_PT} pt"] \
+        if every > max(1, -(-n // MAX_TICKS)) else []
 
 
 def mask_figure_mpl(mask, row_labels: list[str], col_labels: list[str], accepted: list[int], scheme: Scheme,
@@ -435,10 +543,11 @@ def mask_figure_mpl(mask, row_labels: list[str], col_labels: list[str], accepted
         ax.set_yticks([y - 0.5 for y in range(1, n_rows)], minor=True)
         ax.grid(which="minor", color="white", lw=0.5)
         ax.tick_params(which="minor", length=0)
-    every_r = max(1, -(-n_rows // MAX_TICKS))
-    every_c = max(1, -(-n_cols // MAX_TICKS))
-    ax.set_yticks(range(0, n_rows, every_r), [row_labels[i] for i in range(0, n_rows, every_r)], family=MONO, fontsize=6)
-    ax.set_xticks(range(0, n_cols, every_c), [col_labels[i] for i in range(0, n_cols, every_c)], family=MONO, fontsize=6,
+    every_r = every_c = mask_every(n_rows, page.width)
+    ax.set_yticks(range(0, n_rows, every_r), [row_labels[i] for i in range(0, n_rows, every_r)], family=MONO,
+                  fontsize=MASK_TICK_PT)
+    ax.set_xticks(range(0, n_cols, every_c), [col_labels[i] for i in range(0, n_cols, every_c)], family=MONO,
+                  fontsize=MASK_TICK_PT,
                   rotation=60, ha="left", rotation_mode="anchor")
     ax.xaxis.tick_top()
     ax.xaxis.set_label_position("top")
@@ -472,8 +581,10 @@ def acceptance_figure_mpl(rounds: list[int], values: list[int], scheme: Scheme, 
                 label=f"mean {mean:.2f}", gid="ddt-acceptance-mean", zorder=3)
     ax.set_xlabel("round", fontsize=8)
     ax.set_ylabel("tokens", fontsize=8)
-    if len(rounds) <= 40:
+    if len(rounds) <= 40 and len(rounds) * ACCEPTANCE_TICK_IN <= page.width - 1.0:  # each round's number fits
         ax.set_xticks(rounds)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     top = max(values, default=1)
     if top <= 16:
         ax.set_yticks(range(0, top + 1))
@@ -488,9 +599,11 @@ def acceptance_figure_mpl(rounds: list[int], values: list[int], scheme: Scheme, 
     return fig
 
 
-def acceptance_size(n: int, *, title: bool, caption: str | None) -> tuple[float, float]:
-    w = min(max(0.28 * n + 1.8, 4.5), 30.0)
-    return w, 2.8 + (0.3 if title else 0) + (0.16 * len(caption_lines(caption, w)) + 0.12 if caption else 0)
+ACCEPTANCE_TICK_IN = 0.22  # a round's number under its bar (up to 3 digits at 7 pt), with room around it
+
+
+def acceptance_size(n: int, width: float, *, title: bool, caption: str | None) -> tuple[float, float]:
+    return width, 2.8 + (0.3 if title else 0) + (0.16 * len(caption_lines(caption, width)) + 0.12 if caption else 0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -498,13 +611,48 @@ def acceptance_size(n: int, *, title: bool, caption: str | None) -> tuple[float,
 # ------------------------------------------------------------------------------------------------------------
 
 
-def grid_size(depths: int, k: int, *, title: bool, caption: str | None) -> tuple[float, float]:
-    """0.62 in per depth column (room for a 6-character label), 0.26 in per rank row."""
-    w = min(max(0.62 * depths + 2.0, 5.0), 40.0)
-    h = 0.26 * k + 1.3 + (0.35 if title else 0)
+GRID_MARGIN_IN = 2.0  # a grid figure's width that is not depth columns: rank ticks, axis label, colour bar
+
+
+def grid_size(depths: int, k: int, width: float, *, title: bool, caption: str | None,
+              note: str = "") -> tuple[float, float]:
+    """A grid `width` inches wide, 0.26 in per rank row; its note's lines (wrapped to the width) and legend's rows."""
+    h = 0.26 * k + 1.1 + (0.35 if title else 0) + 0.14 * len(note_lines(note, width)) + 0.18 * -(-3 // legend_columns(width))
     if caption:
-        h += 0.16 * len(caption_lines(caption, w)) + 0.12
-    return w, min(max(h, 2.4), 60.0)
+        h += 0.16 * len(caption_lines(caption, width)) + 0.12
+    return width, min(max(h, 2.4), 60.0)
+
+
+def note_lines(note: str, width: float) -> list[str]:
+    """A grid's note (where the walk stopped) wrapped to a figure `width` inches wide, at 7.5 pt."""
+    return textwrap.wrap(_plain(note), max(30, int(width * 15))) if note else []
+
+
+def grid_label(g, width: float) -> tuple[float, int | None, bool]:
+    """(label size, labels cut to chars or None, fits): the largest of paper.LABEL_SIZES whose labels fit a cell of
+    a grid `width` inches wide, else the smallest, its labels cut to the cell (MIN_CHARS at the least)."""
+    room = (width - GRID_MARGIN_IN) / max(g.depths, 1) - 0.04
+    longest = max((len(c.label) for c in g.cells), default=1)
+    for pt in paper.LABEL_SIZES:
+        if _chars_in(room, pt) >= longest:
+            return pt, None, True
+    chars = _chars_in(room, LABEL_MIN_PT)
+    return LABEL_MIN_PT, max(MIN_CHARS, chars), chars >= MIN_CHARS
+
+
+def grid_notes(g, width) -> list[str]:
+    """What a grid figure says about its fit: labels cut (the most characters one kept), or too narrow even so."""
+    pt, chars, fits = grid_label(g, width_in(width))
+    if not fits:
+        needed = GRID_MARGIN_IN + g.depths * (MIN_CHARS * MONO_EM * LABEL_MIN_PT / 72 + 0.04)
+        return [paper.too_wide(width, needed * paper.CM_PER_IN)]
+    cut = [len(shorten(c.label, chars)) for c in g.cells if chars is not None and len(c.label) > chars]
+    return [paper.cut_labels(width, max(cut))] if cut else []
+
+
+def width_in(width) -> float:
+    """An export's width option ('column', 'full' or inches) in inches."""
+    return paper.width_cm(width) / paper.CM_PER_IN
 
 
 def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, note: str) -> Figure:
@@ -521,9 +669,11 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
     norm = Normalize(cmin, cmax if cmax > cmin else cmin + 1e-6)
     ax.imshow(z, cmap=cmap, norm=norm, interpolation="none", aspect="auto",
               extent=(0.5, g.depths + 0.5, g.k - 0.5, -0.5))
+    pt, chars, _ = grid_label(g, page.width)
     for c in g.cells:
         shade = (norm(c.logprob) - 0.5) * (1 if scheme.colorscale == "Greys" else -1)
-        ax.text(c.depth, c.rank, c.label, ha="center", va="center", fontsize=5.5, family=MONO,
+        label = c.label if chars is None else shorten(c.label, chars)
+        ax.text(c.depth, c.rank, label, ha="center", va="center", fontsize=pt, family=MONO,
                 color="white" if shade > 0 else "black", gid=f"ddt-cell-{c.depth}-{c.rank}")
         if c.taken:
             ax.add_patch(Rectangle((c.depth - 0.47, c.rank - 0.45), 0.94, 0.9, fill=False, ec=scheme.rejected,
@@ -531,15 +681,16 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
             if len(c.taken) > 1:
                 ax.text(c.depth + 0.45, c.rank - 0.42, f"×{len(c.taken)}", ha="right", va="top", fontsize=4.5,
                         color="white" if norm(c.logprob) < 0.5 else "black", zorder=4)
-    if g.path:
-        ax.plot([d for d, _ in g.path], [r for _, r in g.path], color=scheme.path, lw=2.0, marker="o", ms=3,
+    path = [(d, r) for d, r in g.path if r < g.k]  # a draft ranked past the recorded top k has no cell
+    if path:
+        ax.plot([d for d, _ in path], [r for _, r in path], color=scheme.path, lw=2.0, marker="o", ms=3,
                 zorder=4, gid="ddt-grid-path")
     if g.stop_rank is not None:
         ax.plot([g.stop_depth], [g.stop_rank], marker="x", ms=11, mew=1.6, color=scheme.path, alpha=0.85, zorder=5,
                 gid="ddt-grid-stop")
     ax.set_xticks(range(1, g.depths + 1))
     ax.set_yticks(range(g.k))
-    ax.set_xlabel(f"depth\n{_plain(note)}", fontsize=7.5)
+    ax.set_xlabel("\n".join(["depth", *note_lines(note, page.width)]), fontsize=7.5)
     ax.set_ylabel("drafter rank", fontsize=8)
     ax.tick_params(labelsize=7, length=2)
     if page.legend:
@@ -554,6 +705,7 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
         handles = [Rectangle((0, 0), 1, 1, fill=False, ec=scheme.rejected, lw=0.9, label="taken by the tree"),
                    Line2D([], [], color=scheme.path, lw=2.0, marker="o", ms=3, label="accepted path"),
                    Line2D([], [], color=scheme.path, ls="", marker="x", ms=7, mew=2, label="target's token at the stop")]
-        host.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=6.5, frameon=False)
+        host.legend(handles=handles, loc="outside lower center", ncol=min(3, legend_columns(page.width)), fontsize=6.5,
+                    frameon=False)
     _finish(ax, page)
     return fig

@@ -217,9 +217,14 @@ class StepTab:
             c["colors"] = gr.Radio(["colorblind", "grayscale"], value="colorblind", label="Colours",
                                    elem_id="ddv-export-colors")
             c["title"] = gr.Checkbox(value=True, label="Title", elem_id="ddv-export-title")
+            c["width"] = gr.Radio(list(exporter.PAPER_WIDTHS), value="column", label="Paper width",
+                                  info=" · ".join(f"{name} {cm:g} cm" for name, cm in exporter.PAPER_WIDTHS_CM.items()),
+                                  elem_id="ddv-export-width")
             c["export"] = gr.Button("Export figure", elem_id="ddv-export")
             # filled by the export, then clicked by the page (one click for the user); stays as a fallback link
             c["export_file"] = gr.DownloadButton("Download export", visible=False, elem_id="ddv-export-file")
+        # the exported figure's print size, and what did not fit the width (render/paper.py)
+        c["export_size"] = gr.Markdown(elem_id="ddv-export-size")
 
     # -- events -------------------------------------------------------------------------------------------------
 
@@ -376,7 +381,7 @@ class StepTab:
         """A trace replayed (uploaded, or --replay FILE at each page load), the trace downloaded, a figure exported."""
         host, tab, c = self.host, page.tab, self.controls
         phase, shown = c["phase"], self.shown()
-        export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title")}
+        export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title", "width")}
 
         @errors_in_status(self.note)
         def on_upload(t, ph, path, request: gr.Request):
@@ -405,18 +410,19 @@ class StepTab:
 
         @shows_errors
         def on_export(t, ph, request: gr.Request, **values):
-            return offered(c["export_file"], actions.export_round(t, ph, **values), request)
+            path, note = actions.export_round(t, ph, **values)
+            return offered(c["export_file"], path, request), note
 
         c["trace_in"].upload(on_upload, [tab, phase, c["trace_in"]], self.shown_replay(), api_name="replay",
                              **self.at_status)
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
             None, js=click_js("ddv-download-file"))
-        c["export"].click(on_export, [tab, phase], [c["export_file"]], inputs_kwargs=export, api_name="export").success(
-            None, js=click_js("ddv-export-file"))
-        # the last export's file stays offered only while the settings it was made with are shown
+        c["export"].click(on_export, [tab, phase], [c["export_file"], c["export_size"]], inputs_kwargs=export,
+                          api_name="export").success(None, js=click_js("ddv-export-file"))
+        # the last export's file (and its size) stays offered only while the settings it was made with are shown
         stale = dict(fn=None, js=stale_js("ddv-export-file"), api_name=False)
-        hide = dict(fn=lambda: gr.DownloadButton(value=None, visible=False), inputs=None, outputs=[c["export_file"]],
-                    queue=False, show_progress="hidden", api_name=False)
+        hide = dict(fn=lambda: (gr.DownloadButton(value=None, visible=False), ""), inputs=None,
+                    outputs=[c["export_file"], c["export_size"]], queue=False, show_progress="hidden", api_name=False)
         c["export"].click(**stale)
         for widget in export.values():
             widget.change(**stale)
