@@ -509,8 +509,8 @@ def grid_size(depths: int, k: int, *, title: bool, caption: str | None) -> tuple
 
 def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, note: str) -> Figure:
     """The grid (render.grid_view.GridData): cells coloured by log-prob on the scheme's scale, token labels in
-    them (white on dark cells), taken cells ringed (×n when several parents took one), the accepted path as a
-    line through its cells, an X on the target's token at the stop depth; `note` (where the walk stopped) under
+    them (white on dark cells), taken cells framed (×n when several parents took one), the accepted path's cells
+    outlined and joined, the target's token at the stop depth outlined dotted; `note` (where the walk stopped) under
     the axes."""
     import numpy as np
 
@@ -531,12 +531,19 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
             if len(c.taken) > 1:
                 ax.text(c.depth + 0.45, c.rank - 0.42, f"×{len(c.taken)}", ha="right", va="top", fontsize=4.5,
                         color="white" if norm(c.logprob) < 0.5 else "black", zorder=4)
-    if g.path:
-        ax.plot([d for d, _ in g.path], [r for _, r in g.path], color=scheme.path, lw=2.0, marker="o", ms=3,
-                zorder=4, gid="ddt-grid-path")
+    # the accepted path's cells outlined and joined across the column gaps, the stop's outlined dotted: a line, its
+    # dots and an X drawn through the cells hid their tokens (issue #65, as on the page: grid_view.grid_spec)
+    for d, r in g.path:
+        ax.add_patch(Rectangle((d - 0.5, r - 0.48), 1.0, 0.96, fill=False, ec=scheme.path, lw=1.8, zorder=4,
+                               gid=f"ddt-grid-path-{d}-{r}"))
+    if len(g.path) > 1:
+        joins = [[(d + 0.5, r), (d2 - 0.5, r2)] for (d, r), (d2, r2) in zip(g.path, g.path[1:])]
+        lc = LineCollection(joins, colors=scheme.path, linewidths=1.8, zorder=4)
+        lc.set_gid("ddt-grid-path-joins")
+        ax.add_collection(lc)
     if g.stop_rank is not None:
-        ax.plot([g.stop_depth], [g.stop_rank], marker="x", ms=11, mew=1.6, color=scheme.path, alpha=0.85, zorder=5,
-                gid="ddt-grid-stop")
+        ax.add_patch(Rectangle((g.stop_depth - 0.5, g.stop_rank - 0.48), 1.0, 0.96, fill=False, ec=scheme.path,
+                               lw=1.8, ls=(0, (1.2, 1.2)), zorder=5, gid="ddt-grid-stop"))
     ax.set_xticks(range(1, g.depths + 1))
     ax.set_yticks(range(g.k))
     ax.set_xlabel(f"depth\n{_plain(note)}", fontsize=7.5)
@@ -552,8 +559,9 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
         cb.ax.tick_params(labelsize=6)
         cb.outline.set_linewidth(0.4)
         handles = [Rectangle((0, 0), 1, 1, fill=False, ec=scheme.rejected, lw=0.9, label="taken by the tree"),
-                   Line2D([], [], color=scheme.path, lw=2.0, marker="o", ms=3, label="accepted path"),
-                   Line2D([], [], color=scheme.path, ls="", marker="x", ms=7, mew=2, label="target's token at the stop")]
+                   Rectangle((0, 0), 1, 1, fill=False, ec=scheme.path, lw=1.8, label="accepted path"),
+                   Rectangle((0, 0), 1, 1, fill=False, ec=scheme.path, lw=1.8, ls=(0, (1.2, 1.2)),
+                             label="target's token at the stop")]
         host.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=6.5, frameon=False)
     _finish(ax, page)
     return fig
