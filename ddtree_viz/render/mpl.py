@@ -31,9 +31,11 @@ from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.path import Path as MplPath
+from matplotlib.transforms import Bbox
 
 from . import style
-from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_at, path_outlined
+from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_spots, path_outlined
 from .scheme import Scheme, edge_color, fixed_fill, outline_color, scale_samples
 from .text import shorten
 
@@ -100,16 +102,23 @@ def _plain(text: str) -> str:
     return "".join(ch if ch == "\n" or ch.isprintable() else " " for ch in text)
 
 
+@contextlib.contextmanager
+def _quiet():
+    """matplotlib's warnings about a glyph no font has (token text is anything) and a layout it could not fit."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
+        warnings.filterwarnings("ignore", message=r".*constrained_layout not applied.*")
+        warnings.filterwarnings("ignore", message=r".*[Cc]onstrained ?layout.*")
+        yield
+
+
 def save(fig: Figure, fmt: str, page: Page, meta_title: str, embed_fonts: bool = True) -> bytes:
     """Render to bytes: one PDF page with embedded TrueType fonts; SVG with text as text (fonts embedded, unless
     `embed_fonts` is False: figures that embed theirs together, embed_svg_fonts_together); PNG at exactly the
     figure's pixel size."""
     meta_title = _plain(meta_title).replace("\n", " ")  # metadata is XML in an SVG: no control characters
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
-        warnings.filterwarnings("ignore", message=r".*constrained_layout not applied.*")
-        warnings.filterwarnings("ignore", message=r".*[Cc]onstrained ?layout.*")
+    with _quiet():
         if fmt == "pdf":
             fig.savefig(buf, format="pdf", dpi=page.dpi, metadata={
                 "Title": meta_title, "Creator": "ddtree-viz", "Producer": "ddtree-viz (matplotlib)",
@@ -300,11 +309,6 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     cols, rows = layout.width, layout.height
 
     _draw_edges(ax, layout, scheme)
-    spot = path_label_at(layout) if path_label else None
-    if spot is not None:
-        a, b, text = spot
-        ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(0, -3), textcoords="offset points", ha="center",
-                    va="top", fontsize=6.5, style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
     look = tree_style(layout, page)
     _draw_nodes(ax, layout, fills, scheme, ranks, look)
 
@@ -333,7 +337,68 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     if page.legend:
         _tree_legend(host, layout, scheme, page.width)
     _finish(ax, page)
+    if path_label:
+        _path_label(fig, ax, layout, scheme, look)
     return fig
+
+
+def _path_label(fig: Figure, ax, layout: TreeLayout, scheme: Scheme, look: TreeStyle) -> None:
+    """'accepted path' (or 'bonus') in italics beside the middle of a path edge (under or over it, or to a side;
+    else further under or over, past the nodes' ranks and labels): the first such spot (layout.path_label_spots,
+    in path order) where it is clear of every node, label and path edge, measured on the figure as laid out; none
+    where nothing is clear (the legend names the path). Under the middle of the first edge it sat on the root and
+    the first node's rank when the path ran straight (issue #65)."""
+    with measuring(fig) as renderer:
+        taken = [t.get_window_extent(renderer) for t in ax.texts]
+        for n in layout.nodes:
+            x, y = ax.transData.transform((n.x, n.y))
+            r = MARKER_SIZE[n.role] * look.marker_scale * fig.dpi / 72 / 2
+            taken.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
+        lines = [MplPath(ax.transData.transform([(layout.node(e.parent).x, layout.node(e.parent).y),
+                                                 (layout.node(e.child).x, layout.node(e.child).y)]))
+                 for e in layout.edges if edge_kind(e) != "edge"]
+        near = ((0, -3, "center", "top"), (0, 3, "center", "bottom"), (4, 0, "left", "center"),
+                (-4, 0, "right", "center"))
+        far = ((0, -15, "center", "top"), (0, 16, "center", "bottom"))  # past the ranks under, the labels over
+        for offsets in (near, far):
+            if _path_label_at(ax, layout, scheme, offsets, (taken, lines, renderer)):
+                return
+
+
+@contextlib.contextmanager
+def measuring(fig: Figure, max_pixels: float = 4e6):
+    """A renderer that measures `fig` laid out as it will be saved (what it draws moved to its places), at a
+    resolution of at most `max_pixels` (a box measured scales with it; an SVG of 100 x 100 in at 600 dpi would ask a
+    raster of 14 GB), the figure's own dpi back after."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    dpi = fig.dpi
+    fig.set_dpi(min(dpi, max(10.0, (max_pixels / (fig.get_figwidth() * fig.get_figheight())) ** 0.5)))
+    try:
+        with _quiet():
+            fig.draw_without_rendering()
+            yield FigureCanvasAgg(fig).get_renderer()
+    finally:
+        fig.set_dpi(dpi)
+
+
+def _path_label_at(ax, layout: TreeLayout, scheme: Scheme, offsets, measured: tuple) -> bool:
+    """The path's label at the first spot (a path edge's middle, in path order, moved by one of `offsets`, in
+    points) inside the figure and clear of what is `measured` (the boxes taken, the path's lines, with the renderer
+    that measured them); whether there was one."""
+    fig, (taken, lines, renderer) = ax.get_figure(), measured
+    for a, b, text in path_label_spots(layout):
+        for dx, dy, ha, va in offsets:
+            label = ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(dx, dy), textcoords="offset points",
+                                ha=ha, va=va, fontsize=6.5, style="italic", color=scheme.path,
+                                gid="ddt-path-label", zorder=4, annotation_clip=False)
+            label.set_in_layout(False)
+            box = label.get_window_extent(renderer)
+            inside = fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+            if inside and not any(box.overlaps(o) for o in taken) and not any(p.intersects_bbox(box) for p in lines):
+                return True
+            label.remove()
+    return False
 
 
 def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
