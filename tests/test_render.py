@@ -591,7 +591,7 @@ def test_grid_figure_marks_taken_cells_the_path_and_the_stop(oracle):
     assert not any(t.type == "scatter" and "markers" in t.mode for t in fig.data)
     stop = analysis.stop_info(step)
     if isinstance(stop["target_draft_rank"], int) and stop["target_draft_rank"] < g.k:
-        assert "target's token where the walk stopped" in names and g.stop_rank == stop["target_draft_rank"]
+        assert "target's token where the walk stopped (dotted)" in names and g.stop_rank == stop["target_draft_rank"]
     with pytest.raises(ValueError, match="no drafter grid"):
         grid_data(dataclasses.replace(step, draft_top_ids=(), draft_top_logprobs=()))
 

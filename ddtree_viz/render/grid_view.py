@@ -115,7 +115,7 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
     drawn over the cells hid their tokens, the accepted row's most of all (issue #65)."""
     lo, hi = g.logprob_range
     z = [[g.cell(d, r).logprob for d in range(1, g.depths + 1)] for r in range(g.k)]
-    labels = [[esc(g.cell(d, r).label) for d in range(1, g.depths + 1)] for r in range(g.k)]
+    labels = [[esc(_cell_text(g.cell(d, r))) for d in range(1, g.depths + 1)] for r in range(g.k)]
     hover = [[_hover(g.cell(d, r)) for d in range(1, g.depths + 1)] for r in range(g.k)]
     xs = list(range(1, g.depths + 1))
     data: list[dict] = [dict(
@@ -127,7 +127,7 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
     )]
     taken = [c for c in g.cells if c.taken]
     shares = [c for c in taken if len(c.taken) > 1]
-    if shares:  # the count against the cell's right edge, clear of its token (centred)
+    if shares:  # the count against the cell's right edge, clear of its token (centred, cut shorter: _cell_text)
         data.append(dict(
             type="scatter", x=[c.depth + 0.43 for c in shares], y=[c.rank for c in shares], mode="text",
             text=[f"×{len(c.taken)}" for c in shares], textposition="middle left",
@@ -144,7 +144,7 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
     shapes += _outlines([g.cell(d, r) for d, r in g.path], 0.5, dict(color=scheme.path, width=3), "accepted path")
     if g.stop_rank is not None:
         shapes += _outlines([g.cell(g.stop_depth, g.stop_rank)], 0.5, dict(color=scheme.path, width=3, dash="dot"),
-                            "target's token where the walk stopped")
+                            "target's token where the walk stopped (dotted)")
     return FigureSpec(data, dict(
         title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
         xaxis=dict(title=dict(text="depth"), dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
@@ -160,6 +160,11 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
         annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
                           showarrow=False, font=dict(size=10, color=scheme.text_muted))],
     ))
+
+
+def _cell_text(c: GridCell) -> str:
+    """A cell's token, two characters shorter where its count (×n) shares the cell."""
+    return shorten(c.label, GRID_LABEL_CHARS - 2) if len(c.taken) > 1 else c.label
 
 
 def _outlines(cells, half: float, line: dict, name: str) -> list[dict]:
