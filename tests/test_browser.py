@@ -1057,3 +1057,189 @@ def test_after_step_run_and_an_error_the_headline_and_tree_are_on_the_first_scre
     finally:
         browser.close()
         p.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #65 item 3: nothing clipped, nothing colliding
+# ---------------------------------------------------------------------------------------------------------
+
+# Every figure in `scope` as drawn: the boxes of its text labels (tick labels, axis titles, titles, the colour bar's
+# title and ticks, legend entries, annotations, node and cell labels) and of its markers (points), each box the four
+# corners of the element's own box through its transforms (a rotated tick label is a rotated rectangle), in the
+# window's coordinates. A plotly figure's point labels and markers carry [trace, point]: a label may sit on its own
+# marker. A plain SVG figure (matplotlib's: the Analyze tab's report, an export) has its markers as <use> elements.
+FIGURE_BOXES_JS = r"""
+(scope) => {
+  const corners = (el) => {
+    const b = el.getBBox(), m = el.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]].map(
+      ([x, y]) => [m.a * x + m.c * y + m.e, m.b * x + m.d * y + m.f]);
+  };
+  const shown = (el) => {
+    const r = el.getBoundingClientRect();
+    if (r.width <= 0 || r.height <= 0) return false;
+    for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+      const s = getComputedStyle(e);
+      if (s.display === 'none' || s.visibility === 'hidden' || s.opacity === '0') return false;
+    }
+    return true;
+  };
+  const KINDS = [['.xtick, .ytick', 'tick label'], ['.g-xtitle, .g-ytitle', 'axis title'], ['.cbtitle', 'colour bar title'],
+                 ['.colorbar', 'colour bar tick'], ['.gtitle', 'title'], ['.legend', 'legend'],
+                 ['.annotation', 'annotation'], ['.heatmaplayer', 'cell label']];
+  const kind = (t) => (KINDS.find(([sel]) => t.closest(sel)) || [null, 'text'])[1];
+  const label = (t, at, k) => ({at, kind: k || kind(t), text: t.textContent, box: corners(t)});
+  const out = [];
+  document.querySelectorAll(`${scope} .js-plotly-plot`).forEach((plot) => {
+    if (!shown(plot)) return;
+    const labels = [], markers = [];
+    plot.querySelectorAll('.scatterlayer .trace').forEach((trace, i) => {
+      trace.querySelectorAll('.points path.point').forEach((p, j) => { if (shown(p)) markers.push({at: [i, j], box: corners(p)}); });
+      trace.querySelectorAll('.text .textpoint').forEach((g, j) => {
+        const t = g.querySelector('text');
+        if (t && shown(t) && t.textContent.trim()) labels.push(label(t, [i, j], 'node label'));
+      });
+    });
+    plot.querySelectorAll('svg text').forEach((t) => {
+      if (t.closest('.scatterlayer .trace .text, .hoverlayer, .modebar') || !shown(t) || !t.textContent.trim()) return;
+      labels.push(label(t, null));
+    });
+    out.push({figure: (plot.closest('[id^="ddv-"]') || {}).id || '?', labels, markers});
+  });
+  document.querySelectorAll(`${scope} svg`).forEach((svg) => {
+    if (svg.closest('.js-plotly-plot') || svg.ownerSVGElement || !shown(svg)) return;
+    const labels = [...svg.querySelectorAll('text')].filter((t) => shown(t) && t.textContent.trim())
+      .map((t) => label(t, null, 'text'));
+    const markers = [...svg.querySelectorAll('use')].filter(shown).map((u) => ({at: null, box: corners(u)}));
+    if (labels.length) out.push({figure: svg.id || (svg.closest('[id]') || {}).id || '?', labels, markers});
+  });
+  return out;
+}
+"""
+
+# Every text of the controls in `scope` that a box hiding its overflow cuts (a label shown as "Comp" for "Compare",
+# a slider's "512" as "51"), and every input whose value (or placeholder) is wider than its box
+CLIPPED_JS = r"""
+(scope) => {
+  const root = document.querySelector(scope);
+  const out = [];
+  const cutter = (el) => {  // the nearest box between the text and the controls' own that hides what overflows it
+    for (let e = el; e && e !== root.parentElement; e = e.parentElement) {
+      const s = getComputedStyle(e);
+      if (s.overflowX !== 'visible' || s.overflowY !== 'visible') return e;
+    }
+    return null;
+  };
+  const texts = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let n = texts.nextNode(); n; n = texts.nextNode()) {
+    const el = n.parentElement;
+    if (!n.textContent.trim() || !el || el.offsetParent === null) continue;
+    const range = document.createRange();
+    range.selectNodeContents(n);
+    const r = range.getBoundingClientRect(), c = cutter(el);
+    if (r.width <= 0 || !c) continue;
+    const b = c.getBoundingClientRect();
+    if (r.left < b.left - 1 || r.right > b.right + 1 || c.scrollWidth > c.clientWidth + 1 && c === el)
+      out.push(`text ${JSON.stringify(n.textContent.trim())} runs past its box (${Math.round(r.left)}-${Math.round(r.right)} in ${Math.round(b.left)}-${Math.round(b.right)})`);
+  }
+  const pen = document.createElement('canvas').getContext('2d');
+  root.querySelectorAll('input[type=number], input[type=text], textarea').forEach((input) => {
+    if (input.offsetParent === null) return;
+    const s = getComputedStyle(input);
+    pen.font = `${s.fontStyle} ${s.fontWeight} ${s.fontSize} ${s.fontFamily}`;
+    const text = input.value || input.placeholder || '';
+    const room = input.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)
+                 - (input.type === 'number' ? 14 : 0);  // a number box's spin buttons
+    if (pen.measureText(text).width > room + 0.5 || input.scrollWidth > input.clientWidth + 1)
+      out.push(`input ${JSON.stringify(text)} wider than its box (${Math.round(room)} px)`);
+  });
+  return out;
+}
+"""
+
+
+def _axes(quad):
+    for (x1, y1), (x2, y2) in zip(quad, quad[1:] + quad[:1]):
+        yield y1 - y2, x2 - x1
+
+
+def quad_overlap(a, b) -> float:
+    """How far two convex quadrilaterals (four corners each) overlap, in px: the least overlap of their shadows on
+    the normals of their edges (the separating axis theorem); 0 or less: apart."""
+    for i in (0, 1):  # a cheap test first: their upright boxes apart
+        sa, sb = [p[i] for p in a], [p[i] for p in b]
+        if min(max(sa), max(sb)) <= max(min(sa), min(sb)):
+            return 0.0
+    least = float("inf")
+    for ax, ay in [*_axes(a), *_axes(b)]:
+        norm = (ax * ax + ay * ay) ** 0.5
+        if norm:
+            pa, pb = [(x * ax + y * ay) / norm for x, y in a], [(x * ax + y * ay) / norm for x, y in b]
+            least = min(least, min(max(pa), max(pb)) - max(min(pa), min(pb)))
+    return least
+
+
+def collisions(figures: list[dict], tolerance: float = 1.0) -> list[str]:
+    """Each label over another label, or over a marker other than its own point's, by more than `tolerance` px."""
+    out = []
+    for fig in figures:
+        labels, markers = fig["labels"], fig["markers"]
+        for i, a in enumerate(labels):
+            what = f"{fig['figure']}: {a['kind']} {a['text']!r}"
+            out += [f"{what} on {b['kind']} {b['text']!r}" for b in labels[i + 1:]
+                    if quad_overlap(a["box"], b["box"]) > tolerance]
+            out += [f"{what} on marker {m['at']}" for m in markers
+                    if (a["at"] is None or a["at"] != m["at"]) and quad_overlap(a["box"], m["box"]) > tolerance]
+    return out
+
+
+def check_nothing_collides(page, where: str, shot: str | None = None) -> None:
+    """Every figure of the Step tab: no label on another or on a marker; the compare controls: no text cut, no value
+    wider than its box. `shot`: a screenshot of the page to artifacts/ first."""
+    if shot:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+    figures = page.evaluate(FIGURE_BOXES_JS, "body")
+    assert {"ddv-tree", "ddv-tree-b", "ddv-grid", "ddv-budget"} <= {f["figure"] for f in figures}, where
+    bad = collisions(figures) + page.evaluate(CLIPPED_JS, "#ddv-compare-controls")
+    assert not bad, (where, len(bad), bad[:12])
+
+
+def step_and_check(page, budget: int, rounds: int, where: str) -> None:
+    """From a fresh session at `budget`, `rounds` Steps in compare mode, the page checked after the first and last."""
+    page.get_by_role("button", name="Reset", exact=True).click()
+    set_number(page, "ddv-budget-nodes", budget)
+    for k in range(1, rounds + 1):
+        page.get_by_role("button", name="Step", exact=True).click()
+        wait_status(page, f"Round {k} of {k}")
+        page.wait_for_selector("#ddv-tree-b .js-plotly-plot .scatterlayer", timeout=30_000)
+        if k in (1, rounds):
+            check_nothing_collides(page, f"{where}, budget {budget}, round {k}",
+                                   f"overlap-{where}-budget{budget}.png" if k == rounds else None)
+
+
+@pytest.mark.parametrize("size", [{"width": 1280, "height": 800}, VIEWPORT], ids=["1280x800", "1500x1100"])
+def test_no_label_collides_and_no_control_is_cut_in_compare_mode(app_url, app_64_layers, size):
+    """#65.3, at 1280x800 and 1500x1100: the compare controls were cut ("Comp" for the Compare box, "51" for B's
+    budget's 512), B's chain tree's node labels ran into each other, the tree's colour bar title sat on its "0"
+    tick, the grid's path and rings covered its accepted row's tokens, the budget curve's "1" sat on its "0". On the
+    embedded pair (8 layers) and a 64-layer target, budgets 32 and 128, B the DFlash chain: once the figures of the
+    first and the last of a few Steps are drawn, no label is on another or on a marker (a dense tree shows the
+    labels that fit and says so), nothing of the compare controls is cut. One page a size and target."""
+    for url, where in ((app_url, "8-layers"), (app_64_layers, "64-layers")):
+        p, browser, page = open_page(url, size)
+        try:
+            page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+            page.get_by_text("Compare with a second configuration").click()
+            page.locator("#ddv-compare-on input").check()
+            page.locator("#ddv-compare-method").get_by_text("dflash", exact=True).click()  # the chain, not dflash2
+            tag = f"{where}-{size['width']}x{size['height']}"
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.locator("#ddv-compare-controls").screenshot(path=str(ARTIFACTS / f"overlap-controls-{tag}.png"))
+            clipped = page.evaluate(CLIPPED_JS, "#ddv-compare-controls")
+            assert not clipped, (tag, clipped)
+            step_and_check(page, 32, 3, tag)
+            step_and_check(page, 128, 2, tag)
+        finally:
+            browser.close()
+            p.stop()

@@ -18,7 +18,8 @@ from ddtree_viz.render.layout import tree_layout
 from ddtree_viz.render.mask_plot import mask_spec
 from ddtree_viz.render.stats_view import acceptance_spec
 from ddtree_viz.render.tree_plot import tree_spec
-from tests.test_browser import ARGS, CHROMIUM, pytestmark  # noqa: F401 - skipped where test_browser is
+from tests.test_browser import ARGS, CHROMIUM, FIGURE_BOXES_JS, collisions, pytestmark  # noqa: F401 - skipped where
+# test_browser is
 from tests.tiny import tiny_pair
 
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -68,6 +69,8 @@ def draw():
         def drawn(spec, width: int = 1190) -> dict:
             return page.evaluate(DRAW_JS, [json.loads(spec.to_json()), width])
 
+        drawn.page = page
+        drawn.svg_page = browser.new_page(viewport={"width": 1500, "height": 1100})  # an export's SVG, shown alone
         yield drawn
         browser.close()
 
@@ -183,8 +186,8 @@ def test_each_figure_is_laid_out_once_its_margins_hold_what_it_draws(draw, trace
     layout's margins are narrower than those, grows them and draws the whole figure a second time (~15% of the
     browser's time for a Step). Every page figure leaves margins that hold what it draws: the margins plotly.js
     ends with are the figure's own (one drawing), at the width each has on the page at 1500x1100 (the tree and the
-    grid across it, the others in half-width columns), at budgets 32 and 128. (Compare mode's half-width trees wrap
-    their legend to a third line: drawn twice there.)"""
+    grid across it, the others in half-width columns), at budgets 32 and 128. (Compare mode's half-width trees,
+    whose legend wraps to a third line: test_trees_at_the_pages_widths_label_what_fits_and_say_so.)"""
     steps = oracle_trace.steps
     full, half = WIDTHS
     for step in (tallest_column_step(trace), steps[0], big_trace.steps[0]):
@@ -219,3 +222,98 @@ def test_mask_labels_what_can_be_read_and_hovers_every_position(draw, big_trace)
     assert min(b - a for a, b in zip(tops, tops[1:])) >= 14  # rows labelled apart (a 12 px font)
     lefts = sorted(box[0] for box in d["xticks"])
     assert min(b - a for a, b in zip(lefts, lefts[1:])) >= 12  # keys labelled apart
+
+
+def boxes_drawn(draw) -> list[dict]:
+    """FIGURE_BOXES_JS on the figure `draw` drew last."""
+    return draw.page.evaluate(FIGURE_BOXES_JS, "body")
+
+
+@pytest.fixture(scope="module")
+def chain_step():
+    """A DFlash chain of 15 drafts (block 16), its tokens made words (' word7'): B's tree in compare mode, where a
+    label is wider than a column of half the page."""
+    import dataclasses
+
+    s = DecodeSession(tiny_pair("hybrid", block_size=16), budget=16, max_new_tokens=16, method="dflash")
+    s.prefill("def f(x):\n")
+    step = s.step()
+    assert max(n.depth for n in step.nodes) == 15
+    return dataclasses.replace(step, nodes=tuple(dataclasses.replace(n, token=f" word{n.id}") for n in step.nodes))
+
+
+def test_trees_at_the_pages_widths_label_what_fits_and_say_so(draw, trace, oracle_trace, big_trace, chain_step):
+    """#65.3: at the widths the page draws the tree (alone, and in compare mode's half), no node label is on another
+    or on a node, the axis and colour bar labels on nothing; a tree whose labels cannot all fit (budget 128, the
+    chain in half the width) shows those that do, its depth axis saying so, and its hover still names every node.
+    Drawn once: the margins hold the half-width figure's three lines of legend."""
+    from ddtree_viz.page.views import TREE_PX, TREE_PX_COMPARE
+
+    thinned = 0
+    for step in (tallest_column_step(trace), oracle_trace.steps[0], big_trace.steps[0], chain_step):
+        layout = tree_layout(step)
+        for width, title in ((TREE_PX, None), (TREE_PX_COMPARE, "A: DDTree budget 128\nround 1 · 3 token(s)")):
+            spec = tree_spec(layout, width=width, title=title)
+            d = draw(spec, width)
+            bad = collisions(boxes_drawn(draw))
+            assert not bad, (step.index, width, len(bad), bad[:6])
+            texts = [t for tr in spec.data if tr.get("text") for t in tr["text"]]
+            assert len(texts) == len(layout.nodes) and all(tr.get("hovertext") for tr in spec.data[3:])
+            shown = sum(1 for t in texts if t)
+            axis = spec.layout["xaxis"]["title"]["text"]
+            assert ("labels thinned" in axis) == (shown < len(texts)), (axis, shown, len(texts))
+            thinned += shown < len(texts)
+            assert [abs(a - b) <= 1 for a, b in zip(d["size"], d["margin"])] == [True] * 4, (width, d["size"])
+    assert thinned  # the chain in half the page: some left to the hover
+
+
+@pytest.fixture(scope="module")
+def straight_trace():
+    """The DFlash chain drafting greedy's tokens at rank 0: every draft accepted, the path one straight row."""
+    from ddtree_viz.engine.oracle import OracleProposer
+    from tests.test_exactness import greedy_ids
+
+    pair = tiny_pair("hybrid")
+    ids, greedy = greedy_ids(pair, "def f(x):\n")
+    proposer = OracleProposer(greedy, len(ids), [0], pair.target.config.vocab_size)
+    s = DecodeSession(pair, budget=8, max_new_tokens=16, proposer=proposer, method="dflash")
+    s.prefill("def f(x):\n")
+    s.run()
+    return s.to_trace()
+
+
+def test_exported_trees_and_grids_keep_their_labels_clear(draw, oracle_trace, trace, straight_trace):
+    """#65.3: an exported tree's "accepted path" sat on the root, the first node and its rank where the path ran
+    straight; the exported grid's path line, its dots and the stop's X lay on the accepted cells' tokens. As
+    Chromium draws the SVG: no label on another or on a marker, and the path's label placed where it is clear."""
+    from ddtree_viz.render import export as ex
+
+    deepest = max(oracle_trace.steps, key=lambda s: max(n.depth for n in s.nodes))
+    page = draw.svg_page
+    for tr, step in ((straight_trace, straight_trace.steps[0]), (oracle_trace, deepest),
+                     (trace, tallest_column_step(trace))):
+        for figure in ("tree", "grid"):
+            svg = ex.export_figure(tr, step.index + 1, "svg", figure=figure).decode()
+            page.set_content(f"<html><body style='margin:0'><div id='fig'>{svg}</div></body></html>")
+            figures = page.evaluate(FIGURE_BOXES_JS, "#fig")
+            assert figures and (figures[0]["markers"] or figure == "grid"), figure  # (the grid: outlines, no markers)
+            bad = collisions(figures)
+            assert not bad, (figure, step.index, bad[:6])
+            assert figure == "grid" or 'id="ddt-path-label"' in svg, step.index  # placed, not left out
+
+
+def test_report_bar_labels_fit_under_their_bars(draw):
+    """#65.3: the Analyze tab's stop-rank chart drew up to 16 labels level whatever their length: "not drafted" ran
+    into the ranks beside it. Level where they fit, else upright, else every n-th upright (and the last)."""
+    from ddtree_viz.render import report
+
+    page = draw.svg_page
+    for n in (4, 16, 40, 120):
+        ranks = {str(r): r % 5 + 1 for r in range(n - 1)} | {"not drafted": 3}
+        svg = report.figure({"stop_rank_histogram": ranks}, "stop_rank").decode()
+        page.set_content(f"<html><body style='margin:0'><div id='fig'>{svg}</div></body></html>")
+        figures = page.evaluate(FIGURE_BOXES_JS, "#fig")
+        texts = [label["text"] for label in figures[0]["labels"]]
+        assert "not drafted" in texts and "0" in texts, n
+        bad = collisions(figures)
+        assert not bad, (n, bad[:6])

@@ -585,11 +585,13 @@ def test_grid_figure_marks_taken_cells_the_path_and_the_stop(oracle):
     fig = grid_figure(g)
     heat = fig.data[0]
     assert heat.type == "heatmap" and len(heat.z) == g.k and len(heat.z[0]) == g.depths
-    names = [t.name for t in fig.data]
+    # the path, the taken cells and the stop are outlines (shapes, in the legend), not markers over the tokens
+    names = [t.name for t in fig.data] + [s.name for s in fig.layout.shapes if s.showlegend]
     assert "accepted path" in names and any(n.startswith("taken") for n in names)
+    assert not any(t.type == "scatter" and "markers" in t.mode for t in fig.data)
     stop = analysis.stop_info(step)
     if isinstance(stop["target_draft_rank"], int) and stop["target_draft_rank"] < g.k:
-        assert "target's token where the walk stopped" in names and g.stop_rank == stop["target_draft_rank"]
+        assert "target's token where the walk stopped (dotted)" in names and g.stop_rank == stop["target_draft_rank"]
     with pytest.raises(ValueError, match="no drafter grid"):
         grid_data(dataclasses.replace(step, draft_top_ids=(), draft_top_logprobs=()))
 

@@ -35,6 +35,9 @@ from .state import TabState, read_settings, rounds_shown, shown_step
 MARKUP_CHARS = set("<>&\"'\\`*_[]#|~!")  # written as character references in a Markdown view
 DIVERGENCE_ROUNDS = 20  # the page's divergence table shows the last this many rounds up to the one on screen
 ROUND_VIEW_CACHE = 64  # per tab: the views of this many (round, phase) pairs are kept (a round's never change)
+# the tree's panel in px, alone and in compare mode (half), in the 1280- to 1500-px windows the page is laid out for
+# (gradio's column stops growing there): its node labels are thinned to what fits that (tree_plot.labelled)
+TREE_PX, TREE_PX_COMPARE = 1214, 598
 
 
 class Views(dict):
@@ -306,14 +309,14 @@ def _divergence(trace: Trace, k: int, text) -> str:
 
 
 def _tree_of(trace: Trace, k: int, phase: str, text, title: str | None = None, lo: float | None = None,
-             tree_filter: tuple = (None, None)) -> FigureSpec:
+             tree_filter: tuple = (None, None), width: int = TREE_PX) -> FigureSpec:
     step = shown_step(trace, k)
     max_depth, min_logprob = tree_filter
     layout = tree_layout(step, phase=phase, token_text=text, max_depth=max_depth, min_logprob=min_logprob)
     if lo is None:
         lo = (min(n.logprob for s in trace.steps for n in s.nodes[1:])
               if any(len(s.nodes) > 1 for s in trace.steps) else -1.0)
-    return tree_spec(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title)
+    return tree_spec(layout, phase=phase, token_text=text, cmin=lo, cmax=0.0, title=title, width=width)
 
 
 def _tree_b(s: Shown) -> FigureSpec | None:
@@ -323,7 +326,7 @@ def _tree_b(s: Shown) -> FigureSpec | None:
     other = s.tab.other_trace
     kb = max(0, min(s.tab.view, len(other.steps) - 1))
     return _tree_of(other, kb, s.phase, s.tab.other_token_text(), _side_title("B", other, kb),
-                    tree_filter=s.tab.tree_filter)
+                    tree_filter=s.tab.tree_filter, width=TREE_PX_COMPARE)
 
 
 def _side_title(side: str, trace: Trace, k: int) -> str:
@@ -355,7 +358,8 @@ def _round_views(s: Shown) -> RoundViews:
         if got is None:
             step = s.trace.steps[s.k]
             rows = cache_table(step)
-            tree = _tree_of(s.trace, s.k, s.phase, s.text, title, lo=lo, tree_filter=s.tab.tree_filter)
+            tree = _tree_of(s.trace, s.k, s.phase, s.text, title, lo=lo, tree_filter=s.tab.tree_filter,
+                            width=TREE_PX_COMPARE if s.compare else TREE_PX)
             got = RoundViews(tree=tree, mask=mask_spec(step), cache_chart=cache_spec(step, rows=rows),
                              cache_rows=rows, cache_html=cache_table_html(rows))
         _keep(cache.rounds, key, got)

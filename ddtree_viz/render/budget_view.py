@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Sequence
 
@@ -65,7 +66,8 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
             trace.update(xaxis="x2", yaxis="y2")
         data.append(trace)
         suffix = "" if col == 1 else "2"
-        layout["xaxis" + suffix].update(title=dict(text=unit), type="log" if max(xs, default=1) > 64 else "linear")
+        measured = prediction.budgets if col == 2 and prediction is not None else ()  # S(b)'s budgets on it too
+        layout["xaxis" + suffix].update(title=dict(text=unit), **_budget_axis(xs, measured))
         layout["yaxis" + suffix].update(title=dict(text="tokens gained"), rangemode="tozero")
     if prediction is not None and prediction.budgets:
         _speedup_axis(data, layout, prediction, scheme)
@@ -86,6 +88,17 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
             yanchor="top", align="left", showarrow=False, xanchor="left", font=dict(size=10, color=scheme.text_muted))],
     )
     return FigureSpec(data, layout)
+
+
+def _budget_axis(xs: list[int], also=()) -> dict:
+    """The budget axis of a curve at budgets `xs`: linear up to 64, else logarithmic over `xs` and `also`, starting
+    a little left of the first budget so that its tick label ("1") clears the tokens axis's "0" at the corner (a
+    line with no markers leaves plotly.js no pad: the two sat on each other, issue #65)."""
+    if max(xs, default=1) <= 64:
+        return dict(type="linear")
+    every = [*xs, *also]
+    lo, hi = math.log10(min(every)), math.log10(max(every))
+    return dict(type="log", range=[lo - 0.06 * (hi - lo), hi + 0.02 * (hi - lo)])
 
 
 def _speedup_axis(data: list, layout: dict, prediction, scheme: Scheme) -> None:

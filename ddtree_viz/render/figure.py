@@ -60,6 +60,32 @@ def label_px(labels, font_size: int = 12) -> int:
     return int(longest * TICK_CHAR_PX * font_size / 12 + 0.999)
 
 
+# Character widths of plotly.js's default font as Chromium draws it (Open Sans, else its fallback DejaVu Sans, the
+# wider; measured at 11 px), in ems, rounded up: what text_px estimates a label's drawn width from.
+_NARROW, _SEMI, _WIDE = set("'ijlI.,:;|!/\\J\u00b7 "), set("ft-()[]r\"`*_sz?"), set("mwMW%@\u2026\u2205")
+_SYMBOL = set("\u23ce\u21e5=+<>#^~&")
+
+
+def _char_em(ch: str) -> float:
+    import unicodedata
+
+    if ch in _NARROW:
+        return 0.33
+    if ch in _SEMI:
+        return 0.53
+    if ch in _WIDE or unicodedata.east_asian_width(ch) in "WF":
+        return 1.0
+    if ch in _SYMBOL:
+        return 0.85
+    return 0.8 if ch.isupper() else 0.65
+
+
+def text_px(text: str, font_size: float) -> float:
+    """An estimate of the width in px plotly.js draws `text` at `font_size` px (plain text: no markup), on the
+    generous side (an estimate that falls short lets two labels touch)."""
+    return sum(_char_em(ch) for ch in text) * font_size
+
+
 def title_axis_px(labels, pad: int = 6) -> int:
     """The margin beside a titled axis: its title, its tick labels (`labels`: the widest ones it draws, label_px)
     and `pad` px."""
@@ -145,5 +171,5 @@ class FigureSpec:
         return go.Figure(data=self.data, layout=self.to_dict()["layout"])
 
 
-__all__ = ["AXIS_TITLE_PX", "COLORBAR_PX", "FigureSpec", "bottom_legend", "colorscale", "label_px",
+__all__ = ["AXIS_TITLE_PX", "COLORBAR_PX", "FigureSpec", "bottom_legend", "colorscale", "label_px", "text_px",
            "title_axis_px"]

@@ -80,7 +80,7 @@ def grid_data(step: StepRecord, token_text: TokenText | None = None, label_chars
 
 def default_title(g: GridData) -> str:
     return (f"Drafter's grid, round {g.step_index + 1}: log-prob by depth and rank (top {g.k}); "
-            f"taken cells ringed, accepted path linked")
+            f"taken cells outlined, accepted path in vermillion")
 
 
 def stop_note(g: GridData) -> str:
@@ -108,38 +108,43 @@ def grid_figure(g: GridData, **options) -> go.Figure:
 
 def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = None, cmin: float | None = None,
               cmax: float | None = None, height: int | None = None, legend: bool = True) -> FigureSpec:
-    """Heatmap (as plain data: figure.FigureSpec) of the grid (x = depth, y = rank, rank 0 on top), token labels in the cells (escaped), a ring on
-    every cell the tree took (its count when several parents took it), the accepted path as a line through its
-    cells, the target's token at the stop depth as an X when the drafter had it in the grid."""
+    """Heatmap (as plain data: figure.FigureSpec) of the grid (x = depth, y = rank, rank 0 on top), token labels in
+    the cells (escaped), an outline on every cell the tree took (its count in the corner when several parents took
+    it), the accepted path's cells outlined and joined across the column gaps, the target's token at the stop depth
+    outlined dotted when the drafter had it in the grid. Outlines, not markers: a ring, the path's line and an X
+    drawn over the cells hid their tokens, the accepted row's most of all (issue #65)."""
     lo, hi = g.logprob_range
     z = [[g.cell(d, r).logprob for d in range(1, g.depths + 1)] for r in range(g.k)]
-    labels = [[esc(g.cell(d, r).label) for d in range(1, g.depths + 1)] for r in range(g.k)]
+    labels = [[esc(_cell_text(g.cell(d, r))) for d in range(1, g.depths + 1)] for r in range(g.k)]
     hover = [[_hover(g.cell(d, r)) for d in range(1, g.depths + 1)] for r in range(g.k)]
     xs = list(range(1, g.depths + 1))
     data: list[dict] = [dict(
         type="heatmap", z=z, x=xs, y=list(range(g.k)), text=labels, texttemplate="%{text}", textfont=dict(size=9),
         hovertext=hover, hoverinfo="text", colorscale=figure_colorscale(scheme.colorscale), zmin=lo if cmin is None else cmin,
         zmax=hi if cmax is None else cmax, xgap=1, ygap=1, showscale=legend,
-        colorbar=dict(title=dict(text="drafter<br>log-prob"), thickness=12), name="grid",
+        # the colour bar's title beside it, turned: above it, it sat on the top tick's label
+        colorbar=dict(title=dict(text="drafter log-prob", side="right"), thickness=12), name="grid",
     )]
     taken = [c for c in g.cells if c.taken]
-    if taken:
+    shares = [c for c in taken if len(c.taken) > 1]
+    if shares:  # the count against the cell's right edge, clear of its token (centred, cut shorter: _cell_text)
         data.append(dict(
-            type="scatter", x=[c.depth for c in taken], y=[c.rank for c in taken], mode="markers+text",
-            text=[str(len(c.taken)) if len(c.taken) > 1 else "" for c in taken], textposition="middle right",
-            textfont=dict(size=8, color=scheme.rejected),
-            marker=dict(symbol="circle-open", size=22, color=scheme.rejected, line=dict(width=1.5)),
-            hoverinfo="skip", name="taken by the tree (×n: under n parents)"))
-    if g.path:
-        data.append(dict(
-            type="scatter", x=[d for d, _ in g.path], y=[r for _, r in g.path], mode="lines+markers",
-            line=dict(color=scheme.path, width=3), marker=dict(size=7, color=scheme.path), hoverinfo="skip",
-            name="accepted path"))
+            type="scatter", x=[c.depth + 0.43 for c in shares], y=[c.rank for c in shares], mode="text",
+            text=[f"×{len(c.taken)}" for c in shares], textposition="middle left",
+            textfont=dict(size=8, color=scheme.rejected), hoverinfo="skip", showlegend=False, name="taken ×n"))
+    if len(g.path) > 1:  # the path's cells joined across the column gaps, off their tokens
+        joins_x: list[float | None] = []
+        joins_y: list[float | None] = []
+        for (d, r), (d2, r2) in zip(g.path, g.path[1:]):
+            joins_x += [d + 0.49, d2 - 0.49, None]
+            joins_y += [r, r2, None]
+        data.append(dict(type="scatter", x=joins_x, y=joins_y, mode="lines", line=dict(color=scheme.path, width=3),
+                         hoverinfo="skip", showlegend=False, name="accepted path"))
+    shapes = _outlines(taken, 0.45, dict(color=scheme.rejected, width=1.5), "taken by the tree (×n: under n parents)")
+    shapes += _outlines([g.cell(d, r) for d, r in g.path], 0.5, dict(color=scheme.path, width=3), "accepted path")
     if g.stop_rank is not None:
-        data.append(dict(
-            type="scatter", x=[g.stop_depth], y=[g.stop_rank], mode="markers",
-            marker=dict(symbol="x-thin-open", size=20, color=scheme.path, line=dict(width=3)),
-            hovertext=[esc(stop_note(g))], hoverinfo="text", name="target's token where the walk stopped"))
+        shapes += _outlines([g.cell(g.stop_depth, g.stop_rank)], 0.5, dict(color=scheme.path, width=3, dash="dot"),
+                            "target's token where the walk stopped (dotted)")
     return FigureSpec(data, dict(
         title=dict(text=esc(title) if title is not None else default_title(g), font=dict(size=13)),
         xaxis=dict(title=dict(text="depth"), dtick=1, range=[0.4, g.depths + 0.6], zeroline=False, showgrid=False),
@@ -150,11 +155,23 @@ def grid_spec(g: GridData, *, scheme: Scheme = PAGE_SCHEME, title: str | None = 
         height=height or int(min(max(300, 120 + 26 * g.k), 900)),
         margin=dict(l=title_axis_px([g.k - 1], 10), r=COLORBAR_PX if legend else 20, t=50,
                     b=105 if legend else 60),
-        plot_bgcolor="white", hovermode="closest", showlegend=legend,
+        plot_bgcolor="white", hovermode="closest", showlegend=legend, shapes=shapes,
         legend=bottom_legend(),  # under the depth title, in the margin (figure.bottom_legend)
         annotations=[dict(text=esc(stop_note(g)), xref="paper", yref="paper", x=0, y=1.0, yanchor="bottom",
                           showarrow=False, font=dict(size=10, color=scheme.text_muted))],
     ))
+
+
+def _cell_text(c: GridCell) -> str:
+    """A cell's token, two characters shorter where its count (×n) shares the cell."""
+    return shorten(c.label, GRID_LABEL_CHARS - 2) if len(c.taken) > 1 else c.label
+
+
+def _outlines(cells, half: float, line: dict, name: str) -> list[dict]:
+    """An outline `half` a cell out from each cell's centre, the first in the legend as `name`."""
+    return [dict(type="rect", xref="x", yref="y", x0=c.depth - half, x1=c.depth + half, y0=c.rank - half * 0.96,
+                 y1=c.rank + half * 0.96, line=line, layer="above", name=name, legendgroup=name, showlegend=k == 0)
+            for k, c in enumerate(cells)]
 
 
 def _hover(c: GridCell) -> str:

@@ -146,13 +146,21 @@ def edges_of(layout: TreeLayout, kind: str) -> list[LayoutEdge]:
 def path_label_at(layout: TreeLayout) -> tuple[LayoutNode, LayoutNode, str] | None:
     """Where the path's label goes and what it says: the two ends of the first accepted-path edge and 'accepted
     path', else those of the bonus edge and 'bonus'; None in the drafted phase."""
+    spots = path_label_spots(layout)
+    return spots[0] if spots else None
+
+
+def path_label_spots(layout: TreeLayout) -> list[tuple[LayoutNode, LayoutNode, str]]:
+    """Every edge the path's label may go along, the most wanted first: the accepted path's edges in order
+    ('accepted path'), else the bonus edge ('bonus'); none in the drafted phase. A backend that can measure what it
+    drew takes the first where the label is clear of the nodes and their labels (mpl.tree_figure_mpl)."""
     if layout.phase != "verified":
-        return None
+        return []
     for kind in ("path", "bonus"):
         edges = edges_of(layout, kind)
         if edges:
-            return layout.node(edges[0].parent), layout.node(edges[0].child), PATH_LABEL[kind]
-    return None
+            return [(layout.node(e.parent), layout.node(e.child), PATH_LABEL[kind]) for e in edges]
+    return []
 
 
 def path_outlined(role: str, on_path: bool) -> bool:

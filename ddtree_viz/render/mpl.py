@@ -32,10 +32,12 @@ from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.path import Path as MplPath
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
 
 from . import paper, style
-from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_at, path_outlined
+from .layout import DRAW_ORDER, EDGE_NAME, TreeLayout, edge_kind, edges_of, legend_entries, path_label_spots, path_outlined
 from .scheme import Scheme, edge_color, fixed_fill, outline_color, scale_samples
 from .text import shorten
 
@@ -102,16 +104,23 @@ def _plain(text: str) -> str:
     return "".join(ch if ch == "\n" or ch.isprintable() else " " for ch in text)
 
 
+@contextlib.contextmanager
+def _quiet():
+    """matplotlib's warnings about a glyph no font has (token text is anything) and a layout it could not fit."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
+        warnings.filterwarnings("ignore", message=r".*constrained_layout not applied.*")
+        warnings.filterwarnings("ignore", message=r".*[Cc]onstrained ?layout.*")
+        yield
+
+
 def save(fig: Figure, fmt: str, page: Page, meta_title: str, embed_fonts: bool = True) -> bytes:
     """Render to bytes: one PDF page with embedded TrueType fonts; SVG with text as text (fonts embedded, unless
     `embed_fonts` is False: figures that embed theirs together, embed_svg_fonts_together); PNG at exactly the
     figure's pixel size."""
     meta_title = _plain(meta_title).replace("\n", " ")  # metadata is XML in an SVG: no control characters
     buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*[Gg]lyph .* missing from.*")
-        warnings.filterwarnings("ignore", message=r".*constrained_layout not applied.*")
-        warnings.filterwarnings("ignore", message=r".*[Cc]onstrained ?layout.*")
+    with _quiet():
         if fmt == "pdf":
             fig.savefig(buf, format="pdf", dpi=page.dpi, metadata={
                 "Title": meta_title, "Creator": "ddtree-viz", "Producer": "ddtree-viz (matplotlib)",
@@ -377,11 +386,6 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
 
     _draw_edges(ax, layout, scheme)
     look = tree_style(layout, page)
-    spot = path_label_at(layout) if path_label else None
-    if spot is not None and _path_label_fits(spot, look):
-        a, b, text = spot
-        ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(0, -3), textcoords="offset points", ha="center",
-                    va="top", fontsize=6.5, style="italic", color=scheme.path, gid="ddt-path-label", zorder=4)
     _draw_nodes(ax, layout, fills, scheme, ranks, look)
 
     ax.set_xlim(-0.5, cols - 0.5 + 0.25)
@@ -412,14 +416,68 @@ def tree_figure_mpl(layout: TreeLayout, fills: dict[int, str], scheme: Scheme, p
     if page.legend:
         _tree_legend(host, layout, scheme, page.width)
     _finish(ax, page)
+    if path_label:
+        _path_label(fig, ax, layout, scheme, look)
     return fig
 
 
-def _path_label_fits(spot, look: TreeStyle) -> bool:
-    """Whether 'accepted path' fits along its edge (else it is left out: the legend names the path)."""
-    a, b, text = spot
-    edge = math.hypot((b.x - a.x) * look.column, (b.y - a.y) * look.row)
-    return len(text) * 0.55 * 6.5 / 72 <= edge - MARKER_SIZE["accepted"] / 72
+def _path_label(fig: Figure, ax, layout: TreeLayout, scheme: Scheme, look: TreeStyle) -> None:
+    """'accepted path' (or 'bonus') in italics beside the middle of a path edge (under or over it, or to a side;
+    else further under or over, past the nodes' ranks and labels): the first such spot (layout.path_label_spots,
+    in path order) where it is clear of every node, label and path edge, measured on the figure as laid out; none
+    where nothing is clear (the legend names the path). Under the middle of the first edge it sat on the root and
+    the first node's rank when the path ran straight (issue #65)."""
+    with measuring(fig) as renderer:
+        taken = [t.get_window_extent(renderer) for t in ax.texts]
+        for n in layout.nodes:
+            x, y = ax.transData.transform((n.x, n.y))
+            r = MARKER_SIZE[n.role] * look.marker_scale * fig.dpi / 72 / 2
+            taken.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
+        lines = [MplPath(ax.transData.transform([(layout.node(e.parent).x, layout.node(e.parent).y),
+                                                 (layout.node(e.child).x, layout.node(e.child).y)]))
+                 for e in layout.edges if edge_kind(e) != "edge"]
+        near = ((0, -3, "center", "top"), (0, 3, "center", "bottom"), (4, 0, "left", "center"),
+                (-4, 0, "right", "center"))
+        far = ((0, -15, "center", "top"), (0, 16, "center", "bottom"))  # past the ranks under, the labels over
+        for offsets in (near, far):
+            if _path_label_at(ax, layout, scheme, offsets, (taken, lines, renderer)):
+                return
+
+
+@contextlib.contextmanager
+def measuring(fig: Figure, max_pixels: float = 4e6):
+    """A renderer that measures `fig` laid out as it will be saved (what it draws moved to its places), at a
+    resolution of at most `max_pixels` (a box measured scales with it; an SVG of 100 x 100 in at 600 dpi would ask a
+    raster of 14 GB), the figure's own dpi back after."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    dpi = fig.dpi
+    fig.set_dpi(min(dpi, max(10.0, (max_pixels / (fig.get_figwidth() * fig.get_figheight())) ** 0.5)))
+    try:
+        with _quiet():
+            fig.draw_without_rendering()
+            yield FigureCanvasAgg(fig).get_renderer()
+    finally:
+        fig.set_dpi(dpi)
+
+
+def _path_label_at(ax, layout: TreeLayout, scheme: Scheme, offsets, measured: tuple) -> bool:
+    """The path's label at the first spot (a path edge's middle, in path order, moved by one of `offsets`, in
+    points) inside the figure and clear of what is `measured` (the boxes taken, the path's lines, with the renderer
+    that measured them); whether there was one."""
+    fig, (taken, lines, renderer) = ax.get_figure(), measured
+    for a, b, text in path_label_spots(layout):
+        for dx, dy, ha, va in offsets:
+            label = ax.annotate(text, ((a.x + b.x) / 2, (a.y + b.y) / 2), xytext=(dx, dy), textcoords="offset points",
+                                ha=ha, va=va, fontsize=6.5, style="italic", color=scheme.path,
+                                gid="ddt-path-label", zorder=4, annotation_clip=False)
+            label.set_in_layout(False)
+            box = label.get_window_extent(renderer)
+            inside = fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+            if inside and not any(box.overlaps(o) for o in taken) and not any(p.intersects_bbox(box) for p in lines):
+                return True
+            label.remove()
+    return False
 
 
 def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
@@ -463,7 +521,8 @@ def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, r
                         textcoords="offset points", ha="left", va="center", fontsize=look.label_pt, family=MONO,
                         gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
             continue
-        ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(0, 6.5), textcoords="offset points", ha="center", va="bottom",
+        clear = max(6.5, MARKER_SIZE[n.role] * look.marker_scale / 2 + 0.5)  # past the bonus star's tips too
+        ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(0, clear), textcoords="offset points", ha="center", va="bottom",
                     fontsize=look.label_pt, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
         if ranks and n.rank >= 0:
             ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
@@ -657,8 +716,8 @@ def width_in(width) -> float:
 
 def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, note: str) -> Figure:
     """The grid (render.grid_view.GridData): cells coloured by log-prob on the scheme's scale, token labels in
-    them (white on dark cells), taken cells ringed (×n when several parents took one), the accepted path as a
-    line through its cells, an X on the target's token at the stop depth; `note` (where the walk stopped) under
+    them (white on dark cells), taken cells framed (×n when several parents took one), the accepted path's cells
+    outlined and joined, the target's token at the stop depth outlined dotted; `note` (where the walk stopped) under
     the axes."""
     import numpy as np
 
@@ -681,13 +740,20 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
             if len(c.taken) > 1:
                 ax.text(c.depth + 0.45, c.rank - 0.42, f"×{len(c.taken)}", ha="right", va="top", fontsize=4.5,
                         color="white" if norm(c.logprob) < 0.5 else "black", zorder=4)
+    # the accepted path's cells outlined and joined across the column gaps, the stop's outlined dotted: a line, its
+    # dots and an X drawn through the cells hid their tokens (issue #65, as on the page: grid_view.grid_spec)
     path = [(d, r) for d, r in g.path if r < g.k]  # a draft ranked past the recorded top k has no cell
-    if path:
-        ax.plot([d for d, _ in path], [r for _, r in path], color=scheme.path, lw=2.0, marker="o", ms=3,
-                zorder=4, gid="ddt-grid-path")
+    for d, r in path:
+        ax.add_patch(Rectangle((d - 0.5, r - 0.48), 1.0, 0.96, fill=False, ec=scheme.path, lw=1.8, zorder=4,
+                               gid=f"ddt-grid-path-{d}-{r}"))
+    if len(path) > 1:
+        joins = [[(d + 0.5, r), (d2 - 0.5, r2)] for (d, r), (d2, r2) in zip(path, path[1:])]
+        lc = LineCollection(joins, colors=scheme.path, linewidths=1.8, zorder=4)
+        lc.set_gid("ddt-grid-path-joins")
+        ax.add_collection(lc)
     if g.stop_rank is not None:
-        ax.plot([g.stop_depth], [g.stop_rank], marker="x", ms=11, mew=1.6, color=scheme.path, alpha=0.85, zorder=5,
-                gid="ddt-grid-stop")
+        ax.add_patch(Rectangle((g.stop_depth - 0.5, g.stop_rank - 0.48), 1.0, 0.96, fill=False, ec=scheme.path,
+                               lw=1.8, ls=(0, (1.2, 1.2)), zorder=5, gid="ddt-grid-stop"))
     ax.set_xticks(range(1, g.depths + 1))
     ax.set_yticks(range(g.k))
     ax.set_xlabel("\n".join(["depth", *note_lines(note, page.width)]), fontsize=7.5)
@@ -703,9 +769,9 @@ def grid_figure_mpl(g, scheme: Scheme, page: Page, *, cmin: float, cmax: float, 
         cb.ax.tick_params(labelsize=6)
         cb.outline.set_linewidth(0.4)
         handles = [Rectangle((0, 0), 1, 1, fill=False, ec=scheme.rejected, lw=0.9, label="taken by the tree"),
-                   Line2D([], [], color=scheme.path, lw=2.0, marker="o", ms=3, label="accepted path"),
-                   Line2D([], [], color=scheme.path, ls="", marker="x", ms=7, mew=2, label="target's token at the stop")]
-        host.legend(handles=handles, loc="outside lower center", ncol=min(3, legend_columns(page.width)), fontsize=6.5,
-                    frameon=False)
+                   Rectangle((0, 0), 1, 1, fill=False, ec=scheme.path, lw=1.8, label="accepted path"),
+                   Rectangle((0, 0), 1, 1, fill=False, ec=scheme.path, lw=1.8, ls=(0, (1.2, 1.2)),
+                             label="target's token at the stop")]
+        host.legend(handles=handles, loc="outside lower center", ncol=min(3, legend_columns(page.width)), fontsize=6.5, frameon=False)
     _finish(ax, page)
     return fig

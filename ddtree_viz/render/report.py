@@ -37,7 +37,7 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
         ax = host.add_subplot(1, 1, 1)
         xs = list(range(len(labels)))
         ax.bar(xs, [0 if v is None else v for v in values], color=color, width=0.75)
-        ax.set_xticks(xs, labels, rotation=0 if len(labels) <= 16 else 90, fontsize=7)
+        ax.set_xticks(xs, labels, fontsize=7)
         if all(isinstance(v, int) for v in values if v is not None):  # counts: no 0.25-round ticks
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xlabel)
@@ -46,7 +46,40 @@ def _bars(labels: list[str], values: list[float], title: str, xlabel: str, ylabe
             ax.set_ylim(*ylim)
         ax.spines[["top", "right"]].set_visible(False)
         _finish(ax, page)
+        _fit_ticks(fig, ax)
         return {fmt: save(fig, fmt, page, title, embed_fonts=False) for fmt in fmts}
+
+
+def _fit_ticks(fig, ax, gap: float = 2.0) -> None:
+    """The bars' labels as they fit under them, measured on the figure as laid out: level, else turned upright,
+    else every n-th of them upright and the last. Level up to 16 labels whatever their length, the stop-rank
+    chart's "not drafted" ran into the ranks beside it (issue #65)."""
+    import math
+
+    from .mpl import measuring
+
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+
+    def boxes():
+        with measuring(fig) as renderer:  # the layout settled (a turned label takes more room under the axes)
+            return sorted((t.get_window_extent(renderer) for t in labels if t.get_visible()), key=lambda b: b.x0)
+
+    def clash(bs) -> bool:
+        return any(a.x1 + gap > b.x0 for a, b in zip(bs, bs[1:]))
+
+    if len(labels) < 2 or not clash(boxes()):
+        return
+    for t in labels:
+        t.set_rotation(90)
+    bs = boxes()
+    if not clash(bs):
+        return
+    pitch = (bs[-1].x0 - bs[0].x0) / max(len(bs) - 1, 1)
+    every = math.ceil((max(b.width for b in bs) + gap) / max(pitch, 1e-6))
+    last = len(labels) - 1  # kept: "not drafted" / "block end", the word after the ranks
+    for i, t in enumerate(labels):
+        t.set_visible(i == last or (i % every == 0 and i <= last - every))
+    boxes()
 
 
 def _lines(series: list[tuple[str, list[float], list[float | None], str]], title: str, xlabel: str, ylabel: str,
