@@ -2,6 +2,7 @@
 the embedded default models, typed into and clicked like a person would. Screenshots go to artifacts/."""
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -1243,3 +1244,71 @@ def test_no_label_collides_and_no_control_is_cut_in_compare_mode(app_url, app_64
         finally:
             browser.close()
             p.stop()
+
+
+# the status line's progress of the check against the session's reference: "... (runner): 37 / 512 tokens"
+CHECK_DONE_JS = """(() => {
+  const m = /Checking against the reference \\([a-z]+\\): ([0-9,]+) \\/ 512 tokens/.exec(
+    document.querySelector('#ddv-status').innerText);
+  return m ? parseInt(m[1].replace(/,/g, ''), 10) : -1;
+})()"""
+
+
+def test_a_long_check_says_its_estimate_shows_its_progress_and_stops(page):
+    """issue #65 item 5: after a Run of 512 tokens the check against the reference takes seconds. Before it starts the
+    status gives an estimate (from the pace a Step's check measured on this machine), then 'k / 512 tokens' rising,
+    and Stop ends it: the page says stopped and what is unknown, shows no verdict on the unchecked tokens, and the
+    next Step works. Check vs transformers does the same."""
+    page.evaluate("""() => {  // every text the status line shows, in order
+      window._ddvStatuses = [];
+      const s = document.querySelector('#ddv-status');
+      new MutationObserver(() => window._ddvStatuses.push(s.innerText)).observe(
+        s, {childList: true, subtree: true, characterData: true});
+    }""")
+    page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+    page.get_by_role("button", name="Step", exact=True).click()  # its check measures the reference's pace here
+    wait_status(page, "Round 1 of 1")
+    page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
+    tokens = page.locator("input[aria-label='number input for Max new tokens']")
+    tokens.fill("512")
+    tokens.press("Enter")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function(f"{CHECK_DONE_JS} > 0", timeout=120_000)
+    first = page.evaluate(CHECK_DONE_JS)
+    page.wait_for_function(f"{CHECK_DONE_JS} > {first}", timeout=60_000)  # it goes on, and the page says so
+    page.locator("#ddv-stop-button").dispatch_event("click")  # (the page redraws: no waiting for the layout)
+    wait_status(page, "Stopped:")
+    statuses = page.evaluate("window._ddvStatuses")
+    # before the check started, the Run's last answer (its rounds finished, 0 of 512 checked) gave the estimate
+    before = next(s for s in statuses if "Finished" in s and "Checking against the reference (runner)" in s)
+    assert "next (0 of 512 tokens so far)" in before, before
+    assert "an estimate:" in before and "ms a token, measured" in before, before
+    done = [int(m) for s in statuses for m in re.findall(r"\(runner\): ([0-9]+) / 512 tokens", s)]
+    assert len(set(done)) >= 2 and done == sorted(done), done
+    status = page.locator("#ddv-status").inner_text()
+    reached = int(re.search(r"reached ([0-9]+) / 512 tokens", status).group(1))
+    assert 0 < reached < 512 and "not checked" in status and "unknown" in status
+    assert "the check was stopped" in page.locator("#ddv-diff").inner_text()
+    assert "identical to greedy for 512 tokens" not in page.locator("#ddv-diff").inner_text()
+    stats = page.locator("#ddv-stats").inner_text()
+    assert f"unknown: identical for the first {reached} of 512 tokens" in stats
+    page.wait_for_timeout(1500)  # a check still going would have moved on by now
+    assert f"reached {reached} / 512 tokens" in page.locator("#ddv-status").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui-check-stopped.png"), full_page=True)
+    # Check vs transformers: its progress on the status line, stopped the same way, no claim on the whole output
+    page.get_by_role("button", name="Check vs transformers").click()
+    page.wait_for_function("/Checking against transformers: [1-9][0-9]* \\/ 512 tokens/.test("
+                           "document.querySelector('#ddv-status').innerText)", timeout=60_000)
+    page.locator("#ddv-stop-button").dispatch_event("click")
+    page.wait_for_function("document.querySelector('#ddv-stats').innerText.includes('stopped at')", timeout=60_000)
+    stats = page.locator("#ddv-stats").inner_text()
+    assert "not checked" in stats and "agrees:" not in stats
+    assert "the check against transformers reached" in page.locator("#ddv-status").inner_text()
+    # the page goes on: a Step on a new prompt (and its own check) as usual
+    page.get_by_label("Prompt").fill("import os\n")
+    page.get_by_role("button", name="Step", exact=True).click()
+    wait_status(page, "Round 1 of 1")
+    page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
+    assert "Stopped" not in page.locator("#ddv-status").inner_text()
+    assert "identical to greedy for" in page.locator("#ddv-diff").inner_text()

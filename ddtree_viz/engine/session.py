@@ -293,6 +293,11 @@ class GreedyReference:
         self.finished = False  # end of text reached
         self.nonfinite: int | None = None  # the first token chosen from logits holding NaN or inf
         self.seconds = 0.0  # time spent decoding so far (prefill included)
+        # the same time split for a page's estimates: the first token's step (the prefill, unless shared_prefill)
+        # and the steps of the tokens after it (their noise chains included)
+        self.prefill_seconds = 0.0
+        self.token_seconds = 0.0
+        self.shared_prefill = False  # started from another engine's prefilled state (EngineGreedy.start_from)
         self._sync = device_sync(target)
         self.cache = None
 
@@ -322,32 +327,46 @@ class GreedyReference:
         return result.logits
 
     @torch.no_grad()
-    def extend_to(self, n: int, candidates=()) -> GreedyResult:
+    def extend_to(self, n: int, candidates=(), most: int | None = None) -> GreedyResult:
         """The first n tokens. `candidates`: the tokens a session generated (its own guesses of these tokens),
-        used only to measure the numerical noise (class docstring); they never decide a token."""
+        used only to measure the numerical noise (class docstring); they never decide a token. `most`: decode at
+        most this many tokens in this call (a caller that shows its progress and may stop: calls of `most` tokens
+        towards the same n decode the tokens, margins and noise of one call; the result is those decoded so
+        far)."""
         if len(self.ids) >= n or self.finished:  # nothing to decode: no time spent
             return self.result(n)
-        start = time.perf_counter()
-        while len(self.ids) < n and not self.finished:
-            if not self.ids:
-                logits = self._first()
+        start, made = time.perf_counter(), 0
+        while len(self.ids) < n and not self.finished and (most is None or made < most):
+            first, began = not self.ids, time.perf_counter()
+            self._decide(self._first() if first else self._after(n, candidates))
+            spent = time.perf_counter() - began  # (the token's choice read it back: its step is done)
+            if first:
+                self.prefill_seconds += spent
             else:
-                if self.control:
-                    self._control(n, candidates)
-                logits = self._next(self.ids[-1])
-            logits = logits.float()
-            if self.nonfinite is None and not bool(torch.isfinite(logits).all()):  # (read as the token is: no wait)
-                self.nonfinite = len(self.ids)
-            scores = self.sampler.scores(logits[None], [len(self.prompt_ids) + len(self.ids)])[0]
-            token = int(scores.argmax())
-            self.ids.append(token)
-            if self.with_margins:
-                self.margins.append(margin(scores))
-                self._compare(len(self.ids) - 1, token, self.margins[-1])
-            self.finished = token in self.eos_ids
+                self.token_seconds += spent
+            made += 1
         self._sync()
         self.seconds += time.perf_counter() - start
         return self.result(n)
+
+    def _after(self, n: int, candidates) -> torch.Tensor:
+        """Logits [vocab] after the last token chosen (its noise chain first, where one is due)."""
+        if self.control:
+            self._control(n, candidates)
+        return self._next(self.ids[-1])
+
+    def _decide(self, logits: torch.Tensor) -> None:
+        """The next token from its logits [vocab], with its margin and noise sample; end of text noted."""
+        logits = logits.float()
+        if self.nonfinite is None and not bool(torch.isfinite(logits).all()):  # (read as the token is: no wait)
+            self.nonfinite = len(self.ids)
+        scores = self.sampler.scores(logits[None], [len(self.prompt_ids) + len(self.ids)])[0]
+        token = int(scores.argmax())
+        self.ids.append(token)
+        if self.with_margins:
+            self.margins.append(margin(scores))
+            self._compare(len(self.ids) - 1, token, self.margins[-1])
+        self.finished = token in self.eos_ids
 
     def result(self, n: int | None = None) -> GreedyResult:
         """The first n tokens decoded so far (all of them: None), with the noise measured so far."""
@@ -398,7 +417,6 @@ class EngineGreedy(GreedyReference):
         self.name = engine.name
         self._sync = engine.sync
         self._start: torch.Tensor | None = None
-        self.shared_prefill = False  # started from another engine's prefilled state (start_from)
 
     def start_from(self, logits: torch.Tensor) -> None:
         self._start, self.shared_prefill = logits, True
@@ -1087,11 +1105,26 @@ class DecodeSession:
                             if self.reference == TRANSFORMERS_REFERENCE else self._engine_reference())
         return self._greedy
 
-    def greedy(self, upto: int | None = None) -> GreedyResult:
+    def greedy(self, upto: int | None = None, most: int | None = None) -> GreedyResult:
         """The reference: the target's own tokens for this prompt, greedy or sampled with this session's
-        sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens)."""
+        sampler (same seed, same position-keyed noise): the first `upto` (default: all max_new_tokens). `most`:
+        at most this many more tokens decoded by this call (GreedyReference.extend_to)."""
         ref = self._reference()
-        return ref.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens), self.generated)
+        return ref.extend_to(self.max_new_tokens if upto is None else min(upto, self.max_new_tokens), self.generated,
+                             most)
+
+    def check_reference(self, independent: bool = False) -> GreedyReference | None:
+        """The reference a check extends, as far as it has gone (None: not made yet): the session's (greedy()), or
+        with `independent` transformers' own forward (check_transformers())."""
+        if independent and self.reference != TRANSFORMERS_REFERENCE:
+            return self._independent
+        return self._greedy
+
+    def reference_target(self) -> int:
+        """How far the check of the output (divergence_check) extends the reference: every token a finished
+        session could have had (max new tokens: an output ended at end of text is checked past its end), else
+        the tokens generated so far."""
+        return self.max_new_tokens if self.done else len(self.generated)
 
     @property
     def reference_shares_prefill(self) -> bool:
@@ -1104,9 +1137,10 @@ class DecodeSession:
         """Time the reference has spent so far (for tokens/s side by side with the rounds)."""
         return self._greedy.seconds if self._greedy is not None else 0.0
 
-    def check_transformers(self, upto: int | None = None) -> tuple[GreedyResult, float]:
+    def check_transformers(self, upto: int | None = None, most: int | None = None) -> tuple[GreedyResult, float]:
         """The independent check: transformers' own forward, one token at a time, over the first `upto` tokens
-        (default: those generated so far). Returns its tokens and the seconds it has spent in all."""
+        (default: those generated so far; `most`: at most this many more in this call). Returns its tokens and the
+        seconds it has spent in all."""
         if not self.started:
             raise InputError("prefill a prompt first")
         if self.reference == TRANSFORMERS_REFERENCE:
@@ -1117,7 +1151,7 @@ class DecodeSession:
                                                     chain=self.block_size)
             ref = self._independent
         n = len(self.generated) if upto is None else upto
-        return ref.extend_to(min(n, self.max_new_tokens), self.generated), ref.seconds
+        return ref.extend_to(min(n, self.max_new_tokens), self.generated, most), ref.seconds
 
     def divergence(self) -> tuple[int | None, float | None]:
         """(index of the first generated token that differs from the reference, the reference's decision margin
@@ -1132,7 +1166,7 @@ class DecodeSession:
         when that is short of the output)."""
         ref = self._reference()
         if extend:
-            result = self.greedy(None if self.done else len(self.generated))
+            result = self.greedy(self.reference_target())
         else:
             result = ref.result()
         pending = (not extend and len(result.ids) < len(self.generated) and not ref.finished

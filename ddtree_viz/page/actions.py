@@ -4,24 +4,27 @@ controls); every session starts through DecodeSession.from_settings, here only."
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from pathlib import Path
 
 from ..compare import finished, settings_b, start_b, step_both
 from ..engine.engines import engine_for
-from ..engine.session import DecodeSession, first_divergence
+from ..engine.session import TRANSFORMERS_REFERENCE, DecodeSession, first_divergence
 from ..errors import InputError
 from ..options import MAX_SEED, REFERENCE_NAMES
 from ..render import export as exporter
 from ..render.text import esc
 from ..trace import CompareTrace, Trace, load_any
 from .host import ModelHost
+from .progress import FIRST_CHUNK, CheckProgress, check_progress, chunk_tokens
 from .state import SAME, CompareSettings, TabSettings, TabState, rounds_shown, shown_step
 
 REPLAY_END = ("this replay is at its last round ({n}): press Reset to start a live session from the Prompt box, or "
               "scrub back to look again")
 RUN_REFRESH_S = 0.5  # Run redraws the page at most this often (and after the last round), not after every round
+CHECK_REFRESH_S = 0.5  # a check redraws the page (and hears a Stop) at most this often
 FINISHED = "this session has finished (end of text or max new tokens): press Reset or change the prompt"
 
 
@@ -109,6 +112,7 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
         return _replay_next(tab)
     with host.lock, tab.lock:
         _start(host, tab, settings)
+        tab.stop_ticket, tab.checking = tab.stops, None  # its check (chained after it) stops at a Stop from now on
         if _done_at_prefill(tab, check):
             return tab
         if finished(tab.session, tab.other):  # compare mode: B goes on alone once A has finished, as Run does
@@ -156,16 +160,17 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     (the page's Run: RUN_REFRESH_S); the reference keeps up round by round either way (a redraw never waits for a
     backlog of it), unless check=False: then it is left for `check` after the last round. The model is released
     between rounds (other tabs' work goes in turn); a Reset, a replay, a new prompt or another Run in this tab ends
-    the Run at its next round. A finished session is an InputError before anything changes. `views(tab)`: yield
-    what it returns instead of the tab, made under the tab's lock once the Run is known to be still current (so a
-    Reset is never followed by a round it ended)."""
+    the Run at its next round, a Stop (`stop`) too, showing the rounds so far. A finished session is an InputError
+    before anything changes. `views(tab)`: yield what it returns instead of the tab, made under the tab's lock once
+    the Run is known to be still current (so a Reset is never followed by a round it ended)."""
     with host.lock, tab.lock:
         _start(host, tab, settings)
         at_prefill = _done_at_prefill(tab, check)
         if not at_prefill and finished(tab.session, tab.other):
             raise InputError(FINISHED)
         tab.epoch += 1
-        mine, session, other = tab.epoch, tab.session, tab.other
+        tab.stop_ticket, tab.checking = tab.stops, None
+        mine, ticket, session, other = tab.epoch, tab.stop_ticket, tab.session, tab.other
         shown = (views(tab) if views is not None else tab) if at_prefill else None
     if at_prefill:
         yield shown
@@ -174,7 +179,8 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     while True:
         with host.lock, tab.lock:
             current = tab.epoch == mine
-            going = current and not finished(session, other)
+            stopped = current and tab.stops != ticket
+            going = current and not stopped and not finished(session, other)
             if going:
                 if session.done:  # A finished first: B goes on alone
                     other.step()
@@ -184,6 +190,7 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
                     if check:
                         session.greedy(len(session.generated))  # the reference, keeping up
                     continue
+            if going or stopped:
                 _refresh(tab, check, started, before, reference)
                 tab.view = max(len(tab.trace.steps), len(tab.other_trace.steps) if tab.other_trace else 0) - 1
                 tab.inspect = None
@@ -193,52 +200,145 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
                     shown = views(tab)
                 yield shown
             return
-        if not going:  # finished
+        if not (going or stopped):  # finished
             return
-        if views is None:
-            yield tab
-            started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
-            continue
-        with tab.lock:
-            if tab.epoch != mine:
-                continue  # the next pass ends it
-            shown = views(tab)
-        yield shown
+        shown = _run_views(tab, mine, views)
+        if shown is not None:
+            yield shown
+        if stopped:
+            return
         started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
 
 
+def _run_views(tab: TabState, mine: int, views):
+    """What a Run yields after its rounds: the tab, or `views(tab)` made while the Run is still the tab's (None:
+    it no longer is; its next pass ends it)."""
+    if views is None:
+        return tab
+    with tab.lock:
+        return views(tab) if tab.epoch == mine else None
+
+
 def check(host: ModelHost, tab: TabState) -> TabState:
-    """Extend the reference to the tokens generated so far and compare (what Step does with check=True)."""
-    with host.lock, tab.lock:
-        if tab.session is None or tab.replay or not tab.session.started:
-            return tab
-        _refresh(tab, True)
+    """Extend the reference to the tokens generated so far and compare (what Step does with check=True): the
+    page's check_rounds run to its end."""
+    for tab in check_rounds(host, tab):
+        pass
     return tab
 
 
 def check_transformers(host: ModelHost, tab: TabState) -> TabState:
     """The independent check: transformers' own forward, one token at a time, up to the tokens generated so far;
-    its agreement with the output (and with the session's reference) and its own time go to tab.independent."""
-    if tab.session is None or tab.replay:
-        raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
+    its agreement with the output (and with the session's reference) and its own time go to tab.independent (the
+    page's check_rounds(independent=True) run to its end)."""
+    for tab in check_rounds(host, tab, independent=True):
+        pass
+    return tab
+
+
+def stop(tab: TabState) -> TabState:
+    """Stop: the tab's Run ends at its next round and its check at its next look (CHECK_REFRESH_S at most; the
+    check chained after that Run or Step too), each showing what it reached (TabState.stops)."""
+    with tab.lock:
+        tab.stops += 1
+    return tab
+
+
+def check_rounds(host: ModelHost, tab: TabState, *, independent: bool = False,
+                 min_interval: float = CHECK_REFRESH_S):
+    """A check as the page runs it, yielding the tab to redraw: the session's reference extended to the output and
+    compared (`check`; after a Step or Run), or with `independent` transformers' own forward (`check_transformers`).
+    It decodes about `min_interval` at a time under the model lock (other tabs go in between), and where it will
+    take longer than that it says so first (tab.checking: the tokens to check, an estimate of the time from this
+    machine's measured pace), then its progress at most every `min_interval`, then the result. A Stop (`stop`)
+    ends it between two of those: tab.checking says what it reached and that the rest is unknown, and no verdict on
+    the tokens not checked is shown. A Reset, a replay or a new session ends it with nothing more to say."""
+    with host.lock, tab.lock:
+        session = tab.session
+        if independent and (session is None or tab.replay):
+            raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
+        if session is None or tab.replay or not session.started:
+            yield tab
+            return
+        mine = tab.epoch
+        if independent:  # a click of its own (the others take the Step's or Run's)
+            tab.stop_ticket = tab.stops
+        ticket, total = tab.stop_ticket, len(session.generated) if independent else session.reference_target()
+        tab.checking = first = check_progress(host, session, independent, total)
+    shown = time.perf_counter()
+    if (first.left_s or 0.0) > min_interval or (first.left_s is None and first.total - first.done > FIRST_CHUNK):
+        yield tab  # a wait worth a word: said before it starts
+    try:
+        while True:
+            with host.lock, tab.lock:
+                if tab.epoch != mine or tab.session is not session:
+                    return
+                ref = session.check_reference(independent)
+                stopped = tab.stops != ticket
+                if stopped or (ref is not None and (len(ref.ids) >= total or ref.finished)):
+                    _checked(host, tab, independent, total, stopped)
+                    break
+                most = chunk_tokens(check_progress(host, session, independent, total).pace, min_interval)
+                if independent:
+                    session.check_transformers(total, most)
+                else:
+                    session.greedy(total, most)
+                tab.checking = check_progress(host, session, independent, total)
+                due = time.perf_counter() - shown >= min_interval
+                if due and not independent:
+                    _refresh(tab, False)  # the output's tokens checked so far
+            if due:
+                yield tab
+                shown = time.perf_counter()
+    except BaseException:  # an error (the page says it), or the page gone: no check under way to show
+        with tab.lock:
+            tab.checking = None
+        raise
+    yield tab
+
+
+def _checked(host: ModelHost, tab: TabState, independent: bool, total: int, stopped: bool) -> None:
+    """A check's end (held: both locks): its result, or where it stopped (tab.checking then says what is unknown)."""
     session = tab.session
-    with host.lock:
-        result, seconds = session.check_transformers()
-        reference = session.greedy(len(session.generated)).ids
+    reached = check_progress(host, session, independent, total)
+    tab.checking = dataclasses.replace(reached, stopped=True) if stopped else None
+    if independent:
+        tab.independent = _independent_words(session, total, reached if stopped else None)
+    else:
+        _refresh(tab, not stopped)  # stopped: compared only as far as the reference reached (reference_pending)
+
+
+def _independent_words(session: DecodeSession, total: int, stopped: CheckProgress | None) -> str:
+    """The check against transformers in words (Markdown): the verdict as far as it went, where it stopped."""
+    ref = session.check_reference(independent=True)
+    result, seconds = ref.result(total), ref.seconds
     n = len(result.ids)
     index = first_divergence(session.generated[:n], result.ids)
-    same_ref = tuple(reference[:n]) == tuple(result.ids)
-    if index is None:
-        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
-    else:
+    if index is not None:
         verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
-    if session.reference != "transformers":
-        verdict += (f"; the session's reference ({esc(REFERENCE_NAMES.get(session.reference, session.reference))}) "
-                    + ("agrees with it" if same_ref else "**differs from it**"))
-    tab.independent = (f"Check against transformers' forward, one token at a time: {verdict}. "
-                       f"It took {seconds * 1e3:.0f} ms in all ({n / seconds if seconds else 0:.1f} tokens/s), "
-                       "apart from the rounds and the reference.")
-    return tab
+    elif stopped is not None and stopped.done < stopped.total:
+        verdict = (f"**stopped** at {n} / {stopped.total} tokens: those {n} equal the output; tokens {n + 1}–"
+                   f"{stopped.total} were not checked, so whether the output equals transformers' greedy is "
+                   "unknown (press Check vs transformers again to go on)")
+    else:
+        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+    if session.reference != TRANSFORMERS_REFERENCE:
+        verdict += _against_reference(session, result.ids)
+    return (f"Check against transformers' forward, one token at a time: {verdict}. "
+            f"It took {seconds * 1e3:.0f} ms in all ({n / seconds if seconds else 0:.1f} tokens/s), "
+            "apart from the rounds and the reference.")
+
+
+def _against_reference(session: DecodeSession, ids: tuple[int, ...]) -> str:
+    """Transformers' tokens against the session's reference, as far as that has decoded (nothing decoded here:
+    its own check may have been stopped)."""
+    name = esc(REFERENCE_NAMES.get(session.reference, session.reference))
+    own = session.check_reference()
+    k = min(len(own.ids) if own is not None else 0, len(ids))
+    if k == 0:
+        return f"; the session's reference ({name}) has not decoded these tokens yet: not compared with it"
+    same = "agrees with it" if tuple(own.ids[:k]) == tuple(ids[:k]) else "**differs from it**"
+    return f"; the session's reference ({name}) {same}" + (f" over the {k} tokens it has decoded" if k < len(ids) else "")
 
 
 def reset(tab: TabState) -> TabState:

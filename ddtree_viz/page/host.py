@@ -79,6 +79,9 @@ class ModelHost:
         self._layout_html: str | None = None
         self.warmup_s = 0.0  # the static runner's compile and a first round at load (warm_runner, warm_rounds; CUDA)
         self._exact: tuple[ModelPair, str] | None = None  # exact_engine's answer for the pair it was asked for
+        # the last pace measured on this machine by a check of each reference kind ("runner", "transformers"):
+        # progress.Pace, what a check's estimate starts from before its own reference has one
+        self.paces: dict = {}
 
     def start(self, background: bool = True) -> None:
         if background:

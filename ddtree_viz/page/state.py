@@ -25,6 +25,7 @@ from ..options import (DRAFTER_FAMILIES, DTYPES, ENGINE_CHOICES, MARGINAL, MAX_B
                        VERIFY_LABELS, DecodeSettings, check_int)
 from ..trace import Trace
 from .host import ModelHost
+from .progress import CheckProgress
 
 SAME = "same"  # compare mode: the engine / dtype of the first configuration
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a trace uploaded to the page (the page says so; `replay FILE` takes up to
@@ -240,6 +241,12 @@ class TabState:
     other_trace: Trace | None = None  # B's records (live snapshot, or the replayed compare trace's)
     inspect: int | None = None  # tree position the node inspector shows (None: the first rejected, or the root)
     independent: str = ""  # the last check against transformers' forward, in words (Markdown)
+    checking: CheckProgress | None = None  # a check under way, about to start or stopped (None: none to show)
+    # Stop: `stops` counts its clicks; a Step, a Run or a check notes the count when it starts (`stop_ticket`: a
+    # check chained after a Step or Run takes theirs) and ends at its next look once the count has moved (both
+    # kept by a Reset)
+    stops: int = 0
+    stop_ticket: int = 0
     notice: str = ""  # the last action's error, as the status line shows it (cleared by the next view of the tab)
     epoch: int = 0
     views: ViewCache = field(default_factory=ViewCache)
@@ -288,7 +295,7 @@ class TabState:
         (opening one of its rounds replays it here)."""
         with self.lock:
             for f in dataclasses.fields(self):
-                if f.name not in ("epoch", "report", "tree_filter"):
+                if f.name not in ("epoch", "report", "tree_filter", "stops", "stop_ticket"):
                     setattr(self, f.name, f.default_factory() if f.default is dataclasses.MISSING else f.default)
             self.epoch += 1
 

@@ -30,6 +30,7 @@ from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
 from .host import ModelHost
 from ..errors import InputError
+from .progress import shown_check, status_line
 from .state import TabState, read_settings, rounds_shown, shown_step
 
 MARKUP_CHARS = set("<>&\"'\\`*_[]#|~!")  # written as character references in a Markdown view
@@ -117,12 +118,13 @@ def _no_text(s: Shown) -> str:
 # The views in the order the page's Step outputs list their widgets (the served API's order). "stats" is built
 # last (it says what building the others cost).
 VIEWS: dict[str, View] = {
-    "status": View(lambda s: _notice(s.tab) + _status(s.tab, s.k), lambda s: _notice(s.tab) + _blank_status(s)),
+    "status": View(lambda s: _notice(s.tab) + _status(s.host, s.tab, s.k), lambda s: _notice(s.tab) + _blank_status(s)),
     "tree_spec": View(lambda s: s.round.tree),
     "mask_spec": View(lambda s: s.round.mask),
     "cache_html": View(lambda s: s.round.cache_html, _no_text),  # the round's per-layer cache (compact table)
     "cache_chart_spec": View(lambda s: s.round.cache_chart),
-    "diff_html": View(lambda s: output_vs_greedy_html(s.trace, s.text, upto_step=s.k), _no_text),
+    "diff_html": View(lambda s: output_vs_greedy_html(s.trace, s.text, upto_step=s.k, stopped=_check_stopped(s.tab)),
+                      _no_text),
     "acceptance_spec": View(lambda s: acceptance_spec(s.steps)),
     "stats": View(lambda s: _stats(s.tab), _no_text),
     "divergence": View(lambda s: _divergence(s.trace, s.k, s.text), _no_text),
@@ -235,7 +237,7 @@ def _blank_status(s: Shown) -> str:
     return _empty_status()
 
 
-def _status(tab: TabState, k: int) -> str:
+def _status(host: ModelHost, tab: TabState, k: int) -> str:
     trace = tab.trace
     step = trace.steps[k]
     mode = "replay of a saved trace (no model)" if tab.replay else "live"
@@ -250,11 +252,17 @@ def _status(tab: TabState, k: int) -> str:
         status += " **Step** shows the next round of the replay; **Reset**, then Step, decodes the prompt live."
     if tab.session is not None and not tab.replay and tab.session.done:
         status += " Finished."
-    if trace.reference_pending:
-        status += f" Checking against the reference ({len(trace.greedy_ids or ())} of {len(trace.output_ids)} tokens so far)…"
+    if trace.reference_pending or tab.checking is not None:  # the check to come, under way, or stopped
+        check = shown_check(host, tab)
+        status += f" {status_line(check)}" if check is not None else ""
     if tab.other_trace is not None and tab.other_trace.steps:
         status += f" Compare mode: A = {esc(config_label(trace.settings))}, B = {esc(config_label(tab.other_trace.settings))}."
     return status
+
+
+def _check_stopped(tab: TabState) -> bool:
+    """The session's check was stopped short of the output (its tokens past the reference: unknown)."""
+    return tab.checking is not None and tab.checking.stopped and not tab.checking.independent
 
 
 def _kept_note(step) -> str:

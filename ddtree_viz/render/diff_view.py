@@ -80,10 +80,12 @@ class GreedyComparison:
     verdict: str | None = None  # the verdict on the first divergence in words (trace.verdict_text)
 
 
-def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: int | None = None) -> GreedyComparison:
+def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: int | None = None,
+                        stopped: bool = False) -> GreedyComparison:
     """Compare the output (up to and including round `upto_step`, or all of it) with greedy. While the reference
-    is still being decoded (trace.reference_pending), only the tokens it has reached are compared. `shown`: the
-    count of tokens through `upto_step` where the caller has them (its _shown_sources)."""
+    is still being decoded (trace.reference_pending), only the tokens it has reached are compared; `stopped`: its
+    check was stopped there (the rest stays unknown, not 'checking'). `shown`: the count of tokens through
+    `upto_step` where the caller has them (its _shown_sources)."""
     if shown is None:
         shown = len(_shown_sources(trace, upto_step))
     naive = trace.settings.get("verify") == "naive" or any(s.verify == "naive" for s in trace.steps)
@@ -100,8 +102,10 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: in
     first = next((i for i in range(compared) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
     if first is None:
         if checked is not None and checked < shown:
+            rest = (f"the check was stopped: the other {shown - checked} are not checked, whether they are identical "
+                    "is unknown" if stopped else f"checking the other {shown - checked}…")
             return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for the {checked} tokens checked "
-                                    f"so far; checking the other {shown - checked}…", checked)
+                                    f"so far; {rest}", checked)
         return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {shown} tokens", checked)
     margin = trace.divergence_margin if trace.first_divergence == first else None
     verdict = verdict_text(trace) if trace.first_divergence == first else None
@@ -151,7 +155,8 @@ def _span(src: TokenSource, text: str, greedy_text: str | None, first: bool, mar
             f'{esc(text)}<sub style="color:#777">{sub}</sub></span>{extra}')
 
 
-def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, upto_step: int | None = None) -> str:
+def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, upto_step: int | None = None,
+                          stopped: bool = False) -> str:
     """HTML comparing the generated tokens (through round `upto_step`, default all) with greedy.
 
     Each token is a span with visible whitespace, marked as prefill token (P), accepted draft (d<depth>) or
@@ -159,10 +164,11 @@ def output_vs_greedy_html(trace: Trace, token_text: TokenText | None = None, *, 
     divergence carries greedy's logit margin. A summary line reads "identical to greedy for N tokens" or
     "diverges at token k (greedy margin m)" (k indexes the generated tokens from 0); naive mode is labelled
     as the known-wrong flattened-tree behaviour. All text is HTML-escaped (token text is untrusted).
-    token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'."""
+    token_text: callable or mapping id -> text; ids it cannot name come from the trees, then '⟨id⟩'. `stopped`: the
+    page's check of a pending reference was stopped (compare_with_greedy)."""
     text = lookup(token_text, lambda: token_texts_from_steps(trace.steps))
     sources = _shown_sources(trace, upto_step)
-    cmp = compare_with_greedy(trace, upto_step, shown=len(sources))
+    cmp = compare_with_greedy(trace, upto_step, shown=len(sources), stopped=stopped)
     greedy, ref = trace.greedy_ids, reference_name(trace)
     spans = []
     last_step: int | None = -1

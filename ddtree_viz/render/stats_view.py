@@ -100,6 +100,9 @@ def stats_summary(trace: Trace, greedy_tok_s: float | None = None, ddtree_tok_s:
         "budget": trace.settings.get("budget"),
         "sampling": sampling_label(trace.settings),
         "identical_to_greedy": trace.identical,
+        # the reference's tokens so far where it has not reached the end of the output (a live page's check under
+        # way or stopped): an identical output is then known only that far
+        "checked": len(trace.greedy_ids or ()) if trace.reference_pending else None,
         "invalid": trace.invalid,  # why the comparison proves nothing (NaN logits), or None
         "first_divergence": trace.first_divergence,
         "degenerate": degenerate(trace.output_ids),  # why the output looks like a loop (speedup.py), or None
@@ -170,7 +173,11 @@ def stats_markdown(summary: dict, extra: Sequence[tuple[str, str]] = ()) -> str:
     verdict = f": {_num(summary['verdict'])}" if summary.get("verdict") else ""
     no = (f"no: INVALID, {_num(summary['invalid'])}" if summary.get("invalid") else
           f"no (diverges at token {_num(summary.get('first_divergence'))}{verdict})")
-    rows.append((f"identical to {ref}", "–" if same is None else ("yes" if same else no)))
+    yes = "yes"
+    if same and summary.get("checked") is not None:  # never a 'yes' the reference has not reached
+        yes = (f"unknown: identical for the first {_num(summary['checked'])} of {_num(summary.get('generated_tokens'))} "
+               "tokens, the rest not checked")
+    rows.append((f"identical to {ref}", "–" if same is None else (yes if same else no)))
     rows += list(extra)
     warning = analysis.acceptance_warning(summary.get("mean_acceptance"), summary.get("rounds") or 0)
     loud = f"**⚠ Warning:** {esc(warning)}\n\n" if warning and (summary.get("rounds") or 0) >= WARN_ROUNDS else ""

@@ -125,6 +125,8 @@ class StepTab:
             c["run"] = gr.Button("Run", elem_id="ddv-run")
             c["check_transformers"] = gr.Button("Check vs transformers",
                                                 elem_id="ddv-check-transformers")
+            # stops this tab's Run or check (actions.stop), which then says what it reached
+            c["stop"] = gr.Button("Stop", elem_id="ddv-stop-button")
             c["reset"] = gr.Button("Reset", elem_id="ddv-reset")
             c["back"] = gr.Button("Back", elem_id="ddv-back")
             c["forward"] = gr.Button("Forward", elem_id="ddv-forward")
@@ -311,16 +313,21 @@ class StepTab:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
                 yield answered(out, t, values, since)
 
-        def check_handler(check):
-            """A check's handler: its views, and the status keeps the note of a setting changed since its inputs
-            were read (TabState.newest_settings): after the Step or Run it follows answered, not when the server
-            starts it, which under load comes after a change the page made meanwhile."""
-            def on(t, ph, **values) -> dict:
+        def check_handler(independent: bool):
+            """A check's handler (actions.check_rounds): its views as it goes (its progress on the status line and
+            gradio's bar, as the Run's), and the status keeps the note of a setting changed since its inputs were
+            read (TabState.newest_settings): after the Step or Run it follows answered, not when the server starts
+            it, which under load comes after a change the page made meanwhile."""
+            def on(t, ph, progress=gr.Progress(), **values):
                 since = t.answered or time.monotonic()  # (an answer is never later than now)
-                return noted({tab: t, **self.fill(render_check(host, check(host, t), ph))}, t, values, since)
+                for _ in actions.check_rounds(host, t, independent=independent):
+                    p = t.checking
+                    if p is not None and p.running:
+                        progress((p.done, p.total), desc=f"checking against {p.what}", unit="tokens")
+                    yield noted({tab: t, **self.fill(render_check(host, t, ph))}, t, values, since)
             return in_status(on)
 
-        on_check, on_independent = check_handler(actions.check), check_handler(actions.check_transformers)
+        on_check, on_independent = check_handler(False), check_handler(True)
 
         at = self.at_status
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
@@ -329,6 +336,10 @@ class StepTab:
         run.then(on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check_run", **at, **MODEL)
         c["check_transformers"].click(on_independent, [tab, phase], checked, inputs_kwargs=settings,
                                       api_name="check_transformers", **at, **MODEL)
+        # Stop: at once (no queue: the Run or check it stops holds the model's turn), nothing redrawn here: what it
+        # stops says so in its own last answer
+        c["stop"].click(lambda t: actions.stop(t) and None, [tab], None, queue=False, show_progress="hidden",
+                        api_name="stop")
         # Reset stops this tab's Run: actions.reset ends it at its next round, and the Run's last output is the reset
         # tab
         c["reset"].click(lambda t, ph: self.show(actions.reset(t), ph), [tab, phase], shown, api_name="reset", **at)
