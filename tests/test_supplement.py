@@ -2,7 +2,7 @@
 sessions the engine recorded: opened from a file:// URL in headless Chromium with every request that is not the
 file itself refused, stepped round by round with the keyboard and held to the trace (node count, accepted path,
 first divergence, the tree's rows and the mask against the Python ones), deep links; its size against the 5 MB
-bound; hostile token text; the command line's errors."""
+bound; hostile token text; the command line's errors; the page's button."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ddtree_viz import analysis, cli
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError
+from ddtree_viz.page import actions
+from ddtree_viz.page.state import TabState
 from ddtree_viz.render import supplement as sp
 from ddtree_viz.render.diff_view import compare_with_greedy
 from ddtree_viz.render.layout import tree_layout
@@ -124,14 +126,19 @@ def test_a_512_token_session_at_budget_128_is_under_5_mb(real512, tmp_path):
     assert sizes["opening, tiled"][0] > 2 * sizes["recorded"][0]
 
 
-def test_a_session_past_the_bound_is_refused_with_its_size_or_thinned(pair, tmp_path, capsys):
-    """The tiny pair's random drafter keeps about a token a round: 512 tokens of its budget-128 trees pass 5 MB.
-    export --session refuses it, giving the size it would have and rounds that fit; --rounds with those writes a
-    file under the bound holding just them."""
+@pytest.fixture(scope="module")
+def big(pair):
+    """512 tokens of the tiny pair's budget-128 trees (its random drafter keeps under 2 tokens a round: about 300
+    rounds), `tiled` from a real session of it: past 5 MB."""
     s = DecodeSession(pair, budget=128, max_new_tokens=12)
     s.prefill(PROMPT)
     s.run()
-    big = tiled(s.to_trace(), 512)
+    return tiled(s.to_trace(), 512)
+
+
+def test_a_session_past_the_bound_is_refused_with_its_size_or_thinned(big, tmp_path, capsys):
+    """export --session refuses a session past 5 MB, giving the size it would have and rounds that fit; --rounds
+    with those writes a file under the bound holding just them."""
     src = tmp_path / "big.json"
     big.save(src)
     out = tmp_path / "s.html"
@@ -498,3 +505,46 @@ def test_parse_rounds_forms():
     assert sp.parse_rounds(range(1, 3), 5) == range(1, 3)
     with pytest.raises(InputError, match="no rounds to show"):
         sp.parse_rounds("1-2", 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The page's button
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_pages_session_download_writes_the_tabs_session(trace_file, naive, big):
+    tab = actions.load_replay(TabState(), str(trace_file))
+    path = actions.write_supplement(tab)
+    assert path.name == f"ddtree-session-{len(naive.steps)}-rounds.html" and path.parent.name == "supplement"
+    assert path.read_text(encoding="utf-8") == sp.supplement_html(tab.trace)
+    again = actions.write_supplement(tab)  # the tab's earlier file goes
+    assert again == path and len(list(path.parent.iterdir())) == 1
+    with pytest.raises(InputError, match="nothing to save yet"):
+        actions.write_supplement(TabState())
+    tab.trace = big
+    with pytest.raises(InputError, match=r"would be [\d,]+ bytes .* From the page: download the trace, then "
+                                         r"`python -m ddtree_viz export --trace TRACE.json --session --rounds A-B"):
+        actions.write_supplement(tab)
+
+
+def test_the_served_button_offers_the_file_to_its_own_browser_only(trace_file, naive):
+    """Over HTTP, as the page's 'Download session (.html)' does it: the file is the supplement of the replayed trace,
+    served to the browser that made it and to no other (tabfiles.py)."""
+    import httpx
+    from gradio_client import Client, handle_file
+
+    from tests.test_app import serve
+
+    proc, url = serve("--replay", str(trace_file))
+    try:
+        owner = Client(url, verbose=False, download_files=False)
+        other = Client(url, verbose=False)
+        owner.predict("verified", handle_file(str(trace_file)), api_name="/replay")
+        got = owner.predict(api_name="/download_session")
+        link = got["value"]["url"] if "value" in got else got["url"]
+        assert httpx.get(link).status_code == 404 and httpx.get(link, cookies=other.cookies).status_code == 404
+        mine = httpx.get(link, cookies=owner.cookies)
+        assert mine.status_code == 200 and mine.content == sp.supplement_html(naive).encode("utf-8")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
