@@ -548,3 +548,27 @@ def test_the_served_button_offers_the_file_to_its_own_browser_only(trace_file, n
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# analyze --supplements: each prompt's session beside the report, linked from it
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_analyze_writes_each_prompts_session_and_the_report_links_it(tmp_path):
+    from ddtree_viz.render.report import prompts_html
+
+    (tmp_path / "p.txt").write_text("def add(a, b):\n\nclass Point:\n    pass\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli.main(["analyze", "--prompts", str(tmp_path / "p.txt"), "--out", str(out), "--max-new-tokens", "6",
+                     "--budget", "8", "--no-speedup", "--supplements"]) == 0
+    report = (out / "report.html").read_text(encoding="utf-8")
+    links = re.findall(r'<a class=session href="(supplements/(\d{4})\.html)#round=1">', report)
+    assert [i for _, i in links] == ["0000", "0001"]
+    for name, i in links:
+        trace = Trace.load(out / "traces" / f"{i}.json")
+        assert (out / name).read_text(encoding="utf-8") == sp.supplement_html(trace)
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    table = prompts_html(summary, supplements={"traces/0000.json": None})  # a session past the bound: no link
+    assert "over 5 MB" in table and "session (HTML)" in table and table.count("<a class=session") == 0
+    assert "session (HTML)" not in prompts_html(summary)  # without --supplements: no column
