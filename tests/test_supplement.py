@@ -179,11 +179,25 @@ def test_pack_ints_round_trips_and_refuses_negatives():
     assert [sp.zigzag(v) for v in (0, -1, 1, -2, 2)] == [0, 1, 2, 3, 4]
 
 
+def unlike_ddtree(trace: Trace) -> Trace:
+    """The trace with every round's ranks and log-probs changed so that a rank is not the count of a node's earlier
+    siblings and a depth and rank do not name one candidate (as a tree scored otherwise could have it): the data
+    then writes ranks, tokens and log-probs per node."""
+    def node(n):
+        if n.id == 0:
+            return n
+        return dataclasses.replace(n, rank=n.rank + 3 * (n.id % 2), logprob=n.logprob - 0.37 * (n.id % 3))
+    return dataclasses.replace(trace, steps=tuple(dataclasses.replace(s, nodes=tuple(map(node, s.nodes)))
+                                                  for s in trace.steps))
+
+
 def test_the_data_holds_every_round_as_recorded(naive, real512):
     """Decoded the way supplement.js decodes it, each round gives back its tree (parents, ranks, tokens, log-probs to
-    a hundredth), path, bonus and committed length; the output and the reference through the last round."""
-    for trace in (naive, real512):
+    a hundredth), path, bonus and committed length; the output and the reference through the last round. DDTree's
+    trees take the short form (ranks implied, candidates by depth and rank), others the long one."""
+    for trace in (naive, real512, unlike_ddtree(naive)):
         data = sp.session_data(trace)
+        assert all(("r" not in r and "g" in r) == (trace in (naive, real512)) for r in data["steps"])
         ids = sp.unpack_ints(data["ids"])
         assert [ids[i] for i in sp.unpack_ints(data["out"])] == list(trace.output_ids)
         assert [ids[i] for i in sp.unpack_ints(data["ref"])] == list(trace.greedy_ids)[: len(trace.output_ids)]
@@ -326,6 +340,26 @@ def test_every_round_steps_with_the_keyboard_offline_and_matches_the_trace(chrom
         assert not page.is_visible("#ddt-nav") and page.is_visible("#ddt-tree .main-svg")
         assert page.pdf()[:5] == b"%PDF-"
         assert page.refused == [] and page.errors == [] and page.dialogs == []
+    finally:
+        page.close()
+
+
+@browser_only
+def test_trees_unlike_ddtrees_draw_from_their_own_ranks(chromium, naive, tmp_path):
+    """A tree whose ranks and log-probs are written per node (unlike_ddtree) is drawn from them: every round held to
+    the trace and the Python layout, as DDTree's."""
+    other = unlike_ddtree(naive)
+    path = tmp_path / "other.html"
+    path.write_text(sp.supplement_html(other), encoding="utf-8")
+    page = open_offline(chromium, path.as_uri())
+    try:
+        drawn(page, 1)
+        for k in range(len(other.steps)):
+            if k:
+                page.keyboard.press("ArrowRight")
+                drawn(page, k + 1)
+            check_round(page, other, k)
+        assert page.refused == [] and page.errors == []
     finally:
         page.close()
 
