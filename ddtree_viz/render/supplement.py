@@ -494,7 +494,7 @@ def _document(trace: Trace, rounds: range, data: dict) -> str:
     ))
 
 
-def _too_large(size: int, limit: int, trace: Trace, rounds: range, data: dict) -> str:
+def _too_large(size: int, limit: int, rounds: range, data: dict) -> str:
     """The refusal: the size it would have, and the longest stretch of rounds from the first asked for that fits."""
     per_round = [len(script_json(r).encode("utf-8")) + 1 for r in data["steps"]]
     fixed = size - sum(per_round)
@@ -519,7 +519,7 @@ def supplement_html(trace: Trace, rounds: str | range | None = None, *, limit: i
     text = _document(trace, rounds, data)
     size = len(text.encode("utf-8"))
     if limit is not None and size > limit:
-        raise InputError(_too_large(size, limit, trace, rounds, data))
+        raise InputError(_too_large(size, limit, rounds, data))
     return text
 
 
