@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     an.add_argument("--thinking", choices=("on", "off"), help="the template's thinking switch, with --chat")
     an.add_argument("--budgets", type=whole_number, nargs="+", metavar="B",
                     help="the budget curve at these budgets (default: every budget up to --budget)")
+    an.add_argument("--supplements", action="store_true",
+                    help="also each prompt's session as one self-contained HTML file to step through offline "
+                         "(DIR/supplements/NNNN.html, up to 5 MB each; docs/EXPORT.md), linked from report.html")
     an.add_argument("--misses", metavar="FILE.jsonl",
                     help="also write where the drafter missed: one strict JSON line per round whose walk stopped "
                          "short of the block (docs/MISSES.md; one set: FILE; several: FILE per set, the set's name "
@@ -179,7 +182,7 @@ def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool)
     if not interrupted and not args.no_speedup:
         study = _study(args, items, out)
     try:
-        summary = write_outputs(out, budgets=args.budgets)
+        summary = write_outputs(out, budgets=args.budgets, supplements=args.supplements)
     except OSError as exc:
         raise InputError(f"cannot write the report into {out}: {exc.strerror or exc}") from None
     _print_summary(summary, out)

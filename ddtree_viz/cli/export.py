@@ -1,5 +1,5 @@
 """`export`: one round of a saved trace as SVG, PDF, PNG, TikZ, HTML or JSON (ddtree_viz/render/export.py draws it;
-no model needed)."""
+no model needed); with --session, the whole session as one self-contained HTML file (render/supplement.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def add_parser(sub) -> None:
                     help="the round as the page numbers it, from 1 ('Round 1 of N'), or 'last' (default: last)")
     ex.add_argument("--format", choices=FORMATS, help="default: from the --out suffix (.svg .pdf .png .tex .html .json)")
     ex.add_argument("--out", required=True, metavar="FILE", help="the file to write ('-': standard output)")
+    ex.add_argument("--session", action="store_true",
+                    help="the whole session as one self-contained HTML file to step through (a paper's supplement: "
+                         "every round's tree, mask, cache, output vs greedy and why it stopped; no server, no network; "
+                         "at most 5 MB; docs/EXPORT.md)")
+    ex.add_argument("--rounds", metavar="A-B",
+                    help="with --session: only rounds A to B (as the page numbers them; B may be 'last'), for a "
+                         "session past the 5 MB bound")
     g = ex.add_argument_group("what to draw")
     g.add_argument("--figure", default="tree", choices=FIGURES,
                    help="tree (default), mask (the verify pass's attention mask), acceptance (tokens per round, rounds "
@@ -72,6 +79,10 @@ def command(args) -> int:
     from ..render.export import ExportOptions, export, format_for, resolve_round
     from ..trace import Trace
 
+    if args.session:
+        return session_command(args)
+    if args.rounds is not None:
+        raise InputError("--rounds thins a session supplement: add --session (one round is --step K)")
     fmt = format_for(args.out, args.format)
     options = ExportOptions(
         figure=args.figure, phase=args.phase, show=args.show, colors=args.colors, min_logprob=args.min_logprob,
@@ -106,6 +117,35 @@ def command(args) -> int:
     print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} ({len(data)} bytes{size})")
     if exported.size is not None:
         print(exported.size.describe())
+    return 0
+
+
+def session_command(args) -> int:
+    """export --session: the whole session (or --rounds A-B) as one HTML file (render/supplement.py)."""
+    from ..render.export import SUFFIXES
+    from ..render.supplement import parse_rounds, supplement_html
+    from ..trace import Trace
+
+    fmt = args.format or SUFFIXES.get(Path(args.out).suffix.lower() if args.out != "-" else "", "html")
+    if fmt != "html":
+        raise InputError(f"--session writes one HTML file, not {fmt}: use --format html or an --out ending in .html")
+    if args.out != "-":
+        check_output_path(args.out, "session supplement")
+    trace = Trace.load(args.trace)
+    rounds = parse_rounds(args.rounds, len(trace.steps))
+    data = supplement_html(trace, rounds).encode("utf-8")  # InputError past the bound, giving the size
+    if args.out == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return 0
+    path = Path(args.out)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(f"session supplement of rounds {rounds.start + 1}-{rounds.stop} of {len(trace.steps)} written to {path} "
+          f"({len(data):,} bytes, {len(data) / 1e6:.2f} MB)")
     return 0
 
 

@@ -1,6 +1,7 @@
 """What the page's controls do to a tab: Step, Run, the checks, Reset, a replay, moving between rounds, the node
-inspector, the trace download and the figure export. Step and Run take a state.TabSettings (read by name from the
-controls); every session starts through DecodeSession.from_settings, here only."""
+inspector, the trace download, the session's supplement and the figure export. Step and Run take a
+state.TabSettings (read by name from the controls); every session starts through DecodeSession.from_settings, here
+only."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..engine.session import TRANSFORMERS_REFERENCE, DecodeSession, first_diverg
 from ..errors import InputError
 from ..options import MAX_SEED, REFERENCE_NAMES
 from ..render import export as exporter
+from ..render import supplement
 from ..render.text import esc
 from ..trace import CompareTrace, Trace, load_any
 from .host import ModelHost
@@ -379,6 +381,26 @@ def write_trace(tab: TabState) -> Path:
         saved.save(path)
     except (OSError, UnicodeError) as exc:
         raise InputError(f"cannot write the trace: {exc}") from None
+    return path
+
+
+def write_supplement(tab: TabState) -> Path:
+    """'Download session (.html)': the tab's session (configuration A's in compare mode) as one self-contained HTML
+    file (render/supplement.py) in the tab's own folder, its earlier one deleted. A session past the file's bound is
+    refused with its size, and how to thin it from a downloaded trace."""
+    trace = tab.trace
+    if trace is None or not trace.steps:
+        raise InputError("nothing to save yet: step, run or replay first")
+    try:
+        text = supplement.supplement_html(trace)
+    except InputError as exc:
+        raise InputError(f"{exc}. From the page: download the trace, then `python -m ddtree_viz export --trace "
+                         "TRACE.json --session --rounds A-B --out SESSION.html`") from None
+    path = tab.new_folder("supplement") / supplement.supplement_name(trace)
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write the session file: {exc}") from None
     return path
 
 

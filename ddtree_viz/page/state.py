@@ -310,7 +310,7 @@ class TabState:
             shutil.rmtree(folder, ignore_errors=True)
 
     def new_folder(self, kind: str) -> Path:
-        """An empty folder for the file this tab offers for download (`kind`: "trace" or "export"): the tab's
+        """An empty folder for the file this tab offers for download (`kind`: "trace", "supplement" or "export"): the tab's
         earlier file of that kind is deleted first (gradio serves its own copy of what a handler returned)."""
         with self.lock:
             sub = self._own_folder() / kind

@@ -66,12 +66,14 @@ def precision_audit(report: Report, a: dict[str, Any], b: dict[str, Any]) -> dic
             "first_part": min((p["part_at"] for p in parted), default=None), "per_prompt": parts}
 
 
-def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str, Any]:
-    """summary.json, report.html and figures/ from the traces in DIR; returns the summary."""
+def write_outputs(out: str | Path, budgets: list[int] | None = None, supplements: bool = False) -> dict[str, Any]:
+    """summary.json, report.html and figures/ from the traces in DIR; returns the summary. `supplements`: also each
+    prompt's session as one HTML file (write_supplements), linked from the report."""
     from ..render.report import write_report
 
     out = Path(out)
     report = load_dir(out)
+    sessions = write_supplements(out, report) if supplements else None
     summary = summarize_report(report, budgets)
     study = out / "speedup.json"  # the speed-up study (promptset/speedup.py), when analyze ran it first
     if study.is_file():
@@ -80,8 +82,33 @@ def write_outputs(out: str | Path, budgets: list[int] | None = None) -> dict[str
         except (OSError, UnicodeDecodeError, ValueError):
             pass  # the study's own file, written just before: unreadable only if something else broke it
     write_json(out / "summary.json", summary)
-    write_report(out, summary, report.items, report.metas)
+    write_report(out, summary, report.items, report.metas, supplements=sessions)
     return summary
+
+
+def supplement_path(index: int) -> str:
+    """A prompt's session file in the report ("supplements/0000.html")."""
+    return f"supplements/{index:04d}.html"
+
+
+def write_supplements(out: Path, report: Report) -> dict[str, str | None]:
+    """DIR/supplements/NNNN.html: each traced prompt's session (the run's method) as one self-contained HTML file
+    (render/supplement.py). Returns trace name ("traces/0000.json") -> its file's name, or None for a session past the
+    file's bound (not written; `export --session --rounds` thins it)."""
+    from ..errors import InputError
+    from ..render.supplement import write_supplement
+
+    (out / "supplements").mkdir(exist_ok=True)
+    made: dict[str, str | None] = {}
+    for i, trace in sorted(report.traces.get("", {}).items()):
+        name = supplement_path(i)
+        try:
+            write_supplement(trace, out / name)
+        except InputError:  # past the bound: the report says so where the link would be
+            (out / name).unlink(missing_ok=True)
+            name = None
+        made[_name(i, "")] = name
+    return made
 
 
 def _summarize_side(report: Report, budgets: list[int] | None, side: str) -> dict[str, Any]:

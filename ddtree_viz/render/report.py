@@ -329,13 +329,24 @@ def misses_html(summary: dict[str, Any], link=round_link) -> str:
     return "".join(parts)
 
 
+def session_link(file: str | None) -> str:
+    """A prompt's session file (analyze --supplements), opened at its first round; 'over 5 MB' where it was past the
+    file's bound (not written)."""
+    if file is None:
+        return "<span class=meta title=\"past the file's 5 MB bound: export --session --rounds A-B\">over 5 MB</span>"
+    return f"<a class=session href=\"{esc(file)}#round=1\">{esc(file)}</a>"
+
+
 def prompts_html(summary: dict[str, Any], items: list[dict] | None = None,
-                 metas: dict[str, dict[int, dict]] | None = None, link=round_link) -> str:
-    """The per-prompt table (sortable); with --method both, the DFlash chain's mean acceptance and trace beside."""
+                 metas: dict[str, dict[int, dict]] | None = None, link=round_link,
+                 supplements: dict[str, str | None] | None = None) -> str:
+    """The per-prompt table (sortable); with --method both, the DFlash chain's mean acceptance and trace beside;
+    with `supplements` (trace name -> its session file, analyze --supplements), a link to each session's file."""
     e = html.escape
     chain = summary.get(DFLASH) if isinstance(summary.get(DFLASH), dict) else None
     by_index = {p["index"]: p for p in chain["per_prompt"]} if chain else {}
-    extra = "<th>DFlash mean acceptance</th><th>DFlash trace</th>" if chain else ""
+    extra = "<th>session (HTML)</th>" if supplements is not None else ""
+    extra += "<th>DFlash mean acceptance</th><th>DFlash trace</th>" if chain else ""
     parts = ["<table id=prompts class=sortable><thead><tr><th>#</th><th>source</th><th>prompt</th><th>rounds</th>"
              f"<th>tokens</th><th>mean acceptance</th><th>first divergence</th><th>wall s</th><th>trace</th>{extra}"
              "</tr></thead><tbody>"]
@@ -349,6 +360,8 @@ def prompts_html(summary: dict[str, Any], items: list[dict] | None = None,
                f"<td>{_num(p['tokens'])}</td><td data-v=\"{_num(p['mean_acceptance'], 4)}\">{_num(p['mean_acceptance'])}</td>"
                f"<td data-v=\"{-1 if fd is None else _num(fd)}\">{'identical' if fd is None else _num(fd)}</td>"
                f"<td>{_num(wall, 1)}</td><td>{link(p['file'], 0)}</td>")
+        if supplements is not None:
+            row += f"<td>{session_link(supplements[p['file']])}</td>" if p["file"] in supplements else "<td>-</td>"
         if chain:
             c = by_index.get(i)
             row += (f"<td data-v=\"{_num(c['mean_acceptance'], 4)}\">{_num(c['mean_acceptance'])}</td>"
@@ -502,7 +515,8 @@ def _categories_html(categories: Any) -> str:
 
 
 def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
-                metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True) -> str:
+                metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True,
+                supplements: dict[str, str | None] | None = None) -> str:
     """The report's content (everything inside <body> but the title and the script): headline numbers, the figures
     (inline SVG), top misses with context, the per-prompt table, failed prompts. Every link names a trace file and
     a round (`link`: round_link for report.html, page_round_link for the web page)."""
@@ -521,7 +535,7 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
     if speed:
         parts.append("<h2>Speed-up by budget</h2>\n" + speed)
     parts.append("<h2>Prompts</h2>\n<p class=meta>Click a header to sort.</p>\n")
-    parts.append(prompts_html(summary, items, metas, link))
+    parts.append(prompts_html(summary, items, metas, link, supplements))
     failed = failed_html(summary)
     if failed:
         parts.append("<h2>Failed prompts</h2>\n" + failed)
@@ -529,7 +543,8 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
 
 
 def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
-                metas: dict[str, dict[int, dict]] | None = None) -> str:
+                metas: dict[str, dict[int, dict]] | None = None,
+                supplements: dict[str, str | None] | None = None) -> str:
     """The report as one HTML document (report_body with its title, style and sorting script)."""
     parts = [
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
@@ -538,7 +553,7 @@ def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
         "<title>ddtree-viz analyze report</title>\n<style>",
         "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}" + CSS,
         "</style>\n</head>\n<body>\n<h1>ddtree-viz analyze report</h1>\n",
-        report_body(summary, svgs, items, metas),
+        report_body(summary, svgs, items, metas, supplements=supplements),
         "<p class=meta>Links name a trace and a round: open the trace with <code>python -m ddtree_viz replay "
         "--print --round K FILE</code>, or load this directory in the web page's Analyze tab and click the link "
         "(no model needed).</p>\n",
@@ -548,9 +563,10 @@ def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
 
 
 def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | None = None,
-                 metas: dict[str, dict[int, dict]] | None = None) -> Path:
+                 metas: dict[str, dict[int, dict]] | None = None,
+                 supplements: dict[str, str | None] | None = None) -> Path:
     """DIR/report.html and DIR/figures/<name>.svg|.pdf from the summary (metas: each side's meta records by prompt,
-    for the wall times). Returns the report's path."""
+    for the wall times; supplements: each trace's session file, linked). Returns the report's path."""
     out = Path(out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
@@ -560,5 +576,5 @@ def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | N
             (figs / f"{name}.{fmt}").write_bytes(data)
     svgs = {name: by_format["svg"] for name, by_format in files.items()}
     path = out / "report.html"
-    path.write_text(report_html(summary, svgs, items, metas), encoding="utf-8")
+    path.write_text(report_html(summary, svgs, items, metas, supplements), encoding="utf-8")
     return path

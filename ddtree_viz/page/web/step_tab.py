@@ -216,6 +216,9 @@ class StepTab:
                                     file_types=[".json"], type="filepath", elem_id="ddv-upload")
             c["download"] = gr.Button("Download trace (.json)", elem_id="ddv-download")
             c["download_file"] = gr.DownloadButton("Download trace file", visible=False, elem_id="ddv-download-file")
+            # the whole session as one HTML file that steps through every round offline (render/supplement.py)
+            c["download_session"] = gr.Button("Download session (.html)", elem_id="ddv-download-session")
+            c["session_file"] = gr.DownloadButton("Download session file", visible=False, elem_id="ddv-session-file")
         with gr.Row(elem_id="ddv-export-row"):  # paper-ready export of the round on screen (render/export.py)
             c["fmt"] = gr.Dropdown(list(exporter.FORMATS), value="svg", label="Export format",
                                    elem_id="ddv-export-format")
@@ -395,7 +398,8 @@ class StepTab:
         c["inspect_click"].change(on_click_node, [tab, c["inspect_click"]], inspected, api_name="inspect_click")
 
     def _wire_files(self, page: Page, replay_path: str | None) -> None:
-        """A trace replayed (uploaded, or --replay FILE at each page load), the trace downloaded, a figure exported."""
+        """A trace replayed (uploaded, or --replay FILE at each page load), the trace or the session's supplement
+        downloaded, a figure exported."""
         host, tab, c = self.host, page.tab, self.controls
         phase, shown = c["phase"], self.shown()
         export = {name: c[name] for name in ("fmt", "figure", "show", "colors", "min_lp", "depth", "title", "width")}
@@ -426,6 +430,10 @@ class StepTab:
             return offered(c["download_file"], actions.write_trace(t), request)
 
         @shows_errors
+        def on_session(t, request: gr.Request):
+            return offered(c["session_file"], actions.write_supplement(t), request)
+
+        @shows_errors
         def on_export(t, ph, request: gr.Request, **values):
             path, note = actions.export_round(t, ph, **values)
             return offered(c["export_file"], path, request), note
@@ -434,6 +442,8 @@ class StepTab:
                              **self.at_status)
         c["download"].click(on_download, [tab], [c["download_file"]], api_name="download").success(
             None, js=click_js("ddv-download-file"))
+        c["download_session"].click(on_session, [tab], [c["session_file"]], api_name="download_session").success(
+            None, js=click_js("ddv-session-file"))
         c["export"].click(on_export, [tab, phase], [c["export_file"], c["export_size"]], inputs_kwargs=export,
                           api_name="export").success(None, js=click_js("ddv-export-file"))
         # the last export's file (and its size) stays offered only while the settings it was made with are shown
