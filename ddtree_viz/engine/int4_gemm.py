@@ -62,24 +62,17 @@ class Config:
     block_m: int = 0
 
 
-SMS = 132  # an H100's / H200's multiprocessors: the programs a launch should at least fill twice
-
-
 def choose(rows: int, n: int, k: int) -> Config:
-    """The launch for an [rows, k] x [n, k]^T product: the word form, its input split into as many slices as it
-    takes for about two programs a multiprocessor (a 5120-row down_proj at one row has 160 programs of 32 rows:
-    two slices), each slice at least four steps. The tile form ran a 27B decode step at 50x its weight-read bound
-    on an H100 (docs/lab/NOTEBOOK.md section 39): 80 programs walking 272 steps each. gpu_bench --int4-tune measures these
-    launches against their neighbours."""
+    """The launch for an [rows, k] x [n, k]^T product, from gpu_bench --int4-tune on an H200 at the 27B's GEMMs
+    (docs/bench/gpu-h200-2026-12-06-int4-tune.json; docs/lab/NOTEBOOK.md section 39): the word form everywhere (the
+    tile form ran 14-16x slower). Up to 16 rows (a step, a DFlash block) 64-row tiles of 256 columns, the input in
+    four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate + up's 34,816), in
+    one between (in_proj, q + k + v); a verify's rows in 64 x 128 tiles of 64 columns, one slice (a slice's float32
+    partial products, held per GEMM in a verify's graph, took the 24 GB card past its cap at budget 128)."""
     if rows <= 16:
-        c = Config(block_n=32, block_k=256, num_warps=4, num_stages=3, words=True, block_m=16)
-    else:
-        c = Config(block_n=64, block_k=128, num_warps=8, num_stages=3, words=True, block_m=64 if rows <= 64 else 128)
-    if not n or not k:
-        return c
-    programs = triton.cdiv(rows, c.block_m) * triton.cdiv(n, c.block_n)
-    split = max(1, min(triton.cdiv(2 * SMS, programs), k // (4 * c.block_k)))
-    return dataclasses.replace(c, split_k=split)
+        split = 1 if 8192 < n <= 20480 else 4
+        return Config(block_n=64, block_k=256, num_warps=4, num_stages=3, words=True, split_k=split, block_m=16)
+    return Config(block_n=128, block_k=64, num_warps=4, num_stages=3, words=True, split_k=1, block_m=64)
 
 
 def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:
