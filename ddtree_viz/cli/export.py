@@ -100,17 +100,11 @@ def command(args) -> int:
     if args.out == "-":
         if fmt in ("pdf", "png") and sys.stdout.isatty():
             raise InputError(f"not writing {fmt.upper()} bytes to a terminal: pass --out FILE or redirect standard output")
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    path = _write(args.out, data)
+    if path is None:
         if exported.size is not None:  # the figure went to standard output: its size to standard error
             print(exported.size.describe(), file=sys.stderr)
         return 0
-    path = Path(args.out)
-    try:
-        path.write_bytes(data)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     size = ""
     if fmt == "png":
         size = ", {} x {} px".format(*png_size(data))
@@ -134,16 +128,9 @@ def session_command(args) -> int:
     trace = Trace.load(args.trace)
     rounds = parse_rounds(args.rounds, len(trace.steps))
     data = supplement_html(trace, rounds).encode("utf-8")  # InputError past the bound, giving the size
-    if args.out == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    path = _write(args.out, data)
+    if path is None:
         return 0
-    path = Path(args.out)
-    try:
-        path.write_bytes(data)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
     print(f"session supplement of rounds {rounds.start + 1}-{rounds.stop} of {len(trace.steps)} written to {path} "
           f"({len(data):,} bytes, {len(data) / 1e6:.2f} MB)")
     return 0
@@ -152,3 +139,18 @@ def session_command(args) -> int:
 def png_size(data: bytes) -> tuple[int, int]:
     """(width, height) in pixels from a PNG's IHDR chunk."""
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _write(out: str, data: bytes) -> Path | None:
+    """`data` to standard output (`out` "-": None) or to the file `out` (its Path); InputError where it cannot."""
+    if out == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return None
+    path = Path(out)
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
