@@ -43,6 +43,35 @@ FILL = {
 }
 
 
+def compare_settings(s: dict) -> None:
+    """The compare accordion's settings (B's), made into `s` by name, in the tab being built."""
+    # two rows, each control wide enough for its label and values: nine in one row cut the Compare box's
+    # label to "Comp" and B's budget's 512 to "51" at 1280x800 (issue #65)
+    with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
+                      elem_id="ddv-compare-controls"):
+        with gr.Row():
+            s["compare_on"] = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on", scale=0,
+                                          min_width=130)
+            s["compare_budget"] = gr.Slider(1, 512, value=16, step=1, label="B: budget",
+                                            elem_id="ddv-compare-budget", min_width=220)
+            s["compare_block_size"] = gr.Slider(2, BLOCK_MAX, value=BLOCK_MAX, step=1, label="B: block size",
+                                                min_width=220)
+            s["compare_method"] = gr.Radio(list(METHODS), value="ddtree", label="B: method",
+                                           elem_id="ddv-compare-method", min_width=260)
+        with gr.Row():
+            s["compare_tree_scoring"] = gr.Dropdown(list(TREE_SCORINGS), value=MARGINAL, label="B: tree scoring",
+                                                    elem_id="ddv-compare-tree-scoring")
+            s["compare_verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="B: verification",
+                                           elem_id="ddv-compare-verify", min_width=300)
+            s["compare_engine"] = gr.Dropdown([SAME, *ENGINE_CHOICES], value=SAME, label="B: engine")
+            s["compare_dtype"] = gr.Dropdown([SAME, *DTYPES], value=SAME,
+                                             label="B: dtype (another load of the models)")
+            s["compare_drafter"] = gr.Dropdown([SAME, *DRAFTER_FAMILIES], value=SAME,
+                                               label="B: drafter (beside the embedded target: its DFlash or "
+                                                     "DFlash2 drafter)", elem_id="ddv-compare-drafter",
+                                               min_width=260)
+
+
 class StepTab:
     """The Step tab's widgets by name, laid out in the tab being built (inside its gr.Tab)."""
 
@@ -61,7 +90,7 @@ class StepTab:
             with gr.Column(scale=2):
                 self._decoding()
         self._rounds()
-        self._compare()
+        compare_settings(self.settings)
         self._views()
         self._files()
         unpaired = (set(self.views) - set(VIEWS)) | (set(self.settings) ^ set(SETTINGS))
@@ -142,34 +171,6 @@ class StepTab:
                                     elem_id="ddv-tree-depth")
             c["min_lp"] = gr.Textbox(label="Hide below log-prob", placeholder="blank: show all", max_lines=1,
                                      elem_id="ddv-tree-minlp")
-
-    def _compare(self) -> None:
-        s = self.settings
-        # two rows, each control wide enough for its label and values: nine in one row cut the Compare box's
-        # label to "Comp" and B's budget's 512 to "51" at 1280x800 (issue #65)
-        with gr.Accordion("Compare with a second configuration (B: same prompt, stepped in lockstep)", open=False,
-                          elem_id="ddv-compare-controls"):
-            with gr.Row():
-                s["compare_on"] = gr.Checkbox(value=False, label="Compare", elem_id="ddv-compare-on", scale=0,
-                                              min_width=130)
-                s["compare_budget"] = gr.Slider(1, 512, value=16, step=1, label="B: budget",
-                                                elem_id="ddv-compare-budget", min_width=220)
-                s["compare_block_size"] = gr.Slider(2, BLOCK_MAX, value=BLOCK_MAX, step=1, label="B: block size",
-                                                    min_width=220)
-                s["compare_method"] = gr.Radio(list(METHODS), value="ddtree", label="B: method",
-                                               elem_id="ddv-compare-method", min_width=260)
-            with gr.Row():
-                s["compare_tree_scoring"] = gr.Dropdown(list(TREE_SCORINGS), value=MARGINAL, label="B: tree scoring",
-                                                        elem_id="ddv-compare-tree-scoring")
-                s["compare_verify"] = gr.Radio(list(VERIFY_LABELS), value="exact", label="B: verification",
-                                               elem_id="ddv-compare-verify", min_width=300)
-                s["compare_engine"] = gr.Dropdown([SAME, *ENGINE_CHOICES], value=SAME, label="B: engine")
-                s["compare_dtype"] = gr.Dropdown([SAME, *DTYPES], value=SAME,
-                                                 label="B: dtype (another load of the models)")
-                s["compare_drafter"] = gr.Dropdown([SAME, *DRAFTER_FAMILIES], value=SAME,
-                                                   label="B: drafter (beside the embedded target: its DFlash or "
-                                                         "DFlash2 drafter)", elem_id="ddv-compare-drafter",
-                                                   min_width=260)
 
     def _views(self) -> None:
         v = self.views
