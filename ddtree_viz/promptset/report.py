@@ -34,6 +34,7 @@ class Report:
     files: dict[str, Path] = field(default_factory=dict)
     summary: dict | None = None
     budgets: list[int] | None = None  # the run's --budgets (prompts.json's settings; None: every budget, or unknown)
+    set_file: str | None = None  # the prompt set as the run named it (prompts.json's "file": --prompts SET)
 
     @property
     def sides(self) -> list[str]:
@@ -83,6 +84,8 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
     if "prompts.json" in files:
         data = _small_json(files["prompts.json"], shown("prompts.json"), MAX_TRACE_BYTES)
         report.items = _check_items(data.get("prompts") if isinstance(data, dict) else None, shown("prompts.json"))
+        if isinstance(data.get("file"), str):
+            report.set_file = check_text(data["file"], f"{shown('prompts.json')}: its set's name")
         budgets = (data.get("settings") or {}).get("budgets") if isinstance(data.get("settings"), dict) else None
         if isinstance(budgets, list) and budgets and len(budgets) <= 4096 and all(
                 isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 20 for b in budgets):
