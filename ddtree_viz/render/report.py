@@ -1,7 +1,8 @@
 """The `analyze` report: one self-contained HTML page (no network: figures inline as SVG, a Content-Security-Policy
 that forbids any fetch, every token text escaped) and its figures as SVG and PDF files. Pure: a summary
 (ddtree_viz/promptset/summary.py's summarize) and the prompt set in, files out. The web page's Analyze tab shows the
-same body (report_body: headline, figures, top misses, prompts) with its round links opening the step view."""
+same body (report_body: headline, figures, top misses, misses by prompt, prompts) with its round links opening the step
+view."""
 
 from __future__ import annotations
 
