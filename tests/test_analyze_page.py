@@ -170,6 +170,20 @@ def test_the_misses_download_is_the_clis_file_and_each_tabs_own(report_dir, tmp_
     finally:
         a.free()
         b.free()
+    # the set's name comes from prompts.json: in safe characters in the file's name; a bad one leaves it unnamed
+    odd = tmp_path / "odd"
+    shutil.copytree(report_dir, odd)
+    for given, name in (("../../<b> x.txt", "misses-b-x.jsonl"), ("x" * 5000, "misses.jsonl"), (["p"], "misses.jsonl"),
+                        ("\ud800", "misses.jsonl")):
+        prompts = json.loads((odd / "prompts.json").read_text())
+        (odd / "prompts.json").write_text(json.dumps({**prompts, "file": given}))
+        tab = load_report_dir(TabState(), str(odd))
+        try:
+            path = write_misses_file(tab)
+            assert path.name == name and path.parent == tab.folder / "misses"
+            assert {json.loads(x)["set"] for x in path.read_text().splitlines()} == {name[7:-6]}
+        finally:
+            tab.free()
 
 
 def test_only_the_reports_own_traces_open(report_dir, tmp_path):
