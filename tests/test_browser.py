@@ -774,6 +774,57 @@ def test_analyze_tab_shows_a_report_and_a_click_opens_its_round(app_url, report_
         p.stop()
 
 
+def test_a_miss_opens_its_round_and_the_misses_download_is_this_browsers(app_url, report_dir):
+    """Issue #68 item 2 in the Analyze tab: the report lists every miss by prompt, each round a link; a click opens
+    that round (misses.jsonl's, held to its trace) in the Step tab; 'Download misses (.jsonl)' saves the very file
+    `analyze --misses` wrote for this report, served to this browser only (another browser asking for it: 404)."""
+    import json
+
+    from ddtree_viz.trace import Trace
+
+    cli = (report_dir.parent / "misses.jsonl").read_bytes()  # analyze --misses (tests/test_analyze_page.py)
+    rows = [json.loads(line) for line in cli.decode("utf-8").splitlines()]
+    row = max((r for r in rows if r["side"] == "ddtree"), key=lambda r: (r["round"], r["trace"]))
+    trace = Trace.load(report_dir / row["trace"])
+    assert row["depth"] == len(trace.steps[row["round"] - 1].accepted)
+    p, browser, page = open_page(app_url)
+    stranger = chromium().new_context()
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.locator("#ddv-report-path textarea, #ddv-report-path input").first.fill(str(report_dir))
+        page.get_by_role("button", name="Load directory").click()
+        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('Report:')",
+                               timeout=60_000)
+        links = page.locator("#ddv-report #miss-rounds a.ddv-open-round")
+        assert links.count() == len(rows) > 0
+        assert [(a["file"], int(a["round"]) + 1) for a in links.evaluate_all(
+            "(ls) => ls.map((a) => ({file: a.dataset.file, round: a.dataset.round}))")] == [
+            (r["trace"], r["round"]) for r in rows]
+        with page.expect_download(timeout=60_000) as download:
+            page.get_by_role("button", name="Download misses (.jsonl)").click()
+        ARTIFACTS.mkdir(exist_ok=True)
+        saved = ARTIFACTS / "analyze-misses.jsonl"
+        download.value.save_as(str(saved))
+        assert download.value.suggested_filename == "misses-p.jsonl" and saved.read_bytes() == cli
+        url = download.value.url
+        assert page.request.get(url).status == 200
+        other = stranger.new_page()
+        other.goto(app_url)  # another browser, with a cookie of its own
+        assert other.request.get(url).status == 404
+        page.locator("#ddv-report #miss-rounds").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "analyze-miss-rounds.png"))
+        page.locator(f"#miss-rounds a.ddv-open-round[data-file='{row['trace']}']"
+                     f"[data-round='{row['round'] - 1}']").click()
+        wait_status(page, f"Round {row['round']} of {len(trace.steps)} (replay")
+        assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+        assert page.locator("#ddv-round input[type=number]").input_value() == str(row["round"])
+        assert f"stopped at depth {row['depth']}" in page.locator("#ddv-stop").inner_text()
+    finally:
+        stranger.close()
+        browser.close()
+        p.stop()
+
+
 def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
     """Analyze tab, 'run a prompt set here': two prompts of a shipped set on the loaded model, a progress line while
     it runs, then its report (figures, one row a prompt, identical to greedy) and a click opens one of its rounds."""
