@@ -289,6 +289,63 @@ def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatc
     assert "No speed-up axis yet" not in notes(shown)  # measured: no hint
 
 
+def _walked(path, bonus, top1, kept=None, **over):
+    """A DDTree round whose accepted path holds the target's tokens `path` (depths 1..a, one node a depth) and the
+    bonus `bonus`, over a drafter grid whose top-1 at depth d is top1[d - 1] (a second candidate beside it)."""
+    from ddtree_viz.trace import TreeNode
+
+    nodes = (TreeNode(0, -1, 0, 1, "r", 0.0, -1),) + tuple(
+        TreeNode(d, d - 1, d, t, str(t), -0.5, 0) for d, t in enumerate(path, start=1))
+    walk = len(path) + 1
+    fields = dict(draft_top_ids=tuple((t, 999) for t in top1), draft_top_logprobs=tuple((-0.1, -3.0) for _ in top1))
+    return StepRecord(index=0, committed_len=0, root_token_id=1, nodes=nodes, target_argmax=(0,) * len(nodes),
+                      accepted=tuple(range(len(nodes))), bonus_token_id=bonus, timings_ms={}, cache=(),
+                      new_token_ids=tuple(range(walk if kept is None else kept)), **{**fields, **over})
+
+
+def test_the_chains_tokens_from_a_tree_round():
+    """issue #65 item 6: what the DFlash chain (the drafter's top-1 at each drafted depth) would have gained in the
+    same round, from the target's tokens the round verified: exact at the first mismatch or a full block, a lower
+    bound where the tree's path ended while the chain's top-1 still matched, capped at what a cut or last round
+    kept; nothing for rounds that cannot say."""
+    from ddtree_viz.analysis import chain_gain
+
+    assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1])) == (2, True)  # mismatch at depth 2: one draft + t_2
+    assert chain_gain(_walked([5, 6], 7, [8, 6, 7, 1])) == (1, True)  # at depth 1: the bonus alone
+    assert chain_gain(_walked([5, 6], 7, [5, 6])) == (3, True)  # every drafted depth accepted: the block
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9])) == (3, False)  # t_1, t_2 matched; depth 3 never verified
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9], kept=1)) == (1, True)  # cut: what it kept
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9]), final=True) == (2, True)  # the session stopped there
+    assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1], kept=1)) == (1, True)
+    for other in (dict(verify="naive"), dict(method="dflash"), dict(selector_pair=(0.0, 0.0, 0.0)),
+                  dict(draft_top_ids=(), draft_top_logprobs=())):
+        assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1], **other)) is None, other
+
+
+def test_a_sessions_speedup_with_the_chain_and_break_even():
+    """The page's study (speedup.session_speedup): predict's S(b) and best budget, the chain's point from the same
+    rounds (at its drafted length, a lower bound counted), the break-even budget over greedy (S >= 1)."""
+    steps = [_walked([5, 6, 7, 8], 9, [5, 6, 1, 1, 1, 1, 1]),  # chain: 3 tokens, exact
+             _walked([5], 6, [5, 6, 1, 1, 1, 1, 1])]  # chain: at least 3
+    costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 40.0}, greedy_ms=10.0, chain=12.0)
+    study = speedup.session_speedup(steps, costs, budget=4)
+    p = study.prediction
+    assert p == speedup.predict(steps, costs, chain_tau=3.0) and p.chain.tau == 3.0
+    assert study.chain_at_least == 1 and study.chain_nodes == 7 and study.chain_why is None
+    assert study.reach == 4 and study.unreached == [8] and 8 not in p.budgets
+    # S: 1.5*10/11 = 1.36, 2*10/12 = 1.67, 3*10/14 = 2.14 (best 4); break-even over greedy: 4
+    assert p.best_budget == 4 and study.pays_up_to == 4
+    slow = speedup.session_speedup(steps, _table({1: 11.0, 2: 12.0, 4: 40.0}), budget=4)
+    assert slow.prediction.best_budget == 2 and slow.pays_up_to == 2  # 3 * 10 / 40 = 0.75 < 1 at 4
+    never = speedup.session_speedup(steps, _table({1: 30.0, 2: 30.0, 4: 40.0}), budget=4)
+    assert never.pays_up_to is None
+    assert speedup.session_speedup(steps, _table({1: 11.0}, chain=None), budget=4).chain_why.startswith("the cost")
+    nogrid = [_walked([5], 6, [5, 6], draft_top_ids=(), draft_top_logprobs=())]
+    assert "not recorded" in speedup.session_speedup(nogrid, costs, budget=1).chain_why
+    with pytest.raises(InputError, match="no exact DDTree rounds"):
+        speedup.session_speedup([_walked([5], 6, [5, 6], verify="naive")], costs, budget=1)
+
+
 def test_degenerate_output_is_flagged_beside_the_page_throughput():
     """The page's stats table: a looping output gets a warning row beside the tokens/s rows."""
     from ddtree_viz.render.stats_view import stats_markdown
