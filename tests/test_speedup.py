@@ -346,6 +346,37 @@ def test_a_sessions_speedup_with_the_chain_and_break_even():
         speedup.session_speedup([_walked([5], 6, [5, 6], verify="naive")], costs, budget=1)
 
 
+def test_the_panel_draws_and_says_the_studys_own_figures():
+    """render/speedup_view.py: every number drawn or written is the study's (S per budget, the chain's point at its
+    drafted length, the session's budget, the break-even ring); text escaped; the no-costs state gives the command."""
+    from ddtree_viz.render.speedup_view import pays_html, pays_missing_html, pays_spec
+
+    steps = [_walked([5, 6, 7, 8], 9, [5, 6, 1, 1, 1, 1, 1]), _walked([5], 6, [5, 6, 1, 1, 1, 1, 1])]
+    costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 40.0})
+    costs = speedup.CostTable(**{**costs.__dict__, "device_name": "<b>cpu</b>"})
+    study = speedup.session_speedup(steps, costs, budget=4)
+    spec = pays_spec(study)
+    by = {t["name"]: t for t in spec.data}
+    curve = by["predicted S(b), DDTree"]
+    assert curve["x"] == [1, 2, 4] and curve["y"] == [study.prediction.budgets[b].speedup for b in (1, 2, 4)]
+    assert by["DFlash chain (at least)"]["x"] == [7] and by["DFlash chain (at least)"]["y"] == [2.5]
+    assert by["this session's budget (4)"]["x"] == [4, 4]
+    assert by["break-even budget (4)"]["x"] == [4]
+    assert json.loads(spec.to_json()) == json.loads(spec.figure().to_json())  # plotly checks every property
+    text = pays_html(study, first=1, last=2, device=costs.device_name)
+    assert "&lt;b&gt;cpu&lt;/b&gt;" in text and "<b>cpu</b>" not in text
+    assert "2 exact DDTree rounds" in text and "rounds 1–2" in text and "prediction" in text.lower()
+    assert f"S = {study.prediction.budgets[4].speedup:.2f}×" in text and "at least <b>4</b>" in text
+    assert "at least 2.50×" in text and "Measured budgets 8" in text
+    pts = study.prediction.budgets
+    assert "S ≥ 1 at budgets " + ", ".join(str(b) for b in sorted(pts) if pts[b].speedup >= 1) + "." in text
+    beats = [str(b) for b in sorted(pts) if pts[b].speedup >= study.prediction.chain.speedup]
+    assert beats == ["4"] and "as fast as the chain at <b>budget 4</b> (perhaps fewer" in text
+    missing = pays_missing_html("no costs <here>", "OMP_NUM_THREADS=1 python -m ddtree_viz bench --costs --x '<a>'")
+    assert "no costs &lt;here&gt;" in missing and "<code>OMP_NUM_THREADS=1 python -m ddtree_viz bench --costs" in missing
+    assert "&#x27;&lt;a&gt;&#x27;" in missing
+
+
 def test_degenerate_output_is_flagged_beside_the_page_throughput():
     """The page's stats table: a looping output gets a warning row beside the tokens/s rows."""
     from ddtree_viz.render.stats_view import stats_markdown
