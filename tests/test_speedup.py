@@ -249,46 +249,6 @@ def test_table_compiles(study_dir, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
 
 
-def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatch):
-    """The page's budget panel: no speed-up axis until this machine's costs are cached for the pair and engine
-    (`bench --costs` / analyze measure them), then S(b) of the rounds on screen, the best budget marked."""
-    from ddtree_viz.engine.costs import measure_costs
-    from ddtree_viz.page import actions
-    from ddtree_viz.page.host import ModelHost
-    from ddtree_viz.page.state import TabState, read_settings
-    from ddtree_viz.page.views import render_views
-    from tests import tiny
-
-    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "cache"))
-    dirs = tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path / "models")
-    host = ModelHost(str(dirs[0]), str(dirs[1]), "float32", "cpu", engine="transformers")
-    host.start(background=False)
-    tab = TabState()
-    values = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=24, verify="exact", method="ddtree")
-    for _ in range(3):
-        tab = actions.step(host, tab, read_settings(host, values))
-    names = lambda v: [t.get("name") for t in v.budget_spec.data]  # noqa: E731
-    notes = lambda v: " ".join(a.get("text", "") for a in v.budget_spec.layout["annotations"])  # noqa: E731
-    before = render_views(host, tab)
-    assert "predicted speed-up" not in names(before)
-    # issue #65 item 6: where no costs are measured, the panel says which command measures them
-    command = host.costs_command(8)
-    assert command.startswith("python -m ddtree_viz bench --costs --target ") and "--engine transformers" in command
-    assert "No speed-up axis yet" in notes(before)
-    assert "bench --costs" in notes(before).replace("<br>", " ")
-    ids = host.pair.tokenizer.encode("def f(x):\n")
-    table = measure_costs(host.pair, ids, [1, 2, 4, 8], engine="transformers", block_size=8, rounds=2)
-    assert set(table.rounds) == {1, 2, 4, 8} and table.greedy_ms > 0 and table.chain is not None
-    speedup.save_costs(table)
-    shown = render_views(host, tab)
-    trace = next(t for t in shown.budget_spec.data if t.get("name") == "predicted speed-up")
-    expected = speedup.predict(tab.session.history, table)
-    assert trace["x"] == [1, 2, 4, 8]
-    assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
-    assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])
-    assert "No speed-up axis yet" not in notes(shown)  # measured: no hint
-
-
 def _walked(path, bonus, top1, kept=None, **over):
     """A DDTree round whose accepted path holds the target's tokens `path` (depths 1..a, one node a depth) and the
     bonus `bonus`, over a drafter grid whose top-1 at depth d is top1[d - 1] (a second candidate beside it)."""
