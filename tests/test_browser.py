@@ -53,8 +53,10 @@ class _ModulePlaywright:
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    proc, url = serve()  # the embedded default pair
+def app_url(tmp_path_factory):
+    # the embedded default pair, with a costs cache of its own: no other test's measured costs reach its speed-up
+    # panel (the figures these tests count and measure are the same whatever ran before)
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(tmp_path_factory.mktemp("costs"))})
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -1363,3 +1365,57 @@ def test_a_long_check_says_its_estimate_shows_its_progress_and_stops(page):
     page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=180_000)
     assert "Stopped" not in page.locator("#ddv-status").inner_text()
     assert "identical to greedy for" in page.locator("#ddv-diff").inner_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #65 item 6: does the tree pay here?
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_speedup_panel_gives_the_command_then_draws_the_sessions_speedup(tmp_path):
+    """The Step tab's speed-up panel, as a user meets it: with no costs measured for this pair and machine, after a
+    Step it gives the command that measures them (and no figure); run as shown (fewer timed rounds), the next Steps
+    draw S(b) with its words beside it: the rounds it rests on, that it is a prediction. Nothing in it collides."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(cache)})
+    p, browser, page = open_page(url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        set_number(page, "ddv-budget-nodes", 8)
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        wait_status(page, "Round 1 of 1")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "No speed-up estimate yet" in text, text
+        assert page.locator("#ddv-pays .js-plotly-plot").count() == 0
+        command = page.locator("#ddv-pays-text code").inner_text()
+        assert "python -m ddtree_viz bench --costs" in command and "--budget 8" in command, command
+        env = {**os.environ, "DDTREE_VIZ_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+        run = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1) + " --cost-rounds 2", shell=True,
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and (cache / "costs.json").exists(), run.stderr[-2000:]
+        for k in (2, 3):
+            step.click()
+            wait_status(page, f"Round {k} of {k}")
+        page.locator("#ddv-pays .js-plotly-plot").wait_for(timeout=30_000)
+        page.locator("#ddv-pays").scroll_into_view_if_needed()
+        wait_status(page, "Round 3 of 3")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "Predicted from this session's 3 exact DDTree rounds (rounds 1–3)" in text, text
+        assert "This session's budget 8: S = " in text and "A prediction, not a measurement" in text, text
+        legend = page.locator("#ddv-pays .legend").text_content()
+        assert "predicted S(b), DDTree" in legend and "DFlash chain" in legend and "budget (8)" in legend, legend
+        assert page.locator("#ddv-pays .scatterlayer .trace").count() >= 4
+        figures = page.evaluate(FIGURE_BOXES_JS, "#ddv-pays-row")
+        assert [f["figure"] for f in figures] == ["ddv-pays"] and not collisions(figures), collisions(figures)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#ddv-pays-row").screenshot(path=str(ARTIFACTS / "pays-panel.png"))
+        page.screenshot(path=str(ARTIFACTS / "pays-page.png"), full_page=True)
+    finally:
+        browser.close()
+        p.stop()
+        proc.terminate()
+        proc.wait(timeout=30)
