@@ -132,6 +132,24 @@ def test_the_benchs_other_configs_compute_the_same_product():
                                        msg=label, **tol)
 
 
+def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
+    """int4_gemm.choose's launch for each row count a session runs (a step, a DFlash block, a verify at budget 64
+    and 128) and each of the 27B's output widths (narrow 5,120, between, wide 34,816), applied to a small product:
+    each gives the dequantized product (a launch's tiles, steps and slices, not the product's size, differ)."""
+    from ddtree_viz.engine import int4_gemm
+
+    parts, spec = quantized("group128-sym", 13)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for rows in (1, 16, 65, 129):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+        for n in (5120, 16384, 34816):
+            config = int4_gemm.choose(rows, n, 5120)
+            assert config.words and (config.split_k == 1 or rows <= 16), config
+            torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
+                                       msg=f"{rows} rows, {n} outputs: {config}", **tol)
+
+
 def test_a_kept_linear_on_the_device_is_its_dequantized_linear():
     """int4.Int4Linear (what a kept checkpoint's Linears become) computes the dequantized weight's product, with
     its bias; a weight that does not fit the input is refused, not read out of bounds."""
