@@ -986,7 +986,7 @@ def test_a_prefill_in_chunks_is_the_prefill_in_one_forward(monkeypatch):
     prefill's transients a chunk's: a 16k prompt on a 4-bit 27B fits a 24 GB card). In float32 the chunks give what
     one forward gives: the last position's logits, the drafter's features, and every layer's committed state, and
     the decode after it."""
-    from ddtree_viz.engine import runner as runner_module
+    from ddtree_viz.engine.runner import core as runner_module  # where prefill reads it
 
     target = tiny_pair("hybrid", seed=0, layers=8).target
     ids, prompt = [1, 6, 7], list(range(3, 40))
