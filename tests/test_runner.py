@@ -986,7 +986,7 @@ def test_a_prefill_in_chunks_is_the_prefill_in_one_forward(monkeypatch):
     prefill's transients a chunk's: a 16k prompt on a 4-bit 27B fits a 24 GB card). In float32 the chunks give what
     one forward gives: the last position's logits, the drafter's features, and every layer's committed state, and
     the decode after it."""
-    from ddtree_viz.engine import runner as runner_module
+    from ddtree_viz.engine.runner import core as runner_module  # where prefill reads it
 
     target = tiny_pair("hybrid", seed=0, layers=8).target
     ids, prompt = [1, 6, 7], list(range(3, 40))
@@ -1006,8 +1006,8 @@ def test_the_prefill_writes_transformers_cache_into_the_runners_buffers():
     """The prefill's attention layers write into the runner's own key / value buffers (cache.BufferLayer: no second
     copy of the cache at 16k tokens), chunk by chunk: the rows are transformers' own cache of the same forward, the
     GDN states too, and rows past the prompt are untouched."""
-    from ddtree_viz.engine import runner as runner_module
     from ddtree_viz.engine.cache import new_cache
+    from ddtree_viz.engine.runner import core as runner_module  # where prefill reads it
 
     target = tiny_pair("hybrid", seed=0, layers=8).target
     prompt = list(range(3, 40))
@@ -1024,12 +1024,12 @@ def test_the_prefill_writes_transformers_cache_into_the_runners_buffers():
             runner_module.PREFILL_CHUNK = kept
         n = len(prompt)
         for i, layer in enumerate(reference.layers):
-            if i in runner.conv:
-                torch.testing.assert_close(runner.rec[i], layer.recurrent_states[0][0].to(runner.rec[i].dtype))
+            if i in runner.buffers.conv:
+                torch.testing.assert_close(runner.buffers.rec[i], layer.recurrent_states[0][0].to(runner.buffers.rec[i].dtype))
                 continue
-            torch.testing.assert_close(runner.keys[i][:, :, :n], layer.keys, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(runner.values[i][:, :, :n], layer.values, rtol=1e-5, atol=1e-5)
-            assert bool((runner.keys[i][:, :, n:] == 7.0).all()), "rows past the prompt were written"
+            torch.testing.assert_close(runner.buffers.keys[i][:, :, :n], layer.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(runner.buffers.values[i][:, :, :n], layer.values, rtol=1e-5, atol=1e-5)
+            assert bool((runner.buffers.keys[i][:, :, n:] == 7.0).all()), "rows past the prompt were written"
 
 
 def test_a_buffer_layer_refuses_rows_past_its_buffer():
