@@ -983,7 +983,7 @@ def test_report_loads_take_no_turn_in_the_one_at_a_time_queue():
 
     demo = build_app(ModelHost(None, None, "float32", "cpu"))
     fns = {f.api_name: f for f in demo.fns.values()}
-    for name in ("report_dir", "report_upload", "report_round"):
+    for name in ("report_dir", "report_upload", "report_round", "download_misses"):
         assert fns[name].concurrency_id == "reports" and fns[name].concurrency_limit == REPORT_EVENTS > 1
 
 

@@ -53,8 +53,10 @@ class _ModulePlaywright:
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    proc, url = serve()  # the embedded default pair
+def app_url(tmp_path_factory):
+    # the embedded default pair, with a costs cache of its own: no other test's measured costs reach its speed-up
+    # panel (the figures these tests count and measure are the same whatever ran before)
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(tmp_path_factory.mktemp("costs"))})
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -774,6 +776,57 @@ def test_analyze_tab_shows_a_report_and_a_click_opens_its_round(app_url, report_
         p.stop()
 
 
+def test_a_miss_opens_its_round_and_the_misses_download_is_this_browsers(app_url, report_dir):
+    """Issue #68 item 2 in the Analyze tab: the report lists every miss by prompt, each round a link; a click opens
+    that round (misses.jsonl's, held to its trace) in the Step tab; 'Download misses (.jsonl)' saves the very file
+    `analyze --misses` wrote for this report, served to this browser only (another browser asking for it: 404)."""
+    import json
+
+    from ddtree_viz.trace import Trace
+
+    cli = (report_dir.parent / "misses.jsonl").read_bytes()  # analyze --misses (tests/test_analyze_page.py)
+    rows = [json.loads(line) for line in cli.decode("utf-8").splitlines()]
+    row = max((r for r in rows if r["side"] == "ddtree"), key=lambda r: (r["round"], r["trace"]))
+    trace = Trace.load(report_dir / row["trace"])
+    assert row["depth"] == len(trace.steps[row["round"] - 1].accepted)
+    p, browser, page = open_page(app_url)
+    stranger = chromium().new_context()
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.locator("#ddv-report-path textarea, #ddv-report-path input").first.fill(str(report_dir))
+        page.get_by_role("button", name="Load directory").click()
+        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('Report:')",
+                               timeout=60_000)
+        links = page.locator("#ddv-report #miss-rounds a.ddv-open-round")
+        assert links.count() == len(rows) > 0
+        assert [(a["file"], int(a["round"]) + 1) for a in links.evaluate_all(
+            "(ls) => ls.map((a) => ({file: a.dataset.file, round: a.dataset.round}))")] == [
+            (r["trace"], r["round"]) for r in rows]
+        with page.expect_download(timeout=60_000) as download:
+            page.get_by_role("button", name="Download misses (.jsonl)").click()
+        ARTIFACTS.mkdir(exist_ok=True)
+        saved = ARTIFACTS / "analyze-misses.jsonl"
+        download.value.save_as(str(saved))
+        assert download.value.suggested_filename == "misses-p.jsonl" and saved.read_bytes() == cli
+        url = download.value.url
+        assert page.request.get(url).status == 200
+        other = stranger.new_page()
+        other.goto(app_url)  # another browser, with a cookie of its own
+        assert other.request.get(url).status == 404
+        page.locator("#ddv-report #miss-rounds").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "analyze-miss-rounds.png"))
+        page.locator(f"#miss-rounds a.ddv-open-round[data-file='{row['trace']}']"
+                     f"[data-round='{row['round'] - 1}']").click()
+        wait_status(page, f"Round {row['round']} of {len(trace.steps)} (replay")
+        assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+        assert page.locator("#ddv-round input[type=number]").input_value() == str(row["round"])
+        assert f"stopped at depth {row['depth']}" in page.locator("#ddv-stop").inner_text()
+    finally:
+        stranger.close()
+        browser.close()
+        p.stop()
+
+
 def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
     """Analyze tab, 'run a prompt set here': two prompts of a shipped set on the loaded model, a progress line while
     it runs, then its report (figures, one row a prompt, identical to greedy) and a click opens one of its rounds."""
@@ -1312,3 +1365,57 @@ def test_a_long_check_says_its_estimate_shows_its_progress_and_stops(page):
     page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=180_000)
     assert "Stopped" not in page.locator("#ddv-status").inner_text()
     assert "identical to greedy for" in page.locator("#ddv-diff").inner_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #65 item 6: does the tree pay here?
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_speedup_panel_gives_the_command_then_draws_the_sessions_speedup(tmp_path):
+    """The Step tab's speed-up panel, as a user meets it: with no costs measured for this pair and machine, after a
+    Step it gives the command that measures them (and no figure); run as shown (fewer timed rounds), the next Steps
+    draw S(b) with its words beside it: the rounds it rests on, that it is a prediction. Nothing in it collides."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(cache)})
+    p, browser, page = open_page(url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        set_number(page, "ddv-budget-nodes", 8)
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        wait_status(page, "Round 1 of 1")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "No speed-up estimate yet" in text, text
+        assert page.locator("#ddv-pays .js-plotly-plot").count() == 0
+        command = page.locator("#ddv-pays-text code").inner_text()
+        assert "python -m ddtree_viz bench --costs" in command and "--budget 8" in command, command
+        env = {**os.environ, "DDTREE_VIZ_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+        run = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1) + " --cost-rounds 2", shell=True,
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and (cache / "costs.json").exists(), run.stderr[-2000:]
+        for k in (2, 3):
+            step.click()
+            wait_status(page, f"Round {k} of {k}")
+        page.locator("#ddv-pays .js-plotly-plot").wait_for(timeout=30_000)
+        page.locator("#ddv-pays").scroll_into_view_if_needed()
+        wait_status(page, "Round 3 of 3")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "Predicted from this session's 3 exact DDTree rounds (rounds 1–3)" in text, text
+        assert "This session's budget 8: S = " in text and "A prediction, not a measurement" in text, text
+        legend = page.locator("#ddv-pays .legend").text_content()
+        assert "predicted S(b), DDTree" in legend and "DFlash chain" in legend and "budget (8)" in legend, legend
+        assert page.locator("#ddv-pays .scatterlayer .trace").count() >= 4
+        figures = page.evaluate(FIGURE_BOXES_JS, "#ddv-pays-row")
+        assert [f["figure"] for f in figures] == ["ddv-pays"] and not collisions(figures), collisions(figures)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#ddv-pays-row").screenshot(path=str(ARTIFACTS / "pays-panel.png"))
+        page.screenshot(path=str(ARTIFACTS / "pays-page.png"), full_page=True)
+    finally:
+        browser.close()
+        p.stop()
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -329,10 +329,10 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
 
 
 def test_the_benchs_other_configs_compute_the_same_product():
-    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (benchmarks/gpu/fp8.py gemm_configs) on the model's bf16
-    activations: each one runs and gives the dequantized product (to bf16's rounding of the output). In float32 the
-    neighbour with 4 stages of 128-row tiles needs 306 KiB of shared memory, more than an H200 has; the bench never
-    runs it in float32, and choose() never picks 4 stages."""
+    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (benchmarks/gpu/fp8.py gemm_configs) on the
+    model's bf16 activations: each one runs and gives the dequantized product (to bf16's rounding of the output). In
+    float32 the neighbour with 4 stages of 128-row tiles needs 306 KiB of shared memory, more than an H200 has; the
+    bench never runs it in float32, and choose() never picks 4 stages."""
     from ddtree_viz.benchmarks.gpu.fp8 import gemm_configs
     from ddtree_viz.engine import fp8_gemm
 

@@ -114,8 +114,8 @@ def test_the_one_row_kernel_needs_whole_groups():
 
 def test_the_benchs_other_configs_compute_the_same_product():
     """gpu_bench --int4 times int4_gemm.choose's config beside its neighbours and, at one row, the kernel on the CUDA
-    cores (benchmarks/gpu/int4.py int4_configs) on the model's bf16 activations: each one runs and gives the dequantized product (to
-    bf16's rounding of the output; float32 in the interpreter)."""
+    cores (benchmarks/gpu/int4.py int4_configs) on the model's bf16 activations: each one runs and gives the dequantized
+    product (to bf16's rounding of the output; float32 in the interpreter)."""
     from ddtree_viz.benchmarks.gpu.int4 import int4_configs
     from ddtree_viz.engine import int4_gemm
 

@@ -145,8 +145,8 @@ def format_choices(source: str, path: str = "<source>") -> list[str]:
     return sorted(found, key=lambda f: int(f.split(":")[1].split()[0]))
 
 
-# The benchmarks' --fp8 / --int4 flags name which random weights a bench run builds (benchmarks/gpu/: weights == "fp8"); they
-# never read a checkpoint's config, so they are no format choice.
+# The benchmarks' --fp8 / --int4 flags name which random weights a bench run builds (benchmarks/gpu/: weights ==
+# "fp8"); they never read a checkpoint's config, so they are no format choice.
 NOT_CHECKED = ("ddtree_viz/engine/weights/", "ddtree_viz/benchmarks/")
 
 

@@ -6,7 +6,6 @@ prompt-set loop, the summary from the written traces only, the report), one proc
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ from pathlib import Path
 from .. import analysis
 from ..errors import InputError
 from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
-from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
+from ..promptset.files import (BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, set_dirname,
+                                write_json)
 from ..promptset.resume import reconcile
 from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_output_path,
                      check_settings, decode_settings, load_models)
@@ -132,12 +132,6 @@ def command(args) -> int:
     if all(s is not None for s in studies.values()) and not args.no_speedup:
         _write_table(args, Path(args.out), studies)
     return code
-
-
-def set_dirname(prompts: str) -> str:
-    """A set's folder under DIR: its file's stem or its name, in safe characters."""
-    name = Path(prompts).stem if Path(prompts).suffix else prompts
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.removeprefix("hf:")).strip("-.") or "set"
 
 
 def _one_set(args, prompts: str, out: Path) -> int:

@@ -28,8 +28,9 @@ and two shape-static functions, captured as CUDA graphs per tree size and attent
 Each layer kind is written once, from engine/fused.py's pure pieces, which run as they are or through
 torch.compile (`Pieces`: gpt-fast's habit, one function either way). Greedy decoding is the one-node tree (T = 1,
 path [0]), so greedy and DDTree run the same code. The runner is driven through engines.RunnerEngine
-(DecodeSession, EngineGreedy), which also sizes it. The prefill runs transformers' own forward once and copies its
-cache in. The tree size T is padded up to the nearest captured size with inert nodes (children of the root that
+(DecodeSession, EngineGreedy), which also sizes it. The prefill runs transformers' own forward, in chunks of
+PREFILL_CHUNK tokens, its attention layers' cache writing into the runner's own buffers (cache.BufferLayer), and
+copies the GDN states in. The tree size T is padded up to the nearest captured size with inert nodes (children of the root that
 nothing descends from).
 
 Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
@@ -68,11 +69,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
-from .cache import layer_types
+from .cache import layer_types, prefill_cache
 from . import fused as fz, pdl
 from .launch import LaunchAhead, device_word
 from .delta_rule.dispatch import (
@@ -695,25 +695,22 @@ class StaticRunner:
 
     @torch.no_grad()
     def prefill(self, prompt_ids: list[int]):
-        """transformers' own forward over the prompt, its cache copied in. Returns (logits [vocab] fp32 of the
-        last position, context features [n, F] or None)."""
+        """transformers' own forward over the prompt in chunks, its attention rows written into the runner's
+        buffers as it goes (cache.prefill_cache: no second copy) and its GDN states copied in. Returns (logits
+        [vocab] fp32 of the last position, context features [n, F] or None)."""
         if len(prompt_ids) + 2 * self.max_path + max(self.sizes) > self.max_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_len {self.max_len}")
         self.release_ahead()
-        cache = DynamicCache(config=self.target.config)
+        cache = prefill_cache(self.target, self.keys, self.values)  # attention rows written in place
         ids = torch.tensor([prompt_ids], device=self.device)
         with sdpa_backends(self.device), self._features_kept() as kept:
             for start in range(0, ids.shape[1], PREFILL_CHUNK):  # the cache carried from chunk to chunk
                 out = self.target(input_ids=ids[:, start:start + PREFILL_CHUNK], cache=cache, use_cache=True,
                                   logits_to_keep=1)
         n = len(prompt_ids)
-        for i, layer in enumerate(cache.layers):
-            if i in self.conv:
-                self.conv[i].copy_(layer.conv_states[0][0])
-                self.rec[i].copy_(layer.recurrent_states[0][0])
-            else:
-                self.keys[i][:, :, :n].copy_(layer.keys)
-                self.values[i][:, :, :n].copy_(layer.values)
+        for i in self.conv:
+            self.conv[i].copy_(cache.layers[i].conv_states[0][0])
+            self.rec[i].copy_(cache.layers[i].recurrent_states[0][0])
         self.committed = n
         self.committed_t.fill_(n)
         feats = (torch.cat([torch.cat(kept[i], dim=1)[0] for i in self.feature_layer_ids], dim=-1)

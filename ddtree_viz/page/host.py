@@ -158,14 +158,20 @@ class ModelHost:
 
         return cached_costs(pair_key(self.pair, self.exact_engine, block_size))
 
-    def costs_command(self, block_size: int) -> str:
+    def costs_command(self, block_size: int, budget: int | None = None) -> str:
         """The command that measures this machine's cost table for the loaded pair at `block_size` (what costs()
-        reads): what the budget panel says where no table is measured yet (issue #65 item 6)."""
+        reads), at powers of two up to `budget` and `budget` itself: what the speed-up panel says where no table is
+        measured yet (issue #65 item 6). On a CPU the table's key names the torch threads (engine/costs.py:
+        device_name), so the command runs with this process's count: `bench` on its own takes every core, and its
+        table would never be the one the page looks up."""
         target, draft, dtype, device = self.args
         models = "".join(f" --{flag} {shlex.quote(str(value))}" for flag, value in (("target", target), ("draft", draft))
                          if value is not None)
-        return (f"python -m ddtree_viz bench --costs{models} --dtype {dtype} --device {device} --engine "
-                f"{self.exact_engine} --block-size {block_size}")
+        from ..engine.costs import on_threads
+
+        threads = f"OMP_NUM_THREADS={_threads()} " if self.pair is not None and on_threads(self.pair) else ""
+        return (f"{threads}python -m ddtree_viz bench --costs{models} --dtype {dtype} --device {device} --engine "
+                f"{self.exact_engine} --block-size {block_size}" + (f" --budget {budget}" if budget else ""))
 
     @property
     def exact_engine(self) -> str:

@@ -219,6 +219,8 @@ class LoadedReport:
     files: dict[str, Path]
     note: str = ""  # what else the page should say (summary.json differs from its traces, files ignored, ...)
     folder: Path | None = None  # the tab's own copy its files are in (uploads, a set run here): deleted when replaced
+    misses: tuple[dict, ...] = ()  # misses.jsonl's rows for it (promptset/misses.py), its 'Download misses' file
+    set_name: str = ""  # the set's name in those rows ("" without prompts.json)
 
 
 @dataclass
@@ -310,8 +312,9 @@ class TabState:
             shutil.rmtree(folder, ignore_errors=True)
 
     def new_folder(self, kind: str) -> Path:
-        """An empty folder for the file this tab offers for download (`kind`: "trace", "supplement" or "export"): the tab's
-        earlier file of that kind is deleted first (gradio serves its own copy of what a handler returned)."""
+        """An empty folder for the file this tab offers for download (`kind`: "trace", "supplement", "export" or
+        "misses"): the tab's earlier file of that kind is deleted first (gradio serves its own copy of what a handler
+        returned)."""
         with self.lock:
             sub = self._own_folder() / kind
             shutil.rmtree(sub, ignore_errors=True)

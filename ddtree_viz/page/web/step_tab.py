@@ -40,6 +40,7 @@ FILL = {
     "tree_b_spec": lambda v: gr.Plot(value=v.tree_b_spec, visible=v.tree_b_spec is not None),
     "compare": lambda v: gr.HTML(value=v.compare, visible=v.tree_b_spec is not None),
     "inspect": lambda v: gr.Dropdown(choices=v.node_choices, value=v.inspect),
+    "pays_spec": lambda v: gr.Plot(value=v.pays_spec, visible=v.pays_spec is not None),  # no costs: the words only
 }
 
 
@@ -200,6 +201,14 @@ class StepTab:
         gr.Markdown("**Output vs the target's own decoding** (greedy, or sampled with the same seed)",
                     elem_id="ddv-diff-heading")
         v["diff_html"] = gr.HTML(elem_id="ddv-diff")
+        # the question a user came with (issue #65 item 6): the numbers beside the figure, the command that measures
+        # this machine's costs where none are
+        gr.Markdown("**Does the tree pay here? Speed-up over greedy by budget** (predicted from this session's "
+                    "rounds and this machine's measured costs)", elem_id="ddv-pays-heading")
+        with gr.Row(elem_id="ddv-pays-row"):
+            v["pays_spec"] = gr.Plot(label="Speed-up over greedy by budget (predicted)", visible=False,
+                                     elem_id="ddv-pays")
+            v["pays_html"] = gr.HTML(elem_id="ddv-pays-text")
         with gr.Row():
             v["acceptance_spec"] = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
             v["depth_spec"] = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
