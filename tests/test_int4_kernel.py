@@ -114,16 +114,16 @@ def test_the_one_row_kernel_needs_whole_groups():
 
 def test_the_benchs_other_configs_compute_the_same_product():
     """gpu_bench --int4 times int4_gemm.choose's config beside its neighbours and, at one row, the kernel on the CUDA
-    cores (gpu.int4_configs) on the model's bf16 activations: each one runs and gives the dequantized product (to
-    bf16's rounding of the output; float32 in the interpreter)."""
-    from ddtree_viz.benchmarks import gpu
+    cores (benchmarks/gpu/int4.py int4_configs) on the model's bf16 activations: each one runs and gives the dequantized
+    product (to bf16's rounding of the output; float32 in the interpreter)."""
+    from ddtree_viz.benchmarks.gpu.int4 import int4_configs
     from ddtree_viz.engine import int4_gemm
 
     parts, spec = quantized("group128-sym", 11)
     dtype = torch.bfloat16 if CUDA else torch.float32
     for rows in (1, 65):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
-        configs = gpu.int4_configs(int4_gemm, rows, 256, 128)
+        configs = int4_configs(int4_gemm, rows, 256, 128)
         assert configs["chosen"] == int4_gemm.choose(rows, 64, 256) and len(configs) >= 6
         assert any(c.gemv for c in configs.values()) == (rows == 1)
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)

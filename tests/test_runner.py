@@ -588,10 +588,10 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
 
 
 def test_chained_greedy_steps_decode_greedys_tokens(pair, greedy):
-    """The bench's greedy step with no read between steps (benchmarks/gpu.py chained_greedy_stepper: each one-node
-    tree's token the last step's choice on the device, forward_tensors and queue_walk) decodes greedy's tokens, and
+    """The bench's greedy step with no read between steps (benchmarks/gpu/runner.py chained_greedy_stepper: each
+    one-node tree's token the last step's choice on the device, forward_tensors and queue_walk) decodes greedy's tokens, and
     the runner's state after them is the host-read greedy's."""
-    from ddtree_viz.benchmarks.gpu import chained_greedy_stepper
+    from ddtree_viz.benchmarks.gpu.runner import chained_greedy_stepper
 
     prompt, ref = greedy
     runner, host = make_runner(pair), make_runner(pair)
