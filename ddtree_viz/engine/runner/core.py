@@ -170,7 +170,7 @@ class StaticRunner:
         self.release_ahead()
         cache = prefill_cache(self.target, self.buffers.keys, self.buffers.values)  # attention rows written in place
         ids = torch.tensor([prompt_ids], device=self.device)
-        with sdpa_backends(self.device), self._features_kept() as kept:
+        with sdpa_backends(self.device), self._features_kept(len(prompt_ids)) as feats:
             for start in range(0, ids.shape[1], PREFILL_CHUNK):  # the cache carried from chunk to chunk
                 out = self.target(input_ids=ids[:, start:start + PREFILL_CHUNK], cache=cache, use_cache=True,
                                   logits_to_keep=1)
@@ -178,25 +178,34 @@ class StaticRunner:
         self.buffers.load_states(cache)
         self.committed = n
         self.committed_t.fill_(n)
-        feats = (torch.cat([torch.cat(kept[i], dim=1)[0] for i in self.feature_layer_ids], dim=-1)
-                 if self.feature_layer_ids else None)
         return out.logits[0, -1].float(), feats
 
     @contextmanager
-    def _features_kept(self):
-        """The drafter's context features of a prefill, kept by hooks as the forward makes them: layer i's output
-        (the last layer's through the final norm, as transformers' hidden_states[L] is), what
-        output_hidden_states=True gives at [i + 1], without holding every layer's (65 x 42 MB at 4,096 tokens of a
-        27B model: 2.7 GB at the prefill's peak)."""
-        kept: dict[int, list[torch.Tensor]] = {i: [] for i in self.feature_layer_ids}  # a tensor a chunk
+    def _features_kept(self, n: int):
+        """The drafter's context features of an n-token prefill, [n, F] (None without feature layers), written by
+        hooks as the forward makes them, chunk by chunk, into their columns: layer i's output (the last layer's
+        through the final norm, as transformers' hidden_states[L] is), what output_hidden_states=True gives at
+        [i + 1]. Not every layer's hidden state (65 x 42 MB at 4,096 tokens of a 27B model), and no chunk kept to
+        be joined after (twice the features at the prefill's end: 1.7 GB at 16k tokens)."""
+        ids = self.feature_layer_ids
+        if not ids:
+            yield None
+            return
+        width = self.target.config.get_text_config().hidden_size
+        feats = torch.empty(n, width * len(ids), dtype=self.dtype, device=self.device)
+        done = dict.fromkeys(ids, 0)  # rows written so far, per layer
         last = len(self.layers) - 1
-        hooks = []
-        for i in kept:  # a layer named twice (a toy drafter's ids) hooked once
-            module = self.target.model.norm if i == last else self.layers[i]
-            hooks.append(module.register_forward_hook(
-                lambda m, args, out, i=i: kept[i].append(out[0] if isinstance(out, tuple) else out)))
+
+        def keep(i, module, args, out):
+            rows = (out[0] if isinstance(out, tuple) else out)[0]
+            for j in (j for j, layer in enumerate(ids) if layer == i):  # a layer named twice fills both
+                feats[done[i]:done[i] + rows.shape[0], j * width:(j + 1) * width].copy_(rows)
+            done[i] += rows.shape[0]
+
+        hooks = [(self.target.model.norm if i == last else self.layers[i]).register_forward_hook(partial(keep, i))
+                 for i in done]  # a layer named twice (a toy drafter's ids) hooked once
         try:
-            yield kept
+            yield feats
         finally:
             for h in hooks:
                 h.remove()
