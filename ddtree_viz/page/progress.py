@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..registry import REFERENCE_ENGINE
 
 FIRST_CHUNK = 2  # tokens a check decodes before it tells the page anything, where nothing is measured yet
+TURN_ROUNDS = 8  # a round's time, for a check's turn of the model: the mean of the session's last rounds
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,21 @@ def chunk_tokens(pace: Pace | None, seconds: float) -> int:
     if pace is None or pace.token_s <= 0:
         return FIRST_CHUNK
     return max(1, int(seconds / pace.token_s))
+
+
+def round_s(history) -> float | None:
+    """A round's engine time in seconds: the mean of the last TURN_ROUNDS rounds' (StepRecord.timings_ms) of a
+    session's `history`; None with no rounds."""
+    last = history[-TURN_ROUNDS:]
+    return sum(sum(r.timings_ms.values()) for r in last) / len(last) / 1e3 if last else None
+
+
+def turn_tokens(pace: Pace | None, round_seconds: float | None) -> int:
+    """Tokens a check decodes in one turn of the shared model: about one round's time at `pace` (so another tab's
+    Step, waiting its turn, waits about one round of this tab's), at least one; one while either is unknown."""
+    if pace is None or round_seconds is None:
+        return 1
+    return chunk_tokens(pace, round_seconds)
 
 
 @dataclass(frozen=True)
