@@ -266,6 +266,57 @@ def test_reset_during_run_stays_reset_and_run_on_a_finished_session_keeps_the_pa
     assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
 
 
+def test_a_step_in_another_tab_waits_about_a_round_while_one_tab_runs_and_checks(tmp_path):
+    """Issue #65 item 8, one tab does not stall another: tab A runs 256 tokens and checks them; tab B's Step (its
+    own prompt) is drawn while A's Run is still going and, again, while A's check is still going. The app's model
+    lock is timed (benchmarks.page.timed_app, every turn noted): A's check took the model in turns about as long
+    as its Run's rounds (the median turn at most twice a round's), so a Step of B waited about one round of A's.
+    It took 0.5 s of tokens a turn (2.2 s on a loaded machine): 7-30x a round. Each tab shows its own result,
+    identical to greedy."""
+    import statistics
+
+    from ddtree_viz.benchmarks.page import TAB_STATE_JS, TAB_STEP_JS, TIMED_APP, read_turns
+
+    turns = tmp_path / "turns.jsonl"
+    proc, url = serve(program=("-c", TIMED_APP, str(turns)))
+    try:
+        _, context_a, a = open_page(url)
+        _, context_b, b = open_page(url)
+        set_number(a, "ddv-max-new", 256)  # the page's default prompt, block size 4: ~66 rounds
+        set_number(a, "ddv-block", 4)
+        b.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        a.get_by_role("button", name="Run", exact=True).click()
+        a.wait_for_function("/Round ([2-9]|[1-9][0-9]+) of/.test(document.querySelector('#ddv-status').innerText)",
+                            timeout=60_000)
+        b.get_by_role("button", name="Step", exact=True).click()
+        wait_status(b, "Round 1 of 1")  # B's tree drawn ...
+        assert not a.evaluate(TAB_STATE_JS)["finished"], "tab B's Step waited for tab A's whole Run"  # ... in A's Run
+        b.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
+        a.wait_for_function("(s => s.includes('Finished') && s.includes('Checking against the reference'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert b.evaluate(TAB_STEP_JS, 2)["tree"] is not None
+        assert a.evaluate(TAB_STATE_JS)["checking"], "tab B's Step waited for tab A's whole check"
+        a.wait_for_function("(s => s.includes('Finished') && !s.includes('Checking'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert "identical to greedy" in a.locator("#ddv-diff").inner_text()
+        assert "class Stack" in a.locator("#ddv-prompt-view").inner_text()
+        assert "identical to greedy" in b.locator("#ddv-diff").inner_text()
+        assert "def fibonacci" in b.locator("#ddv-prompt-view").inner_text()
+        context_a.close()
+        context_b.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    noted = read_turns(str(turns))
+    a_tab = next(t[4] for t in noted if t[3] == "run_rounds")
+    held = lambda who: [(t[2] - t[1]) * 1e3 for t in noted if t[3] == who and t[4] == a_tab]  # noqa: E731
+    rounds, checks = held("run_rounds"), held("check_rounds")
+    assert len(rounds) > 20 and len(checks) > 10, (len(rounds), len(checks))
+    assert statistics.median(checks) <= 2 * statistics.median(rounds), (
+        f"A's check held the model {statistics.median(checks):.0f} ms a turn (median; {max(checks):.0f} ms at most), "
+        f"its Run {statistics.median(rounds):.0f} ms a round: a Step of another tab waited that long")
+
+
 @pytest.fixture()
 def replay_page(tmp_path):
     """The app in replay mode (no model) on a trace whose tokens hold quotes, ampersands, angle brackets and <br>."""
