@@ -344,10 +344,23 @@ TAB_STATE_JS = f"""
 
 
 def _tab_step(page, k: int) -> dict:
+    clicked = time.perf_counter()  # (about the click: the same clock as timed_app's turns)
     step = page.evaluate(TAB_STEP_JS, k)
     if step["checked"] is None:
         raise RuntimeError(f"Step {k} did not answer in 300 s; the status: {step['late']!r}")
-    return step
+    return {**step, "clicked": clicked}
+
+
+def _step_parts(step: dict, turns: list[list]) -> dict | None:
+    """Where a Step's click to its tree went, from its turn of the model (the first `step` turn asked after the
+    click): to the lock (gradio, the handler), waiting for it, holding it (the round), then the rest (its views,
+    their way to the browser, the browser's drawing)."""
+    mine = [t for t in turns if t[3] == "step" and t[0] >= step["clicked"]]
+    if not mine or step["tree"] is None:
+        return None
+    asked, granted, released = mine[0][:3]
+    return {"to_lock_ms": (asked - step["clicked"]) * 1e3, "wait_ms": (granted - asked) * 1e3,
+            "held_ms": (released - granted) * 1e3, "after_ms": step["tree"] - (released - step["clicked"]) * 1e3}
 
 
 def two_tab_figures(args, chromium: str) -> dict:
@@ -387,6 +400,8 @@ def two_tab_figures(args, chromium: str) -> dict:
         rounds = a.evaluate(TAB_STATE_JS)["round"]
         browser.close()
         turns = read_turns(f"{tmp}/turns.jsonl", since=start)
+    for d in during:
+        d["parts"] = _step_parts(d, turns)
     engine = next((line.split("\t")[-1] for line in stats.splitlines() if line.startswith("engine time per round")),
                   None)
     b_tab = next((t[4] for t in turns if t[3] == "step"), None)  # (A only runs)
@@ -417,9 +432,10 @@ def _print_two_tabs(t: dict) -> None:
         some = [d for d in during if d["a_phase"] == phase]
         if some:
             w = max(some, key=lambda d: d["tree"] or d["drawn"])
+            parts = w["parts"] and ", ".join(f"{k[:-3].replace('_', ' ')} {v:.0f}" for k, v in w["parts"].items())
             print(f"  during A's {phase}: {len(some)} Steps, worst {w['tree'] or w['drawn']:.0f} ms to the tree "
                   f"(status at {w['drawn']:.0f} ms, checked at {w['checked']:.0f} ms; A's status went on "
-                  f"{w['a_rounds_meanwhile']} round(s) meanwhile)")
+                  f"{w['a_rounds_meanwhile']} round(s) meanwhile; in ms: {parts})")
     a, b = t["a_turns"], t["b_turns"]
     if a["turns"] and b["turns"]:
         print(f"the model lock from A's click on: A's {a['turns']} turns held {a['hold_ms_median']:.0f} ms at the "
