@@ -46,11 +46,12 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
     """Decode `items` (read_prompts' dicts) into out/traces/ with `settings`, yielding a PromptDone after each.
 
     both: each prompt with `settings` (DDTree) and then with the DFlash chain (NNNN.dflash.json), the same settings
-    otherwise. resume: a side whose trace exists and loads is skipped (one that does not load is decoded again). stop: checked before each prompt and between rounds;
-    once true the loop ends (a prompt stopped inside writes nothing). lock: held around each prefill, round, token
-    of the reference and trace (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next
-    prompt of that side (no new static state or graph capture per prompt); fresh ones after a failure, which may
-    have left them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
+    otherwise. resume: a side whose trace exists and loads is skipped (one that does not load is decoded again).
+    stop: checked before each prompt, between rounds and between the reference's tokens; once true the loop ends (a
+    prompt stopped inside writes nothing). lock: held around each prefill, round, token of the reference and trace
+    (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next prompt of
+    that side (no new static state or graph capture per prompt); fresh ones after a failure, which may have left
+    them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
     process); None writes none. side: the files' side (PRECISION_B: the audit's second configuration, NNNN.b.json)."""
     sides = [(settings, side)] + ([(settings.replace(method=DFLASH), DFLASH)] if both else [])
     engines: dict[str, dict] = {name: {} for _, name in sides}  # side -> DecodeSession's runtime engines
