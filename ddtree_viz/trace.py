@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from .errors import TraceError
 from .files import read_limited
+from .words import plural
 from .options import DRAFTER_FAMILIES, MARGINAL, MAX_TOP_K, METHODS, TREE_SCORINGS, VERIFY_MODES
 from .treeops import check_parents, depths_of, follow, is_parent_chain
 
@@ -254,7 +255,8 @@ def _named(load: Callable[[], Any], path: str | Path, name: str | None) -> Any:
     try:
         return load()
     except TraceError as exc:
-        if shown in str(exc):
+        # (the file reader's own messages name it already; a name that merely occurs in a message does not count)
+        if f"trace file {shown}" in str(exc) or f"trace file not found: {shown}" in str(exc):
             raise
         raise TraceError(f"trace file {shown}: {exc}") from None
 
@@ -277,7 +279,7 @@ def _read(path: str | Path, name: str | None = None) -> str:
     """A trace file's text: at most MAX_TRACE_BYTES, UTF-8; messages call it `name` (default: its path)."""
     shown = name if name is not None else str(path)
     return read_limited(path, MAX_TRACE_BYTES, "trace file", shown=shown, error=TraceError,
-                        too_large=lambda size: f"trace file {shown} is {size:,} bytes; a trace may be at most "
+                        too_large=lambda size: f"trace file {shown} is {plural(size, 'byte')}; a trace may be at most "
                                                f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
 
 
@@ -324,7 +326,8 @@ def parse_json(text: str | bytes, what: str = "trace") -> Any:
     """JSON text -> data, every failure a TraceError: too large, not JSON, a number too long to read, nesting too
     deep (json's own RecursionError, or more than MAX_NESTING levels)."""
     if len(text) > MAX_TRACE_BYTES:
-        raise TraceError(f"the {what} is {len(text):,} characters; a trace may be at most {MAX_TRACE_BYTES // 2**20} MiB "
+        raise TraceError(f"the {what} is {plural(len(text), 'character')}; a trace may be at most "
+                         f"{MAX_TRACE_BYTES // 2**20} MiB "
                          f"({MAX_TRACE_BYTES:,} bytes)")
     try:
         data = json.loads(text)
@@ -375,7 +378,7 @@ def check_text(value: str, where: str, limit: int = MAX_TEXT_CHARS) -> str:
     """A string from a file: at most `limit` characters, valid Unicode (no unpaired surrogates, which JSON's
     \\uD800 escapes can make and nothing can encode)."""
     if len(value) > limit:
-        raise TraceError(f"{where}: text of {len(value)} characters (at most {limit})")
+        raise TraceError(f"{where}: text of {plural(len(value), 'character')} (at most {limit})")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -516,7 +519,7 @@ def _build(cls, data: Any, where: str, nested: dict[str, Any]):
         value = data[f.name]
         limit = LIST_LIMITS.get(f.name)
         if limit is not None and isinstance(value, (list, dict)) and len(value) > limit:
-            raise TraceError(f"{where}.{f.name}: {len(value)} entries; a trace may hold at most {limit} "
+            raise TraceError(f"{where}.{f.name}: {plural(len(value), 'entry')}; a trace may hold at most {limit} "
                              "(docs/ARCHITECTURE.md, input limits)")
         if f.name in nested:
             sub_cls = nested[f.name]
@@ -634,7 +637,7 @@ def _check_positions(step: StepRecord, where: str) -> None:
     for name in ("target_argmax", "target_margin", "target_choice", "target_prob", "selector_unary", "selector_pair"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
-            raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
+            raise TraceError(f"{where}: {name} has {plural(len(values), 'entry')} for {plural(n, 'node')}")
     _token_ids(step.target_argmax, f"{where}.target_argmax")
     _token_ids(step.target_choice, f"{where}.target_choice")
     for i, m in enumerate(step.target_margin):
@@ -648,12 +651,13 @@ def _check_positions(step: StepRecord, where: str) -> None:
                                         ("target_top_ids", "target_top_probs", n)):
         ids, values = getattr(step, ids_name), getattr(step, values_name)
         if rows is not None and ids and len(ids) != rows:
-            raise TraceError(f"{where}: {ids_name} has {len(ids)} rows for {n} nodes")
+            raise TraceError(f"{where}: {ids_name} has {plural(len(ids), 'row')} for {plural(n, 'node')}")
         if len(values) != len(ids) or any(len(a) != len(b) for a, b in zip(ids, values)):
             raise TraceError(f"{where}: {values_name} does not match {ids_name} entry for entry")
         for r, row in enumerate(ids):
             if len(row) > MAX_TOP_K:
-                raise TraceError(f"{where}.{ids_name}[{r}]: {len(row)} entries; a trace may hold at most {MAX_TOP_K}")
+                raise TraceError(f"{where}.{ids_name}[{r}]: {plural(len(row), 'entry')}; a trace may hold at most "
+                                 f"{MAX_TOP_K}")
             _token_ids(row, f"{where}.{ids_name}[{r}]")
     for r, row in enumerate(step.draft_top_logprobs):
         if any(v > LOGPROB_SLACK for v in row):
@@ -710,11 +714,12 @@ def _check_round_extras(step: StepRecord, where: str) -> None:
         _check_cache(getattr(step, name), f"{where}.{name}")
         layers = layers or len(getattr(step, name))
     if step.cache and step.cache_before_commit and len(step.cache) != len(step.cache_before_commit):
-        raise TraceError(f"{where}: cache has {len(step.cache)} layers, cache_before_commit "
+        raise TraceError(f"{where}: cache has {plural(len(step.cache), 'layer')}, cache_before_commit "
                          f"{len(step.cache_before_commit)}")
     if step.naive_state_error:
         if layers and len(step.naive_state_error) != layers:
-            raise TraceError(f"{where}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+            raise TraceError(f"{where}: naive_state_error has {plural(len(step.naive_state_error), 'entry')} for "
+                             f"{plural(layers, 'layer')}")
         for i, e in enumerate(step.naive_state_error):
             if e is not None:
                 _at_least(e, 0.0, f"{where}.naive_state_error[{i}]", "a distance")
@@ -803,7 +808,8 @@ def _check_fields(trace: Trace, where: str) -> None:
     _check_total_nodes([{"nodes": s.nodes} for s in trace.steps], where)
     max_new = trace.settings.get("max_new_tokens")
     if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
-        raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
+        raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, more than its max_new_tokens "
+                         f"{max_new}")
     _check_cache(trace.prefill_cache, f"{where}.prefill_cache")
 
 
@@ -838,8 +844,9 @@ def _check_rounds(trace: Trace, where: str) -> None:
                                  "yet more rounds follow")
         if step.committed_len != committed:
             raise TraceError(f"{at}.committed_len: {step.committed_len}, but "
-                             + (f"the prompt is {committed} tokens" if i == 0 else
-                                f"round {i} left {committed} tokens in the cache ({trace.steps[i - 1].committed_len} "
+                             + (f"the prompt is {plural(committed, 'token')}" if i == 0 else
+                                f"round {i} left {plural(committed, 'token')} in the cache "
+                                f"({trace.steps[i - 1].committed_len} "
                                 f"+ its accepted path of {trace.steps[i - 1].acceptance})"))
         if isinstance(block, int) and not isinstance(block, bool):
             deepest = max(node.depth for node in step.nodes)
@@ -851,9 +858,10 @@ def _check_rounds(trace: Trace, where: str) -> None:
             if entries:
                 layers = layers or entries
                 if entries != layers:
-                    raise TraceError(f"{at}.{name}: {entries} layers, but the trace's cache lists have {layers}")
+                    raise TraceError(f"{at}.{name}: {plural(entries, 'layer')}, but the trace's cache lists have {layers}")
         if step.naive_state_error and layers and len(step.naive_state_error) != layers:
-            raise TraceError(f"{at}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+            raise TraceError(f"{at}: naive_state_error has {plural(len(step.naive_state_error), 'entry')} for "
+                             f"{plural(layers, 'layer')}")
         committed += step.acceptance
         exact = exact and bool(step.new_token_ids)
         made += len(step.new_token_ids) if step.new_token_ids else 1
@@ -861,10 +869,11 @@ def _check_rounds(trace: Trace, where: str) -> None:
         if exact:
             added = [t for s in trace.steps for t in s.new_token_ids]
             if list(trace.output_ids[1:]) != added:
-                raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, but they are not the prefill's "
-                                 f"token followed by the {len(added)} the rounds added (new_token_ids)")
+                raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, but they are not the "
+                                 f"prefill's token followed by the {len(added)} the rounds added (new_token_ids)")
         elif len(trace.output_ids) < made:
-            raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, fewer than the {made} its rounds "
+            raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, fewer than the {made} its "
+                             "rounds "
                              "produced")
 
 
@@ -890,7 +899,8 @@ def _check_divergence(trace: Trace, where: str) -> None:
         said = "identical" if actual is None else f"first different at token {actual}"
         raise TraceError(f"{where}.first_divergence: {recorded}, but output_ids and greedy_ids are {said}")
     if actual is not None and actual == len(ref) < len(out):
-        raise TraceError(f"{where}.greedy_ids: {len(ref)} tokens, all equal to the output's first ones, yet the output "
+        raise TraceError(f"{where}.greedy_ids: {plural(len(ref), 'token')}, all equal to the output's first ones, yet "
+                         "the output "
                          "goes on (the reference stops early only at end of text, where the output stops too)")
     if actual is None:
         for name in ("divergence_margin", "divergence_verdict"):
@@ -916,10 +926,11 @@ def verdict_words(verdict: str | None, margin: float | None, noise: float | None
     if verdict == VERDICT_NOISE and margin == 0.0:
         return "within numerical noise: an exact tie (the reference's top two choices are equal, margin 0)"
     if verdict == VERDICT_NOISE:
-        return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
+        return (f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over "
+                f"{plural(positions, 'position')})")
     if verdict == VERDICT_MISMATCH:
         return (f"beyond numerical noise: mismatch (margin {margin:.3g} > noise {noise:.3g}, measured over "
-                f"{positions} positions)")
+                f"{plural(positions, 'position')})")
     if margin is None:
         return "no verdict: no reference margin there (the reference ended, or one token was left to choose)"
     return "no verdict yet: no numerical noise measured so far (it needs stretches of two or more tokens)"

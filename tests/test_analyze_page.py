@@ -188,7 +188,7 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
     tab = load_report_upload(TabState(), paths)
     try:
         assert tab.report.summary == load_report_dir(TabState(), str(report_dir)).report.summary
-        assert "6 other uploaded file(s) left out" in tab.report.note  # report.html and five figures
+        assert "6 other uploaded files left out" in tab.report.note  # report.html and five figures
         assert str(gradio) not in report_status(tab) + report_html(tab)
         # gradio deletes its copies of uploads after a while: the round opens from the tab's own copy
         shutil.rmtree(gradio)

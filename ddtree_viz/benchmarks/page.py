@@ -39,6 +39,7 @@ from ..page.host import ModelHost, cpu_threads
 from ..page.state import TabState, read_settings
 from ..page.views import Views, render_views
 from ..prompts import DEFAULT_PROMPTS
+from ..words import plural
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (page/web/step_tab.py: DEFAULT_PROMPT)
 
@@ -422,26 +423,27 @@ def _print_two_tabs(t: dict) -> None:
     if not during:
         print("tab B stepped no round while tab A ran (A finished first, or B's session did)")
         return
-    print(f"tab A: {t['a_rounds']} rounds run, then checked, in {t['a_run_and_check_s']:.1f} s "
+    print(f"tab A: {plural(t['a_rounds'], 'round')} run, then checked, in {t['a_run_and_check_s']:.1f} s "
           f"({t['a_run_and_check_s'] * 1e3 / max(t['a_rounds'], 1):.0f} ms a round, wall); engine time per round "
           f"{t['a_engine_ms_per_round']}")
     print(f"tab B, a Step (click to its tree painted): alone, median {t['b_alone_tree_ms_median']:.0f} ms; "
-          f"while A runs and checks ({len(during)} Steps), median {t['b_during_tree_ms_median']:.0f} ms, worst "
+          f"while A runs and checks ({plural(len(during), 'Step')}), median {t['b_during_tree_ms_median']:.0f} ms, worst "
           f"{t['b_during_tree_ms_worst']:.0f} ms (to its check answered, worst {t['b_during_checked_ms_worst']:.0f} ms)")
     for phase in ("run", "check"):
         some = [d for d in during if d["a_phase"] == phase]
         if some:
             w = max(some, key=lambda d: d["tree"] or d["drawn"])
             parts = w["parts"] and ", ".join(f"{k[:-3].replace('_', ' ')} {v:.0f}" for k, v in w["parts"].items())
-            print(f"  during A's {phase}: {len(some)} Steps, worst {w['tree'] or w['drawn']:.0f} ms to the tree "
+            print(f"  during A's {phase}: {plural(len(some), 'Step')}, worst {w['tree'] or w['drawn']:.0f} ms to the tree "
                   f"(status at {w['drawn']:.0f} ms, checked at {w['checked']:.0f} ms; A's status went on "
-                  f"{w['a_rounds_meanwhile']} round(s) meanwhile; in ms: {parts})")
+                  f"{plural(w['a_rounds_meanwhile'], 'round')} meanwhile; in ms: {parts})")
     a, b = t["a_turns"], t["b_turns"]
     if a["turns"] and b["turns"]:
-        print(f"the model lock from A's click on: A's {a['turns']} turns held {a['hold_ms_median']:.0f} ms at the "
+        print(f"the model lock from A's click on: A's {plural(a['turns'], 'turn')} held {a['hold_ms_median']:.0f} ms at the "
               f"median, {a['hold_ms_p90']:.0f} ms p90, {a['hold_ms_max']:.0f} ms at most ({a['longest_hold_by']}); "
               f"by function {a['hold_ms_max_by']}")
-        print(f"  B's {b['turns']} turns: the longest wait for one {b['wait_ms_max']:.0f} ms ({b['longest_wait_by']}); "
+        print(f"  B's {plural(b['turns'], 'turn')}: the longest wait for one {b['wait_ms_max']:.0f} ms "
+              f"({b['longest_wait_by']}); "
               f"held {b['hold_ms_max']:.0f} ms at most")
 
 
@@ -495,14 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {host.error}", file=sys.stderr)
         return 2
     block = args.block_size or host.pair.drafter.block_size
-    print(f"{host.pair.describe()}; exact rounds on the {host.exact_engine} engine; {torch.get_num_threads()} torch "
-          f"thread(s)", flush=True)
+    print(f"{host.pair.describe()}; exact rounds on the {host.exact_engine} engine; "
+          f"{plural(torch.get_num_threads(), 'torch thread')}", flush=True)
     step_figures(host, args.prompt, args.budget, block, 8)  # warm-up: first calls, caches
     rows = step_figures(host, args.prompt, args.budget, block, args.max_new_tokens)
     keys = ("engine_ms", "step_ms", "reference_ms", "views_ms", "json_ms", "checked_figures_ms", "server_ms")
     med = {k: _median(rows, k) for k in keys}
     print(f"\ndefault prompt, {args.max_new_tokens} new tokens, budget {args.budget}, block size {block}: "
-          f"{len(rows)} rounds (medians per round)")
+          f"{plural(len(rows), 'round')} (medians per round)")
     for k in keys:
         print(f"  {k:<20} {med[k]:8.1f} ms")
     ratio = med["checked_figures_ms"] / max(med["views_ms"] + med["json_ms"], 1e-9)
@@ -510,10 +512,10 @@ def main(argv: list[str] | None = None) -> int:
 
     long = step_figures(host, args.prompt, args.budget, args.long_block_size, args.long_tokens, checked=False)
     at5, at100 = _at(long, 5), _at(long, args.long_rounds) or long[-1]
-    print(f"\nlong session: {args.long_tokens} new tokens, block size {args.long_block_size}: {len(long)} rounds")
+    print(f"\nlong session: {args.long_tokens} new tokens, block size {args.long_block_size}: {plural(len(long), 'round')}")
     for label, r in (("round 5", at5), (f"round {at100['round']}", at100)):
         print(f"  {label:<10} server time per Step {r['server_ms']:7.1f} ms (engine {r['engine_ms']:.1f}, step "
-              f"{r['step_ms']:.1f}, views {r['views_ms']:.1f}, json {r['json_ms']:.1f} ms, {r['json_bytes']} bytes)")
+              f"{r['step_ms']:.1f}, views {r['views_ms']:.1f}, json {r['json_ms']:.1f} ms, {plural(r['json_bytes'], 'byte')})")
     result = {"model": host.pair.describe(), "engine": host.exact_engine, "torch_threads": torch.get_num_threads(),
               "settings": {"prompt": args.prompt, "budget": args.budget, "block_size": block,
                            "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens,

@@ -19,6 +19,7 @@ from ..render import export as exporter
 from ..render import supplement
 from ..render.text import esc
 from ..trace import CompareTrace, Trace, load_any
+from ..words import numbered, plural
 from .host import ModelHost
 from .progress import FIRST_CHUNK, CheckProgress, check_progress, round_s, turn_tokens
 from .state import SAME, CompareSettings, TabSettings, TabState, rounds_shown, shown_step
@@ -391,11 +392,12 @@ def _independent_words(session: DecodeSession, total: int, stopped: CheckProgres
     if index is not None:
         verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
     elif stopped is not None and stopped.done < stopped.total:
-        verdict = (f"**stopped** at {n} / {stopped.total} tokens: those {n} equal the output; tokens {n + 1}–"
-                   f"{stopped.total} were not checked, so whether the output equals transformers' greedy is "
-                   "unknown (press Check vs transformers again to go on)")
+        equal = {0: "none checked yet", 1: "that one equals the output"}.get(n, f"those {n:,} equal the output")
+        rest = numbered("token", n + 1, stopped.total) + (" was" if n + 1 == stopped.total else " were")
+        verdict = (f"**stopped** at {n:,} / {plural(stopped.total, 'token')}: {equal}; {rest} not checked, so whether "
+                   "the output equals transformers' greedy is unknown (press Check vs transformers again to go on)")
     else:
-        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+        verdict = f"**agrees**: the output equals transformers' greedy for {plural(n, 'token')}"
     if session.reference != TRANSFORMERS_REFERENCE:
         verdict += _against_reference(session, result.ids)
     return (f"Check against transformers' forward, one token at a time: {verdict}. "
@@ -412,7 +414,8 @@ def _against_reference(session: DecodeSession, ids: tuple[int, ...]) -> str:
     if k == 0:
         return f"; the session's reference ({name}) has not decoded these tokens yet: not compared with it"
     same = "agrees with it" if tuple(own.ids[:k]) == tuple(ids[:k]) else "**differs from it**"
-    return f"; the session's reference ({name}) {same}" + (f" over the {k} tokens it has decoded" if k < len(ids) else "")
+    return (f"; the session's reference ({name}) {same}"
+            + (f" over the {plural(k, 'token')} it has decoded" if k < len(ids) else ""))
 
 
 def reset(tab: TabState) -> TabState:

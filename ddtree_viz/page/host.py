@@ -18,6 +18,7 @@ from ..errors import DDTreeVizError, InputError, ModelLoadError
 from ..options import AUTO, DTYPES, DecodeSettings
 from ..render.cache_view import cache_layout_table, cache_table_html
 from ..render.text import esc
+from ..words import plural
 
 
 MAX_PAGE_PROMPT_CHARS = 1 << 20  # a prompt typed, sent or uploaded to the page (and each of a set's)
@@ -135,10 +136,10 @@ class ModelHost:
         if self.pair is not None:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
-            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {plural(len(p.layer_types), 'layer')}: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
-                    f"transformers; {_threads()} torch thread(s)"
+                    f"transformers; {plural(_threads(), 'torch thread')}"
                     + (f"; the runner's kernels compiled and a first round run at load in {self.warmup_s:.1f} s"
                        if self.warmup_s else "")
                     + f"; {esc(self.chat_note())}")

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ..registry import REFERENCE_ENGINE
+from ..words import numbered, plural
 
 FIRST_CHUNK = 2  # tokens a check decodes before it tells the page anything, where nothing is measured yet
 TURN_ROUNDS = 8  # a round's time, for a check's turn of the model: the mean of the session's last rounds
@@ -141,7 +142,7 @@ def duration(seconds: float) -> str:
 def pace_words(pace: Pace) -> str:
     """'17 ms a token, measured by this check over 36 tokens'."""
     per = pace.token_s * 1e3
-    return f"{per:.3g} ms a token, measured {pace.where} over {pace.tokens:,} tokens"
+    return f"{per:.3g} ms a token, measured {pace.where} over {plural(pace.tokens, 'token')}"
 
 
 def _estimate(p: CheckProgress, rest: str) -> str:
@@ -155,9 +156,9 @@ def status_line(p: CheckProgress) -> str:
     if p.stopped:
         return stopped_line(p)
     if p.running:
-        return (f"**Checking against {p.what}: {p.done:,} / {p.total:,} tokens**, {_estimate(p, 'left')}. "
+        return (f"**Checking against {p.what}: {p.done:,} / {plural(p.total, 'token')}**, {_estimate(p, 'left')}. "
                 "**Stop** stops it.")
-    return (f"Checking against {p.what} next ({p.done:,} of {p.total:,} tokens so far): "
+    return (f"Checking against {p.what} next ({p.done:,} of {plural(p.total, 'token')} so far): "
             f"{_estimate(p, 'for the rest')}…")
 
 
@@ -166,7 +167,8 @@ def stopped_line(p: CheckProgress) -> str:
     if p.done >= p.total:
         unchecked = "every token was checked before the stop"
     else:
-        unchecked = (f"tokens {p.done + 1:,}–{p.total:,} were not checked, so whether they equal it is "
-                     "unknown (no verdict on them)")
+        one = p.done + 1 == p.total
+        unchecked = (f"{numbered('token', p.done + 1, p.total)} {'was' if one else 'were'} not checked, so whether "
+                     f"{'it equals' if one else 'they equal'} it is unknown (no verdict on {'it' if one else 'them'})")
     again = "press **Check vs transformers** again to go on" if p.independent else "the next Step's check goes on"
-    return f"**Stopped:** the check against {p.what} reached {p.done:,} / {p.total:,} tokens; {unchecked}; {again}."
+    return f"**Stopped:** the check against {p.what} reached {p.done:,} / {plural(p.total, 'token')}; {unchecked}; {again}."

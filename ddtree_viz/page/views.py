@@ -25,9 +25,10 @@ from ..render.layout import tree_layout
 from ..render.mask_plot import mask_spec
 from ..render.prompt_view import prompt_html
 from ..render.stats_view import acceptance_spec, stats_markdown, stats_summary
-from ..render.text import esc, plural
+from ..render.text import esc
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
+from ..words import plural
 from .host import ModelHost
 from ..errors import InputError
 from .progress import shown_check, status_line
@@ -229,11 +230,13 @@ def _blank_status(s: Shown) -> str:
     tab = s.tab
     if s.trace is not None and tab.session is not None and not tab.replay:  # live, finished at the prefill
         return (f"The prefill's token is the whole output (**max new tokens {tab.session.max_new_tokens}**"
-                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): {len(s.trace.output_ids)} token, no "
-                "round to show. Raise Max new tokens (or change the prompt) and press **Step**.")
+                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): "
+                f"{plural(len(s.trace.output_ids), 'token')}, no round to show. Raise Max new tokens (or change the "
+                "prompt) and press **Step**.")
     if s.trace is not None and s.tab.replay:
         return ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
-                f"show. Its output so far: {len(s.trace.output_ids)} token(s). Load another trace, or type a prompt.")
+                f"show. Its output so far: {plural(len(s.trace.output_ids), 'token')}. Load another trace, or type a "
+                "prompt.")
     return _empty_status()
 
 
@@ -293,7 +296,7 @@ def _page_timing(tab: TabState, trace: Trace) -> list[tuple[str, str]]:
     t = tab.timing
     if "step" in t and tab.session is not None and not tab.replay:
         n = t.get("n_rounds", 1)
-        what = "round" if n == 1 else f"{n} rounds"
+        what = "round" if n == 1 else plural(n, "round")
         rows.append(("last Step on the server, wall time (not the browser's drawing)",
                      f"{t['step'] + t.get('views', 0):.0f} ms: {what} {t['rounds']:.0f} ms engine time + reference "
                      f"{t['reference']:.0f} ms + bookkeeping {max(t['step'] - t['rounds'] - t['reference'], 0):.0f} ms "
@@ -341,7 +344,7 @@ def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
     # two lines: in the half-width panel of compare mode one line ran past the figure's right edge
-    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {step.kept} token(s)"
+    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {plural(step.kept, 'token')}"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 
