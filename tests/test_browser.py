@@ -521,7 +521,9 @@ TABLE_JS = """
 
 def open_layout(page) -> None:
     """Unfold the per-layer cache layout (folded by default since issue #26: it pushed Step below the fold)."""
-    page.get_by_text("Per-layer cache layout (measured before the first step)").click()
+    from ddtree_viz.page.web.step_tab import LAYOUT_TITLE
+
+    page.get_by_text(LAYOUT_TITLE).click()
     page.locator("#ddv-layout table").wait_for(state="visible", timeout=10_000)
 
 
@@ -978,11 +980,17 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
 
 def test_html_panels_have_headings_and_the_live_tree_takes_the_filters(page):
     """gr.HTML draws no label: 'Where drafter and target disagree' and 'Output vs the target's own decoding' had no
-    heading. A budget-512 tree was a blob with the max-depth / log-prob filters only in the export row: the tree on
-    screen takes them (the same boxes the export reads)."""
+    heading. Every panel's title says what it shows in words (issue #65 item 7: "Per-layer cache", "Acceptance per
+    round" and "The budget that would have done" named the code's views, not what they show). A budget-512 tree
+    was a blob with the max-depth / log-prob filters only in the export row: the tree on screen takes them (the same
+    boxes the export reads)."""
+    from ddtree_viz.page.web.step_tab import HEADINGS, TITLES
+
     first_round_drawn(page)
-    for heading in ("Where drafter and target disagree", "Output vs the target's own decoding"):
-        assert page.get_by_text(heading).first.is_visible(), heading
+    headings = [h.split("**")[1] for h in HEADINGS.values()]  # the bold part: the heading itself
+    assert "Where drafter and target disagree" in headings
+    for title in headings + [t for name, t in TITLES.items() if name != "tree_b_spec"]:  # (B's: compare mode only)
+        assert page.get_by_text(title, exact=False).first.is_visible(), title
     depth = page.locator("#ddv-tree-depth textarea, #ddv-tree-depth input").first
     depth.fill("1")
     depth.press("Enter")

@@ -132,12 +132,14 @@ VIEWS: dict[str, View] = {
     "view": View(lambda s: s.view, lambda s: 0),  # the round shown (0-based), of `rounds`
     "tree_b_spec": View(lambda s: _tree_b(s)),  # compare mode: configuration B's tree of the round
     # compare mode: both outputs token by token, where they part, verdicts (B's tokens named by B's texts)
-    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
-                                           token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
+    "compare": View(lambda s: _headed(COMPARE_HEADING, compare_html(
+        s.trace, s.tab.other_trace, s.text, view=s.tab.view, token_text_b=s.tab.other_token_text()))
+        if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
     "budget_spec": View(lambda s: budget_spec(s.steps, prediction=_prediction(s), note=_costs_note(s))),  # S(b)
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
-    "stop": View(lambda s: stop_html(s.step, s.text) if s.step.nodes else "", _no_text),  # where and why it stopped
+    "stop": View(lambda s: _headed(STOP_HEADING, stop_html(s.step, s.text)) if s.step.nodes else "",
+                 _no_text),  # where and why it stopped
     "inspector": View(lambda s: s.inspector[0], _no_text),  # the node inspector
     "inspect": View(lambda s: s.inspector[2]),  # the node it shows
     "prompt": View(lambda s: prompt_html(s.trace), _no_text),  # the prompt as prefilled (templated, specials marked)
@@ -273,6 +275,17 @@ def _kept_note(step) -> str:
     return f" ({step.kept} kept: the session stopped there)" if step.cut else ""
 
 
+STATS_HEADING = "**The session in numbers** (each time says what it measures)\n\n"
+# the HTML panels' headings, what each shows in words (gr.HTML draws no label; issue #65 item 7)
+STOP_HEADING = "Why did this round stop there?"
+COMPARE_HEADING = "Configurations A and B side by side: where their outputs part, and the verdict on each"
+
+
+def _headed(heading: str, html: str) -> str:
+    """An HTML panel under its heading (a bold line of its own)."""
+    return f'<p class="ddv-panel-heading"><b>{esc(heading)}</b></p>{html}'
+
+
 def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
@@ -286,7 +299,7 @@ def _stats(tab: TabState) -> str:
             shared = tab.session.reference_shares_prefill
             greedy_tok_s = len(trace.greedy_ids or ()) / (tab.greedy_s + (trace.prefill_ms / 1e3 if shared else 0.0))
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
-    return (stats_markdown(summary, extra=_page_timing(tab, trace))
+    return (STATS_HEADING + stats_markdown(summary, extra=_page_timing(tab, trace))
             + (f"\n{tab.independent}\n" if tab.independent else ""))
 
 
