@@ -41,6 +41,7 @@ import numpy as np
 from . import treeops
 from .options import CHAINS, DFLASH, MARGINAL
 from .trace import StepRecord
+from .words import plural
 
 NOT_DRAFTED = "not drafted"
 
@@ -521,7 +522,8 @@ def acceptance_warning(mean_acceptance: float | None, rounds: int = 0, who: str 
     """The loud warning for a mean acceptance of about 1.0 (None when there is none to give)."""
     if mean_acceptance is None or rounds < 1 or mean_acceptance > NO_ACCEPTANCE:
         return None
-    return (f"{who + ': ' if who else ''}mean acceptance {mean_acceptance:.2f} tokens per round over {rounds} rounds: "
+    return (f"{who + ': ' if who else ''}mean acceptance {mean_acceptance:.2f} tokens per round over "
+            f"{plural(rounds, 'round')}: "
             "the drafter proposes almost nothing the target accepts, so speculative decoding gains nothing (a drafter "
             "trained for another target or precision, or one whose weights did not load as meant)")
 

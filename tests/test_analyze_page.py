@@ -266,7 +266,7 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
     tab = load_report_upload(TabState(), paths)
     try:
         assert tab.report.summary == load_report_dir(TabState(), str(report_dir)).report.summary
-        assert "6 other uploaded file(s) left out" in tab.report.note  # report.html and five figures
+        assert "6 other uploaded files left out" in tab.report.note  # report.html and five figures
         assert str(gradio) not in report_status(tab) + report_html(tab)
         # gradio deletes its copies of uploads after a while: the round opens from the tab's own copy
         shutil.rmtree(gradio)
@@ -406,6 +406,41 @@ def test_stop_keeps_the_prompts_done(embedded):
     tab.set_stop.set()  # the Stop button
     assert list(run) == ["done: run on this page: 1 of 4 prompts (stopped)"]
     assert tab.report.summary["prompts"] == 1
+
+
+def test_a_prompt_sets_reference_takes_the_model_a_token_a_turn_and_hears_stop(embedded, tmp_path):
+    """decode_set's reference (each prompt's check against greedy) takes the page's model lock a token a turn, so
+    another tab's Step goes in between, and a Stop between two of its tokens leaves the prompt out: it took the lock
+    once for every token of the prompt (a 256-token prompt held every other tab up for seconds)."""
+    from ddtree_viz.engine.prompts import PromptSpec
+    from ddtree_viz.options import DecodeSettings
+    from ddtree_viz.promptset.decode import decode_set
+    from ddtree_viz.promptset.files import trace_path
+
+    turns = []
+
+    class Turns:  # the host's lock, counted
+        def __enter__(self):
+            embedded.lock.__enter__()
+            turns.append(1)
+
+        def __exit__(self, *exc):
+            embedded.lock.__exit__(*exc)
+
+    items = [{"index": 0, "prompt": "def add(a, b):\n"}]
+    settings = DecodeSettings(budget=8, max_new_tokens=24, engine=embedded.engine)
+    spec_of = lambda item: PromptSpec(text=item["prompt"])  # noqa: E731
+    (tmp_path / "a" / "traces").mkdir(parents=True)
+    assert [p.tokens for p in decode_set(embedded.pair, items, tmp_path / "a", settings, spec_of, lock=Turns())] == [24]
+    trace = Trace.load(trace_path(tmp_path / "a", 0))
+    assert trace.greedy_ids == trace.output_ids and trace.first_divergence is None
+    # the prefill, each round, each of the reference's tokens, the trace
+    assert len(turns) == 1 + len(trace.steps) + len(trace.greedy_ids) + 1, (len(turns), len(trace.steps))
+    turns.clear()
+    stop = lambda: len(turns) >= 1 + len(trace.steps) + 3  # noqa: E731  (Stop once 3 of the reference's tokens are in)
+    (tmp_path / "b" / "traces").mkdir(parents=True)
+    assert list(decode_set(embedded.pair, items, tmp_path / "b", settings, spec_of, lock=Turns(), stop=stop)) == []
+    assert not trace_path(tmp_path / "b", 0).exists() and len(turns) == 1 + len(trace.steps) + 3
 
 
 def test_prompt_set_input_is_checked_and_a_failing_prompt_is_recorded(embedded, tmp_path):

@@ -268,6 +268,57 @@ def test_reset_during_run_stays_reset_and_run_on_a_finished_session_keeps_the_pa
     assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
 
 
+def test_a_step_in_another_tab_waits_about_a_round_while_one_tab_runs_and_checks(tmp_path):
+    """Issue #65 item 8, one tab does not stall another: tab A runs 256 tokens and checks them; tab B's Step (its
+    own prompt) is drawn while A's Run is still going and, again, while A's check is still going. The app's model
+    lock is timed (benchmarks.page.timed_app, every turn noted): A's check took the model in turns about as long
+    as its Run's rounds (the median turn at most twice a round's), so a Step of B waited about one round of A's.
+    It took 0.5 s of tokens a turn (2.2 s on a loaded machine): 7-30x a round. Each tab shows its own result,
+    identical to greedy."""
+    import statistics
+
+    from ddtree_viz.benchmarks.page import TAB_STATE_JS, TAB_STEP_JS, TIMED_APP, read_turns
+
+    turns = tmp_path / "turns.jsonl"
+    proc, url = serve(program=("-c", TIMED_APP, str(turns)))
+    try:
+        _, context_a, a = open_page(url)
+        _, context_b, b = open_page(url)
+        set_number(a, "ddv-max-new", 256)  # the page's default prompt, block size 4: ~66 rounds
+        set_number(a, "ddv-block", 4)
+        b.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        a.get_by_role("button", name="Run", exact=True).click()
+        a.wait_for_function("/Round ([2-9]|[1-9][0-9]+) of/.test(document.querySelector('#ddv-status').innerText)",
+                            timeout=60_000)
+        b.get_by_role("button", name="Step", exact=True).click()
+        wait_status(b, "Round 1 of 1")  # B's tree drawn ...
+        assert not a.evaluate(TAB_STATE_JS)["finished"], "tab B's Step waited for tab A's whole Run"  # ... in A's Run
+        b.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
+        a.wait_for_function("(s => s.includes('Finished') && s.includes('Checking against the reference'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert b.evaluate(TAB_STEP_JS, 2)["tree"] is not None
+        assert a.evaluate(TAB_STATE_JS)["checking"], "tab B's Step waited for tab A's whole check"
+        a.wait_for_function("(s => s.includes('Finished') && !s.includes('Checking'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert "identical to greedy" in a.locator("#ddv-diff").inner_text()
+        assert "class Stack" in a.locator("#ddv-prompt-view").inner_text()
+        assert "identical to greedy" in b.locator("#ddv-diff").inner_text()
+        assert "def fibonacci" in b.locator("#ddv-prompt-view").inner_text()
+        context_a.close()
+        context_b.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    noted = read_turns(str(turns))
+    a_tab = next(t[4] for t in noted if t[3] == "run_rounds")
+    held = lambda who: [(t[2] - t[1]) * 1e3 for t in noted if t[3] == who and t[4] == a_tab]  # noqa: E731
+    rounds, checks = held("run_rounds"), held("check_rounds")
+    assert len(rounds) > 20 and len(checks) > 10, (len(rounds), len(checks))
+    assert statistics.median(checks) <= 2 * statistics.median(rounds), (
+        f"A's check held the model {statistics.median(checks):.0f} ms a turn (median; {max(checks):.0f} ms at most), "
+        f"its Run {statistics.median(rounds):.0f} ms a round: a Step of another tab waited that long")
+
+
 @pytest.fixture()
 def replay_page(tmp_path):
     """The app in replay mode (no model) on a trace whose tokens hold quotes, ampersands, angle brackets and <br>."""
@@ -472,7 +523,9 @@ TABLE_JS = """
 
 def open_layout(page) -> None:
     """Unfold the per-layer cache layout (folded by default since issue #26: it pushed Step below the fold)."""
-    page.get_by_text("Per-layer cache layout (measured before the first step)").click()
+    from ddtree_viz.page.web.step_tab import LAYOUT_TITLE
+
+    page.get_by_text(LAYOUT_TITLE).click()
     page.locator("#ddv-layout table").wait_for(state="visible", timeout=10_000)
 
 
@@ -980,11 +1033,17 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
 
 def test_html_panels_have_headings_and_the_live_tree_takes_the_filters(page):
     """gr.HTML draws no label: 'Where drafter and target disagree' and 'Output vs the target's own decoding' had no
-    heading. A budget-512 tree was a blob with the max-depth / log-prob filters only in the export row: the tree on
-    screen takes them (the same boxes the export reads)."""
+    heading. Every panel's title says what it shows in words (issue #65 item 7: "Per-layer cache", "Acceptance per
+    round" and "The budget that would have done" named the code's views, not what they show). A budget-512 tree
+    was a blob with the max-depth / log-prob filters only in the export row: the tree on screen takes them (the same
+    boxes the export reads)."""
+    from ddtree_viz.page.web.step_tab import HEADINGS, TITLES
+
     first_round_drawn(page)
-    for heading in ("Where drafter and target disagree", "Output vs the target's own decoding"):
-        assert page.get_by_text(heading).first.is_visible(), heading
+    headings = [h.split("**")[1] for h in HEADINGS.values()]  # the bold part: the heading itself
+    assert "Where drafter and target disagree" in headings
+    for title in headings + [t for name, t in TITLES.items() if name != "tree_b_spec"]:  # (B's: compare mode only)
+        assert page.get_by_text(title, exact=False).first.is_visible(), title
     depth = page.locator("#ddv-tree-depth textarea, #ddv-tree-depth input").first
     depth.fill("1")
     depth.press("Enter")

@@ -764,7 +764,7 @@ def test_lookup_names_from_the_tokenizer_then_the_fallback_made_when_first_neede
 
 def test_counts_are_worded_by_their_number():
     """issue #65 item 7: '1 drafted tokens' and other plurals."""
-    from ddtree_viz.render.text import plural
+    from ddtree_viz.words import plural  # (the lowest layer: every layer words its counts with it)
 
     assert [plural(n, "drafted token") for n in (0, 1, 2, 1000)] == [
         "0 drafted tokens", "1 drafted token", "2 drafted tokens", "1,000 drafted tokens"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
+from ..words import plural
 from ..options import DDTREE, DFLASH, MARGINAL, MAX_NEW_TOKENS, check_int
 from ..speedup import PHASES, CostTable, RoundCost, costs_key, now
 from .engines import engine_for
@@ -134,7 +135,7 @@ def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", b
     if chain:
         timed["chain"] = _Timed(_session(pair, DFLASH, 1, block, engine, max_new, sampler))
     for i, context in enumerate(contexts):
-        say(f"context {i + 1}/{len(contexts)} ({len(context)} tokens): {rounds} rounds at each of "
+        say(f"context {i + 1}/{len(contexts)} ({plural(len(context), 'token')}): {plural(rounds, 'round')} at each of "
             f"{', '.join(map(str, timed))}")
         for t in timed.values():
             t.start(context)

@@ -23,6 +23,7 @@ from ..options import MAX_BUDGET, DecodeSettings, check_int
 from ..render import report as report_view
 from ..render.text import esc, shorten
 from ..trace import MAX_ROUNDS
+from ..words import plural
 from .actions import load_replay, move
 from .host import ModelHost
 from .state import MAX_UPLOAD_BYTES, LoadedReport, TabState, check_prompt_chars, prompt_spec
@@ -105,7 +106,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
     if not paths:
         raise InputError("upload a report's summary.json and its traces (traces/*.json)")
     if len(paths) > 3 * MAX_REPORT_TRACES + 2:
-        raise InputError(f"{len(paths):,} files: a report upload takes at most {3 * MAX_REPORT_TRACES + 2:,}")
+        raise InputError(f"{plural(len(paths), 'file')}: a report upload takes at most {3 * MAX_REPORT_TRACES + 2:,}")
     names: dict[str, Path] = {}
     ignored = 0
     total = 0
@@ -126,7 +127,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
         except OSError:
             raise InputError(f"cannot read the uploaded file {shown}") from None
         if size > MAX_UPLOAD_BYTES:
-            raise InputError(f"{shown} is {size:,} bytes; an uploaded file may be at most "
+            raise InputError(f"{shown} is {plural(size, 'byte')}; an uploaded file may be at most "
                              f"{MAX_UPLOAD_BYTES // 2**20} MB")
         total += size
         if total > MAX_REPORT_BYTES:
@@ -137,8 +138,8 @@ def load_report_upload(tab: TabState, paths) -> TabState:
         raise InputError("the upload has no summary.json: upload a report's summary.json with its traces/*.json")
     if not any(n.startswith("traces/") for n in names):
         raise InputError("the upload has no traces (traces/0000.json, ...): upload them with summary.json")
-    note = f"{ignored} other uploaded file(s) left out (only summary.json, prompts.json and traces/*.json are read)" \
-        if ignored else ""
+    note = (f"{plural(ignored, 'other uploaded file')} left out (only summary.json, prompts.json and traces/*.json "
+            "are read)" if ignored else "")
     folder = tab.report_folder()  # a new folder: the report on screen keeps its own files until this one is shown
     try:
         files = _keep_uploads(names, folder)
@@ -264,14 +265,14 @@ def _decode_set_here(host: ModelHost, tab: TabState, pair, the_set: tuple, out: 
         tokens, done = tokens + p.tokens, p.done
         elapsed = time.perf_counter() - start
         eta = elapsed / done * (len(items) - done)
-        yield (f"{done} of {len(items)} prompts, {tokens / elapsed:.1f} tokens/s, "
+        yield (f"{done} of {plural(len(items), 'prompt')}, {tokens / elapsed:.1f} tokens/s, "
                f"about {int(eta) // 60}:{int(eta) % 60:02d} left")
     if tab.closed:
         raise InputError("the tab was closed")  # run_prompt_set ends quietly
     stopped = tab.set_stop.is_set() and done < len(items)
     if done == 0:
         raise InputError("stopped before the first prompt was done: nothing to show")
-    note = f"run on this page: {done} of {len(items)} prompts" + (" (stopped)" if stopped else "")
+    note = f"run on this page: {done} of {plural(len(items), 'prompt')}" + (" (stopped)" if stopped else "")
     loaded = _read_report(report_files(out), f"{name} (run here)", note)  # the summary, from the traces once
     write_json(out / "summary.json", _plain(loaded.summary))  # a report directory like analyze's
     tab.show_report(dataclasses.replace(loaded, folder=out))
@@ -361,9 +362,10 @@ def report_status(tab: TabState | None) -> str:
     sides = [s] + ([s[DFLASH]] if DFLASH in s else [])
     figures = "; ".join(f"{esc(report_view.side_label(x))}: mean acceptance "
                         f"{'-' if x['mean_acceptance'] is None else format(x['mean_acceptance'], '.2f')} over "
-                        f"{x['rounds']} rounds" for x in sides)
-    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {s['prompts_total']} prompts; {figures}. Click "
-            "a trace's round (top misses, misses by prompt, prompts) to open it in the <b>Step</b> tab.</p>")
+                        f"{plural(x['rounds'], 'round')}" for x in sides)
+    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {plural(s['prompts_total'], 'prompt')}; "
+            f"{figures}. Click a trace's round (top misses, misses by prompt, prompts) to open it in the <b>Step</b> "
+            "tab.</p>")
     return line + (f"<p><i>Note:</i> {esc(r.note)}</p>" if r.note else "")
 
 

@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..options import (DRAFTER_FAMILIES, DTYPES, ENGINE_CHOICES, MARGINAL, MAX_BUDGET, MAX_SEED, TREE_SCORINGS,
                        VERIFY_LABELS, DecodeSettings, check_int)
 from ..trace import Trace
+from ..words import plural
 from .host import ModelHost
 from .progress import CheckProgress
 
@@ -169,8 +170,8 @@ def check_prompt_chars(host: ModelHost, chars: int, what: str) -> None:
     own input ("the prompt", "prompt 3 of bad.txt")."""
     limit = host.max_prompt_chars()
     if limit is not None and chars > limit:
-        raise InputError(f"{what} is {chars:,} characters; the page takes at most {limit:,} (the target has "
-                         f"{host.pair.max_positions:,} positions)")
+        raise InputError(f"{what} is {plural(chars, 'character')}; the page takes at most {limit:,} (the target has "
+                         f"{plural(host.pair.max_positions, 'position')})")
 
 
 # Files the page writes for a tab to download (a trace, an export) live in one folder per server process, one

@@ -27,9 +27,10 @@ from ..render.prompt_view import prompt_html
 from ..render.speedup_view import pays_html, pays_missing_html, pays_spec
 from ..render.stats_view import acceptance_spec, stats_markdown, stats_summary
 from ..speedup import session_speedup, tree_rounds
-from ..render.text import esc, plural
+from ..render.text import esc
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
+from ..words import plural
 from .host import ModelHost
 from ..errors import InputError
 from .progress import shown_check, status_line
@@ -137,12 +138,14 @@ VIEWS: dict[str, View] = {
     "view": View(lambda s: s.view, lambda s: 0),  # the round shown (0-based), of `rounds`
     "tree_b_spec": View(lambda s: _tree_b(s)),  # compare mode: configuration B's tree of the round
     # compare mode: both outputs token by token, where they part, verdicts (B's tokens named by B's texts)
-    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
-                                           token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
+    "compare": View(lambda s: _headed(COMPARE_HEADING, compare_html(
+        s.trace, s.tab.other_trace, s.text, view=s.tab.view, token_text_b=s.tab.other_token_text()))
+        if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
     "budget_spec": View(lambda s: budget_spec(s.steps)),  # the budget that would have done
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
-    "stop": View(lambda s: stop_html(s.step, s.text) if s.step.nodes else "", _no_text),  # where and why it stopped
+    "stop": View(lambda s: _headed(STOP_HEADING, stop_html(s.step, s.text)) if s.step.nodes else "",
+                 _no_text),  # where and why it stopped
     "inspector": View(lambda s: s.inspector[0], _no_text),  # the node inspector
     "inspect": View(lambda s: s.inspector[2]),  # the node it shows
     "prompt": View(lambda s: prompt_html(s.trace), _no_text),  # the prompt as prefilled (templated, specials marked)
@@ -238,11 +241,13 @@ def _blank_status(s: Shown) -> str:
     tab = s.tab
     if s.trace is not None and tab.session is not None and not tab.replay:  # live, finished at the prefill
         return (f"The prefill's token is the whole output (**max new tokens {tab.session.max_new_tokens}**"
-                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): {len(s.trace.output_ids)} token, no "
-                "round to show. Raise Max new tokens (or change the prompt) and press **Step**.")
+                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): "
+                f"{plural(len(s.trace.output_ids), 'token')}, no round to show. Raise Max new tokens (or change the "
+                "prompt) and press **Step**.")
     if s.trace is not None and s.tab.replay:
         return ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
-                f"show. Its output so far: {len(s.trace.output_ids)} token(s). Load another trace, or type a prompt.")
+                f"show. Its output so far: {plural(len(s.trace.output_ids), 'token')}. Load another trace, or type a "
+                "prompt.")
     return _empty_status()
 
 
@@ -279,6 +284,17 @@ def _kept_note(step) -> str:
     return f" ({step.kept} kept: the session stopped there)" if step.cut else ""
 
 
+STATS_HEADING = "**The session in numbers** (each time says what it measures)\n\n"
+# the HTML panels' headings, what each shows in words (gr.HTML draws no label; issue #65 item 7)
+STOP_HEADING = "Why did this round stop there?"
+COMPARE_HEADING = "Configurations A and B side by side: where their outputs part, and the verdict on each"
+
+
+def _headed(heading: str, html: str) -> str:
+    """An HTML panel under its heading (a bold line of its own)."""
+    return f'<p class="ddv-panel-heading"><b>{esc(heading)}</b></p>{html}'
+
+
 def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
@@ -292,7 +308,7 @@ def _stats(tab: TabState) -> str:
             shared = tab.session.reference_shares_prefill
             greedy_tok_s = len(trace.greedy_ids or ()) / (tab.greedy_s + (trace.prefill_ms / 1e3 if shared else 0.0))
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
-    return (stats_markdown(summary, extra=_page_timing(tab, trace))
+    return (STATS_HEADING + stats_markdown(summary, extra=_page_timing(tab, trace))
             + (f"\n{tab.independent}\n" if tab.independent else ""))
 
 
@@ -302,7 +318,7 @@ def _page_timing(tab: TabState, trace: Trace) -> list[tuple[str, str]]:
     t = tab.timing
     if "step" in t and tab.session is not None and not tab.replay:
         n = t.get("n_rounds", 1)
-        what = "round" if n == 1 else f"{n} rounds"
+        what = "round" if n == 1 else plural(n, "round")
         rows.append(("last Step on the server, wall time (not the browser's drawing)",
                      f"{t['step'] + t.get('views', 0):.0f} ms: {what} {t['rounds']:.0f} ms engine time + reference "
                      f"{t['reference']:.0f} ms + bookkeeping {max(t['step'] - t['rounds'] - t['reference'], 0):.0f} ms "
@@ -350,7 +366,7 @@ def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
     # two lines: in the half-width panel of compare mode one line ran past the figure's right edge
-    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {step.kept} token(s)"
+    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {plural(step.kept, 'token')}"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TraceError
+from ..words import plural
 from ..files import read_limited
 from ..options import DFLASH, PRECISION_B
 from ..trace import MAX_TEXT_CHARS, MAX_TRACE_BYTES, Trace, check_text, parse_json
@@ -75,7 +76,7 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
             except OSError:
                 pass
         if total > max_bytes:
-            raise TraceError(f"the report's files hold {total:,} bytes; at most {max_bytes // 2**20} MiB are read")
+            raise TraceError(f"the report's files hold {plural(total, 'byte')}; at most {max_bytes // 2**20} MiB are read")
     report = Report()
 
     def shown(name: str) -> str:
@@ -136,7 +137,7 @@ def _set_file(value) -> str | None:
 
 def _small_json(path: Path, shown: str, limit: int):
     text = read_limited(path, limit, "file", shown=shown, error=TraceError,
-                        too_large=lambda size: f"{shown} is {size:,} bytes; at most {limit:,} are read")
+                        too_large=lambda size: f"{shown} is {plural(size, 'byte')}; at most {limit:,} are read")
     try:
         return parse_json(text, shown)
     except TraceError as exc:

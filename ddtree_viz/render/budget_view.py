@@ -20,6 +20,7 @@ from ..trace import StepRecord
 from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc
+from ..words import plural
 
 
 CAVEAT_CHARS = 80  # characters per line of the budget curve's caveat
@@ -109,13 +110,14 @@ def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, sc
     layout = _two_panels("rounds by accepted drafts kept", "P(≥ d accepted | ≥ d−1)")
     depths = list(range(1, len(counts) + 1))
     data = [
+        # the hovers' words made here (plural), not by plotly's templates ("1 rounds")
         dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
-             hovertemplate="%{x} accepted drafts kept: %{y} rounds<extra></extra>"),
+             hovertext=[f"{plural(x, 'accepted draft')} kept: {plural(n, 'round')}" for x, n in enumerate(hist)],
+             hoverinfo="text"),
         dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
-             customdata=[[p, r] for p, r in counts], name="conditional acceptance",
-             hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds (accepted ≥ d−1, tree depth ≥ d) = "
-                           "%{y:.2f}<extra></extra>",
-             xaxis="x2", yaxis="y2"),
+             hovertext=[f"depth {d}: {p} of {plural(r, 'round')} (accepted ≥ d−1, tree depth ≥ d)"
+                        + (f" = {p / r:.2f}" if r else "") for d, (p, r) in zip(depths, counts)],
+             hoverinfo="text", name="conditional acceptance", xaxis="x2", yaxis="y2"),
     ]
     layout["xaxis"].update(title=dict(text="accepted drafts"), **({"dtick": 1} if len(hist) <= 20 else {}))
     layout["xaxis2"].update(title=dict(text="depth d"), **({"dtick": 1} if len(counts) <= 20 else {}))

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..analysis import acceptance_warning, config_label
 from .text import esc, shorten, visible
+from ..words import plural
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
        "connect-src 'none'; base-uri 'none'; form-action 'none'")
@@ -496,7 +497,7 @@ def audit_html(summary: dict[str, Any], link=round_link) -> str:
              "<table id=audit><tr><th></th><th>A</th><th>B</th></tr>"]
     parts += [f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>" for k, vals in rows]
     parts.append(f"</table>\n<p>The greedy decodings part in {_num(audit['prompts_parted'])} of "
-                 f"{_num(audit['prompts_compared'])} prompts.</p>\n")
+                 f"{plural(audit['prompts_compared'], 'prompt')}.</p>\n")
     parts.append("<table id=parts class=sortable><thead><tr><th>#</th><th>part at</th><th>A's token</th><th>A's margin"
                  "</th><th>B's token</th><th>B's margin</th><th>traces</th></tr></thead><tbody>")
     for p in audit["per_prompt"]:

@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 
 from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
-from .text import esc, plural
+from ..words import plural
+from .text import esc
 
 TICK_OCTAVES = 0.4  # the budget axis labels the session's budget and the chain's length this far from other ticks
 NOT_PREDICTED = "#999999"  # greedy's line and the session's budget: references, not predictions

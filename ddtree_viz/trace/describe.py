@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..words import plural
 from .records import Trace
 from .schema import VERDICT_MISMATCH, VERDICT_NOISE
 
@@ -22,10 +23,11 @@ def verdict_words(verdict: str | None, margin: float | None, noise: float | None
     if verdict == VERDICT_NOISE and margin == 0.0:
         return "within numerical noise: an exact tie (the reference's top two choices are equal, margin 0)"
     if verdict == VERDICT_NOISE:
-        return f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over {positions} positions)"
+        return (f"within numerical noise (margin {margin:.3g} <= noise {noise:.3g}, measured over "
+                f"{plural(positions, 'position')})")
     if verdict == VERDICT_MISMATCH:
         return (f"beyond numerical noise: mismatch (margin {margin:.3g} > noise {noise:.3g}, measured over "
-                f"{positions} positions)")
+                f"{plural(positions, 'position')})")
     if margin is None:
         return "no verdict: no reference margin there (the reference ended, or one token was left to choose)"
     return "no verdict yet: no numerical noise measured so far (it needs stretches of two or more tokens)"

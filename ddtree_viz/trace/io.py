@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from ..words import plural
 from ..errors import TraceError
 from ..files import read_limited
 from .schema import LIST_LIMITS, MAX_INT, MAX_NESTING, MAX_TEXT_CHARS, MAX_TOKEN_CHARS, MAX_TRACE_BYTES
@@ -60,7 +61,8 @@ def parse_json(text: str | bytes, what: str = "trace") -> Any:
     """JSON text -> data, every failure a TraceError: too large, not JSON, a number too long to read, nesting too
     deep (json's own RecursionError, or more than MAX_NESTING levels)."""
     if len(text) > MAX_TRACE_BYTES:
-        raise TraceError(f"the {what} is {len(text):,} characters; a trace may be at most {MAX_TRACE_BYTES // 2**20} MiB "
+        raise TraceError(f"the {what} is {plural(len(text), 'character')}; a trace may be at most "
+                         f"{MAX_TRACE_BYTES // 2**20} MiB "
                          f"({MAX_TRACE_BYTES:,} bytes)")
     try:
         data = json.loads(text)
@@ -111,7 +113,7 @@ def check_text(value: str, where: str, limit: int = MAX_TEXT_CHARS) -> str:
     """A string from a file: at most `limit` characters, valid Unicode (no unpaired surrogates, which JSON's
     \\uD800 escapes can make and nothing can encode)."""
     if len(value) > limit:
-        raise TraceError(f"{where}: text of {len(value)} characters (at most {limit})")
+        raise TraceError(f"{where}: text of {plural(len(value), 'character')} (at most {limit})")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -239,7 +241,7 @@ def build(cls, data: Any, where: str, nested: dict[str, Any]):
         value = data[f.name]
         limit = LIST_LIMITS.get(f.name)
         if limit is not None and isinstance(value, (list, dict)) and len(value) > limit:
-            raise TraceError(f"{where}.{f.name}: {len(value)} entries; a trace may hold at most {limit} "
+            raise TraceError(f"{where}.{f.name}: {plural(len(value), 'entry')}; a trace may hold at most {limit} "
                              "(docs/ARCHITECTURE.md, input limits)")
         if f.name in nested:
             sub_cls = nested[f.name]
@@ -256,7 +258,7 @@ def read_trace_text(path: str | Path, name: str | None = None) -> str:
     """A trace file's text: at most MAX_TRACE_BYTES, UTF-8; messages call it `name` (default: its path)."""
     shown = name if name is not None else str(path)
     return read_limited(path, MAX_TRACE_BYTES, "trace file", shown=shown, error=TraceError,
-                        too_large=lambda size: f"trace file {shown} is {size:,} bytes; a trace may be at most "
+                        too_large=lambda size: f"trace file {shown} is {plural(size, 'byte')}; a trace may be at most "
                                                f"{MAX_TRACE_BYTES // 2**20} MiB ({MAX_TRACE_BYTES:,} bytes)")
 
 
@@ -267,6 +269,7 @@ def named(load: Callable[[], Any], path: str | Path, name: str | None) -> Any:
     try:
         return load()
     except TraceError as exc:
-        if shown in str(exc):
+        # (the file reader's own messages name it already; a name that merely occurs in a message does not count)
+        if f"trace file {shown}" in str(exc) or f"trace file not found: {shown}" in str(exc):
             raise
         raise TraceError(f"trace file {shown}: {exc}") from None

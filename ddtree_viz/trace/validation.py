@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..words import plural
 from ..errors import TraceError
 from ..options import DRAFTER_FAMILIES, MAX_TOP_K, METHODS, TREE_SCORINGS, VERIFY_MODES
 from ..treeops import check_parents, depths_of, follow, is_parent_chain
@@ -96,7 +97,7 @@ def _check_positions(step: Record, where: str) -> None:
     for name in ("target_argmax", "target_margin", "target_choice", "target_prob", "selector_unary", "selector_pair"):
         values = getattr(step, name)
         if len(values) != n and (name == "target_argmax" or values):
-            raise TraceError(f"{where}: {name} has {len(values)} entries for {n} nodes")
+            raise TraceError(f"{where}: {name} has {plural(len(values), 'entry')} for {plural(n, 'node')}")
     _token_ids(step.target_argmax, f"{where}.target_argmax")
     _token_ids(step.target_choice, f"{where}.target_choice")
     for i, m in enumerate(step.target_margin):
@@ -110,12 +111,13 @@ def _check_positions(step: Record, where: str) -> None:
                                         ("target_top_ids", "target_top_probs", n)):
         ids, values = getattr(step, ids_name), getattr(step, values_name)
         if rows is not None and ids and len(ids) != rows:
-            raise TraceError(f"{where}: {ids_name} has {len(ids)} rows for {n} nodes")
+            raise TraceError(f"{where}: {ids_name} has {plural(len(ids), 'row')} for {plural(n, 'node')}")
         if len(values) != len(ids) or any(len(a) != len(b) for a, b in zip(ids, values)):
             raise TraceError(f"{where}: {values_name} does not match {ids_name} entry for entry")
         for r, row in enumerate(ids):
             if len(row) > MAX_TOP_K:
-                raise TraceError(f"{where}.{ids_name}[{r}]: {len(row)} entries; a trace may hold at most {MAX_TOP_K}")
+                raise TraceError(f"{where}.{ids_name}[{r}]: {plural(len(row), 'entry')}; a trace may hold at most "
+                                 f"{MAX_TOP_K}")
             _token_ids(row, f"{where}.{ids_name}[{r}]")
     for r, row in enumerate(step.draft_top_logprobs):
         if any(v > LOGPROB_SLACK for v in row):
@@ -172,11 +174,12 @@ def _check_round_extras(step: Record, where: str) -> None:
         _check_cache(getattr(step, name), f"{where}.{name}")
         layers = layers or len(getattr(step, name))
     if step.cache and step.cache_before_commit and len(step.cache) != len(step.cache_before_commit):
-        raise TraceError(f"{where}: cache has {len(step.cache)} layers, cache_before_commit "
+        raise TraceError(f"{where}: cache has {plural(len(step.cache), 'layer')}, cache_before_commit "
                          f"{len(step.cache_before_commit)}")
     if step.naive_state_error:
         if layers and len(step.naive_state_error) != layers:
-            raise TraceError(f"{where}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+            raise TraceError(f"{where}: naive_state_error has {plural(len(step.naive_state_error), 'entry')} for "
+                             f"{plural(layers, 'layer')}")
         for i, e in enumerate(step.naive_state_error):
             if e is not None:
                 _at_least(e, 0.0, f"{where}.naive_state_error[{i}]", "a distance")
@@ -265,7 +268,8 @@ def _check_fields(trace: Record, where: str) -> None:
     check_total_nodes([{"nodes": s.nodes} for s in trace.steps], where)
     max_new = trace.settings.get("max_new_tokens")
     if isinstance(max_new, int) and not isinstance(max_new, bool) and len(trace.output_ids) > max_new:
-        raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, more than its max_new_tokens {max_new}")
+        raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, more than its max_new_tokens "
+                         f"{max_new}")
     _check_cache(trace.prefill_cache, f"{where}.prefill_cache")
 
 
@@ -300,8 +304,9 @@ def _check_rounds(trace: Record, where: str) -> None:
                                  "yet more rounds follow")
         if step.committed_len != committed:
             raise TraceError(f"{at}.committed_len: {step.committed_len}, but "
-                             + (f"the prompt is {committed} tokens" if i == 0 else
-                                f"round {i} left {committed} tokens in the cache ({trace.steps[i - 1].committed_len} "
+                             + (f"the prompt is {plural(committed, 'token')}" if i == 0 else
+                                f"round {i} left {plural(committed, 'token')} in the cache "
+                                f"({trace.steps[i - 1].committed_len} "
                                 f"+ its accepted path of {trace.steps[i - 1].acceptance})"))
         if isinstance(block, int) and not isinstance(block, bool):
             deepest = max(node.depth for node in step.nodes)
@@ -313,9 +318,10 @@ def _check_rounds(trace: Record, where: str) -> None:
             if entries:
                 layers = layers or entries
                 if entries != layers:
-                    raise TraceError(f"{at}.{name}: {entries} layers, but the trace's cache lists have {layers}")
+                    raise TraceError(f"{at}.{name}: {plural(entries, 'layer')}, but the trace's cache lists have {layers}")
         if step.naive_state_error and layers and len(step.naive_state_error) != layers:
-            raise TraceError(f"{at}: naive_state_error has {len(step.naive_state_error)} entries for {layers} layers")
+            raise TraceError(f"{at}: naive_state_error has {plural(len(step.naive_state_error), 'entry')} for "
+                             f"{plural(layers, 'layer')}")
         committed += step.acceptance
         exact = exact and bool(step.new_token_ids)
         made += len(step.new_token_ids) if step.new_token_ids else 1
@@ -323,10 +329,11 @@ def _check_rounds(trace: Record, where: str) -> None:
         if exact:
             added = [t for s in trace.steps for t in s.new_token_ids]
             if list(trace.output_ids[1:]) != added:
-                raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, but they are not the prefill's "
-                                 f"token followed by the {len(added)} the rounds added (new_token_ids)")
+                raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, but they are not the "
+                                 f"prefill's token followed by the {len(added)} the rounds added (new_token_ids)")
         elif len(trace.output_ids) < made:
-            raise TraceError(f"{where}.output_ids: {len(trace.output_ids)} tokens, fewer than the {made} its rounds "
+            raise TraceError(f"{where}.output_ids: {plural(len(trace.output_ids), 'token')}, fewer than the {made} its "
+                             "rounds "
                              "produced")
 
 
@@ -352,7 +359,8 @@ def _check_divergence(trace: Record, where: str) -> None:
         said = "identical" if actual is None else f"first different at token {actual}"
         raise TraceError(f"{where}.first_divergence: {recorded}, but output_ids and greedy_ids are {said}")
     if actual is not None and actual == len(ref) < len(out):
-        raise TraceError(f"{where}.greedy_ids: {len(ref)} tokens, all equal to the output's first ones, yet the output "
+        raise TraceError(f"{where}.greedy_ids: {plural(len(ref), 'token')}, all equal to the output's first ones, yet "
+                         "the output "
                          "goes on (the reference stops early only at end of text, where the output stops too)")
     if actual is None:
         for name in ("divergence_margin", "divergence_verdict"):

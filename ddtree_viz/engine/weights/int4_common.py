@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from ...words import plural
 from .base import replace_linears, stand_in, whole_number
 from .plain import FusedLinear
 
@@ -81,7 +82,7 @@ class Int4Spec:
         stored = "" if self.layout == "pack-quantized" else f" {self.layout}"
         rules = sum(1 for *_, group, symmetric in self.overrides
                     if group is not None and (group, symmetric) != (self.group, self.symmetric))
-        stored += f" ({rules} layer rule{'s' * (rules != 1)})" if rules else ""
+        stored += f" ({plural(rules, 'layer rule')})" if rules else ""
         return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}{stored}"
 
     def at(self, prefix: str) -> Int4Spec | None:
