@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddtree_viz.benchmarks import gpu
-from ddtree_viz.engine.session import verdict
+from ddtree_viz.engine.check import verdict
 
 
 def _bench(tmp_path, *extra) -> dict:

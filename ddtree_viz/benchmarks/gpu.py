@@ -377,7 +377,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     naive verify, the DFlash chain, whole rounds; with --fast the static runner too (`fast_speed`)."""
     from ..engine.cache import new_cache
     from ..engine.drafter import extract_context_features
-    from ..engine.session import DFlashProposer
+    from ..engine.proposers import DFlashProposer
     from ..engine.tree import DraftTree
     from ..engine.verify import EXACT, verify_tree
 
@@ -558,7 +558,7 @@ def verify_commit_ms(target, base, tree, prompt_len: int, mode: str, sync) -> tu
     return v, (time.perf_counter() - s) * 1e3
 
 
-DRAFT_PATHS = {  # drafter_pass: each path's proposer options (session.make_proposer: the drafter's family)
+DRAFT_PATHS = {  # drafter_pass: each path's proposer options (proposers.make_proposer: the drafter's family)
     "dynamic": dict(static=False),  # drafter.py over its DraftKVCache, eager: the reference
     "static": dict(static=True, compile=False),  # draft_runner.py: CUDA graphs on a GPU (eager on a CPU), eager
     # attention, its pieces not compiled
@@ -577,7 +577,7 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
     Every path sees the same rounds; its last round's log-probs are compared with the dynamic path's. Ratios:
     `dynamic_per_static` (the graphs' speed-up) and each other path per the static one; the static pass against
     `limit_ms` (issue #18: DFlash 1 at block 16, 3 ms; issue #67: DFlash2 at block 8, with its selector, 3.0 ms)."""
-    from ..engine.session import make_proposer
+    from ..engine.proposers import make_proposer
 
     timed = timer(sync)
     block = drafter.block_size
@@ -871,14 +871,15 @@ def quantized_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 
     The target is judged on `peak_models_alone_GB`, what a process holding the two models alone would reach: their
     own bytes (`model_bytes`) plus the session's peak; the raw peak beside it also counts what the bench's earlier
     phases left allocated (`leftover_GiB`)."""
-    from ..engine.session import DecodeSession, make_proposer
+    from ..engine.proposers import make_proposer
+    from ..engine.session import DecodeSession
 
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, pair.target.config.vocab_size, (context,), generator=gen).tolist()
     resident = torch.cuda.memory_allocated() if bench.cuda else None
     proposer = make_proposer(pair.drafter, pair.target, static=True)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=(rounds + 2) * pair.drafter.block_size,
-                            engine="runner", record=False, proposer=proposer)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=(rounds + 2) * pair.drafter.block_size,
+                               engine="runner", record=False, proposer=proposer)
     start = time.perf_counter()
     session.prefill(prompt_ids=prompt)
     prefill_s = time.perf_counter() - start
@@ -1248,14 +1249,15 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the host's speed just after them (host_loop_us), the round as the host sees it and the draft path;
     with `timeline`, the device's idle time in the next untimed rounds (device_timeline)."""
-    from ..engine.session import DecodeSession, make_proposer
+    from ..engine.proposers import make_proposer
+    from ..engine.session import DecodeSession
 
     options = {"compile": drafter_compile} if static else {}
     proposer = make_proposer(pair.drafter, pair.target, static=static, **options)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
-                            time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
-                            tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
-                            draft_ahead=draft_ahead, verify_ahead=verify_ahead)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
+                               time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
+                               tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
+                               draft_ahead=draft_ahead, verify_ahead=verify_ahead)
     session.prefill(prompt_ids=prompt)
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
@@ -1272,7 +1274,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
             phases["verify_commit"].append(t["verify"] + t["commit"])
             # the host's own time in a round: the tree's making (on the device: the builder's launch) and the
             # runner's (the verify's inputs and launch, the walk's and the commit's); the next draft's launch apart
-            phases["host_tree"].append(session.tree_builder.host_ms if session.tree_on_device else t["tree"])
+            phases["host_tree"].append(session.scheduler.tree_builder.host_ms if session.scheduler.tree_on_device
+                                          else t["tree"])
             phases["host_runner"].append(runner.host_ms[-1])
             phases["host"].append(phases["host_tree"][-1] + phases["host_runner"][-1])
             phases["host_draft"].append(getattr(proposer.runner, "host_ms", 0.0))
@@ -1288,8 +1291,9 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     if timeline:
         out["device_timeline"] = device_timeline(session, loop_wall_ms=out["loop_wall_ms"])
         out["host_profile"] = host_profile(session)
-    out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, verify_ahead=session.verify_ahead,
-               verified_ahead=session.verified_ahead, queue_error=session.queue_error,
+    scheduler = session.scheduler
+    out.update(draft_path=proposer.path, draft_ahead=scheduler.draft_ahead, verify_ahead=scheduler.verify_ahead,
+               verified_ahead=scheduler.verified_ahead, queue_error=scheduler.queue_error,
                method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
                draft_capture_s=proposer.runner.capture_s if proposer.runner is not None else None)
     return out
@@ -1917,12 +1921,15 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), weights: str = "plain") -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`weights`
     "fp8" or "int4": on quantized weights made at random, each result saying so). Each divergence is judged as the page judges one
-    (session.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
+    (check.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
     largest |margin of a chain pass - margin of the one-token step| where both choose the same token)."""
     from ..engine.engines import RunnerEngine
     from ..engine.oracle import OracleProposer
     from ..engine.runner import StaticRunner
-    from ..engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence, verdict
+    from ..analysis import first_divergence
+    from ..engine.check import verdict
+    from ..engine.reference import EngineGreedy, GreedyReference
+    from ..engine.session import DecodeSession
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, weights)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
@@ -1950,8 +1957,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
-                                    engine=engine(budget + 1), record=False)
+            session = DecodeSession.of(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                       engine=engine(budget + 1), record=False)
             session.prefill(prompt_ids=prompt)
             session.run()
             out, rounds = session.generated, [r.kept for r in session.history]
@@ -2150,8 +2157,8 @@ def bare_rounds(pair, budget: int, max_new: int, prompt_ids: list[int], steps: i
     out = {}
     for key, record, on_device in (("bare_round_ms", False, None), ("bare_round_recorded_ms", True, None),
                                    ("bare_round_recorded_host_tree_ms", True, False)):
-        session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
-                                time_phases=True, tree_on_device=on_device)
+        session = DecodeSession.of(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
+                                   time_phases=True, tree_on_device=on_device)
         session.prefill(prompt_ids=prompt_ids)
         times = []
         for r in range(steps + 2):
@@ -2206,7 +2213,8 @@ def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, rank
     from ..engine.engines import RunnerEngine
     from ..engine.oracle import OracleProposer
     from ..engine.runner import StaticRunner
-    from ..engine.session import DecodeSession, EngineGreedy
+    from ..engine.reference import EngineGreedy
+    from ..engine.session import DecodeSession
 
     layers = 8 if not bench.smoke else 4
     target, pair, prompt = exactness_setup(bench, layers, torch.float32, prompt_len)
@@ -2221,8 +2229,8 @@ def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, rank
     runs, info = {}, {"ranks": list(ranks), "layers": layers, "dtype": "float32", "budget": budget}
     for method, b, size in (("ddtree", budget, budget + 1), ("dflash", 1, block)):
         oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=block)
-        session = DecodeSession(pair, budget=b, method=method, max_new_tokens=new, proposer=oracle,
-                                engine=engine(size), record=False, block_size=block)
+        session = DecodeSession.of(pair, budget=b, method=method, max_new_tokens=new, proposer=oracle,
+                                   engine=engine(size), record=False, block_size=block)
         session.prefill(prompt_ids=prompt)
         runs[method] = session.run()
         info[f"{method}_identical_to_greedy"] = session.generated == greedy[:len(session.generated)]
@@ -2273,8 +2281,8 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
     per phase. Random weights accept little, so this measures cost per round, not speed-up."""
     from ..engine.session import DecodeSession
 
-    session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
-                            engine="transformers")  # section 3 measures transformers' forward; the runner has its own
+    session = DecodeSession.of(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
+                               engine="transformers")  # section 3 measures transformers' forward; the runner has its own
     session.prefill(prompt_ids=prompt)
     session.step()  # warm-up
     records = [session.step() for _ in range(rounds)]
@@ -2288,7 +2296,9 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
               prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
     from ..engine.oracle import OracleProposer
-    from ..engine.session import DecodeSession, GreedyReference, first_divergence
+    from ..analysis import first_divergence
+    from ..engine.reference import GreedyReference
+    from ..engine.session import DecodeSession
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
@@ -2296,8 +2306,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy.ids, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
-                                    engine="transformers")  # the runner's exactness: fast_exactness
+            session = DecodeSession.of(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                       engine="transformers")  # the runner's exactness: fast_exactness
             session.prefill(prompt_ids=prompt)
             session.run()
             idx = first_divergence(session.generated, greedy.ids)
