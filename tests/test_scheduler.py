@@ -152,6 +152,8 @@ def test_the_mode_is_the_plans_cut_to_what_can_run_now():
     # a CPU's timed rounds queue nothing unless asked (untimed_only); untimed, they do
     assert scheduler(Ahead.DRAFT, untimed_only=True, timed=True).mode() is Ahead.NONE
     assert scheduler(Ahead.DRAFT, untimed_only=True, timed=False).mode() is Ahead.DRAFT
+    timed = scheduler(Ahead.VERIFY, TreeWhere.DEVICE, untimed_only=True, timed=True)
+    assert not timed.queues_draft and timed.draft_ahead and timed.verify_ahead  # what its untimed rounds would do
     # drafting from the device's walk needs the engine's queued walk and a drafter on the target's device
     no_walk = FakeEngine(EngineCapabilities(tree_tensors=True))
     assert scheduler(Ahead.VERIFY, TreeWhere.DEVICE, engine=no_walk).mode() is Ahead.DRAFT

@@ -236,15 +236,19 @@ class Scheduler:
 
     @property
     def queues_draft(self) -> bool:
+        """This round queues the next round's draft (its mode, the timing included)."""
         return self.mode() >= Ahead.DRAFT
 
     @property
     def draft_ahead(self) -> bool:
-        return self.mode() >= Ahead.DRAFT_EARLY
+        """A round that queues the next draft queues it before the walk is read: the plan's and what can run now,
+        whatever the timing (a CPU's timed rounds queue nothing, its untimed ones do)."""
+        return self.plan.ahead >= Ahead.DRAFT_EARLY and self._drafts_from_walk()
 
     @property
     def verify_ahead(self) -> bool:
-        return self.mode() is Ahead.VERIFY
+        """And the next tree and verify behind it."""
+        return self.plan.ahead is Ahead.VERIFY and self._drafts_from_walk()
 
     def draft(self, root: int, committed_len: int, features, block_size: int) -> tuple[torch.Tensor, PhaseClock | None]:
         """This round's log-probs, and the clock that timed them where the last round queued them; else drafted
