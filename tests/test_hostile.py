@@ -710,12 +710,13 @@ def test_sizes_at_the_limits_render_in_bounded_time(real):
 
 
 def test_trace_limits_match_what_the_engine_can_record():
-    from ddtree_viz.engine import drafter, session
+    from ddtree_viz import options  # what a session accepts: DecodeSettings checks these as it is made
+    from ddtree_viz.engine import drafter, recorder
     from ddtree_viz.render import mask_plot
 
-    assert T.MAX_NODES == session.MAX_BUDGET + 1  # a round's tree: the largest budget + the root
-    assert T.MAX_OUTPUT_TOKENS == session.MAX_NEW_TOKENS and T.MAX_ROUNDS >= session.MAX_NEW_TOKENS - 1
-    assert T.MAX_TOP_K >= session.MAX_TOP_K
+    assert T.MAX_NODES == options.MAX_BUDGET + 1  # a round's tree: the largest budget + the root
+    assert T.MAX_OUTPUT_TOKENS == options.MAX_NEW_TOKENS and T.MAX_ROUNDS >= options.MAX_NEW_TOKENS - 1
+    assert T.MAX_TOP_K >= recorder.MAX_TOP_K  # (Recording checks the recorded top-k's against it)
     assert drafter.MAX_BLOCK_SIZE == T.MAX_DEPTH + 1  # a tree is at most block_size - 1 deep
     assert mask_plot.MAX_POSITIONS == 512 + 1  # the page's largest budget: its rounds' masks show whole
     assert ex.MAX_FIGURE_POSITIONS >= 512 + 2  # ... and its trees export (the bonus node included)
