@@ -36,10 +36,10 @@ def start_b(pair: ModelPair, settings: DecodeSettings, spec: PromptSpec, sampler
             **runtime) -> DecodeSession:
     """B's session: `settings` (settings_b's) on A's prompt (`spec`) with A's `sampler`, prefilled and stepped
     `rounds` rounds (A's so far: the two then step in lockstep), unless it finishes first. `runtime`: as for
-    DecodeSession.from_settings (recorded top-k, ...)."""
+    DecodeSession.of (recorded top-k, ...)."""
     from .engine.session import DecodeSession
 
-    b = DecodeSession.from_settings(pair, settings, sampler=sampler, **runtime)
+    b = DecodeSession.of(pair, settings, sampler=sampler, **runtime)
     b.prefill(spec=spec)
     while len(b.history) < rounds and not b.done:
         b.step()

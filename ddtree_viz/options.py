@@ -21,7 +21,7 @@ __all__ = [
     "AUTO", "ENGINE_CHOICES", "ENGINES", "EXACT", "NAIVE", "REFERENCE_ENGINE", "REFERENCE_NAMES", "VERIFY_MODES",
     "engine_for_verify", "DDTREE", "DFLASH", "DFLASH2", "PRECISION_B", "METHODS", "CHAINS", "MARGINAL", "SELECTOR",
     "TREE_SCORINGS", "DRAFTER_FAMILIES", "VERIFY_LABELS", "DTYPES", "DEVICES", "REFERENCES", "MAX_BUDGET",
-    "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "check_decode_settings",
+    "MAX_NEW_TOKENS", "MAX_TOP_K", "MAX_SEED", "TARGET_TOP_K", "DRAFT_TOP_K", "check_int", "whole",
     "number", "whole_number", "port_number", "EXPORT_FORMATS", "EXPORT_FIGURES", "SHOW_CHOICES",
     "SCHEME_NAMES", "COLOR_RANGES", "PHASES", "DEFAULT_DPI", "PAPER_WIDTHS_CM", "PAPER_WIDTHS", "length_inches",
     "paper_width", "check_port", "DecodeSettings",
@@ -70,25 +70,22 @@ TARGET_TOP_K = 5  # the target's top-k recorded at each tree position
 DRAFT_TOP_K = 16  # cap on the drafter's candidates recorded per depth (the grid)
 
 
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    """`value` as an int in [lo, hi], or an InputError that names the setting. A float with no fraction counts
-    (gradio's Number gives floats); bools and other types do not."""
+def whole(name: str, value) -> int:
+    """`value` as an int, or an InputError that names the setting. A float with no fraction counts (gradio's Number
+    gives floats); bools and other types do not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise InputError(f"{name} must be a whole number, not {value!r}")
-    if not lo <= value <= hi:
-        raise InputError(f"{name} must be between {lo} and {hi}, not {value}")
+            return int(value)
+        raise InputError(f"{name} must be a whole number, not {value!r}")
     return int(value)
 
 
-def check_decode_settings(budget, max_new_tokens, block_size=None) -> None:
-    """Range checks that need no model, done before a (possibly long) model load. The session checks again."""
-    check_int("budget", budget, 1, MAX_BUDGET)
-    check_int("max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
-    if block_size is not None and block_size < 2:
-        raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {block_size}")
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi], or an InputError that names the setting (whole's types)."""
+    value = whole(name, value)
+    if not lo <= value <= hi:
+        raise InputError(f"{name} must be between {lo} and {hi}, not {value}")
+    return value
 
 
 def number(text: str) -> float:
@@ -164,8 +161,11 @@ def check_port(host: str, port: int) -> None:
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
     """What a decoding session is asked for, as plain data: the one bundle the CLI, the page, the prompt-set loop
-    and the benchmarks hand to `DecodeSession.from_settings` (engine/session.py), which checks it again.
-    `block_size` None: the drafter's own. `engine`: a name from ENGINE_CHOICES. Sampling: T 0 is greedy."""
+    and the benchmarks hand to `DecodeSession` (engine/session.py). Checked once, as it is made (the checks that
+    need no model: ranges and names; a setting out of range is an InputError that names it), so a DecodeSettings
+    is a valid one: nothing downstream checks it again; the block size against the drafter's is the session's.
+    `block_size` None: the drafter's own. `engine`: a name from ENGINE_CHOICES. Sampling: T 0 is greedy (the
+    sampler's own fields are checked by engine/sampling.py's Sampler)."""
 
     budget: int = 32
     max_new_tokens: int = 64
@@ -180,16 +180,19 @@ class DecodeSettings:
     seed: int = 0
     tree_scoring: str = MARGINAL
 
-    def replace(self, **changes) -> "DecodeSettings":
-        return dataclasses.replace(self, **changes)
-
-    def check(self) -> "DecodeSettings":
-        """The checks that need no model (ranges, names); returns self. The session checks the rest."""
-        check_decode_settings(self.budget, self.max_new_tokens, self.block_size)
+    def __post_init__(self):
+        set_ = object.__setattr__  # (frozen: the checked values, as ints, in place of those given)
+        set_(self, "budget", check_int("budget", self.budget, 1, MAX_BUDGET))
+        set_(self, "max_new_tokens", check_int("max new tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS))
+        if self.block_size is not None:
+            set_(self, "block_size", whole("block size", self.block_size))
+            if self.block_size < 2:
+                raise InputError(f"block size must be at least 2 (the root + one drafted depth), not {self.block_size}")
         for name, value, allowed in (("method", self.method, METHODS), ("tree scoring", self.tree_scoring, TREE_SCORINGS),
                                      ("verify mode", self.verify, VERIFY_MODES),
                                      ("engine", self.engine, ENGINE_CHOICES), ("reference", self.reference, REFERENCES)):
             if value not in allowed:
                 raise InputError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
-        check_int("seed", self.seed, 0, MAX_SEED)
-        return self
+
+    def replace(self, **changes) -> "DecodeSettings":
+        return dataclasses.replace(self, **changes)

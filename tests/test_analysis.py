@@ -20,7 +20,8 @@ import torch
 from ddtree_viz import analysis
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.sampling import Sampler
-from ddtree_viz.engine.session import DecodeSession, greedy_decode
+from ddtree_viz.engine.reference import greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import TraceError
 from ddtree_viz.trace import StepRecord, Trace, TreeNode, to_plain
 from tests.tiny import tiny_pair
@@ -45,7 +46,7 @@ def oracle_session(pair, prompt, budget, ranks, sampler=Sampler(), seed=0, **kw)
     ids = pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     reference = greedy_decode(pair.target, ids, MAX_NEW, pair.eos_token_ids, sampler=sampler).ids
     oracle = OracleProposer(reference, len(ids), ranks, pair.target.config.vocab_size, seed=seed)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, sampler=sampler, **kw)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, sampler=sampler, **kw)
     session.prefill(prompt)
     return session
 
@@ -109,11 +110,11 @@ def test_the_chain_curve_is_by_chain_length(hybrid):
 
 def test_the_budget_curve_on_the_embedded_pair(embedded):
     prompt = "def read_config(path):\n"
-    session = DecodeSession(embedded, budget=16, max_new_tokens=48)
+    session = DecodeSession.of(embedded, budget=16, max_new_tokens=48)
     session.prefill(prompt)
     check_curve_against_rounds(session, rounds=2, budgets=[1, 2, 3, 4, 6, 8, 12, 15])
     # and from the prefill state with sessions of their own
-    fresh = {b: DecodeSession(embedded, budget=b, max_new_tokens=48) for b in (1, 3, 7, 16)}
+    fresh = {b: DecodeSession.of(embedded, budget=b, max_new_tokens=48) for b in (1, 3, 7, 16)}
     rounds = {}
     for b, s in fresh.items():
         s.prefill(prompt)

@@ -453,7 +453,7 @@ def test_sampling_controls_decode_the_targets_own_sample(host, tmp_path):
     the status names the settings and how to reproduce them, the hover shows the sample and its probability, a
     new seed starts over, and the saved trace replays with the same words."""
     from ddtree_viz.engine.sampling import Sampler
-    from ddtree_viz.engine.session import greedy_decode
+    from ddtree_viz.engine.reference import greedy_decode
 
     tab = TabState()
     for tab in actions.run_rounds(host, tab, settings(host, **sampled_args(max_new_tokens=16))):
@@ -694,7 +694,7 @@ def test_compare_mode_catches_b_up_and_checks_it_in_turns_another_tabs_step_betw
 def test_replay_of_a_trace_with_no_rounds_says_so(tmp_path):
     from ddtree_viz.engine.session import DecodeSession
 
-    session = DecodeSession(tiny.tiny_pair("hybrid"), budget=2, max_new_tokens=4)
+    session = DecodeSession.of(tiny.tiny_pair("hybrid"), budget=2, max_new_tokens=4)
     session.prefill("a")
     path = tmp_path / "zero.json"
     session.to_trace().save(path)
@@ -787,7 +787,7 @@ def test_abandoned_tabs_leave_memory_and_temp_files_bounded(tmp_path):
 
     from tests.test_hostile import many_rounds_trace
 
-    session = __import__("ddtree_viz.engine.session", fromlist=["x"]).DecodeSession(
+    session = __import__("ddtree_viz.engine.session", fromlist=["x"]).DecodeSession.of(
         tiny.tiny_pair("hybrid"), budget=4, max_new_tokens=6)
     session.prefill("def f(x):\n")
     session.run()

@@ -181,7 +181,7 @@ def test_exact_ddtree_equals_greedy_on_the_embedded_pair(budget):
 
     pair = load_pair()
     for prompt in ("class Stack:\n    def __init__(self):\n", "for i, line in enumerate(lines):\n"):
-        session = DecodeSession(pair, budget=budget, max_new_tokens=48)
+        session = DecodeSession.of(pair, budget=budget, max_new_tokens=48)
         session.prefill(prompt)
         session.run()
         assert session.divergence() == (None, None)

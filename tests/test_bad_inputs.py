@@ -29,7 +29,7 @@ def saved(tmp_path_factory, pair):
 
 @pytest.fixture(scope="module")
 def good_trace(pair) -> dict:
-    session = DecodeSession(pair, budget=4, max_new_tokens=4)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=4)
     session.prefill("def f(x):")
     session.run()
     return json.loads(session.to_trace().to_json())
@@ -37,7 +37,7 @@ def good_trace(pair) -> dict:
 
 def _works(pair, **settings) -> None:
     """A good prefill + step on this pair (after an error elsewhere)."""
-    session = DecodeSession(pair, budget=4, max_new_tokens=4, **settings)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=4, **settings)
     session.prefill("ok")
     record = session.step()
     assert record.acceptance >= 1
@@ -49,7 +49,7 @@ def _works(pair, **settings) -> None:
 
 
 def test_empty_prompt(pair):
-    session = DecodeSession(pair, budget=4, max_new_tokens=4)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=4)
     for bad in ("", None):
         with pytest.raises(InputError, match="prompt is empty"):
             session.prefill(bad)
@@ -63,29 +63,32 @@ def test_empty_prompt(pair):
                                            (2.5, "whole number"), ("abc", "whole number"), (True, "whole number")])
 def test_bad_budget(pair, budget, words):
     with pytest.raises(InputError, match=words) as exc:
-        DecodeSession(pair, budget=budget)
+        DecodeSession.of(pair, budget=budget)
     assert "budget" in str(exc.value)
 
 
 @pytest.mark.parametrize("value", [0, -1, 10**9, 1.5, "ten"])
 def test_bad_max_new_tokens(pair, value):
     with pytest.raises(InputError, match="max new tokens"):
-        DecodeSession(pair, max_new_tokens=value)
+        DecodeSession.of(pair, max_new_tokens=value)
 
 
-@pytest.mark.parametrize("block_size", [1, 0, 9, 64])
-def test_bad_block_size(pair, block_size):
+@pytest.mark.parametrize("block_size, words", [(1, "at least 2"), (0, "at least 2"), (9, "between 2 and 8"),
+                                               (64, "between 2 and 8")])
+def test_bad_block_size(pair, block_size, words):
+    """Below 2 refused where the settings enter (DecodeSettings, no model needed); above the drafter's block by the
+    session, which has the drafter."""
     assert pair.drafter.block_size == 8
-    with pytest.raises(InputError, match="block size must be between 2 and 8"):
-        DecodeSession(pair, block_size=block_size)
+    with pytest.raises(InputError, match=f"block size must be {words}"):
+        DecodeSession.of(pair, block_size=block_size)
 
 
 def test_unknown_modes(pair):
     with pytest.raises(InputError, match="verify mode") as exc:
-        DecodeSession(pair, verify="sloppy")
+        DecodeSession.of(pair, verify="sloppy")
     assert "sloppy" in str(exc.value)
     with pytest.raises(InputError, match="method") as exc:
-        DecodeSession(pair, method="beam")
+        DecodeSession.of(pair, method="beam")
     assert "beam" in str(exc.value)
     with pytest.raises(InputError, match="dtype") as exc:
         parse_dtype("float64")
@@ -114,7 +117,7 @@ def test_cuda_without_gpu_is_an_input_error():
 
 
 def test_step_before_prefill_and_after_done(pair):
-    session = DecodeSession(pair, budget=4, max_new_tokens=3)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=3)
     with pytest.raises(InputError, match="prefill"):
         session.step()
     with pytest.raises(InputError, match="prefill"):
@@ -131,7 +134,7 @@ def test_step_before_prefill_and_after_done(pair):
 def test_overlong_prompt():
     small = tiny.tiny_pair("hybrid", max_position_embeddings=64)
     assert small.max_positions == 64
-    session = DecodeSession(small, budget=4, max_new_tokens=8)
+    session = DecodeSession.of(small, budget=4, max_new_tokens=8)
     session.prefill("short")
     first = session.step()
     with pytest.raises(InputError, match="the prompt is 100 tokens") as exc:
@@ -236,7 +239,7 @@ def test_drafter_config_of_the_wrong_shape(saved, tmp_path, change, words):
                                            ("x\ud800y", "an unpaired surrogate \\(U\\+D800\\)")])
 def test_prompt_that_is_not_valid_text(pair, prompt, words):
     """A lone surrogate made the tokenizer fail with a raw TypeError (in the page too)."""
-    session = DecodeSession(pair, budget=4, max_new_tokens=4)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=4)
     with pytest.raises(InputError, match=words):
         session.prefill(prompt)
     session.prefill("ok")
@@ -245,7 +248,7 @@ def test_prompt_that_is_not_valid_text(pair, prompt, words):
 
 def test_max_new_tokens_past_the_target_names_the_real_limit(pair):
     limit = pair.max_positions
-    session = DecodeSession(pair, budget=4, max_new_tokens=min(limit, 8192))
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=min(limit, 8192))
     with pytest.raises(InputError, match=f"max new tokens {min(limit, 8192)} is too many for this target: it has "
                                          f"{limit:,} positions"):
         session.prefill("ok")

@@ -327,7 +327,7 @@ def replay_page(tmp_path):
     from ddtree_viz.engine.session import DecodeSession
     from tests import tiny
 
-    session = DecodeSession(tiny.tiny_pair("hybrid"), budget=6, max_new_tokens=8)
+    session = DecodeSession.of(tiny.tiny_pair("hybrid"), budget=6, max_new_tokens=8)
     session.prefill("def f(x):\n")
     session.run()
     data = json.loads(session.to_trace().to_json())

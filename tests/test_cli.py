@@ -353,7 +353,7 @@ def _busy_port():
 
 def test_replay_port_in_use_or_out_of_range(tmp_path, capsys):
     path = tmp_path / "t.json"
-    session = __import__("ddtree_viz.engine.session", fromlist=["DecodeSession"]).DecodeSession(
+    session = __import__("ddtree_viz.engine.session", fromlist=["DecodeSession"]).DecodeSession.of(
         tiny.tiny_pair("hybrid"), budget=2, max_new_tokens=3)
     session.prefill("a")
     session.run()

@@ -16,7 +16,7 @@ PROMPT = "def f(x):\n"
 @pytest.mark.parametrize("verify", ["exact", "naive"])
 def test_offloaded_layers_decode_like_the_plain_target(tmp_path, verify):
     plain = tiny.tiny_pair("hybrid", seed=0)
-    ref = DecodeSession(plain, budget=16, max_new_tokens=24, verify=verify)
+    ref = DecodeSession.of(plain, budget=16, max_new_tokens=24, verify=verify)
     ref.prefill(PROMPT)
     ref.run()
 
@@ -27,7 +27,7 @@ def test_offloaded_layers_decode_like_the_plain_target(tmp_path, verify):
     dispatch_model(pair.target, device_map=device_map, offload_dir=str(tmp_path))
     gdn = pair.target.model.layers[1].linear_attn
     assert gdn.A_log.device.type == "meta" and gdn.conv1d.weight.device.type == "meta"  # really offloaded
-    session = DecodeSession(pair, budget=16, max_new_tokens=24, verify=verify)
+    session = DecodeSession.of(pair, budget=16, max_new_tokens=24, verify=verify)
     session.prefill(PROMPT)
     session.run()
     assert session.generated == ref.generated
@@ -70,7 +70,7 @@ def test_target_split_over_two_devices(devices, verify):
     for idx, layer in enumerate(pair.target.model.layers):  # inside the layer: after accelerate moved the inputs
         handles.append(layer.input_layernorm.register_forward_pre_hook(record(idx), with_kwargs=True))
         handles.append(layer.mlp.register_forward_pre_hook(record(idx), with_kwargs=True))
-    session = DecodeSession(pair, budget=16, max_new_tokens=24, verify=verify)
+    session = DecodeSession.of(pair, budget=16, max_new_tokens=24, verify=verify)
     session.prefill(PROMPT)
     session.run()
     for h in handles:

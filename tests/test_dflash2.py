@@ -25,7 +25,9 @@ from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter, GroupedDyna
 from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter
 from ddtree_viz.engine.models import EMBEDDED_DRAFT, EMBEDDED_TARGET, load_pair
 from ddtree_viz.engine.sampling import Sampler
-from ddtree_viz.engine.session import DecodeSession, DFlash2Proposer, greedy_decode
+from ddtree_viz.engine.proposers import DFlash2Proposer
+from ddtree_viz.engine.reference import greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.engine.tree import build_selector_tree, selector_chain
 from ddtree_viz.errors import InputError, ModelLoadError
 from ddtree_viz.trace import Trace
@@ -100,7 +102,7 @@ def embedded2(embedded_dir):
 
 
 def decode(pair, prompt, **kw):
-    session = DecodeSession(pair, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), **kw)
+    session = DecodeSession.of(pair, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), **kw)
     session.prefill(prompt)
     session.run()
     return session
@@ -216,11 +218,11 @@ def test_a_dflash1_checkpoint_loads_as_before_and_honours_the_logit_fields(tmp_p
     assert torch.allclose(scaled.drafter.compute_logits(logits), 3.0 * torch.tanh(logits * 0.5 / 3.0))
     assert torch.equal(plain.drafter.compute_logits(logits), logits)
     ids = pair.tokenizer(PROMPTS[0], add_special_tokens=False)["input_ids"]
-    a, b = (DecodeSession(p, engine="transformers") for p in (plain, scaled))
+    a, b = (DecodeSession.of(p, engine="transformers") for p in (plain, scaled))
     for s in (a, b):
         s.prefill(prompt_ids=ids)
-    la = a.proposer.propose(a.generated[-1], a.committed_len, a._features, a.block_size)
-    lb = b.proposer.propose(b.generated[-1], b.committed_len, b._features, b.block_size)
+    la = a.proposer.propose(a.generated[-1], a.committed_len, a.features, a.block_size)
+    lb = b.proposer.propose(b.generated[-1], b.committed_len, b.features, b.block_size)
     # the same hidden states through a monotone logit map: other log-probs, the same best candidate
     assert not torch.allclose(la, lb) and torch.equal(la.argmax(-1), lb.argmax(-1))
     with pytest.raises(ModelLoadError, match="output_multiplier"):
@@ -352,11 +354,11 @@ def test_selector_chain_is_the_greedy_walk_and_samples_with_noise():
 def test_selector_and_dflash2_need_a_dflash2_drafter():
     pair = tiny_pair("hybrid", seed=0)
     with pytest.raises(InputError, match="tree scoring selector needs a DFlash2 drafter"):
-        DecodeSession(pair, tree_scoring="selector", engine="transformers")
+        DecodeSession.of(pair, tree_scoring="selector", engine="transformers")
     with pytest.raises(InputError, match="method dflash2 .* needs a DFlash2 drafter"):
-        DecodeSession(pair, method="dflash2", engine="transformers")
+        DecodeSession.of(pair, method="dflash2", engine="transformers")
     with pytest.raises(InputError, match="tree scoring must be one of marginal, selector"):
-        DecodeSession(pair, tree_scoring="joint", engine="transformers")
+        DecodeSession.of(pair, tree_scoring="joint", engine="transformers")
 
 
 @pytest.mark.parametrize("engine", ["transformers", "runner"])
@@ -402,19 +404,19 @@ def test_the_next_draft_queued_early_changes_no_round(embedded2, engine, method,
     round queues none."""
     runs = []
     for timed, queue in ((True, None), (True, True), (False, None)):  # a CPU's timed rounds queue only if asked
-        session = DecodeSession(embedded2, budget=16, max_new_tokens=MAX_NEW, method=method, tree_scoring=scoring,
-                                engine=engine, time_phases=timed, queue_draft=queue,
-                                sampler=Sampler(temperature, top_k=40, seed=3))
-        queues = session.queues_draft
+        session = DecodeSession.of(embedded2, budget=16, max_new_tokens=MAX_NEW, method=method, tree_scoring=scoring,
+                                   engine=engine, time_phases=timed, queue_draft=queue,
+                                   sampler=Sampler(temperature, top_k=40, seed=3))
+        queues = session.scheduler.queues_draft
         assert queues == (queue or not timed)
         session.prefill(PROMPTS[1])
         session.step()
-        assert (session._queued is not None) == queues  # a draft queued for a prompt about to be replaced
+        assert (session.scheduler.pending is not None) == queues  # a draft queued for a prompt about to be replaced
         session.prefill(PROMPTS[0])
         queued = []
         while not session.done:
             session.step()
-            queued.append(session._queued is not None)
+            queued.append(session.scheduler.pending is not None)
         assert queued == [queues] * (len(queued) - 1) + [False] and len(queued) > 2
         runs.append(session)
     first = runs[0]
@@ -433,7 +435,7 @@ def test_a_queued_draft_that_fails_loses_nothing(embedded2):
     """A queued draft that raises (here the drafter's input rejected once, as short memory would be) is not
     queued: its round's record and state stand, the next round drafts again, and the output is the target's own.
     A failure that persists is raised by the next step, before anything of that round moves."""
-    session = DecodeSession(embedded2, budget=16, max_new_tokens=MAX_NEW, engine="runner", record=False)
+    session = DecodeSession.of(embedded2, budget=16, max_new_tokens=MAX_NEW, engine="runner", record=False)
     real, calls = session.proposer.propose, []
 
     def failing_once(root, committed_len, features, block_size):
@@ -445,7 +447,7 @@ def test_a_queued_draft_that_fails_loses_nothing(embedded2):
     session.proposer.propose = failing_once
     session.prefill(PROMPTS[0])
     first = session.step()
-    assert session._queued is None and len(session.history) == 1 and calls == [calls[0], calls[0] + len(first.accepted)]
+    assert session.scheduler.pending is None and len(session.history) == 1 and calls == [calls[0], calls[0] + len(first.accepted)]
     session.run()
     assert session.generated == reference(embedded2, PROMPTS[0])
     session.prefill(PROMPTS[1])
@@ -478,7 +480,7 @@ def fork(session):
 
 
 def test_the_selector_budget_curve_is_an_actual_round_at_each_smaller_budget(embedded2):
-    session = DecodeSession(embedded2, budget=16, max_new_tokens=48, tree_scoring="selector", engine="transformers")
+    session = DecodeSession.of(embedded2, budget=16, max_new_tokens=48, tree_scoring="selector", engine="transformers")
     session.prefill("def read_config(path):\n")
     differing = 0
     for _ in range(3):
@@ -571,7 +573,7 @@ def test_the_page_reads_the_scoring_and_says_why_selector_needs_dflash2(tiny_dir
 def test_rounds_record_each_nodes_unary_and_pair_score_and_the_inspector_shows_them(tiny2, tmp_path):
     from ddtree_viz.render.inspect_view import inspector_html
 
-    session = DecodeSession(tiny2, tree_scoring="selector", budget=12, engine="transformers", max_new_tokens=8)
+    session = DecodeSession.of(tiny2, tree_scoring="selector", budget=12, engine="transformers", max_new_tokens=8)
     session.prefill(PROMPTS[0])
     step = session.step()
     scores = session.proposer.selector_scores()

@@ -20,7 +20,8 @@ from ddtree_viz.engine.dflash2 import DFlash2Config, DFlash2Drafter
 from ddtree_viz.engine.draft_runner import StaticDrafter, length_buckets, static_blocker
 from ddtree_viz.engine.drafter import DFlashConfig, DFlashDrafter
 from ddtree_viz.engine.models import ModelPair
-from ddtree_viz.engine.session import DecodeSession, DFlash2Proposer, DFlashProposer, make_proposer
+from ddtree_viz.engine.proposers import DFlash2Proposer, DFlashProposer, Proposer, make_proposer
+from ddtree_viz.engine.session import DecodeSession
 from tests import tiny
 
 ATOL = 1e-5
@@ -98,7 +99,7 @@ def rounds(drafter, target, new_rows, block_sizes=None, seed=0, proposers=None, 
         assert a.shape == b.shape == (block - 1, tiny.VOCAB) and b.dtype == torch.float32
         torch.testing.assert_close(b, a, atol=ATOL, rtol=ATOL, msg=lambda m: f"round {r}: {m}")
         assert torch.equal(a.argmax(-1), b.argmax(-1)), f"round {r}"
-        if hasattr(dyn, "selector_scores"):
+        if dyn.selector:
             same_selection(dyn, st, f"round {r}")
     if check_rows:  # the static K/V rows are the dynamic cache's (a sliding layer's: its newest rows)
         runner = st.runner
@@ -280,7 +281,7 @@ def test_which_path_drafts(target):
 # ----------------------------------------------------------------------------------------------------------
 
 
-class Recording:
+class Recording(Proposer):
     """A proposer that keeps every log-prob tensor its inner proposer returns."""
 
     def __init__(self, inner):
@@ -302,6 +303,8 @@ class Recording:
 class RecordingSelector(Recording):
     """Recording for a DFlash2 proposer: the selector's scores of each round too (the ones its tree was built from)."""
 
+    selector = True
+
     def __init__(self, inner):
         super().__init__(inner)
         self.family, self.scores = inner.family, []
@@ -320,9 +323,9 @@ def sessions_agree(pair, prompts, *, method="ddtree", engine="transformers", bud
     runs = {}
     for static in (False, True):
         inner = make_proposer(pair.drafter, pair.target, static=static, **static_kw)
-        proposer = (RecordingSelector if hasattr(inner, "selector_scores") else Recording)(inner)
-        session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, method=method, engine=engine,
-                                proposer=proposer, tree_scoring=tree_scoring)
+        proposer = (RecordingSelector if inner.selector else Recording)(inner)
+        session = DecodeSession.of(pair, budget=budget, max_new_tokens=max_new, method=method, engine=engine,
+                                   proposer=proposer, tree_scoring=tree_scoring)
         outs = []
         for prompt in prompts:
             session.prefill(prompt)
@@ -388,8 +391,8 @@ def test_a_dflash2_draft_queued_before_the_walk_is_read(dflash2_pair, method, sc
     runs = {}
     for ahead in (False, True):
         proposer = make_proposer(dflash2_pair.drafter, dflash2_pair.target, static=True)
-        session = DecodeSession(dflash2_pair, budget=12, max_new_tokens=24, method=method, engine="runner",
-                                proposer=proposer, tree_scoring=scoring, time_phases=False, draft_ahead=ahead)
+        session = DecodeSession.of(dflash2_pair, budget=12, max_new_tokens=24, method=method, engine="runner",
+                                   proposer=proposer, tree_scoring=scoring, time_phases=False, draft_ahead=ahead)
         session.target_engine.walk = "device"  # a CPU walks on the host by default
         records = []
         for prompt in PROMPTS:
@@ -397,7 +400,7 @@ def test_a_dflash2_draft_queued_before_the_walk_is_read(dflash2_pair, method, sc
             session.run()
             assert tuple(session.generated) == session.greedy().ids
             records += [dataclasses.replace(r, timings_ms={}) for r in session.history]
-        assert session.draft_ahead == ahead
+        assert session.scheduler.draft_ahead == ahead
         runs[ahead] = records
     assert runs[True] == runs[False]
 
@@ -405,8 +408,8 @@ def test_a_dflash2_draft_queued_before_the_walk_is_read(dflash2_pair, method, sc
 def test_a_forked_session_drafts_as_the_original(swa_pair):
     """A deep copy of a session (tests/test_analysis.py forks them to replay a round at other budgets) keeps its
     own static drafter state, the staging buffers' views included: both go on identically."""
-    session = DecodeSession(swa_pair, budget=8, max_new_tokens=30, engine="runner", record=False,
-                            proposer=DFlashProposer(swa_pair.drafter, swa_pair.target, static=True))
+    session = DecodeSession.of(swa_pair, budget=8, max_new_tokens=30, engine="runner", record=False,
+                               proposer=DFlashProposer(swa_pair.drafter, swa_pair.target, static=True))
     session.prefill(PROMPTS[0])
     session.step()
     session.step()

@@ -463,7 +463,7 @@ def test_a_session_with_a_sliding_drafter_stays_exact():
     torch.manual_seed(1)
     drafter = DFlashDrafter(DFlashConfig.from_dict(d)).eval()
     pair = ModelPair(target, tiny.byte_tokenizer(), drafter, "tiny", "tiny-swa", torch.float32, "cpu")
-    session = DecodeSession(pair, budget=6, max_new_tokens=12)
+    session = DecodeSession.of(pair, budget=6, max_new_tokens=12)
     session.prefill("def window(longer_than_eight):\n")
     session.run()
     assert tuple(session.generated) == session.greedy().ids

@@ -78,7 +78,7 @@ def draw():
 def decoded(budget: int, max_new_tokens: int):
     """A whole session's trace on the tiny hybrid pair (its random drafter's candidates are near uniform: wide
     columns of siblings)."""
-    s = DecodeSession(tiny_pair("hybrid"), budget=budget, max_new_tokens=max_new_tokens)
+    s = DecodeSession.of(tiny_pair("hybrid"), budget=budget, max_new_tokens=max_new_tokens)
     s.prefill("def f(x):\n")
     s.run()
     return s.to_trace()
@@ -116,7 +116,7 @@ def oracle_trace():
     pair = tiny_pair("hybrid")
     ids, greedy = greedy_ids(pair, "def f(x):\n")
     proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
-    s = DecodeSession(pair, budget=32, max_new_tokens=24, proposer=proposer)
+    s = DecodeSession.of(pair, budget=32, max_new_tokens=24, proposer=proposer)
     s.prefill("def f(x):\n")
     s.run()
     return s.to_trace()
@@ -235,7 +235,7 @@ def chain_step():
     label is wider than a column of half the page."""
     import dataclasses
 
-    s = DecodeSession(tiny_pair("hybrid", block_size=16), budget=16, max_new_tokens=16, method="dflash")
+    s = DecodeSession.of(tiny_pair("hybrid", block_size=16), budget=16, max_new_tokens=16, method="dflash")
     s.prefill("def f(x):\n")
     step = s.step()
     assert max(n.depth for n in step.nodes) == 15
@@ -276,7 +276,7 @@ def straight_trace():
     pair = tiny_pair("hybrid")
     ids, greedy = greedy_ids(pair, "def f(x):\n")
     proposer = OracleProposer(greedy, len(ids), [0], pair.target.config.vocab_size)
-    s = DecodeSession(pair, budget=8, max_new_tokens=16, proposer=proposer, method="dflash")
+    s = DecodeSession.of(pair, budget=8, max_new_tokens=16, proposer=proposer, method="dflash")
     s.prefill("def f(x):\n")
     s.run()
     return s.to_trace()

@@ -10,7 +10,8 @@ import torch
 from transformers import DynamicCache
 
 from ddtree_viz.engine.oracle import OracleProposer
-from ddtree_viz.engine.session import DecodeSession, greedy_decode
+from ddtree_viz.engine.reference import greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from tests.tiny import tiny_pair
 
 # These invariants are checked on transformers' forward with the tree-exact GDN swapped in (the reference path).
@@ -39,7 +40,7 @@ def greedy_ids(pair, prompt):
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_exact_ddtree_equals_greedy_with_the_dflash_drafter(hybrid, budget, prompt):
-    session = DecodeSession(hybrid, budget=budget, max_new_tokens=MAX_NEW, engine=ENGINE)
+    session = DecodeSession.of(hybrid, budget=budget, max_new_tokens=MAX_NEW, engine=ENGINE)
     session.prefill(prompt)
     session.run()
     assert session.divergence() == (None, None)
@@ -55,7 +56,7 @@ def test_exact_ddtree_equals_greedy_with_an_oracle_drafter(hybrid, budget, ranks
     prompt = PROMPTS[0]
     ids, greedy = greedy_ids(hybrid, prompt)
     oracle = OracleProposer(greedy, len(ids), ranks, hybrid.target.config.vocab_size)
-    session = DecodeSession(hybrid, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, engine=ENGINE)
+    session = DecodeSession.of(hybrid, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, engine=ENGINE)
     session.prefill(prompt)
     session.run()
     assert tuple(session.generated) == greedy
@@ -88,7 +89,7 @@ def test_committed_cache_equals_greedy_cache_after_every_round(hybrid, method, b
     prompt = PROMPTS[1]
     ids, greedy = greedy_ids(hybrid, prompt)
     oracle = OracleProposer(greedy, len(ids), ranks, hybrid.target.config.vocab_size, seed=7)
-    session = DecodeSession(hybrid, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, method=method, engine=ENGINE)
+    session = DecodeSession.of(hybrid, budget=budget, max_new_tokens=MAX_NEW, proposer=oracle, method=method, engine=ENGINE)
     session.prefill(prompt)
     ref = DynamicCache(config=hybrid.target.config)
     with torch.no_grad():
@@ -109,7 +110,7 @@ def test_committed_cache_equals_greedy_cache_after_every_round(hybrid, method, b
 def test_fast_and_reference_gdn_give_the_same_rounds(hybrid):
     records = []
     for reference in (False, True):
-        session = DecodeSession(hybrid, budget=12, max_new_tokens=24, reference_gdn=reference, engine=ENGINE)
+        session = DecodeSession.of(hybrid, budget=12, max_new_tokens=24, reference_gdn=reference, engine=ENGINE)
         session.prefill(PROMPTS[2])
         session.run()
         records.append([(r.accepted, r.target_argmax, r.bonus_token_id) for r in session.history])
@@ -117,7 +118,7 @@ def test_fast_and_reference_gdn_give_the_same_rounds(hybrid):
 
 
 def test_dflash_chain_equals_greedy(hybrid):
-    session = DecodeSession(hybrid, method="dflash", max_new_tokens=MAX_NEW, engine=ENGINE)
+    session = DecodeSession.of(hybrid, method="dflash", max_new_tokens=MAX_NEW, engine=ENGINE)
     session.prefill(PROMPTS[0])
     session.run()
     assert tuple(session.generated) == session.greedy().ids
@@ -133,7 +134,7 @@ def sibling_oracle(pair, prompt, ranks=(1,)):
 
 def test_naive_mode_diverges_on_a_hybrid_target(hybrid):
     oracle, greedy = sibling_oracle(hybrid, PROMPTS[0])
-    naive = DecodeSession(hybrid, budget=16, max_new_tokens=MAX_NEW, verify="naive", proposer=oracle, engine=ENGINE)
+    naive = DecodeSession.of(hybrid, budget=16, max_new_tokens=MAX_NEW, verify="naive", proposer=oracle, engine=ENGINE)
     naive.prefill(PROMPTS[0])
     naive.run()
     index, margin = naive.divergence()
@@ -142,7 +143,7 @@ def test_naive_mode_diverges_on_a_hybrid_target(hybrid):
     assert all(r.verify == "naive" for r in naive.history)
     # same drafts, exact mode: identical
     oracle, _ = sibling_oracle(hybrid, PROMPTS[0])
-    exact = DecodeSession(hybrid, budget=16, max_new_tokens=MAX_NEW, proposer=oracle, engine=ENGINE)
+    exact = DecodeSession.of(hybrid, budget=16, max_new_tokens=MAX_NEW, proposer=oracle, engine=ENGINE)
     exact.prefill(PROMPTS[0])
     exact.run()
     assert tuple(exact.generated) == greedy
@@ -151,18 +152,18 @@ def test_naive_mode_diverges_on_a_hybrid_target(hybrid):
 @pytest.mark.parametrize("verify", ["naive", "exact"])
 def test_pure_attention_target_is_exact_in_both_modes(attention, verify):
     oracle, greedy = sibling_oracle(attention, PROMPTS[0])
-    session = DecodeSession(attention, budget=16, max_new_tokens=MAX_NEW, verify=verify, proposer=oracle, engine=ENGINE)
+    session = DecodeSession.of(attention, budget=16, max_new_tokens=MAX_NEW, verify=verify, proposer=oracle, engine=ENGINE)
     session.prefill(PROMPTS[0])
     session.run()
     assert tuple(session.generated) == greedy
-    random_drafts = DecodeSession(attention, budget=8, max_new_tokens=MAX_NEW, verify=verify, engine=ENGINE)
+    random_drafts = DecodeSession.of(attention, budget=8, max_new_tokens=MAX_NEW, verify=verify, engine=ENGINE)
     random_drafts.prefill(PROMPTS[1])
     random_drafts.run()
     assert random_drafts.divergence() == (None, None)
 
 
 def test_stops_at_max_new_tokens_and_counts_tokens(hybrid):
-    session = DecodeSession(hybrid, budget=8, max_new_tokens=7, engine=ENGINE)
+    session = DecodeSession.of(hybrid, budget=8, max_new_tokens=7, engine=ENGINE)
     session.prefill(PROMPTS[0])
     session.run()
     assert len(session.generated) == 7 and session.done
@@ -171,14 +172,14 @@ def test_stops_at_max_new_tokens_and_counts_tokens(hybrid):
 
 def test_naive_mode_reports_how_far_its_state_drifts(hybrid):
     oracle, _ = sibling_oracle(hybrid, PROMPTS[0])
-    naive = DecodeSession(hybrid, budget=16, max_new_tokens=16, verify="naive", proposer=oracle, engine=ENGINE)
+    naive = DecodeSession.of(hybrid, budget=16, max_new_tokens=16, verify="naive", proposer=oracle, engine=ENGINE)
     naive.prefill(PROMPTS[0])
     record = naive.step()
     errors = record.naive_state_error
     assert len(errors) == hybrid.target.config.num_hidden_layers
     assert errors[3] is None  # attention layer: nothing recurrent
     assert max(e for e in errors if e is not None) > 1e-3  # the flattened tree leaked into the state
-    exact = DecodeSession(hybrid, budget=16, max_new_tokens=16, engine=ENGINE)
+    exact = DecodeSession.of(hybrid, budget=16, max_new_tokens=16, engine=ENGINE)
     exact.prefill(PROMPTS[0])
     assert exact.step().naive_state_error == ()
 
@@ -187,7 +188,7 @@ def test_records_how_the_drafter_ranked_the_bonus_token(hybrid):
     ids, greedy = greedy_ids(hybrid, PROMPTS[0])
     ranks = [3, 0, 2]
     oracle = OracleProposer(greedy, len(ids), ranks, hybrid.target.config.vocab_size)
-    session = DecodeSession(hybrid, budget=2, max_new_tokens=20, proposer=oracle, engine=ENGINE)
+    session = DecodeSession.of(hybrid, budget=2, max_new_tokens=20, proposer=oracle, engine=ENGINE)
     session.prefill(PROMPTS[0])
     session.run()
     for r in session.history[:-1]:
@@ -201,7 +202,7 @@ def test_records_the_targets_margin_and_top_tokens_at_each_position(hybrid, engi
     """A round's target_margin (the gap between the target's two best logits) and its top tokens at each tree
     position, against the target's own forward over the prompt and the round's chain (DFlash's tree is a chain, so
     a plain causal pass sees what the verify saw), on both engines."""
-    session = DecodeSession(hybrid, budget=4, max_new_tokens=12, method="dflash", engine=engine)
+    session = DecodeSession.of(hybrid, budget=4, max_new_tokens=12, method="dflash", engine=engine)
     session.prefill(PROMPTS[0])
     prompt_ids = list(session.prompt_ids)
     record = session.step()

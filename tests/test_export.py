@@ -56,8 +56,8 @@ def pair():
 def session(pair):
     """Oracle drafts (greedy's tokens at ranks 0/1/2): long accepted paths, first-rejected siblings, deep trees."""
     ids, greedy = greedy_ids(pair, PROMPT)
-    s = DecodeSession(pair, budget=32, max_new_tokens=24,
-                      proposer=OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size))
+    s = DecodeSession.of(pair, budget=32, max_new_tokens=24,
+                         proposer=OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size))
     s.prefill(PROMPT)
     s.run()
     return s
@@ -987,7 +987,7 @@ def test_default_tree_export_is_page_sized_with_readable_labels(pair, budget):
     allow. SVG and PDF agree."""
     from ddtree_viz.render import mpl
 
-    s = DecodeSession(pair, budget=budget, max_new_tokens=8)  # the random drafter: wide, shallow trees
+    s = DecodeSession.of(pair, budget=budget, max_new_tokens=8)  # the random drafter: wide, shallow trees
     s.prefill(PROMPT)
     s.run()
     trace = s.to_trace()

@@ -304,7 +304,8 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     from ddtree_viz.engine.fp8_gemm import rides
     from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.runner import StaticRunner
-    from ddtree_viz.engine.session import DFlashProposer, GreedyReference
+    from ddtree_viz.engine.proposers import DFlashProposer
+    from ddtree_viz.engine.reference import GreedyReference
 
     # in_proj_z 64 rows: one tile, so b and a ride; seed 2: no end-of-text in its 40 tokens (the session stops there)
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)

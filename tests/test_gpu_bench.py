@@ -9,7 +9,7 @@ import torch
 
 from ddtree_viz.benchmarks import gpu
 from ddtree_viz.benchmarks.gpu import config, exactness, memory, models, profiler
-from ddtree_viz.engine.session import verdict
+from ddtree_viz.engine.check import verdict
 
 
 def _bench(tmp_path, *extra) -> dict:

@@ -30,7 +30,8 @@ from ddtree_viz.page.views import render_views
 from ddtree_viz.render.layout import PHASES
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.sampling import Sampler
-from ddtree_viz.engine.session import DecodeSession, greedy_decode
+from ddtree_viz.engine.reference import greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError, TraceError
 from ddtree_viz.render import export as ex
 from ddtree_viz.trace import Trace
@@ -60,8 +61,8 @@ def real() -> dict:
     ids = pair.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     greedy = greedy_decode(pair.target, ids, 14, pair.eos_token_ids).ids
     # oracle drafts (greedy's tokens at ranks 0 and 1): accepted paths, rejected siblings, the real records
-    session = DecodeSession(pair, budget=6, max_new_tokens=14,
-                            proposer=OracleProposer(greedy, len(ids), [0, 1], pair.target.config.vocab_size))
+    session = DecodeSession.of(pair, budget=6, max_new_tokens=14,
+                               proposer=OracleProposer(greedy, len(ids), [0, 1], pair.target.config.vocab_size))
     session.prefill(prompt)
     session.run()
     data = json.loads(session.to_trace().to_json())
@@ -272,14 +273,14 @@ def test_real_sessions_of_every_kind_validate_and_render(real):
     kinds = {"dflash": dict(method="dflash"), "naive": dict(verify="naive"), "runner": dict(engine="runner"),
              "sampled": dict(sampler=Sampler(0.8, 20, 0.9, 7))}
     for name, over in kinds.items():
-        session = DecodeSession(pair, **{"budget": 6, "max_new_tokens": 8, **over})
+        session = DecodeSession.of(pair, **{"budget": 6, "max_new_tokens": 8, **over})
         session.prefill("import os\n")
         session.step()
         run_case("real", f"{name}, mid-run", session.to_trace().to_json(), expect="rendered")
         run_case("real", f"{name}, no greedy", session.to_trace(with_greedy=False).to_json(), expect="rendered")
         session.run()
         run_case("real", name, session.to_trace().to_json(), expect="rendered")
-    zero = DecodeSession(pair, budget=4, max_new_tokens=4)
+    zero = DecodeSession.of(pair, budget=4, max_new_tokens=4)
     zero.prefill("a")
     run_case("real", "prefilled, no rounds", zero.to_trace().to_json(), expect="rendered")
 
@@ -711,12 +712,13 @@ def test_sizes_at_the_limits_render_in_bounded_time(real):
 
 
 def test_trace_limits_match_what_the_engine_can_record():
-    from ddtree_viz.engine import drafter, session
+    from ddtree_viz import options  # what a session accepts: DecodeSettings checks these as it is made
+    from ddtree_viz.engine import drafter, recorder
     from ddtree_viz.render import mask_plot
 
-    assert T.MAX_NODES == session.MAX_BUDGET + 1  # a round's tree: the largest budget + the root
-    assert T.MAX_OUTPUT_TOKENS == session.MAX_NEW_TOKENS and T.MAX_ROUNDS >= session.MAX_NEW_TOKENS - 1
-    assert T.MAX_TOP_K >= session.MAX_TOP_K
+    assert T.MAX_NODES == options.MAX_BUDGET + 1  # a round's tree: the largest budget + the root
+    assert T.MAX_OUTPUT_TOKENS == options.MAX_NEW_TOKENS and T.MAX_ROUNDS >= options.MAX_NEW_TOKENS - 1
+    assert T.MAX_TOP_K >= recorder.MAX_TOP_K  # (Recording checks the recorded top-k's against it)
     assert drafter.MAX_BLOCK_SIZE == T.MAX_DEPTH + 1  # a tree is at most block_size - 1 deep
     assert mask_plot.MAX_POSITIONS == 512 + 1  # the page's largest budget: its rounds' masks show whole
     assert ex.MAX_FIGURE_POSITIONS >= 512 + 2  # ... and its trees export (the bonus node included)

@@ -213,7 +213,7 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     from tests.tiny import tiny_pair
     from ddtree_viz.engine.weights import fp8
     from ddtree_viz.engine.runner import StaticRunner
-    from ddtree_viz.engine.session import GreedyReference
+    from ddtree_viz.engine.reference import GreedyReference
 
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
     assert int4.quantize_linears(pair.target, int4.Int4Spec(128, True), skip=fp8.NOT_CONVERTED) > 0

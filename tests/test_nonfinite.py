@@ -49,7 +49,7 @@ def test_run_with_nan_logits_says_invalid_and_why_never_identical(dirs, capsys, 
 
 def _session(target, draft) -> DecodeSession:
     pair = load_pair(str(target), str(draft))
-    session = DecodeSession(pair, budget=4, max_new_tokens=8, engine="transformers")
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=8, engine="transformers")
     session.prefill(PROMPT)
     session.run()
     return session

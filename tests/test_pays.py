@@ -36,13 +36,13 @@ def test_the_chains_count_from_a_tree_round_is_a_real_chain_rounds(host):
     from ddtree_viz.engine.session import DecodeSession
 
     pair = host.pair
-    session = DecodeSession(pair, budget=8, max_new_tokens=32, engine="transformers")
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=32, engine="transformers")
     session.prefill("def fibonacci(n):\n")
     exact = bounded = 0
     while not session.done:
         # the session's whole state, the models shared (a new memo each time: deepcopy adds its copies to it)
         chain = copy.deepcopy(session, {id(x): x for x in (pair, pair.target, pair.drafter, pair.tokenizer)})
-        chain.method = "dflash"
+        as_chain(chain)
         real = chain.step().kept
         gain, is_exact = analysis.chain_gain(session.step(), final=session.done)
         if is_exact:
@@ -52,6 +52,15 @@ def test_the_chains_count_from_a_tree_round_is_a_real_chain_rounds(host):
             assert gain <= real
             bounded += 1
     assert exact >= 3, (exact, bounded)
+
+
+def as_chain(session) -> None:
+    """The session's next rounds as the DFlash chain's: its method and the shape every part builds (session.shape,
+    held by the scheduler and the recorder too)."""
+    from ddtree_viz.engine.shapes import shape_for
+
+    shape = shape_for("dflash", session.tree_scoring)
+    session.method, session.shape, session.scheduler.shape, session.recorder.shape = "dflash", shape, shape, shape
 
 
 def _drawn(views) -> dict:

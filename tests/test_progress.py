@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddtree_viz.engine.session import GreedyReference
+from ddtree_viz.engine.reference import GreedyReference
 from ddtree_viz.errors import InputError
 from ddtree_viz.page import actions
 from ddtree_viz.page.host import ModelHost

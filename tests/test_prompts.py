@@ -11,7 +11,8 @@ import pytest
 from ddtree_viz.engine.prompts import (
     PromptSpec, check_messages, encode, has_chat_template, read_prompt_file, render, spec_from_file, takes_thinking,
 )
-from ddtree_viz.engine.session import DecodeSession, greedy_decode
+from ddtree_viz.engine.reference import greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError
 from ddtree_viz.trace import Trace
 from tests.tiny import CHAT_VOCAB, IM_END, IM_START, byte_tokenizer, chat_pair, chat_tokenizer
@@ -135,7 +136,7 @@ def test_session_decodes_exactly_as_greedy_on_templated_ids():
     the trace records the messages, the template switch, the thinking flag and those ids."""
     pair = chat_pair(seed=3)
     spec = PromptSpec(text="Name three <b>colours</b>.", chat=True, system="Be brief.", thinking=False)
-    session = DecodeSession(pair, budget=8, max_new_tokens=14)
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=14)
     session.prefill(spec=spec)
     expected = encode(pair.tokenizer, spec)
     assert tuple(session.prompt_ids) == expected.ids and session.prompt == expected.text
@@ -155,7 +156,7 @@ def test_session_decodes_exactly_as_greedy_on_templated_ids():
 
 def test_raw_trace_keeps_the_defaults_and_old_traces_load():
     pair = chat_pair(seed=1)
-    session = DecodeSession(pair, budget=4, max_new_tokens=4)
+    session = DecodeSession.of(pair, budget=4, max_new_tokens=4)
     session.prefill(spec=PromptSpec(text="abc"))
     data = json.loads(session.to_trace().to_json())
     assert data["chat_template"] is False and data["messages"] == [] and data["thinking"] is None
@@ -183,7 +184,7 @@ def test_trace_load_refuses_malformed_prompt_fields(key, value, words):
     from ddtree_viz.errors import TraceError
 
     pair = chat_pair(seed=1)
-    session = DecodeSession(pair, budget=2, max_new_tokens=2)
+    session = DecodeSession.of(pair, budget=2, max_new_tokens=2)
     session.prefill(spec=PromptSpec(text="a", chat=True))
     data = json.loads(session.to_trace(with_greedy=False).to_json())
     data[key] = value

@@ -14,7 +14,8 @@ import torch
 from ddtree_viz.engine.engines import RunnerEngine, TransformersEngine
 from ddtree_viz.engine.models import ModelPair
 from ddtree_viz.engine.oracle import OracleProposer
-from ddtree_viz.engine.session import DecodeSession, GreedyReference, greedy_decode
+from ddtree_viz.engine.reference import GreedyReference, greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.engine.timing import PhaseClock
 from ddtree_viz.engine.tree import build_chain, one_node
 from ddtree_viz.trace import Trace, verdict_text
@@ -36,7 +37,7 @@ def prompt_ids(pair, text=PROMPT):
 def test_runner_reference_starts_from_a_copy_of_the_session_state(pair):
     """No second prefill: right after the session's prefill the reference's runner holds the same committed state
     in its own tensors; its tokens equal transformers' own greedy; its time is kept apart from the rounds'."""
-    session = DecodeSession(pair, budget=8, max_new_tokens=NEW, engine="runner")
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=NEW, engine="runner")
     session.prefill(PROMPT)
     ref_engine = session.reference_engine
     assert isinstance(ref_engine, RunnerEngine) and ref_engine is not session.target_engine
@@ -58,19 +59,19 @@ def test_runner_reference_starts_from_a_copy_of_the_session_state(pair):
 def test_transformers_reference_and_the_independent_check(pair):
     """reference='transformers' runs transformers' own forward whatever the engine; check_transformers() runs it
     beside an engine reference, up to the tokens generated, and reports its own time."""
-    session = DecodeSession(pair, budget=8, max_new_tokens=NEW, engine="runner", reference="transformers")
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=NEW, engine="runner", reference="transformers")
     session.prefill(PROMPT)
     assert session.reference_engine is None and session.settings["reference"] == "transformers"
     session.run(max_steps=3)
     assert session.greedy(len(session.generated)).ids == tuple(session.generated)
-    engine_ref = DecodeSession(pair, budget=8, max_new_tokens=NEW, engine="runner")
+    engine_ref = DecodeSession.of(pair, budget=8, max_new_tokens=NEW, engine="runner")
     engine_ref.prefill(PROMPT)
     engine_ref.run(max_steps=3)
     result, seconds = engine_ref.check_transformers()
     assert result.ids == tuple(engine_ref.generated) and seconds > 0
     assert engine_ref.check_transformers()[1] == seconds  # nothing new to decode: no time spent
     with pytest.raises(Exception, match="reference"):
-        DecodeSession(pair, engine="runner", reference="sideways")
+        DecodeSession.of(pair, engine="runner", reference="sideways")
 
 
 @pytest.mark.parametrize("kind", ["transformers", "runner"])
@@ -118,7 +119,7 @@ def test_a_wrong_verify_in_float32_is_a_mismatch(pair, tmp_path):
     """Naive verification (the known-wrong flattened tree) in float32: the output leaves greedy where greedy's
     margin is far beyond the run's measured noise: 'beyond numerical noise: mismatch', in the trace too."""
     ids = prompt_ids(pair)
-    session = DecodeSession(pair, budget=16, max_new_tokens=40, verify="naive", proposer=sibling_oracle(pair, ids, 40))
+    session = DecodeSession.of(pair, budget=16, max_new_tokens=40, verify="naive", proposer=sibling_oracle(pair, ids, 40))
     session.prefill(PROMPT)
     session.run()
     check = session.divergence_check()
@@ -135,22 +136,22 @@ def test_a_wrong_verify_in_float32_is_a_mismatch(pair, tmp_path):
 @pytest.mark.parametrize("verify", ["exact", "naive"])
 def test_the_drift_kept_between_checks_is_the_drift_compared_afresh(pair, verify):
     """A page checks twice a Step (the round shown against the reference as far as it has decoded, then extended):
-    the rounds compared in full are kept between checks (DecodeSession._drift_done). At every check the drift
+    the rounds compared in full are kept between checks (check.ReferenceCheck._drift_done). At every check the drift
     and its count equal a comparison of every round from scratch; a session that leaves the reference (naive
     verification) included, where the limit stops at the divergence."""
     ids = prompt_ids(pair)
-    session = DecodeSession(pair, budget=16, max_new_tokens=40, verify=verify, proposer=sibling_oracle(pair, ids, 40))
+    session = DecodeSession.of(pair, budget=16, max_new_tokens=40, verify=verify, proposer=sibling_oracle(pair, ids, 40))
     session.prefill(PROMPT)
     seen = []
     while not session.done:
         session.step()
         for extend in (False, True):
             check = session.divergence_check(extend)
-            kept = session._drift_done
-            session._drift_done = (None, 0, (), 0)  # from scratch
+            kept = session.check._drift_done
+            session.check._drift_done = (None, 0, (), 0)  # from scratch
             afresh = session.divergence_check(extend)
             assert (check.drift, check.drift_positions) == (afresh.drift, afresh.drift_positions)
-            session._drift_done = kept
+            session.check._drift_done = kept
             seen.append(check.drift_positions)
     if verify == "exact":
         assert kept[1] > 1 and max(seen) > 1  # rounds were kept, and compared
@@ -172,7 +173,7 @@ def test_the_token_texts_kept_as_ids_appear_are_every_id_the_trace_names(pair):
     decodes and sorts every id again). At every check, as a page makes them (the round shown, then the reference
     extended), and through a second prompt on the same session, they are exactly the ids the trace names, each with
     its own text; an earlier trace keeps the texts it was made with."""
-    session = DecodeSession(pair, budget=16, max_new_tokens=24)
+    session = DecodeSession.of(pair, budget=16, max_new_tokens=24)
     for text in (PROMPT, "class Stack:\n    def push(self, item):"):
         session.prefill(text)
         traces = []
@@ -190,7 +191,7 @@ def test_the_token_texts_kept_as_ids_appear_are_every_id_the_trace_names(pair):
 def test_an_exact_tie_is_noise_whatever_was_measured():
     """A divergence where the reference's top two are equal (margin 0: bf16 logits over a large vocabulary tie
     often) is noise with or without a noise measurement; any other margin needs one, and is judged against it."""
-    from ddtree_viz.engine.session import verdict
+    from ddtree_viz.engine.check import verdict
     from ddtree_viz.trace import VERDICT_MISMATCH, VERDICT_NOISE, verdict_words
 
     assert verdict(0.0, None) == verdict(0.0, 1e-3) == verdict(1e-3, 1e-3) == VERDICT_NOISE
@@ -212,7 +213,7 @@ def test_a_bf16_near_tie_is_numerical_noise():
     top two logits tie within bf16 rounding; the verdict is 'within numerical noise'. The same run in float32
     does not diverge at all."""
     pair = near_tie_pair()
-    session = DecodeSession(pair, budget=32, max_new_tokens=24, engine="transformers")
+    session = DecodeSession.of(pair, budget=32, max_new_tokens=24, engine="transformers")
     session.prefill("def f(x):\n    return")
     session.run()
     check = session.divergence_check()
@@ -220,7 +221,7 @@ def test_a_bf16_near_tie_is_numerical_noise():
     assert check.margin <= check.noise < 0.05 and check.noise_positions > 0
     assert verdict_text(session.to_trace()).startswith("within numerical noise (margin ")
     exact = near_tie_pair(dtype=torch.float32)
-    control = DecodeSession(exact, budget=32, max_new_tokens=24, engine="transformers")
+    control = DecodeSession.of(exact, budget=32, max_new_tokens=24, engine="transformers")
     control.prefill("def f(x):\n    return")
     control.run()
     assert control.divergence_check().index is None

@@ -39,7 +39,7 @@ def pair():
 @pytest.fixture(scope="module")
 def plain(pair):
     """The tiny DFlash drafter: random, so mostly root-only acceptance; identical to greedy (exact)."""
-    s = DecodeSession(pair, budget=16, max_new_tokens=24)
+    s = DecodeSession.of(pair, budget=16, max_new_tokens=24)
     s.prefill(PROMPT)
     s.run()
     return s.to_trace()
@@ -50,7 +50,7 @@ def oracle(pair):
     """Drafts greedy's tokens at ranks 0/1/2: long accepted paths, first-rejected siblings, deep trees."""
     ids, greedy = greedy_ids(pair, PROMPT)
     proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
-    s = DecodeSession(pair, budget=32, max_new_tokens=24, proposer=proposer)
+    s = DecodeSession.of(pair, budget=32, max_new_tokens=24, proposer=proposer)
     s.prefill(PROMPT)
     s.run()
     trace = s.to_trace()
@@ -62,7 +62,7 @@ def oracle(pair):
 def naive(pair):
     """Naive (flattened-tree) verification with the true token at rank 1: diverges from greedy."""
     proposer, _ = sibling_oracle(pair, PROMPT)
-    s = DecodeSession(pair, budget=16, max_new_tokens=24, verify="naive", proposer=proposer)
+    s = DecodeSession.of(pair, budget=16, max_new_tokens=24, verify="naive", proposer=proposer)
     s.prefill(PROMPT)
     s.run()
     trace = s.to_trace()
@@ -246,7 +246,7 @@ def test_budget_256_tree_lays_out_and_renders(pair):
     """A large tree renders whole: every position gets a distinct place (speed is measured in the bench)."""
     ids, greedy = greedy_ids(pair, PROMPT)
     proposer = OracleProposer(greedy, len(ids), [0, 1, 2], pair.target.config.vocab_size)
-    s = DecodeSession(pair, budget=256, max_new_tokens=8, proposer=proposer)
+    s = DecodeSession.of(pair, budget=256, max_new_tokens=8, proposer=proposer)
     s.prefill(PROMPT)
     step = s.step()
     assert len(step.nodes) == 257
@@ -322,7 +322,7 @@ def test_cache_chart_bars_are_one_layer_wide_and_centred(oracle, naive):
         assert tuple(fig.layout.xaxis.range) == (-0.5, max(layers) + 0.5)
         assert tuple(fig.layout.xaxis.tickvals) == tuple(layers)
     deep = tiny_pair("hybrid", seed=0, layers=64)
-    s = DecodeSession(deep, budget=8, max_new_tokens=4)
+    s = DecodeSession.of(deep, budget=8, max_new_tokens=4)
     s.prefill(PROMPT)
     fig = cache_figure(s.step())
     attention = [t for t in fig.data if t.name == "attention (after commit)"][0]
@@ -497,7 +497,7 @@ def test_html_made_by_the_model_renders_as_text(pair, naive):
     assert html.count('class="ddv-tok ') == len(ids)
     assert "&lt;|endoftext|&gt;" in html and "[greedy: &lt;]" in html and "diverges at token 5" in html
     # and a live session whose prompt is HTML: its records render as text
-    s = DecodeSession(pair, budget=8, max_new_tokens=6)
+    s = DecodeSession.of(pair, budget=8, max_new_tokens=6)
     s.prefill(EVIL[0] + EVIL[1])
     s.run()
     live = s.to_trace()
@@ -779,8 +779,8 @@ def test_a_round_cut_by_max_new_tokens_says_so_in_its_tree(pair):
     from ddtree_viz.render.tree_plot import default_title
 
     ids, reference = greedy_ids(pair, PROMPT)
-    session = DecodeSession(pair, budget=8, max_new_tokens=6,
-                            proposer=OracleProposer(reference, len(ids), [0], pair.target.config.vocab_size))
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=6,
+                               proposer=OracleProposer(reference, len(ids), [0], pair.target.config.vocab_size))
     session.prefill(PROMPT)
     session.run()
     cut = [s for s in session.history if s.cut]

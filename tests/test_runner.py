@@ -17,7 +17,10 @@ from ddtree_viz.treeops import conv_gather, conv_gather_reference
 from ddtree_viz.engine.engines import RunnerEngine
 from ddtree_viz.engine.launch import device_word
 from ddtree_viz.engine.runner import StaticRunner
-from ddtree_viz.engine.session import DecodeSession, DFlashProposer, EngineGreedy, GreedyReference
+from ddtree_viz.engine.proposers import DFlashProposer
+from ddtree_viz.engine.reference import EngineGreedy, GreedyReference
+from ddtree_viz.engine.scheduler import Stage
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.engine.tree import DraftTree, follow_tree, one_node
 from ddtree_viz.engine.verify import EXACT, verify_tree
 from ddtree_viz.errors import ModelLoadError
@@ -55,8 +58,8 @@ def runner_ddtree(pair, runner, proposer, prompt, new, budget, tree_on_device=No
     says): (generated ids, tokens gained per round)."""
     engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1, block_size=proposer.block_size,
                           max_new_tokens=new, runner=runner)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False,
-                            tree_on_device=tree_on_device)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=new, proposer=proposer, engine=engine, record=False,
+                               tree_on_device=tree_on_device)
     session.prefill(prompt_ids=prompt)
     session.run()
     return session.generated, [r.acceptance for r in session.history]
@@ -290,9 +293,9 @@ def test_recorded_rounds_build_their_tree_on_the_device_by_default():
         proposer = DFlashProposer(pair.drafter, pair.target)
         engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=17, block_size=proposer.block_size,
                               max_new_tokens=NEW, runner=runner)
-        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine,
-                                tree_on_device=where)
-        assert session.record and session.tree_on_device == (where is None)
+        session = DecodeSession.of(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine,
+                                   tree_on_device=where)
+        assert session.record and session.scheduler.tree_on_device == (where is None)
         session.prefill(prompt_ids=prompt)
         session.run()
         histories.append([dataclasses.replace(r, timings_ms={}) for r in session.history])
@@ -314,8 +317,8 @@ def test_rounds_verified_ahead_on_the_gpu_give_the_same_rounds(record):
         proposer = DFlashProposer(pair.drafter, pair.target)
         engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=17, block_size=proposer.block_size,
                               max_new_tokens=NEW, runner=runner)
-        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine, record=record,
-                                verify_ahead=bool(ahead))
+        session = DecodeSession.of(pair, budget=16, max_new_tokens=NEW, proposer=proposer, engine=engine, record=record,
+                                   verify_ahead=bool(ahead))
         session.prefill(prompt_ids=prompt)
         session.step()
         settle = proposer.settle
@@ -326,7 +329,7 @@ def test_rounds_verified_ahead_on_the_gpu_give_the_same_rounds(record):
 
         proposer.settle = slow_settle
         session.run()
-        assert session.verify_ahead == bool(ahead) and (session.verified_ahead > 2) == bool(ahead)
+        assert session.scheduler.verify_ahead == bool(ahead) and (session.scheduler.verified_ahead > 2) == bool(ahead)
         if record:
             assert all({"draft", "tree", "verify", "commit"} <= set(r.timings_ms) for r in session.history)
         runs[ahead] = [dataclasses.replace(r, timings_ms={}) for r in session.history]
@@ -389,12 +392,12 @@ def test_verify_graphs_launched_ahead_give_the_same_rounds(monkeypatch):
 def a_tree_fails(session, monkeypatch, launched: bool = False) -> None:
     """One step whose tree fails after the draft (`launched`: once the verify was launched ahead): it raises."""
 
-    def fails(root, logprobs, before_wait=None):
+    def fails(root, logprobs, at, before_wait=None):
         if launched:
             before_wait()
         raise RuntimeError("a tree that cannot be built")
 
-    monkeypatch.setattr(session, "_tree", fails)
+    monkeypatch.setattr(session.shape, "build", fails)
     with pytest.raises(RuntimeError, match="cannot be built"):
         session.step()
     monkeypatch.undo()
@@ -405,8 +408,8 @@ def runner_session(pair, runner, prompt, budget=16, **options):
     proposer = DFlashProposer(pair.drafter, pair.target)
     engine = RunnerEngine(runner.target, runner.feature_layer_ids, tree_size=budget + 1,
                           block_size=proposer.block_size, max_new_tokens=NEW, runner=runner)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=NEW, proposer=proposer, engine=engine, record=False,
-                            **options)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=NEW, proposer=proposer, engine=engine, record=False,
+                               **options)
     session.prefill(prompt_ids=prompt)
     return session
 
@@ -450,7 +453,7 @@ def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
 
     runs = {}
     for engine in ("transformers", "runner"):
-        session = DecodeSession(pair, budget=16, max_new_tokens=NEW, method=method, engine=engine)
+        session = DecodeSession.of(pair, budget=16, max_new_tokens=NEW, method=method, engine=engine)
         session.prefill(PROMPT)
         session.run()
         runs[engine] = session
@@ -469,7 +472,7 @@ def test_session_on_the_runner_matches_the_transformers_engine(pair, method):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
-    """The walk on the device, then also DecodeSession(tree_on_device=True) (DDTree's marginal tree by tensor ops,
+    """The walk on the device, then also Overlap(tree_on_device=True) (DDTree's marginal tree by tensor ops,
     the runner's inputs written by the device, the tree read back after the walk), on the runner: the same
     rounds, tree for tree, and records as the host's walk and tree, greedy and sampled; refused where it does not
     apply."""
@@ -479,8 +482,8 @@ def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
 
     runs = []
     for on_device, walk in ((False, "host"), (False, "device"), (True, "device")):  # a CPU walks on the host
-        session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", tree_on_device=on_device,
-                                sampler=Sampler(temperature=temperature, seed=5))
+        session = DecodeSession.of(pair, budget=12, max_new_tokens=NEW, engine="runner", tree_on_device=on_device,
+                                   sampler=Sampler(temperature=temperature, seed=5))
         assert session.target_engine.walk == "host"
         session.target_engine.walk = walk
         session.prefill(PROMPT)
@@ -495,19 +498,20 @@ def test_the_tree_built_on_the_device_gives_the_same_rounds(pair, temperature):
         assert max(r.acceptance for r in device.history) > 1  # deep enough to walk past the root
     for kwargs in ({"engine": "transformers"}, {"engine": "runner", "method": "dflash"}):
         with pytest.raises(InputError, match="tree_on_device"):
-            DecodeSession(pair, budget=12, max_new_tokens=NEW, tree_on_device=True, **kwargs)
+            DecodeSession.of(pair, budget=12, max_new_tokens=NEW, tree_on_device=True, **kwargs)
         # where it does not apply (or here, a CPU: no GPU for the default), the default builds on the host
-        assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, record=False, **kwargs).tree_on_device
-    assert not DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", record=False).tree_on_device
+        assert not DecodeSession.of(pair, budget=12, max_new_tokens=NEW, record=False, **kwargs).scheduler.tree_on_device
+    assert not DecodeSession.of(pair, budget=12, max_new_tokens=NEW, engine="runner",
+                                record=False).scheduler.tree_on_device
 
 
 def ahead_session(pair, draft_ahead: bool, verify_ahead: bool, **options) -> DecodeSession:
     """A session on the runner, the static drafter and the device's tree and walk (a CPU walks on the host by
     default), drafting (and verifying) ahead or not, prefilled."""
     proposer = DFlashProposer(pair.drafter, pair.target, static=True)
-    session = DecodeSession(pair, budget=12, max_new_tokens=NEW, engine="runner", proposer=proposer,
-                            tree_on_device=True, time_phases=False, draft_ahead=draft_ahead,
-                            verify_ahead=verify_ahead, **options)
+    session = DecodeSession.of(pair, budget=12, max_new_tokens=NEW, engine="runner", proposer=proposer,
+                               tree_on_device=True, time_phases=False, draft_ahead=draft_ahead,
+                               verify_ahead=verify_ahead, **options)
     session.target_engine.walk = "device"
     session.prefill(PROMPT)
     return session
@@ -516,7 +520,7 @@ def ahead_session(pair, draft_ahead: bool, verify_ahead: bool, **options) -> Dec
 @pytest.mark.parametrize("record", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, greedy, temperature, record):
-    """DecodeSession(draft_ahead): each round's next draft queued before the host reads the walk, from what the
+    """Overlap(draft_ahead): each round's next draft queued before the host reads the walk, from what the
     device holds (the bonus token, the committed length, the path's features padded: engines.QueuedWalk), gives the
     rounds and records of the draft queued after the read, tree for tree (the static drafter on both sides; the
     device's tree and walk), greedy and sampled, recorded (the bonus token's rank read on the device) or not; and
@@ -528,10 +532,12 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
     runs = {}
     for ahead in ((False, False), (True, False), (True, True)):
         session = ahead_session(pair, *ahead, record=record, sampler=Sampler(temperature=temperature, seed=5))
-        assert not session.draft_ahead  # no static drafter before the first draft
+        scheduler = session.scheduler
+        assert not scheduler.draft_ahead  # no static drafter before the first draft
         session.step()
-        assert session.draft_ahead == ahead[0] and (session._queued is not None)
-        assert session.verify_ahead == ahead[1] and (session._verified is not None) == ahead[1]
+        assert scheduler.draft_ahead == ahead[0]
+        assert scheduler.verify_ahead == ahead[1]
+        assert scheduler.stage is (Stage.VERIFIED if ahead[1] else Stage.DRAFTED)
         assert not session.proposer.runner.unsettled
         session.run()
         runs[ahead] = session
@@ -544,7 +550,7 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
         # (the output's length then + a block's tokens reach max new tokens)
         lengths = np.cumsum([1] + [len(r.new_token_ids) for r in after.history])
         expected = sum(lengths[r - 1] + after.block_size < NEW for r in range(1, len(after.history)))
-        assert after.verified_ahead == (expected if ahead[1] else 0) and (expected > 2 or not ahead[1])
+        assert after.scheduler.verified_ahead == (expected if ahead[1] else 0) and (expected > 2 or not ahead[1])
     after = runs[True, True]
     if temperature == 0:
         assert after.generated == list(greedy[1].ids)[:len(after.generated)]
@@ -562,7 +568,7 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
 
     runner.draft_queued = fails
     session.step()  # the walk is read, the next draft not queued, the drafter's context where it was
-    assert session._queued is None and not runner.unsettled
+    assert session.scheduler.stage is Stage.IDLE and not runner.unsettled
     del runner.draft_queued
     session.run()
     assert session.generated == before.generated
@@ -581,10 +587,10 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
 
     engine.forward_tensors = refuses_ahead
     session.step()
-    assert session._verified is None and session._queued is not None and "no room ahead" in session.queue_error
+    assert session.scheduler.stage is Stage.DRAFTED and "no room ahead" in session.scheduler.queue_error
     del engine.forward_tensors
     session.run()
-    assert session.generated == before.generated and session.verified_ahead > 2
+    assert session.generated == before.generated and session.scheduler.verified_ahead > 2
 
 
 def test_chained_greedy_steps_decode_greedys_tokens(pair, greedy):
@@ -612,9 +618,9 @@ def test_session_runner_engine_refuses_naive_mode(pair):
     from ddtree_viz.errors import InputError
 
     with pytest.raises(InputError, match="naive"):
-        DecodeSession(pair, verify="naive", engine="runner")
+        DecodeSession.of(pair, verify="naive", engine="runner")
     with pytest.raises(InputError, match="engine"):
-        DecodeSession(pair, engine="fast")
+        DecodeSession.of(pair, engine="fast")
 
 
 def test_runner_crosses_attention_length_buckets(pair):
@@ -649,10 +655,10 @@ def test_default_engine_is_the_fastest_exact_engine_that_applies(pair):
     assert engine_for("auto", "exact", pair.target) == "runner" and engine_for("auto", "naive", pair.target) == "transformers"
     assert engine_for("runner", "naive") == "transformers" and engine_for("transformers", "exact") == "transformers"
     assert cli.ENGINE_CHOICES == ENGINE_CHOICES  # cli/run.py's choices (options', torch-free) are the engines'
-    session = DecodeSession(pair, budget=8, max_new_tokens=12)
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=12)
     assert session.engine == "runner" and session.settings["engine"] == "runner"
-    assert DecodeSession(pair, verify="naive").engine == "transformers"
-    assert DecodeSession(attention, budget=8).engine == "transformers"
+    assert DecodeSession.of(pair, verify="naive").engine == "transformers"
+    assert DecodeSession.of(attention, budget=8).engine == "transformers"
     session.prefill(PROMPT)
     session.run()
     assert session.divergence() == (None, None)
@@ -914,7 +920,7 @@ def test_warm_rounds_runs_a_short_session_of_the_settings_and_drops_it(pair):
     for warm in (False, True):
         if warm:
             assert warm_rounds(pair, settings) > 0.0
-        session = DecodeSession.from_settings(pair, settings)
+        session = DecodeSession(pair, settings)
         session.prefill(prompt_ids=prompt)
         session.run()
         outputs.append(session.generated)

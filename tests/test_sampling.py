@@ -13,7 +13,8 @@ import torch
 from ddtree_viz.engine.engines import RunnerEngine
 from ddtree_viz.engine.oracle import OracleProposer
 from ddtree_viz.engine.sampling import GREEDY, NOISE_SCHEME, Sampler, gumbel_noise, mix32
-from ddtree_viz.engine.session import DecodeSession, EngineGreedy, GreedyReference, greedy_decode
+from ddtree_viz.engine.reference import EngineGreedy, GreedyReference, greedy_decode
+from ddtree_viz.engine.session import DecodeSession
 from ddtree_viz.errors import InputError
 from ddtree_viz.trace import Trace, is_sampled, sampling_flags, sampling_label
 from tests.tiny import tiny_pair
@@ -45,7 +46,7 @@ def sampled(pair, prompt, sampler, n=MAX_NEW):
 
 
 def decode(pair, prompt, sampler, **kw):
-    session = DecodeSession(pair, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), sampler=sampler, **kw)
+    session = DecodeSession.of(pair, max_new_tokens=kw.pop("max_new_tokens", MAX_NEW), sampler=sampler, **kw)
     session.prefill(prompt)
     session.run()
     return session
@@ -186,7 +187,7 @@ def test_the_walk_follows_the_sample_and_records_it(hybrid):
 
 def test_the_probability_recorded_is_the_samplers(hybrid):
     sampler = Sampler(0.9, top_k=30, seed=8)
-    session = DecodeSession(hybrid, budget=8, max_new_tokens=MAX_NEW, sampler=sampler)
+    session = DecodeSession.of(hybrid, budget=8, max_new_tokens=MAX_NEW, sampler=sampler)
     session.prefill(PROMPTS[0])
     record = session.step()
     ids = torch.tensor([prompt_ids(hybrid, PROMPTS[0]) + [record.root_token_id]])  # the root's logits, afresh

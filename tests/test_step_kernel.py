@@ -140,7 +140,7 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
     greedy == transformers' greedy and its DDTree == greedy, token for token (fp32)."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
-    from ddtree_viz.engine.session import GreedyReference
+    from ddtree_viz.engine.reference import GreedyReference
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
 

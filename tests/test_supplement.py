@@ -53,8 +53,8 @@ def naive(pair):
     """A naive-mode session on the tiny hybrid pair with oracle drafts (greedy's tokens at ranks 0-2): long accepted
     paths, first-rejected siblings, and the flattened tree's bug, so the output leaves greedy at some round."""
     ids, greedy = greedy_ids(pair, PROMPT)
-    s = DecodeSession(pair, budget=16, max_new_tokens=30, verify="naive", engine="transformers",
-                      proposer=OracleProposer(greedy, len(ids), [1, 0, 2], pair.target.config.vocab_size, seed=3))
+    s = DecodeSession.of(pair, budget=16, max_new_tokens=30, verify="naive", engine="transformers",
+                         proposer=OracleProposer(greedy, len(ids), [1, 0, 2], pair.target.config.vocab_size, seed=3))
     s.prefill(PROMPT)
     s.run()
     t = s.to_trace()
@@ -93,7 +93,7 @@ def real512():
     from ddtree_viz.engine.models import load_pair
 
     prompt = json.loads(HELD_OUT.read_text(encoding="utf-8").splitlines()[1])["prompt"]
-    s = DecodeSession(load_pair(), budget=128, max_new_tokens=512)
+    s = DecodeSession.of(load_pair(), budget=128, max_new_tokens=512)
     s.prefill(prompt)
     s.run()
     t = s.to_trace()
@@ -130,7 +130,7 @@ def test_a_512_token_session_at_budget_128_is_under_5_mb(real512, tmp_path):
 def big(pair):
     """512 tokens of the tiny pair's budget-128 trees (its random drafter keeps under 2 tokens a round: about 300
     rounds), `tiled` from a real session of it: past 5 MB."""
-    s = DecodeSession(pair, budget=128, max_new_tokens=12)
+    s = DecodeSession.of(pair, budget=128, max_new_tokens=12)
     s.prefill(PROMPT)
     s.run()
     return tiled(s.to_trace(), 512)

@@ -17,7 +17,7 @@ STEP = {"index", "committed_len", "root_token_id", "nodes", "target_argmax", "ac
 
 def test_trace_round_trips_and_follows_the_contract(tmp_path):
     pair = tiny_pair("hybrid", seed=2)
-    session = DecodeSession(pair, budget=6, max_new_tokens=12)
+    session = DecodeSession.of(pair, budget=6, max_new_tokens=12)
     session.prefill('print("<b>&amp;</b>")  # ü')
     session.run()
     trace = session.to_trace()
@@ -41,7 +41,7 @@ def test_trace_round_trips_and_follows_the_contract(tmp_path):
 
 def test_saved_traces_keep_lists_and_small_objects_on_one_line(tmp_path):
     pair = tiny_pair("hybrid", seed=2)
-    session = DecodeSession(pair, budget=12, max_new_tokens=8)
+    session = DecodeSession.of(pair, budget=12, max_new_tokens=8)
     session.prefill('x = "[1,\\n 2]"  # a string that looks like a list')
     session.run()
     trace = session.to_trace()

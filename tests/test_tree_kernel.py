@@ -122,7 +122,7 @@ def test_runner_with_the_kernel_equals_greedy():
     (fp32). On a GPU with CUDA graphs; on a CPU through the interpreter."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
-    from ddtree_viz.engine.session import GreedyReference
+    from ddtree_viz.engine.reference import GreedyReference
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
 

@@ -212,12 +212,13 @@ def assert_kept_drafter_drafts_as_plain(kept: ModelPair, plain: ModelPair) -> No
     """A drafter with quantized weights kept drafts the trees of the same drafter dequantized at load, node for node
     and log-prob for log-prob (float32 on a CPU); through the static drafter (the function its CUDA graphs capture)
     the same trees, log-probs within 1e-5."""
-    from ddtree_viz.engine.session import DecodeSession, DFlashProposer
+    from ddtree_viz.engine.proposers import DFlashProposer
+    from ddtree_viz.engine.session import DecodeSession
 
     trees = []
     for pair, static in ((kept, False), (kept, True), (plain, False)):  # static: the CUDA graphs' path
         proposer = DFlashProposer(pair.drafter, pair.target, static=static)
-        session = DecodeSession(pair, budget=8, max_new_tokens=12, engine="transformers", proposer=proposer)
+        session = DecodeSession.of(pair, budget=8, max_new_tokens=12, engine="transformers", proposer=proposer)
         session.prefill(prompt_ids=list(b"def fibonacci(n):"))
         trees.append([[(n.token_id, n.parent, n.logprob) for n in r.nodes] for r in session.run()])
     assert trees[0] == trees[2] and len(trees[0]) > 1
@@ -229,7 +230,8 @@ def assert_runner_decodes_as(pair: ModelPair, runner, reference: torch.nn.Module
     """The static runner's greedy on `pair`'s target after RUNNER_PROMPT equals the reference model's own greedy
     token for token, and its DDTree (the pair's drafter, budget 8) too, up to the end of text where it stops."""
     from ddtree_viz.engine.engines import RunnerEngine
-    from ddtree_viz.engine.session import DecodeSession, EngineGreedy
+    from ddtree_viz.engine.reference import EngineGreedy
+    from ddtree_viz.engine.session import DecodeSession
 
     prompt, new = RUNNER_PROMPT, RUNNER_NEW
     want = greedy_ids(reference, prompt, new)
@@ -237,7 +239,7 @@ def assert_runner_decodes_as(pair: ModelPair, runner, reference: torch.nn.Module
     engine = lambda size: RunnerEngine(pair.target, pair.drafter.target_layer_ids, tree_size=size,  # noqa: E731
                                        block_size=pair.drafter.block_size, max_new_tokens=new, runner=runner)
     assert list(EngineGreedy(engine(1), prompt, set()).extend_to(new).ids) == want
-    session = DecodeSession(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
+    session = DecodeSession.of(pair, budget=8, max_new_tokens=new, engine=engine(9), record=False)
     session.prefill(prompt_ids=prompt)
     session.run()
     stop = want.index(EOS_ID) + 1 if EOS_ID in want else new  # the session stops at end of text

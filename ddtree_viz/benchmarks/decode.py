@@ -33,7 +33,9 @@ from ..engine.engines import AUTO, engine_for
 from ..engine.models import ModelPair
 from ..engine.prompts import PromptSpec, check_spec, encode
 from ..engine.sampling import GREEDY, Sampler
-from ..engine.session import DecodeSession, EngineGreedy, first_divergence, greedy_decode
+from ..analysis import first_divergence
+from ..engine.reference import EngineGreedy, greedy_decode
+from ..engine.session import DecodeSession
 from ..engine.verify import EXACT, device_sync
 
 # the speculative methods' sessions, and a DFlash2 drafter's two more: its selector's own chain and DDTree's tree
@@ -238,11 +240,12 @@ def run_bench(
     # only what decoding needs (its greedy runs through the same engine, so they share one static runner).
     engine = engine_for(engine, EXACT, pair.target)
     kinds = dict(SPECULATIVE, **(SELECTOR_METHODS if getattr(pair.drafter, "family", "dflash") == "dflash2" else {}))
-    sessions = {m: DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size,
-                                 sampler=sampler, engine=engine, **kind) for m, kind in kinds.items()}
+    sessions = {m: DecodeSession.of(pair, budget=budget, max_new_tokens=max_new_tokens, block_size=block_size,
+                                    sampler=sampler, engine=engine, **kind) for m, kind in kinds.items()}
     if runner:
-        sessions["runner-ddtree"] = DecodeSession(pair, budget=budget, max_new_tokens=max_new_tokens,
-                                                  block_size=block_size, engine="runner", record=False, sampler=sampler)
+        sessions["runner-ddtree"] = DecodeSession.of(pair, budget=budget, max_new_tokens=max_new_tokens,
+                                                     block_size=block_size, engine="runner", record=False,
+                                                     sampler=sampler)
     prompted = [encode(pair.tokenizer, spec) for spec in specs]  # the chat template applied where asked
     prompts = [p.text for p in prompted]
     encoded = [list(p.ids) for p in prompted]
@@ -261,8 +264,8 @@ def run_bench(
         warm = min(max_new_tokens, WARMUP_TOKENS)
         _greedy(pair, encoded[0], warm, sync, sampler)
         for m, kind in kinds.items():
-            s = DecodeSession(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size,
-                              sampler=sampler, engine=engine, **kind)
+            s = DecodeSession.of(pair, budget=budget, max_new_tokens=warm, block_size=sessions[m].block_size,
+                                 sampler=sampler, engine=engine, **kind)
             _speculative(s, encoded[0], sync)
         if runner:  # on the benchmarked session itself: that is where the graphs are captured
             fast = sessions["runner-ddtree"]

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..options import DEVICES, DTYPES, MARGINAL, TREE_SCORINGS, DecodeSettings, check_decode_settings, number, whole_number
+from ..options import DEVICES, DTYPES, MARGINAL, TREE_SCORINGS, DecodeSettings, number, whole_number
 
 
 def check_output_path(path: str | Path, what: str) -> Path:
@@ -107,8 +107,9 @@ def add_sampling_args(p: argparse.ArgumentParser, several: bool = False) -> None
 
 
 def check_settings(args) -> None:
-    """Range checks that need no model, done before a (possibly long) model load. The session re-checks."""
-    check_decode_settings(args.budget, args.max_new_tokens, args.block_size)
+    """Range checks that need no model, done before a (possibly long) model load: DecodeSettings' own (the one
+    place they are written) and the sampler's."""
+    DecodeSettings(budget=args.budget, max_new_tokens=args.max_new_tokens, block_size=args.block_size)
     for t in args.temperature if isinstance(args.temperature, list) else [args.temperature]:
         sampler(args, t)
 

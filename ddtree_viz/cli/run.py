@@ -95,6 +95,8 @@ def add_parser(sub) -> None:
 
 def command(args) -> int:
     from ..engine.prompts import encode
+    from ..engine.recorder import Recording
+    from ..engine.scheduler import Overlap
     from ..engine.session import DecodeSession
 
     spec = prompt_spec(args, args.prompt, args.prompt_file)  # the prompt's text checked (valid Unicode) before loading
@@ -108,18 +110,19 @@ def command(args) -> int:
     pair = load_models(args)
     encoded = encode(pair.tokenizer, spec)
     settings = decode_settings(args)
-    session = DecodeSession.from_settings(pair, settings, target_top_k=args.target_top_k, draft_top_k=args.draft_top_k,
-                                          record=args.record == "full", launch_ahead=args.launch_ahead,
-                                          tree_on_device=args.tree_on_device)
+    session = DecodeSession(pair, settings,
+                            recording=Recording(record=args.record == "full", target_top_k=args.target_top_k,
+                                                draft_top_k=args.draft_top_k),
+                            overlap=Overlap(tree_on_device=args.tree_on_device, launch_ahead=args.launch_ahead))
     _print_setup(args, pair, session)
     print(_describe_prompt(spec, encoded))
     session.prefill(spec=spec)
     start = time.perf_counter()
     records = session.run()
     _print_result(args, session, records, (time.perf_counter() - start) * 1e3)
-    if session.tree_on_device or args.tree_on_device is not None:
+    if session.scheduler.tree_on_device or args.tree_on_device is not None:
         print(tree_line(session))
-    elif args.launch_ahead or session.launch_ahead:
+    elif args.launch_ahead or session.scheduler.launch_ahead:
         print(launch_ahead_line(session))
 
     saved = session.to_trace(with_greedy=not args.no_greedy)
@@ -163,9 +166,9 @@ def _print_setup(args, pair, session) -> None:
 
 def tree_line(session) -> str:
     """Where the rounds' trees were built (run --[no-]tree-on-device; by default on one GPU)."""
-    if not session.tree_on_device:
+    if not session.scheduler.tree_on_device:
         return "trees built on the host (build_tree over the drafter's top-k, copied back)"
-    builder = session.tree_builder
+    builder = session.scheduler.tree_builder
     how = "in a CUDA graph" if builder.graph is not None else f"eagerly ({builder.error or 'no CUDA graphs here'})"
     return f"trees built on the device {how}, the verify's inputs written by the device"
 
@@ -175,7 +178,7 @@ def launch_ahead_line(session) -> str:
     and why not."""
     runner = getattr(session.target_engine, "runner", None)
     passes = getattr(runner, "passes_launched_ahead", 0)
-    if session.launch_ahead and passes:
+    if session.scheduler.launch_ahead and passes:
         return f"verify launched ahead of its tree: {plural(passes, 'pass')}"
     why = getattr(runner, "launch_error", None) or (
         "it needs DDTree's marginal tree on the runner engine with CUDA graphs, both models on one GPU")

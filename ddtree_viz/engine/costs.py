@@ -26,7 +26,8 @@ from ..speedup import PHASES, CostTable, RoundCost, costs_key, now
 from .engines import engine_for
 from .models import ModelPair
 from .sampling import GREEDY, Sampler
-from .session import DecodeSession, EngineGreedy
+from .reference import EngineGreedy
+from .session import DecodeSession
 from .verify import EXACT
 
 MIN_ROUNDS, MAX_ROUNDS = 2, 1000
@@ -55,9 +56,9 @@ def pair_key(pair: ModelPair, engine: str, block_size: int, record: bool = False
 def _session(pair: ModelPair, method: str, budget: int, block_size: int | None, engine: str, max_new: int,
              sampler: Sampler, tree_scoring: str = MARGINAL, time_phases: bool = True) -> DecodeSession:
     """A lean session (no records), as a decoder in production runs; the scoring applies to DDTree only."""
-    return DecodeSession(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
-                         time_phases=time_phases, max_new_tokens=max_new, sampler=sampler,
-                         tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
+    return DecodeSession.of(pair, budget=budget, block_size=block_size, method=method, engine=engine, record=False,
+                            time_phases=time_phases, max_new_tokens=max_new, sampler=sampler,
+                            tree_scoring=tree_scoring if method == DDTREE else MARGINAL)
 
 
 def _timed_step(session: DecodeSession):
@@ -192,8 +193,8 @@ def timed_greedy(pair: ModelPair, prompts: list[list[int]], *, max_new_tokens: i
     """The target's own decoding of each prompt on `engine` (one-token steps), its steps' time (prefill and the
     first token apart, as the rounds' prefill is): a "round" is one token."""
     engine = engine_for(engine, EXACT, pair.target)
-    session = DecodeSession(pair, budget=1, engine=engine, record=False, max_new_tokens=max_new_tokens,
-                            sampler=sampler)
+    session = DecodeSession.of(pair, budget=1, engine=engine, record=False, max_new_tokens=max_new_tokens,
+                               sampler=sampler)
     tokens = 0
     seconds = 0.0
     outputs = []

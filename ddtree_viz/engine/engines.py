@@ -15,6 +15,8 @@ A target engine owns the target's committed state (its cache) and does four thin
 plus `sync()` (wait for the devices it runs on), `state_error(tree, path)` (naive mode's per-layer distance
 from the exact state; None elsewhere), `discard(tree_pass)` (forget an exact pass, commit nothing: the state is
 as before it) and `load_state(other)` (take a copy of another engine's committed state: same target, same kind).
+What an engine can do beyond these it declares in `capabilities` (EngineCapabilities: a tree as tensors, a verify
+launched ahead, a walk queued and read later); the session's scheduler reads the declaration and never probes.
 DecodeSession drives rounds through it with no engine branches; `EngineGreedy` decodes greedily through it
 (one-node trees), and the session's reference runs on a second engine of the session's kind that starts from a
 copy of the session's state after the prefill (no second prefill).
@@ -50,6 +52,31 @@ from ..registry import AUTO, BY_NAME, ENGINE_CHOICES, ENGINES, ENTRIES, EXACT, N
 from .verify import commit, device_sync, input_device, verify_tree
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond the TargetEngine interface, declared by the engine (the session's scheduler
+    reads it to choose its overlaps, engine/scheduler.py; nothing probes an engine for methods):
+
+    tree_tensors  forward_tensors(DeviceTree, ahead) -> TreePass: a tree held as tensors where the engine runs
+    launch_ahead  launch_ahead(n) / release_ahead(): the next verify graph queued before its tree exists
+    queued_walk   accept_queued(tree_pass, choice) -> QueuedWalk: the walk and commit queued, read later"""
+
+    tree_tensors: bool = False
+    launch_ahead: bool = False
+    queued_walk: bool = False
+
+
+def capabilities_of(engine) -> EngineCapabilities:
+    """The capabilities `engine` declares, or a TypeError saying that it declares none (an object made outside the
+    registry that is no TargetEngine): checked once, where an engine enters a session."""
+    caps = getattr(engine, "capabilities", None)
+    if not isinstance(caps, EngineCapabilities):
+        raise TypeError(f"{type(engine).__name__} is no target engine: it declares no `capabilities` "
+                        "(engines.EngineCapabilities: what it can do beyond the TargetEngine interface); "
+                        "an engine declares them, it is not probed")
+    return caps
+
+
 @dataclass
 class TreePass:
     """One verify pass: the target's logits at every tree position and the engine's handle for the commit."""
@@ -82,6 +109,7 @@ class TargetEngine(Protocol):
     name: str
     verify: str
     committed: int  # tokens in the committed state
+    capabilities: EngineCapabilities  # what it can do beyond this interface (the scheduler's overlaps)
 
     def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
@@ -107,6 +135,7 @@ class TransformersEngine:
 
     name = "transformers"
     verify_modes = (EXACT, NAIVE)
+    capabilities = EngineCapabilities()  # the reference path: every tree from the host, read at once
 
     def __init__(self, target, feature_layer_ids: list[int] | None, *, verify: str = EXACT, reference_gdn: bool = False):
         self.target, self.feature_layer_ids = target, feature_layer_ids
@@ -228,6 +257,12 @@ class RunnerEngine:
             raise InputError(cls.blocker(target, verify, reference_gdn))
         return cls(target, feature_layer_ids, tree_size=tree_size, block_size=block_size,
                    max_new_tokens=max_new_tokens)
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A tree as tensors and a verify launched ahead (CUDA graphs: launch_ahead says whether it was), and the
+        walk queued where it walks on the device (`walk`)."""
+        return EngineCapabilities(tree_tensors=True, launch_ahead=True, queued_walk=self.walk == "device")
 
     @property
     def cache(self):

@@ -7,15 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .proposers import Proposer
 
-class OracleProposer:
+
+class OracleProposer(Proposer):
     def __init__(self, greedy_ids, prompt_len: int, ranks: list[int], vocab: int, block_size: int = 8, seed: int = 0):
         self.greedy, self.prompt_len, self.ranks, self.vocab = list(greedy_ids), prompt_len, list(ranks), vocab
         self.block_size, self.feature_layer_ids = block_size, None
         self.rng = np.random.default_rng(seed)
-
-    def reset(self) -> None:
-        pass
 
     def propose(self, root_token_id: int, committed_len: int, new_features, block_size: int) -> torch.Tensor:
         rows = []

@@ -57,3 +57,21 @@ class PhaseClock:
             return dict(self._times)
         self._events[-1].synchronize()
         return {name: float(a.elapsed_time(b)) for name, a, b in zip(self._names, self._events, self._events[1:])}
+
+
+class Timing:
+    """How a session's rounds are timed, shared by the round and the scheduler: `on` (the session's time_phases:
+    each phase timed), `sync` (wait for the devices) and the one CUDA device the models sit on (None: the wall
+    clock after a wait)."""
+
+    def __init__(self, on: bool, sync, cuda_device: torch.device | None):
+        self.on, self.sync, self.cuda_device = bool(on), sync, cuda_device
+
+    def round_clock(self) -> PhaseClock | None:
+        """A round's clock where its phases are timed (None: untimed, no waits)."""
+        return PhaseClock(self.sync, self.cuda_device) if self.on else None
+
+    def queued_clock(self) -> PhaseClock | None:
+        """The clock of work queued for the next round: where the rounds are timed, or on one GPU (CUDA events
+        cost no wait there)."""
+        return PhaseClock(self.sync, self.cuda_device) if self.on or self.cuda_device is not None else None

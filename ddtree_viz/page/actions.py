@@ -1,7 +1,7 @@
 """What the page's controls do to a tab: Step, Run, the checks, Reset, a replay, moving between rounds, the node
 inspector, the trace download, the session's supplement and the figure export. Step and Run take a
-state.TabSettings (read by name from the controls); every session starts through DecodeSession.from_settings, here
-only."""
+state.TabSettings (read by name from the controls); every session starts here only, as DecodeSession(pair, settings,
+parts=...)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import secrets
 import time
 from pathlib import Path
 
+from ..analysis import first_divergence
 from ..compare import finished, settings_b, start_b, step_both
 from ..engine.engines import engine_for
-from ..engine.session import TRANSFORMERS_REFERENCE, DecodeSession, first_divergence
+from ..engine.check import TRANSFORMERS_REFERENCE
+from ..engine.session import DecodeSession, SessionParts
 from ..errors import InputError
 from ..options import MAX_SEED, REFERENCE_NAMES
 from ..render import export as exporter
@@ -46,10 +48,10 @@ def _ensure_session(host: ModelHost, tab: TabState, s: TabSettings) -> None:
     pair = host.require()
     decode = s.decode.replace(engine=engine_for(host.engine, s.decode.verify, pair.target))
     old = tab.session if live and s.same_shape(tab.settings) else None
-    engines = {}
+    parts = SessionParts()
     if old is not None and old.engine == decode.engine:
-        engines = dict(engine=old.target_engine, reference_engine=old.reference_engine)
-    session = DecodeSession.from_settings(pair, decode, **engines)
+        parts = SessionParts(engine=old.target_engine, reference_engine=old.reference_engine)
+    session = DecodeSession(pair, decode, parts=parts)
     try:
         session.prefill(spec=s.prompt)
     except InputError:

@@ -83,9 +83,10 @@ def _shape(d: DecodeSettings) -> tuple:
 
 
 def read_settings(host: ModelHost, values: Mapping[str, object]) -> TabSettings:
-    """The Step tab's controls (`values`: name -> value, names from SETTINGS) as TabSettings: the verify mode, the
-    sampler and the prompt checked here (an InputError before any model work); budget, block size, max new tokens
-    and method by the session."""
+    """The Step tab's controls (`values`: name -> value, names from SETTINGS) as TabSettings, checked here, where they
+    enter (an InputError before any model work): the verify mode, the sampler, the prompt, and the rest as
+    DecodeSettings checks itself (budget, max new tokens, block size, method, tree scoring); the block size
+    against the drafter's by the session."""
     v = _named_values(values)
     if v["verify"] not in VERIFY_LABELS:
         raise InputError(f"unknown verification mode {v['verify']!r}")
@@ -95,7 +96,7 @@ def read_settings(host: ModelHost, values: Mapping[str, object]) -> TabSettings:
     decode = DecodeSettings(budget=v["budget"], max_new_tokens=v["max_new_tokens"], block_size=v["block_size"],
                             method=v["method"], verify=VERIFY_LABELS[v["verify"]], temperature=sampler.temperature,
                             top_k=sampler.top_k, top_p=sampler.top_p, seed=sampler.seed,
-                            tree_scoring=_scoring(v["tree_scoring"]))
+                            tree_scoring=v["tree_scoring"])
     return TabSettings(prompt, decode, _compare_settings(v))
 
 

@@ -20,7 +20,7 @@ from typing import Callable, ContextManager, Iterator
 
 from ..engine.models import ModelPair
 from ..engine.prompts import PromptSpec
-from ..engine.session import DecodeSession
+from ..engine.session import DecodeSession, SessionParts
 from ..options import DFLASH, DecodeSettings
 from ..errors import TraceError
 from ..trace import Trace
@@ -99,7 +99,7 @@ def _decode_one(pair: ModelPair, item: dict, settings: DecodeSettings, spec_of, 
                 engines: dict | None) -> Trace | None:
     """One prompt decoded round by round under `lock`; its trace checked against the reference, or None when
     `stop()` came first. `engines`: the engines to decode on (updated to this session's), or None (new ones)."""
-    session = DecodeSession.from_settings(pair, settings, **(engines or {}))
+    session = DecodeSession(pair, settings, parts=SessionParts(**(engines or {})))
     with lock:
         session.prefill(spec=spec_of(item))
     if engines is not None:

@@ -219,8 +219,8 @@ def engine_acceptance(tokens: dict, tok, *, budgets=(32,), new_tokens: int = 256
         divergences, round_ms = [], []
         t0 = time.time()
         for i, p in enumerate(prompts):
-            s = DecodeSession(pair, budget=budget or 1, max_new_tokens=new_tokens, method=method,
-                              tree_scoring=scoring)
+            s = DecodeSession.of(pair, budget=budget or 1, max_new_tokens=new_tokens, method=method,
+                                 tree_scoring=scoring)
             s.prefill(prompt_ids=p.tolist())
             for r in s.run():
                 gained += r.acceptance

@@ -35,7 +35,7 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
     naive verify, the DFlash chain, whole rounds; with --fast the static runner too (`fast_speed`)."""
     from ...engine.cache import new_cache
     from ...engine.drafter import extract_context_features
-    from ...engine.session import DFlashProposer
+    from ...engine.proposers import DFlashProposer
     from ...engine.tree import DraftTree
     from ...engine.verify import EXACT, verify_tree
 
@@ -151,8 +151,8 @@ def session_rounds(bench: BenchConfig, target, drafter, dtype, prompt: list[int]
     per phase. Random weights accept little, so this measures cost per round, not speed-up."""
     from ...engine.session import DecodeSession
 
-    session = DecodeSession(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
-                            engine="transformers")  # section 3 measures transformers' forward; the runner has its own
+    session = DecodeSession.of(pair_of(bench, target, drafter, dtype), budget=budget, max_new_tokens=2048,
+                               engine="transformers")  # section 3 measures transformers' forward; the runner has its own
     session.prefill(prompt_ids=prompt)
     session.step()  # warm-up
     records = [session.step() for _ in range(rounds)]

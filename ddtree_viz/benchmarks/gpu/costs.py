@@ -53,7 +53,8 @@ def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, rank
     from ...engine.engines import RunnerEngine
     from ...engine.oracle import OracleProposer
     from ...engine.runner import StaticRunner
-    from ...engine.session import DecodeSession, EngineGreedy
+    from ...engine.reference import EngineGreedy
+    from ...engine.session import DecodeSession
 
     layers = 8 if not bench.smoke else 4
     target, pair, prompt = exactness_setup(bench, layers, torch.float32, prompt_len)
@@ -68,8 +69,8 @@ def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, rank
     runs, info = {}, {"ranks": list(ranks), "layers": layers, "dtype": "float32", "budget": budget}
     for method, b, size in (("ddtree", budget, budget + 1), ("dflash", 1, block)):
         oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=block)
-        session = DecodeSession(pair, budget=b, method=method, max_new_tokens=new, proposer=oracle,
-                                engine=engine(size), record=False, block_size=block)
+        session = DecodeSession.of(pair, budget=b, method=method, max_new_tokens=new, proposer=oracle,
+                                   engine=engine(size), record=False, block_size=block)
         session.prefill(prompt_ids=prompt)
         runs[method] = session.run()
         info[f"{method}_identical_to_greedy"] = session.generated == greedy[:len(session.generated)]

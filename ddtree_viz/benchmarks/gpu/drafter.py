@@ -27,7 +27,7 @@ def drafter_pass(target, drafter, feats, token: int, sync, contexts=(512, 2048),
     Every path sees the same rounds; its last round's log-probs are compared with the dynamic path's. Ratios:
     `dynamic_per_static` (the graphs' speed-up) and each other path per the static one; the static pass against
     `limit_ms` (issue #18: DFlash 1 at block 16, 3 ms; issue #67: DFlash2 at block 8, with its selector, 3.0 ms)."""
-    from ...engine.session import make_proposer
+    from ...engine.proposers import make_proposer
 
     timed = timer(sync)
     block = drafter.block_size

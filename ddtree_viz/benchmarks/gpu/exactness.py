@@ -40,7 +40,9 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
               prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1))) -> list[dict]:
     """DDTree (oracle drafts at chosen ranks, so trees are deep) vs the target's own greedy decoding."""
     from ...engine.oracle import OracleProposer
-    from ...engine.session import DecodeSession, GreedyReference, first_divergence
+    from ...analysis import first_divergence
+    from ...engine.reference import GreedyReference
+    from ...engine.session import DecodeSession
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len)
     greedy = GreedyReference(target, prompt, set()).extend_to(new_tokens)
@@ -48,8 +50,8 @@ def exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy.ids, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
-                                    engine="transformers")  # the runner's exactness: fast_exactness
+            session = DecodeSession.of(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                       engine="transformers")  # the runner's exactness: fast_exactness
             session.prefill(prompt_ids=prompt)
             session.run()
             idx = first_divergence(session.generated, greedy.ids)
@@ -73,12 +75,15 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
                    prompt_len: int = 64, ranks_list=((0,), (1,), (0, 2, 1)), weights: str = "plain") -> list[dict]:
     """The runner's DDTree (oracle drafts) vs the runner's greedy, and the runner's greedy vs transformers' (`weights`
     "fp8" or "int4": on quantized weights made at random, each result saying so). Each divergence is judged as the page judges one
-    (session.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
+    (check.verdict): its margin against the runner's own numerical noise, measured over the same tokens (the
     largest |margin of a chain pass - margin of the one-token step| where both choose the same token)."""
     from ...engine.engines import RunnerEngine
     from ...engine.oracle import OracleProposer
     from ...engine.runner import StaticRunner
-    from ...engine.session import DecodeSession, EngineGreedy, GreedyReference, first_divergence, verdict
+    from ...analysis import first_divergence
+    from ...engine.check import verdict
+    from ...engine.reference import EngineGreedy, GreedyReference
+    from ...engine.session import DecodeSession
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, weights)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
@@ -106,8 +111,8 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     for budget in budgets:
         for ranks in ranks_list:
             oracle = OracleProposer(greedy, prompt_len, list(ranks), target.config.vocab_size, block_size=16)
-            session = DecodeSession(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
-                                    engine=engine(budget + 1), record=False)
+            session = DecodeSession.of(pair, budget=budget, max_new_tokens=new_tokens, proposer=oracle,
+                                       engine=engine(budget + 1), record=False)
             session.prefill(prompt_ids=prompt)
             session.run()
             out, rounds = session.generated, [r.kept for r in session.history]

@@ -110,14 +110,15 @@ def quantized_peak_memory(bench: BenchConfig, pair, context: int, budget: int = 
     The target is judged on `peak_models_alone_GB`, what a process holding the two models alone would reach: their
     own bytes (`model_bytes`) plus the session's peak; the raw peak beside it also counts what the bench's earlier
     phases left allocated (`leftover_GiB`)."""
-    from ...engine.session import DecodeSession, make_proposer
+    from ...engine.proposers import make_proposer
+    from ...engine.session import DecodeSession
 
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, pair.target.config.vocab_size, (context,), generator=gen).tolist()
     resident = torch.cuda.memory_allocated() if bench.cuda else None
     proposer = make_proposer(pair.drafter, pair.target, static=True)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=(rounds + 2) * pair.drafter.block_size,
-                            engine="runner", record=False, proposer=proposer)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=(rounds + 2) * pair.drafter.block_size,
+                               engine="runner", record=False, proposer=proposer)
     start = time.perf_counter()
     session.prefill(prompt_ids=prompt)
     prefill_s = time.perf_counter() - start

@@ -194,8 +194,8 @@ def bare_rounds(pair, budget: int, max_new: int, prompt_ids: list[int], steps: i
     out = {}
     for key, record, on_device in (("bare_round_ms", False, None), ("bare_round_recorded_ms", True, None),
                                    ("bare_round_recorded_host_tree_ms", True, False)):
-        session = DecodeSession(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
-                                time_phases=True, tree_on_device=on_device)
+        session = DecodeSession.of(pair, budget=budget, max_new_tokens=max_new, engine="runner", record=record,
+                                   time_phases=True, tree_on_device=on_device)
         session.prefill(prompt_ids=prompt_ids)
         out[key] = timer(sync)(session.step, repeats=steps, warmup=2)  # warm-up: graph capture, the first shapes
         del session

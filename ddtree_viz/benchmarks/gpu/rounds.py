@@ -79,14 +79,15 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     """One of runner_rounds' variants: 14 rounds on the engine as it is set, the first two warm-up, per-phase
     medians, the host's speed just after them (host_loop_us), the round as the host sees it and the draft path;
     with `timeline`, the device's idle time in the next untimed rounds (device_timeline)."""
-    from ...engine.session import DecodeSession, make_proposer
+    from ...engine.proposers import make_proposer
+    from ...engine.session import DecodeSession
 
     options = {"compile": drafter_compile} if static else {}
     proposer = make_proposer(pair.drafter, pair.target, static=static, **options)
-    session = DecodeSession(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
-                            time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
-                            tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
-                            draft_ahead=draft_ahead, verify_ahead=verify_ahead)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=rounds_tokens, engine=engine, record=False,
+                               time_phases=True, proposer=proposer, method=method, tree_scoring=tree_scoring,
+                               tree_on_device=tree_on_device, queue_draft=queue_draft, launch_ahead=launch_ahead,
+                               draft_ahead=draft_ahead, verify_ahead=verify_ahead)
     session.prefill(prompt_ids=prompt)
     assert session.cache is runner, "the runner made above has room for these rounds"
     runner.host_ms.clear()
@@ -103,7 +104,8 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
             phases["verify_commit"].append(t["verify"] + t["commit"])
             # the host's own time in a round: the tree's making (on the device: the builder's launch) and the
             # runner's (the verify's inputs and launch, the walk's and the commit's); the next draft's launch apart
-            phases["host_tree"].append(session.tree_builder.host_ms if session.tree_on_device else t["tree"])
+            phases["host_tree"].append(session.scheduler.tree_builder.host_ms if session.scheduler.tree_on_device
+                                          else t["tree"])
             phases["host_runner"].append(runner.host_ms[-1])
             phases["host"].append(phases["host_tree"][-1] + phases["host_runner"][-1])
             phases["host_draft"].append(getattr(proposer.runner, "host_ms", 0.0))
@@ -119,8 +121,9 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
     if timeline:
         out["device_timeline"] = device_timeline(session, loop_wall_ms=out["loop_wall_ms"])
         out["host_profile"] = host_profile(session)
-    out.update(draft_path=proposer.path, draft_ahead=session.draft_ahead, verify_ahead=session.verify_ahead,
-               verified_ahead=session.verified_ahead, queue_error=session.queue_error,
+    out.update(draft_path=proposer.path, draft_ahead=session.scheduler.draft_ahead,
+               verify_ahead=session.scheduler.verify_ahead, verified_ahead=session.scheduler.verified_ahead,
+               queue_error=session.scheduler.queue_error,
                method=method, tree_scoring=tree_scoring, mean_kept=sum(kept) / len(kept),
                draft_capture_s=proposer.runner.capture_s if proposer.runner is not None else None)
     return out
