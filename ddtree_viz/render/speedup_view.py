@@ -27,6 +27,11 @@ CAVEAT = ("A prediction, not a measurement: each round's tokens under a smaller 
           "real runs.")
 
 
+
+def command_html(command: str) -> str:
+    """A command to copy, wrapped inside the panel's width (a model path makes it longer than the window)."""
+    return f'<pre style="white-space:pre-wrap;overflow-wrap:anywhere"><code>{esc(command)}</code></pre>'
+
 def pays_figure(study, **options) -> go.Figure:
     """pays_spec(study, **options) as a checked plotly go.Figure."""
     return pays_spec(study, **options).figure()
@@ -107,10 +112,10 @@ def pays_html(study, *, first: int, last: int, device: str, compare: bool = Fals
     items = [_own_budget(study), _best_and_even(study), _chain(study)]
     if study.unreached:
         items.append(f"Measured budgets {', '.join(map(str, study.unreached))}: past this session's largest tree "
-                     f"({study.reach} nodes), so not estimated (no round tried them).")
+                     f"({plural(study.reach, 'node')}), so not estimated (no round tried them).")
     if sampled:
         items.append("The costs were timed greedy; sampling adds its filtering to every round.")
-    measure = (f"<pre><code>{esc(command)}</code></pre>" if command and study.budget not in study.costs.rounds
+    measure = (command_html(command) if command and study.budget not in study.costs.rounds
                else "")
     return (f'<div class="ddv-pays"><p><b>Predicted</b> from {rests}:</p><ul>'
             + "".join(f"<li>{item}</li>" for item in items)
@@ -176,7 +181,7 @@ def pays_missing_html(why: str, command: str | None = None) -> str:
     machine's costs, where that is what is missing."""
     text = f'<div class="ddv-pays"><p>{esc(why)}</p>'
     if command:
-        text += (f"<pre><code>{esc(command)}</code></pre><p style=\"color:#666;font-size:90%\">The costs are cached in "
+        text += (command_html(command) + f"<p style=\"color:#666;font-size:90%\">The costs are cached in "
                  "~/.cache/ddtree-viz/costs.json ($DDTREE_VIZ_CACHE/costs.json when that is set), by model pair, "
                  "dtype, device, engine and block size (docs/SPEEDUP.md); the next Step, Back or Forward reads "
                  "them.</p>")
