@@ -775,7 +775,7 @@ def test_runner_options_on_the_cpu():
     assert on_cuda.gdn_step == on_cuda.gdn_prep == on_cuda.norm == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(gdn_kernel="triton").resolve(cpu)
+            RunnerOptions(gdn_kernel="triton-rule").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_step="triton").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):

@@ -1742,8 +1742,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
     switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-rule"), ("gdn_kernel", "triton-solve"),
-                ("gdn_kernel", "triton-tree"),
-                ("gdn_kernel", "triton"), ("fused", False),
+                ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
                 ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
                 ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton"),

@@ -37,8 +37,7 @@ bitwise what they were):
     gdn_kernel  the tree delta rule's form, chosen once at construction (delta_rule/dispatch.py): "triton-rule"
                 (the default on CUDA) the whole rule in two Triton launches between the compiled conv / gates and
                 gated norm; "triton-solve" the parallel part in torch, the solve and output product in Triton;
-                "triton" the whole rule in one Triton kernel per GDN layer, "triton-tree" the same but the torch
-                one-step form for T = 1; "torch" the torch forms (cuBLAS's solve)
+                "torch" the torch forms (cuBLAS's solve)
     gdn_step    the one-node pass's GDN core (the greedy step): "triton" (the default on CUDA) conv, gates, the
                 one-step rule and gated norm in one launch a layer (delta_rule/triton_step.py); "torch" the form's own
     commit      the commit's recurrent-state update: "triton" (the default on CUDA) every GDN layer's state read and
@@ -146,8 +145,8 @@ class RunnerOptions:
     tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/lab/NOTEBOOK.md section 6); `resolve`
     says what a device gets."""
 
-    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the
-    # one-node step) | triton-tree (trees only): delta_rule/dispatch.py's forms
+    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve: delta_rule/dispatch.py's
+    # forms
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
@@ -166,7 +165,7 @@ class RunnerOptions:
     commit: str = "auto"
     # a tree's GDN conv, l2 norms and gates before the rule: auto (CUDA with Triton: triton) | torch (the compiled
     # piece gdn_prep) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the forms with
-    # q and k at their key heads: triton-rule, triton, triton-tree)
+    # q and k at their key heads: triton-rule)
     gdn_prep: str = "auto"
     # a layer's residual add and the norm after it: auto (CUDA with Triton: triton) | torch (the piece
     # fused.add_rms_norm) | triton (engine/triton_norm.py: one launch, a program a row)

@@ -8,7 +8,6 @@ One folder per op (flash-linear-attention's habit): the reference beside every f
                        TreeMasks, solve_steps, state_after (the state after a path, for the commit)
     triton_solve.py    Triton: the solve alone (tree_solve_triton) or the whole rule in two launches
                        (tree_rule_triton); imported only where it runs
-    triton_blocked.py  Triton: the whole rule in one kernel (tree_delta_rule_triton); imported only where it runs
     dispatch.py        THE choice of a form for the static runner (RunnerOptions.gdn_kernel), once per runner
 
 Modules are imported by name (nothing is re-exported here), so the CPU path never imports Triton.

@@ -12,9 +12,9 @@ or through torch.compile: `Pieces`) and, where it runs, a Triton kernel:
                   and gated_norm, on q and k at their key heads; trees of 2 .. MAX_T positions. CUDA's default
     triton-solve  the parallel part a piece (fused.gdn_tree_parts), the solve and output product in Triton
                   (triton_solve.tree_solve_triton); trees of 2 .. MAX_T positions
-    triton        the whole rule in one kernel (triton_blocked.tree_delta_rule_triton), the one-node step too,
-                  between the pieces uncompiled
-    triton-tree   the same for trees; the torch step for one node
+
+(The whole rule in one kernel, "triton" and "triton-tree", lost every measurement and was deleted:
+docs/lab/NOTEBOOK.md section 40.)
 
 Each form's `rule(q, k, v, g, beta, state, ancestors) -> (o, delta)` is its tree delta rule alone (q, k at their Hk
 key heads), which `check` compares with the torch form at construction: a Triton form that cannot compile or
@@ -25,7 +25,7 @@ Apart from the tree's form, four pieces each have a one-launch form (ONE_LAUNCH_
 the whole core in one launch a layer, triton_step.gdn_step_triton: conv, gates, the one-step rule, gated norm),
 which `check_one_node` holds to the torch core at construction the same way; a tree's conv, l2 norms and gates
 before the rule (`RunnerOptions.gdn_prep`; "torch" the compiled piece, "triton" triton_step.gdn_prep_triton,
-`check_prep`), for the forms that take q and k at their key heads (triton-rule, triton, triton-tree); the
+`check_prep`), for the form that takes q and k at its key heads (triton-rule); the
 commit's recurrent update (`RunnerOptions.commit`, `choose_commit`); and a layer's residual add and the norm after
 it (`RunnerOptions.norm`, `choose_norm`: engine/triton_norm.py, a program a row).
 """
@@ -46,7 +46,7 @@ from ...treeops import ancestor_matrix
 from ..fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree_parts
 from .parallel import TreeMasks, solve_steps, tree_delta_rule, tree_delta_rule_parts
 
-GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve", "triton", "triton-tree")
+GDN_KERNELS = ("auto", "torch", "triton-rule", "triton-solve")
 # gdn_step, commit, gdn_prep and norm (each a piece in one launch, or not): auto is triton on CUDA where Triton imports
 ONE_LAUNCH_CHOICES = ("auto", "torch", "triton")
 
@@ -198,23 +198,6 @@ class SolveForm(LevelsForm):
         return self.kernel(*parts, solve_steps(masks.anc_float))
 
 
-@dataclass(frozen=True)
-class BlockedForm(TorchForm):
-    """triton (step: the one-node pass too) and triton-tree (trees only): the whole rule in one kernel, between the
-    pieces run uncompiled, as this form has always run and been measured (PERFORMANCE.md)."""
-
-    step: bool = True
-    takes_prep = True
-
-    def at(self, anc: torch.Tensor, pieces: Pieces) -> Callable:
-        if anc.shape[0] == 1 and (not self.step or self.one_node is not None):
-            return TorchForm.at(self, anc, pieces)
-        return partial(grouped_core, Pieces(False), partial(self.kernel, ancestors=anc), self.prep)
-
-    def rule(self, q, k, v, g, beta, state, ancestors):
-        return self.kernel(q, k, v, g, beta, state, ancestors)
-
-
 def _levels(cls, name: str) -> LevelsForm:
     from . import triton_solve
 
@@ -222,18 +205,10 @@ def _levels(cls, name: str) -> LevelsForm:
     return cls(name, kernel, max_t=triton_solve.MAX_T)
 
 
-def _blocked(name: str, step: bool) -> BlockedForm:
-    from .triton_blocked import tree_delta_rule_triton
-
-    return BlockedForm(name, tree_delta_rule_triton, step=step)
-
-
 FORMS: dict[str, Callable[[], TorchForm]] = {  # a resolved option (never "auto") -> its form, kernels imported here
     "torch": TorchForm,
     "triton-rule": partial(_levels, RuleForm, "triton-rule"),
     "triton-solve": partial(_levels, SolveForm, "triton-solve"),
-    "triton": partial(_blocked, "triton", True),
-    "triton-tree": partial(_blocked, "triton-tree", False),
 }
 
 
