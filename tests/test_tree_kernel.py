@@ -1,8 +1,9 @@
 """The Triton kernels of the tree delta rule against the per-path recurrence (tree_delta_rule_reference) and the torch
 forms, at toy and real widths (K = V = 128), on random trees and chains of 1 .. 129 positions: the tree solve
-(engine/delta_rule/triton_solve.py) against parallel.tree_solve (cuBLAS's triangular solve), with its repetition
-count from the device (parallel.solve_steps); the whole rule in two launches (tree_rule_triton, the CUDA default)
-against the torch form and the reference, from grouped key heads. Then the static runner with each: DDTree == greedy.
+(engine/kernels/gdn_tree/triton_solve.py) against parallel.tree_solve (cuBLAS's triangular solve), with its
+repetition count from the device (parallel.solve_steps); the whole rule in two launches (tree_rule_triton, the CUDA
+default) against the torch form and the reference, from grouped key heads. Then the static runner with each:
+DDTree == greedy.
 
 Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py."""
 
@@ -16,11 +17,11 @@ from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton s
 
 import triton.language as tl
 
-from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference
-from ddtree_viz.engine.delta_rule.parallel import (
+from ddtree_viz.engine.kernels.gdn_tree.naive import tree_delta_rule_reference
+from ddtree_viz.engine.kernels.gdn_tree.parallel import (
     solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
 )
-from ddtree_viz.engine.delta_rule.triton_solve import _split, tree_rule_triton, tree_solve_triton
+from ddtree_viz.engine.kernels.gdn_tree.triton_solve import _split, tree_rule_triton, tree_solve_triton
 from ddtree_viz.engine.gdn_tree import TreeIndex
 from tests.test_gdn_tree import random_tree
 
@@ -71,7 +72,7 @@ def test_runner_with_the_kernel_equals_greedy():
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for options in (RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "sdpa"),
                     RunnerOptions("triton-rule", True, "eager")):
-        # the tree solve and the whole rule of delta_rule/triton_solve.py (both attention forms)
+        # the tree solve and the whole rule of kernels/gdn_tree/triton_solve.py (both attention forms)
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
         assert runner.rule.kernel is not None and runner.kernel_error is None
@@ -85,7 +86,7 @@ def test_runner_with_the_kernel_equals_greedy():
         assert out == ref and max(rounds) > 2
 
 
-# -- the tree solve (delta_rule/triton_solve.py) -------------------------------------------------------------------
+# -- the tree solve (kernels/gdn_tree/triton_solve.py) ----------------------------------------------------------------
 
 SOLVE_CASES = [  # (T, tree depth, H, K, V)
     (1, 0, 2, 4, 16), (2, 1, 3, 4, 16), (17, 5, 4, 16, 16), (17, 16, 2, 12, 40), (40, 20, 2, 16, 48),
@@ -154,7 +155,7 @@ def test_solve_at_qwen36_27b_shapes_on_the_gpu():
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-# -- the whole rule in two launches (delta_rule/triton_solve.py: tree_rule_triton) ------------------------------------
+# -- the whole rule in two launches (kernels/gdn_tree/triton_solve.py: tree_rule_triton) -------------------------------
 
 RULE_CASES = [  # (T, tree depth, H, Hk, K, V): grouped key heads, odd widths (masked), real widths, a chain
     (1, 0, 2, 1, 16, 16), (2, 1, 3, 1, 16, 16), (17, 5, 4, 2, 16, 16), (17, 16, 2, 2, 12, 40), (40, 20, 6, 2, 48, 48),
@@ -208,7 +209,7 @@ def test_parts_by_key_head_equal_the_parts_by_value_head(T, H, Hk):
     """The parts kernel with a program per key head (its value heads' q.k and k.k made once: `group`) writes the
     A, Qd and G a program per value head writes, at each of its rows a program; and the whole rule with it equals
     the torch form."""
-    from ddtree_viz.engine.delta_rule.triton_solve import tree_parts_triton
+    from ddtree_viz.engine.kernels.gdn_tree.triton_solve import tree_parts_triton
 
     parents = random_tree(T, 9, random.Random(T + 1))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, H, Hk, 128, 128, seed=T + 1)

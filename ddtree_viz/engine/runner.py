@@ -34,21 +34,21 @@ nothing descends from).
 
 Closer to the hardware on a GPU (`RunnerOptions`; each resolves to the torch form on the CPU, whose numbers stay
 bitwise what they were):
-    gdn_kernel  the tree delta rule's form, chosen once at construction (delta_rule/dispatch.py): "triton-rule"
-                (the default on CUDA) the whole rule in two Triton launches between the compiled conv / gates and
-                gated norm; "triton-solve" the parallel part in torch, the solve and output product in Triton;
-                "torch" the torch forms (cuBLAS's solve)
+    gdn_kernel  the tree delta rule's form, chosen once at construction (kernels/gdn_tree/dispatch.py, made a form
+                by gdn_forms.py): "triton-rule" (the default on CUDA) the whole rule in two Triton launches between
+                the compiled conv / gates and gated norm; "triton-solve" the parallel part in torch, the solve and
+                output product in Triton; "torch" the torch forms (cuBLAS's solve)
     gdn_step    the one-node pass's GDN core (the greedy step): "triton" (the default on CUDA) conv, gates, the
-                one-step rule and gated norm in one launch a layer (delta_rule/triton_step.py); "torch" the form's own
+                one-step rule and gated norm in one launch a layer (kernels/gdn_step/); "torch" the form's own
     commit      the commit's recurrent-state update: "triton" (the default on CUDA) every GDN layer's state read and
-                written once in one launch (delta_rule/triton_commit.py); "torch" a batched matmul and a pass
+                written once in one launch (kernels/state_commit/); "torch" a batched matmul and a pass
     gdn_prep    a tree's GDN conv, l2 norms and gates: "triton" (the default on CUDA) one launch a layer
-                (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
+                (kernels/gdn_step/), for the forms that take q and k at their key heads; "torch" a piece
     norm        a layer's residual adds and the norms after them: "triton" (the default on CUDA) one launch each,
-                a program a row (engine/triton_norm.py); "torch" the piece fused.add_rms_norm
+                a program a row (kernels/add_norm/); "torch" the piece fused.add_rms_norm
     pdl         "on" (the default on a CUDA device of compute capability 9.0 or later, with Triton) the one-row FP8
                 products and the add + norm launches launched behind the kernel before them, programmatic dependent
-                launch (engine/pdl.py); "off" each launched after the kernel before has finished
+                launch (kernels/pdl.py); "off" each launched after the kernel before has finished
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -72,11 +72,14 @@ from transformers import DynamicCache
 from ..errors import ModelLoadError
 from .backends import sdpa_backends
 from .cache import layer_types
-from . import fused as fz, pdl
+from . import fused as fz
+from .kernels import pdl
 from .launch import LaunchAhead, device_word
-from .delta_rule.dispatch import (
-    GDN_KERNELS, choose, choose_commit, choose_norm, resolve_option, resolve_step, triton_available,
-)
+from .gdn_forms import choose
+from .kernels.add_norm.dispatch import choose_norm
+from .kernels.device import resolve_step, triton_available
+from .kernels.gdn_tree.dispatch import GDN_KERNELS, resolve_option
+from .kernels.state_commit.dispatch import choose_commit
 from .fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..treeops import conv_gather
 from .tree import DraftTree, follow_on_device, tree_inputs_on_device
@@ -145,8 +148,7 @@ class RunnerOptions:
     tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/lab/NOTEBOOK.md section 6); `resolve`
     says what a device gets."""
 
-    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve: delta_rule/dispatch.py's
-    # forms
+    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve: kernels/gdn_tree's forms
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
@@ -164,8 +166,8 @@ class RunnerOptions:
     # triton (delta_rule/triton_commit.py: every layer's state read and written once, in one launch)
     commit: str = "auto"
     # a tree's GDN conv, l2 norms and gates before the rule: auto (CUDA with Triton: triton) | torch (the compiled
-    # piece gdn_prep) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the forms with
-    # q and k at their key heads: triton-rule)
+    # piece gdn_prep) | triton (kernels/gdn_step's gdn_prep_triton: one launch a layer; for the form with q and k
+    # at their key heads: triton-rule)
     gdn_prep: str = "auto"
     # a layer's residual add and the norm after it: auto (CUDA with Triton: triton) | torch (the piece
     # fused.add_rms_norm) | triton (engine/triton_norm.py: one launch, a program a row)

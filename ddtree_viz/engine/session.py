@@ -31,7 +31,7 @@ from .cache import compact_kv
 from .engines import AUTO, ENGINES, QueuedWalk, TargetEngine, TreePass, make_engine
 from .models import ModelPair
 from .prompts import PromptSpec, check_prompt_text, encode
-from .delta_rule.dispatch import triton_available
+from .kernels.device import triton_available
 from .sampling import GREEDY, Sampler, gumbel_noise_at, margin
 from .timing import PhaseClock, single_cuda_device
 from .dflash2 import SelectorScores
