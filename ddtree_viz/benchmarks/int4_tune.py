@@ -1,4 +1,5 @@
-"""`gpu_bench --int4-tune`: engine/int4_gemm.py's launches swept at the 27B's GEMMs, to choose from one run.
+"""`gpu_bench --int4-tune`: engine/kernels/int4_gemm/triton_gemm.py's launches swept at the 27B's GEMMs, to choose
+from one run.
 
 Each GEMM of a layer as the runner runs it (gpu.layer_gemms of a small 4-bit target: the fused GDN in_proj, q + k + v
 and gate + up, and the single out_proj, o_proj and down_proj), at the row counts a session runs (1: a decode step; 16:
