@@ -6,6 +6,7 @@ children (the tree-exact Gated DeltaNet relies on that: its ancestor matrix is l
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, replace
 
