@@ -41,6 +41,7 @@ import numpy as np
 from . import treeops
 from .options import CHAINS, DFLASH, MARGINAL
 from .trace import StepRecord
+from .words import plural
 
 NOT_DRAFTED = "not drafted"
 
@@ -158,6 +159,37 @@ def curve_caveat(method: str = "ddtree") -> str:
     return (f"Exact for each round from the state it started in (the smaller {unit}'s tree is a prefix of this one "
             f"and the target's choice at a node depends only on its path); a whole session at that {unit} would "
             "have started its later rounds elsewhere.")
+
+
+def chain_gain(step: StepRecord, final: bool = False) -> tuple[int, bool] | None:
+    """Tokens the DFlash chain of the same drafter pass (its top-1 token at every drafted depth) would have gained
+    in this DDTree round, and whether that count is exact (False: at least that many). None where the round cannot
+    say: not an exact DDTree round over the drafter's marginals (a chain, naive verify, a DFlash2 selector tree), or
+    its drafter's grid or nodes not recorded.
+
+    The target's tokens along the accepted path and the bonus, t_1..t_{a+1}, are its choices after the root (its
+    argmax, or its position-keyed sample: docs/SAMPLING.md), which depend on the path alone; the chain accepts
+    depth d while its top-1 there equals t_d. A first mismatch at d (d <= a + 1) gains d
+    tokens (d - 1 drafts and t_d as the bonus), exact; every drafted depth matched gains the block (exact). When
+    t_1..t_{a+1} all match and the block goes deeper, the target's token after t_{a+1} was never verified: at
+    least a + 2. A round the session stopped inside (or its `final` round) counts at most what it kept: the chain
+    would have stopped there too. Exact top-1 ties aside (the chain takes the max, the grid its top-k's first). The
+    same caveat as the budget curve: a chain session would have started its later rounds elsewhere."""
+    if (step.method != "ddtree" or not curve_is_exact(step) or step.selector_pair or not step.draft_top_ids
+            or not step.nodes):
+        return None
+    targets = [step.nodes[p].token_id for p in step.accepted[1:]] + [step.bonus_token_id]
+    drafted = len(step.draft_top_ids)
+    gain, exact = None, True
+    for d, token in enumerate(targets[:drafted], start=1):
+        if not step.draft_top_ids[d - 1] or step.draft_top_ids[d - 1][0] != token:
+            gain = d
+            break
+    if gain is None:
+        gain, exact = (drafted + 1, True) if len(targets) > drafted else (len(targets) + 1, False)
+    if step.cut or final:
+        return min(gain, step.kept), exact or gain >= step.kept
+    return gain, exact
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -490,7 +522,8 @@ def acceptance_warning(mean_acceptance: float | None, rounds: int = 0, who: str 
     """The loud warning for a mean acceptance of about 1.0 (None when there is none to give)."""
     if mean_acceptance is None or rounds < 1 or mean_acceptance > NO_ACCEPTANCE:
         return None
-    return (f"{who + ': ' if who else ''}mean acceptance {mean_acceptance:.2f} tokens per round over {rounds} rounds: "
+    return (f"{who + ': ' if who else ''}mean acceptance {mean_acceptance:.2f} tokens per round over "
+            f"{plural(rounds, 'round')}: "
             "the drafter proposes almost nothing the target accepts, so speculative decoding gains nothing (a drafter "
             "trained for another target or precision, or one whose weights did not load as meant)")
 

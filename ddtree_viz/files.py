@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import DDTreeVizError, InputError
+from .words import plural
 
 
 def read_limited(path: str | Path, limit: int, what: str, *, shown: str | None = None,
@@ -27,7 +28,7 @@ def read_limited(path: str | Path, limit: int, what: str, *, shown: str | None =
             raise error(f"{what} {shown} is not a regular file (a device, pipe or socket is not read)")
         if info.st_size > limit:
             raise error(too_large(info.st_size) if too_large else
-                        f"{what} {shown} is {info.st_size:,} bytes; at most {limit:,} are read")
+                        f"{what} {shown} is {plural(info.st_size, 'byte')}; at most {limit:,} are read")
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:

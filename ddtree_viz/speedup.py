@@ -251,14 +251,66 @@ def predict(steps: Sequence[StepRecord], costs: CostTable, chain_tau: float | No
     if chain_tau is not None and costs.chain is not None:
         chain = Point.of(chain_tau, costs.chain.total, costs.greedy_ms)
     best = max(points, key=lambda b: (points[b].speedup, -b)) if points else None
-    floor = chain.speedup if chain else 1.0
+    even = break_even(points, best, chain.speedup if chain else 1.0)
+    return Prediction(costs.greedy_ms, points, chain, best, even, len(rounds))
+
+
+def break_even(points: Mapping[int, Point], best: int | None, floor: float) -> int | None:
+    """The largest budget from the best one up whose speed-up is still at least `floor` (the chain's, or greedy's
+    1.0), or None: past it a bigger tree loses to what `floor` stands for."""
     even = [b for b, p in points.items() if best is not None and b >= best and p.speedup >= floor]
-    return Prediction(costs.greedy_ms, points, chain, best, max(even) if even else None, len(rounds))
+    return max(even) if even else None
 
 
 def tokens_per_round(steps: Sequence[StepRecord]) -> float | None:
     """Tokens kept per round (None: no rounds): a chain's tau from its real rounds."""
     return sum(s.kept for s in steps) / len(steps) if steps else None
+
+
+@dataclass(frozen=True)
+class SessionSpeedup:
+    """Does the tree pay here: one session's own rounds x this machine's measured costs (the page's panel). A
+    prediction, resting on `prediction.rounds` rounds, never a measurement."""
+
+    prediction: Prediction  # S(b) at the measured budgets the rounds reach, the best budget, the chain's point
+    costs: CostTable
+    budget: int  # the session's budget
+    reach: int  # the largest budget the rounds' counterfactual covers (their largest tree)
+    pays_up_to: int | None  # break-even over greedy: the largest budget from the best up with S >= 1
+    chain_nodes: int  # the chain's drafted tokens (block size - 1): its place on the budget axis
+    chain_at_least: int  # rounds whose chain count is a lower bound (analysis.chain_gain): its S at least that
+    chain_why: str | None  # why there is no chain point (None: there is one)
+
+    @property
+    def unreached(self) -> list[int]:
+        """Measured budgets past the rounds' reach: no counterfactual there (the session's trees were smaller)."""
+        return sorted(b for b in self.costs.rounds if b > self.reach)
+
+
+def session_speedup(steps: Sequence[StepRecord], costs: CostTable, budget: int, final: bool = False
+                    ) -> SessionSpeedup:
+    """S(b) of a session's exact DDTree rounds at `costs`' measured budgets (predict), the chain's point from the
+    same rounds (analysis.chain_gain: the drafter's top-1 path checked against the target's tokens the round
+    verified), and the break-even budget over greedy. `final`: the last of `steps` is the session's last round
+    (it stopped there: the chain would have too). InputError where no round has a budget counterfactual."""
+    rounds = tree_rounds(steps)
+    gains = [analysis.chain_gain(s, final and s is steps[-1]) for s in rounds]
+    why = None
+    if costs.chain is None:
+        why = "the cost table has no chain round"
+    elif not rounds or any(g is None for g in gains):
+        why = _no_chain_why(rounds[-1] if rounds else None)
+    chain_tau = sum(g for g, _ in gains) / len(gains) if why is None else None
+    prediction = predict(steps, costs, chain_tau)
+    return SessionSpeedup(prediction, costs, int(budget), max(analysis.tree_size(s) - 1 for s in rounds),
+                          break_even(prediction.budgets, prediction.best_budget, 1.0), costs.block_size - 1,
+                          sum(not exact for _, exact in gains) if why is None else 0, why)
+
+
+def _no_chain_why(step: StepRecord | None) -> str:
+    if step is not None and step.selector_pair:
+        return "a DFlash2 selector tree: its chain walks the selector's pair scores, not the top-1 at each depth"
+    return "the rounds' drafter grids were not recorded"
 
 
 def validation_budgets(prediction: Prediction) -> list[int]:

@@ -273,11 +273,21 @@ def test_misses_file_agrees_with_the_traces_it_came_from(both_dir, tmp_path, cap
     shutil.copytree(both_dir, out)
     misses = tmp_path / "misses.jsonl"
     assert analyze("--prompts", both_dir.parent / "p.txt", "--out", out, *SETTINGS, "--budgets", 1, 2, 4, 8,
-                   "--method", "both", "--resume", "--misses", misses) == 0
-    lines = misses.read_text(encoding="utf-8").splitlines()
+                   "--method", "both", "--resume", "--misses", misses, "--supplements") == 0
+    text = misses.read_text(encoding="utf-8")
+    lines = text.splitlines()
     assert f"misses: {len(lines)} rounds" in capsys.readouterr().out
+    # strict JSON lines: one object a line, no NaN / Infinity, every key of docs/MISSES.md's table and no other
+    assert text.endswith("\n") and "\r" not in text and all(line.strip() == line and line for line in lines)
     rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}")) for line in lines]
+    doc = (ROOT / "docs" / "MISSES.md").read_text(encoding="utf-8")
+    schema = doc[doc.index("## Schema"):]
+    schema = schema[:schema.index("\n## ")]
+    keys = {k for cell in re.findall(r"^\| (`[^|]+`) \|", schema, re.M) for k in re.findall(r"`(\w+)`", cell)}
+    assert len(keys) == 19 and all(isinstance(r, dict) and set(r) == keys for r in rows)
+    assert all(json.dumps(r, ensure_ascii=False, allow_nan=False) == line for r, line in zip(rows, lines))
     assert rows and {r["side"] for r in rows} == {"ddtree", "dflash"} and all(r["version"] == 1 for r in rows)
+    assert {r["set"] for r in rows} == {"p"}  # the set's name as analyze names its folder (p.txt)
     expected = 0
     for name in sorted(os.listdir(out / "traces")):
         if name.endswith(".json") and name.count(".") in (1, 2) and not name.endswith(("meta.json", "error.json")):
@@ -289,6 +299,10 @@ def test_misses_file_agrees_with_the_traces_it_came_from(both_dir, tmp_path, cap
         t = Trace.load(out / r["trace"])
         step = t.steps[r["round"] - 1]
         assert r["depth"] == len(step.accepted) and r["target_token_id"] == step.bonus_token_id
+        stop = analysis.stop_info(step, t.settings["block_size"])
+        assert r["reason"] == stop["reason"] != analysis.STOP_BLOCK_END and r["tree_rank"] == stop["sibling_rank"]
+        assert (r["target_prob"], r["target_draft_logprob"]) == (stop["target_prob"], stop["target_draft_logprob"])
+        assert (r["kept"], r["cut"], r["index"]) == (step.kept, step.cut, int(r["trace"][7:11]))
         assert r["context_len"] == len(t.prompt_ids) + r["output_position"]
         if not r["cut"]:
             assert t.output_ids[r["output_position"]] == r["target_token_id"]
@@ -297,8 +311,8 @@ def test_misses_file_agrees_with_the_traces_it_came_from(both_dir, tmp_path, cap
             assert r["drafter_top"][r["target_draft_rank"]][0] == r["target_token_id"]
         else:
             assert r["target_token_id"] not in [i for i, _ in r["drafter_top"]] and r["target_draft_rank"] is None
+    check_miss_links(out, rows)
     # docs/MISSES.md's loader, as written there, turns the file into training pairs
-    doc = (ROOT / "docs" / "MISSES.md").read_text(encoding="utf-8")
     loader: dict = {}
     exec(re.search(r"```python\n(.*?)```", doc, re.S).group(1), loader)
     pairs = list(loader["drafter_pairs"](out, misses))
@@ -308,6 +322,30 @@ def test_misses_file_agrees_with_the_traces_it_came_from(both_dir, tmp_path, cap
     assert analyze("--prompts", both_dir.parent / "p.txt", "--out", tmp_path / "o2", *SETTINGS,
                    "--misses", tmp_path / "no" / "m.jsonl") == 2
     assert "cannot write misses file" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+def check_miss_links(out: Path, rows: list[dict]) -> None:
+    """report.html lists every miss of misses.jsonl by prompt, each a link to its round: DDTree's in the prompt's
+    session file (analyze --supplements: supplements/NNNN.html#round=N), the DFlash chain's (no session file) in
+    its trace; the linked round is the miss's round in its trace (its walk left the target there). The top misses'
+    examples link their session file's round too."""
+    report = (out / "report.html").read_text(encoding="utf-8")
+    table = report[report.index("<table id=miss-rounds"):]
+    table = table[:table.index("</table>")]
+    links = re.findall(r'<a class="?round[ "]?(session-round")? href="([^"#]+)#round=(\d+)" data-file="([^"]+)" '
+                       r'data-round="(\d+)" title="round (\d+): [^"]*">(\d+)</a>', table)
+    assert [(file, int(n)) for _, _, n, file, *_ in links] == [(r["trace"], r["round"]) for r in rows]
+    for session, href, n, file, k, said, text in links:
+        assert int(n) == int(k) + 1 == int(said) == int(text)
+        index = int(file[len("traces/"):][:4])
+        assert href == (f"supplements/{index:04d}.html" if file.count(".") == 1 else file) and bool(session) == (
+            file.count(".") == 1)
+        t = Trace.load(out / file)
+        assert analysis.stop_info(t.steps[int(k)], t.settings["block_size"])["reason"] != analysis.STOP_BLOCK_END
+    top = re.findall(r'<a class="round session-round" href="supplements/(\d{4})\.html#round=(\d+)" '
+                     r'data-file="traces/(\d{4})\.json" data-round="(\d+)">session</a>',
+                     report[report.index("<table id=misses>"):report.index("<table id=miss-rounds")])
+    assert top and all(a == b and int(n) == int(k) + 1 for a, n, b, k in top)
 
 
 def test_resume_decodes_a_truncated_trace_again_and_a_write_failure_is_an_error(run_dir, tmp_path, capsys):

@@ -5,6 +5,7 @@ round in the step view as a replay (no model)."""
 
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -14,10 +15,11 @@ import pytest
 from ddtree_viz.page import actions
 from ddtree_viz.page.analyze_tab import (PAGE_SET_MAX_PROMPTS, PAGE_SET_MAX_TOKENS, ReportDirs, load_report_dir,
                                          load_report_upload, open_report_click, open_report_round, report_html,
-                                         report_status, run_prompt_set)
+                                         report_status, run_prompt_set, write_misses_file)
 from ddtree_viz.page.host import ModelHost
 from ddtree_viz.page.state import MAX_UPLOAD_BYTES, TabState
 from ddtree_viz.page.views import render_views
+from ddtree_viz import analysis
 from ddtree_viz.cli import main
 from ddtree_viz.errors import InputError, TraceError
 from ddtree_viz.trace import Trace
@@ -27,11 +29,17 @@ SETTINGS = ["--max-new-tokens", "8", "--budget", "8", "--no-speedup"]  # the stu
 
 
 def write_report(base: Path) -> Path:
-    """analyze --method both on two prompts of the embedded pair: DIR with summary.json, traces/, report.html."""
+    """analyze --method both on two prompts of the embedded pair: DIR with summary.json, traces/, report.html; and
+    beside DIR the CLI's misses file (misses.jsonl, analyze --misses)."""
     (base / "p.txt").write_text(PROMPTS, encoding="utf-8")
     out = base / "report"
-    assert main(["analyze", "--prompts", str(base / "p.txt"), "--out", str(out), *SETTINGS, "--method", "both"]) == 0
+    assert main(["analyze", "--prompts", str(base / "p.txt"), "--out", str(out), *SETTINGS, "--method", "both",
+                 "--misses", str(base / "misses.jsonl")]) == 0
     return out
+
+
+MISS_LINK = re.compile(r'<a class="round ddv-open-round" href="#" role=button data-file="([^"]+)" '
+                       r'data-round="(\d+)" title="round (\d+): depth (\d+) [^"]*">(\d+)</a>')
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +117,75 @@ def test_a_miss_or_a_prompt_opens_its_round_in_the_step_view(report_dir, no_mode
     assert tab.trace is None and tab.report is not None
 
 
+def test_the_report_links_every_miss_to_its_round(report_dir, no_model):
+    """Issue #68 item 2: the page's report lists every miss of misses.jsonl by prompt, each a link whose round is
+    that miss's round in its trace (a round whose walk left the target), and the link opens that round."""
+    tab = load_report_dir(TabState(), str(report_dir))
+    body = report_html(tab)
+    table = body[body.index("<table id=miss-rounds"):]
+    table = table[:table.index("</table>")]
+    links = MISS_LINK.findall(table)
+    rows = [json.loads(line) for line in (report_dir.parent / "misses.jsonl").read_text().splitlines()]
+    assert rows and [(f, int(k) + 1) for f, k, *_ in links] == [(r["trace"], r["round"]) for r in rows]
+    for (file, k, said, depth, text), row in zip(links, rows):
+        trace = Trace.load(report_dir / file)
+        step = trace.steps[int(k)]
+        assert int(said) == int(text) == int(k) + 1 and int(depth) == row["depth"] == len(step.accepted)
+        stop = analysis.stop_info(step, trace.settings["block_size"])
+        assert stop["reason"] == row["reason"] != analysis.STOP_BLOCK_END
+        assert stop["target_token_id"] == row["target_token_id"] == step.bonus_token_id
+    # every trace has its row (its count of misses), with or without one
+    counts = re.findall(r'<tr data-file="([^"]+)"><td data-v="\d+">\d+</td><td>\w+</td><td>(\d+)</td><td>(\d+)</td>',
+                        table)
+    assert sorted(f for f, _, _ in counts) == sorted(tab.report.files)
+    for file, rounds, n in counts:
+        assert int(rounds) == len(Trace.load(report_dir / file).steps)
+        assert int(n) == sum(r["trace"] == file for r in rows)
+    # a miss's link opens its round in the step view
+    file, k = links[-1][:2]
+    tab = open_report_click(tab, f"{file}|{k}|1")
+    assert render_views(no_model, tab).status.startswith(f"Round {int(k) + 1} of {len(tab.trace.steps)} (replay")
+
+
+def test_the_misses_download_is_the_clis_file_and_each_tabs_own(report_dir, tmp_path):
+    """'Download misses (.jsonl)': the bytes `analyze --misses` wrote for the same report (the same rows, the same
+    writer), in the tab's own folder; another tab's file is its own; a new download replaces the tab's last."""
+    with pytest.raises(InputError, match="no report loaded"):
+        write_misses_file(TabState())
+    cli = (report_dir.parent / "misses.jsonl").read_bytes()
+    a, b = load_report_dir(TabState(), str(report_dir)), TabState()
+    try:
+        path = write_misses_file(a)
+        assert path.name == "misses-p.jsonl" and path.read_bytes() == cli  # the set: p.txt, as the CLI names it
+        assert path.is_relative_to(a.folder) and path.parent.name == "misses"
+        assert write_misses_file(a) == path and list(path.parent.iterdir()) == [path]
+        # another tab, the same report uploaded without prompts.json: its own file, the set unnamed
+        files = [report_dir / "summary.json", *sorted((report_dir / "traces").glob("*.json"))]
+        load_report_upload(b, uploaded(files, tmp_path / "gradio"))
+        other = write_misses_file(b)
+        assert other.name == "misses.jsonl" and other.is_relative_to(b.folder) and not other.is_relative_to(a.folder)
+        assert [json.loads(x) for x in other.read_text().splitlines()] == [
+            {**json.loads(x), "set": ""} for x in cli.decode().splitlines()]
+        assert path.read_bytes() == cli  # the first tab's file untouched
+    finally:
+        a.free()
+        b.free()
+    # the set's name comes from prompts.json: in safe characters in the file's name; a bad one leaves it unnamed
+    odd = tmp_path / "odd"
+    shutil.copytree(report_dir, odd)
+    for given, name in (("../../<b> x.txt", "misses-b-x.jsonl"), ("x" * 5000, "misses.jsonl"), (["p"], "misses.jsonl"),
+                        ("\ud800", "misses.jsonl")):
+        prompts = json.loads((odd / "prompts.json").read_text())
+        (odd / "prompts.json").write_text(json.dumps({**prompts, "file": given}))
+        tab = load_report_dir(TabState(), str(odd))
+        try:
+            path = write_misses_file(tab)
+            assert path.name == name and path.parent == tab.folder / "misses"
+            assert {json.loads(x)["set"] for x in path.read_text().splitlines()} == {name[7:-6]}
+        finally:
+            tab.free()
+
+
 def test_only_the_reports_own_traces_open(report_dir, tmp_path):
     with pytest.raises(InputError, match="no report loaded"):
         open_report_round(TabState(), "traces/0000.json", 0)
@@ -168,7 +245,7 @@ def test_untrusted_text_in_a_report_is_escaped(report_dir, tmp_path):
     for f in (hostile / "traces").glob("*.json"):
         if f.name.count(".") == 1 or f.name.endswith(".dflash.json"):
             data = json.loads(f.read_text())
-            data["token_texts"] = {k: evil for k in data["token_texts"]}
+            data["token_texts"] = {k: evil + '" onfocus="z' for k in data["token_texts"]}  # the misses' tooltips too
             f.write_text(json.dumps(data))
     prompts = json.loads((hostile / "prompts.json").read_text())
     for item in prompts["prompts"]:
@@ -176,7 +253,8 @@ def test_untrusted_text_in_a_report_is_escaped(report_dir, tmp_path):
     (hostile / "prompts.json").write_text(json.dumps(prompts))
     tab = load_report_dir(TabState(), str(hostile))
     html = report_html(tab)
-    assert "<script" not in html and "<img" not in html and "onmouseover=\"x" not in html
+    assert "<script" not in html and "<img" not in html and "onmouseover=\"x" not in html and 'onfocus="z' not in html
+    assert "&quot;·onfocus=&quot;z" in html[html.index("<table id=miss-rounds"):]
     assert "&lt;script&gt;" in html and "&lt;img" in html
 
 
@@ -188,7 +266,7 @@ def test_an_uploaded_report_is_the_same_report_and_outlives_gradios_copies(repor
     tab = load_report_upload(TabState(), paths)
     try:
         assert tab.report.summary == load_report_dir(TabState(), str(report_dir)).report.summary
-        assert "6 other uploaded file(s) left out" in tab.report.note  # report.html and five figures
+        assert "6 other uploaded files left out" in tab.report.note  # report.html and five figures
         assert str(gradio) not in report_status(tab) + report_html(tab)
         # gradio deletes its copies of uploads after a while: the round opens from the tab's own copy
         shutil.rmtree(gradio)
@@ -328,6 +406,41 @@ def test_stop_keeps_the_prompts_done(embedded):
     tab.set_stop.set()  # the Stop button
     assert list(run) == ["done: run on this page: 1 of 4 prompts (stopped)"]
     assert tab.report.summary["prompts"] == 1
+
+
+def test_a_prompt_sets_reference_takes_the_model_a_token_a_turn_and_hears_stop(embedded, tmp_path):
+    """decode_set's reference (each prompt's check against greedy) takes the page's model lock a token a turn, so
+    another tab's Step goes in between, and a Stop between two of its tokens leaves the prompt out: it took the lock
+    once for every token of the prompt (a 256-token prompt held every other tab up for seconds)."""
+    from ddtree_viz.engine.prompts import PromptSpec
+    from ddtree_viz.options import DecodeSettings
+    from ddtree_viz.promptset.decode import decode_set
+    from ddtree_viz.promptset.files import trace_path
+
+    turns = []
+
+    class Turns:  # the host's lock, counted
+        def __enter__(self):
+            embedded.lock.__enter__()
+            turns.append(1)
+
+        def __exit__(self, *exc):
+            embedded.lock.__exit__(*exc)
+
+    items = [{"index": 0, "prompt": "def add(a, b):\n"}]
+    settings = DecodeSettings(budget=8, max_new_tokens=24, engine=embedded.engine)
+    spec_of = lambda item: PromptSpec(text=item["prompt"])  # noqa: E731
+    (tmp_path / "a" / "traces").mkdir(parents=True)
+    assert [p.tokens for p in decode_set(embedded.pair, items, tmp_path / "a", settings, spec_of, lock=Turns())] == [24]
+    trace = Trace.load(trace_path(tmp_path / "a", 0))
+    assert trace.greedy_ids == trace.output_ids and trace.first_divergence is None
+    # the prefill, each round, each of the reference's tokens, the trace
+    assert len(turns) == 1 + len(trace.steps) + len(trace.greedy_ids) + 1, (len(turns), len(trace.steps))
+    turns.clear()
+    stop = lambda: len(turns) >= 1 + len(trace.steps) + 3  # noqa: E731  (Stop once 3 of the reference's tokens are in)
+    (tmp_path / "b" / "traces").mkdir(parents=True)
+    assert list(decode_set(embedded.pair, items, tmp_path / "b", settings, spec_of, lock=Turns(), stop=stop)) == []
+    assert not trace_path(tmp_path / "b", 0).exists() and len(turns) == 1 + len(trace.steps) + 3
 
 
 def test_prompt_set_input_is_checked_and_a_failing_prompt_is_recorded(embedded, tmp_path):

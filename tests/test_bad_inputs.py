@@ -247,7 +247,7 @@ def test_max_new_tokens_past_the_target_names_the_real_limit(pair):
     limit = pair.max_positions
     session = DecodeSession(pair, budget=4, max_new_tokens=min(limit, 8192))
     with pytest.raises(InputError, match=f"max new tokens {min(limit, 8192)} is too many for this target: it has "
-                                         f"{limit} positions"):
+                                         f"{limit:,} positions"):
         session.prefill("ok")
 
 

@@ -53,8 +53,10 @@ class _ModulePlaywright:
 
 
 @pytest.fixture(scope="module")
-def app_url():
-    proc, url = serve()  # the embedded default pair
+def app_url(tmp_path_factory):
+    # the embedded default pair, with a costs cache of its own: no other test's measured costs reach its speed-up
+    # panel (the figures these tests count and measure are the same whatever ran before)
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(tmp_path_factory.mktemp("costs"))})
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -266,6 +268,57 @@ def test_reset_during_run_stays_reset_and_run_on_a_finished_session_keeps_the_pa
     assert page.locator("#ddv-tree .js-plotly-plot").count() == 1
 
 
+def test_a_step_in_another_tab_waits_about_a_round_while_one_tab_runs_and_checks(tmp_path):
+    """Issue #65 item 8, one tab does not stall another: tab A runs 256 tokens and checks them; tab B's Step (its
+    own prompt) is drawn while A's Run is still going and, again, while A's check is still going. The app's model
+    lock is timed (benchmarks.page.timed_app, every turn noted): A's check took the model in turns about as long
+    as its Run's rounds (the median turn at most twice a round's), so a Step of B waited about one round of A's.
+    It took 0.5 s of tokens a turn (2.2 s on a loaded machine): 7-30x a round. Each tab shows its own result,
+    identical to greedy."""
+    import statistics
+
+    from ddtree_viz.benchmarks.page import TAB_STATE_JS, TAB_STEP_JS, TIMED_APP, read_turns
+
+    turns = tmp_path / "turns.jsonl"
+    proc, url = serve(program=("-c", TIMED_APP, str(turns)))
+    try:
+        _, context_a, a = open_page(url)
+        _, context_b, b = open_page(url)
+        set_number(a, "ddv-max-new", 256)  # the page's default prompt, block size 4: ~66 rounds
+        set_number(a, "ddv-block", 4)
+        b.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        a.get_by_role("button", name="Run", exact=True).click()
+        a.wait_for_function("/Round ([2-9]|[1-9][0-9]+) of/.test(document.querySelector('#ddv-status').innerText)",
+                            timeout=60_000)
+        b.get_by_role("button", name="Step", exact=True).click()
+        wait_status(b, "Round 1 of 1")  # B's tree drawn ...
+        assert not a.evaluate(TAB_STATE_JS)["finished"], "tab B's Step waited for tab A's whole Run"  # ... in A's Run
+        b.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
+        a.wait_for_function("(s => s.includes('Finished') && s.includes('Checking against the reference'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert b.evaluate(TAB_STEP_JS, 2)["tree"] is not None
+        assert a.evaluate(TAB_STATE_JS)["checking"], "tab B's Step waited for tab A's whole check"
+        a.wait_for_function("(s => s.includes('Finished') && !s.includes('Checking'))"
+                            "(document.querySelector('#ddv-status').innerText)", timeout=180_000)
+        assert "identical to greedy" in a.locator("#ddv-diff").inner_text()
+        assert "class Stack" in a.locator("#ddv-prompt-view").inner_text()
+        assert "identical to greedy" in b.locator("#ddv-diff").inner_text()
+        assert "def fibonacci" in b.locator("#ddv-prompt-view").inner_text()
+        context_a.close()
+        context_b.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    noted = read_turns(str(turns))
+    a_tab = next(t[4] for t in noted if t[3] == "run_rounds")
+    held = lambda who: [(t[2] - t[1]) * 1e3 for t in noted if t[3] == who and t[4] == a_tab]  # noqa: E731
+    rounds, checks = held("run_rounds"), held("check_rounds")
+    assert len(rounds) > 20 and len(checks) > 10, (len(rounds), len(checks))
+    assert statistics.median(checks) <= 2 * statistics.median(rounds), (
+        f"A's check held the model {statistics.median(checks):.0f} ms a turn (median; {max(checks):.0f} ms at most), "
+        f"its Run {statistics.median(rounds):.0f} ms a round: a Step of another tab waited that long")
+
+
 @pytest.fixture()
 def replay_page(tmp_path):
     """The app in replay mode (no model) on a trace whose tokens hold quotes, ampersands, angle brackets and <br>."""
@@ -470,7 +523,9 @@ TABLE_JS = """
 
 def open_layout(page) -> None:
     """Unfold the per-layer cache layout (folded by default since issue #26: it pushed Step below the fold)."""
-    page.get_by_text("Per-layer cache layout (measured before the first step)").click()
+    from ddtree_viz.page.web.step_tab import LAYOUT_TITLE
+
+    page.get_by_text(LAYOUT_TITLE).click()
     page.locator("#ddv-layout table").wait_for(state="visible", timeout=10_000)
 
 
@@ -774,6 +829,57 @@ def test_analyze_tab_shows_a_report_and_a_click_opens_its_round(app_url, report_
         p.stop()
 
 
+def test_a_miss_opens_its_round_and_the_misses_download_is_this_browsers(app_url, report_dir):
+    """Issue #68 item 2 in the Analyze tab: the report lists every miss by prompt, each round a link; a click opens
+    that round (misses.jsonl's, held to its trace) in the Step tab; 'Download misses (.jsonl)' saves the very file
+    `analyze --misses` wrote for this report, served to this browser only (another browser asking for it: 404)."""
+    import json
+
+    from ddtree_viz.trace import Trace
+
+    cli = (report_dir.parent / "misses.jsonl").read_bytes()  # analyze --misses (tests/test_analyze_page.py)
+    rows = [json.loads(line) for line in cli.decode("utf-8").splitlines()]
+    row = max((r for r in rows if r["side"] == "ddtree"), key=lambda r: (r["round"], r["trace"]))
+    trace = Trace.load(report_dir / row["trace"])
+    assert row["depth"] == len(trace.steps[row["round"] - 1].accepted)
+    p, browser, page = open_page(app_url)
+    stranger = chromium().new_context()
+    try:
+        page.get_by_role("tab", name="Analyze").click()
+        page.locator("#ddv-report-path textarea, #ddv-report-path input").first.fill(str(report_dir))
+        page.get_by_role("button", name="Load directory").click()
+        page.wait_for_function("document.querySelector('#ddv-report-status').innerText.includes('Report:')",
+                               timeout=60_000)
+        links = page.locator("#ddv-report #miss-rounds a.ddv-open-round")
+        assert links.count() == len(rows) > 0
+        assert [(a["file"], int(a["round"]) + 1) for a in links.evaluate_all(
+            "(ls) => ls.map((a) => ({file: a.dataset.file, round: a.dataset.round}))")] == [
+            (r["trace"], r["round"]) for r in rows]
+        with page.expect_download(timeout=60_000) as download:
+            page.get_by_role("button", name="Download misses (.jsonl)").click()
+        ARTIFACTS.mkdir(exist_ok=True)
+        saved = ARTIFACTS / "analyze-misses.jsonl"
+        download.value.save_as(str(saved))
+        assert download.value.suggested_filename == "misses-p.jsonl" and saved.read_bytes() == cli
+        url = download.value.url
+        assert page.request.get(url).status == 200
+        other = stranger.new_page()
+        other.goto(app_url)  # another browser, with a cookie of its own
+        assert other.request.get(url).status == 404
+        page.locator("#ddv-report #miss-rounds").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "analyze-miss-rounds.png"))
+        page.locator(f"#miss-rounds a.ddv-open-round[data-file='{row['trace']}']"
+                     f"[data-round='{row['round'] - 1}']").click()
+        wait_status(page, f"Round {row['round']} of {len(trace.steps)} (replay")
+        assert page.get_by_role("tab", name="Step").get_attribute("aria-selected") == "true"
+        assert page.locator("#ddv-round input[type=number]").input_value() == str(row["round"])
+        assert f"stopped at depth {row['depth']}" in page.locator("#ddv-stop").inner_text()
+    finally:
+        stranger.close()
+        browser.close()
+        p.stop()
+
+
 def test_a_prompt_set_runs_from_the_analyze_tab(app_url):
     """Analyze tab, 'run a prompt set here': two prompts of a shipped set on the loaded model, a progress line while
     it runs, then its report (figures, one row a prompt, identical to greedy) and a click opens one of its rounds."""
@@ -927,11 +1033,17 @@ def test_first_screen_has_step_in_view_and_says_what_to_do(app_url):
 
 def test_html_panels_have_headings_and_the_live_tree_takes_the_filters(page):
     """gr.HTML draws no label: 'Where drafter and target disagree' and 'Output vs the target's own decoding' had no
-    heading. A budget-512 tree was a blob with the max-depth / log-prob filters only in the export row: the tree on
-    screen takes them (the same boxes the export reads)."""
+    heading. Every panel's title says what it shows in words (issue #65 item 7: "Per-layer cache", "Acceptance per
+    round" and "The budget that would have done" named the code's views, not what they show). A budget-512 tree
+    was a blob with the max-depth / log-prob filters only in the export row: the tree on screen takes them (the same
+    boxes the export reads)."""
+    from ddtree_viz.page.web.step_tab import HEADINGS, TITLES
+
     first_round_drawn(page)
-    for heading in ("Where drafter and target disagree", "Output vs the target's own decoding"):
-        assert page.get_by_text(heading).first.is_visible(), heading
+    headings = [h.split("**")[1] for h in HEADINGS.values()]  # the bold part: the heading itself
+    assert "Where drafter and target disagree" in headings
+    for title in headings + [t for name, t in TITLES.items() if name != "tree_b_spec"]:  # (B's: compare mode only)
+        assert page.get_by_text(title, exact=False).first.is_visible(), title
     depth = page.locator("#ddv-tree-depth textarea, #ddv-tree-depth input").first
     depth.fill("1")
     depth.press("Enter")
@@ -1312,3 +1424,57 @@ def test_a_long_check_says_its_estimate_shows_its_progress_and_stops(page):
     page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=180_000)
     assert "Stopped" not in page.locator("#ddv-status").inner_text()
     assert "identical to greedy for" in page.locator("#ddv-diff").inner_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue #65 item 6: does the tree pay here?
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_the_speedup_panel_gives_the_command_then_draws_the_sessions_speedup(tmp_path):
+    """The Step tab's speed-up panel, as a user meets it: with no costs measured for this pair and machine, after a
+    Step it gives the command that measures them (and no figure); run as shown (fewer timed rounds), the next Steps
+    draw S(b) with its words beside it: the rounds it rests on, that it is a prediction. Nothing in it collides."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    proc, url = serve(env={"DDTREE_VIZ_CACHE": str(cache)})
+    p, browser, page = open_page(url)
+    try:
+        page.get_by_label("Prompt").fill("def fibonacci(n):\n")
+        set_number(page, "ddv-budget-nodes", 8)
+        step = page.get_by_role("button", name="Step", exact=True)
+        step.click()
+        wait_status(page, "Round 1 of 1")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "No speed-up estimate yet" in text, text
+        assert page.locator("#ddv-pays .js-plotly-plot").count() == 0
+        command = page.locator("#ddv-pays-text code").inner_text()
+        assert "python -m ddtree_viz bench --costs" in command and "--budget 8" in command, command
+        env = {**os.environ, "DDTREE_VIZ_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+        run = subprocess.run(command.replace("python -m", f"{sys.executable} -m", 1) + " --cost-rounds 2", shell=True,
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0 and (cache / "costs.json").exists(), run.stderr[-2000:]
+        for k in (2, 3):
+            step.click()
+            wait_status(page, f"Round {k} of {k}")
+        page.locator("#ddv-pays .js-plotly-plot").wait_for(timeout=30_000)
+        page.locator("#ddv-pays").scroll_into_view_if_needed()
+        wait_status(page, "Round 3 of 3")
+        text = page.locator("#ddv-pays-text").inner_text()
+        assert "Predicted from this session's 3 exact DDTree rounds (rounds 1–3)" in text, text
+        assert "This session's budget 8: S = " in text and "A prediction, not a measurement" in text, text
+        legend = page.locator("#ddv-pays .legend").text_content()
+        assert "predicted S(b), DDTree" in legend and "DFlash chain" in legend and "budget (8)" in legend, legend
+        assert page.locator("#ddv-pays .scatterlayer .trace").count() >= 4
+        figures = page.evaluate(FIGURE_BOXES_JS, "#ddv-pays-row")
+        assert [f["figure"] for f in figures] == ["ddv-pays"] and not collisions(figures), collisions(figures)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator("#ddv-pays-row").screenshot(path=str(ARTIFACTS / "pays-panel.png"))
+        page.screenshot(path=str(ARTIFACTS / "pays-page.png"), full_page=True)
+    finally:
+        browser.close()
+        p.stop()
+        proc.terminate()
+        proc.wait(timeout=30)

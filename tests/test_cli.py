@@ -405,8 +405,8 @@ def test_max_new_tokens_past_the_target_names_the_real_limit(capsys):
     """The embedded target has 2,048 positions: 8,192 new tokens blamed the prompt ('must be at most 0 tokens')."""
     assert cli.main(["run", "--prompt", "x", "--max-new-tokens", "8192", "--no-greedy"]) == 2
     err = capsys.readouterr().err
-    assert "max new tokens 8192 is too many for this target: it has 2048 positions" in err
-    assert "at most 1999 new tokens fit" in err and "prompt is" not in err
+    assert "max new tokens 8192 is too many for this target: it has 2,048 positions" in err
+    assert "at most 1,999 new tokens fit" in err and "prompt is" not in err
 
 
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}])

@@ -252,7 +252,7 @@ def test_trees_at_the_pages_widths_label_what_fits_and_say_so(draw, trace, oracl
     thinned = 0
     for step in (tallest_column_step(trace), oracle_trace.steps[0], big_trace.steps[0], chain_step):
         layout = tree_layout(step)
-        for width, title in ((TREE_PX, None), (TREE_PX_COMPARE, "A: DDTree budget 128\nround 1 · 3 token(s)")):
+        for width, title in ((TREE_PX, None), (TREE_PX_COMPARE, "A: DDTree budget 128\nround 1 · 3 tokens")):
             spec = tree_spec(layout, width=width, title=title)
             d = draw(spec, width)
             bad = collisions(boxes_drawn(draw))

@@ -329,18 +329,18 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
 
 
 def test_the_benchs_other_configs_compute_the_same_product():
-    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (gpu.gemm_configs) on the model's bf16
-    activations: each one runs and gives the dequantized product (to bf16's rounding of the output). In float32 the
-    neighbour with 4 stages of 128-row tiles needs 306 KiB of shared memory, more than an H200 has; the bench never
-    runs it in float32, and choose() never picks 4 stages."""
-    from ddtree_viz.benchmarks import gpu
+    """gpu_bench --fp8 times fp8_gemm.choose's config beside its neighbours (benchmarks/gpu/fp8.py gemm_configs) on the
+    model's bf16 activations: each one runs and gives the dequantized product (to bf16's rounding of the output). In
+    float32 the neighbour with 4 stages of 128-row tiles needs 306 KiB of shared memory, more than an H200 has; the
+    bench never runs it in float32, and choose() never picks 4 stages."""
+    from ddtree_viz.benchmarks.gpu.fp8 import gemm_configs
     from ddtree_viz.engine.kernels.fp8_gemm import triton_gemm as fp8_gemm
 
     q, s = quantized(256, 1024, 11)
     dtype = torch.bfloat16 if CUDA else torch.float32  # the interpreter (CPU) has no shared memory: float32 there
     for rows in (1, 65):
         x = torch.randn(rows, 1024, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
-        configs = gpu.gemm_configs(fp8_gemm, rows, q)
+        configs = gemm_configs(fp8_gemm, rows, q)
         assert configs["chosen"] == choose(rows, 256, 1024, q.device) and len(configs) >= 7
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
         for label, config in configs.items():

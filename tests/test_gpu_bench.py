@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddtree_viz.benchmarks import gpu
+from ddtree_viz.benchmarks.gpu import config, exactness, memory, models, profiler
 from ddtree_viz.engine.session import verdict
 
 
@@ -169,7 +170,7 @@ def test_gpu_bench_smoke_exactness_alone_on_fp8_weights(tmp_path):
     summary = report.pop("fast_exactness_verdicts")
     for key, runs in report.items():
         if key.startswith("fast_exactness"):
-            assert summary[key] == gpu.verdict_summary(runs) and summary[key]["runs"] == len(runs) == sum(
+            assert summary[key] == exactness.verdict_summary(runs) and summary[key]["runs"] == len(runs) == sum(
                 summary[key][k] for k in ("identical", "noise", "mismatch", "unjudged")), key
     assert summary["fast_exactness_fp32_8_layers"]["mismatches_none"]
     for r in (r for key, runs in report.items() if key.startswith("fast_exactness") for r in runs):
@@ -278,8 +279,8 @@ def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
     assert speed["quantized_only"] and "greedy_step_ms" not in speed  # no bf16 figure made up
     f = speed["fast"]["int4"]
     assert "error" not in f, f.get("error")
-    bf16_drafter = gpu.model_bytes(gpu.build_drafter(gpu.BenchConfig(smoke=True, device="cpu"),
-                                                     gpu.build_target(gpu.BenchConfig(smoke=True, device="cpu"), 4,
+    bf16_drafter = memory.model_bytes(models.build_drafter(config.BenchConfig(smoke=True, device="cpu"),
+                                                     models.build_target(config.BenchConfig(smoke=True, device="cpu"), 4,
                                                                       torch.bfloat16), torch.bfloat16))
     assert speed["drafter"]["weights"] == "int4" and 0 < speed["drafter"]["GiB"] * 2**30 < bf16_drafter
     assert f["bf16_greedy_step_ms"] is None and f["greedy_step_vs_bf16"] is None and f["greedy_step_ms"] > 0
@@ -351,7 +352,7 @@ def test_gpu_bench_smoke_int4(runner_report):
     assert "error" not in f, f.get("error")
     assert f["weights"]["quantized_bytes"] > 0 and f["group"] == 128
     gemms = f["gemms"]  # each GEMM of a layer beside bf16's (configs only where the Triton GEMM runs: a GPU)
-    assert set(gemms) == set(fast["fp8"]["gemms"]) and gemms["mlp_gate_up"]["shape"][0] == 2 * gpu.SMOKE_TARGET["intermediate_size"]
+    assert set(gemms) == set(fast["fp8"]["gemms"]) and gemms["mlp_gate_up"]["shape"][0] == 2 * config.SMOKE_TARGET["intermediate_size"]
     assert all(gemms[name]["65"]["int4_us"] > 0 and gemms[name]["65"]["bf16_us"] > 0 for name in gemms)
     assert all(gemms[name]["1"]["int4_asym_us"] > 0 for name in gemms)  # the symmetric target's GEMMs with zero points
     w, fp8 = f["weights"], fast["fp8"]["weights"]
@@ -372,7 +373,7 @@ def test_gpu_bench_smoke_int4(runner_report):
 
 
 def test_model_bytes_count_each_storage_once():
-    """The FP8 peak is judged on the models' own bytes plus the session's peak (gpu.model_bytes): every parameter
+    """The FP8 peak is judged on the models' own bytes plus the session's peak (memory.model_bytes): every parameter
     and buffer once, a storage shared by two models (the drafter's embedding is the target's) or fused projections
     (views of one storage) once."""
     import torch
@@ -383,23 +384,23 @@ def test_model_bytes_count_each_storage_once():
     pair = tiny_pair("hybrid", seed=0, layers=2)
     target = pair.target
     own = sum(t.numel() * t.element_size() for t in [*target.parameters(), *target.buffers()])
-    assert gpu.model_bytes(target) == gpu.model_bytes(target, target) == own
+    assert memory.model_bytes(target) == memory.model_bytes(target, target) == own
     drafter_own = [t for t in [*pair.drafter.parameters(), *pair.drafter.buffers()]
                    if all(t.untyped_storage().data_ptr() != s.untyped_storage().data_ptr()
                           for s in [*target.parameters(), *target.buffers()])]
-    assert gpu.model_bytes(target, pair.drafter) == own + sum(t.numel() * t.element_size() for t in drafter_own)
+    assert memory.model_bytes(target, pair.drafter) == own + sum(t.numel() * t.element_size() for t in drafter_own)
     fuse_linears(target.model.layers[0].mlp, MLP_PROJECTIONS)
-    assert gpu.model_bytes(target) == own and torch.is_tensor(target.model.layers[0].mlp.gate_proj.weight)
+    assert memory.model_bytes(target) == own and torch.is_tensor(target.model.layers[0].mlp.gate_proj.weight)
 
 
 def test_timeline_gaps():
-    """The device timeline's arithmetic (gpu.timeline_gaps): overlapping activities are one busy stretch, a gap is
+    """The device timeline's arithmetic (profiler.timeline_gaps): overlapping activities are one busy stretch, a gap is
     the time between stretches, named by the activity that ended last before it and the one that starts after it;
     gaps up to 10 µs are a graph's kernel spacing, longer ones stalls, listed in timeline order."""
     spans = [(0.0, 10.0, "a"), (5.0, 30.0, "b"), (8.0, 12.0, "c"),  # one stretch 0-30, "b" ends it
              (45.0, 50.0, "d"),  # a 15 µs stall after b
              (52.0, 60.0, "e"), (200.0, 210.0, "f")]  # 2 µs of spacing after d, then a 140 µs stall after e
-    out = gpu.timeline_gaps(list(reversed(spans)), rounds=2)
+    out = profiler.timeline_gaps(list(reversed(spans)), rounds=2)
     assert out["span_ms_per_round"] == 210 / 2 / 1e3
     assert out["busy_ms_per_round"] == (30 + 5 + 8 + 10) / 2 / 1e3
     assert out["idle_us_per_round"] == (15 + 2 + 140) / 2
@@ -408,9 +409,9 @@ def test_timeline_gaps():
 
 
 def test_activity_kinds():
-    """The timeline's activities by kind (gpu.activity_kinds): calls and µs a round, the most time first."""
+    """The timeline's activities by kind (profiler.activity_kinds): calls and µs a round, the most time first."""
     spans = [(0.0, 5.0, "gemm"), (6.0, 7.0, "norm"), (8.0, 13.0, "gemm"), (14.0, 16.0, "norm"), (20.0, 21.0, "copy")]
-    assert gpu.activity_kinds(spans, rounds=2, top=2) == [{"kind": "gemm", "calls_per_round": 1.0, "us_per_round": 5.0},
+    assert profiler.activity_kinds(spans, rounds=2, top=2) == [{"kind": "gemm", "calls_per_round": 1.0, "us_per_round": 5.0},
                                                          {"kind": "norm", "calls_per_round": 1.0, "us_per_round": 1.5}]
 
 
@@ -419,12 +420,12 @@ def test_profiled_spans_keep_what_follows_the_last_mark():
     rounds queue ahead) are left out, on a CPU's timeline of host ops as on a device's."""
     def fn():
         torch.ones(3).add_(1)  # the refill: before the last mark
-        gpu.timeline_mark()
+        profiler.timeline_mark()
         torch.ones(4).mul_(2)
 
-    spans = gpu.profiled_spans(fn, warmup=lambda: torch.zeros(2).sub_(1))
+    spans = profiler.profiled_spans(fn, warmup=lambda: torch.zeros(2).sub_(1))
     names = {name for _, _, name in spans}
-    assert "aten::mul_" in names and not names & {"aten::add_", "aten::sub_", gpu.TIMELINE_START}
+    assert "aten::mul_" in names and not names & {"aten::add_", "aten::sub_", profiler.TIMELINE_START}
 
 
 def test_verdict_summary_counts_each_outcome():
@@ -432,15 +433,15 @@ def test_verdict_summary_counts_each_outcome():
     divergence was judged noise."""
     runs = [{"identical": True, "verdict": None}, {"identical": False, "verdict": "noise"},
             {"identical": False, "verdict": "noise"}]
-    assert gpu.verdict_summary(runs) == {"runs": 3, "identical": 1, "noise": 2, "mismatch": 0, "unjudged": 0,
+    assert exactness.verdict_summary(runs) == {"runs": 3, "identical": 1, "noise": 2, "mismatch": 0, "unjudged": 0,
                                          "mismatches_none": True}
-    assert not gpu.verdict_summary(runs + [{"identical": False, "verdict": "mismatch"}])["mismatches_none"]
-    unjudged = gpu.verdict_summary(runs + [{"identical": False, "verdict": None}])
+    assert not exactness.verdict_summary(runs + [{"identical": False, "verdict": "mismatch"}])["mismatches_none"]
+    unjudged = exactness.verdict_summary(runs + [{"identical": False, "verdict": None}])
     assert unjudged["unjudged"] == 1 and not unjudged["mismatches_none"]
 
 
 def test_int4_tune_says_why_it_measures_nothing_without_triton(tmp_path):
-    """--int4-tune sweeps the 4-bit GEMM's launches (benchmarks/int4_tune.py); where torch has no Triton (the CPU
+    """--int4-tune sweeps the 4-bit GEMM's launches (benchmarks/gpu/int4.py); where torch has no Triton (the CPU
     build) the report says why instead of a traceback."""
     import importlib.util
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_viz import trace as T
+from ddtree_viz.trace import validation as trace_validation
 from ddtree_viz.page.host import ModelHost
 from ddtree_viz.page.state import TabState
 from ddtree_viz.page.views import render_views
@@ -674,7 +675,8 @@ def test_sizes_past_the_limits_are_refused_quickly(real, tmp_path, monkeypatch):
     with big.open("wb") as f:  # a sparse file just over the limit: refused from its size, never read
         f.truncate(T.MAX_TRACE_BYTES + 1)
     run_case("sizes", "a file over the size limit", b"", expect="refused", words="at most 64 MiB", path=big)
-    monkeypatch.setattr(T, "MAX_TOTAL_NODES", 10)  # the total over all rounds (400,000 real positions is slow to build)
+    # the total over all rounds (400,000 real positions is slow to build), where the checks read it
+    monkeypatch.setattr(trace_validation, "MAX_TOTAL_NODES", 10)
     run_case("sizes", "more tree positions over all rounds than allowed", dumps(real), expect="refused",
              words="over all rounds")
 

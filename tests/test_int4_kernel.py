@@ -115,22 +115,40 @@ def test_the_one_row_kernel_needs_whole_groups():
 
 def test_the_benchs_other_configs_compute_the_same_product():
     """gpu_bench --int4 times int4_gemm.choose's config beside its neighbours and, at one row, the kernel on the CUDA
-    cores (gpu.int4_configs) on the model's bf16 activations: each one runs and gives the dequantized product (to
-    bf16's rounding of the output; float32 in the interpreter)."""
-    from ddtree_viz.benchmarks import gpu
+    cores (benchmarks/gpu/int4.py int4_configs) on the model's bf16 activations: each one runs and gives the dequantized
+    product (to bf16's rounding of the output; float32 in the interpreter)."""
+    from ddtree_viz.benchmarks.gpu.int4 import int4_configs
     from ddtree_viz.engine.kernels.int4_gemm import triton_gemm as int4_gemm
 
     parts, spec = quantized("group128-sym", 11)
     dtype = torch.bfloat16 if CUDA else torch.float32
     for rows in (1, 65):
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
-        configs = gpu.int4_configs(int4_gemm, rows, 256, 128)
+        configs = int4_configs(int4_gemm, rows, 256, 128)
         assert configs["chosen"] == int4_gemm.choose(rows, 64, 256) and len(configs) >= 6
         assert any(c.gemv for c in configs.values()) == (rows == 1)
         tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
         for label, config in configs.items():
             torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
                                        msg=label, **tol)
+
+
+def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
+    """int4_gemm.choose's launch for each row count a session runs (a step, a DFlash block, a verify at budget 64
+    and 128) and each of the 27B's output widths (narrow 5,120, between, wide 34,816), applied to a small product:
+    each gives the dequantized product (a launch's tiles, steps and slices, not the product's size, differ)."""
+    from ddtree_viz.engine.kernels.int4_gemm import triton_gemm as int4_gemm
+
+    parts, spec = quantized("group128-sym", 13)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for rows in (1, 16, 65, 129):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+        for n in (5120, 16384, 34816):
+            config = int4_gemm.choose(rows, n, 5120)
+            assert config.words and (config.split_k == 1 or rows <= 16), config
+            torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
+                                       msg=f"{rows} rows, {n} outputs: {config}", **tol)
 
 
 def test_a_kept_linear_on_the_device_is_its_dequantized_linear():

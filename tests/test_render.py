@@ -764,7 +764,7 @@ def test_lookup_names_from_the_tokenizer_then_the_fallback_made_when_first_neede
 
 def test_counts_are_worded_by_their_number():
     """issue #65 item 7: '1 drafted tokens' and other plurals."""
-    from ddtree_viz.render.text import plural
+    from ddtree_viz.words import plural  # (the lowest layer: every layer words its counts with it)
 
     assert [plural(n, "drafted token") for n in (0, 1, 2, 1000)] == [
         "0 drafted tokens", "1 drafted token", "2 drafted tokens", "1,000 drafted tokens"]
@@ -791,3 +791,33 @@ def test_a_round_cut_by_max_new_tokens_says_so_in_its_tree(pair):
     whole = next((s for s in session.history if not s.cut), None)
     assert whole is None or "kept" not in default_title(tree_layout(whole))
     assert "kept" not in default_title(tree_layout(step, phase="drafted"))
+
+
+def test_misses_by_prompt_link_each_round_escape_their_tokens_and_stop_at_the_cap(monkeypatch):
+    """render/report.py's miss_rounds_html on hand-made groups: a trace with a session file links its rounds there
+    (#round=N), one without links its trace (or the page's Step tab); token text in a tooltip is escaped (quotes
+    too); the method column only with several methods; past MAX_MISS_LINKS the counts alone, and how many more."""
+    from ddtree_viz.render import report as rv
+
+    evil = '<img src=x onerror=alert(1)>" onclick="y'
+
+    def miss(k):
+        return {"round": k, "depth": 2, "reason": "not drafted", "target_token": evil, "target_prob": 0.5,
+                "drafter_token": "a b", "target_draft_rank": None}
+
+    groups = [{"trace": "traces/0000.json", "index": 0, "side": "ddtree", "rounds": 5, "misses": [miss(2), miss(4)]},
+              {"trace": "traces/0001.json", "index": 1, "side": "ddtree", "rounds": 3, "misses": [miss(1), miss(3)]}]
+    html = rv.miss_rounds_html(groups, supplements={"traces/0000.json": "supplements/0000.html",
+                                                    "traces/0001.json": None})
+    assert '<a class="round session-round" href="supplements/0000.html#round=4" data-file="traces/0000.json" ' \
+           'data-round="3" title="round 4: depth 2 (not drafted); the target&#x27;s &lt;img·src=x·onerror=alert(1)' \
+           '&gt;&quot;·onclick=&quot;y (p 0.50), the drafter&#x27;s first choice a·b">4</a>' in html
+    assert '<a class=round href="traces/0001.json#round=3" data-file="traces/0001.json" data-round="2" title=' in html
+    assert "<img" not in html and 'onclick="' not in html and "<th>method</th>" not in html
+    page = rv.miss_rounds_html([*groups, {**groups[0], "side": "dflash", "trace": "traces/0000.dflash.json"}],
+                               rv.page_round_link)
+    assert page.count('class="round ddv-open-round" href="#" role=button') == 6 and "<th>method</th>" in page
+    monkeypatch.setattr(rv, "MAX_MISS_LINKS", 3)
+    capped = rv.miss_rounds_html(groups)
+    assert capped.count("<a class=round") == 3 and "… 1 more in misses.jsonl" in capped
+    assert capped.count("<td>2</td>") == 2  # every trace's count, links or not

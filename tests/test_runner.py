@@ -588,10 +588,10 @@ def test_a_draft_queued_before_the_walk_is_read_gives_the_same_rounds(pair, gree
 
 
 def test_chained_greedy_steps_decode_greedys_tokens(pair, greedy):
-    """The bench's greedy step with no read between steps (benchmarks/gpu.py chained_greedy_stepper: each one-node
-    tree's token the last step's choice on the device, forward_tensors and queue_walk) decodes greedy's tokens, and
+    """The bench's greedy step with no read between steps (benchmarks/gpu/runner.py chained_greedy_stepper: each
+    one-node tree's token the last step's choice on the device, forward_tensors and queue_walk) decodes greedy's tokens, and
     the runner's state after them is the host-read greedy's."""
-    from ddtree_viz.benchmarks.gpu import chained_greedy_stepper
+    from ddtree_viz.benchmarks.gpu.runner import chained_greedy_stepper
 
     prompt, ref = greedy
     runner, host = make_runner(pair), make_runner(pair)
@@ -986,7 +986,7 @@ def test_a_prefill_in_chunks_is_the_prefill_in_one_forward(monkeypatch):
     prefill's transients a chunk's: a 16k prompt on a 4-bit 27B fits a 24 GB card). In float32 the chunks give what
     one forward gives: the last position's logits, the drafter's features, and every layer's committed state, and
     the decode after it."""
-    from ddtree_viz.engine import runner as runner_module
+    from ddtree_viz.engine.runner import core as runner_module  # where prefill reads it
 
     target = tiny_pair("hybrid", seed=0, layers=8).target
     ids, prompt = [1, 6, 7], list(range(3, 40))
@@ -1000,3 +1000,43 @@ def test_a_prefill_in_chunks_is_the_prefill_in_one_forward(monkeypatch):
     for name in ("rec_all", "conv_all", "keys_all", "values_all"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), rtol=1e-5, atol=1e-5, msg=name)
     assert chunked.committed == whole.committed == len(prompt)
+
+
+def test_the_prefill_writes_transformers_cache_into_the_runners_buffers():
+    """The prefill's attention layers write into the runner's own key / value buffers (cache.BufferLayer: no second
+    copy of the cache at 16k tokens), chunk by chunk: the rows are transformers' own cache of the same forward, the
+    GDN states too, and rows past the prompt are untouched."""
+    from ddtree_viz.engine.cache import new_cache
+    from ddtree_viz.engine.runner import core as runner_module  # where prefill reads it
+
+    target = tiny_pair("hybrid", seed=0, layers=8).target
+    prompt = list(range(3, 40))
+    reference = new_cache(target)
+    with torch.no_grad():
+        target(input_ids=torch.tensor([prompt]), cache=reference, use_cache=True)
+    for chunk in (runner_module.PREFILL_CHUNK, 5):
+        runner_module.PREFILL_CHUNK, kept = chunk, runner_module.PREFILL_CHUNK
+        try:
+            runner = StaticRunner(target, max_len=256, sizes=(1,))
+            runner.keys_all.fill_(7.0)
+            runner.prefill(prompt)
+        finally:
+            runner_module.PREFILL_CHUNK = kept
+        n = len(prompt)
+        for i, layer in enumerate(reference.layers):
+            if i in runner.buffers.conv:
+                torch.testing.assert_close(runner.buffers.rec[i], layer.recurrent_states[0][0].to(runner.buffers.rec[i].dtype))
+                continue
+            torch.testing.assert_close(runner.buffers.keys[i][:, :, :n], layer.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(runner.buffers.values[i][:, :, :n], layer.values, rtol=1e-5, atol=1e-5)
+            assert bool((runner.buffers.keys[i][:, :, n:] == 7.0).all()), "rows past the prompt were written"
+
+
+def test_a_buffer_layer_refuses_rows_past_its_buffer():
+    from ddtree_viz.engine.cache import BufferLayer
+
+    layer = BufferLayer(torch.zeros(1, 2, 4, 3), torch.zeros(1, 2, 4, 3))
+    keys, _ = layer.update(torch.ones(1, 2, 3, 3), torch.ones(1, 2, 3, 3))
+    assert keys.shape[-2] == 3 and layer.get_seq_length() == 3
+    with pytest.raises(ValueError, match="do not fit"):
+        layer.update(torch.ones(1, 2, 2, 3), torch.ones(1, 2, 2, 3))

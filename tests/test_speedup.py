@@ -249,44 +249,92 @@ def test_table_compiles(study_dir, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
 
 
-def test_budget_panel_speedup_axis_from_this_machines_costs(tmp_path, monkeypatch):
-    """The page's budget panel: no speed-up axis until this machine's costs are cached for the pair and engine
-    (`bench --costs` / analyze measure them), then S(b) of the rounds on screen, the best budget marked."""
-    from ddtree_viz.engine.costs import measure_costs
-    from ddtree_viz.page import actions
-    from ddtree_viz.page.host import ModelHost
-    from ddtree_viz.page.state import TabState, read_settings
-    from ddtree_viz.page.views import render_views
-    from tests import tiny
+def _walked(path, bonus, top1, kept=None, **over):
+    """A DDTree round whose accepted path holds the target's tokens `path` (depths 1..a, one node a depth) and the
+    bonus `bonus`, over a drafter grid whose top-1 at depth d is top1[d - 1] (a second candidate beside it)."""
+    from ddtree_viz.trace import TreeNode
 
-    monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "cache"))
-    dirs = tiny.save_pair(tiny.tiny_pair("hybrid", seed=0), tmp_path / "models")
-    host = ModelHost(str(dirs[0]), str(dirs[1]), "float32", "cpu", engine="transformers")
-    host.start(background=False)
-    tab = TabState()
-    values = dict(prompt="def f(x):\n", budget=8, block_size=8, max_new_tokens=24, verify="exact", method="ddtree")
-    for _ in range(3):
-        tab = actions.step(host, tab, read_settings(host, values))
-    names = lambda v: [t.get("name") for t in v.budget_spec.data]  # noqa: E731
-    notes = lambda v: " ".join(a.get("text", "") for a in v.budget_spec.layout["annotations"])  # noqa: E731
-    before = render_views(host, tab)
-    assert "predicted speed-up" not in names(before)
-    # issue #65 item 6: where no costs are measured, the panel says which command measures them
-    command = host.costs_command(8)
-    assert command.startswith("python -m ddtree_viz bench --costs --target ") and "--engine transformers" in command
-    assert "No speed-up axis yet" in notes(before)
-    assert "bench --costs" in notes(before).replace("<br>", " ")
-    ids = host.pair.tokenizer.encode("def f(x):\n")
-    table = measure_costs(host.pair, ids, [1, 2, 4, 8], engine="transformers", block_size=8, rounds=2)
-    assert set(table.rounds) == {1, 2, 4, 8} and table.greedy_ms > 0 and table.chain is not None
-    speedup.save_costs(table)
-    shown = render_views(host, tab)
-    trace = next(t for t in shown.budget_spec.data if t.get("name") == "predicted speed-up")
-    expected = speedup.predict(tab.session.history, table)
-    assert trace["x"] == [1, 2, 4, 8]
-    assert trace["y"] == pytest.approx([expected.budgets[b].speedup for b in (1, 2, 4, 8)])
-    assert any(f"best {expected.best_budget}:" in a.get("text", "") for a in shown.budget_spec.layout["annotations"])
-    assert "No speed-up axis yet" not in notes(shown)  # measured: no hint
+    nodes = (TreeNode(0, -1, 0, 1, "r", 0.0, -1),) + tuple(
+        TreeNode(d, d - 1, d, t, str(t), -0.5, 0) for d, t in enumerate(path, start=1))
+    walk = len(path) + 1
+    fields = dict(draft_top_ids=tuple((t, 999) for t in top1), draft_top_logprobs=tuple((-0.1, -3.0) for _ in top1))
+    return StepRecord(index=0, committed_len=0, root_token_id=1, nodes=nodes, target_argmax=(0,) * len(nodes),
+                      accepted=tuple(range(len(nodes))), bonus_token_id=bonus, timings_ms={}, cache=(),
+                      new_token_ids=tuple(range(walk if kept is None else kept)), **{**fields, **over})
+
+
+def test_the_chains_tokens_from_a_tree_round():
+    """issue #65 item 6: what the DFlash chain (the drafter's top-1 at each drafted depth) would have gained in the
+    same round, from the target's tokens the round verified: exact at the first mismatch or a full block, a lower
+    bound where the tree's path ended while the chain's top-1 still matched, capped at what a cut or last round
+    kept; nothing for rounds that cannot say."""
+    from ddtree_viz.analysis import chain_gain
+
+    assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1])) == (2, True)  # mismatch at depth 2: one draft + t_2
+    assert chain_gain(_walked([5, 6], 7, [8, 6, 7, 1])) == (1, True)  # at depth 1: the bonus alone
+    assert chain_gain(_walked([5, 6], 7, [5, 6])) == (3, True)  # every drafted depth accepted: the block
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9])) == (3, False)  # t_1, t_2 matched; depth 3 never verified
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9], kept=1)) == (1, True)  # cut: what it kept
+    assert chain_gain(_walked([5], 6, [5, 6, 8, 9]), final=True) == (2, True)  # the session stopped there
+    assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1], kept=1)) == (1, True)
+    for other in (dict(verify="naive"), dict(method="dflash"), dict(selector_pair=(0.0, 0.0, 0.0)),
+                  dict(draft_top_ids=(), draft_top_logprobs=())):
+        assert chain_gain(_walked([5, 6], 7, [5, 9, 7, 1], **other)) is None, other
+
+
+def test_a_sessions_speedup_with_the_chain_and_break_even():
+    """The page's study (speedup.session_speedup): predict's S(b) and best budget, the chain's point from the same
+    rounds (at its drafted length, a lower bound counted), the break-even budget over greedy (S >= 1)."""
+    steps = [_walked([5, 6, 7, 8], 9, [5, 6, 1, 1, 1, 1, 1]),  # chain: 3 tokens, exact
+             _walked([5], 6, [5, 6, 1, 1, 1, 1, 1])]  # chain: at least 3
+    costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 40.0}, greedy_ms=10.0, chain=12.0)
+    study = speedup.session_speedup(steps, costs, budget=4)
+    p = study.prediction
+    assert p == speedup.predict(steps, costs, chain_tau=3.0) and p.chain.tau == 3.0
+    assert study.chain_at_least == 1 and study.chain_nodes == 7 and study.chain_why is None
+    assert study.reach == 4 and study.unreached == [8] and 8 not in p.budgets
+    # S: 1.5*10/11 = 1.36, 2*10/12 = 1.67, 3*10/14 = 2.14 (best 4); break-even over greedy: 4
+    assert p.best_budget == 4 and study.pays_up_to == 4
+    slow = speedup.session_speedup(steps, _table({1: 11.0, 2: 12.0, 4: 40.0}), budget=4)
+    assert slow.prediction.best_budget == 2 and slow.pays_up_to == 2  # 3 * 10 / 40 = 0.75 < 1 at 4
+    never = speedup.session_speedup(steps, _table({1: 30.0, 2: 30.0, 4: 40.0}), budget=4)
+    assert never.pays_up_to is None
+    assert speedup.session_speedup(steps, _table({1: 11.0}, chain=None), budget=4).chain_why.startswith("the cost")
+    nogrid = [_walked([5], 6, [5, 6], draft_top_ids=(), draft_top_logprobs=())]
+    assert "not recorded" in speedup.session_speedup(nogrid, costs, budget=1).chain_why
+    with pytest.raises(InputError, match="no exact DDTree rounds"):
+        speedup.session_speedup([_walked([5], 6, [5, 6], verify="naive")], costs, budget=1)
+
+
+def test_the_panel_draws_and_says_the_studys_own_figures():
+    """render/speedup_view.py: every number drawn or written is the study's (S per budget, the chain's point at its
+    drafted length, the session's budget, the break-even ring); text escaped; the no-costs state gives the command."""
+    from ddtree_viz.render.speedup_view import pays_html, pays_missing_html, pays_spec
+
+    steps = [_walked([5, 6, 7, 8], 9, [5, 6, 1, 1, 1, 1, 1]), _walked([5], 6, [5, 6, 1, 1, 1, 1, 1])]
+    costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 40.0})
+    costs = speedup.CostTable(**{**costs.__dict__, "device_name": "<b>cpu</b>"})
+    study = speedup.session_speedup(steps, costs, budget=4)
+    spec = pays_spec(study)
+    by = {t["name"]: t for t in spec.data}
+    curve = by["predicted S(b), DDTree"]
+    assert curve["x"] == [1, 2, 4] and curve["y"] == [study.prediction.budgets[b].speedup for b in (1, 2, 4)]
+    assert by["DFlash chain (at least)"]["x"] == [7] and by["DFlash chain (at least)"]["y"] == [2.5]
+    assert by["this session's budget (4)"]["x"] == [4, 4]
+    assert by["break-even budget (4)"]["x"] == [4]
+    assert json.loads(spec.to_json()) == json.loads(spec.figure().to_json())  # plotly checks every property
+    text = pays_html(study, first=1, last=2, device=costs.device_name)
+    assert "&lt;b&gt;cpu&lt;/b&gt;" in text and "<b>cpu</b>" not in text
+    assert "2 exact DDTree rounds" in text and "rounds 1–2" in text and "prediction" in text.lower()
+    assert f"S = {study.prediction.budgets[4].speedup:.2f}×" in text and "at least <b>4</b>" in text
+    assert "at least 2.50×" in text and "Measured budgets 8" in text
+    pts = study.prediction.budgets
+    assert "S ≥ 1 at budgets " + ", ".join(str(b) for b in sorted(pts) if pts[b].speedup >= 1) + "." in text
+    beats = [str(b) for b in sorted(pts) if pts[b].speedup >= study.prediction.chain.speedup]
+    assert beats == ["4"] and "as fast as the chain at <b>budget 4</b> (perhaps fewer" in text
+    missing = pays_missing_html("no costs <here>", "OMP_NUM_THREADS=1 python -m ddtree_viz bench --costs --x '<a>'")
+    assert "no costs &lt;here&gt;" in missing and "<code>OMP_NUM_THREADS=1 python -m ddtree_viz bench --costs" in missing
+    assert "&#x27;&lt;a&gt;&#x27;" in missing
 
 
 def test_degenerate_output_is_flagged_beside_the_page_throughput():

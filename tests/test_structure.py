@@ -23,7 +23,7 @@ PACKAGE = "ddtree_viz"
 LAYERS = (
     ("base", (PACKAGE, "ddtree_viz.errors", "ddtree_viz.options", "ddtree_viz.registry", "ddtree_viz.treeops",
               "ddtree_viz.files", "ddtree_viz.trace", "ddtree_viz.analysis", "ddtree_viz.speedup", "ddtree_viz.configs",
-              "ddtree_viz.prompts")),
+              "ddtree_viz.prompts", "ddtree_viz.words")),
     ("engine", ("ddtree_viz.engine",)),
     ("render", ("ddtree_viz.render",)),
     ("library", ("ddtree_viz.promptset", "ddtree_viz.compare")),

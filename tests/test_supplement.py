@@ -589,13 +589,22 @@ def test_the_served_button_offers_the_file_to_its_own_browser_only(trace_file, n
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_analyze_writes_each_prompts_session_and_the_report_links_it(tmp_path):
+@pytest.fixture(scope="module")
+def analyzed(tmp_path_factory):
+    """analyze --supplements --misses on two prompts of the embedded pair: the report directory (its misses file,
+    misses.jsonl, beside it)."""
+    base = tmp_path_factory.mktemp("analyze-supplements")
+    (base / "p.txt").write_text("def add(a, b):\n\nclass Point:\n    pass\n", encoding="utf-8")
+    out = base / "out"
+    assert cli.main(["analyze", "--prompts", str(base / "p.txt"), "--out", str(out), "--max-new-tokens", "8",
+                     "--budget", "8", "--no-speedup", "--supplements", "--misses", str(base / "misses.jsonl")]) == 0
+    return out
+
+
+def test_analyze_writes_each_prompts_session_and_the_report_links_it(analyzed):
     from ddtree_viz.render.report import prompts_html
 
-    (tmp_path / "p.txt").write_text("def add(a, b):\n\nclass Point:\n    pass\n", encoding="utf-8")
-    out = tmp_path / "out"
-    assert cli.main(["analyze", "--prompts", str(tmp_path / "p.txt"), "--out", str(out), "--max-new-tokens", "6",
-                     "--budget", "8", "--no-speedup", "--supplements"]) == 0
+    out = analyzed
     report = (out / "report.html").read_text(encoding="utf-8")
     links = re.findall(r'<a class=session href="(supplements/(\d{4})\.html)#round=1">', report)
     assert [i for _, i in links] == ["0000", "0001"]
@@ -606,3 +615,29 @@ def test_analyze_writes_each_prompts_session_and_the_report_links_it(tmp_path):
     table = prompts_html(summary, supplements={"traces/0000.json": None})  # a session past the bound: no link
     assert "over 5 MB" in table and "session (HTML)" in table and table.count("<a class=session") == 0
     assert "session (HTML)" not in prompts_html(summary)  # without --supplements: no column
+
+
+@browser_only
+def test_a_miss_in_the_report_opens_its_round_in_the_prompts_session_file(chromium, analyzed):
+    """Issue #68 item 2: report.html, opened from file:// with every other request refused, lists each miss of
+    misses.jsonl as a link; a click opens the prompt's session file at that round (#round=N), which shows round N
+    of the trace: the round whose walk left the target (misses.jsonl's row, held to the trace)."""
+    rows = [json.loads(line) for line in (analyzed.parent / "misses.jsonl").read_text(encoding="utf-8").splitlines()]
+    row = max(rows, key=lambda r: (r["round"], r["trace"]))  # a round past the first, where there is one
+    trace = Trace.load(analyzed / row["trace"])
+    step = trace.steps[row["round"] - 1]
+    assert row["round"] > 1 and row["depth"] == len(step.accepted)
+    assert analysis.stop_info(step, trace.settings["block_size"])["reason"] == row["reason"]
+    page = open_offline(chromium, (analyzed / "report.html").as_uri())
+    try:
+        link = page.locator(f"#miss-rounds a.session-round[data-file='{row['trace']}']"
+                            f"[data-round='{row['round'] - 1}']")
+        assert link.count() == 1 and link.inner_text() == str(row["round"])
+        assert f"depth {row['depth']} ({row['reason']})" in link.get_attribute("title")
+        link.click()
+        page.wait_for_url(f"**/supplements/{row['index']:04d}.html#round={row['round']}", timeout=30_000)
+        drawn(page, row["round"])
+        check_round(page, trace, row["round"] - 1)  # its stop: at the miss's depth, for the miss's reason
+        assert page.refused == [] and page.errors == [] and page.dialogs == []
+    finally:
+        page.close()

@@ -211,8 +211,10 @@ def test_an_event_cannot_be_handed_another_browsers_download(demo, recorded):
         for form in (path, path.replace("/", "//"), os.path.relpath(path)):
             with pytest.raises(InputError, match="belongs to another browser"):
                 owners.check_inputs(form, SimpleNamespace(cookies={COOKIE: cookie} if cookie else {}))
-        with pytest.raises(InputError, match="belongs to another browser"):
+        with pytest.raises(InputError, match="belongs to another browser") as refused:
             owners.check_inputs([__file__, path], SimpleNamespace(cookies={}))
+        # the file named by its base name, never the server's folder (issue #65 item 7)
+        assert os.path.basename(path) in str(refused.value) and os.path.dirname(path) not in str(refused.value)
     owners.check_inputs(path, SimpleNamespace(cookies={COOKIE: OWNER}))
     owners.check_inputs([__file__], SimpleNamespace(cookies={}))
     owners.check_inputs(None, None)

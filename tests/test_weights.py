@@ -145,8 +145,8 @@ def format_choices(source: str, path: str = "<source>") -> list[str]:
     return sorted(found, key=lambda f: int(f.split(":")[1].split()[0]))
 
 
-# The benchmarks' --fp8 / --int4 flags name which random weights a bench run builds (gpu.py: weights == "fp8"); they
-# never read a checkpoint's config, so they are no format choice.
+# The benchmarks' --fp8 / --int4 flags name which random weights a bench run builds (benchmarks/gpu/: weights ==
+# "fp8"); they never read a checkpoint's config, so they are no format choice.
 NOT_CHECKED = ("ddtree_viz/engine/weights/", "ddtree_viz/benchmarks/")
 
 
@@ -173,7 +173,7 @@ def test_the_format_check_refuses_what_it_should():
 def test_kept_modules_say_their_bytes():
     """What a step reads of each kept kind (gpu_bench's weight_bytes_of): FP8's bytes and scales, 4-bit's words and
     zero points and scales; every other parameter apart."""
-    from ddtree_viz.benchmarks.gpu import weight_bytes_of
+    from ddtree_viz.benchmarks.gpu.memory import weight_bytes_of
 
     model = torch.nn.Sequential(torch.nn.Linear(48, 40, bias=False), torch.nn.Linear(40, 48, bias=False),
                                 torch.nn.LayerNorm(48))

@@ -40,7 +40,7 @@ from ..engine.verify import EXACT, device_sync
 # under the selector's pair scores (the marginal tree and the per-depth argmax chain run for it too)
 SPECULATIVE = {"dflash": dict(method="dflash"), "ddtree": dict(method="ddtree")}
 SELECTOR_METHODS = {"dflash2": dict(method="dflash2"), "ddtree-selector": dict(method="ddtree", tree_scoring="selector")}
-RUNNER_METHODS = ("runner-greedy", "runner-ddtree")  # --runner: the static runner (engine/runner.py), same prompts
+RUNNER_METHODS = ("runner-greedy", "runner-ddtree")  # --runner: the static runner (engine/runner/), same prompts
 MAX_REPEATS = 100
 WARMUP_TOKENS = 8
 

@@ -6,15 +6,16 @@ prompt-set loop, the summary from the written traces only, the report), one proc
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
 from .. import analysis
 from ..errors import InputError
+from ..words import plural
 from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
-from ..promptset.files import BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, write_json
+from ..promptset.files import (BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, set_dirname,
+                                write_json)
 from ..promptset.resume import reconcile
 from .common import (add_decode_args, add_model_args, add_sampling_args, add_scoring_arg, check_output_path,
                      check_settings, decode_settings, load_models)
@@ -105,7 +106,7 @@ class Progress:
         eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
         width = 24
         filled = int(width * self.done / max(self.total, 1))
-        line = (f"{self.label}[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} prompts  "
+        line = (f"{self.label}[{'#' * filled}{'.' * (width - filled)}] {self.done}/{plural(self.total, 'prompt')}  "
                 f"{rate:.1f} tok/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}")
         self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         if self.tty and self.done == self.total:
@@ -132,12 +133,6 @@ def command(args) -> int:
     if all(s is not None for s in studies.values()) and not args.no_speedup:
         _write_table(args, Path(args.out), studies)
     return code
-
-
-def set_dirname(prompts: str) -> str:
-    """A set's folder under DIR: its file's stem or its name, in safe characters."""
-    name = Path(prompts).stem if Path(prompts).suffix else prompts
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.removeprefix("hf:")).strip("-.") or "set"
 
 
 def _one_set(args, prompts: str, out: Path) -> int:
@@ -189,7 +184,7 @@ def _report(args, prompts: str, items: list[dict], out: Path, interrupted: bool)
     if args.misses is not None:
         _write_misses(args, prompts, out)
     if interrupted:
-        print(f"interrupted: the report covers the {summary['prompts']} prompts done; --resume goes on",
+        print(f"interrupted: the report covers the {plural(summary['prompts'], 'prompt')} done; --resume goes on",
               file=sys.stderr)
         return 130
     if study is not None:
@@ -213,7 +208,7 @@ def _write_misses(args, prompts: str, out: Path) -> None:
         n = write_misses(path, miss_rows(load_dir(out), set_dirname(prompts)))
     except OSError as exc:
         raise InputError(f"cannot write the misses file {path}: {exc.strerror or exc}") from None
-    print(f"misses: {n} rounds where the walk left the target, in {path}")
+    print(f"misses: {plural(n, 'round')} where the walk left the target, in {path}")
 
 
 def _check(args, prompts: str) -> list[dict]:
@@ -361,13 +356,15 @@ def _print_study(study: dict, out: Path) -> None:
 
 def _print_summary(summary: dict, out: Path) -> None:
     n, total = summary["prompts"], summary["prompts_total"]
-    print(f"{n} of {total} prompts decoded ({len(summary['failed'])} failed); mean acceptance "
-          f"{_fmt(summary['mean_acceptance'])} tokens kept per round over {summary['rounds']} rounds; identical to greedy "
+    print(f"{n} of {plural(total, 'prompt')} decoded ({len(summary['failed'])} failed); mean acceptance "
+          f"{_fmt(summary['mean_acceptance'])} tokens kept per round over {plural(summary['rounds'], 'round')}; "
+          "identical to greedy "
           f"{summary['identical_prompts']}/{n}")
     chain = summary.get(DFLASH)
     if chain is not None:
         print(f"DFlash chain on the same prompts: {chain['prompts']} decoded ({len(chain['failed'])} failed); mean "
-              f"acceptance {_fmt(chain['mean_acceptance'])} tokens kept per round over {chain['rounds']} rounds; identical "
+              f"acceptance {_fmt(chain['mean_acceptance'])} tokens kept per round over "
+              f"{plural(chain['rounds'], 'round')}; identical "
               f"to greedy {chain['identical_prompts']}/{chain['prompts']}")
     audit = summary.get("precision_audit")
     if audit is not None:
@@ -375,8 +372,9 @@ def _print_summary(summary: dict, out: Path) -> None:
             x = audit[who]
             print(f"{who.upper()}: target {x['target_precision']}, drafter {x['draft_precision']}: mean acceptance "
                   f"{_fmt(x['mean_acceptance'])}, {_fmt(x['decode_tok_s'])} tokens/s")
-        print(f"the two targets' greedy decodings part in {audit['prompts_parted']} of {audit['prompts_compared']} "
-              f"prompts" + (f" (earliest at output token {audit['first_part']})" if audit["first_part"] is not None else ""))
+        print(f"the two targets' greedy decodings part in {audit['prompts_parted']} of "
+              f"{plural(audit['prompts_compared'], 'prompt')}"
+              + (f" (earliest at output token {audit['first_part']})" if audit["first_part"] is not None else ""))
     for side in (summary, summary.get(DFLASH), summary.get(PRECISION_B)):
         warning = side and analysis.acceptance_warning(side["mean_acceptance"], side["rounds"], _who(summary, side))
         if warning:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..words import plural
 from ..options import ENGINE_CHOICES, whole_number
 from ..trace import sampling_label
 from .common import (add_chat_args, add_decode_args, add_model_args, add_sampling_args, check_output_path,
@@ -100,7 +101,7 @@ def _print_bench(result, runner: bool, several: bool) -> None:
         print(f"== {sampling_label(result.settings)} ==")
     for i, p in enumerate(result.prompts):
         head = p.prompt if len(p.prompt) <= 40 else p.prompt[:37] + "..."
-        print(f"prompt {i + 1}: {head!r} ({p.prompt_tokens} tokens)")
+        print(f"prompt {i + 1}: {head!r} ({plural(p.prompt_tokens, 'token')})")
         for m in p.runs:
             line = f"  {name(m):<15} {p.tokens(m):>5} tok {p.seconds(m):>8.2f} s {p.tok_s(m):>9.1f} tok/s"
             if m != "greedy":
@@ -155,7 +156,7 @@ def _costs(args, pair, prompts) -> int:
                           block_size=args.block_size, rounds=args.cost_rounds,
                           progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
     print(f"costs on {table.device_name} ({table.engine} engine), block size {table.block_size}, "
-          f"medians of {args.cost_rounds} rounds; greedy step {table.greedy_ms:.3f} ms")
+          f"medians of {plural(args.cost_rounds, 'round')}; greedy step {table.greedy_ms:.3f} ms")
     print(f"{'budget':>7}  " + "  ".join(f"{p:>8}" for p in PHASES) + f"  {'round ms':>9}  {'x greedy':>8}")
     named = [(str(b), c) for b, c in sorted(table.rounds.items())] + ([("chain", table.chain)] if table.chain else [])
     for label, c in named:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..words import plural
 # The export choices come from options (torch- and plotly-free): building the parser imports no renderer.
 from ..options import (COLOR_RANGES, DEFAULT_DPI, PAPER_WIDTHS_CM, PHASES, SCHEME_NAMES, SHOW_CHOICES, length_inches,
                        paper_width, whole_number, EXPORT_FIGURES as FIGURES, EXPORT_FORMATS as FORMATS)
@@ -108,7 +109,8 @@ def command(args) -> int:
     size = ""
     if fmt == "png":
         size = ", {} x {} px".format(*png_size(data))
-    print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} ({len(data)} bytes{size})")
+    print(f"{fmt} of the {args.figure} of round {k + 1} of {len(trace.steps)} written to {path} "
+          f"({plural(len(data), 'byte')}{size})")
     if exported.size is not None:
         print(exported.size.describe())
     return 0
@@ -131,8 +133,10 @@ def session_command(args) -> int:
     path = _write(args.out, data)
     if path is None:
         return 0
-    print(f"session supplement of rounds {rounds.start + 1}-{rounds.stop} of {len(trace.steps)} written to {path} "
-          f"({len(data):,} bytes, {len(data) / 1e6:.2f} MB)")
+    first, last = rounds.start + 1, rounds.stop  # (as --rounds takes them: A-B)
+    which = f"round {first}" if first == last else f"rounds {first}-{last}"
+    print(f"session supplement of {which} of {len(trace.steps)} written to {path} ({plural(len(data), 'byte')}, "
+          f"{len(data) / 1e6:.2f} MB)")
     return 0
 
 

@@ -4,6 +4,7 @@ printed: the settings, each round, the verdict; --round K one round in full."""
 from __future__ import annotations
 
 from ..errors import InputError
+from ..words import plural
 from ..options import CHAINS, REFERENCE_NAMES, check_port
 from ..page.web.args import add_server_args
 from ..trace import is_sampled, reference_of, sampling_flags, sampling_label, verdict_text
@@ -94,7 +95,7 @@ def print_trace_summary(trace, path) -> None:
     elif trace.invalid is not None:
         print(f"comparison with {what} INVALID: {trace.invalid}")
     elif trace.first_divergence is None:
-        print(f"output identical to {what} for {len(trace.output_ids)} tokens")
+        print(f"output identical to {what} for {plural(len(trace.output_ids), 'token')}")
     else:
         i = trace.first_divergence
         ours = trace.output_ids[i] if i < len(trace.output_ids) else None
@@ -117,8 +118,9 @@ def print_round(trace, k: int) -> None:
 
     st = trace.steps[k]
     print()
-    print(f"round {k + 1} of {len(trace.steps)}: committed length {st.committed_len}, {len(st.nodes)} tree positions, "
-          f"accepted path {list(st.accepted)} = {st.acceptance - 1} drafts + bonus")
+    print(f"round {k + 1} of {len(trace.steps)}: committed length {st.committed_len}, "
+          f"{plural(len(st.nodes), 'tree position')}, accepted path {list(st.accepted)} = "
+          f"{plural(st.acceptance - 1, 'draft')} + bonus")
     stop = analysis.stop_info(st)
     top = ("-" if stop["drafter_top_id"] is None
            else f"{_tok(trace, stop['drafter_top_id'])} {stop['drafter_top_logprob']:.3f}")

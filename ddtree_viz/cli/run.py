@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..compare import COMPARE_KEYS
 from ..errors import InputError
+from ..words import plural
 from ..options import (DTYPES, ENGINE_CHOICES, METHODS, RECORD_LEVELS, REFERENCE_NAMES, REFERENCES, TREE_SCORINGS,
                        VERIFY_MODES, whole_number)
 from ..trace import sampling_label, verdict_words
@@ -175,7 +176,7 @@ def launch_ahead_line(session) -> str:
     runner = getattr(session.target_engine, "runner", None)
     passes = getattr(runner, "passes_launched_ahead", 0)
     if session.launch_ahead and passes:
-        return f"verify launched ahead of its tree: {passes} passes"
+        return f"verify launched ahead of its tree: {plural(passes, 'pass')}"
     why = getattr(runner, "launch_error", None) or (
         "it needs DDTree's marginal tree on the runner engine with CUDA graphs, both models on one GPU")
     return f"verify not launched ahead: {why}"
@@ -237,11 +238,11 @@ def _run_b(args, pair, settings, spec, session, trace_a):
 def _describe_prompt(spec, encoded) -> str:
     """One line on how the prompt went in: raw text, or templated (system prompt, messages, thinking)."""
     if not spec.chat:
-        return f"prompt: raw text, {len(encoded.ids)} tokens"
+        return f"prompt: raw text, {plural(len(encoded.ids), 'token')}"
     turns = spec.conversation()
     thinking = "template default" if spec.thinking is None else ("on" if spec.thinking else "off")
-    return (f"prompt: chat template on, {len(turns)} message{'s' * (len(turns) != 1)} "
-            f"({', '.join(t['role'] for t in turns)}), thinking {thinking}, {len(encoded.ids)} tokens")
+    return (f"prompt: chat template on, {plural(len(turns), 'message')} "
+            f"({', '.join(t['role'] for t in turns)}), thinking {thinking}, {plural(len(encoded.ids), 'token')}")
 
 
 def _token(session, token_id: int) -> str:
@@ -258,7 +259,7 @@ def _greedy_line(session, verify: str) -> str:
         said = "matches" if index is None else f"differs at generated token {index}"
         return f"comparison with {what} INVALID ({said}, proving nothing): {check.invalid}{label}"
     if index is None:
-        return f"output identical to {what} for {len(session.generated)} tokens{label}"
+        return f"output identical to {what} for {plural(len(session.generated), 'token')}{label}"
     ours = _token(session, session.generated[index]) if index < len(session.generated) else "(ended)"
     theirs = _token(session, greedy.ids[index]) if index < len(greedy.ids) else "(ended)"
     where = f"DIVERGES from {what} at generated token {index}{label}: {session.method} {ours} vs {who} {theirs}"
@@ -270,8 +271,9 @@ def _reference_line(session) -> str:
     """Where the reference ran, its time (apart from the rounds'), and the noise it measured."""
     check = session.divergence_check()
     noise = ("no numerical noise measured (no stretch of two or more tokens)" if check.noise is None else
-             f"numerical noise {check.noise:.3g} (max |multi-position - one-token margin| over {check.noise_positions} "
-             "positions)")
-    drift = "" if check.drift is None else f"; tree-pass drift {check.drift:.3g} over {check.drift_positions} positions"
+             f"numerical noise {check.noise:.3g} (max |multi-position - one-token margin| over "
+             f"{plural(check.noise_positions, 'position')})")
+    drift = ("" if check.drift is None else
+             f"; tree-pass drift {check.drift:.3g} over {plural(check.drift_positions, 'position')}")
     return (f"reference: {REFERENCE_NAMES.get(session.reference, session.reference)}, "
             f"{session.greedy_seconds * 1e3:.0f} ms (not in the rounds' time); {noise}{drift}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..options import CHAINS
 from ..trace import is_sampled
+from ..words import plural
 
 
 def texts(trace, ids) -> str:
@@ -45,7 +46,7 @@ def print_compare(a, b) -> None:
     c = compare_outputs(a, b)
     print(f"compare: A = {config_label(a.settings)}; B = {config_label(b.settings)}")
     if c["part_at"] is None:
-        print(f"outputs identical for {c['agree_upto']} tokens")
+        print(f"outputs identical for {plural(c['agree_upto'], 'token')}")
     else:
         i = c["part_at"]
         print(f"outputs part at generated token {i}: A {texts(a, [c['a_token_id']])!r} ({c['a_token_id']}) vs "
@@ -55,4 +56,5 @@ def print_compare(a, b) -> None:
                    if side["identical"] else f"comparison with its reference INVALID: {side['invalid']}"
                    if side.get("invalid") else f"DIVERGES from its reference at token {side['first_divergence']}")
         mean = "-" if side["mean_acceptance"] is None else f"{side['mean_acceptance']:.2f}"
-        print(f"  {name}: {side['rounds']} rounds, {side['tokens']} tokens, mean acceptance {mean}: {verdict}")
+        print(f"  {name}: {plural(side['rounds'], 'round')}, {plural(side['tokens'], 'token')}, mean acceptance "
+              f"{mean}: {verdict}")

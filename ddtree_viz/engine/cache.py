@@ -31,6 +31,39 @@ def new_cache(target) -> DynamicCache:
     return cache
 
 
+class BufferLayer(DynamicLayer):
+    """A full-attention layer's cache that writes into given buffers ([1, kv_heads, max_len, head_dim], the
+    runner's own) instead of growing a tensor of its own: a prefill through transformers' forward then leaves its
+    keys and values where the runner reads them, with no second copy (1 GB at 16k tokens of a 27B target) and no
+    torch.cat transient a chunk. `keys` / `values` are the buffers' first `length` rows, as DynamicLayer's are."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self._buffers, self.length = (keys, values), 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.is_initialized = key_states.device, True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, self.length = self.length, self.length + key_states.shape[-2]
+        if self.length > self._buffers[0].shape[-2]:
+            raise ValueError(f"{self.length} positions do not fit a buffer of {self._buffers[0].shape[-2]}")
+        for buffer, states in zip(self._buffers, (key_states, value_states)):
+            buffer[:, :, start:self.length].copy_(states)
+        self.keys, self.values = (buffer[:, :, :self.length] for buffer in self._buffers)
+        return self.keys, self.values
+
+
+def prefill_cache(target, keys: dict[int, torch.Tensor], values: dict[int, torch.Tensor]) -> DynamicCache:
+    """new_cache(target) with each full-attention layer i writing into keys[i] / values[i] (BufferLayer)."""
+    cache = new_cache(target)
+    for i in keys:
+        cache.layers[i] = BufferLayer(keys[i], values[i])
+    return cache
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

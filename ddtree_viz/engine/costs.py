@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
+from ..words import plural
 from ..options import DDTREE, DFLASH, MARGINAL, MAX_NEW_TOKENS, check_int
 from ..speedup import PHASES, CostTable, RoundCost, costs_key, now
 from .engines import engine_for
@@ -33,10 +34,17 @@ GREEDY_STEPS = 32
 
 
 def device_name(pair: ModelPair) -> str:
-    device = torch.device(pair.device if isinstance(pair.device, str) else "cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
+    """The cost table's machine: the GPU's name, else the CPU and its torch threads (they set a CPU's speed)."""
+    if not on_threads(pair):
+        return torch.cuda.get_device_name(torch.device(pair.device))
     return f"{platform.machine() or 'cpu'} cpu, {torch.get_num_threads()} threads"
+
+
+def on_threads(pair: ModelPair) -> bool:
+    """Whether `pair`'s cost table is keyed by the torch threads (device_name): it runs on the CPU (or is split
+    across devices), not on one GPU."""
+    device = torch.device(pair.device if isinstance(pair.device, str) else "cpu")
+    return not (device.type == "cuda" and torch.cuda.is_available())
 
 
 def pair_key(pair: ModelPair, engine: str, block_size: int, record: bool = False) -> str:
@@ -127,7 +135,7 @@ def measure_costs(pair: ModelPair, contexts, budgets, *, engine: str = "auto", b
     if chain:
         timed["chain"] = _Timed(_session(pair, DFLASH, 1, block, engine, max_new, sampler))
     for i, context in enumerate(contexts):
-        say(f"context {i + 1}/{len(contexts)} ({len(context)} tokens): {rounds} rounds at each of "
+        say(f"context {i + 1}/{len(contexts)} ({plural(len(context), 'token')}): {plural(rounds, 'round')} at each of "
             f"{', '.join(map(str, timed))}")
         for t in timed.values():
             t.start(context)

@@ -31,6 +31,7 @@ from ddtree_viz.engine.weights import load as weight_load, registry as weights
 from ddtree_viz.engine.backends import sdpa_backends
 from ddtree_viz.errors import ModelLoadError, PairingError
 from ddtree_viz.trace import MAX_DEPTH
+from ddtree_viz.words import plural
 
 # a round's tree is at most block_size - 1 deep, and a trace holds trees up to trace.MAX_DEPTH deep
 MAX_BLOCK_SIZE = MAX_DEPTH + 1
@@ -149,7 +150,7 @@ class DFlashConfig:
             layer_ids = build_target_layer_ids(num_target_layers, n_layers)
         layer_types = tuple(d.get("layer_types") or ("full_attention",) * n_layers)
         if len(layer_types) != n_layers or any(t not in LAYER_TYPES for t in layer_types):
-            raise ModelLoadError(f"Drafter layer_types {list(layer_types)} must list {n_layers} entries "
+            raise ModelLoadError(f"Drafter layer_types {list(layer_types)} must list {plural(n_layers, 'entry')} "
                                  f"from {list(LAYER_TYPES)}.")
         hidden_act = d.get("hidden_act", "silu")
         if hidden_act not in _ACTIVATIONS:
@@ -587,7 +588,7 @@ def validate_pairing(drafter: DFlashConfig, target_config: Any) -> None:
         raise PairingError(f"Vocabulary size mismatch: drafter {d.vocab_size}, target {t_vocab}.")
     if d.num_target_layers != t_layers:
         raise PairingError(f"Drafter was trained on a {d.num_target_layers}-layer target; "
-                           f"this target has {t_layers} layers.")
+                           f"this target has {plural(t_layers, 'layer')}.")
     bad = [i for i in d.target_layer_ids if not 0 <= i < t_layers]
     if bad:
         raise PairingError(f"Drafter target_layer_ids {bad} are outside the target's layers 0..{t_layers - 1}.")

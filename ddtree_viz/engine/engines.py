@@ -22,7 +22,7 @@ copy of the session's state after the prefill (no second prefill).
 - TransformersEngine: the target's own forward over a DynamicCache. verify="exact" swaps the tree-exact GDN in
   for the pass; verify="naive" is the known-wrong flattened tree through transformers' own layers (the bug of
   DDTree's reference code on hybrid caches), kept to show it. Naive mode exists on this engine only.
-- RunnerEngine: the static runner (runner.py): preallocated state, CUDA graphs on a GPU; exact only, one device,
+- RunnerEngine: the static runner (runner/): preallocated state, CUDA graphs on a GPU; exact only, one device,
   Qwen3.5 hybrid targets. Sized here, in one place, from the session's prompt, budget and block.
 
 `default_engine(target, verify)` is the one rule for the engine that runs when none is named ("auto"): the runner

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
+from ..words import plural
 from ..options import DEVICES
 from .backends import kernels_follow_device
 from .cache import layer_types
@@ -269,7 +270,8 @@ def misshaped_report(path: Path, limit: int = 5) -> str:
     if not wrong:
         return "some weights do not fit the config (transformers found mismatched sizes)"
     more = f" ... ({len(wrong)} in all)" if len(wrong) > limit else ""
-    return (f"{len(wrong)} weight(s) do not have the config's shape: {'; '.join(wrong[:limit])}{more} (checkpoint "
+    return (f"{plural(len(wrong), 'weight')} {'does' if len(wrong) == 1 else 'do'} not have the config's shape: "
+            f"{'; '.join(wrong[:limit])}{more} (checkpoint "
             "shape != the config's); the config.json of another model, or weights of another size")
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..words import plural
 from ..files import read_limited
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -249,6 +250,7 @@ def check_prompt_fits(pair, items: list[dict]) -> None:
         chars = len(item.get("prompt", "")) + sum(len(m.get("content") or "") for m in item.get("messages", ())
                                                   if isinstance(m, dict) and isinstance(m.get("content"), str))
         if chars > limit:
-            raise InputError(f"prompt {item['index'] + 1} ({item.get('source', 'of the set')}) is {chars:,} "
-                             f"characters; it cannot fit the target's {pair.max_positions:,} positions (at most "
-                             f"{limit:,} characters); shorten it or leave it out")
+            raise InputError(f"prompt {item['index'] + 1} ({item.get('source', 'of the set')}) is "
+                             f"{plural(chars, 'character')}; it cannot fit the target's "
+                             f"{plural(pair.max_positions, 'position')} (at most {plural(limit, 'character')}); "
+                             "shorten it or leave it out")

@@ -22,6 +22,7 @@ import torch
 from .. import analysis
 from ..analysis import first_divergence  # noqa: F401 - the session's comparison with its reference
 from ..errors import InputError
+from ..words import plural
 from ..options import (CHAINS, DDTREE, DFLASH, DFLASH2, DRAFT_TOP_K, DecodeSettings, MARGINAL, MAX_BUDGET, MAX_NEW_TOKENS,
                        MAX_TOP_K, METHODS, REFERENCE_ENGINE, REFERENCES, SELECTOR, TARGET_TOP_K, TREE_SCORINGS,
                        VERIFY_MODES, check_int)
@@ -704,14 +705,16 @@ class DecodeSession:
         if limit < 1:  # no prompt can fit: say which setting is too large, not that the prompt is too long
             if room - 1 < 1:
                 raise InputError(f"budget {self.budget} and block size {self.block_size} leave no room in the target's "
-                                 f"{positions} positions: lower the budget")
-            raise InputError(f"max new tokens {self.max_new_tokens} is too many for this target: it has {positions} "
-                             f"positions, and with budget {self.budget} and block size {self.block_size} at most "
-                             f"{room - 1} new tokens fit (after a one-token prompt)")
+                                 f"{plural(positions, 'position')}: lower the budget")
+            raise InputError(f"max new tokens {self.max_new_tokens} is too many for this target: it has "
+                             f"{plural(positions, 'position')}, and with budget {self.budget} and block size "
+                             f"{self.block_size} at most {plural(room - 1, 'new token')} "
+                             f"{'fits' if room - 1 == 1 else 'fit'} (after a one-token prompt)")
         if len(prompt_ids) > limit:
             raise InputError(
-                f"the prompt is {len(prompt_ids)} tokens; with max new tokens {self.max_new_tokens} and budget "
-                f"{self.budget} it must be at most {max(limit, 0)} tokens (the target has {self.pair.max_positions} positions)"
+                f"the prompt is {plural(len(prompt_ids), 'token')}; with max new tokens {self.max_new_tokens} and budget "
+                f"{self.budget} it must be at most {plural(max(limit, 0), 'token')} (the target has "
+                f"{plural(self.pair.max_positions, 'position')})"
             )
         self.reset()
         self.prompt = prompt if prompt is not None else self.tokenizer.decode(prompt_ids)

@@ -19,8 +19,9 @@ from ..render import export as exporter
 from ..render import supplement
 from ..render.text import esc
 from ..trace import CompareTrace, Trace, load_any
+from ..words import numbered, plural
 from .host import ModelHost
-from .progress import FIRST_CHUNK, CheckProgress, check_progress, chunk_tokens
+from .progress import FIRST_CHUNK, CheckProgress, check_progress, round_s, turn_tokens
 from .state import SAME, CompareSettings, TabSettings, TabState, rounds_shown, shown_step
 
 REPLAY_END = ("this replay is at its last round ({n}): press Reset to start a live session from the Prompt box, or "
@@ -64,8 +65,8 @@ def _ensure_session(host: ModelHost, tab: TabState, s: TabSettings) -> None:
 
 
 def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> None:
-    """Compare mode: keep B's session, or start it for new compare settings and catch it up with A's rounds (the
-    two step in lockstep). Off: drop it."""
+    """Compare mode: keep B's session, or start it (prefilled) for new compare settings; switched on mid-session it
+    catches up with A's rounds next (_catch_up, a round a turn), then the two step in lockstep. Off: drop it."""
     if c is None:
         tab.other = tab.other_settings = tab.other_trace = None
         return
@@ -77,15 +78,42 @@ def _ensure_other(host: ModelHost, tab: TabState, c: CompareSettings | None) -> 
     b = settings_b(s.decode, {"budget": c.budget, "block_size": min(c.block_size, pair.drafter.block_size),
                               "method": c.method, "verify": c.verify, "engine": engine,
                               "tree_scoring": c.tree_scoring})
-    other = start_b(pair, b, s.prompt, tab.session.sampler, rounds=len(tab.session.history))
+    other = start_b(pair, b, s.prompt, tab.session.sampler)
     tab.other, tab.other_settings = other, c
-    tab.other_trace = other.to_trace()
+    tab.other_trace = other.to_trace(extend=False)
 
 
 def _start(host: ModelHost, tab: TabState, s: TabSettings) -> None:
     """Both sessions as the settings ask (held: host.lock and tab.lock)."""
     _ensure_session(host, tab, s)
     _ensure_other(host, tab, s.compare)
+
+
+def _load(host: ModelHost, s: TabSettings) -> None:
+    """The models B asks for in another dtype or with another drafter, loaded (once) before the model lock: a load
+    takes seconds to minutes, and other tabs' work goes on meanwhile."""
+    c = s.compare
+    if c is not None:
+        host.pair_for(None if c.dtype == SAME else c.dtype, None if c.drafter == SAME else c.drafter)
+
+
+def _behind(tab: TabState) -> bool:
+    """Compare mode switched on mid-session: B has fewer rounds than A and has not finished (held: tab.lock)."""
+    a, b = tab.session, tab.other
+    return a is not None and b is not None and not b.done and len(b.history) < len(a.history)
+
+
+def _catch_up(host: ModelHost, tab: TabState) -> None:
+    """B stepped to A's rounds (its end of text or max new tokens first), a round a turn of the model (a session of
+    100 rounds caught up in one turn held every other tab up for all of them); a Reset, a new session or new compare
+    settings in the tab meanwhile end it."""
+    with tab.lock:
+        a, b = tab.session, tab.other
+    while True:
+        with host.lock, tab.lock:
+            if tab.session is not a or tab.other is not b or not _behind(tab):
+                return
+            b.step()
 
 
 def _refresh(tab: TabState, check: bool = True, started: float | None = None, rounds_before: int | None = None,
@@ -98,7 +126,7 @@ def _refresh(tab: TabState, check: bool = True, started: float | None = None, ro
     tab.trace = tab.session.to_trace(extend=check)
     tab.greedy_s = tab.session.greedy_seconds
     if tab.other is not None:
-        tab.other_trace = tab.other.to_trace()
+        tab.other_trace = tab.other.to_trace(extend=check)  # (B's reference as A's)
     if started is not None:
         new = tab.session.history[rounds_before:]
         tab.timing = {"rounds": sum(sum(r.timings_ms.values()) for r in new), "n_rounds": len(new),
@@ -112,18 +140,31 @@ def step(host: ModelHost, tab: TabState, settings: TabSettings, *, check: bool =
     round). While a replay is shown, Step goes on through it (the next round) and never replaces it: Reset first."""
     if tab.replay and tab.trace is not None:
         return _replay_next(tab)
+    _load(host, settings)
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        tab.stop_ticket, tab.checking = tab.stops, None  # its check (chained after it) stops at a Stop from now on
-        if _done_at_prefill(tab, check):
+        session, behind = tab.session, _behind(tab)
+        if not behind:
+            return _step_turn(tab, check)
+    _catch_up(host, tab)
+    with host.lock, tab.lock:
+        if tab.session is not session:  # a Reset or another session meanwhile: the tab as that left it
             return tab
-        if finished(tab.session, tab.other):  # compare mode: B goes on alone once A has finished, as Run does
-            raise InputError(FINISHED)
-        started, before = time.perf_counter(), len(tab.session.history)
-        step_both(tab.session, tab.other)
-        _refresh(tab, check, started, before)
-        tab.view = rounds_shown(tab) - 1
-        tab.inspect = None
+        return _step_turn(tab, check)
+
+
+def _step_turn(tab: TabState, check: bool) -> TabState:
+    """Step's round, of both configurations (held: both locks; the sessions started, B caught up)."""
+    tab.stop_ticket, tab.checking = tab.stops, None  # its check (chained after it) stops at a Stop from now on
+    if _done_at_prefill(tab, check):
+        return tab
+    if finished(tab.session, tab.other):  # compare mode: B goes on alone once A has finished, as Run does
+        raise InputError(FINISHED)
+    started, before = time.perf_counter(), len(tab.session.history)
+    step_both(tab.session, tab.other)
+    _refresh(tab, check, started, before)
+    tab.view = rounds_shown(tab) - 1
+    tab.inspect = None
     return tab
 
 
@@ -165,16 +206,23 @@ def run_rounds(host: ModelHost, tab: TabState, settings: TabSettings, *, check: 
     the Run at its next round, a Stop (`stop`) too, showing the rounds so far. A finished session is an InputError
     before anything changes. `views(tab)`: yield what it returns instead of the tab, made under the tab's lock once
     the Run is known to be still current (so a Reset is never followed by a round it ended)."""
+    _load(host, settings)
     with host.lock, tab.lock:
         _start(host, tab, settings)
-        at_prefill = _done_at_prefill(tab, check)
-        if not at_prefill and finished(tab.session, tab.other):
+        session = tab.session
+    _catch_up(host, tab)
+    with host.lock, tab.lock:
+        gone = tab.session is not session  # a Reset or another session meanwhile: the tab as that left it
+        at_prefill = not gone and _done_at_prefill(tab, check)
+        if not (gone or at_prefill) and finished(tab.session, tab.other):
             raise InputError(FINISHED)
-        tab.epoch += 1
-        tab.stop_ticket, tab.checking = tab.stops, None
+        if not gone:
+            tab.epoch += 1
+            tab.stop_ticket, tab.checking = tab.stops, None
         mine, ticket, session, other = tab.epoch, tab.stop_ticket, tab.session, tab.other
-        shown = (views(tab) if views is not None else tab) if at_prefill else None
-    if at_prefill:
+    if gone or at_prefill:
+        with tab.lock:
+            shown = views(tab) if views is not None else tab
         yield shown
         return
     started, before, reference = time.perf_counter(), len(session.history), session.greedy_seconds
@@ -249,12 +297,13 @@ def stop(tab: TabState) -> TabState:
 def check_rounds(host: ModelHost, tab: TabState, *, independent: bool = False,
                  min_interval: float = CHECK_REFRESH_S):
     """A check as the page runs it, yielding the tab to redraw: the session's reference extended to the output and
-    compared (`check`; after a Step or Run), or with `independent` transformers' own forward (`check_transformers`).
-    It decodes about `min_interval` at a time under the model lock (other tabs go in between), and where it will
-    take longer than that it says so first (tab.checking: the tokens to check, an estimate of the time from this
-    machine's measured pace), then its progress at most every `min_interval`, then the result. A Stop (`stop`)
-    ends it between two of those: tab.checking says what it reached and that the rest is unknown, and no verdict on
-    the tokens not checked is shown. A Reset, a replay or a new session ends it with nothing more to say."""
+    compared (`check`; after a Step or Run), then in compare mode B's likewise, or with `independent` transformers'
+    own forward (`check_transformers`). It takes the model about one round's time at a time (_check_turn: another
+    tab's Step waits at most about one round of this tab's), and where it will take longer than `min_interval` it
+    says so first (tab.checking: the tokens to check, an estimate of the time from this machine's measured pace),
+    then its progress at most every `min_interval`, then the result. A Stop (`stop`) ends it at its next turn:
+    tab.checking says what it reached and that the rest is unknown, and no verdict on the tokens not checked is
+    shown. A Reset, a replay or a new session ends it with nothing more to say."""
     with host.lock, tab.lock:
         session = tab.session
         if independent and (session is None or tab.replay):
@@ -275,17 +324,10 @@ def check_rounds(host: ModelHost, tab: TabState, *, independent: bool = False,
             with host.lock, tab.lock:
                 if tab.epoch != mine or tab.session is not session:
                     return
-                ref = session.check_reference(independent)
                 stopped = tab.stops != ticket
-                if stopped or (ref is not None and (len(ref.ids) >= total or ref.finished)):
+                if stopped or not _check_turn(host, tab, independent, total):
                     _checked(host, tab, independent, total, stopped)
                     break
-                most = chunk_tokens(check_progress(host, session, independent, total).pace, min_interval)
-                if independent:
-                    session.check_transformers(total, most)
-                else:
-                    session.greedy(total, most)
-                tab.checking = check_progress(host, session, independent, total)
                 due = time.perf_counter() - shown >= min_interval
                 if due and not independent:
                     _refresh(tab, False)  # the output's tokens checked so far
@@ -299,10 +341,41 @@ def check_rounds(host: ModelHost, tab: TabState, *, independent: bool = False,
     yield tab
 
 
+def _check_turn(host: ModelHost, tab: TabState, independent: bool, total: int) -> bool:
+    """One turn of a check on the shared model (held: both locks): about one round's time of the tab's sessions
+    (progress.turn_tokens at the reference's pace) of the first reference still short, A's towards `total` (or
+    transformers' forward with `independent`), then in compare mode B's towards B's output; tab.checking says how
+    far it has come. False: nothing left to decode. (A check that took 0.5 s of tokens a turn held the model 2.2 s
+    at once on a loaded 2-core machine, and another tab's Step waited for it: docs/PERFORMANCE.md section 39.)"""
+    session, other = tab.session, tab.other
+    turn = sum(round_s(s.history) or 0.0 for s in (session, other) if s is not None) or None  # (step_both's)
+    if not _reached(session.check_reference(independent), total):
+        pace = check_progress(host, session, independent, total).pace
+        (session.check_transformers if independent else session.greedy)(total, turn_tokens(pace, turn))
+        tab.checking = check_progress(host, session, independent, total)
+        return True
+    if independent or other is None or not other.started or _reached(other.check_reference(),
+                                                                      other.reference_target()):
+        return False
+    b_total = other.reference_target()
+    other.greedy(b_total, turn_tokens(check_progress(host, other, False, b_total).pace, turn))
+    tab.checking = dataclasses.replace(check_progress(host, other, False, b_total),
+                                       what=f"configuration B's reference ({other.reference})")
+    return True
+
+
+def _reached(ref, total: int) -> bool:
+    """Whether a reference (a session.GreedyReference, None before it is made) has decoded `total` tokens, or its
+    end of text before them."""
+    return ref is not None and (len(ref.ids) >= total or ref.finished)
+
+
 def _checked(host: ModelHost, tab: TabState, independent: bool, total: int, stopped: bool) -> None:
     """A check's end (held: both locks): its result, or where it stopped (tab.checking then says what is unknown)."""
     session = tab.session
-    reached = check_progress(host, session, independent, total)
+    # stopped: where its last turn left it (B's reference, in compare mode, once A's is done)
+    reached = (tab.checking if stopped and tab.checking is not None
+               else check_progress(host, session, independent, total))
     tab.checking = dataclasses.replace(reached, stopped=True) if stopped else None
     if independent:
         tab.independent = _independent_words(session, total, reached if stopped else None)
@@ -319,11 +392,12 @@ def _independent_words(session: DecodeSession, total: int, stopped: CheckProgres
     if index is not None:
         verdict = f"**differs** from the output at token {index} (transformers' margin there {result.margins[index]:.3g})"
     elif stopped is not None and stopped.done < stopped.total:
-        verdict = (f"**stopped** at {n} / {stopped.total} tokens: those {n} equal the output; tokens {n + 1}–"
-                   f"{stopped.total} were not checked, so whether the output equals transformers' greedy is "
-                   "unknown (press Check vs transformers again to go on)")
+        equal = {0: "none checked yet", 1: "that one equals the output"}.get(n, f"those {n:,} equal the output")
+        rest = numbered("token", n + 1, stopped.total) + (" was" if n + 1 == stopped.total else " were")
+        verdict = (f"**stopped** at {n:,} / {plural(stopped.total, 'token')}: {equal}; {rest} not checked, so whether "
+                   "the output equals transformers' greedy is unknown (press Check vs transformers again to go on)")
     else:
-        verdict = f"**agrees**: the output equals transformers' greedy for {n} tokens"
+        verdict = f"**agrees**: the output equals transformers' greedy for {plural(n, 'token')}"
     if session.reference != TRANSFORMERS_REFERENCE:
         verdict += _against_reference(session, result.ids)
     return (f"Check against transformers' forward, one token at a time: {verdict}. "
@@ -340,7 +414,8 @@ def _against_reference(session: DecodeSession, ids: tuple[int, ...]) -> str:
     if k == 0:
         return f"; the session's reference ({name}) has not decoded these tokens yet: not compared with it"
     same = "agrees with it" if tuple(own.ids[:k]) == tuple(ids[:k]) else "**differs from it**"
-    return f"; the session's reference ({name}) {same}" + (f" over the {k} tokens it has decoded" if k < len(ids) else "")
+    return (f"; the session's reference ({name}) {same}"
+            + (f" over the {plural(k, 'token')} it has decoded" if k < len(ids) else ""))
 
 
 def reset(tab: TabState) -> TabState:

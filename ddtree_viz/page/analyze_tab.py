@@ -1,6 +1,6 @@
 """The Analyze tab: a report written by `analyze`, read back from a directory or uploaded (its figures computed
-again from its validated traces), a prompt set run on the page's model into the tab's own report, and a round of a
-report opened in the Step tab as a replay."""
+again from its validated traces), a prompt set run on the page's model into the tab's own report, a round of a
+report opened in the Step tab as a replay, and the report's misses as misses.jsonl (write_misses_file)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from ..options import DFLASH
 from ..promptset.decode import decode_set
 from ..promptset.files import PROMPTS_DIR, read_prompts, run_settings, write_json
+from ..promptset.misses import miss_rows, report_misses, set_name, write_misses
 from ..promptset.report import MAX_REPORT_TRACES, TRACE_NAME, read_report, report_files
 from ..promptset.summary import summarize_report
 from ..engine.prompts import PromptSpec, check_spec
@@ -22,6 +23,7 @@ from ..options import MAX_BUDGET, DecodeSettings, check_int
 from ..render import report as report_view
 from ..render.text import esc, shorten
 from ..trace import MAX_ROUNDS
+from ..words import plural
 from .actions import load_replay, move
 from .host import ModelHost
 from .state import MAX_UPLOAD_BYTES, LoadedReport, TabState, check_prompt_chars, prompt_spec
@@ -104,7 +106,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
     if not paths:
         raise InputError("upload a report's summary.json and its traces (traces/*.json)")
     if len(paths) > 3 * MAX_REPORT_TRACES + 2:
-        raise InputError(f"{len(paths):,} files: a report upload takes at most {3 * MAX_REPORT_TRACES + 2:,}")
+        raise InputError(f"{plural(len(paths), 'file')}: a report upload takes at most {3 * MAX_REPORT_TRACES + 2:,}")
     names: dict[str, Path] = {}
     ignored = 0
     total = 0
@@ -125,7 +127,7 @@ def load_report_upload(tab: TabState, paths) -> TabState:
         except OSError:
             raise InputError(f"cannot read the uploaded file {shown}") from None
         if size > MAX_UPLOAD_BYTES:
-            raise InputError(f"{shown} is {size:,} bytes; an uploaded file may be at most "
+            raise InputError(f"{shown} is {plural(size, 'byte')}; an uploaded file may be at most "
                              f"{MAX_UPLOAD_BYTES // 2**20} MB")
         total += size
         if total > MAX_REPORT_BYTES:
@@ -136,8 +138,8 @@ def load_report_upload(tab: TabState, paths) -> TabState:
         raise InputError("the upload has no summary.json: upload a report's summary.json with its traces/*.json")
     if not any(n.startswith("traces/") for n in names):
         raise InputError("the upload has no traces (traces/0000.json, ...): upload them with summary.json")
-    note = f"{ignored} other uploaded file(s) left out (only summary.json, prompts.json and traces/*.json are read)" \
-        if ignored else ""
+    note = (f"{plural(ignored, 'other uploaded file')} left out (only summary.json, prompts.json and traces/*.json "
+            "are read)" if ignored else "")
     folder = tab.report_folder()  # a new folder: the report on screen keeps its own files until this one is shown
     try:
         files = _keep_uploads(names, folder)
@@ -263,14 +265,14 @@ def _decode_set_here(host: ModelHost, tab: TabState, pair, the_set: tuple, out: 
         tokens, done = tokens + p.tokens, p.done
         elapsed = time.perf_counter() - start
         eta = elapsed / done * (len(items) - done)
-        yield (f"{done} of {len(items)} prompts, {tokens / elapsed:.1f} tokens/s, "
+        yield (f"{done} of {plural(len(items), 'prompt')}, {tokens / elapsed:.1f} tokens/s, "
                f"about {int(eta) // 60}:{int(eta) % 60:02d} left")
     if tab.closed:
         raise InputError("the tab was closed")  # run_prompt_set ends quietly
     stopped = tab.set_stop.is_set() and done < len(items)
     if done == 0:
         raise InputError("stopped before the first prompt was done: nothing to show")
-    note = f"run on this page: {done} of {len(items)} prompts" + (" (stopped)" if stopped else "")
+    note = f"run on this page: {done} of {plural(len(items), 'prompt')}" + (" (stopped)" if stopped else "")
     loaded = _read_report(report_files(out), f"{name} (run here)", note)  # the summary, from the traces once
     write_json(out / "summary.json", _plain(loaded.summary))  # a report directory like analyze's
     tab.show_report(dataclasses.replace(loaded, folder=out))
@@ -295,10 +297,12 @@ def _read_report(files: dict[str, Path], name: str, note: str = "") -> LoadedRep
         notes.append("summary.json differs from what its traces give (a run still going, or an edited file): the "
                      "figures shown are computed from the traces")
     svgs = report_view.figures(summary, "svg")
+    the_set = set_name(report)
+    rows = tuple(miss_rows(report, the_set))  # what `analyze --misses` writes for this report, and the download
     body = report_view.report_body(summary, svgs, report.items, report.metas, link=report_view.page_round_link,
-                                   files=False)
+                                   files=False, misses=report_misses(report, rows))
     return LoadedReport(name=name, summary=summary, html='<div class="ddv-report">' + body + "</div>",
-                        files=dict(report.files), note="; ".join(notes))
+                        files=dict(report.files), note="; ".join(notes), misses=rows, set_name=the_set)
 
 
 def _comparable(summary: dict, whole: bool, like: dict | None = None) -> dict:
@@ -351,20 +355,39 @@ def report_status(tab: TabState | None) -> str:
     r = tab.report if tab is not None else None
     if r is None:
         return ("<p>Load a report written by <code>analyze</code> (a directory on the server, or its files uploaded): "
-                "its figures and tables as report.html shows them; click a trace's round (top misses, prompts) to "
-                "open it in the <b>Step</b> tab (replay, no model needed).</p>")
+                "its figures and tables as report.html shows them; click a trace's round (top misses, misses by "
+                "prompt, prompts) to open it in the <b>Step</b> tab (replay, no model needed); download its misses "
+                "as <code>analyze --misses</code> writes them.</p>")
     s = r.summary
     sides = [s] + ([s[DFLASH]] if DFLASH in s else [])
     figures = "; ".join(f"{esc(report_view.side_label(x))}: mean acceptance "
                         f"{'-' if x['mean_acceptance'] is None else format(x['mean_acceptance'], '.2f')} over "
-                        f"{x['rounds']} rounds" for x in sides)
-    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {s['prompts_total']} prompts; {figures}. Click a "
-            "trace's round (top misses, prompts) to open it in the <b>Step</b> tab.</p>")
+                        f"{plural(x['rounds'], 'round')}" for x in sides)
+    line = (f"<p><b>Report:</b> {_named(r.name)} — {s['prompts']} of {plural(s['prompts_total'], 'prompt')}; "
+            f"{figures}. Click a trace's round (top misses, misses by prompt, prompts) to open it in the <b>Step</b> "
+            "tab.</p>")
     return line + (f"<p><i>Note:</i> {esc(r.note)}</p>" if r.note else "")
 
 
 def report_html(tab: TabState) -> str:
     return tab.report.html if tab.report is not None else ""
+
+
+def write_misses_file(tab: TabState) -> Path:
+    """The Analyze tab's 'Download misses (.jsonl)': the report's misses as `analyze --misses` writes them (the same
+    rows, promptset/misses.py's, through the same writer: docs/MISSES.md), in the tab's own folder (its earlier
+    file deleted). Named after the set: misses-<set>.jsonl (misses.jsonl without prompts.json). A report without a
+    miss gives an empty file."""
+    report = tab.report
+    if report is None:
+        raise InputError("no report loaded: load a report directory, upload one or run a prompt set first")
+    name = report.set_name[:64]  # safe characters only (files.set_dirname); a file name's length
+    path = tab.new_folder("misses") / (f"misses-{name}.jsonl" if name else "misses.jsonl")
+    try:
+        write_misses(path, iter(report.misses))
+    except OSError as exc:
+        raise InputError(f"cannot write the misses file: {exc.strerror or type(exc).__name__}") from None
+    return path
 
 
 def open_report_round(tab: TabState, file, k) -> TabState:

@@ -18,6 +18,7 @@ from ..errors import DDTreeVizError, InputError, ModelLoadError
 from ..options import AUTO, DTYPES, DecodeSettings
 from ..render.cache_view import cache_layout_table, cache_table_html
 from ..render.text import esc
+from ..words import plural
 
 
 MAX_PAGE_PROMPT_CHARS = 1 << 20  # a prompt typed, sent or uploaded to the page (and each of a set's)
@@ -76,6 +77,7 @@ class ModelHost:
         self.replay_only = False  # `replay FILE` / app.py --replay without --target: no model, by design
         self._thread: threading.Thread | None = None
         self._pairs: dict[str, ModelPair] = {}  # compare mode: the pair in another dtype, loaded on first use
+        self._loading = threading.Lock()  # (pair_for loads outside the model lock: one load of each at a time)
         self._layout_html: str | None = None
         self.warmup_s = 0.0  # the static runner's compile and a first round at load (warm_runner, warm_rounds; CUDA)
         self._exact: tuple[ModelPair, str] | None = None  # exact_engine's answer for the pair it was asked for
@@ -134,10 +136,10 @@ class ModelHost:
         if self.pair is not None:
             p = self.pair
             n_gdn = sum(t == "linear_attention" for t in p.layer_types)
-            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {len(p.layer_types)} layers: {n_gdn} Gated DeltaNet, "
+            return (f"**Model:** {esc(p.describe())} — {esc(p.parameters_line())}; {plural(len(p.layer_types), 'layer')}: {n_gdn} Gated DeltaNet, "
                     f"{len(p.layer_types) - n_gdn} attention; drafter block size {p.drafter.block_size}; "
                     f"exact rounds on the {esc(self.exact_engine)} engine{self._engine_why()}; naive rounds on "
-                    f"transformers; {_threads()} torch thread(s)"
+                    f"transformers; {plural(_threads(), 'torch thread')}"
                     + (f"; the runner's kernels compiled and a first round run at load in {self.warmup_s:.1f} s"
                        if self.warmup_s else "")
                     + f"; {esc(self.chat_note())}")
@@ -158,14 +160,20 @@ class ModelHost:
 
         return cached_costs(pair_key(self.pair, self.exact_engine, block_size))
 
-    def costs_command(self, block_size: int) -> str:
+    def costs_command(self, block_size: int, budget: int | None = None) -> str:
         """The command that measures this machine's cost table for the loaded pair at `block_size` (what costs()
-        reads): what the budget panel says where no table is measured yet (issue #65 item 6)."""
+        reads), at powers of two up to `budget` and `budget` itself: what the speed-up panel says where no table is
+        measured yet (issue #65 item 6). On a CPU the table's key names the torch threads (engine/costs.py:
+        device_name), so the command runs with this process's count: `bench` on its own takes every core, and its
+        table would never be the one the page looks up."""
         target, draft, dtype, device = self.args
         models = "".join(f" --{flag} {shlex.quote(str(value))}" for flag, value in (("target", target), ("draft", draft))
                          if value is not None)
-        return (f"python -m ddtree_viz bench --costs{models} --dtype {dtype} --device {device} --engine "
-                f"{self.exact_engine} --block-size {block_size}")
+        from ..engine.costs import on_threads
+
+        threads = f"OMP_NUM_THREADS={_threads()} " if self.pair is not None and on_threads(self.pair) else ""
+        return (f"{threads}python -m ddtree_viz bench --costs{models} --dtype {dtype} --device {device} --engine "
+                f"{self.exact_engine} --block-size {block_size}" + (f" --budget {budget}" if budget else ""))
 
     @property
     def exact_engine(self) -> str:
@@ -227,7 +235,8 @@ class ModelHost:
     def pair_for(self, dtype: str | None, drafter: str | None = None) -> ModelPair:
         """The loaded pair (dtype and drafter None: the host's), or (compare mode) the same models in another dtype,
         or the embedded target with its drafter of another family (`drafter`: 'dflash' or 'dflash2', the names
-        `--draft` takes beside the embedded target), loaded once on first use."""
+        `--draft` takes beside the embedded target), loaded once on first use (before the model lock is taken:
+        actions._load; other tabs' work goes on meanwhile)."""
         pair = self.require()
         target, own_draft, own_dtype, device = self.args
         dtype = own_dtype if dtype in (None, "") else dtype
@@ -240,10 +249,11 @@ class ModelHost:
         if dtype not in DTYPES:
             raise InputError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
         key = f"{dtype}/{draft}"
-        if key not in self._pairs:
-            self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device)
-            settle_heap()
-        return self._pairs[key]
+        with self._loading:
+            if key not in self._pairs:
+                self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device)
+                settle_heap()
+            return self._pairs[key]
 
 
 def settle_heap() -> None:

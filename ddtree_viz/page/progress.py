@@ -10,8 +10,10 @@ import math
 from dataclasses import dataclass
 
 from ..registry import REFERENCE_ENGINE
+from ..words import numbered, plural
 
 FIRST_CHUNK = 2  # tokens a check decodes before it tells the page anything, where nothing is measured yet
+TURN_ROUNDS = 8  # a round's time, for a check's turn of the model: the mean of the session's last rounds
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,21 @@ def chunk_tokens(pace: Pace | None, seconds: float) -> int:
     if pace is None or pace.token_s <= 0:
         return FIRST_CHUNK
     return max(1, int(seconds / pace.token_s))
+
+
+def round_s(history) -> float | None:
+    """A round's engine time in seconds: the mean of the last TURN_ROUNDS rounds' (StepRecord.timings_ms) of a
+    session's `history`; None with no rounds."""
+    last = history[-TURN_ROUNDS:]
+    return sum(sum(r.timings_ms.values()) for r in last) / len(last) / 1e3 if last else None
+
+
+def turn_tokens(pace: Pace | None, round_seconds: float | None) -> int:
+    """Tokens a check decodes in one turn of the shared model: about one round's time at `pace` (so another tab's
+    Step, waiting its turn, waits about one round of this tab's), at least one; one while either is unknown."""
+    if pace is None or round_seconds is None:
+        return 1
+    return chunk_tokens(pace, round_seconds)
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,7 @@ def duration(seconds: float) -> str:
 def pace_words(pace: Pace) -> str:
     """'17 ms a token, measured by this check over 36 tokens'."""
     per = pace.token_s * 1e3
-    return f"{per:.3g} ms a token, measured {pace.where} over {pace.tokens:,} tokens"
+    return f"{per:.3g} ms a token, measured {pace.where} over {plural(pace.tokens, 'token')}"
 
 
 def _estimate(p: CheckProgress, rest: str) -> str:
@@ -139,9 +156,9 @@ def status_line(p: CheckProgress) -> str:
     if p.stopped:
         return stopped_line(p)
     if p.running:
-        return (f"**Checking against {p.what}: {p.done:,} / {p.total:,} tokens**, {_estimate(p, 'left')}. "
+        return (f"**Checking against {p.what}: {p.done:,} / {plural(p.total, 'token')}**, {_estimate(p, 'left')}. "
                 "**Stop** stops it.")
-    return (f"Checking against {p.what} next ({p.done:,} of {p.total:,} tokens so far): "
+    return (f"Checking against {p.what} next ({p.done:,} of {plural(p.total, 'token')} so far): "
             f"{_estimate(p, 'for the rest')}…")
 
 
@@ -150,7 +167,8 @@ def stopped_line(p: CheckProgress) -> str:
     if p.done >= p.total:
         unchecked = "every token was checked before the stop"
     else:
-        unchecked = (f"tokens {p.done + 1:,}–{p.total:,} were not checked, so whether they equal it is "
-                     "unknown (no verdict on them)")
+        one = p.done + 1 == p.total
+        unchecked = (f"{numbered('token', p.done + 1, p.total)} {'was' if one else 'were'} not checked, so whether "
+                     f"{'it equals' if one else 'they equal'} it is unknown (no verdict on {'it' if one else 'them'})")
     again = "press **Check vs transformers** again to go on" if p.independent else "the next Step's check goes on"
-    return f"**Stopped:** the check against {p.what} reached {p.done:,} / {p.total:,} tokens; {unchecked}; {again}."
+    return f"**Stopped:** the check against {p.what} reached {p.done:,} / {plural(p.total, 'token')}; {unchecked}; {again}."

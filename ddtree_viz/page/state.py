@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..options import (DRAFTER_FAMILIES, DTYPES, ENGINE_CHOICES, MARGINAL, MAX_BUDGET, MAX_SEED, TREE_SCORINGS,
                        VERIFY_LABELS, DecodeSettings, check_int)
 from ..trace import Trace
+from ..words import plural
 from .host import ModelHost
 from .progress import CheckProgress
 
@@ -169,8 +170,8 @@ def check_prompt_chars(host: ModelHost, chars: int, what: str) -> None:
     own input ("the prompt", "prompt 3 of bad.txt")."""
     limit = host.max_prompt_chars()
     if limit is not None and chars > limit:
-        raise InputError(f"{what} is {chars:,} characters; the page takes at most {limit:,} (the target has "
-                         f"{host.pair.max_positions:,} positions)")
+        raise InputError(f"{what} is {plural(chars, 'character')}; the page takes at most {limit:,} (the target has "
+                         f"{plural(host.pair.max_positions, 'position')})")
 
 
 # Files the page writes for a tab to download (a trace, an export) live in one folder per server process, one
@@ -219,6 +220,8 @@ class LoadedReport:
     files: dict[str, Path]
     note: str = ""  # what else the page should say (summary.json differs from its traces, files ignored, ...)
     folder: Path | None = None  # the tab's own copy its files are in (uploads, a set run here): deleted when replaced
+    misses: tuple[dict, ...] = ()  # misses.jsonl's rows for it (promptset/misses.py), its 'Download misses' file
+    set_name: str = ""  # the set's name in those rows ("" without prompts.json)
 
 
 @dataclass
@@ -310,8 +313,9 @@ class TabState:
             shutil.rmtree(folder, ignore_errors=True)
 
     def new_folder(self, kind: str) -> Path:
-        """An empty folder for the file this tab offers for download (`kind`: "trace", "supplement" or "export"): the tab's
-        earlier file of that kind is deleted first (gradio serves its own copy of what a handler returned)."""
+        """An empty folder for the file this tab offers for download (`kind`: "trace", "supplement", "export" or
+        "misses"): the tab's earlier file of that kind is deleted first (gradio serves its own copy of what a handler
+        returned)."""
         with self.lock:
             sub = self._own_folder() / kind
             shutil.rmtree(sub, ignore_errors=True)

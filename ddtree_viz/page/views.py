@@ -24,10 +24,13 @@ from ..render.inspect_view import inspector_html, node_choices, stop_html
 from ..render.layout import tree_layout
 from ..render.mask_plot import mask_spec
 from ..render.prompt_view import prompt_html
+from ..render.speedup_view import pays_html, pays_missing_html, pays_spec
 from ..render.stats_view import acceptance_spec, stats_markdown, stats_summary
-from ..render.text import esc, plural
+from ..speedup import session_speedup, tree_rounds
+from ..render.text import esc
 from ..render.tree_plot import tree_spec
 from ..trace import Trace, is_sampled, sampling_flags, sampling_label
+from ..words import plural
 from .host import ModelHost
 from ..errors import InputError
 from .progress import shown_check, status_line
@@ -94,6 +97,10 @@ class Shown:
         return _round_views(self)
 
     @cached_property
+    def pays(self) -> tuple[FigureSpec | None, str]:
+        return _pays(self)
+
+    @cached_property
     def inspector(self) -> tuple[str, list, int | None]:
         return inspector_view(self.tab)
 
@@ -131,15 +138,20 @@ VIEWS: dict[str, View] = {
     "view": View(lambda s: s.view, lambda s: 0),  # the round shown (0-based), of `rounds`
     "tree_b_spec": View(lambda s: _tree_b(s)),  # compare mode: configuration B's tree of the round
     # compare mode: both outputs token by token, where they part, verdicts (B's tokens named by B's texts)
-    "compare": View(lambda s: compare_html(s.trace, s.tab.other_trace, s.text, view=s.tab.view,
-                                           token_text_b=s.tab.other_token_text()) if s.compare else "", _no_text),
+    "compare": View(lambda s: _headed(COMPARE_HEADING, compare_html(
+        s.trace, s.tab.other_trace, s.text, view=s.tab.view, token_text_b=s.tab.other_token_text()))
+        if s.compare else "", _no_text),
     "grid_spec": View(lambda s: _grid(s)),  # the drafter's grid of the round (None: not recorded)
-    "budget_spec": View(lambda s: budget_spec(s.steps, prediction=_prediction(s), note=_costs_note(s))),  # S(b)
+    "budget_spec": View(lambda s: budget_spec(s.steps)),  # the budget that would have done
     "depth_spec": View(lambda s: depth_spec(s.steps, s.trace.settings.get("block_size"))),  # acceptance by depth
-    "stop": View(lambda s: stop_html(s.step, s.text) if s.step.nodes else "", _no_text),  # where and why it stopped
+    "stop": View(lambda s: _headed(STOP_HEADING, stop_html(s.step, s.text)) if s.step.nodes else "",
+                 _no_text),  # where and why it stopped
     "inspector": View(lambda s: s.inspector[0], _no_text),  # the node inspector
     "inspect": View(lambda s: s.inspector[2]),  # the node it shows
     "prompt": View(lambda s: prompt_html(s.trace), _no_text),  # the prompt as prefilled (templated, specials marked)
+    # does the tree pay here: S(b) from the session's rounds and this machine's costs, in a figure and in words
+    "pays_spec": View(lambda s: s.pays[0]),
+    "pays_html": View(lambda s: s.pays[1], lambda s: pays_missing_html(PAYS_BLANK)),
     # not a widget of their own: read with the ones above
     "cache_rows": View(lambda s: s.round.cache_rows, lambda s: s.host.layout),  # the per-layer cache, as rows
     "rounds": View(lambda s: rounds_shown(s.tab), lambda s: 0),  # rounds the round slider spans
@@ -229,11 +241,13 @@ def _blank_status(s: Shown) -> str:
     tab = s.tab
     if s.trace is not None and tab.session is not None and not tab.replay:  # live, finished at the prefill
         return (f"The prefill's token is the whole output (**max new tokens {tab.session.max_new_tokens}**"
-                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): {len(s.trace.output_ids)} token, no "
-                "round to show. Raise Max new tokens (or change the prompt) and press **Step**.")
+                f"{', or end of text' if tab.session.max_new_tokens > 1 else ''}): "
+                f"{plural(len(s.trace.output_ids), 'token')}, no round to show. Raise Max new tokens (or change the "
+                "prompt) and press **Step**.")
     if s.trace is not None and s.tab.replay:
         return ("This trace has **no rounds**: its session was prefilled but never stepped, so there is no tree to "
-                f"show. Its output so far: {len(s.trace.output_ids)} token(s). Load another trace, or type a prompt.")
+                f"show. Its output so far: {plural(len(s.trace.output_ids), 'token')}. Load another trace, or type a "
+                "prompt.")
     return _empty_status()
 
 
@@ -270,6 +284,17 @@ def _kept_note(step) -> str:
     return f" ({step.kept} kept: the session stopped there)" if step.cut else ""
 
 
+STATS_HEADING = "**The session in numbers** (each time says what it measures)\n\n"
+# the HTML panels' headings, what each shows in words (gr.HTML draws no label; issue #65 item 7)
+STOP_HEADING = "Why did this round stop there?"
+COMPARE_HEADING = "Configurations A and B side by side: where their outputs part, and the verdict on each"
+
+
+def _headed(heading: str, html: str) -> str:
+    """An HTML panel under its heading (a bold line of its own)."""
+    return f'<p class="ddv-panel-heading"><b>{esc(heading)}</b></p>{html}'
+
+
 def _stats(tab: TabState) -> str:
     trace = tab.trace
     greedy_tok_s = ddtree_tok_s = None
@@ -283,7 +308,7 @@ def _stats(tab: TabState) -> str:
             shared = tab.session.reference_shares_prefill
             greedy_tok_s = len(trace.greedy_ids or ()) / (tab.greedy_s + (trace.prefill_ms / 1e3 if shared else 0.0))
     summary = stats_summary(trace, greedy_tok_s=greedy_tok_s, ddtree_tok_s=ddtree_tok_s)
-    return (stats_markdown(summary, extra=_page_timing(tab, trace))
+    return (STATS_HEADING + stats_markdown(summary, extra=_page_timing(tab, trace))
             + (f"\n{tab.independent}\n" if tab.independent else ""))
 
 
@@ -293,7 +318,7 @@ def _page_timing(tab: TabState, trace: Trace) -> list[tuple[str, str]]:
     t = tab.timing
     if "step" in t and tab.session is not None and not tab.replay:
         n = t.get("n_rounds", 1)
-        what = "round" if n == 1 else f"{n} rounds"
+        what = "round" if n == 1 else plural(n, "round")
         rows.append(("last Step on the server, wall time (not the browser's drawing)",
                      f"{t['step'] + t.get('views', 0):.0f} ms: {what} {t['rounds']:.0f} ms engine time + reference "
                      f"{t['reference']:.0f} ms + bookkeeping {max(t['step'] - t['rounds'] - t['reference'], 0):.0f} ms "
@@ -341,7 +366,7 @@ def _side_title(side: str, trace: Trace, k: int) -> str:
     step = shown_step(trace, k)
     note = "" if step.index == k else " (finished)"
     # two lines: in the half-width panel of compare mode one line ran past the figure's right edge
-    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {step.kept} token(s)"
+    return (f"{side}: {config_label(trace.settings)}\nround {step.index + 1}{note} · {plural(step.kept, 'token')}"
             + (" · NAIVE (known-wrong)" if step.verify == "naive" else ""))
 
 
@@ -374,35 +399,40 @@ def _round_views(s: Shown) -> RoundViews:
     return got
 
 
-def _prediction(s: Shown):
-    """S(b) for the rounds on screen when this machine's costs are cached for the pair (speedup.py), else None."""
-    from ..errors import InputError
-    from ..speedup import predict, tree_rounds
+PAYS_BLANK = ("After the first Step: the speed-up over greedy this session's rounds predict at each budget, from "
+              "this machine's measured round costs.")
 
-    trace = s.trace
-    if trace.settings.get("method") != "ddtree" or not tree_rounds(s.steps) or s.tab.replay:
-        return None
-    costs = s.host.costs(trace.settings.get("block_size") or 0)
+
+def _pays(s: Shown) -> tuple[FigureSpec | None, str]:
+    """Does the tree pay here (render/speedup_view.py): the session's rounds up to the one on screen (configuration
+    A's in compare mode) x this machine's measured costs for the loaded pair (ModelHost.costs), as a figure and
+    words; or, where nothing can be predicted, why, and where the costs are missing, the command that measures
+    them. No figure without a measured budget to draw."""
+    settings = s.trace.settings
+    if s.tab.replay or s.host.pair is None:
+        return None, pays_missing_html("Not estimated for a replayed trace: the speed-up needs the round costs of "
+                                       "the machine and models that decoded it (run analyze there: "
+                                       "docs/SPEEDUP.md).")
+    if settings.get("method") != "ddtree":
+        return None, pays_missing_html("This session runs the DFlash chain: a tree's speed-up by budget needs DDTree "
+                                       "rounds (Method: ddtree).")
+    if not tree_rounds(s.steps):
+        return None, pays_missing_html("Naive verification has no budget counterfactual (its target logits depend "
+                                       "on the whole flattened tree): verify exactly to see the speed-up by budget.")
+    block, budget = settings.get("block_size") or 0, settings.get("budget") or 0
+    command = s.host.costs_command(block, budget)
+    costs = s.host.costs(block)
     if costs is None:
-        return None
-    try:
-        return predict(s.steps, costs)
-    except InputError:
-        return None
-
-
-def _costs_note(s: Shown) -> str | None:
-    """Where S(b) could be drawn but this machine's costs are not measured: the command that measures them."""
-    from ..speedup import tree_rounds
-
-    trace = s.trace
-    if trace.settings.get("method") != "ddtree" or not tree_rounds(s.steps) or s.tab.replay or s.host.pair is None:
-        return None
-    block = trace.settings.get("block_size") or 0
-    if s.host.costs(block) is not None:
-        return None
-    return ("No speed-up axis yet: this machine's round costs for this pair are not measured. Measure them once "
-            f"(about a minute on the embedded pair): {s.host.costs_command(block)}")
+        return None, pays_missing_html(
+            f"No speed-up estimate yet: this machine's round costs for this model pair ({s.host.exact_engine} engine, "
+            f"block size {block}) are not measured, and a speed-up needs them. Measure them once (about a minute on "
+            "the embedded pair), then Step, Back or Forward:", command)
+    session = s.tab.session
+    final = session is not None and session.done and s.k == len(s.trace.steps) - 1
+    study = session_speedup(s.steps, costs, budget, final)
+    html = pays_html(study, first=1, last=s.k + 1, device=costs.device_name, compare=s.compare,
+                     sampled=is_sampled(settings), command=command)
+    return (pays_spec(study) if study.prediction.budgets else None), html
 
 
 def _grid(s: Shown) -> FigureSpec | None:

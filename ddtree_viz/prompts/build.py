@@ -10,6 +10,7 @@ import sysconfig
 from pathlib import Path
 
 from ddtree_viz.train.corpus import iter_stdlib_files, split_of
+from ddtree_viz.words import plural
 
 HERE = Path(__file__).parent
 PER_SET = 16
@@ -65,7 +66,7 @@ def build(root: str | Path | None = None) -> None:
         with open(HERE / name, "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        print(f"{name}: {len(rows)} prompts")
+        print(f"{name}: {plural(len(rows), 'prompt')}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 and side, a failure recorded with its error and the set going on), for `analyze` and for the page's Analyze tab.
 
 The caller's differences are hooks, not copies: how an item becomes a PromptSpec (`spec_of`), the model lock taken
-around each piece of model work (the page's shared lock; other tabs' work goes in between rounds), `stop()` (the
-page's Stop: checked before each prompt and between rounds; a prompt stopped inside is left out), `resume`,
+around each piece of model work (the page's shared lock; other tabs' work goes in between rounds and between the
+reference's tokens), `stop()` (the page's Stop: checked before each prompt, between rounds and between the
+reference's tokens; a prompt stopped inside is left out), `resume`,
 `--method both`, the meta records, the engines kept from prompt to prompt (the page's). Progress is what the loop
 yields: one PromptDone after each prompt. Ctrl-C (KeyboardInterrupt) is not caught: the caller decides.
 """
@@ -45,11 +46,12 @@ def decode_set(pair: ModelPair, items: list[dict], out: Path, settings: DecodeSe
     """Decode `items` (read_prompts' dicts) into out/traces/ with `settings`, yielding a PromptDone after each.
 
     both: each prompt with `settings` (DDTree) and then with the DFlash chain (NNNN.dflash.json), the same settings
-    otherwise. resume: a side whose trace exists and loads is skipped (one that does not load is decoded again). stop: checked before each prompt and between rounds;
-    once true the loop ends (a prompt stopped inside writes nothing). lock: held around each prefill, round and
-    trace (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next
-    prompt of that side (no new static state or graph capture per prompt); fresh ones after a failure, which may
-    have left them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
+    otherwise. resume: a side whose trace exists and loads is skipped (one that does not load is decoded again).
+    stop: checked before each prompt, between rounds and between the reference's tokens; once true the loop ends (a
+    prompt stopped inside writes nothing). lock: held around each prefill, round, token of the reference and trace
+    (a reusable context manager). keep_engines: a prompt's engines (and its reference's) go on to the next prompt of
+    that side (no new static state or graph capture per prompt); fresh ones after a failure, which may have left
+    them half-way. process: written in each side's meta record (traces/NNNN.meta.json: wall time,
     process); None writes none. side: the files' side (PRECISION_B: the audit's second configuration, NNNN.b.json)."""
     sides = [(settings, side)] + ([(settings.replace(method=DFLASH), DFLASH)] if both else [])
     engines: dict[str, dict] = {name: {} for _, name in sides}  # side -> DecodeSession's runtime engines
@@ -107,5 +109,14 @@ def _decode_one(pair: ModelPair, item: dict, settings: DecodeSettings, spec_of, 
             session.step()
     if not session.done:
         return None
+    # the reference a token a turn (a one-token pass, or a noise chain and one: at most about a round), stop heard
+    # between: in one turn it held the page's model for all of a prompt's tokens (seconds) and every tab waited
+    end, ref = session.reference_target(), session.check_reference()
+    while ref is None or (len(ref.ids) < end and not ref.finished):
+        if stop():
+            return None
+        with lock:
+            session.greedy(end, 1)
+        ref = session.check_reference()
     with lock:
         return session.to_trace(with_greedy=True)

@@ -118,6 +118,13 @@ def item_spec(item: dict, chat: bool = False, system: str | None = None, thinkin
                                  thinking=thinking))
 
 
+def set_dirname(prompts: str) -> str:
+    """A set's folder under DIR (analyze with several sets) and its name in misses.jsonl: its file's stem or its
+    name, in safe characters."""
+    name = Path(prompts).stem if Path(prompts).suffix else prompts
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.removeprefix("hf:")).strip("-.") or "set"
+
+
 def trace_path(out: Path, index: int, kind: str = "", side: str = "") -> Path:
     """DIR/traces/NNNN[.side][.kind].json: kind "" (the trace), "error" or "meta"; side "" (the run's method, DDTree
     with --method both) or DFLASH (the chain of --method both: NNNN.dflash.json, summary["dflash"])."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TraceError
+from ..words import plural
 from ..files import read_limited
 from ..options import DFLASH, PRECISION_B
 from ..trace import MAX_TEXT_CHARS, MAX_TRACE_BYTES, Trace, check_text, parse_json
@@ -34,6 +35,7 @@ class Report:
     files: dict[str, Path] = field(default_factory=dict)
     summary: dict | None = None
     budgets: list[int] | None = None  # the run's --budgets (prompts.json's settings; None: every budget, or unknown)
+    set_file: str | None = None  # the prompt set as the run named it (prompts.json's "file": --prompts SET)
 
     @property
     def sides(self) -> list[str]:
@@ -74,7 +76,7 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
             except OSError:
                 pass
         if total > max_bytes:
-            raise TraceError(f"the report's files hold {total:,} bytes; at most {max_bytes // 2**20} MiB are read")
+            raise TraceError(f"the report's files hold {plural(total, 'byte')}; at most {max_bytes // 2**20} MiB are read")
     report = Report()
 
     def shown(name: str) -> str:
@@ -83,6 +85,7 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
     if "prompts.json" in files:
         data = _small_json(files["prompts.json"], shown("prompts.json"), MAX_TRACE_BYTES)
         report.items = _check_items(data.get("prompts") if isinstance(data, dict) else None, shown("prompts.json"))
+        report.set_file = _set_file(data.get("file"))
         budgets = (data.get("settings") or {}).get("budgets") if isinstance(data.get("settings"), dict) else None
         if isinstance(budgets, list) and budgets and len(budgets) <= 4096 and all(
                 isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 20 for b in budgets):
@@ -121,9 +124,20 @@ def read_report(files: dict[str, Path], names: bool = False, max_bytes: int | No
     return report
 
 
+def _set_file(value) -> str | None:
+    """prompts.json's "file" (the set as the run named it), or None where it is not a short valid string: it only
+    names the set in misses.jsonl, so a bad one leaves the set unnamed rather than refusing the report."""
+    if not isinstance(value, str) or len(value) > 4096:
+        return None
+    try:
+        return check_text(value, "prompts.json")
+    except TraceError:
+        return None
+
+
 def _small_json(path: Path, shown: str, limit: int):
     text = read_limited(path, limit, "file", shown=shown, error=TraceError,
-                        too_large=lambda size: f"{shown} is {size:,} bytes; at most {limit:,} are read")
+                        too_large=lambda size: f"{shown} is {plural(size, 'byte')}; at most {limit:,} are read")
     try:
         return parse_json(text, shown)
     except TraceError as exc:

@@ -68,8 +68,10 @@ def precision_audit(report: Report, a: dict[str, Any], b: dict[str, Any]) -> dic
 
 def write_outputs(out: str | Path, budgets: list[int] | None = None, supplements: bool = False) -> dict[str, Any]:
     """summary.json, report.html and figures/ from the traces in DIR; returns the summary. `supplements`: also each
-    prompt's session as one HTML file (write_supplements), linked from the report."""
+    prompt's session as one HTML file (write_supplements), linked from the report. The report lists every miss
+    (misses.py: the rows `analyze --misses` writes), each linked to its round."""
     from ..render.report import write_report
+    from .misses import miss_rows, report_misses
 
     out = Path(out)
     report = load_dir(out)
@@ -82,7 +84,8 @@ def write_outputs(out: str | Path, budgets: list[int] | None = None, supplements
         except (OSError, UnicodeDecodeError, ValueError):
             pass  # the study's own file, written just before: unreadable only if something else broke it
     write_json(out / "summary.json", summary)
-    write_report(out, summary, report.items, report.metas, supplements=sessions)
+    write_report(out, summary, report.items, report.metas, supplements=sessions,
+                 misses=report_misses(report, miss_rows(report)))
     return summary
 
 

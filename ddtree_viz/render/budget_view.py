@@ -20,6 +20,7 @@ from ..trace import StepRecord
 from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc
+from ..words import plural
 
 
 CAVEAT_CHARS = 80  # characters per line of the budget curve's caveat
@@ -43,11 +44,9 @@ def budget_figure(steps: Sequence[StepRecord], k: int | None = None, **options) 
 
 
 def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Scheme = PAGE_SCHEME,
-                title: str | None = None, prediction=None, note: str | None = None) -> FigureSpec:
-    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k, and with a
-    `prediction` (speedup.Prediction from this machine's measured costs) the predicted speed-up S(b) on a second
-    axis, the best budget marked; `note`, a line under the caveat (the page: how to measure the costs where none
-    are). Plain data (figure.FigureSpec)."""
+                title: str | None = None) -> FigureSpec:
+    """Left: round k's curve (budget -> tokens gained); right: the session's, summed over rounds 1..k. (What that
+    buys in speed on this machine is the speed-up panel's: render/speedup_view.py.) Plain data (figure.FigureSpec)."""
     steps = list(steps)
     k = len(steps) - 1 if k is None else k
     step = steps[k]
@@ -66,22 +65,17 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
             trace.update(xaxis="x2", yaxis="y2")
         data.append(trace)
         suffix = "" if col == 1 else "2"
-        measured = prediction.budgets if col == 2 and prediction is not None else ()  # S(b)'s budgets on it too
-        layout["xaxis" + suffix].update(title=dict(text=unit), **_budget_axis(xs, measured))
+        layout["xaxis" + suffix].update(title=dict(text=unit), **_budget_axis(xs))
         layout["yaxis" + suffix].update(title=dict(text="tokens gained"), rangemode="tozero")
-    if prediction is not None and prediction.budgets:
-        _speedup_axis(data, layout, prediction, scheme)
     exact = "" if analysis.curve_is_exact(step) else " Naive verify: the same choices, not a naive round's."
     # plotly does not wrap text: the caveat in lines that fit a half-width panel, under the axis titles
     lines = textwrap.wrap(analysis.curve_caveat(step.method) + exact, CAVEAT_CHARS)
-    if note:
-        lines += textwrap.wrap(note, CAVEAT_CHARS, break_on_hyphens=False)
     layout.update(
         title=dict(text=esc(title) if title is not None else f"The {unit} that would have done", font=dict(size=14)),
         height=250 + 13 * len(lines), plot_bgcolor="white",
         # the left margin holds the tick labels ("2.5", "120") and the axis title (figure.title_axis_px: drawn once)
         margin=dict(l=title_axis_px(["2.5", max(total.values(), default=0)]),
-                    r=20 if "yaxis3" not in layout else 64, t=60, b=50 + 13 * len(lines)),
+                    r=20, t=60, b=50 + 13 * len(lines)),
         showlegend=False,
         annotations=layout["annotations"] + [dict(
             text="<br>".join(esc(line) for line in lines), xref="paper", yref="paper", x=0, y=0, yshift=-42,
@@ -90,34 +84,14 @@ def budget_spec(steps: Sequence[StepRecord], k: int | None = None, *, scheme: Sc
     return FigureSpec(data, layout)
 
 
-def _budget_axis(xs: list[int], also=()) -> dict:
-    """The budget axis of a curve at budgets `xs`: linear up to 64, else logarithmic over `xs` and `also`, starting
-    a little left of the first budget so that its tick label ("1") clears the tokens axis's "0" at the corner (a
-    line with no markers leaves plotly.js no pad: the two sat on each other, issue #65)."""
+def _budget_axis(xs: list[int]) -> dict:
+    """The budget axis of a curve at budgets `xs`: linear up to 64, else logarithmic, starting a little left of the
+    first budget so that its tick label ("1") clears the tokens axis's "0" at the corner (a line with no markers
+    leaves plotly.js no pad: the two sat on each other, issue #65)."""
     if max(xs, default=1) <= 64:
         return dict(type="linear")
-    every = [*xs, *also]
-    lo, hi = math.log10(min(every)), math.log10(max(every))
+    lo, hi = math.log10(min(xs)), math.log10(max(xs))
     return dict(type="log", range=[lo - 0.06 * (hi - lo), hi + 0.02 * (hi - lo)])
-
-
-def _speedup_axis(data: list, layout: dict, prediction, scheme: Scheme) -> None:
-    """The session panel's second y axis: predicted S(b) = tau(b) x greedy step / round cost(b) at the measured
-    budgets (docs/SPEEDUP.md), the best budget marked."""
-    xs = sorted(prediction.budgets)
-    best = prediction.best_budget
-    data.append(dict(type="scatter", x=xs, y=[prediction.budgets[b].speedup for b in xs], mode="lines+markers",
-                     line=dict(color=scheme.mean, width=2, dash="dot"), marker=dict(size=6),
-                     customdata=[[prediction.budgets[b].tau, prediction.budgets[b].round_ms] for b in xs],
-                     name="predicted speed-up", xaxis="x2", yaxis="y3",
-                     hovertemplate="budget %{x}: S = %{y:.2f}x (%{customdata[0]:.2f} tokens/round, "
-                                   "%{customdata[1]:.2f} ms/round)<extra>predicted</extra>"))
-    layout["yaxis3"] = dict(overlaying="y2", side="right", anchor="x2", rangemode="tozero", showgrid=False,
-                            title=dict(text="speed-up (pred.)", font=dict(color=scheme.mean)),
-                            tickfont=dict(color=scheme.mean), tickformat=".2f", ticksuffix="x")
-    layout["annotations"].append(dict(x=best, y=prediction.budgets[best].speedup, xref="x2", yref="y3",
-                                      text=f"best {best}: {prediction.budgets[best].speedup:.2f}x", showarrow=True,
-                                      arrowhead=2, ax=0, ay=-24, font=dict(size=10, color=scheme.mean)))
 
 
 def depth_figure(steps: Sequence[StepRecord], block_size: int | None = None, **options) -> go.Figure:
@@ -136,13 +110,14 @@ def depth_spec(steps: Sequence[StepRecord], block_size: int | None = None, *, sc
     layout = _two_panels("rounds by accepted drafts kept", "P(≥ d accepted | ≥ d−1)")
     depths = list(range(1, len(counts) + 1))
     data = [
+        # the hovers' words made here (plural), not by plotly's templates ("1 rounds")
         dict(type="bar", x=list(range(len(hist))), y=hist, marker=dict(color=scheme.bar), name="rounds",
-             hovertemplate="%{x} accepted drafts kept: %{y} rounds<extra></extra>"),
+             hovertext=[f"{plural(x, 'accepted draft')} kept: {plural(n, 'round')}" for x, n in enumerate(hist)],
+             hoverinfo="text"),
         dict(type="bar", x=depths, y=[p / r if r else None for p, r in counts], marker=dict(color=scheme.path),
-             customdata=[[p, r] for p, r in counts], name="conditional acceptance",
-             hovertemplate="depth %{x}: %{customdata[0]} of %{customdata[1]} rounds (accepted ≥ d−1, tree depth ≥ d) = "
-                           "%{y:.2f}<extra></extra>",
-             xaxis="x2", yaxis="y2"),
+             hovertext=[f"depth {d}: {p} of {plural(r, 'round')} (accepted ≥ d−1, tree depth ≥ d)"
+                        + (f" = {p / r:.2f}" if r else "") for d, (p, r) in zip(depths, counts)],
+             hoverinfo="text", name="conditional acceptance", xaxis="x2", yaxis="y2"),
     ]
     layout["xaxis"].update(title=dict(text="accepted drafts"), **({"dtick": 1} if len(hist) <= 20 else {}))
     layout["xaxis2"].update(title=dict(text="depth d"), **({"dtick": 1} if len(counts) <= 20 else {}))

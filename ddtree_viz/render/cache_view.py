@@ -9,6 +9,7 @@ from . import style
 from .figure import FigureSpec, bottom_legend, title_axis_px
 from .style import layer_type_name
 from .text import plotly_text as esc
+from ..words import plural
 
 
 def tensors_text(layer: LayerCache) -> str:
@@ -37,12 +38,12 @@ def _what_changed(step: StepRecord, layer: LayerCache) -> str:
     t, a = len(step.nodes), len(step.accepted)
     if layer_type_name(layer.type) == "GDN":
         if step.verify == "naive":
-            return (f"state after the whole flattened tree ({t} positions, rejected branches included) kept "
+            return (f"state after the whole flattened tree ({plural(t, 'position')}, rejected branches included) kept "
                     "(naive, known-wrong)")
-        return f"conv/recurrent state replaced by the accepted path's ({a} token{'s' * (a != 1)})"
+        return f"conv/recurrent state replaced by the accepted path's ({plural(a, 'token')})"
     if layer.kv_length is None:
         return "–"
-    return f"+{t} rows appended, compacted to +{a}"
+    return f"+{plural(t, 'row')} appended, compacted to +{a}"
 
 
 def cache_table(step: StepRecord) -> list[dict]:
@@ -264,13 +265,14 @@ def cache_table_html(rows: list[dict], *, group_above: int = GROUP_ABOVE, strip:
     head = "".join(f'<th style="{th}">{h}</th>' for h in head_cells)
     body = []
     for layers, r in body_rows:
-        first = (f'{len(layers)} layers: {esc(layer_ranges(layers))}' if grouped and len(layers) > 1
+        first = (f'{plural(len(layers), "layer")}: {esc(layer_ranges(layers))}' if grouped and len(layers) > 1
                  else esc(layer_ranges(layers)))
         wrap = "max-width:16em" if grouped else "white-space:nowrap"  # a group's layer list wraps
         tds = [f'<td style="{_CELL};{wrap}">{first}</td>']
         tds += [f'<td style="{_CELL}{";white-space:nowrap" if nowrap[k] else ""}">{_cell(k, r)}</td>' for k in keys]
         body.append(f'<tr class="ddv-layer-row" data-type="{esc(r["type"])}">{"".join(tds)}</tr>')
-    note = (f'<div style="color:#777;font-size:11px">{len(rows)} layers in {len(body_rows)} rows of identical '
+    note = (f'<div style="color:#777;font-size:11px">{plural(len(rows), "layer")} in '
+            f'{plural(len(body_rows), "row")} of identical '
             "layers</div>" if grouped else "")
     table = (f'<table class="ddv-cache-table" style="border-collapse:collapse;font-size:12px;width:100%">'
              f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")

@@ -9,6 +9,7 @@ from ..trace import Trace
 from . import style
 from .diff_view import plain_text_html
 from .text import TokenText, esc, lookup, visible
+from ..words import plural
 
 
 def _texts(trace: Trace, token_text: TokenText | None):
@@ -62,8 +63,9 @@ def compare_html(a: Trace, b: Trace, token_text: TokenText | None = None, *, vie
     ta, tb = _texts(a, token_text), _texts(b, token_text if token_text_b is None else token_text_b)
     la, lb = analysis.config_label(a.settings), analysis.config_label(b.settings)
     if c["part_at"] is None:
-        part = (f"the two outputs are identical ({c['agree_upto']} tokens)" if len(a.output_ids) == len(b.output_ids)
-                else f"the two outputs agree on the {c['agree_upto']} tokens both have so far")
+        both = plural(c["agree_upto"], "token")
+        part = (f"the two outputs are identical ({both})" if len(a.output_ids) == len(b.output_ids)
+                else f"the two outputs agree on the {both} both have so far")
     else:
         i = c["part_at"]
         x = f"<code>{esc(visible(ta(c['a_token_id'])))}</code>"

@@ -18,6 +18,7 @@ from ..options import REFERENCE_NAMES
 from ..trace import StepRecord, Trace, is_sampled, reference_of, sampling_label, verdict_text
 from . import style
 from .text import TokenText, esc, lookup, token_texts_from_steps, visible
+from ..words import plural
 
 NAIVE_NOTE = ("naive verification: the known-wrong flattened-tree behaviour (the Gated DeltaNet layers run the "
               "flattened tree as one sequence, so sibling branches leak into each other's state); a divergence "
@@ -92,7 +93,7 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: in
     greedy, ref = trace.greedy_ids, reference_name(trace)
     if greedy is None:
         missing = "greedy reference" if ref == "greedy" else ref
-        return GreedyComparison(shown, False, None, None, naive, f"{shown} tokens (no {missing})")
+        return GreedyComparison(shown, False, None, None, naive, f"{plural(shown, 'token')} (no {missing})")
     checked = min(shown, len(greedy)) if trace.reference_pending else None
     if trace.invalid is not None:  # never "identical": equal tokens chosen from NaN logits prove nothing
         fd = trace.first_divergence if trace.first_divergence is not None and trace.first_divergence < shown else None
@@ -102,11 +103,14 @@ def compare_with_greedy(trace: Trace, upto_step: int | None = None, *, shown: in
     first = next((i for i in range(compared) if i >= len(greedy) or trace.output_ids[i] != greedy[i]), None)
     if first is None:
         if checked is not None and checked < shown:
-            rest = (f"the check was stopped: the other {shown - checked} are not checked, whether they are identical "
-                    "is unknown" if stopped else f"checking the other {shown - checked}…")
-            return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for the {checked} tokens checked "
-                                    f"so far; {rest}", checked)
-        return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {shown} tokens", checked)
+            left = shown - checked
+            rest = (f"the check was stopped: {'the other one is' if left == 1 else f'the other {left:,} are'} not "
+                    f"checked, whether {'it is' if left == 1 else 'they are'} identical is unknown" if stopped
+                    else f"checking the other {left:,}…")
+            return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for the "
+                                    f"{plural(checked, 'token')} checked so far; {rest}", checked)
+        return GreedyComparison(shown, True, None, None, naive, f"identical to {ref} for {plural(shown, 'token')}",
+                                checked)
     margin = trace.divergence_margin if trace.first_divergence == first else None
     verdict = verdict_text(trace) if trace.first_divergence == first else None
     m = f"{ref} margin {margin:.3f}" if margin is not None else f"{ref} margin unknown"
@@ -215,7 +219,7 @@ def _evidence(trace: Trace) -> str:
     parts = [f"reference: {REFERENCE_NAMES.get(where, where)}"]
     if trace.numerical_noise is not None:
         parts.append(f"its numerical noise {trace.numerical_noise:.3g} (max |multi-position - one-token margin| over "
-                     f"{trace.noise_positions} positions)")
+                     f"{plural(trace.noise_positions, 'position')})")
     if trace.tree_drift is not None:
-        parts.append(f"tree passes' drift from it {trace.tree_drift:.3g} over {trace.drift_positions} positions")
+        parts.append(f"tree passes' drift from it {trace.tree_drift:.3g} over {plural(trace.drift_positions, 'position')}")
     return f'<div class="ddv-evidence" style="color:#555;font-size:85%">{esc("; ".join(parts))}</div>'

@@ -40,6 +40,7 @@ from .paper import CM_PER_IN, PrintSize
 from .scheme import SCHEME_NAMES, Scheme, get_scheme, hex_color
 from .stats_view import ACCEPTANCE_TITLE, acceptance_figure
 from .text import lookup, shorten, visible
+from ..words import plural
 
 FORMATS, FIGURES = EXPORT_FORMATS, EXPORT_FIGURES  # with PAPER_WIDTHS(_CM): the page reads them here
 SUFFIXES = {".svg": "svg", ".pdf": "pdf", ".png": "png", ".tex": "tikz", ".tikz": "tikz", ".html": "html",
@@ -114,7 +115,7 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def make_options(options: ExportOptions | None = None, **kwargs) -> ExportOptions:
     unknown = set(kwargs) - {f.name for f in dataclasses.fields(ExportOptions)}
     if unknown:
-        raise TypeError(f"unknown export option(s): {', '.join(sorted(unknown))}")
+        raise TypeError(f"unknown export {'option' if len(unknown) == 1 else 'options'}: {', '.join(sorted(unknown))}")
     base = options or ExportOptions()
     return base.replace(**kwargs) if kwargs else base
 
@@ -130,7 +131,7 @@ def resolve_round(trace: Trace, step: int | str = "last") -> int:
     n = len(trace.steps)
     if n == 0:
         raise InputError("the trace has no rounds to export (the session was prefilled but never stepped)")
-    valid = f"this trace has {n} round{'s' if n != 1 else ''}: use 1..{n} or 'last'"
+    valid = f"this trace has {plural(n, 'round')}: use 1..{n} or 'last'"
     if isinstance(step, str):
         text = step.strip().lower()
         if text == "last":

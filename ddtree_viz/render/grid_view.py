@@ -175,7 +175,7 @@ def _outlines(cells, half: float, line: dict, name: str) -> list[dict]:
 
 
 def _hover(c: GridCell) -> str:
-    taken = f"taken by the tree at position{'s' if len(c.taken) > 1 else ''} {', '.join(map(str, c.taken))}" \
+    taken = f"taken by the tree at {'position' if len(c.taken) == 1 else 'positions'} {', '.join(map(str, c.taken))}" \
         if c.taken else "not taken"
     path = " · on the accepted path" if c.on_path else ""
     return (f"<b>{esc(visible(c.token))}</b> (id {c.token_id})<br>depth {c.depth} · rank {c.rank} · log-prob "

@@ -9,6 +9,7 @@ from ..trace import StepRecord
 from ..treeops import ancestor_matrix
 from . import style
 from .figure import FigureSpec, label_px, title_axis_px
+from ..words import plural
 from .scheme import PAGE_SCHEME, Scheme
 from .text import plotly_text as esc, shorten, visible
 
@@ -64,7 +65,7 @@ def tick_labels(step: StepRecord, *, show: str = "text", label_chars: int = styl
         return f"{node.id}:{body}"
 
     rows = [("✓ " if node.id in accepted else "") + lab(node) for node in step.nodes[:n]]
-    cols = [f"prefix ({step.committed_len} tokens)"] + [lab(node) for node in step.nodes[:n]]
+    cols = [f"prefix ({plural(step.committed_len, 'token')})"] + [lab(node) for node in step.nodes[:n]]
     return rows, cols, accepted
 
 

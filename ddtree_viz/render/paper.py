@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..options import PAPER_WIDTHS_CM
+from ..words import plural
 
 CM_PER_IN = 2.54
 CM_PER_PT = 2.54 / 72.27  # TeX's point (TikZ, \fontsize); matplotlib's is 1/72 in, 0.4% larger
@@ -86,7 +87,7 @@ def too_wide(width: str | float | None, needed_cm: float) -> str:
 def cut_labels(width: str | float | None, chars: int) -> str:
     """The note of a figure whose labels were cut to fit the width asked for."""
     wider = "" if width == "full" else "use the full width (--width full) or "
-    return f"labels cut to {chars} characters to fit {asked(width)}: {wider}fewer nodes (max depth, min log-prob)"
+    return f"labels cut to {plural(chars, 'character')} to fit {asked(width)}: {wider}fewer nodes (max depth, min log-prob)"
 
 
 def too_tall(height_cm: float) -> str | None:

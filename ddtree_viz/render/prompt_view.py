@@ -11,6 +11,7 @@ import re
 
 from ..trace import Trace
 from .text import esc, visible
+from ..words import plural
 
 # Chat-template markers as Qwen (and most chat templates) spell them: <|name|>, and Qwen3's think tags.
 SPECIAL = re.compile(r"<\|[^|<>\s]{1,64}\|>|</?think>")
@@ -45,11 +46,11 @@ def prompt_summary(trace: Trace) -> str:
     """One line: how the prompt was given and how many tokens it is."""
     n = len(trace.prompt_ids)
     if not trace.chat_template:
-        return f"raw text (no chat template), {n} tokens"
+        return f"raw text (no chat template), {plural(n, 'token')}"
     roles = ", ".join(m.get("role", "?") for m in trace.messages)
     thinking = "template default" if trace.thinking is None else ("on" if trace.thinking else "off")
-    return (f"chat template on: {len(trace.messages)} message{'s' * (len(trace.messages) != 1)} ({roles}), "
-            f"thinking {thinking}, {n} tokens")
+    return (f"chat template on: {plural(len(trace.messages), 'message')} ({roles}), "
+            f"thinking {thinking}, {plural(n, 'token')}")
 
 
 PROMPT_VIEW_EM = 8  # the prompt's box: about six lines, scrolling inside (a 1,800-token prompt put the tree 9,000 px down)

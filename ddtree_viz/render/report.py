@@ -1,7 +1,8 @@
 """The `analyze` report: one self-contained HTML page (no network: figures inline as SVG, a Content-Security-Policy
 that forbids any fetch, every token text escaped) and its figures as SVG and PDF files. Pure: a summary
 (ddtree_viz/promptset/summary.py's summarize) and the prompt set in, files out. The web page's Analyze tab shows the
-same body (report_body: headline, figures, top misses, prompts) with its round links opening the step view."""
+same body (report_body: headline, figures, top misses, misses by prompt, prompts) with its round links opening the step
+view."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..analysis import acceptance_warning, config_label
 from .text import esc, shorten, visible
+from ..words import plural
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
        "connect-src 'none'; base-uri 'none'; form-action 'none'")
@@ -198,18 +200,34 @@ def _tok(text: str | None) -> str:
     return "<code class=tok>" + esc(visible(text)) + "</code>" if text is not None else "<i>-</i>"
 
 
-def round_link(file: str, k: int) -> str:
+def round_link(file: str, k: int, text: str | None = None, title: str | None = None) -> str:
     """A link to round k (0-based) of a trace file; the page shows rounds from 1. report.html links the file; the
-    web page's Analyze tab opens the round in its step view instead (page_round_link)."""
-    return (f"<a class=round href=\"{esc(file)}#round={k + 1}\" data-file=\"{esc(file)}\" data-round=\"{int(k)}\">"
-            f"{esc(file)} round {int(k) + 1}</a>")
+    web page's Analyze tab opens the round in its step view instead (page_round_link). `text`: what the link says
+    (default "FILE round N"); `title`: its tooltip (plain text: both escaped here)."""
+    return (f"<a class=round href=\"{esc(file)}#round={int(k) + 1}\" data-file=\"{esc(file)}\" "
+            f"data-round=\"{int(k)}\"{_title(title)}>{_link_text(file, k, text)}</a>")
 
 
-def page_round_link(file: str, k: int) -> str:
+def page_round_link(file: str, k: int, text: str | None = None, title: str | None = None) -> str:
     """round_link for the web page: a click opens the round in the step view (the page's script reads data-file and
     data-round; the href goes nowhere)."""
     return (f"<a class=\"round ddv-open-round\" href=\"#\" role=button data-file=\"{esc(file)}\" "
-            f"data-round=\"{int(k)}\">{esc(file)} round {int(k) + 1}</a>")
+            f"data-round=\"{int(k)}\"{_title(title)}>{_link_text(file, k, text)}</a>")
+
+
+def session_round_link(session: str, file: str, k: int, text: str | None = None, title: str | None = None) -> str:
+    """A link to round k (0-based) of a trace in its prompt's session file (analyze --supplements: `session`,
+    "supplements/0000.html"), which opens at `#round=N` (render/supplement.py)."""
+    return (f"<a class=\"round session-round\" href=\"{esc(session)}#round={int(k) + 1}\" data-file=\"{esc(file)}\" "
+            f"data-round=\"{int(k)}\"{_title(title)}>{esc(text) if text is not None else 'session'}</a>")
+
+
+def _link_text(file: str, k: int, text: str | None) -> str:
+    return esc(text) if text is not None else f"{esc(file)} round {int(k) + 1}"
+
+
+def _title(title: str | None) -> str:
+    return f" title=\"{esc(title)}\"" if title else ""
 
 
 def _num(x, digits: int = 2) -> str:
@@ -311,13 +329,17 @@ def figures_html(svgs: dict[str, bytes], files: bool = True) -> str:
     return "".join(parts)
 
 
-def misses_html(summary: dict[str, Any], link=round_link) -> str:
+def misses_html(summary: dict[str, Any], link=round_link, supplements: dict[str, str | None] | None = None) -> str:
+    """The top misses, each example a link to its round (`link`), and with `supplements` (report.html with analyze
+    --supplements) a second to that round in its prompt's session file."""
     e = html.escape
+    sessions = supplements or {}
     parts = ["<table id=misses><thead><tr><th>count</th><th>drafter's top</th><th>target's token</th>"
              "<th>examples</th></tr></thead><tbody>"]
     for m in summary["top_misses"]:
         ex = "<br>".join(
-            f"{link(x['file'], x['round'])} depth {_num(x['depth'])} ({e(str(x['reason']))}): "
+            f"{link(x['file'], x['round'])}{_session(sessions, x['file'], x['round'])} depth {_num(x['depth'])} "
+            f"({e(str(x['reason']))}): "
             f"<span class=ctx>{esc(visible(x['before']))}</span>[{_tok(m['target_token'])}]"
             f"<span class=ctx>{esc(visible(x['after']))}</span>" for x in m["examples"])
         same = ("<br><small>the same token: the drafter's top choice, but the tree had no branch for it under the "
@@ -327,6 +349,55 @@ def misses_html(summary: dict[str, Any], link=round_link) -> str:
                      f"<td>{_tok(m['target_token'])}{same}</td><td>{ex}</td></tr>")
     parts.append("</tbody></table>\n")
     return "".join(parts)
+
+
+def _session(sessions: dict[str, str | None], file: str, k: int) -> str:
+    """' (session)': round k of `file` in its prompt's session file, where analyze wrote one; else nothing."""
+    session = sessions.get(file)
+    return f" ({session_round_link(session, file, k)})" if session else ""
+
+
+MAX_MISS_LINKS = 4000  # round links in the misses-by-prompt table (report.html's size); past it, the counts alone
+
+
+def miss_rounds_html(misses: list[dict[str, Any]], link=round_link,
+                     supplements: dict[str, str | None] | None = None) -> str:
+    """Misses by prompt: every trace of the report (promptset/misses.py's report_misses: the rows of misses.jsonl by
+    trace), how many of its rounds left the target, and each such round as a link to it: `link` (the page's Step
+    tab; report.html's trace file), or that round in the prompt's session file where analyze --supplements wrote
+    one (`supplements`: trace name -> its file). A link's tooltip gives the depth, the target's token and the
+    drafter's first choice there. At most MAX_MISS_LINKS links in all (misses.jsonl has every row)."""
+    sessions = supplements or {}
+    methods = len({t["side"] for t in misses}) > 1
+    parts = ["<table id=miss-rounds class=sortable><thead><tr><th>#</th>" + ("<th>method</th>" if methods else "")
+             + "<th>rounds</th><th>misses</th><th>rounds where the walk left the target (a click opens it)</th>"
+             "</tr></thead><tbody>"]
+    left = MAX_MISS_LINKS
+    for t in misses:
+        rows, file = t["misses"], t["trace"]
+        session = sessions.get(file)
+        shown = rows[:max(left, 0)]
+        left -= len(shown)
+        links = " ".join(session_round_link(session, file, m["round"] - 1, str(m["round"]), _miss_title(m))
+                         if session else link(file, m["round"] - 1, str(m["round"]), _miss_title(m)) for m in shown)
+        more = (f" <span class=meta>… {len(rows) - len(shown):,} more in misses.jsonl</span>"
+                if len(shown) < len(rows) else "")
+        parts.append(f"<tr data-file=\"{esc(file)}\"><td data-v=\"{_num(t['index'])}\">{_num(t['index'])}</td>"
+                     + (f"<td>{esc(str(t['side']))}</td>" if methods else "")
+                     + f"<td>{_num(t['rounds'])}</td><td>{_num(len(rows))}</td><td class=miss-links>{links}{more}</td>"
+                     "</tr>")
+    parts.append("</tbody></table>\n")
+    return "".join(parts)
+
+
+def _miss_title(m: dict[str, Any]) -> str:
+    """A miss's tooltip, plain text (escaped by the link): where the path left the target and the two tokens there."""
+    prob = m["target_prob"]
+    rank = m["target_draft_rank"]
+    drafter = "-" if m["drafter_token"] is None else visible(m["drafter_token"])
+    return (f"round {m['round']}: depth {m['depth']} ({m['reason']}); the target's {visible(m['target_token'])}"
+            + (f" (p {prob:.2f})" if isinstance(prob, float) else "") + f", the drafter's first choice {drafter}"
+            + (f"; the target's token at the drafter's rank {rank}" if isinstance(rank, int) else ""))
 
 
 def session_link(file: str | None) -> str:
@@ -426,7 +497,7 @@ def audit_html(summary: dict[str, Any], link=round_link) -> str:
              "<table id=audit><tr><th></th><th>A</th><th>B</th></tr>"]
     parts += [f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>" for k, vals in rows]
     parts.append(f"</table>\n<p>The greedy decodings part in {_num(audit['prompts_parted'])} of "
-                 f"{_num(audit['prompts_compared'])} prompts.</p>\n")
+                 f"{plural(audit['prompts_compared'], 'prompt')}.</p>\n")
     parts.append("<table id=parts class=sortable><thead><tr><th>#</th><th>part at</th><th>A's token</th><th>A's margin"
                  "</th><th>B's token</th><th>B's margin</th><th>traces</th></tr></thead><tbody>")
     for p in audit["per_prompt"]:
@@ -516,10 +587,12 @@ def _categories_html(categories: Any) -> str:
 
 def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
                 metas: dict[str, dict[int, dict]] | None = None, link=round_link, files: bool = True,
-                supplements: dict[str, str | None] | None = None) -> str:
+                supplements: dict[str, str | None] | None = None, misses: list[dict[str, Any]] | None = None) -> str:
     """The report's content (everything inside <body> but the title and the script): headline numbers, the figures
-    (inline SVG), top misses with context, the per-prompt table, failed prompts. Every link names a trace file and
-    a round (`link`: round_link for report.html, page_round_link for the web page)."""
+    (inline SVG), top misses with context, every miss by prompt (`misses`: promptset/misses.py's report_misses),
+    the per-prompt table, failed prompts. Every link names a trace file and a round (`link`: round_link for
+    report.html, page_round_link for the web page); with `supplements` a miss links its round in the prompt's
+    session file too."""
     e = html.escape
     both = (f"<p class=meta>The figures are {e(side_label(summary))}'s; acceptance by depth draws the DFlash chain's "
             "on the same prompts beside it.</p>\n" if DFLASH in summary and svgs else "")
@@ -530,7 +603,15 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
     parts.append(f"<h2>Top misses{top}</h2>\n<p class=meta>At the depth where the walk stopped: the drafter's first "
                  "choice there and the target's token, the most frequent pairs over all rounds (rounds that accepted "
                  "every drafted depth left out), with the output around them.</p>\n")
-    parts.append(misses_html(summary, link))
+    parts.append(misses_html(summary, link, supplements))
+    if misses is not None:
+        where = (" in the prompt's session file (analyze --supplements), else in its trace" if supplements is not None
+                 else "")
+        parts.append("<h2>Misses by prompt</h2>\n<p class=meta>Every round whose walk left the target before the end "
+                     "of the drafted block, by prompt: the rows of misses.jsonl (analyze --misses, the Analyze tab's "
+                     f"download; docs/MISSES.md). A round number opens that round{where}; its tooltip gives the depth, "
+                     "the target's token and the drafter's first choice there.</p>\n")
+        parts.append(miss_rounds_html(misses, link, supplements))
     speed = speedup_html(summary.get("speedup"))
     if speed:
         parts.append("<h2>Speed-up by budget</h2>\n" + speed)
@@ -544,7 +625,7 @@ def report_body(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
 
 def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dict] | None = None,
                 metas: dict[str, dict[int, dict]] | None = None,
-                supplements: dict[str, str | None] | None = None) -> str:
+                supplements: dict[str, str | None] | None = None, misses: list[dict[str, Any]] | None = None) -> str:
     """The report as one HTML document (report_body with its title, style and sorting script)."""
     parts = [
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
@@ -553,7 +634,7 @@ def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
         "<title>ddtree-viz analyze report</title>\n<style>",
         "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}" + CSS,
         "</style>\n</head>\n<body>\n<h1>ddtree-viz analyze report</h1>\n",
-        report_body(summary, svgs, items, metas, supplements=supplements),
+        report_body(summary, svgs, items, metas, supplements=supplements, misses=misses),
         "<p class=meta>Links name a trace and a round: open the trace with <code>python -m ddtree_viz replay "
         "--print --round K FILE</code>, or load this directory in the web page's Analyze tab and click the link "
         "(no model needed).</p>\n",
@@ -564,9 +645,10 @@ def report_html(summary: dict[str, Any], svgs: dict[str, bytes], items: list[dic
 
 def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | None = None,
                  metas: dict[str, dict[int, dict]] | None = None,
-                 supplements: dict[str, str | None] | None = None) -> Path:
+                 supplements: dict[str, str | None] | None = None, misses: list[dict[str, Any]] | None = None) -> Path:
     """DIR/report.html and DIR/figures/<name>.svg|.pdf from the summary (metas: each side's meta records by prompt,
-    for the wall times; supplements: each trace's session file, linked). Returns the report's path."""
+    for the wall times; supplements: each trace's session file, linked; misses: report_body's). Returns the
+    report's path."""
     out = Path(out)
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
@@ -576,5 +658,5 @@ def write_report(out: str | Path, summary: dict[str, Any], items: list[dict] | N
             (figs / f"{name}.{fmt}").write_bytes(data)
     svgs = {name: by_format["svg"] for name, by_format in files.items()}
     path = out / "report.html"
-    path.write_text(report_html(summary, svgs, items, metas, supplements), encoding="utf-8")
+    path.write_text(report_html(summary, svgs, items, metas, supplements, misses), encoding="utf-8")
     return path

@@ -13,7 +13,8 @@ from ..trace import StepRecord, Trace, reference_of, sampling_label, verdict_tex
 from .budget_view import budget_line, rates_line
 from .figure import FigureSpec, title_axis_px
 from .scheme import PAGE_SCHEME, Scheme
-from .text import esc, plotly_text, plural
+from ..words import plural
+from .text import esc, plotly_text
 
 TIMING_PHASES = ("draft", "tree", "verify", "commit")  # the parts of a round that records time (timings_ms)
 ACCEPTANCE_TITLE = "Tokens kept per round (accepted drafts + bonus, as output)"
@@ -32,7 +33,8 @@ def acceptance_spec(steps: Sequence[StepRecord], *, title: str | None = None, sc
     x = [s.index + 1 for s in steps]  # rounds are shown 1-based
     y = [s.kept for s in steps]
     hover = [f"round {s.index + 1}: {_kept_words(s)}<br>"
-             f"tree {len(s.nodes)} positions, deepest accepted depth {s.nodes[s.accepted[-1]].depth}" for s in steps]
+             f"tree {plural(len(s.nodes), 'position')}, deepest accepted depth {s.nodes[s.accepted[-1]].depth}"
+             for s in steps]
     data = [dict(type="bar", x=x, y=y, marker=dict(color=scheme.bar), hovertext=hover, hoverinfo="text",
                  name="tokens per round")]
     if steps:

@@ -158,7 +158,7 @@ and plotly through ptext (plotly draws a small HTML subset of its own: &, < and 
     var gained = T.accepted.length, kept = KEPT[T.index];
     var walk = 'accepted ' + plural(gained - 1, 'draft') + ' + bonus = ' + plural(gained, 'token');
     if (kept < gained) walk += ', ' + kept + ' kept: the session stopped there';
-    return 'Round ' + (T.index + 1) + ' · ' + T.n + ' tree positions · ' + walk + (T.naive ? ' · NAIVE verify (known-wrong)' : '');
+    return 'Round ' + (T.index + 1) + ' · ' + plural(T.n, 'tree position') + ' · ' + walk + (T.naive ? ' · NAIVE verify (known-wrong)' : '');
   }
 
   function treeFigure(T) {
@@ -232,10 +232,10 @@ and plotly through ptext (plotly draws a small HTML subset of its own: &, < and 
   function changed(T, kind, kv) {  // cache_view._what_changed
     var t = T.n, a = T.accepted.length;
     if (kind === 'GDN') {
-      return T.naive ? 'state after the whole flattened tree (' + t + ' positions, rejected branches included) kept (naive, known-wrong)'
-        : "conv/recurrent state replaced by the accepted path's (" + a + ' token' + (a !== 1 ? 's' : '') + ')';
+      return T.naive ? 'state after the whole flattened tree (' + plural(t, 'position') + ', rejected branches included) kept (naive, known-wrong)'
+        : "conv/recurrent state replaced by the accepted path's (" + plural(a, 'token') + ')';
     }
-    return kv === null ? '–' : '+' + t + ' rows appended, compacted to +' + a;
+    return kv === null ? '–' : '+' + plural(t, 'row') + ' appended, compacted to +' + a;
   }
 
   function cacheStrip(T) {
@@ -391,6 +391,8 @@ and plotly through ptext (plotly draws a small HTML subset of its own: &, < and 
   var bars = clone(D.figures.acceptance.data);
   bars[0].x = KEPT.map(function (_, j) { return j + 1; });
   bars[0].y = KEPT;
+  bars[0].hovertext = KEPT.map(function (v, j) { return 'round ' + (j + 1) + ': ' + plural(v, 'token') + ' kept'; });
+  bars[0].hoverinfo = 'text';
   var accepted = Plotly.newPlot($('ddt-acceptance'), bars,
                                 Object.assign(clone(D.figures.acceptance.layout), {template: D.figures.template}), CONFIG);
 

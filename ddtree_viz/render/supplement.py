@@ -45,6 +45,7 @@ from .mask_plot import KEY_TICKS, MAX_POSITIONS, ROW_TICK_PX, mask_spec
 from .scheme import PAGE_SCHEME
 from .stats_view import acceptance_spec
 from .text import esc, lookup, token_texts_from_steps, visible
+from ..words import numbered, plural
 from .tree_plot import BOTTOM_PX, EDGE_GROUP, EDGE_LINE, LABEL_ROOM, MAX_HEIGHT, ROW_PX, TOP_PX, tree_spec
 
 FORMAT = "ddtree-viz session supplement"  # the JSON's "format"
@@ -124,7 +125,7 @@ def parse_rounds(text: str | range | None, n: int) -> range:
     inclusive, as the page numbers rounds; B may be 'last') or 'N'. InputError naming the trace's rounds otherwise."""
     if n == 0:
         raise InputError("the trace has no rounds to show (the session was prefilled but never stepped)")
-    valid = f"this trace has {n} round{'s' if n != 1 else ''}: use A-B within 1-{n}"
+    valid = f"this trace has {plural(n, 'round')}: use A-B within 1-{n}"
     if text is None:
         return range(n)
     if isinstance(text, range):
@@ -346,9 +347,8 @@ def _figures(trace: Trace, step: StepRecord) -> dict:
     heat = {k: v for k, v in mask.data[0].items() if k not in ("z", "x", "y")}
     acc = acceptance_spec(trace.steps)
     bars = acc.data[0]
-    for key in ("hovertext", "hoverinfo", "x", "y"):  # the script fills x and y from "kept"
+    for key in ("hovertext", "hoverinfo", "x", "y"):  # the script fills x, y and the hover's words from "kept"
         bars.pop(key, None)
-    bars["hovertemplate"] = "round %{x}: %{y} tokens kept<extra></extra>"
     return {"tree": _without(tree, "title", "height", "xaxis.range", "yaxis.range"),
             "mask": {"heat": heat, "layout": _without(mask.layout, "title.text", "height", "shapes")},
             "acceptance": {"data": acc.data, "layout": acc.layout},
@@ -436,15 +436,17 @@ def _header(trace: Trace, rounds: range) -> str:
     naive = cmp.naive
     note = NAIVE_NOTE if naive else (EXACT_NOTE if not is_sampled(s) else SAMPLED_NOTE.format(label=sampling_label(s)))
     kept = [st.kept for st in trace.steps]
-    which = (f"all {n} rounds" if len(rounds) == n else
-             f"rounds {rounds.start + 1}–{rounds.stop} of {n} (thinned: the tree, mask and cache of the others are "
+    which = (("the one round" if n == 1 else f"all {n:,} rounds") if len(rounds) == n else
+             f"{numbered('round', rounds.start + 1, rounds.stop)} of {n:,} (thinned: the tree, mask and cache of the "
+             "others are "
              "left out; their tokens are in the output)")
     settings = " · ".join(f"{k} {esc(s[k])}" for k in ("method", "verify", "budget", "block_size", "max_new_tokens",
                                                         "tree_scoring", "dtype", "device", "engine") if k in s)
     return (
         f"<h1>DDTree session: {esc(visible(trace.target))} drafted by {esc(visible(trace.draft))}</h1>\n"
         f"<p class=meta>{settings} · {esc(sampling_label(s))}</p>\n"
-        f"<p class=meta>{len(trace.output_ids)} tokens in {n} rounds, {sum(kept) / max(n, 1):.2f} kept per round on "
+        f"<p class=meta>{plural(len(trace.output_ids), 'token')} in {plural(n, 'round')}, "
+        f"{sum(kept) / max(n, 1):.2f} kept per round on "
         f"average · this file: {esc(which)}</p>\n"
         f"<p class=\"{'warn' if naive else 'note'}\">{'⚠ ' if naive else ''}{esc(note)}</p>\n"
         f"<p class=meta>Over the whole session: <b>{esc(cmp.summary)}</b></p>\n"
@@ -504,9 +506,11 @@ def _too_large(size: int, limit: int, rounds: range, data: dict) -> str:
             break
         total, fits = total + cost, fits + 1
     first = rounds.start + 1
-    hint = (f"the {fits} round{'s' if fits != 1 else ''} from round {first} fit: --rounds {first}-{first + fits - 1}"
+    hint = (f"the {plural(fits, 'round')} from round {first} {'fits' if fits == 1 else 'fit'}: "
+            f"--rounds {first}-{first + fits - 1}"
             if fits else "not even one round fits")
-    return (f"the session supplement would be {size:,} bytes ({size / 1e6:.2f} MB), over the {limit / 1e6:g} MB bound "
+    return (f"the session supplement would be {plural(size, 'byte')} ({size / 1e6:.2f} MB), over the "
+            f"{limit / 1e6:g} MB bound "
             f"(plotly.js alone is {len(plotly_js().encode('utf-8')):,} bytes): thin it to fewer rounds with --rounds "
             f"A-B ({hint})")
 

@@ -38,12 +38,6 @@ def _char(ch: str) -> str:
     return ch
 
 
-@functools.lru_cache(maxsize=65536)
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """'1 drafted token', '3 drafted tokens' (`words`: the plural where it is not word + 's')."""
-    return f"{n:,} {word if n == 1 else (words or word + 's')}"
-
-
 def visible(token: str) -> str:
     """Token text with whitespace made visible: space '·', newline '⏎', tab '⇥', control chars '\\xNN',
     invisible format characters and unusual spaces '\\uNNNN'; an empty token is '∅'. (Cached: the page shows

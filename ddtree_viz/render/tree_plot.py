@@ -15,7 +15,8 @@ from .layout import (
     path_outlined,
 )
 from .scheme import PAGE_SCHEME, Scheme, edge_color, fixed_fill, outline_color
-from .text import TokenText, lookup, plotly_text as esc, plural, visible
+from ..words import plural
+from .text import TokenText, lookup, plotly_text as esc, visible
 
 EDGE_LINE = {"edge": (style.EDGE_WIDTH, "solid"), "path": (style.PATH_EDGE_WIDTH, "solid"), "bonus": (2, "dash")}
 # the accepted path's edges toggle with the accepted nodes and have no legend entry of their own: "accepted path"
@@ -115,7 +116,7 @@ def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, sho
 
 
 def default_title(layout: TreeLayout) -> str:
-    head = f"Round {layout.step_index + 1} · {layout.total_nodes} tree positions"
+    head = f"Round {layout.step_index + 1} · {plural(layout.total_nodes, 'tree position')}"
     if layout.hidden:
         head += f" ({layout.hidden} hidden)"
     if layout.phase == "drafted":

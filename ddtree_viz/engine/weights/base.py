@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ...errors import ModelLoadError
+from ...words import plural
 
 
 @runtime_checkable
@@ -96,7 +97,7 @@ def refuse_nonfinite(tensor: torch.Tensor, name: str, what: str) -> None:
     bad = (~finite).nonzero()
     nan = int(torch.isnan(tensor).sum())
     kinds = " and ".join(k for k, n in (("NaN", nan), ("inf", bad.shape[0] - nan)) if n)
-    raise ModelLoadError(f"{what} tensor {name} holds {bad.shape[0]} non-finite value{'s' * (bad.shape[0] != 1)} "
+    raise ModelLoadError(f"{what} tensor {name} holds {plural(bad.shape[0], 'non-finite value')} "
                          f"({kinds}; the first at {bad[0].tolist()}): the weights it scales would be NaN or inf and "
                          "every output token garbage. The checkpoint is damaged or badly exported: download it again "
                          "or quantize it again (a checkpoint whose scales are all finite loads)")

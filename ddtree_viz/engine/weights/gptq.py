@@ -37,6 +37,7 @@ from typing import Callable, Container, Iterable, Mapping
 import torch
 
 from ...errors import ModelLoadError
+from ...words import plural
 from . import int4_common
 from .base import refuse_nonfinite
 from .int4_common import BITS, OFFSET, PER_WORD, SYMMETRIC_ZERO, Int4Spec, group_size, plain_groups, rules
@@ -94,7 +95,8 @@ def _shape_of(prefix: str, gptq: Mapping[str, torch.Tensor], what: str) -> tuple
         fail("qweight", f"has shape {list(qweight.shape)}, not [in / 8, out]")
     inn = g_idx.numel() if g_idx is not None else qweight.shape[0] * PER_WORD
     if qweight.shape[0] != math.ceil(inn / PER_WORD):
-        fail("qweight", f"has shape {list(qweight.shape)}; {inn} inputs (g_idx) need {math.ceil(inn / 8)} rows")
+        fail("qweight", f"has shape {list(qweight.shape)}; {plural(inn, 'input')} (g_idx) need "
+                        f"{plural(math.ceil(inn / 8), 'row')}")
     out = qweight.shape[1]
     if gptq["scales"].dim() != 2 or gptq["scales"].shape[1] != out:
         fail("scales", f"has shape {list(gptq['scales'].shape)}, not [groups, {out}]")

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ...errors import ModelLoadError
+from ...words import plural
 from ..kernels.int4_gemm.dispatch import gemm_module as _gemm_module, linear  # noqa: F401 (this kind's)
 from ..kernels.int4_gemm.naive import BITS, OFFSET, PER_WORD, dequantize_words, unpack  # noqa: F401 (the words')
 from .base import replace_linears, stand_in, whole_number
@@ -79,7 +80,7 @@ class Int4Spec:
         stored = "" if self.layout == "pack-quantized" else f" {self.layout}"
         rules = sum(1 for *_, group, symmetric in self.overrides
                     if group is not None and (group, symmetric) != (self.group, self.symmetric))
-        stored += f" ({rules} layer rule{'s' * (rules != 1)})" if rules else ""
+        stored += f" ({plural(rules, 'layer rule')})" if rules else ""
         return f"int4 w4a16 {groups} {'sym' if self.symmetric else 'asym'}{stored}"
 
     def at(self, prefix: str) -> Int4Spec | None:

@@ -2,7 +2,7 @@
 
 A report written by `analyze` (ddtree_viz/analyze.py): the same body as its report.html (render/report.py), figures
 computed again from its validated traces; a round link opens that round in the Step tab (a replay: no model
-needed). Or a prompt set run here, on the loaded model."""
+needed); its misses downloaded as misses.jsonl. Or a prompt set run here, on the loaded model."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import gradio as gr
 
 from ..analyze_tab import (MAX_REPORT_BYTES, PAGE_SET_MAX_PROMPTS, PAGE_SET_MAX_TOKENS, SET_DONE, ReportDirs,
                            default_prompt_set, load_report_dir, load_report_upload, open_report_click, prompt_sets,
-                           report_html, report_status, run_prompt_set)
+                           report_html, report_status, run_prompt_set, write_misses_file)
 from ..state import MAX_UPLOAD_BYTES
-from .script import SHOW_STATUS_JS
+from .script import SHOW_STATUS_JS, click_js
 from .step_tab import StepTab
 from .wiring import MODEL, REPORTS, Page, shows_errors
 
@@ -39,8 +39,13 @@ class AnalyzeTab:
             file_count="multiple", file_types=[".json"], type="filepath", height=120, elem_id="ddv-report-upload")
         self.prompt_set: dict[str, gr.components.Component] = {}  # by run_prompt_set's parameter names
         self._prompt_set()
-        self.views = {"status": gr.HTML(report_status(None), elem_id="ddv-report-status"),
-                      "body": gr.HTML(elem_id="ddv-report")}
+        self.views = {"status": gr.HTML(report_status(None), elem_id="ddv-report-status")}
+        with gr.Row():  # the report's misses as analyze --misses writes them (docs/MISSES.md), for this browser only
+            c["misses"] = gr.Button("Download misses (.jsonl)", elem_id="ddv-misses-download", size="sm", scale=0,
+                                    min_width=220)
+            c["misses_file"] = gr.DownloadButton("Download misses file", visible=False, elem_id="ddv-misses-file",
+                                                 size="sm", scale=0, min_width=220)
+        self.views["body"] = gr.HTML(elem_id="ddv-report")
         # a click on a round link writes 'file|round|nonce' here (the page's script)
         c["click"] = gr.Textbox(elem_id="ddv-report-click", elem_classes=["ddv-hidden"], container=False)
 
@@ -69,15 +74,16 @@ class AnalyzeTab:
                         "analyze` (README).")
 
     def show(self, t) -> dict:
-        """The tab and the views of its report."""
-        return {self.page.tab: t, **{self.views[name]: view(t) for name, view in REPORT_VIEWS.items()}}
+        """The tab and the views of its report; the misses file of a report shown before, no longer offered."""
+        return {self.page.tab: t, **{self.views[name]: view(t) for name, view in REPORT_VIEWS.items()},
+                self.controls["misses_file"]: gr.DownloadButton(value=None, visible=False)}
 
     def wire(self, page: Page, step: StepTab) -> None:
         """Load a report (a directory on the server, or uploaded files); run a prompt set; a round link opens that
         round in the Step tab as a replay."""
         self.page = page
         host, tab, c = page.host, page.tab, self.controls
-        shown = [tab, *self.views.values()]
+        shown = [tab, *self.views.values(), c["misses_file"]]
         # the prompt set's own controls, then the Step tab's chat switches
         prompt_set = {**self.prompt_set, **{name: step.settings[name] for name in ("chat", "system", "thinking")}}
 
@@ -111,6 +117,14 @@ class AnalyzeTab:
             page.add(request, t)
             return {**step.show_replay(open_report_click(t, value), ph), page.selector: gr.Tabs(selected="step")}
 
+        @shows_errors
+        def on_misses(t, request: gr.Request):
+            path = write_misses_file(t)  # the tab's own folder; served to this browser only (tabfiles.py)
+            return gr.DownloadButton(f"Download {path.name}", value=page.files.offer(c["misses_file"], path, request),
+                                     visible=True)
+
+        c["misses"].click(on_misses, [tab], [c["misses_file"]], api_name="download_misses", **REPORTS).success(
+            None, js=click_js("ddv-misses-file"))
         c["load"].click(on_report_dir, [tab, c["path"]], shown, api_name="report_dir", **REPORTS)
         c["path"].submit(on_report_dir, [tab, c["path"]], shown, **REPORTS)
         c["upload"].upload(on_report_upload, [tab, c["upload"]], shown, api_name="report_upload", **REPORTS)

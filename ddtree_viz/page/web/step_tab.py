@@ -27,6 +27,30 @@ from .wiring import MODEL, Page, errors_in_status, shows_errors
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # a few lines of code, like every bench prompt (prompts/__init__.py says why)
 BLOCK_MAX = 16  # the block size sliders' end until the drafter's own is known (the page's timer sets it)
 
+# Each panel's title: what it shows, in the words of someone reading the page (issue #65 item 7). A figure's own
+# title inside the plot says which round and its figures; these say what the panel is.
+TITLES = {
+    "tree_spec": "Draft tree: the tokens the drafter proposed, the accepted path in vermillion (click a node to "
+                 "inspect it)",
+    "tree_b_spec": "Configuration B's draft tree: its accepted path in vermillion",
+    "grid_spec": "What the drafter proposed at each depth, best first (log-prob by rank): the cells the tree took "
+                 "outlined",
+    "mask_spec": "What each tree position can see in the verify pass (attention mask)",
+    "cache_chart_spec": "Cache size per layer (bytes) after this round",
+    "acceptance_spec": "Tokens gained per round (accepted drafts + the bonus token)",
+    "depth_spec": "How deep the drafts were accepted (this session so far)",
+    "budget_spec": "Tokens other budgets would have gained (this round, and the session so far)",
+}
+# gr.HTML draws no label: those panels' headings are Markdown lines of their own (issue #26)
+HEADINGS = {
+    "cache_html": "**What each layer's cache holds after this round** (hover a layer in the strip for its details)",
+    "diff_html": "**The output, token by token, against the target's own decoding** (greedy, or sampled with the "
+                 "same seed)",
+    "divergence": "**Where drafter and target disagree** (per round: where the walk stopped, the drafter's "
+                  "candidates there)",
+}
+LAYOUT_TITLE = "What each layer caches: the model's cache layout (measured before the first step)"
+
 
 def _round_slider(v: Views) -> gr.Slider:
     return gr.Slider(minimum=0 if v.rounds <= 1 else 1, maximum=max(v.rounds, 1), value=v.view + 1 if v.rounds else 0,
@@ -40,6 +64,7 @@ FILL = {
     "tree_b_spec": lambda v: gr.Plot(value=v.tree_b_spec, visible=v.tree_b_spec is not None),
     "compare": lambda v: gr.HTML(value=v.compare, visible=v.tree_b_spec is not None),
     "inspect": lambda v: gr.Dropdown(choices=v.node_choices, value=v.inspect),
+    "pays_spec": lambda v: gr.Plot(value=v.pays_spec, visible=v.pays_spec is not None),  # no costs: the words only
 }
 
 
@@ -81,7 +106,7 @@ class StepTab:
         self.views: dict[str, gr.components.Component] = {}
         self.controls: dict[str, gr.components.Component] = {}
         # closed: open, its table pushed Step below the fold at 1500x1100 and 1280x800 (issue #26)
-        with gr.Accordion("Per-layer cache layout (measured before the first step)", open=False):
+        with gr.Accordion(LAYOUT_TITLE, open=False):
             self.controls["layout"] = gr.HTML(host.layout_html(), elem_id="ddv-layout")
         with gr.Row():
             with gr.Column(scale=3):
@@ -177,9 +202,8 @@ class StepTab:
         v["status"] = gr.Markdown(first_status(), elem_id="ddv-status")  # what to do, from the first load on
         v["prompt"] = gr.HTML(elem_id="ddv-prompt-view")  # the prompt as prefilled: templated, special tokens marked
         with gr.Row():
-            v["tree_spec"] = gr.Plot(label="Draft tree (accepted path highlighted; click a node to inspect it)",
-                                     elem_id="ddv-tree")
-            v["tree_b_spec"] = gr.Plot(label="B's draft tree", visible=False, elem_id="ddv-tree-b")
+            v["tree_spec"] = gr.Plot(label=TITLES["tree_spec"], elem_id="ddv-tree")
+            v["tree_b_spec"] = gr.Plot(label=TITLES["tree_b_spec"], visible=False, elem_id="ddv-tree-b")
         v["compare"] = gr.HTML(visible=False, elem_id="ddv-compare")
         # why did this round stop there: the stop, the node inspector (click a node in the tree, or pick it), the grid
         v["stop"] = gr.HTML(elem_id="ddv-stop")
@@ -190,24 +214,30 @@ class StepTab:
                 v["inspector"] = gr.HTML(elem_id="ddv-inspector")
         self.controls["inspect_click"] = gr.Textbox(elem_id="ddv-inspect-click", elem_classes=["ddv-hidden"],
                                                     container=False)
-        v["grid_spec"] = gr.Plot(label="Drafter's grid (depth × rank) the tree was built from", elem_id="ddv-grid")
+        v["grid_spec"] = gr.Plot(label=TITLES["grid_spec"], elem_id="ddv-grid")
         with gr.Row():
-            v["mask_spec"] = gr.Plot(label="Attention mask of the verify pass", elem_id="ddv-mask")
-            v["cache_chart_spec"] = gr.Plot(label="Per-layer cache", elem_id="ddv-cache-chart")
-        gr.Markdown("**Per-layer cache this round** (hover a layer in the strip for its details)")
+            v["mask_spec"] = gr.Plot(label=TITLES["mask_spec"], elem_id="ddv-mask")
+            v["cache_chart_spec"] = gr.Plot(label=TITLES["cache_chart_spec"], elem_id="ddv-cache-chart")
+        gr.Markdown(HEADINGS["cache_html"], elem_id="ddv-cache-heading")
         v["cache_html"] = gr.HTML(elem_id="ddv-cache")
         # gr.HTML draws no label: each panel's heading is a Markdown line of its own (issue #26)
-        gr.Markdown("**Output vs the target's own decoding** (greedy, or sampled with the same seed)",
-                    elem_id="ddv-diff-heading")
+        gr.Markdown(HEADINGS["diff_html"], elem_id="ddv-diff-heading")
         v["diff_html"] = gr.HTML(elem_id="ddv-diff")
+        # the question a user came with (issue #65 item 6): the numbers beside the figure, the command that measures
+        # this machine's costs where none are
+        gr.Markdown("**Does the tree pay here? Speed-up over greedy by budget** (predicted from this session's "
+                    "rounds and this machine's measured costs)", elem_id="ddv-pays-heading")
+        with gr.Row(elem_id="ddv-pays-row"):
+            v["pays_spec"] = gr.Plot(label="Speed-up over greedy by budget (predicted)", visible=False,
+                                     elem_id="ddv-pays")
+            v["pays_html"] = gr.HTML(elem_id="ddv-pays-text")
         with gr.Row():
-            v["acceptance_spec"] = gr.Plot(label="Acceptance per round", elem_id="ddv-acceptance")
-            v["depth_spec"] = gr.Plot(label="Acceptance by depth (session so far)", elem_id="ddv-depth")
+            v["acceptance_spec"] = gr.Plot(label=TITLES["acceptance_spec"], elem_id="ddv-acceptance")
+            v["depth_spec"] = gr.Plot(label=TITLES["depth_spec"], elem_id="ddv-depth")
         with gr.Row():
-            v["budget_spec"] = gr.Plot(label="The budget that would have done", elem_id="ddv-budget")
+            v["budget_spec"] = gr.Plot(label=TITLES["budget_spec"], elem_id="ddv-budget")
             v["stats"] = gr.Markdown(elem_id="ddv-stats")
-        gr.Markdown("**Where drafter and target disagree** (per round: where the walk stopped, the drafter's "
-                    "candidates there)", elem_id="ddv-divergence-heading")
+        gr.Markdown(HEADINGS["divergence"], elem_id="ddv-divergence-heading")
         v["divergence"] = gr.HTML(elem_id="ddv-divergence")
 
     def _files(self) -> None:

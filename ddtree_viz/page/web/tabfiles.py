@@ -76,8 +76,11 @@ class FileOwners:
         from ...errors import InputError
 
         texts = {str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths or ())}
-        if texts and self.refuses(texts, _request_cookie(request)):
-            raise InputError("that file belongs to another browser's session: upload a file of your own")
+        cookie = _request_cookie(request)
+        refused = sorted(os.path.basename(t) for t in texts if self.refuses({t}, cookie))  # (never the server's folder)
+        if refused:
+            raise InputError(f"{', '.join(refused)}: that file belongs to another browser's session: upload a file of "
+                             "your own")
 
     def refuses(self, texts: set[str], owner: str | None) -> bool:
         """True when any of `texts` (a request's decoded path, its query's values) names a recorded file, in any

@@ -5,13 +5,13 @@ runner), and the check that holds a Triton form to the torch form before it is u
                   does not take (one node: the step; more than MAX_T positions)
     triton-rule   the whole rule in two launches (triton_solve.tree_rule_triton), q and k at their key heads; trees of
                   2 .. MAX_T positions. CUDA's default: the fastest verify at budgets 64 and 128 in every run but two
-                  at 128 before its solve went by blocks (docs/lab/NOTEBOOK.md sections 6, 9, 19-20, 40)
+                  at 128 before its solve went by blocks (docs/lab/NOTEBOOK.md sections 6, 9, 19-20, 38, 42)
     triton-solve  parallel.py's parts in torch, the solve and output product in one launch
                   (triton_solve.tree_solve_triton); trees of 2 .. MAX_T positions
 
 naive.py's per-path recurrence is the reference every form is tested against (tests/test_gdn_tree.py,
 tests/test_tree_kernel.py). The forms that lost every measurement (the whole rule in one kernel: "triton" and
-"triton-tree") were deleted (section 40). Triton is imported only when a Triton form is asked for.
+"triton-tree") were deleted (section 42). Triton is imported only when a Triton form is asked for.
 """
 
 from __future__ import annotations

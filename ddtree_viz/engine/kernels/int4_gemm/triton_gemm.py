@@ -64,15 +64,23 @@ class Config:
 
 def choose(rows: int, n: int, k: int) -> Config:
     """The launch for an [rows, k] x [n, k]^T product, from gpu_bench --int4-tune on an H200 at the 27B's GEMMs
-    (docs/bench/gpu-h200-2026-12-06-int4-tune.json; docs/lab/NOTEBOOK.md section 39): the word form everywhere (the
-    tile form ran 14-16x slower). Up to 16 rows (a step, a DFlash block) 64-row tiles of 256 columns, the input in
-    four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate + up's 34,816), in
-    one between (in_proj, q + k + v); a verify's rows in 64 x 128 tiles of 64 columns, one slice (a slice's float32
-    partial products, held per GEMM in a verify's graph, took the 24 GB card past its cap at budget 128)."""
+    (docs/bench/gpu-h200-2026-12-06-int4-tune.json; docs/lab/NOTEBOOK.md sections 39 and 40): the word form
+    everywhere (the tile form ran 14-16x slower). Up to 16 rows (a step, a DFlash block) 64-row tiles of 256 columns,
+    the input in four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate +
+    up's 34,816), in one between (in_proj, q + k + v). A verify's rows in one slice (a slice's float32 partial
+    products, held per GEMM in a verify's graph, took the 24 GB card past its cap at budget 128): up to 128 rows
+    (budget 64's 65) one 128-row tile of 64 outputs and 8 warps, steps of 128 columns where the output is narrow and
+    64 where it is wide (10-30% under 64-row tiles); past 128 rows (budget 128's 129) 128 x 128 tiles where it is
+    wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there)."""
     if rows <= 16:
         split = 1 if 8192 < n <= 20480 else 4
         return Config(block_n=64, block_k=256, num_warps=4, num_stages=3, words=True, split_k=split, block_m=16)
-    return Config(block_n=128, block_k=64, num_warps=4, num_stages=3, words=True, split_k=1, block_m=64)
+    wide = n > 8192
+    if rows <= 128:
+        return Config(block_n=64, block_k=64 if wide else 128, num_warps=8, num_stages=3, words=True, split_k=1,
+                      block_m=128)
+    return Config(block_n=128, block_k=64, num_warps=4, num_stages=3, words=True, split_k=1,
+                  block_m=128 if wide else 64)
 
 
 def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:

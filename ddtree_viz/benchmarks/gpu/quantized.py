@@ -1,0 +1,151 @@
+"""--fp8 / --int4 (issue #29 items 2 and 5, and its W4A16): the target with quantized weights made at random on the
+runner, under the memory cap of the card it stands for: its own weight-read bound, greedy step, verify, rounds at
+budget 64, the peak of a session and each GEMM (quantized_speed); beside bf16 after it is freed, or alone in the
+process (--quantized-only: quantized_alone). Each format's GEMMs come from its own module (GEMMS)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict
+
+import torch
+
+from .config import INT4_GROUP, BenchConfig
+from .fp8 import fp8_gemms
+from .harness import copy_bandwidth, progress, timer
+from .int4 import int4_gemms
+from .memory import (LONG_CONTEXT, PEAK_LIMIT, allocated_gib, free_cuda, memory_cap, model_bytes, peak_gib,
+                     quantized_memory_cap, quantized_peak_memory, weight_bytes_of)
+from .models import build_drafter, build_quantized_target, pair_of, target_config
+from .rounds import runner_rounds
+from .runner import bench_runner, greedy_step_chained, greedy_stepper
+from .targets import quantized_targets
+
+
+GEMMS = {"fp8": fp8_gemms, "int4": int4_gemms}  # each format's GEMMs of a layer, timed (QUANTIZED's names)
+
+
+@torch.no_grad()
+def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int]) -> dict:
+    """--quantized-only: each --fp8 / --int4 target measured with no bf16 target built before it in this process, as
+    a user's process holds it (the quantized target, its drafter and the session; and for a device call's time
+    limit). The drafter is built against the target's config, bf16, or with --int4-drafter its Linears 4-bit too
+    (int4.quantize_linears: the same groups of 128). The trees' shapes come from random log-probs where the bf16
+    run drafts them from a prompt's features: a tree's size, not its tokens, sets a verify's cost."""
+    from types import SimpleNamespace
+
+    from ...engine.weights import int4_common as int4
+    from ...engine.verify import device_sync
+
+    cfg = target_config(bench, layers)
+    drafter = build_drafter(bench, SimpleNamespace(config=cfg), dtype)
+    if bench.int4_drafter:
+        int4.quantize_linears(drafter, int4.Int4Spec(INT4_GROUP, True))
+    sync = device_sync(drafter)
+    bandwidth = copy_bandwidth(timer(sync), bench.device, gib=0.25 if bench.smoke else 4.0)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (512,), generator=gen).tolist()
+    logprobs = torch.log_softmax(4 * torch.randn(drafter.block_size - 1, cfg.vocab_size, generator=gen), -1)
+    out: dict = {"copy_bandwidth_TBps": bandwidth / 1e12, "quantized_only": True,
+                 "drafter": {"weights": "int4" if bench.int4_drafter else str(dtype).removeprefix("torch."),
+                             "GiB": model_bytes(drafter) / 2**30},
+                 "fast": {"targets": {}}}
+    for weights in bench.quantized:
+        f = quantized_speed_or_error(bench, weights, layers, dtype, budgets, drafter, prompt,
+                                     logprobs.to(bench.device), bandwidth, {"budgets": [], "greedy_step_ms": None})
+        out["fast"][weights] = f
+        if "error" not in f:
+            out["fast"]["targets"].update(quantized_targets(f, weights))
+    return out
+
+
+def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
+    """quantized_speed, or what broke (traceback on stderr; the cap lifted) beside what it measured before (its
+    memory trail among them): the bf16 figures still come back."""
+    out: dict = {}
+    try:
+        return quantized_speed(bench, *args, out=out)
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory under the cap: that is a finding, reported
+        traceback.print_exc()
+        memory_cap(bench, None)
+        return {**out, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+
+
+@torch.no_grad()
+def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.dtype, budgets: list[int], drafter,
+                    prompt: list[int], logprobs, bandwidth: float, bf16: dict, out: dict | None = None) -> dict:
+    """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with quantized weights made at
+    random (`weights` "fp8" or "int4": build_quantized_target) under the process's memory cap (bench.cap_gb), on the
+    runner with the options of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
+    the copy bandwidth measured before), the greedy step, each budget's verify, whole rounds at budget 64 (the same
+    bf16 drafter), the peak memory of a session at a `bench.fp8_context`-token prompt and budget 64
+    (quantized_peak_memory), for FP8 the GEMMs one by one (fp8_gemms), each beside the bf16 run's figure; the step
+    chained and its kernels by kind (greedy_step_chained)."""
+    from ...engine.engines import RunnerEngine
+    from ...engine.tree import DraftTree
+    from ...engine.verify import device_sync
+
+    out = {} if out is None else out
+    out.update(quantized_memory_cap(bench, weights, drafter))
+    t0 = time.perf_counter()
+    target = build_quantized_target(bench, layers, dtype, weights, trail=out.setdefault("build_trail_GiB", {}))
+    out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
+    progress(f"{weights}_built", {k: out[k] for k in ("leftover_GiB", "drafter_GiB", "build_trail_GiB",
+                                                      "build_peak_GiB", "memory_cap_GB")})
+    out["weight_read_bound_ms"] = bound_ms = out["weights"]["bytes"] / bandwidth * 1e3
+    sync = device_sync(target, drafter)
+    timed = timer(sync)
+    pair = pair_of(bench, target, drafter, dtype)
+    root = int(logprobs.argmax(-1)[0])
+    sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
+    start = time.perf_counter()
+    runner, out["graphs_error"] = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids,
+                                               bench.runner_options())
+    trail = out.setdefault("runner_trail_GiB", {})  # allocated after each stage: where a runner's memory goes
+    trail["runner"] = allocated_gib(bench)
+    logits, _ = runner.prefill(prompt)
+    trail["prefill"] = allocated_gib(bench)
+    for size in sizes:
+        runner.slot_for(size)
+        trail[f"slot_{size}"] = allocated_gib(bench)
+    out.update(options=asdict(runner.options), graphs=runner.graphs, compile_error=runner.compile_error,
+               capture_s=time.perf_counter() - start, blas=dict(runner.blas))
+    rounds_tokens = 16 * drafter.block_size
+    engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
+                          max_new_tokens=rounds_tokens, runner=runner)
+    out["greedy_step_ms"] = step = timed(greedy_stepper(engine, int(logits.argmax())), repeats=30)
+    out.update(greedy_step_chained(runner, timed, int(logits.argmax())))  # and where the FP8 step's time goes
+    bf16_verify = {row["budget"]: row["verify_ms"] for row in bf16["budgets"]}
+    out["budgets"] = []
+    for budget in budgets:
+        tree = DraftTree.from_logprobs(root, logprobs, budget)
+        ms = timed(lambda: runner.forward(tree), repeats=20)
+        out["budgets"].append({"budget": budget, "positions": len(tree), "verify_ms": ms, "verify_per_step": ms / step,
+                               "bf16_verify_ms": bf16_verify.get(budget)})
+    out.update(runner_rounds(pair, engine, runner, prompt, rounds_tokens))
+    bf16_step = bf16["greedy_step_ms"]  # None with --quantized-only (no bf16 target measured in this process)
+    out.update(greedy_step_per_bound=step / bound_ms, bf16_greedy_step_ms=bf16_step,
+               greedy_step_vs_bf16=step / bf16_step if bf16_step else None)
+    progress(weights, {k: v for k, v in out.items() if k != "blas"})
+    del engine, runner
+    free_cuda(bench)
+    out["peak_memory"] = quantized_peak_memory(bench, pair, bench.fp8_context, budget=64, limit=PEAK_LIMIT[weights])
+    progress(f"{weights}_peak_memory", out["peak_memory"])
+    if weights == "int4":  # issue #67: the 4-bit session at a long context too (what a 24 GB card leaves for it)
+        free_cuda(bench)
+        context = LONG_CONTEXT if bench.cuda else 2 * bench.fp8_context
+        try:
+            out["peak_memory_long"] = quantized_peak_memory(bench, pair, context, budget=64,
+                                                            limit=PEAK_LIMIT[weights])
+        except torch.OutOfMemoryError as exc:  # a figure of its own: the 4k figures and the GEMMs still count
+            out["peak_memory_long"] = {"context": context, "budget": 64, "target": PEAK_LIMIT[weights][1],
+                                       "met": False, "error": f"out of memory: {str(exc).splitlines()[0]}",
+                                       "peak_GiB": peak_gib(bench)}
+            free_cuda(bench)
+        progress(f"{weights}_peak_memory_long", out["peak_memory_long"])
+    out["gemms"] = GEMMS[weights](bench, target, timer(sync))
+    del pair, target
+    free_cuda(bench)
+    memory_cap(bench, None)
+    return out
