@@ -1,6 +1,6 @@
-"""engine/best_first.py: DDTree's best-first tree in one Triton program against build_tree, node for node (float32
-log-probs, ties decided by the rank path across depths, -inf candidates, every budget up to more than all paths),
-and against tree_on_device's tensors. Triton's interpreter without a GPU, skipped without Triton:
+"""engine/kernels/best_first/triton_best_first.py: DDTree's best-first tree in one Triton program against build_tree,
+node for node (float32 log-probs, ties decided by the rank path across depths, -inf candidates, every budget up to more
+than all paths), and against tree_on_device's tensors. Triton's interpreter without a GPU, skipped without Triton:
 tests/kernel_env.py."""
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine.best_first import MAX_BUDGET, best_first_triton, node_count
+from ddtree_viz.engine.kernels.best_first.triton_best_first import MAX_BUDGET, best_first_triton, node_count
 from ddtree_viz.engine.tree import DeviceTree, DraftTree, build_tree, tree_on_device
 
 

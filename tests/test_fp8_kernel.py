@@ -1,6 +1,6 @@
-"""The FP8 GEMM (engine/fp8_gemm.py) against the float32 product with the weights dequantized (engine/weights/fp8.py),
-for the runner's 1 to 129 rows, partial 128-blocks (dimensions that are not multiples of 128) and fused
-projections. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
+"""The FP8 GEMM (engine/kernels/fp8_gemm/triton_gemm.py) against the float32 product with the weights dequantized
+(engine/weights/fp8.py), for the runner's 1 to 129 rows, partial 128-blocks (dimensions that are not multiples of 128)
+and fused projections. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
 
 In the interpreter, float32 -> bfloat16 rounds toward zero (a GPU rounds to nearest even), so bfloat16 results
 are held to a bfloat16 step of the output; float32 to the order of the sums."""
@@ -14,7 +14,7 @@ from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton s
 
 from ddtree_viz.engine.weights import fp8
 from ddtree_viz.engine.weights.registry import KEPT
-from ddtree_viz.engine.fp8_gemm import Config, bulk_copies, choose, fp8_linear
+from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import Config, bulk_copies, choose, fp8_linear
 from ddtree_viz.engine.fused import fuse_linears
 
 BLOCK = (128, 128)
@@ -67,8 +67,8 @@ def test_a_split_product_adds_its_slices_in_order(config):
     """Split-K, the slices added in the product's launch (the last of a tile's programs to arrive) or by a second
     kernel: the product equals, bit for bit, its K slices' products made one at a time and added in order; the
     arrival counters are 0 again after, so a second launch (a graph's replay) gives the same."""
-    from ddtree_viz.engine import fp8_gemm
-    from ddtree_viz.engine.fp8_gemm import arrivals
+    from ddtree_viz.engine.kernels.fp8_gemm import triton_gemm as fp8_gemm
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import arrivals
 
     rows, k = (1, 1024) if config.block_m <= 16 else (65, 1024)
     q, s = quantized(320, k, 3)
@@ -157,7 +157,7 @@ def test_plain_rows_ride_the_one_row_launch(config, k):
     columns are, bit for bit, the FP8 product alone; its last the plain product (two tiles, the second partial), as
     F.linear's to the order of the sums; the arrival counters 0 again after. Two rows (the tile kernel) and an FP8
     weight that is not a whole number of one-row tiles tall: the same two products side by side."""
-    from ddtree_viz.engine.fp8_gemm import arrivals, rides
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import arrivals, rides
 
     assert rides(config, 256) and not rides(config, 160) and not rides(choose(2, 256, k, torch.device("cpu")), 256)
     q, s = quantized(256, k, 11)
@@ -205,7 +205,7 @@ def test_fused_runs_at_one_row_give_each_part_its_product():
 def test_stages_fit_the_shared_memory():
     """A stage holds x's tile and the weight's: 129 float32 rows fit two on an H200 (three asked 288 KiB of its
     227), bfloat16 three; a 99 KiB card (RTX 4090, L40S) gets one for a verify, three for decode rows."""
-    from ddtree_viz.engine.fp8_gemm import stages
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import stages
     h200, ada = 232_448, 101_376
     verify, decode = choose(129, 16384, 5120, torch.device("cpu")), choose(1, 16384, 5120, torch.device("cpu"))
     assert (stages(verify, 4, h200), stages(verify, 2, h200), stages(verify, 2, ada)) == (2, 3, 1)
@@ -216,7 +216,7 @@ def test_stages_fit_the_shared_memory():
                                           (65, (64, 16)), (96, (64, 32)), (97, (128, 0)), (129, (128, 16)),
                                           (160, (128, 32))])
 def test_verify_rows_are_a_power_of_two_and_a_short_tail(rows, blocks):
-    from ddtree_viz.engine.fp8_gemm import row_blocks
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import row_blocks
     assert row_blocks(rows) == blocks and sum(blocks) >= rows
 
 
@@ -301,7 +301,7 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     model's runner's to the order of the sums."""
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
-    from ddtree_viz.engine.fp8_gemm import rides
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import rides
     from ddtree_viz.engine.fused import FusedRuns
     from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.proposers import DFlashProposer
@@ -335,7 +335,7 @@ def test_the_benchs_other_configs_compute_the_same_product():
     float32 the neighbour with 4 stages of 128-row tiles needs 306 KiB of shared memory, more than an H200 has; the
     bench never runs it in float32, and choose() never picks 4 stages."""
     from ddtree_viz.benchmarks.gpu.fp8 import gemm_configs
-    from ddtree_viz.engine import fp8_gemm
+    from ddtree_viz.engine.kernels.fp8_gemm import triton_gemm as fp8_gemm
 
     q, s = quantized(256, 1024, 11)
     dtype = torch.bfloat16 if CUDA else torch.float32  # the interpreter (CPU) has no shared memory: float32 there
@@ -357,7 +357,7 @@ def test_bulk_copies_of_the_weight_give_the_same_product(rows, config):
     """The weight tiles by tensor descriptor (bulk tensor copies, TMA) give what the masked loads give, bit for
     bit: K = 1024 (16-byte rows) with N = 320 leaves the last 128-row tile partly outside the weight (zero-filled).
     A weight whose rows are not 16-byte aligned (K = 1000) takes the masked loads instead, with the same result."""
-    from ddtree_viz.engine.fp8_gemm import _weight_operand
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import _weight_operand
 
     for k in (1024, 1000):
         q, s = quantized(320, k, rows)

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
-from ddtree_viz.engine.delta_rule.parallel import (
+from ddtree_viz.engine.kernels.gdn_tree.naive import replay_state, tree_delta_rule_reference
+from ddtree_viz.engine.kernels.gdn_tree.parallel import (
     solve_steps, state_after, tree_delta_rule, tree_delta_rule_parts, tree_solve,
 )
 from ddtree_viz.engine.gdn_tree import (

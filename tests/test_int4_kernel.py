@@ -1,7 +1,8 @@
-"""The 4-bit GEMM (engine/int4_gemm.py) against the float32 product with the weights dequantized (engine/weights/int4_common.py):
-a decode step's one row, a tree verify's 17 to 129, a prefill's more; every layout the loader accepts (groups of
-128 and of 32, per channel, activation order, asymmetric zero points packed along the rows), partial words, groups
-and zero-point words at the edges. Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py.
+"""The 4-bit GEMM (engine/kernels/int4_gemm/triton_gemm.py) against the float32 product with the weights dequantized
+(engine/weights/int4_common.py): a decode step's one row, a tree verify's 17 to 129, a prefill's more; every layout the
+loader accepts (groups of 128 and of 32, per channel, activation order, asymmetric zero points packed along the rows),
+partial words, groups and zero-point words at the edges. Triton's interpreter without a GPU, skipped without Triton:
+tests/kernel_env.py.
 
 In the interpreter, float32 -> bfloat16 rounds toward zero (a GPU rounds to nearest even), so half-precision
 results are held to a step of the output; float32 to the order of the sums."""
@@ -12,7 +13,7 @@ import torch
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
 from ddtree_viz.engine.weights import int4_common as int4
-from ddtree_viz.engine.int4_gemm import Config, int4_linear
+from ddtree_viz.engine.kernels.int4_gemm.triton_gemm import Config, int4_linear
 
 LAYOUTS = {  # name: (out, in, spec, activation order)
     "group128-sym": (64, 256, int4.Int4Spec(128, True), False),
@@ -117,7 +118,7 @@ def test_the_benchs_other_configs_compute_the_same_product():
     cores (benchmarks/gpu/int4.py int4_configs) on the model's bf16 activations: each one runs and gives the dequantized
     product (to bf16's rounding of the output; float32 in the interpreter)."""
     from ddtree_viz.benchmarks.gpu.int4 import int4_configs
-    from ddtree_viz.engine import int4_gemm
+    from ddtree_viz.engine.kernels.int4_gemm import triton_gemm as int4_gemm
 
     parts, spec = quantized("group128-sym", 11)
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -136,7 +137,7 @@ def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
     """int4_gemm.choose's launch for each row count a session runs (a step, a DFlash block, a verify at budget 64
     and 128) and each of the 27B's output widths (narrow 5,120, between, wide 34,816), applied to a small product:
     each gives the dequantized product (a launch's tiles, steps and slices, not the product's size, differ)."""
-    from ddtree_viz.engine import int4_gemm
+    from ddtree_viz.engine.kernels.int4_gemm import triton_gemm as int4_gemm
 
     parts, spec = quantized("group128-sym", 13)
     dtype = torch.bfloat16 if CUDA else torch.float32

@@ -1,7 +1,8 @@
-"""A layer's residual add and the norm after it in one Triton launch (engine/triton_norm.py, RunnerOptions.norm)
-against the piece it replaces (fused.add_rms_norm): the sum to the bit, the norm to a rounding, a row's result
-whatever rows share its launch, bad inputs refused, dispatch's choice. The runner with it decodes greedy's tokens:
-tests/test_step_kernel.py (every one-launch option at once) and tests/test_runner.py (the defaults on CUDA).
+"""A layer's residual add and the norm after it in one Triton launch (engine/kernels/add_norm/triton_norm.py,
+RunnerOptions.norm) against the piece it replaces (add_norm/naive.py's add_rms_norm): the sum to the bit, the norm to a
+rounding, a row's result whatever rows share its launch, bad inputs refused, dispatch's choice. The runner with it
+decodes greedy's tokens: tests/test_step_kernel.py (every one-launch option at once) and tests/test_runner.py (the
+defaults on CUDA).
 
 Triton's interpreter without a GPU (float32 and float16: its bfloat16 rounding is not the GPU's), skipped without
 Triton: tests/kernel_env.py."""
@@ -11,9 +12,9 @@ import torch
 
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine.delta_rule.dispatch import choose_norm
-from ddtree_viz.engine.fused import add_rms_norm
-from ddtree_viz.engine.triton_norm import WIDEST, add_rms_norm_triton
+from ddtree_viz.engine.kernels.add_norm.dispatch import choose_norm
+from ddtree_viz.engine.kernels.add_norm.naive import add_rms_norm
+from ddtree_viz.engine.kernels.add_norm.triton_norm import WIDEST, add_rms_norm_triton
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 

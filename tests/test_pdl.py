@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (engine/pdl.py, RunnerOptions.pdl): the option's meaning on each device, the
+"""Programmatic dependent launch (engine/kernels/pdl.py, RunnerOptions.pdl): the option's meaning on each device, the
 launch keywords only inside `early` and only for CUDA tensors (these two need no Triton). On a Hopper GPU: a chain
 of the add + norm launch and one-row FP8 products (each reading the output of the one before) in a CUDA graph gives
 the same bits launched early as launched after, replay after replay with new inputs (a kernel reading before its
@@ -8,7 +8,7 @@ option on and off."""
 import pytest
 import torch
 
-from ddtree_viz.engine import pdl
+from ddtree_viz.engine.kernels import pdl
 from ddtree_viz.engine.weights import fp8
 
 # nothing here imports Triton at collection (the runner does): Triton's interpreter tests set it up first
@@ -53,8 +53,8 @@ def test_the_keywords_only_inside_early_and_on_cuda():
 def _chain(x, weights, scales, norm_scale, plain):
     """A GDN layer's order at one row: norm, the in_proj-like product with plain rows riding, the out_proj-like
     split product, add + norm, the down-like product (each a one-row launch; the split ones sum in their launch)."""
-    from ddtree_viz.engine.fp8_gemm import fp8_linear
-    from ddtree_viz.engine.triton_norm import add_rms_norm_triton
+    from ddtree_viz.engine.kernels.add_norm.triton_norm import add_rms_norm_triton
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import fp8_linear
 
     h, normed = add_rms_norm_triton(x, torch.zeros_like(x), norm_scale, 1e-6)
     u = fp8_linear(normed, weights[0], scales[0], BLOCK, plain=plain)

@@ -337,8 +337,8 @@ def test_rounds_verified_ahead_on_the_gpu_give_the_same_rounds(record):
 
 
 def test_one_step_delta_rule_equals_the_recurrence():
-    from ddtree_viz.engine.delta_rule.naive import replay_state, tree_delta_rule_reference
-    from ddtree_viz.engine.delta_rule.step import delta_rule_step
+    from ddtree_viz.engine.kernels.gdn_step.naive import delta_rule_step
+    from ddtree_viz.engine.kernels.gdn_tree.naive import replay_state, tree_delta_rule_reference
 
     gen = torch.Generator().manual_seed(0)
     H, K, V = 3, 4, 5
@@ -751,7 +751,7 @@ def test_the_mlps_gate_up_forms_compute_the_fused_gemm(form):
 def test_runner_options_on_the_cpu():
     """The defaults resolve to the torch forms on a CPU (bitwise what the runner computed before them); a Triton
     kernel asked for where it cannot run is a clear error."""
-    from ddtree_viz.engine.delta_rule.dispatch import interpreting, triton_available
+    from ddtree_viz.engine.kernels.device import interpreting, triton_available
     from ddtree_viz.engine.runner import RunnerOptions
 
     cpu = torch.device("cpu")
@@ -781,7 +781,7 @@ def test_runner_options_on_the_cpu():
     assert on_cuda.gdn_step == on_cuda.gdn_prep == on_cuda.norm == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(gdn_kernel="triton").resolve(cpu)
+            RunnerOptions(gdn_kernel="triton-rule").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):
             RunnerOptions(gdn_step="triton").resolve(cpu)
         with pytest.raises(ValueError, match="Triton"):

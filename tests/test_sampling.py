@@ -328,5 +328,5 @@ def test_old_traces_without_sampling_fields_load_as_greedy(hybrid):
     old = Trace.from_json(json.dumps(data))
     assert sampling_label(old.settings) == "greedy" and all(s.choices == s.target_argmax for s in old.steps)
     data["steps"][0]["target_choice"] = [1]
-    with pytest.raises(TraceError, match="target_choice has 1 entries"):
+    with pytest.raises(TraceError, match="target_choice has 1 entry for"):
         Trace.from_json(json.dumps(data))

@@ -1,9 +1,10 @@
-"""The one-node GDN core in one Triton launch (engine/delta_rule/triton_step.py, RunnerOptions.gdn_step="triton")
-against the torch core it replaces (fused.gdn_core at T = 1: tree conv, l2 norms, gates, the one-step delta rule,
-gated norm), in float32 and bfloat16, grouped and ungrouped heads, any window the conv may read; the committed
-state untouched; bad shapes refused; dispatch's choice and fallback. The commit's recurrent update in one launch
-(engine/delta_rule/triton_commit.py, RunnerOptions.commit="triton") against fused.commit_recurrent. The runner with
-both decodes greedy's tokens.
+"""The one-node GDN core in one Triton launch (engine/kernels/gdn_step/triton_step.py, RunnerOptions.gdn_step="triton")
+against the torch core it replaces (gdn_step/naive.py's gdn_step_reference = fused.gdn_core at T = 1: tree conv, l2
+norms, gates, the one-step delta rule, gated norm), in float32 and bfloat16, grouped and ungrouped heads, any window
+the conv may read; the committed state untouched; bad shapes refused; dispatch's choice and fallback. The commit's
+recurrent update in one launch (engine/kernels/state_commit/triton_commit.py, RunnerOptions.commit="triton") against
+its torch form (closed_form.commit_recurrent) and the step-by-step reference. The runner with both decodes greedy's
+tokens.
 
 Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py."""
 
@@ -12,14 +13,17 @@ import torch
 
 from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton set up before any kernel)
 
-from ddtree_viz.engine.delta_rule.dispatch import (
-    TorchForm, check_one_node, check_prep, choose, choose_commit, d_prep, resolve_step, step_core, torch_core,
-)
-from ddtree_viz.engine.delta_rule.triton_commit import commit_recurrent_triton
-from ddtree_viz.engine.delta_rule.triton_step import gdn_prep_triton, gdn_step_triton
-from ddtree_viz.engine.fused import GDNWeights, Pieces, commit_recurrent, gdn_prep
-from ddtree_viz.engine.triton_norm import add_rms_norm_triton
+from ddtree_viz.engine.fused import GDNWeights, Pieces
+from ddtree_viz.engine.gdn_forms import TorchForm, check_one_node, check_prep, choose, d_prep, step_core, torch_core
 from ddtree_viz.engine.gdn_tree import TreeIndex
+from ddtree_viz.engine.kernels.add_norm.triton_norm import add_rms_norm_triton
+from ddtree_viz.engine.kernels.device import resolve_step
+from ddtree_viz.engine.kernels.gdn_step.naive import gdn_prep
+from ddtree_viz.engine.kernels.gdn_step.triton_step import gdn_prep_triton, gdn_step_triton
+from ddtree_viz.engine.kernels.state_commit.closed_form import commit_recurrent
+from ddtree_viz.engine.kernels.state_commit.dispatch import choose_commit
+from ddtree_viz.engine.kernels.state_commit.naive import commit_recurrent_reference
+from ddtree_viz.engine.kernels.state_commit.triton_commit import commit_recurrent_triton
 from tests.test_gdn_tree import random_tree
 
 
@@ -172,7 +176,8 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
 ])
 def test_tree_prep_kernel_equals_the_piece(T, Hk, rep, K, V, dtype):
     """A tree's conv (each node's window along its parent chain, into the committed columns), l2 norms and gates in
-    one launch: fused.gdn_prep's q, k (at their key heads), v, g, beta, to the bit where the roundings allow."""
+    one launch: gdn_step/naive.py's gdn_prep's q, k (at their key heads), v, g, beta, to the bit where the roundings
+    allow."""
     import random
 
     args, w = layer_inputs(Hk, rep, K, V, 4, dtype, seed=T + rep)
@@ -224,14 +229,16 @@ def commit_inputs(Lg, T, H, Hs, K, V, seed):
 
 def committed_both(rec, k, g, delta, path, P):
     """The states after committing `path` (padded to P steps with its last node, as the runner pads it) by the
-    kernel and by fused.commit_recurrent, held equal; returns that state and the commit's inputs (padded path,
-    steps, length)."""
+    kernel, by the torch form (closed_form.commit_recurrent) and by the step-by-step reference, held equal; returns
+    that state and the commit's inputs (padded path, steps, length)."""
     padded = torch.tensor(path + [path[-1]] * (P - len(path)), device=DEVICE)
     steps, length = torch.arange(P, device=DEVICE), torch.tensor(len(path), device=DEVICE)
-    want, got = rec.clone(), rec.clone()
+    want, got, ref = rec.clone(), rec.clone(), rec.clone()
     commit_recurrent(want, k, g, delta, padded, steps, length)
     commit_recurrent_triton(got, k, g, delta, padded, steps, length)
+    commit_recurrent_reference(ref, k, g, delta, padded, steps, length)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(want, ref, atol=1e-5, rtol=1e-5)
     return want, padded, steps, length
 
 
@@ -240,7 +247,8 @@ def committed_both(rec, k, g, delta, path, P):
 ])
 def test_commit_kernel_equals_the_torch_commit(Lg, T, H, Hs, K, V, path):
     """Every layer's state advanced along a path (keys at their value or key heads), padded to 8 steps with its last
-    node as the runner pads it: the same states as fused.commit_recurrent; a path cut short is not."""
+    node as the runner pads it: the same states as closed_form.commit_recurrent and the reference; a path cut short
+    is not."""
     rec, k, g, delta = commit_inputs(Lg, T, H, Hs, K, V, seed=T)
     want, padded, steps, length = committed_both(rec, k, g, delta, path, 8)
     if len(path) > 1:  # the length is read, not assumed: one step fewer moves the state

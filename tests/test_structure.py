@@ -1,10 +1,13 @@
 """The package's shape (issue #25), fast and with no model: its import graph has no circle and runs one way, lower
-layers never importing higher ones; no function is longer than 80 lines (Triton kernels apart). Each check is
-also run on a small made-up case it must refuse, so that a check that can no longer fail fails here."""
+layers never importing higher ones, and inside the engine lower floors never importing higher ones, the kernels
+importing nothing of the package but each other and its pure base (issue #66); no function is longer than 80 lines
+(Triton kernels apart). Each check is also run on a small made-up case it must refuse, so that a check that can no
+longer fail fails here."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +41,36 @@ FORBIDDEN = (("ddtree_viz.render", "ddtree_viz.engine"),)  # render is pure: a r
 NOT_IMPORTED = {"ddtree_viz.cli": {"ddtree_viz.__main__"}}  # package -> the only modules outside it importing it
 
 # ---------------------------------------------------------------------------------------------------------
+# Inside the engine, floors (docs/ARCHITECTURE.md, "The engine's floors"): a module imports only modules of its floor
+# or below. A module's floor is that of the longest entry that is the module or one of its packages; the engine
+# package itself names the top floor, so a module named nowhere else (the runner, the session, the engines, model
+# loading, the static drafter) is there. The kernels (engine/kernels/, one folder per op) import nothing of the
+# package but each other and KERNEL_BASE; of other distributions only KERNEL_DISTRIBUTIONS (and the standard library).
+# ---------------------------------------------------------------------------------------------------------
+
+ENGINE = "ddtree_viz.engine"
+ENGINE_FLOORS = (
+    ("kernels", ("ddtree_viz.engine.kernels",)),  # one folder per op: naive.py, the fast forms, dispatch.py
+    ("weights", ("ddtree_viz.engine.weights",)),  # checkpoint weight formats (their products are kernels)
+    # the model's layers and what a round computes with: the fused pieces and the runner's GDN forms, the tree-exact
+    # GDN layer, transformers' kernel choice, the draft tree, the verify's layer swap and cache, the drafter's modules
+    ("layers", ("ddtree_viz.engine.fused", "ddtree_viz.engine.gdn_forms", "ddtree_viz.engine.gdn_tree",
+                "ddtree_viz.engine.backends", "ddtree_viz.engine.tree", "ddtree_viz.engine.cache",
+                "ddtree_viz.engine.verify", "ddtree_viz.engine.drafter", "ddtree_viz.engine.dflash2")),
+    ("runner/session", (ENGINE,)),  # the rest: runner, draft_runner, engines, session, models, costs, ...
+)
+FLOOR_RANK = {name: rank for rank, (name, _) in enumerate(ENGINE_FLOORS)}
+KERNELS = "ddtree_viz.engine.kernels"
+KERNEL_BASE = ("ddtree_viz.treeops",)  # parent-list operations (numpy only): the one module outside a kernel may use
+KERNEL_DISTRIBUTIONS = ("torch", "triton", "numpy")  # beside the standard library
+
+# ---------------------------------------------------------------------------------------------------------
 # Function length: at most MAX_LINES (def line to last line). Triton kernels (@triton.jit) apart.
 # ---------------------------------------------------------------------------------------------------------
 
 MAX_LINES = 80
+MAX_CLASS_LINES = 400  # a class, class line to last line (issue #66: the code's own habits)
+MAX_MODULE_LINES = 800  # a module, its lines
 LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}  # "path:function" -> why it stays long. Starts empty; keep it so.
 # TEMPORARY (issue #25's merge): files other helpers are restructuring at the same time, left out of the length
 # check on this branch only. The lead empties this list at merge; a file here with no long function left (or gone)
@@ -154,6 +183,49 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def floor_of(name: str) -> str | None:
+    """The engine floor of module `name` (None outside the engine)."""
+    best = max(((len(e), floor) for floor, entries in ENGINE_FLOORS for e in entries if _under(name, e)), default=None)
+    return best[1] if best else None
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside the engine that runs up a floor."""
+    bad = []
+    for a in sorted(graph):
+        fa = floor_of(a)
+        for b in sorted(graph[a]):
+            fb = floor_of(b)
+            if fa is not None and fb is not None and FLOOR_RANK[fb] > FLOOR_RANK[fa]:
+                bad.append(f"{a} ({fa}) imports {b} ({fb}), a higher floor")
+    return bad
+
+
+def distributions_of(path: Path) -> set[str]:
+    """The top-level names of the absolute imports in a file (anywhere in it), the package's own left out."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {PACKAGE}
+
+
+def kernel_violations(graph: dict[str, set[str]], root: Path = ROOT) -> list[str]:
+    """Every import of a kernel module that leaves the kernels: a module of the package outside engine/kernels/ and
+    KERNEL_BASE, or a distribution other than KERNEL_DISTRIBUTIONS and the standard library."""
+    modules = package_modules(root)
+    bad = []
+    for a in sorted(m for m in graph if _under(m, KERNELS)):
+        bad += [f"{a} imports {b}, outside the kernels" for b in sorted(graph[a])
+                if not _under(b, KERNELS) and b not in KERNEL_BASE]
+        bad += [f"{a} imports {d}, not torch, triton, numpy or the standard library"
+                for d in sorted(distributions_of(modules[a]))
+                if d not in KERNEL_DISTRIBUTIONS and d not in sys.stdlib_module_names and d != "__future__"]
+    return bad
+
+
 def long_functions(source: str, path: str = "<source>") -> list[str]:
     """'path:name (N lines)' for each function (methods and nested ones included) longer than MAX_LINES, from its
     def line to its last line; Triton kernels (decorated @triton.jit) apart."""
@@ -165,6 +237,17 @@ def long_functions(source: str, path: str = "<source>") -> list[str]:
             lines = node.end_lineno - node.lineno + 1
             if lines > MAX_LINES:
                 out.append(f"{path}:{node.name} ({lines} lines)")
+    return out
+
+
+def oversized(source: str, path: str = "<source>") -> list[str]:
+    """'path (N lines)' for a module over MAX_MODULE_LINES and 'path:Class (N lines)' for each class over
+    MAX_CLASS_LINES (nested ones too)."""
+    n = len(source.splitlines())
+    out = [f"{path} ({n} lines)"] if n > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source, path)):
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+            out.append(f"{path}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     return out
 
 
@@ -192,6 +275,14 @@ def test_imports_run_one_way_down_the_layers():
     assert layer_violations(import_graph()) == []
 
 
+def test_engine_floors_run_one_way_and_kernels_import_only_kernels():
+    graph = import_graph()
+    assert "ddtree_viz.engine.kernels.gdn_tree.parallel" in graph["ddtree_viz.engine.fused"]  # it sees the kernels
+    assert floor_of("ddtree_viz.engine.runner") == floor_of("ddtree_viz.engine.session") == "runner/session"
+    assert floor_violations(graph) == []
+    assert kernel_violations(graph) == []
+
+
 def test_no_function_over_80_lines():
     found = _package_long_functions()
     long = [f for path, fs in found.items() if path not in TEMPORARY_UNCHECKED_FILES for f in fs
@@ -199,6 +290,12 @@ def test_no_function_over_80_lines():
     assert long == []
     stale = [p for p in TEMPORARY_UNCHECKED_FILES if not found.get(p)]
     assert stale == [], "no long function left in these files: take them off TEMPORARY_UNCHECKED_FILES"
+
+
+def test_no_class_over_400_lines_and_no_module_over_800():
+    found = [o for path in sorted((ROOT / PACKAGE).rglob("*.py"))
+             for o in oversized(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())]
+    assert found == []
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,9 +324,40 @@ def test_the_checks_refuse_what_they_should(tmp_path):
         "ddtree_viz.page.views (page) imports ddtree_viz.cli.run (entry), a higher layer",
         "ddtree_viz.page.views imports ddtree_viz.cli.run: only ddtree_viz.__main__ may",
     ]
+    # the engine's floors and the kernels' imports: a kernel reaching up into the layers and out to transformers, a
+    # weight format importing a layer; a kernel's own imports, the base module and the allowed distributions pass
+    engine = pkg / "engine"
+    (engine / "kernels" / "op").mkdir(parents=True)
+    (engine / "weights").mkdir()
+    for init in (engine / "kernels", engine / "kernels" / "op", engine / "weights"):
+        (init / "__init__.py").write_text("")
+    (pkg / "treeops.py").write_text("")
+    (engine / "kernels" / "device.py").write_text("import os\n")
+    (engine / "kernels" / "op" / "naive.py").write_text(
+        "import math\nimport torch\nimport triton.language as tl\nfrom .... import treeops\nfrom .. import device\n"
+        "def f():\n    from ...fused import Pieces\n    import transformers\n")
+    (engine / "weights" / "fmt.py").write_text("from ..kernels.op import naive\nfrom ..fused import Pieces\n")
+    (engine / "fused.py").write_text("from .kernels.op.naive import f\nPieces = 1\n")
+    (engine / "runner.py").write_text("from .fused import Pieces\nfrom .weights import fmt\n")
+    graph = import_graph(tmp_path)
+    assert graph["ddtree_viz.engine.kernels.op.naive"] == {
+        "ddtree_viz.treeops", "ddtree_viz.engine.kernels.device", "ddtree_viz.engine.fused"}
+    assert floor_violations(graph) == [
+        "ddtree_viz.engine.kernels.op.naive (kernels) imports ddtree_viz.engine.fused (layers), a higher floor",
+        "ddtree_viz.engine.weights.fmt (weights) imports ddtree_viz.engine.fused (layers), a higher floor",
+    ]
+    assert kernel_violations(graph, tmp_path) == [
+        "ddtree_viz.engine.kernels.op.naive imports ddtree_viz.engine.fused, outside the kernels",
+        "ddtree_viz.engine.kernels.op.naive imports transformers, not torch, triton, numpy or the standard library",
+    ]
     # function length: 81 lines is too long, 80 is not, a Triton kernel may be longer
     body = "    x = 1\n" * 79
     assert long_functions("def ok():\n" + body) == []
     assert long_functions("def long():\n" + body + "    return x\n") == ["<source>:long (81 lines)"]
     assert long_functions("@triton.jit\ndef kernel():\n" + body * 2) == []
     assert long_functions("class A:\n    def m(self):\n" + "        x = 1\n" * 80) == ["<source>:m (81 lines)"]
+    # sizes: a class of 401 lines, a module of 801, each refused; 400 and 800 are not
+    assert oversized("class A:\n" + "    x = 1\n" * 399) == []
+    assert oversized("class A:\n" + "    x = 1\n" * 400) == ["<source>:A (401 lines)"]
+    assert oversized("x = 1\n" * 800) == []
+    assert oversized("x = 1\n" * 801) == ["<source> (801 lines)"]

@@ -1,9 +1,9 @@
 """The Triton kernels of the tree delta rule against the per-path recurrence (tree_delta_rule_reference) and the torch
-forms, at toy and real widths (K = V = 128), on random trees and chains of 1 .. 129 positions: the whole rule fused
-(engine/delta_rule/triton_blocked.py) against tree_delta_rule; the tree solve (engine/delta_rule/triton_solve.py)
-against parallel.tree_solve (cuBLAS's triangular solve), with its repetition count from the device (parallel.solve_steps);
-the whole rule in two launches (tree_rule_triton, the CUDA default) against the torch form and the reference, from
-grouped key heads. Then the static runner with each: DDTree == greedy.
+forms, at toy and real widths (K = V = 128), on random trees and chains of 1 .. 129 positions: the tree solve
+(engine/kernels/gdn_tree/triton_solve.py) against parallel.tree_solve (cuBLAS's triangular solve), with its
+repetition count from the device (parallel.solve_steps); the whole rule in two launches (tree_rule_triton, the CUDA
+default) against the torch form and the reference, from grouped key heads. Then the static runner with each:
+DDTree == greedy.
 
 Triton's interpreter without a GPU, skipped without Triton: tests/kernel_env.py."""
 
@@ -17,12 +17,11 @@ from tests.kernel_env import CUDA, DEVICE, triton  # noqa: F401 (first: Triton s
 
 import triton.language as tl
 
-from ddtree_viz.engine.delta_rule.naive import tree_delta_rule_reference
-from ddtree_viz.engine.delta_rule.parallel import (
-    solve_steps, tree_delta_rule, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
+from ddtree_viz.engine.kernels.gdn_tree.naive import tree_delta_rule_reference
+from ddtree_viz.engine.kernels.gdn_tree.parallel import (
+    solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve,
 )
-from ddtree_viz.engine.delta_rule.triton_blocked import tree_delta_rule_triton
-from ddtree_viz.engine.delta_rule.triton_solve import _split, tree_rule_triton, tree_solve_triton
+from ddtree_viz.engine.kernels.gdn_tree.triton_solve import _split, tree_rule_triton, tree_solve_triton
 from ddtree_viz.engine.gdn_tree import TreeIndex
 from tests.test_gdn_tree import random_tree
 
@@ -55,70 +54,9 @@ def inputs(parents, H, Hq, K, V, seed, strong=False):
     return [x.to(DEVICE) for x in (q, k, v, g, beta, state)]
 
 
-CASES = [  # (T, tree depth, H, Hq, K, V): toy widths, odd widths (masked), real widths with grouped heads
-    (1, 0, 3, 3, 4, 5), (2, 1, 3, 1, 4, 5), (17, 5, 4, 2, 16, 16), (17, 16, 2, 2, 12, 40),
-    (1, 0, 4, 2, 128, 128), (2, 1, 4, 2, 128, 128), (17, 6, 4, 2, 128, 128), (65, 9, 4, 2, 128, 128),
-    (129, 12, 4, 2, 128, 128), (129, 128, 2, 1, 128, 128),  # the last: one chain of 129
-]
-
-
-@pytest.mark.parametrize("T, depth, H, Hq, K, V", CASES)
-def test_kernel_equals_the_reference_and_the_torch_form(T, depth, H, Hq, K, V):
-    parents = random_tree(T, depth, random.Random(T * 7 + depth))
-    q, k, v, g, beta, state = inputs(parents, H, Hq, K, V, seed=T + depth)
-    anc = TreeIndex.build(parents, 4, DEVICE).ancestors
-    o, delta = tree_delta_rule_triton(q, k, v, g, beta, state, anc)
-    qr, kr = q.repeat_interleave(H // Hq, 1), k.repeat_interleave(H // Hq, 1)  # what the torch forms take
-    o_torch, delta_torch = tree_delta_rule(qr, kr, v, g, beta, state, anc)
-    torch.testing.assert_close(o, o_torch, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(delta, delta_torch, atol=2e-5, rtol=1e-4)
-    ref = tree_delta_rule_reference(qr.cpu(), kr.cpu(), v.cpu(), g.cpu(), beta.cpu(), state.cpu(), parents)
-    torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("block_t", [16, 32])
-def test_kernel_without_decay_and_strong_beta(block_t):
-    """The least damped system (g = 0, beta ~ 1) on a deep tree: the blocked inverse still matches."""
-    parents = random_tree(40, 20, random.Random(3))
-    q, k, v, g, beta, state = inputs(parents, 2, 2, 16, 16, seed=9, strong=True)
-    anc = TreeIndex.build(parents, 4, DEVICE).ancestors
-    o, delta = tree_delta_rule_triton(q, k, v, g, beta, state, anc, block_t=block_t)
-    ref = tree_delta_rule_reference(*(x.cpu() for x in (q, k, v, g, beta, state)), parents)
-    torch.testing.assert_close(o.cpu(), ref, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(delta, tree_delta_rule(q, k, v, g, beta, state, anc)[1], atol=2e-5, rtol=1e-4)
-
-
-def test_kernel_reads_strided_inputs_and_refuses_bad_shapes():
-    parents = random_tree(9, 3, random.Random(1))
-    q, k, v, g, beta, state = inputs(parents, 2, 2, 16, 16, seed=2)
-    anc = TreeIndex.build(parents, 4, DEVICE).ancestors
-    wide = torch.randn(9, 2, 40, device=DEVICE)
-    wide[:, :, 8:24] = v  # v as a strided view, as the conv's split leaves it
-    o, delta = tree_delta_rule_triton(q, k, wide[:, :, 8:24], g.t().contiguous().t(), beta, state, anc)
-    expect = tree_delta_rule(q, k, v, g, beta, state, anc)
-    torch.testing.assert_close(o, expect[0], atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(delta, expect[1], atol=2e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match="shapes"):
-        tree_delta_rule_triton(q, k, v[:, :1], g, beta, state, anc)
-    with pytest.raises(ValueError, match="block_t"):
-        tree_delta_rule_triton(q, k, v, g, beta, state, anc, block_t=8)
-
-
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: all 48 heads of a Qwen3.6-27B GDN layer, compiled")
-def test_kernel_at_qwen36_27b_shapes_on_the_gpu():
-    for T in (1, 17, 65, 129):
-        parents = random_tree(T, min(T - 1, 15), random.Random(T))
-        q, k, v, g, beta, state = inputs(parents, 48, 16, 128, 128, seed=T)
-        anc = TreeIndex.build(parents, 4, DEVICE).ancestors
-        o, delta = tree_delta_rule_triton(q, k, v, g, beta, state, anc)
-        expect = tree_delta_rule(q.repeat_interleave(3, 1), k.repeat_interleave(3, 1), v, g, beta, state, anc)
-        torch.testing.assert_close(o, expect[0], atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(delta, expect[1], atol=2e-5, rtol=1e-4)
-
-
 def test_runner_with_the_kernel_equals_greedy():
-    """The static runner with the kernel for trees and the one-node step (fused projections, both attention
-    forms), and with the tree solve: its greedy == transformers' greedy and its DDTree == greedy, token for token
+    """The static runner with the whole rule in two launches (fused projections, both attention forms), and with
+    the tree solve: its greedy == transformers' greedy and its DDTree == greedy, token for token
     (fp32). On a GPU with CUDA graphs; on a CPU through the interpreter."""
     from ddtree_viz.engine.oracle import OracleProposer
     from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
@@ -132,9 +70,9 @@ def test_runner_with_the_kernel_equals_greedy():
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
-    for options in (RunnerOptions("triton", True, "eager"), RunnerOptions("triton-tree", True, "sdpa"),
-                    RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "eager")):
-        # the last two: the tree solve and the whole rule of delta_rule/triton_solve.py
+    for options in (RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "sdpa"),
+                    RunnerOptions("triton-rule", True, "eager")):
+        # the tree solve and the whole rule of kernels/gdn_tree/triton_solve.py (both attention forms)
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
                               options=options)
         assert runner.rule.kernel is not None and runner.kernel_error is None
@@ -148,7 +86,7 @@ def test_runner_with_the_kernel_equals_greedy():
         assert out == ref and max(rounds) > 2
 
 
-# -- the tree solve (delta_rule/triton_solve.py) -------------------------------------------------------------------
+# -- the tree solve (kernels/gdn_tree/triton_solve.py) ----------------------------------------------------------------
 
 SOLVE_CASES = [  # (T, tree depth, H, K, V)
     (1, 0, 2, 4, 16), (2, 1, 3, 4, 16), (17, 5, 4, 16, 16), (17, 16, 2, 12, 40), (40, 20, 2, 16, 48),
@@ -217,7 +155,7 @@ def test_solve_at_qwen36_27b_shapes_on_the_gpu():
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-# -- the whole rule in two launches (delta_rule/triton_solve.py: tree_rule_triton) ------------------------------------
+# -- the whole rule in two launches (kernels/gdn_tree/triton_solve.py: tree_rule_triton) -------------------------------
 
 RULE_CASES = [  # (T, tree depth, H, Hk, K, V): grouped key heads, odd widths (masked), real widths, a chain
     (1, 0, 2, 1, 16, 16), (2, 1, 3, 1, 16, 16), (17, 5, 4, 2, 16, 16), (17, 16, 2, 2, 12, 40), (40, 20, 6, 2, 48, 48),
@@ -271,7 +209,7 @@ def test_parts_by_key_head_equal_the_parts_by_value_head(T, H, Hk):
     """The parts kernel with a program per key head (its value heads' q.k and k.k made once: `group`) writes the
     A, Qd and G a program per value head writes, at each of its rows a program; and the whole rule with it equals
     the torch form."""
-    from ddtree_viz.engine.delta_rule.triton_solve import tree_parts_triton
+    from ddtree_viz.engine.kernels.gdn_tree.triton_solve import tree_parts_triton
 
     parents = random_tree(T, 9, random.Random(T + 1))
     (q, k, v, g, beta, state), masks, steps = rule_inputs(parents, H, Hk, 128, 128, seed=T + 1)

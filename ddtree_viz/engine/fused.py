@@ -24,7 +24,9 @@ weights still view one fused matrix) is reused, so several runners on one target
 Fewer elementwise kernels: between its GEMMs a layer ran ~60 small kernels per token in eager PyTorch (norms
 with their fp32 round trips, the GDN conv, l2 norms, gates, the one-step delta rule, rope, the softmax, SiLU, the
 residual adds). The second half of this module holds those pieces as pure functions of tensors and numbers
-(weights and state are arguments, never closures over modules), so that `compiled(fn)` (torch.compile, inductor,
+(weights and state are arguments, never closures over modules); those that are a kernel's torch form (the norms,
+the GDN prep, one-step rule and gated norm, the commit) live beside their kernel in engine/kernels/ and are
+imported here, so that `compiled(fn)` (torch.compile, inductor,
 no CUDA graphs of its own: the runner captures its own) fuses each into a few kernels and one compiled graph
 serves every layer of a kind. The GEMMs stay outside them (cuBLAS, as before). The static runner calls these same
 functions either way (`Pieces`): through torch.compile when `RunnerOptions.compile` is on, as they are otherwise
@@ -40,9 +42,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-from .delta_rule.parallel import tree_delta_rule_masked, tree_delta_rule_parts
-from .delta_rule.step import delta_rule_step
-from .gdn_tree import l2norm, tree_conv
+# the kernels' torch forms: the pieces below are made of them, and the runner calls them as this module's (fz.<name>)
+from .kernels.add_norm.naive import add_rms_norm, rms_norm  # noqa: F401
+from .kernels.gdn_step.naive import delta_rule_step, gated_norm, gdn_prep
+from .kernels.gdn_tree.parallel import tree_delta_rule_masked, tree_delta_rule_parts
+from .kernels.state_commit.closed_form import commit_conv, commit_recurrent, commit_state  # noqa: F401
 from .weights.plain import FusedLinear
 from .weights.registry import layout_of
 
@@ -245,46 +249,9 @@ class GDNWeights:
                         rep=m.num_v_heads // m.num_k_heads, eps=m.norm.variance_epsilon))
 
 
-def rms_norm(x, scale, eps: float):
-    """Qwen3.5's zero-centred RMSNorm (fp32 normalise, scale by 1 + w, cast back) with `scale` = 1 + w in fp32."""
-    return (F.rms_norm(x.float(), (x.shape[-1],), eps=eps) * scale).type_as(x)
-
-
-def add_rms_norm(x, y, scale, eps: float):
-    """A residual add and the norm after it: (x + y, rms_norm(x + y))."""
-    x = x + y
-    return x, rms_norm(x, scale, eps)
-
-
 def silu_mul(gate, up):
     """The MLP between its two GEMMs: SiLU(gate) * up."""
     return F.silu(gate) * up
-
-
-def gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim: int, head_k: int, head_v: int,
-             rep: int):
-    """gdn_tree.gdn_inputs between the projections and the delta rule: tree conv, l2 norms, gates. u [T, C], b, a
-    [T, H]; conv_state, conv_weight [C, kernel]; gather [T, kernel]. Returns q, k [T, H, K], v [T, H, V], g, beta
-    [T, H], all fp32 (q and k repeated to the value heads where rep > 1; rep = 1 keeps the Hk key heads)."""
-    n = u.shape[0]
-    mixed = tree_conv(u, conv_state, conv_weight, gather)
-    qk = l2norm(mixed[:, : 2 * key_dim].reshape(n, 2, -1, head_k).float())  # queries, keys: [T, 2, Hk, K]
-    v = mixed[:, 2 * key_dim :].reshape(n, -1, head_v).float()
-    q, k = qk[:, 0] / (head_k**0.5), qk[:, 1]
-    beta = b.sigmoid().float()
-    g = (-A_log.float().exp() * F.softplus(a.float() + dt_bias)).float()
-    if rep > 1:
-        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-    return q, k, v, g, beta
-
-
-def gated_norm(core, z, norm_weight, head_v: int, eps: float):
-    """transformers' Qwen3_5RMSNormGated (gdn_tree.gdn_output before out_proj): normalise in fp32, scale in the
-    model's dtype, gate by SiLU(z) in fp32. core [T, H, V] fp32, z [T, H*V] -> [T, H*V] in z's dtype."""
-    n = core.shape[0]
-    x = core.to(z.dtype).reshape(-1, head_v).float()
-    x = norm_weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(z.dtype)
-    return (x * F.silu(z.reshape(-1, head_v).float())).to(z.dtype).reshape(n, -1)
 
 
 def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, norm_weight, anc_float, off_path,
@@ -304,9 +271,9 @@ def gdn_core(u, z, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state,
 
 def gdn_tree_parts(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, state, anc_float, off_path,
                    key_dim: int, head_k: int, head_v: int):
-    """`gdn_core` up to the tree solve, for the Triton solve (delta_rule/triton_solve.py) to finish: `gdn_prep` (q and
-    k on their key heads), then delta_rule/parallel.py's tree_delta_rule_parts. Returns (A, Qd [H, T, T], rhs,
-    base [H, T, V], k [T, Hk, K] (the commit repeats it), g [T, H])."""
+    """`gdn_core` up to the tree solve, for the Triton solve (kernels/gdn_tree/triton_solve.py) to finish: `gdn_prep`
+    (q and k on their key heads), then kernels/gdn_tree/parallel.py's tree_delta_rule_parts. Returns (A, Qd [H, T,
+    T], rhs, base [H, T, V], k [T, Hk, K] (the commit repeats it), g [T, H])."""
     q, k, v, g, beta = gdn_prep(u, b, a, conv_state, conv_weight, gather, A_log, dt_bias, key_dim, head_k, head_v, 1)
     return (*tree_delta_rule_parts(q, k, v, g, beta, state, anc_float, off_path), k, g)
 
@@ -334,35 +301,3 @@ def gate_heads(o, gate, heads: int):
     """Attention's output heads back to [1, T, heads*head_dim], gated by sigmoid(gate) (before o_proj)."""
     T = gate.shape[1]
     return o.reshape(1, heads, T, o.shape[-1]).transpose(1, 2).reshape(1, T, -1) * torch.sigmoid(gate)
-
-
-def commit_recurrent(rec_all, k, g, delta, path, steps, length) -> None:
-    """The static runner's GDN commit of the recurrent states for every layer at once, in place: each advanced along
-    the accepted path (closed form of delta_rule/parallel.py's state_after: one batched matmul, then decay and add in
-    one pass; delta_rule/triton_commit.py does it in one launch). rec_all [Lg, H, K, V] fp32; k [Lg, T, H, K];
-    g [Lg, T, H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (0 .. P-1); length [] (the path's valid steps)."""
-    valid = (steps < length).to(torch.float32)[None, :, None]  # the path's steps, padding after
-    G = torch.cumsum(g.index_select(1, path) * valid, dim=1)  # [Lg, P, H] path sums (padding adds 0)
-    end = G[:, -1]
-    w = (end[:, None] - G).exp() * valid
-    kp = k.index_select(1, path)
-    if kp.shape[2] != w.shape[2]:  # keys stashed with their Hk key heads (the Triton kernel's): each serves H / Hk
-        kp = kp.repeat_interleave(w.shape[2] // kp.shape[2], dim=2)
-    kp = kp * w[..., None]  # [Lg, P, H, K]
-    # sum_j k_j delta_j^T: a batched matmul (a reduction over P fused into one kernel reads its operands P times)
-    grown = torch.einsum("lphk,lphv->lhkv", kp, delta.index_select(1, path))  # [Lg, H, K, V]
-    rec_all.copy_(end.exp()[..., None, None] * rec_all + grown)  # one pass over the states, in place
-
-
-def commit_conv(conv_all, u, gather, last) -> None:
-    """The commit's conv windows for every GDN layer at once, in place: each taken at the path's last node. conv_all
-    [Lg, C, kernel]; u [Lg, T, C]; gather [T, kernel]; last [1]."""
-    ext = torch.cat([conv_all, u.to(conv_all.dtype).transpose(1, 2)], dim=2)  # [Lg, C, kernel + T]
-    conv_all.copy_(ext.index_select(2, gather.index_select(0, last)[0]))
-
-
-def commit_state(rec_all, conv_all, u, k, g, delta, path, steps, length, gather, last) -> None:
-    """The static runner's GDN commit for every layer at once, in place (one piece): commit_recurrent, then
-    commit_conv. Shapes as theirs."""
-    commit_recurrent(rec_all, k, g, delta, path, steps, length)
-    commit_conv(conv_all, u, gather, last)

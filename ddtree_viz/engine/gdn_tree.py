@@ -1,11 +1,12 @@
 """Tree-exact Gated DeltaNet layers: every tree node sees exactly its own root-to-node path.
 
-The layer around the tree delta rule (whose forms live in engine/delta_rule/): the tree's index (ancestor mask,
+The layer around the tree delta rule (whose forms live in engine/kernels/gdn_tree/): the tree's index (ancestor mask,
 conv windows), the causal conv along parent chains (a node's window is (u_n, u_p(n), u_p(p(n)), ...) continuing
 into the committed conv-state columns past the root), a whole GDN layer of transformers' weights over a tree
 (`tree_gdn_forward`, with the parallel delta rule; `tree_gdn_forward_reference`, with the per-path recurrence),
 and the commit of an accepted path's conv and recurrent state. verify.py swaps these layers into transformers'
-forward; the static runner uses the conv and the index (through engine/fused.py's pieces).
+forward; the static runner uses the index (the conv, the norms and gates are engine/kernels/gdn_step/naive.py's
+pieces, imported here and by engine/fused.py).
 
 Dimension letters: the project's one legend (docs/ARCHITECTURE.md repeats it), used in every shape comment.
     T   tree positions of one verify pass (root first, parents before children)
@@ -29,8 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import treeops
-from .delta_rule.naive import replay_state, tree_delta_rule_reference
-from .delta_rule.parallel import TreeMasks, state_after, tree_delta_rule
+from .kernels.gdn_step.naive import l2norm, tree_conv
+from .kernels.gdn_tree.naive import replay_state, tree_delta_rule_reference
+from .kernels.gdn_tree.parallel import TreeMasks, state_after, tree_delta_rule
 
 # ----------------------------------------------------------------------------------------------------------
 # Tree indexing
@@ -55,24 +57,12 @@ class TreeIndex:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Causal conv along parent chains
+# Causal conv along parent chains (tree_conv itself, the fast form: kernels/gdn_step/naive.py)
 # ----------------------------------------------------------------------------------------------------------
 
 
-def tree_conv(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv where each node's window follows its parent chain, then SiLU.
-
-    u: [T, C] raw conv inputs; conv_state: [C, kernel] committed raw inputs (oldest first); weight: [C, kernel].
-    Time-major throughout: the windows are whole rows of cat(conv_state^T, u), gathered along dim 0."""
-    n, kernel = gather.shape
-    ext = torch.cat([conv_state.t().to(weight.dtype), u.to(weight.dtype)])  # [kernel + T, C]
-    windows = ext.index_select(0, gather.view(-1)).view(n, kernel, -1)  # [T, kernel, C]
-    out = (windows * weight.t()).sum(1)  # [T, C]
-    return F.silu(out).to(u.dtype)
-
-
 def tree_conv_reference(u: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, parents) -> torch.Tensor:
-    """Per node: gather the window by walking parent pointers, then F.conv1d on it. Shapes as tree_conv."""
+    """Per node: gather the window by walking parent pointers, then F.conv1d on it. Shapes as tree_conv's."""
     kernel = weight.shape[1]
     outs = []
     for pos in range(u.shape[0]):
@@ -111,14 +101,10 @@ class GDNTreeStash:
     delta: torch.Tensor | None  # [T, H, V] fp32 (fast form only)
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
 def gdn_inputs(layer, hidden: torch.Tensor, conv_state: torch.Tensor, index: TreeIndex | None, parents):
     """Projections + tree conv (by the index's windows, or by walking `parents` when index is None) + the per-token
-    q, k, v, g, beta exactly as transformers computes them (engine/fused.py's gdn_prep is its pure twin, for the
-    static runner). hidden: [T, D] (batch of one, already normed). Returns (u [T, C], z [T, H, V], q, k [T, H, K],
+    q, k, v, g, beta exactly as transformers computes them (kernels/gdn_step/naive.py's gdn_prep is its pure twin, for
+    the static runner). hidden: [T, D] (batch of one, already normed). Returns (u [T, C], z [T, H, V], q, k [T, H, K],
     v [T, H, V], g, beta [T, H]) with q/k/v/g/beta fp32."""
     n = hidden.shape[0]
     u, z, b, a = (layer.in_proj_qkv(hidden), layer.in_proj_z(hidden), layer.in_proj_b(hidden), layer.in_proj_a(hidden))

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from ..errors import InputError
-from .delta_rule.dispatch import triton_available
+from .kernels.device import triton_available
 from .dflash2 import SelectorScores
 from .engines import EngineCapabilities, TargetEngine, TreePass
 from .proposers import Proposer

@@ -14,6 +14,9 @@ import numpy as np
 import torch
 
 from .. import treeops
+from .kernels.best_first.beam import tree_on_device  # noqa: F401 (the tree's nodes by tensor ops)
+from .kernels.best_first.dispatch import device_tree_nodes
+from .kernels.best_first.naive import best_first_nodes
 
 
 @dataclass(frozen=True)
@@ -181,121 +184,18 @@ def to_host(*tensors: torch.Tensor, before_wait=None) -> tuple[torch.Tensor, ...
 
 
 def build_tree(root_token_id: int, top_logprobs: np.ndarray, top_token_ids: np.ndarray, budget: int) -> DraftTree:
-    """DDTree's best-first tree over per-depth candidates.
+    """DDTree's best-first tree over per-depth candidates (kernels/best_first/naive.py's heap loop on the host).
 
     top_logprobs / top_token_ids: [depth_limit, k], each row sorted by descending log-prob (row d holds the
     drafter's candidates for depth d+1). A node's score is the sum of the log-probs along its path. Popping a
     node adds it and pushes its next-rank sibling and its rank-0 child, so the first `budget` pops are the
     `budget` highest-scoring prefixes (ties broken by the rank tuple, as in the reference code).
     """
-    depth_limit, k = top_logprobs.shape
-    token_ids, parents, depths, ranks, logprobs = [root_token_id], [-1], [0], [-1], [0.0]
-    if budget <= 0 or depth_limit == 0 or k == 0:
-        return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
-
-    # Python floats (an exact conversion): the loop below runs once per node on the host every round, and numpy
-    # scalars cost several times a float's indexing and arithmetic; token ids are gathered once at the end
-    lp = np.asarray(top_logprobs, dtype=np.float64).tolist()
-    push, pop = heapq.heappush, heapq.heappop
-    # entries: (-score, rank path, parent position, depth, rank, parent's score); ties on the score go to the smaller
-    # rank path. A node's score is its parent's plus its own log-prob, summed from the root down (what tree_on_device
-    # computes too, bit for bit). The rank path (r1, .., rd) is held as one integer that orders as the tuples do, a
-    # prefix before its extensions: the sum of (r_i + 1) * unit[i] with unit[i] = (k + 1) ** (depth_limit - i), so a
-    # sibling adds unit[d] and a first child unit[d + 1] (no tuples made per node)
-    unit = [(k + 1) ** (depth_limit - i) for i in range(depth_limit + 1)]
-    heap = [(-lp[0][0], unit[1], 0, 1, 0, 0.0)]
-    while heap and len(parents) <= budget:
-        neg, rank_path, parent, depth, rank, above = pop(heap)
-        row = lp[depth - 1]
-        pos = len(parents)
-        parents.append(parent)
-        depths.append(depth)
-        ranks.append(rank)
-        logprobs.append(row[rank])
-        if rank + 1 < k:
-            push(heap, (-(above + row[rank + 1]), rank_path + unit[depth], parent, depth, rank + 1, above))
-        if depth < depth_limit:
-            push(heap, (neg - lp[depth][0], rank_path + unit[depth + 1], pos, depth + 1, 0, -neg))
-    token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
+    parents, depths, ranks, logprobs = best_first_nodes(top_logprobs, budget)
+    token_ids = [root_token_id]
+    if len(parents) > 1:  # token ids gathered once, at the end
+        token_ids += np.asarray(top_token_ids)[np.asarray(depths[1:]) - 1, np.asarray(ranks[1:])].tolist()
     return DraftTree(tuple(token_ids), tuple(parents), tuple(depths), tuple(ranks), tuple(logprobs))
-
-
-def device_tree_nodes(top_logprobs: torch.Tensor, budget: int, kernel: bool | None = None) -> tuple[torch.Tensor, ...]:
-    """tree_on_device's nodes, by the best-first kernel (engine/best_first.py: build_tree's heap loop in one Triton
-    program) or by tree_on_device's tensor ops. `kernel` None: the kernel on CUDA where Triton is installed, for
-    budgets up to its MAX_BUDGET; True asks for it (Triton's interpreter runs it on CPU tensors)."""
-    from .delta_rule.dispatch import triton_available
-
-    if kernel is None:
-        kernel = top_logprobs.is_cuda and triton_available()
-    if kernel and budget >= 1 and min(top_logprobs.shape) >= 1:  # (an empty tree: tree_on_device's root alone)
-        from .best_first import MAX_BUDGET, best_first_triton
-
-        if budget <= MAX_BUDGET:
-            return best_first_triton(top_logprobs, budget)
-    return tree_on_device(top_logprobs, budget)
-
-
-def tree_on_device(top_logprobs: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
-    """build_tree's nodes computed by tensor ops where the log-probs are (no value read back to the host): parents,
-    depths, ranks [n] (int64) and log-probs [n] (float64), root first, node for node build_tree's, ties included.
-
-    top_logprobs [depth_limit, k], each row sorted descending. The budget's best prefixes are found depth by depth: the
-    best `budget` paths of length d extend the best `budget` of length d - 1 (a path whose prefix is not among those
-    is beaten by `budget` paths that each extend a better prefix by rank 0). Order everywhere: score descending, then
-    the rank path ascending (a prefix before its extensions), as build_tree's heap pops; a score is the parent's
-    plus the node's log-prob in float64, as build_tree sums it. n = 1 + min(budget, number of paths): shapes follow
-    from the sizes alone.
-
-    Two invariants make that one stable sort by score a depth, and one at the end: a depth's beam is kept in rank-path
-    order, so its extensions (beam entry, rank) are made in rank-path order too and a stable sort by score breaks
-    ties the right way; and every kept node sits in one array in preorder (a prefix before its extensions, siblings
-    by rank), where a new depth's nodes are inserted by arithmetic alone: the j-th new node in rank-path order, child
-    of the node at p, lands at p + 1 + j, and an old node at q moves up by the new nodes whose parents precede it."""
-    device = top_logprobs.device
-    depth_limit, k = top_logprobs.shape
-    if budget <= 0 or depth_limit == 0 or k == 0:
-        nodes = torch.empty(0, dtype=torch.long, device=device)
-        return _with_root(nodes, nodes, nodes, nodes.to(torch.float64))
-    width = min(k, budget)  # a node of rank r follows its r better siblings: ranks >= budget never make it
-    lp = top_logprobs[:, :width].to(torch.float64)
-    beam_score = torch.zeros(1, dtype=torch.float64, device=device)  # the root, at position -1
-    beam_at = torch.full((1,), -1, dtype=torch.long, device=device)
-    score = torch.empty(0, dtype=torch.float64, device=device)  # the kept nodes in preorder: score, parent's position,
-    parent, depth, rank = (torch.empty(0, dtype=torch.long, device=device) for _ in range(3))  # depth, rank
-    for d in range(1, depth_limit + 1):
-        extended = (beam_score[:, None] + lp[d - 1][None, :]).reshape(-1)  # (beam entry, rank): rank-path order
-        keep = torch.sort(-extended, stable=True).indices[:budget]
-        chosen = torch.zeros_like(extended, dtype=torch.long).index_fill_(0, keep, 1)
-        kept = torch.empty_like(keep).scatter_(0, chosen.cumsum(0)[keep] - 1, keep)  # keep, in rank-path order
-        above = beam_at[kept // width]  # each new node's parent's position (-1: the root)
-        n, c = score.shape[0], kept.shape[0]
-        moved = torch.arange(n, device=device)
-        if n:  # an old node moves up by the new nodes whose parents precede it
-            children = torch.zeros(n, dtype=torch.long, device=device).scatter_add_(0, above, torch.ones_like(above))
-            moved = moved + children.cumsum(0) - children
-        placed = above + 1 + torch.arange(c, device=device)
-
-        def remap(at: torch.Tensor) -> torch.Tensor:  # old positions to new ones (-1, the root, stays)
-            return torch.where(at >= 0, moved[at.clamp(min=0)], -1) if n else at
-
-        score = torch.empty(n + c, dtype=torch.float64, device=device).index_copy_(0, moved, score)
-        score.index_copy_(0, placed, extended[kept])
-        parent = torch.empty(n + c, dtype=torch.long, device=device).index_copy_(0, moved, remap(parent))
-        parent.index_copy_(0, placed, remap(above))
-        depth = torch.empty_like(parent).index_copy_(0, moved, depth).index_copy_(0, placed, torch.full_like(kept, d))
-        rank = torch.empty_like(parent).index_copy_(0, moved, rank).index_copy_(0, placed, kept % width)
-        beam_score, beam_at = extended[kept], placed
-    order = torch.sort(-score, stable=True).indices[:budget]  # preorder breaks the ties: build_tree's pops
-    position = torch.zeros(score.shape[0] + 1, dtype=torch.long, device=device)  # index -1 (the root's) -> 0
-    position[order] = torch.arange(1, order.shape[0] + 1, device=device)
-    return _with_root(position[parent[order]], depth[order], rank[order], lp[depth[order] - 1, rank[order]])
-
-
-def _with_root(parents: torch.Tensor, depths: torch.Tensor, ranks: torch.Tensor, logprobs: torch.Tensor) -> tuple:
-    """The nodes' fields with the root's entry (parent -1, depth 0, rank -1, log-prob 0) put first."""
-    return tuple(torch.cat([torch.full((1,), value, dtype=t.dtype, device=t.device), t])
-                 for value, t in ((-1, parents), (0, depths), (-1, ranks), (0.0, logprobs)))
 
 
 def tree_inputs_on_device(parents: torch.Tensor, depths: torch.Tensor, kernel: int,

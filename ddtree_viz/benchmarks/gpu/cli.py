@@ -45,8 +45,9 @@ from .targets import exactness_target
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ...engine.delta_rule.dispatch import GDN_KERNELS, ONE_LAUNCH_CHOICES
-    from ...engine.pdl import CHOICES as PDL_CHOICES
+    from ...engine.kernels.device import ONE_LAUNCH_CHOICES
+    from ...engine.kernels.gdn_tree.dispatch import GDN_KERNELS
+    from ...engine.kernels.pdl import CHOICES as PDL_CHOICES
     from ...engine.runner import BLAS_CHOICES, GATE_UP_CHOICES
 
     p = argparse.ArgumentParser(prog="python -m ddtree_viz.benchmarks.gpu", description=__doc__.split("\n\n")[0])
@@ -91,21 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
                    help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
                         "size and library at its first capture")
-    for flag, what, launch, otherwise in (  # RunnerOptions' one-launch pieces (dispatch.ONE_LAUNCH_CHOICES)
-            ("--gdn-step", "one-node GDN core (the greedy step)", "a layer (delta_rule/triton_step.py)",
+    for flag, what, launch, otherwise in (  # RunnerOptions' one-launch pieces (kernels/device.py's ONE_LAUNCH_CHOICES)
+            ("--gdn-step", "one-node GDN core (the greedy step)", "a layer (kernels/gdn_step/)",
              "the tree form's own"),
-            ("--commit", "commit of the GDN states", "for every layer (delta_rule/triton_commit.py)",
+            ("--commit", "commit of the GDN states", "for every layer (kernels/state_commit/)",
              "a batched matmul and a pass"),
-            ("--gdn-prep", "GDN conv, l2 norms and gates over a tree", "a layer (delta_rule/triton_step.py)",
+            ("--gdn-prep", "GDN conv, l2 norms and gates over a tree", "a layer (kernels/gdn_step/)",
              "the compiled piece"),
-            ("--norm", "residual add and the norm after it", "each, a program a row (engine/triton_norm.py)",
+            ("--norm", "residual add and the norm after it", "each, a program a row (kernels/add_norm/)",
              "the compiled piece")):
         p.add_argument(flag, choices=ONE_LAUNCH_CHOICES, default="auto",
                        help=f"the runner's {what}: auto = one Triton launch {launch} on CUDA when Triton imports, "
                             f"else {otherwise}")
     p.add_argument("--pdl", choices=PDL_CHOICES, default="auto",
                    help="the runner's one-row FP8 products and add + norm launches launched behind the kernel before "
-                        "them (programmatic dependent launch, engine/pdl.py): auto = on for a CUDA device of compute "
+                        "them (programmatic dependent launch, engine/kernels/pdl.py): auto = on for a CUDA device of compute "
                         "capability 9.0 or later with Triton")
     p.add_argument("--variants", nargs="*", choices=VARIANT_FIELDS, default=list(VARIANT_FIELDS), metavar="OPTION",
                    help="--fast: the runner options switched one at a time in speed.fast.variants (default: all of "
@@ -138,7 +139,7 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                    help="--fp8, --int4: the peak-memory session's prompt (default: 4096)")
     p.add_argument("--int4", action="store_true",
                    help="--fast: also the target with 4-bit weights made at random (W4A16: symmetric, groups of 128, "
-                        "kept packed on the GPU, engine/int4_gemm.py) on the runner beside bf16, after the bf16 (and "
+                        "kept packed on the GPU, engine/kernels/int4_gemm/) on the runner beside bf16, after the bf16 (and "
                         "FP8) target is freed: its weight-read bound, greedy step, verify, rounds at budget 64, each GEMM "
                         "and the peak memory of a session under --int4-memory-cap (speed.fast.int4; targets int4_*); with "
                         "--exactness the runner's exactness on 4-bit weights too")

@@ -1,4 +1,4 @@
-"""The FP8 weights' GEMMs (128 x 128 blocks: engine/fp8_gemm.py) at the 27B's shapes: each GEMM of a layer beside
+"""The FP8 weights' GEMMs (128 x 128 blocks: engine/kernels/fp8_gemm/) at the 27B's shapes: each GEMM of a layer beside
 cuBLAS's bf16 on the dequantized weight (fp8_gemms, in speed.fast.fp8) and the chosen config beside its neighbours
 (gemm_configs), to tune fp8_gemm.choose from one run."""
 

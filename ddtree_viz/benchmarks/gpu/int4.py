@@ -1,4 +1,4 @@
-"""The 4-bit weights' GEMMs (W4A16: engine/int4_gemm.py) at the 27B's shapes: each GEMM of a layer beside cuBLAS's bf16
+"""The 4-bit weights' GEMMs (W4A16: engine/kernels/int4_gemm/) at the 27B's shapes: each GEMM of a layer beside cuBLAS's bf16
 on the dequantized weight (int4_gemms, in speed.fast.int4), the chosen launch beside its neighbours (int4_configs), and
 `--int4-tune`'s sweep of every candidate launch (int4_tune).
 
@@ -100,7 +100,7 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# --int4-tune: engine/int4_gemm.py's launches swept at the 27B's GEMMs, to choose from one run
+# --int4-tune: engine/kernels/int4_gemm/triton_gemm.py's launches swept at the 27B's GEMMs, to choose from one run
 # ------------------------------------------------------------------------------------------------------------
 
 ROWS = (1, 16, 65, 129)

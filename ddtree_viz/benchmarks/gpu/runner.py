@@ -153,7 +153,7 @@ def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
     """Issue #31 item 1's first part: the round's tree phase from the drafter's log-probs on the device to the tree on
     the host, built on the host (top-k copied back, build_tree) and on the device (device_tree_nodes, the nodes
     copied back) eagerly and in DeviceTreeBuilder's CUDA graph (`graph_ms`; `graph_error` where the capture failed),
-    by the best-first kernel where it runs (engine/best_first.py, the default on CUDA) and by tree_on_device's tensor
+    by the best-first kernel where it runs (engine/kernels/best_first/, the default on CUDA) and by tree_on_device's tensor
     ops in a graph too (`graph_torch_ms`), per budget: ms each (medians of 20) and whether the trees are the same."""
     from ...engine.tree import DeviceTreeBuilder, DraftTree
 
@@ -173,13 +173,13 @@ def tree_build(root: int, logprobs, budgets: list[int], timed) -> dict:
 
 
 def best_first_warps(bench: BenchConfig, logprobs, budgets: list[int], timed, warps=(1, 2, 4, 8)) -> dict:
-    """The best-first kernel (engine/best_first.py) alone per budget and warps a program: µs a call in a CUDA graph
+    """The best-first kernel (engine/kernels/best_first/) alone per budget and warps a program: µs a call in a CUDA graph
     of 8 calls (per_call_us) and whether its tree is the default warps' (`same`); where Triton cannot run, why."""
-    from ...engine.delta_rule.dispatch import triton_available
+    from ...engine.kernels.device import triton_available
 
     if not (bench.cuda and triton_available()):
         return {"error": "the kernel runs on CUDA with Triton (tests run it in Triton's interpreter)"}
-    from ...engine.best_first import MAX_BUDGET, best_first_triton
+    from ...engine.kernels.best_first.triton_best_first import MAX_BUDGET, best_first_triton
 
     out = {}
     for budget in (b for b in budgets if b <= MAX_BUDGET):
@@ -211,8 +211,7 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     timed = timer(sync)
     resolved = main.resolve(torch.device(bench.device))
     switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-rule"), ("gdn_kernel", "triton-solve"),
-                ("gdn_kernel", "triton-tree"),
-                ("gdn_kernel", "triton"), ("fused", False),
+                ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
                 ("blas", "default"), ("blas", "auto"), ("gate_up", "fused"), ("gate_up", "auto"), ("gdn_step", "torch"),
                 ("gdn_step", "triton"), ("commit", "torch"), ("commit", "triton"),

@@ -25,8 +25,8 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     CUDA ``calls`` calls are captured in one CUDA graph and replayed (launch cost out, as in the runner); elsewhere
     they are timed eagerly. A form that cannot run here says why."""
     from ...engine import fused as fz
-    from ...engine.delta_rule.dispatch import triton_available
-    from ...engine.delta_rule.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
+    from ...engine.kernels.device import triton_available
+    from ...engine.kernels.gdn_tree.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
     from ...engine.gdn_tree import TreeIndex
     from ...engine.runner import RunnerOptions
     from ...engine.verify import gdn_modules
@@ -75,7 +75,7 @@ def triton_forms(per_call, args, parts, want, T: int) -> dict:
     triton_solve.PRECISIONS), the whole rule with each count of rows a program of its parts kernel below T and of
     rows a block of its solve; each timed and its largest difference from `want` (the torch form). args: q, k (key
     heads), v, g, beta, state, anc_float, steps; parts: the torch form's parts."""
-    from ...engine.delta_rule.triton_solve import tree_rule_triton, tree_solve_triton
+    from ...engine.kernels.gdn_tree.triton_solve import tree_rule_triton, tree_solve_triton
 
     steps = args[-1]
     forms = {f"solve_triton_{p}": functools.partial(tree_solve_triton, *parts, steps, precision=p)
@@ -104,8 +104,8 @@ def solve_by_depth(per_call, args, T: int, dev, depths=(2, 3, 4, 6, 8, 12, 16)) 
     """The whole rule in Triton at T positions on trees of each depth (a chain of `depth` nodes from the root, the
     rest children of random chain nodes), its solve over every row at once (`whole_us`) against by blocks of 16
     and 32 rows (`blocks_R_us`, taken whatever the depth): where SOLVE_BLOCK and BLOCKED_FROM come from."""
-    from ...engine.delta_rule.parallel import solve_steps
-    from ...engine.delta_rule.triton_solve import tree_rule_triton
+    from ...engine.kernels.gdn_tree.parallel import solve_steps
+    from ...engine.kernels.gdn_tree.triton_solve import tree_rule_triton
     from ...engine.gdn_tree import TreeIndex
 
     out = {}
@@ -130,7 +130,7 @@ def rule_tiles(per_call, args, want, H: int, block_v=(16, 32, 64, 128), warps=(4
     whole rule with each value-column block and warp count of its second kernel (`bv_B_warps_W_us`, each with its
     largest difference from the torch form `want`): where RULE_BLOCK_V and the warps by row tile come from. args: q,
     k (key heads), v, g, beta, state, anc_float, steps."""
-    from ...engine.delta_rule.triton_solve import tree_parts_triton, tree_rule_triton
+    from ...engine.kernels.gdn_tree.triton_solve import tree_parts_triton, tree_rule_triton
 
     q, k, v, g, beta, state, anc, steps = args
     out = {"parts_us": per_call(functools.partial(tree_parts_triton, q, k, g, beta, anc, H))}

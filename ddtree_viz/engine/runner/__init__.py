@@ -2,7 +2,7 @@
 
 transformers' forward grows its cache with torch.cat and launches a few thousand small kernels per token from
 Python; on a 27B model that is ~11x the time the GPU needs to read the weights once. The runner keeps the same
-arithmetic (the target's own projections and MLPs, the tree-exact GDN of gdn_tree.py and delta_rule/) but over
+arithmetic (the target's own projections and MLPs, the tree-exact GDN of gdn_tree.py and kernels/) but over
 preallocated state, one stacked tensor per kind so that the commit is a few batched kernels:
 
     keys / values  [attn_layers, kv_heads, max_len, head_dim] (rows past `committed` are scratch)
@@ -15,11 +15,11 @@ and two shape-static functions, captured as CUDA graphs per tree size and attent
                  -> logits [T, vocab] (fp32) and the drafter's context features [T, F].
                  Attention rows of the tree are written at committed .. committed+T-1 and each row sees the
                  committed prefix plus its ancestors, over the smallest power-of-two bucket of rows that holds
-                 them; GDN layers run the tree delta rule's form (delta_rule/dispatch.py: the one-step recurrence
+                 them; GDN layers run the tree delta rule's form (gdn_forms.py: the one-step recurrence
                  when T = 1) and leave the state untouched (their per-node k, g, delta and raw conv inputs are kept
                  for the commit).
     commit(T):   accepted path [P] (padded), its length -> attention rows moved into place, every GDN layer's
-                 recurrent state advanced along the path at once (closed form of delta_rule/parallel.state_after)
+                 recurrent state advanced along the path at once (closed form of kernels/gdn_tree/parallel.state_after)
                  and its conv window taken at the path's last node; committed += length.
     walk(T):     the target's choices [T] -> the accepted path, its length and the bonus token (tree.follow_on_device
                  over the staged tree), written into the commit's inputs on the device: `commit_walk` replays it,

@@ -1,8 +1,9 @@
 """What the runner settles for itself: the kernel forms its options name, chosen once at construction (Forms:
-delta_rule/dispatch.py's choice, each held to the torch form where its Triton kernel is refused), and what it
-measures or warms once per process and remembers: the GEMM library of each tree size's graphs (RunnerOptions.blas
-"auto": both captured, the faster replay kept), the MLP's gate+up form under each library (RunnerOptions.gate_up
-"auto": each form timed on the model's own weight), and the compiled pieces (a warm-up at construction)."""
+gdn_forms.py's and the kernels' dispatch's choice, each held to its reference where its Triton kernel is refused), and
+what it measures or warms once per process and remembers: the GEMM library of each tree size's graphs
+(RunnerOptions.blas "auto": both captured, the faster replay kept), the MLP's gate+up form under each library
+(RunnerOptions.gate_up "auto": each form timed on the model's own weight), and the compiled pieces (a warm-up at
+construction)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..delta_rule.dispatch import choose, choose_commit, choose_norm
+from ..gdn_forms import choose
+from ..kernels.add_norm.dispatch import choose_norm
+from ..kernels.state_commit.dispatch import choose_commit
 from ..weights.plain import FusedLinear
 from ..weights.registry import KEPT
 from .buffers import State

@@ -5,10 +5,10 @@ pieces (compiled or not: `Pieces`, gpt-fast's habit, one function either way).
                     -> logits [T, vocab] (fp32), the drafter's context features [T, F] and the GDN layers' stash.
                     Attention rows of the tree are written at committed .. committed+T-1 and each row sees the
                     committed prefix plus its ancestors, over the slot's length bucket; GDN layers run the tree
-                    delta rule's form (delta_rule/dispatch.py) and leave the state untouched (their per-node k, g,
-                    delta and raw conv inputs are the stash, for the commit).
+                    delta rule's form (gdn_forms.py, over kernels/gdn_tree/) and leave the state untouched (their
+                    per-node k, g, delta and raw conv inputs are the stash, for the commit).
     commit(slot):   attention rows moved into place, every GDN layer's recurrent state advanced along the path at
-                    once (closed form of delta_rule/parallel.state_after) and its conv window taken at the path's
+                    once (closed form of kernels/gdn_tree/parallel.state_after) and its conv window taken at the path's
                     last node; committed += length, on the device.
     walk(slot):     the target's choices [T] -> the accepted path, its length and the bonus token
                     (tree.follow_on_device over the staged tree), written into the commit's inputs on the device.
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ModelLoadError
-from .. import fused as fz, pdl
+from .. import fused as fz
+from ..kernels import pdl
 from ..fused import ATTENTION_PROJECTIONS, GDN_PROJECTIONS, MLP_PROJECTIONS, GDNWeights, Pieces, fuse_linears
 from ..tree import follow_on_device
 from ..weights.plain import FusedLinear
@@ -132,13 +133,13 @@ class StaticModel:
 
     def _add_norm(self, x, y, norm):
         """A residual add and the norm after it (`norm`: (scale, eps) of `norms`): (x + y, norm(x + y)), in one
-        launch where RunnerOptions.norm is triton (engine/triton_norm.py), else the piece."""
+        launch where RunnerOptions.norm is triton (kernels/add_norm/triton_norm.py), else the piece."""
         if self.norm_kernel is not None:
             return self.norm_kernel(x, y, *norm)
         return self.pieces(fz.add_rms_norm)(x, y, *norm)
 
     def _gdn(self, i, gdn, h, gather, core):
-        """One GDN layer: its projections (one GEMM where fused), the pass's core (delta_rule/dispatch.py: conv,
+        """One GDN layer: its projections (one GEMM where fused), the pass's core (gdn_forms.py: conv,
         gates, the tree delta rule, gated norm), out_proj. h [1, T, D] -> ([1, T, D], its stash (u, k, g, delta))."""
         x = h[0]
         fused = self.fused.get((i, "mixer"))

@@ -5,22 +5,21 @@ beside the default.
 
 Closer to the hardware on a GPU (each resolves to the torch form on the CPU, whose numbers stay bitwise what they
 were):
-    gdn_kernel  the tree delta rule's form, chosen once at construction (delta_rule/dispatch.py): "triton-rule"
-                (the default on CUDA) the whole rule in two Triton launches between the compiled conv / gates and
-                gated norm; "triton-solve" the parallel part in torch, the solve and output product in Triton;
-                "triton" the whole rule in one Triton kernel per GDN layer, "triton-tree" the same but the torch
-                one-step form for T = 1; "torch" the torch forms (cuBLAS's solve)
+    gdn_kernel  the tree delta rule's form, chosen once at construction (kernels/gdn_tree/dispatch.py, made a form
+                by gdn_forms.py): "triton-rule" (the default on CUDA) the whole rule in two Triton launches between
+                the compiled conv / gates and gated norm; "triton-solve" the parallel part in torch, the solve and
+                output product in Triton; "torch" the torch forms (cuBLAS's solve)
     gdn_step    the one-node pass's GDN core (the greedy step): "triton" (the default on CUDA) conv, gates, the
-                one-step rule and gated norm in one launch a layer (delta_rule/triton_step.py); "torch" the form's own
+                one-step rule and gated norm in one launch a layer (kernels/gdn_step/); "torch" the form's own
     commit      the commit's recurrent-state update: "triton" (the default on CUDA) every GDN layer's state read and
-                written once in one launch (delta_rule/triton_commit.py); "torch" a batched matmul and a pass
+                written once in one launch (kernels/state_commit/); "torch" a batched matmul and a pass
     gdn_prep    a tree's GDN conv, l2 norms and gates: "triton" (the default on CUDA) one launch a layer
-                (delta_rule/triton_step.py), for the forms that take q and k at their key heads; "torch" a piece
+                (kernels/gdn_step/), for the forms that take q and k at their key heads; "torch" a piece
     norm        a layer's residual adds and the norms after them: "triton" (the default on CUDA) one launch each,
-                a program a row (engine/triton_norm.py); "torch" the piece fused.add_rms_norm
+                a program a row (kernels/add_norm/); "torch" the piece fused.add_rms_norm
     pdl         "on" (the default on a CUDA device of compute capability 9.0 or later, with Triton) the one-row FP8
                 products and the add + norm launches launched behind the kernel before them, programmatic dependent
-                launch (engine/pdl.py); "off" each launched after the kernel before has finished
+                launch (kernels/pdl.py); "off" each launched after the kernel before has finished
     fused       one GEMM per input for the projections (engine/fused.py: the fused weight is the storage)
     attention   "eager" (matmuls + fp32 softmax over the bucket) or "sdpa" (F.scaled_dot_product_attention with
                 the bucket's boolean mask), to measure both in one run
@@ -38,8 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import pdl
-from ..delta_rule.dispatch import GDN_KERNELS, resolve_option, resolve_step, triton_available
+from ..kernels import pdl
+from ..kernels.device import resolve_step, triton_available
+from ..kernels.gdn_tree.dispatch import GDN_KERNELS, resolve_option
 
 ATTENTION_KINDS = ("eager", "sdpa")
 BLAS_CHOICES = ("auto", "default", "cublas", "cublaslt")
@@ -56,8 +56,7 @@ class RunnerOptions:
     tree delta rule in Triton on CUDA and the torch tree form elsewhere (docs/lab/NOTEBOOK.md section 6); `resolve`
     says what a device gets."""
 
-    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve | triton (trees and the
-    # one-node step) | triton-tree (trees only): delta_rule/dispatch.py's forms
+    # auto (CUDA with Triton: triton-rule; else torch) | torch | triton-rule | triton-solve: kernels/gdn_tree's forms
     gdn_kernel: str = "auto"
     fused: bool | None = None  # fused projections (None: on CUDA)
     attention: str = "eager"  # eager | sdpa
@@ -69,19 +68,20 @@ class RunnerOptions:
     # size's first capture, per library, the fastest kept; elsewhere fused) | fused | split | padded
     gate_up: str = "auto"
     # the one-node pass's GDN core (a greedy step): auto (CUDA with Triton: triton) | torch (the tree form's own) |
-    # triton (delta_rule/triton_step.py: conv, gates, the one-step rule and gated norm in one launch a layer)
+    # triton (kernels/gdn_step/triton_step.py: conv, gates, the one-step rule and gated norm in one launch a layer)
     gdn_step: str = "auto"
-    # the commit's recurrent-state update: auto (CUDA with Triton: triton) | torch (fused.commit_recurrent, a piece) |
-    # triton (delta_rule/triton_commit.py: every layer's state read and written once, in one launch)
+    # the commit's recurrent-state update: auto (CUDA with Triton: triton) | torch (the piece commit_recurrent,
+    # kernels/state_commit/closed_form.py) | triton (kernels/state_commit/triton_commit.py: every layer's state read
+    # and written once, in one launch)
     commit: str = "auto"
     # a tree's GDN conv, l2 norms and gates before the rule: auto (CUDA with Triton: triton) | torch (the compiled
-    # piece gdn_prep) | triton (delta_rule/triton_step.py's gdn_prep_triton: one launch a layer; for the forms with
-    # q and k at their key heads: triton-rule, triton, triton-tree)
+    # piece gdn_prep) | triton (kernels/gdn_step's gdn_prep_triton: one launch a layer; for the form with q and k
+    # at their key heads: triton-rule)
     gdn_prep: str = "auto"
     # a layer's residual add and the norm after it: auto (CUDA with Triton: triton) | torch (the piece
-    # fused.add_rms_norm) | triton (engine/triton_norm.py: one launch, a program a row)
+    # fused.add_rms_norm) | triton (kernels/add_norm/triton_norm.py: one launch, a program a row)
     norm: str = "auto"
-    # the one-row FP8 products and the add + norm launches launched behind the kernel before them (engine/pdl.py):
+    # the one-row FP8 products and the add + norm launches launched behind the kernel before them (kernels/pdl.py):
     # auto (a CUDA device of compute capability 9.0 or later, with Triton: on) | on | off
     pdl: str = "auto"
 

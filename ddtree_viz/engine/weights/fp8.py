@@ -11,7 +11,7 @@ dequantized once at load (`FORMAT.state`), the product computed in float32 and o
 
 Kept as FP8 (`load.load_causal_lm(..., keep_quantized=True)`, what a target on one CUDA GPU gets): each converted Linear
 becomes an `Fp8Linear` holding the checkpoint's e4m3 bytes and float32 scales (about 1 byte a parameter), whose
-forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/fp8_gemm.py (the bytes
+forward computes the same function as the dequantized model: on CUDA the FP8 GEMM of engine/kernels/fp8_gemm/ (the bytes
 and scales read as stored, dequantized in registers, rounded once to the activations' dtype, or at one row kept
 exact through x's columns times the block's scale; no dequantized copy of a weight is ever made, so a prefill's
 peak memory is the FP8 model's); elsewhere the weight dequantized for the call (float32 product, cast once) and
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Container, Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from ..kernels.fp8_gemm.dispatch import gemm_module as _gemm_module, linear, riding_linear  # noqa: F401 (this kind's)
+from ..kernels.fp8_gemm.naive import dequantize
 from .base import convert_weights, refuse_nonfinite, replace_linears, stand_in, whole_number
 from .plain import FusedLinear
 
@@ -78,16 +79,6 @@ def grid(shape: Iterable[int], block: tuple[int, int]) -> tuple[int, int]:
     """The scale grid of a [out, in] weight: one scale per block, the last row / column of blocks partial."""
     out, inn = shape
     return math.ceil(out / block[0]), math.ceil(inn / block[1])
-
-
-def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """weight x scale per block, in float32 (the exact product: an e4m3 value times a float32 scale)."""
-    out, inn = weight.shape
-    # a block taller or wider than the weight is one block that way: repeat no further than the weight reaches (a
-    # weight_block_size of 10^9 allocated gigabytes before any check)
-    rows, cols = min(block[0], out), min(block[1], inn)
-    full = scale.float().repeat_interleave(rows, 0)[:out].repeat_interleave(cols, 1)[:, :inn]
-    return weight.float() * full
 
 
 def quantize(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,46 +173,6 @@ def config_entry(block: tuple[int, int] = (128, 128), skip: Iterable[str] = ()) 
 # ------------------------------------------------------------------------------------------------------------
 # FP8 weights kept: Fp8Linear, its function, its fused kind
 # ------------------------------------------------------------------------------------------------------------
-
-
-def _gemm_module():
-    """engine/fp8_gemm.py (Triton at its top) where Triton imports, else None; imported once, on first use."""
-    global _GEMM
-    if _GEMM is None:
-        try:
-            from .. import fp8_gemm as module
-        except ImportError:
-            module = False
-        _GEMM = module
-    return _GEMM or None
-
-
-_GEMM = None
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """y = x (weight x scale per block)^T in x's dtype: the dequantized model's function (the weight's float32
-    product rounded once to x's dtype, as a load in that dtype rounds it; on CUDA at one row not rounded, fp8_gemm's
-    docstring). On CUDA the Triton GEMM reads the fp8 bytes and scales as stored (any number of rows: decode, tree
-    verify, prefill); elsewhere (a CPU, no Triton) the weight is dequantized for this call and multiplied by
-    F.linear (on a CPU bit for bit the model dequantized at load)."""
-    gemm = _gemm_module() if x.is_cuda else None
-    if gemm is not None and gemm.fits(block):
-        return gemm.fp8_linear(x, weight, scale, block)
-    return F.linear(x, dequantize(weight, scale, block).to(x.dtype))
-
-
-def riding_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                  plain: torch.Tensor) -> torch.Tensor | None:
-    """`linear`'s product and x plain^T (a plain weight of x's dtype) side by side in y, in one launch where the
-    Triton GEMM's one-row kernel takes the plain rows (fp8_gemm.rides); None elsewhere (the caller runs the two)."""
-    gemm = _gemm_module() if x.is_cuda and plain.dtype == x.dtype else None
-    if gemm is None or not gemm.fits(block):
-        return None
-    K, N = x.shape[-1], weight.shape[0]
-    if not gemm.rides(gemm.choose(x.numel() // K, N, K, x.device), N):
-        return None
-    return gemm.fp8_linear(x, weight, scale, block, plain=plain)
 
 
 class Fp8Linear(nn.Module):

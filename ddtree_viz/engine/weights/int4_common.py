@@ -21,7 +21,7 @@ cast to the dtype asked for; both engines then meet plain Linear weights. Each w
 Kept as stored (`keep`, what a target or drafter on one CUDA GPU gets, as FP8's): each quantized Linear becomes an
 `Int4Linear` holding the checkpoint's parts (about half a byte a parameter: a 27B target in 17.7 GB with its bf16
 embeddings and lm_head), whose forward computes the same function as the dequantized model: on CUDA the 4-bit GEMM
-of engine/int4_gemm.py (the words, scales and zero points read as stored, unpacked in registers, each weight
+of engine/kernels/int4_gemm/ (the words, scales and zero points read as stored, unpacked in registers, each weight
 rounded once to the activations' dtype); elsewhere the weight dequantized for the call and F.linear (on a CPU bit
 for bit the model dequantized at load). The static runner fuses them as it fuses plain and FP8 Linears (LAYOUT:
 FusedInt4Linear, engine/fused.py).
@@ -38,18 +38,16 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Container, Iterable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
 from ...words import plural
+from ..kernels.int4_gemm.dispatch import gemm_module as _gemm_module, linear  # noqa: F401 (this kind's)
+from ..kernels.int4_gemm.naive import BITS, OFFSET, PER_WORD, dequantize_words, unpack  # noqa: F401 (the words')
 from .base import replace_linears, stand_in, whole_number
 from .plain import FusedLinear
 
 PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")
-BITS = 4
-PER_WORD = 32 // BITS
-OFFSET = 1 << (BITS - 1)  # a field holds q + 8
 SYMMETRIC_ZERO = 8  # the unsigned zero point of a symmetric 4-bit weight (GPTQ v2's, AWQ's; stored as 7 in GPTQ v1)
 
 
@@ -113,17 +111,6 @@ def _finds(how: str, pattern: str, name: str) -> bool:
     return regex is not None and (regex.search if how == "search" else regex.match)(name) is not None
 
 
-def unpack(packed: torch.Tensor, count: int, dim: int) -> torch.Tensor:
-    """int32 words -> their signed 4-bit values (int32), `count` of them along `dim` (1: a weight's columns, 0: its
-    zero points' rows)."""
-    shifts = torch.arange(PER_WORD, dtype=torch.int32, device=packed.device) * BITS
-    if dim == 1:
-        fields = (packed[:, :, None] >> shifts) & 0xF  # [rows, words, 8]
-        return fields.reshape(packed.shape[0], -1)[:, :count] - OFFSET
-    fields = (packed[:, None, :] >> shifts[None, :, None]) & 0xF  # [words, 8, cols]
-    return fields.reshape(-1, packed.shape[1])[:count] - OFFSET
-
-
 def pack(values: torch.Tensor, dim: int) -> torch.Tensor:
     """unpack's inverse: signed 4-bit values [rows, cols] -> int32 words along `dim` (the last word zero-padded)."""
     u = (values + OFFSET).to(torch.uint8)
@@ -142,21 +129,13 @@ def pack_fields(fields: torch.Tensor) -> torch.Tensor:
 assert sys.byteorder == "little", "pack_fields reads four bytes as one little-endian int32"
 
 
-def groups_of(columns: int, spec: Int4Spec, g_idx: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """Each column's group: the checkpoint's g_idx (activation order), else column // group (on `device`)."""
-    if g_idx is not None:
-        return g_idx.long().to(device)
-    return torch.arange(columns, device=device) // (spec.group or columns)
-
-
 def dequantize(parts: Mapping[str, torch.Tensor], spec: Int4Spec) -> torch.Tensor:
-    """(q - z) x scale in float32 (exact), [out, in], from one weight's checked parts."""
+    """(q - z) x scale in float32 (exact), [out, in], from one weight's checked parts (kernels/int4_gemm/naive.py's
+    dequantize_words)."""
     out, inn = (int(d) for d in parts["weight_shape"].tolist())
-    groups = groups_of(inn, spec, parts.get("weight_g_idx"), parts["weight_packed"].device)
-    q = unpack(parts["weight_packed"], inn, 1).float()
-    if not spec.symmetric:
-        q = q - unpack(parts["weight_zero_point"], out, 0).float()[:, groups]
-    return q * parts["weight_scale"].float()[:, groups]
+    zero = None if spec.symmetric else parts["weight_zero_point"]
+    return dequantize_words(parts["weight_packed"], parts["weight_scale"], zero, parts.get("weight_g_idx"), spec.group,
+                            (out, inn))
 
 
 def quantize(weight: torch.Tensor, spec: Int4Spec,
@@ -258,31 +237,6 @@ def dequantize_state(names: Iterable[str], get: Callable[[str], torch.Tensor], s
 # ------------------------------------------------------------------------------------------------------------
 # 4-bit weights kept: Int4Linear and its function
 # ------------------------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _gemm_module():
-    """engine/int4_gemm.py (Triton at its top) where Triton imports, else None."""
-    try:
-        from .. import int4_gemm
-    except ImportError:
-        return None
-    return int4_gemm
-
-
-def linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-           g_idx: torch.Tensor | None, group: int) -> torch.Tensor:
-    """y = x W^T in x's dtype, W = (q - z) x scale from the packed parts (`group`: the columns a scale covers, x's
-    width for one scale a row): the dequantized model's function. On CUDA the Triton GEMM reads the parts as stored;
-    elsewhere the weight is dequantized for this call (float32 product, cast once) and multiplied by F.linear (on a
-    CPU bit for bit the model dequantized at load)."""
-    gemm = _gemm_module() if x.is_cuda else None
-    if gemm is not None:
-        return gemm.int4_linear(x, packed, scale, zero, g_idx, group)
-    parts = {"weight_packed": packed, "weight_scale": scale, "weight_zero_point": zero, "weight_g_idx": g_idx,
-             "weight_shape": torch.tensor([packed.shape[0], x.shape[-1]])}
-    weight = dequantize({k: v for k, v in parts.items() if v is not None}, Int4Spec(group, zero is None))
-    return F.linear(x, weight.to(device=x.device, dtype=x.dtype))
 
 
 class Int4Linear(nn.Module):

@@ -1,16 +1,16 @@
 """A GDN layer's one-node pass (a greedy step) between its projections and out_proj in one Triton launch; and for a
 tree, its part before the delta rule (conv, l2 norms, gates) in one launch (`gdn_prep_triton`, below).
 
-The torch form (fused.gdn_core at T = 1, compiled) runs it as six kernels a layer: the conv over the window, the
-l2 norms and gates, the one-step delta rule (two reductions), the gated norm; at Qwen3.6-27B shapes ~17 us a layer
-and ~0.8 ms over a step's 48 GDN layers, with their spacing (docs/lab/NOTEBOOK.md section 26). Here one program per
-value head does all of it from registers:
+The torch form (naive.gdn_step_reference, compiled: engine/fused.py's gdn_core at T = 1) runs it as six kernels
+a layer: the conv over the window, the l2 norms and gates, the one-step delta rule (two reductions), the gated norm;
+at Qwen3.6-27B shapes ~17 us a layer and ~0.8 ms over a step's 48 GDN layers, with their spacing
+(docs/lab/NOTEBOOK.md section 26). Here one program per value head does all of it from registers:
 
     window   the node's conv window by `gather` (its row: columns of (committed conv inputs, u), as tree_conv reads)
     conv     sum_j w_j x_j per channel, SiLU, for the head's q and k channels (its key head's) and its v channels
     q, k     l2-normalised (q / sqrt(K)); beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)
     rule     S' = e^g S (S: the committed state [K, V], read once, not written: the commit applies it),
-             delta = beta (v - S'^T k), o = S'^T q + (q.k) delta            (delta_rule/step.py's arithmetic)
+             delta = beta (v - S'^T k), o = S'^T q + (q.k) delta            (naive.delta_rule_step's arithmetic)
     norm     the gated RMSNorm over the head's V values, scaled, gated by SiLU(z)
 
 with the torch form's roundings to the model's dtype where it rounds (each conv product and sum, the SiLU, beta,
@@ -55,7 +55,7 @@ def _window_conv(u_ptr, cs_ptr, cw_ptr, gather_ptr, c, s_u, s_cs, s_cw, KW: tl.c
 
 @triton.jit
 def _l2normed(x):
-    """x / |x|, as gdn_tree.l2norm (its eps under the root)."""
+    """x / |x|, as naive.l2norm (its eps under the root)."""
     return x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
 
 
@@ -131,9 +131,9 @@ def _row(x: torch.Tensor) -> torch.Tensor:
 
 def gdn_step_triton(u, z, b, a, conv_state, state, gather, conv_weight, A_log, dt_bias, norm_weight, *,
                     key_dim: int, head_k: int, head_v: int, rep: int, eps: float):
-    """The one-node core (dispatch.py's `one_node`): u [1, C], z [1, H*V], b, a [1, H]; conv_state [C, kernel];
+    """The one-node core (dispatch.choose_step's): u [1, C], z [1, H*V], b, a [1, H]; conv_state [C, kernel];
     state [H, K, V] fp32 (read only); gather [1, kernel]; the layer's weights as GDNWeights holds them. Returns
-    (o [1, H*V] in z's dtype, k [1, Hk, K], g [1, H], delta [1, H, V]), fused.gdn_core's outputs at T = 1 but for
+    (o [1, H*V] in z's dtype, k [1, Hk, K], g [1, H], delta [1, H, V]), naive.gdn_step_reference's outputs but for
     k, kept at its key heads (the commit repeats it)."""
     H, K, V, kw = state.shape[0], head_k, head_v, conv_weight.shape[1]
     if u.shape[0] != 1 or K & (K - 1) or V & (V - 1) or state.stride(2) != 1 or conv_state.stride(1) != 1:
@@ -155,7 +155,7 @@ def gdn_step_triton(u, z, b, a, conv_state, state, gather, conv_weight, A_log, d
 
 def gdn_prep_triton(u, b, a, conv_state, gather, conv_weight, A_log, dt_bias, *, key_dim: int, head_k: int,
                     head_v: int, rep: int):
-    """fused.gdn_prep (with q and k at their key heads) for a tree's T nodes in one launch (RunnerOptions.gdn_prep):
+    """naive.gdn_prep (with q and k at their key heads) for a tree's T nodes in one launch (RunnerOptions.gdn_prep):
     u [T, C], b, a [T, H]; conv_state [C, kernel]; gather [T, kernel] (TreeIndex.conv_gather's windows); the layer's
     weights as GDNWeights holds them. Returns q, k [T, Hk, K], v [T, H, V], g, beta [T, H], all fp32."""
     T, K, V, kw = u.shape[0], head_k, head_v, conv_weight.shape[1]

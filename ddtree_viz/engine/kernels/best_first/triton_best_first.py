@@ -1,14 +1,14 @@
-"""DDTree's best-first tree in one Triton program (issue #31 item 1): build_tree's heap loop, run where the drafter's
-log-probs are, node for node build_tree's (ties included).
+"""DDTree's best-first tree in one Triton program (issue #31 item 1): naive.py's heap loop, run where the drafter's
+log-probs are, node for node its nodes (ties included).
 
-tree.tree_on_device builds the same tree by tensor ops, a stable sort a depth: in a CUDA graph about 350 small
+beam.tree_on_device builds the same tree by tensor ops, a stable sort a depth: in a CUDA graph about 350 small
 kernels, 1.8 ms at budget 64 on an H200 (docs/lab/NOTEBOOK.md section 14), where the host's heap takes ~0.1 ms. Here
 one program runs the heap's loop itself: the frontier (the heap's entries) sits in registers, F slots of score,
 parent's score, parent, depth, rank and rank path; each of the n - 1 pops takes the best entry (score descending,
-then the rank path ascending, a prefix before its extensions: build_tree's order), writes its node, puts its next
+then the rank path ascending, a prefix before its extensions: naive.py's order), writes its node, puts its next
 sibling in its slot and its first child in a free one. A rank path is held as DP digits (rank + 1 a depth, 0 past
-its end), so comparing two digit rows in order is comparing build_tree's integers; the digits are looked at only
-when the best score is tied. Scores are float64 sums from the root down, as build_tree's (a child's is its parent's
+its end), so comparing two digit rows in order is comparing naive.py's integers; the digits are looked at only
+when the best score is tied. Scores are float64 sums from the root down, as naive.py's (a child's is its parent's
 plus its own log-prob, a sibling's its parent's plus the sibling's).
 
 n = 1 + min(budget, number of rank paths) follows from the sizes alone, so one launch serves every tree of a shape

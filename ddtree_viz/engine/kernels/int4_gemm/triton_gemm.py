@@ -23,7 +23,7 @@ at 50x its weight-read bound: a down_proj's 80 programs walked 272 steps each. A
 the row's scale in float32 so each weight is exact (in bfloat16 a rounding of a weight apart from the tile form, the
 noise the verdict rules measure; in float32 the same to the order of the sums), whole groups only.
 
-Imported only where a kept 4-bit weight meets a CUDA input (int4_common.linear); without a GPU it runs in Triton's
+Imported only where a kept 4-bit weight meets a CUDA input (dispatch.linear); without a GPU it runs in Triton's
 interpreter (TRITON_INTERPRET=1; tests/test_int4_kernel.py). Shapes: x [..., K] (float32, bfloat16 or float16),
 weight_packed [N, ceil(K/8)] int32, weight_scale [N, groups], weight_zero_point [ceil(N/8), groups] int32 or None,
 g_idx [K] or None; returns y [..., N] in x's dtype.

@@ -1,6 +1,6 @@
 """A layer's residual add and the RMSNorm after it in one Triton launch, a program a row (RunnerOptions.norm).
 
-fused.add_rms_norm, compiled, is what the runner ran between a layer's products: 128 launches a pass at Qwen3.6-27B
+naive.add_rms_norm, compiled, is what the runner ran between a layer's products: 128 launches a pass at Qwen3.6-27B
 shapes, 2.2 us a call at one row and 3.4 at 65 in a CUDA graph on an H200 (this launch: 2.0 and 3.0; the greedy
 step 0.2 ms faster with it, docs/lab/NOTEBOOK.md section 34). Here a program holds its whole row in registers:
 it reads x and y once, writes x + y (in their dtype, as torch adds: the exact sum rounded once) and the norm of
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from .. import pdl
 
 WIDEST = 16_384  # columns a program holds (5,120 at 27B: 20 a thread of its 8 warps); wider rows keep the piece
 
@@ -26,11 +26,11 @@ WIDEST = 16_384  # columns a program holds (5,120 at 27B: 20 a thread of its 8 w
 def _add_rms_norm_kernel(x_ptr, y_ptr, scale_ptr, sum_ptr, out_ptr, D, eps, BLOCK: tl.constexpr,
                          PDL: tl.constexpr = False):
     """Row program_id(0) of [rows, D] x, y (contiguous): sum = x + y in their dtype; out = rms_norm(sum) x scale.
-    PDL: launched behind the kernel before (engine/pdl.py), x and y read after its wait."""
+    PDL: launched behind the kernel before (kernels/pdl.py), x and y read after its wait."""
     at = tl.program_id(0).to(tl.int64) * D
     cols = tl.arange(0, BLOCK)
     inside = cols < D
-    if PDL:  # launched behind the kernel before (engine/pdl.py): the next may launch; x and y after the wait
+    if PDL:  # launched behind the kernel before (kernels/pdl.py): the next may launch; x and y after the wait
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + at + cols, mask=inside, other=0.0)
@@ -51,7 +51,7 @@ def fits(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor) -> bool:
 
 
 def add_rms_norm_triton(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, eps: float):
-    """fused.add_rms_norm in one launch: (x + y, rms_norm(x + y, scale, eps)), each shaped as x."""
+    """naive.add_rms_norm in one launch: (x + y, rms_norm(x + y, scale, eps)), each shaped as x."""
     if not fits(x, y, scale):
         raise ValueError(f"add_rms_norm_triton takes x, y of one shape and dtype and a float32 scale [D] with "
                          f"D <= {WIDEST}: x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}, scale "

@@ -6,8 +6,9 @@ K^-1/2), v, g (log decay, <= 0) and beta, a chain runs
     S_t = exp(g_t) S_{t-1};  delta_t = beta_t (v_t - S_t^T k_t);  S_t += k_t delta_t^T;  o_t = S_t^T q_t.
 
 On a tree the previous state is the *parent's*: S_n = step(S_p(n)), S_p(root) = S_c. Slow and obviously correct:
-every other form (step.py, parallel.py, the Triton kernels) is tested against it (tests/test_gdn_tree.py,
-tests/test_tree_kernel.py). Shapes: docs/ARCHITECTURE.md's letters (engine/gdn_tree.py's legend).
+every other form (gdn_step/naive.py's step, parallel.py, the Triton kernels) is tested against it
+(tests/test_gdn_tree.py, tests/test_tree_kernel.py). Shapes: docs/ARCHITECTURE.md's letters (engine/gdn_tree.py's
+legend).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ same launch; at a verify's by one more kernel); for a verify, the weight tiles l
 (TMA) where the device has them, elsewhere by address, without masks where every tile is whole. The bench
 (`gpu_bench --fp8`, fp8_gemms) times other configs beside the chosen one.
 
-Imported only where this kind is chosen (Triton at the top: engine/weights/fp8.py's `linear` imports it on a CUDA
+Imported only where this kind is chosen (Triton at the top: dispatch.py's `linear` imports it on a CUDA
 input); without a GPU it runs in Triton's interpreter (TRITON_INTERPRET=1; tests/test_fp8_kernel.py). Called outside
 the runner's compiled pieces (between them, as cuBLAS's GEMMs are), so torch.compile never traces it; CUDA graphs
 capture its launches as they capture cuBLAS's (the runner's warm-up runs compile it first).
@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pdl
+from .. import pdl
 
 BLOCK_K = 128
 SUM_BLOCK = 1024  # elements of y a program of _sum_splits adds
@@ -131,12 +131,12 @@ def _fp8_gemv(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     tile kernel's (SPLIT, SUM_IN_LAUNCH). PLAIN: a plain weight q [NQ, K] (x's dtype, no scales) rides the launch,
     its rows y's columns N to N + NQ, made by the programs past W's tiles (W a whole number of them tall): an FP8
     checkpoint's bf16 in_proj_b / in_proj_a beside its FP8 in_proj, one launch where two cuBLAS kernels were. PDL:
-    launched behind the kernel before (engine/pdl.py): the first weight tile and scale read before the wait for x."""
+    launched behind the kernel before (kernels/pdl.py): the first weight tile and scale read before the wait for x."""
     n0 = tl.program_id(0) * BLOCK_N
     rn, rm = n0 + tl.arange(0, BLOCK_N), tl.program_id(1) + tl.arange(0, 1)
     k_start = tl.program_id(2) * K_SPLIT
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if PDL:  # launched behind the kernel before (engine/pdl.py): the next may launch; x only after the wait below
+    if PDL:  # launched behind the kernel before (kernels/pdl.py): the next may launch; x only after the wait below
         tl.extra.cuda.gdc_launch_dependents()
     if PLAIN and n0 >= N:  # the plain weight's rows rq, y's columns rn
         rq = n0 - N + tl.arange(0, BLOCK_N)

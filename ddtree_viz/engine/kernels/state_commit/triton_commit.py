@@ -1,6 +1,6 @@
 """The commit's recurrent-state update for every GDN layer at once in one Triton launch (RunnerOptions.commit).
 
-fused.commit_recurrent advances each layer's state along the accepted path in its closed form,
+closed_form.commit_recurrent advances each layer's state along the accepted path in its closed form,
 
     S <- e^{G_end} S + sum_{p < length} e^{G_end - G_p} k_p delta_p^T,    G_p = g_{path_0} + ... + g_{path_p},
 
@@ -51,8 +51,8 @@ def _commit_kernel(S_ptr, k_ptr, g_ptr, d_ptr, path_ptr, length_ptr, s_sl, s_sh,
 
 
 def commit_recurrent_triton(rec_all, k, g, delta, path, steps, length) -> None:
-    """fused.commit_recurrent in one launch, in place: rec_all [Lg, H, K, V] fp32; k [Lg, T, H or Hk, K]; g [Lg, T,
-    H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (unused: the kernel stops at `length`); length []."""
+    """closed_form.commit_recurrent in one launch, in place: rec_all [Lg, H, K, V] fp32; k [Lg, T, H or Hk, K]; g
+    [Lg, T, H]; delta [Lg, T, H, V]; path [P] (padded); steps [P] (unused: the kernel stops at `length`); length []."""
     Lg, H, K, V = rec_all.shape
     if K & (K - 1) or any(x.stride(-1) != 1 for x in (rec_all, k, g, delta)):
         raise ValueError(f"commit_recurrent_triton takes a power-of-two K ({K}) and unit strides along K, V and H")
