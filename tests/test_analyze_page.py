@@ -17,6 +17,7 @@ from ddtree_viz.page.analyze_tab import (PAGE_SET_MAX_PROMPTS, PAGE_SET_MAX_TOKE
                                          load_report_upload, open_report_click, open_report_round, report_html,
                                          report_status, run_prompt_set, write_misses_file)
 from ddtree_viz.page.host import ModelHost
+from tests import tiny
 from ddtree_viz.page.state import MAX_UPLOAD_BYTES, TabState
 from ddtree_viz.page.views import render_views
 from ddtree_viz import analysis
@@ -353,10 +354,7 @@ def test_which_directories_a_page_reads(report_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def embedded():
-    host = ModelHost(None, None, "float32", "cpu")  # the embedded default pair, the page's default engine
-    host.start(background=False)
-    assert host.ready, host.error
-    return host
+    return tiny.embedded_host()
 
 
 def test_the_pages_set_run_shows_done_with_its_report_not_before(embedded):

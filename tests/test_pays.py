@@ -13,9 +13,9 @@ import torch
 from ddtree_viz import analysis, speedup
 from ddtree_viz.engine.costs import measure_costs
 from ddtree_viz.page import actions
-from ddtree_viz.page.host import ModelHost
 from ddtree_viz.page.state import TabState, read_settings
 from ddtree_viz.page.views import render_views
+from tests import tiny
 
 VALUES = dict(prompt="def fibonacci(n):\n", budget=16, block_size=16, max_new_tokens=48, verify="exact",
               method="ddtree")
@@ -23,10 +23,7 @@ VALUES = dict(prompt="def fibonacci(n):\n", budget=16, block_size=16, max_new_to
 
 @pytest.fixture(scope="module")
 def host():
-    h = ModelHost(None, None, "float32", "cpu")  # the embedded default pair, the page's default engine
-    h.start(background=False)
-    assert h.ready, h.error
-    return h
+    return tiny.embedded_host()
 
 
 def test_the_chains_count_from_a_tree_round_is_a_real_chain_rounds(host):

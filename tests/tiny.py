@@ -244,3 +244,14 @@ def assert_runner_decodes_as(pair: ModelPair, runner, reference: torch.nn.Module
     session.run()
     stop = want.index(EOS_ID) + 1 if EOS_ID in want else new  # the session stops at end of text
     assert session.generated == want[:stop] and stop > 16
+
+
+def embedded_host():
+    """The page's ModelHost on the embedded default pair and the page's default engine, loaded (not in the
+    background): what a served page holds, for tests that drive page/ without gradio."""
+    from ddtree_viz.page.host import ModelHost
+
+    host = ModelHost(None, None, "float32", "cpu")
+    host.start(background=False)
+    assert host.ready, host.error
+    return host

@@ -69,14 +69,20 @@ class BestFirst(Shape):
         return DraftTree.from_logprobs(root, logprobs, at.budget, before_wait=before_wait), None
 
 
+def _selector(at):
+    """The proposer's selector over its last proposal and its conditional scores (root, pair) as numpy arrays."""
+    scores = at.proposer.selector_scores()
+    cond_root, cond_pair = (t.numpy() for t in scores.conditional())
+    return scores, cond_root, cond_pair
+
+
 class SelectorTree(Shape):
     selector = True
     refusal = ("tree scoring selector needs a DFlash2 drafter (its candidate selector's pair scores); this drafter is "
                "{family} and has none: use tree scoring marginal, or load a DFlash2 drafter")
 
     def build(self, root, logprobs, at, before_wait=None):
-        scores = at.proposer.selector_scores()
-        cond_root, cond_pair = (t.numpy() for t in scores.conditional())
+        scores, cond_root, cond_pair = _selector(at)
         return build_selector_tree(root, cond_root, cond_pair, scores.ids.numpy(), at.budget), scores
 
 
@@ -103,8 +109,7 @@ class SelectorChain(Chain):
 
     def build(self, root, logprobs, at, before_wait=None):
         """Greedy; at T > 0 the token at depth d (position committed_len + d) sampled with the target's noise."""
-        scores = at.proposer.selector_scores()
-        cond_root, cond_pair = (t.numpy() for t in scores.conditional())
+        scores, cond_root, cond_pair = _selector(at)
         noise = None
         if not at.sampler.greedy:
             positions = torch.arange(1, scores.ids.shape[0] + 1) + at.committed_len
