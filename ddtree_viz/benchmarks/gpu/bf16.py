@@ -21,7 +21,7 @@ from .drafter import drafter_pass
 from .harness import phase_medians, progress, timed_call, timer
 from .memory import peak_memory_gib
 from .models import DFLASH2_CONFIG, build_drafter, layer_devices, measured_models, pair_of
-from .quantized import quantized_speed_or_error
+from .quantized import quantize_drafter_int4, quantized_speed_or_error
 from .rounds import runner_rounds
 from .runner import (bench_runner, best_first_warps, gate_up_forms, graph_launch, greedy_step_chained, greedy_stepper,
                      prefill_kernels, runner_prefill, runner_variants, tree_build)
@@ -30,9 +30,11 @@ from .tree_forms import tree_forms
 
 
 @torch.no_grad()
-def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512) -> dict:
+def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int], prompt_len: int = 512,
+          saved=lambda part: None) -> dict:
     """transformers' forward at these shapes: the bound, prefill, greedy step, the drafter, each budget's exact and
-    naive verify, the DFlash chain, whole rounds; with --fast the static runner too (`fast_speed`)."""
+    naive verify, the DFlash chain, whole rounds; with --fast the static runner too (`fast_speed`). `saved` gets
+    the figures so far after the bf16 phase and after each quantized one (a run cut by a time limit keeps them)."""
     from ...engine.cache import new_cache
     from ...engine.drafter import extract_context_features
     from ...engine.proposers import DFlashProposer
@@ -91,13 +93,17 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
         row["verify_exact_per_greedy_step"] = row["verify_exact_ms"] / out["greedy_step_ms"]
     if bench.quantized and "fast" in out:  # the quantized targets after the bf16 one is freed (one 27B at a time)
         print(json.dumps({"bf16_targets": out["fast"]["targets"]}), flush=True)  # kept in the log if a limit hits
+        saved(out)
         del target, base, prefill, cache
         for weights in bench.quantized:
+            if weights == "int4" and bench.int4_drafter:  # the last phase: its drafter 4-bit, as on a 24 GB card
+                quantize_drafter_int4(drafter)
             out["fast"][weights] = quantized_speed_or_error(bench, weights, layers, dtype, budgets, drafter,
                                                             prompt[0].tolist(), logprobs,
                                                             out["copy_bandwidth_TBps"] * 1e12, out["fast"])
             if "error" not in out["fast"][weights]:
                 out["fast"]["targets"].update(quantized_targets(out["fast"][weights], weights))
+            saved(out)
     elif bench.cuda:  # the caller builds the next model; free this one's memory first
         del target, base, prefill
     if bench.cuda:

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--fp8 / --int4), so that the checks can be split over calls of a time limit")
     p.add_argument("--quantized-only", action="store_true",
                    help="with --fp8 / --int4: only the quantized targets, no bf16 target before them (quantized_alone)")
-    p.add_argument("--int4-drafter", action="store_true", help="with --quantized-only: the drafter's Linears 4-bit")
+    p.add_argument("--int4-drafter", action="store_true", help="with --int4: the drafter's Linears 4-bit for the 4-bit target "
+                        "(after the bf16 and FP8 phases)")
     p.add_argument("--int4-tune", action="store_true",
                    help="only the 4-bit GEMM's launches swept at the 27B's shapes (benchmarks/gpu/int4.py)")
     p.add_argument("--no-profiler", action="store_true",
@@ -158,8 +159,8 @@ def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
                          "quantized weights)")
     if a.quantized_only and (not (a.fp8 or a.int4) or a.skip_speed):
         parser.error("--quantized-only measures the --fp8 / --int4 targets: name one, without --skip-speed")
-    if a.int4_drafter and not a.quantized_only:
-        parser.error("--int4-drafter goes with --quantized-only")
+    if a.int4_drafter and not a.int4:
+        parser.error("--int4-drafter goes with --int4")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +200,11 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
         save()
         return 0
     if not a.skip_speed:
-        report["speed"] = speed(bench, a.layers, dtype, a.budgets)
+        def saved(part):  # the figures so far, after each of speed's phases
+            report["speed"] = part
+            save()
+
+        report["speed"] = speed(bench, a.layers, dtype, a.budgets, saved=saved)
         print(json.dumps(report["speed"], indent=1), flush=True)
         save()
     if a.costs:

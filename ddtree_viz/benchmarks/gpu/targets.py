@@ -121,7 +121,8 @@ def quantized_targets(f: dict, weights: str) -> dict:
         out[f"{weights}_{key}"] = {"GB": peak.get("peak_models_alone_GB"), "GiB": peak.get("peak_models_alone_GiB"),
                                    "of": "the two models alone + the session", "raw_peak_GB": peak.get("peak_GB"),
                                    "target": peak["target"], "met": peak.get("met"), "context": peak["context"],
-                                   "budget": peak["budget"], "cap_GB": f["memory_cap_GB"], "card_GB": f.get("card_GB")}
+                                   "budget": peak["budget"], "cap_GB": peak.get("cap_GB", f["memory_cap_GB"]),
+                                   "card_GB": f.get("card_GB")}
     return out
 
 
