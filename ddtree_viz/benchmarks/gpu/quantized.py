@@ -60,6 +60,25 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
     return out
 
 
+def long_context_peak(bench: BenchConfig, pair, weights: str, cap_gb) -> dict:
+    """The session's peak at LONG_CONTEXT tokens (twice --fp8-context on a CPU), budget 64, measured uncapped: the
+    figure asked for is the peak itself; under the card's cap an out-of-memory says only "more", and the
+    allocator's fragmentation after the earlier phases would count against the session. The cap comes back after."""
+    free_cuda(bench)
+    context = LONG_CONTEXT if bench.cuda else 2 * bench.fp8_context
+    memory_cap(bench, None)
+    try:
+        peak = quantized_peak_memory(bench, pair, context, budget=64, limit=PEAK_LIMIT[weights])
+    except torch.OutOfMemoryError as exc:  # a figure of its own: the 4k figures and the GEMMs still count
+        peak = {"context": context, "budget": 64, "target": PEAK_LIMIT[weights][1], "met": False,
+                "error": f"out of memory: {str(exc).splitlines()[0]}", "peak_GiB": peak_gib(bench)}
+        free_cuda(bench)
+    peak["cap_GB"] = None  # measured uncapped
+    memory_cap(bench, cap_gb)
+    progress(f"{weights}_peak_memory_long", peak)
+    return peak
+
+
 def quantize_drafter_int4(drafter) -> None:
     """--int4-drafter: the drafter's Linears 4-bit, in place (what a 24 GB card holds beside the 4-bit target)."""
     from ...engine.weights import int4_common as int4
@@ -140,22 +159,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     out["peak_memory"] = quantized_peak_memory(bench, pair, bench.fp8_context, budget=64, limit=PEAK_LIMIT[weights])
     progress(f"{weights}_peak_memory", out["peak_memory"])
     if weights == "int4":  # issue #67: the 4-bit session at a long context too (what a 24 GB card leaves for it)
-        free_cuda(bench)
-        context = LONG_CONTEXT if bench.cuda else 2 * bench.fp8_context
-        # uncapped: the figure asked for is the peak itself; under the card's cap an out-of-memory says only "more",
-        # and the allocator's fragmentation after the earlier phases would count against the session
-        memory_cap(bench, None)
-        try:
-            out["peak_memory_long"] = quantized_peak_memory(bench, pair, context, budget=64,
-                                                            limit=PEAK_LIMIT[weights])
-        except torch.OutOfMemoryError as exc:  # a figure of its own: the 4k figures and the GEMMs still count
-            out["peak_memory_long"] = {"context": context, "budget": 64, "target": PEAK_LIMIT[weights][1],
-                                       "met": False, "error": f"out of memory: {str(exc).splitlines()[0]}",
-                                       "peak_GiB": peak_gib(bench)}
-            free_cuda(bench)
-        out["peak_memory_long"]["cap_GB"] = None  # measured uncapped
-        memory_cap(bench, out["memory_cap_GB"])
-        progress(f"{weights}_peak_memory_long", out["peak_memory_long"])
+        out["peak_memory_long"] = long_context_peak(bench, pair, weights, out["memory_cap_GB"])
     out["gemms"] = GEMMS[weights](bench, target, timer(sync))
     del pair, target
     free_cuda(bench)
