@@ -723,7 +723,10 @@ def test_long_session_keeps_per_round_views_bounded(app_url):
     try:
         set_number(page, "ddv-max-new", 512)
         set_number(page, "ddv-block", 4)
-        times = [page.evaluate(STEP_JS, k) for k in range(1, 23)]
+        times = []
+        for k in range(1, 23):  # each Step after the last one's check has answered, as page_bench clicks them: a
+            times.append(page.evaluate(STEP_JS, k))  # click while that Step's event is still pending is not taken
+            page.wait_for_function(CHECKED_JS, timeout=120_000)
         wait_status(page, "Round 22 of 22")
         rows = page.locator("#ddv-divergence table tbody tr")
         assert rows.count() == 20
@@ -737,7 +740,7 @@ def test_long_session_keeps_per_round_views_bounded(app_url):
         p.stop()
 
 
-from ddtree_viz.benchmarks.page import STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)
+from ddtree_viz.benchmarks.page import CHECKED_JS, STEP_JS  # noqa: E402  (the benchmark's own click-to-drawn timer)
 
 
 # ---------------------------------------------------------------------------------------------------------

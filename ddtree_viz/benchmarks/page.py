@@ -112,8 +112,14 @@ async (k) => {
   const t0 = performance.now();
   window._ddvStepT0 = t0;
   document.getElementById('ddv-step').click();
-  await new Promise((done) => {
-    const check = () => { if (status.innerText.includes(want)) { obs.disconnect(); done(); } };
+  await new Promise((done, fail) => {
+    // a click the page never answers (e.g. one made while the last Step's event was still pending) is an error
+    // after 120 s that says what the status showed, not a wait without end (page.evaluate has no timeout)
+    const late = setTimeout(() => {
+      obs.disconnect();
+      fail(new Error(`no '${want}' 120 s after the click; the status: ${status.innerText}`));
+    }, 120000);
+    const check = () => { if (status.innerText.includes(want)) { clearTimeout(late); obs.disconnect(); done(); } };
     const obs = new MutationObserver(check);
     obs.observe(status, {childList: true, subtree: true, characterData: true});
   });
