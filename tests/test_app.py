@@ -415,6 +415,18 @@ def test_a_handler_that_ends_after_a_setting_changed_keeps_its_note(host):
     on_budget.fn(tab, **values)
     assert NEW_SESSION not in status_of(fns["check"].fn(tab, "verified", **values))
 
+    # the check's last answer made just before a change, and the change's own answer shown first (it comes straight
+    # back, the check's over the queue's stream): the status written once the check has ended (on_settled, chained
+    # after it) has the note again, read from the page's settings then; changed back, none
+    settled = next(f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "on_settled")
+    tab = TabState()
+    fns["step"].fn(tab, "verified", gr.Request(session_hash="t"), **values)
+    assert NEW_SESSION not in status_of(fns["check"].fn(tab, "verified", **values))
+    on_budget.fn(tab, **{**values, "budget": 5})
+    assert NEW_SESSION in status_of(settled.fn(tab, **{**values, "budget": 5}))
+    on_budget.fn(tab, **values)
+    assert NEW_SESSION not in status_of(settled.fn(tab, **values))
+
 
 def test_app_binds_localhost_and_does_not_share_by_default():
     from ddtree_viz.page.web import app

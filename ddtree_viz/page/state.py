@@ -268,6 +268,9 @@ class TabState:
     # when the last Step or Run answered (time.monotonic()): a check chained after it got its inputs from the page
     # after that answer, however late the server starts it
     answered: float = 0.0
+    # when the last check made its last answer (time.monotonic()): the page's settings read after that answer came
+    # are as new as any change sent before it (newest_settings)
+    settled: float = 0.0
 
     def __post_init__(self) -> None:  # not fields: a copy (dataclasses.replace) gets its own
         self.lock = threading.RLock()

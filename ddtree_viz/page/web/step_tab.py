@@ -358,18 +358,33 @@ class StepTab:
                     p = t.checking
                     if p is not None and p.running:
                         progress((p.done, p.total), desc=f"checking against {p.what}", unit="tokens")
-                    yield noted({tab: t, **self.fill(render_check(host, t, ph))}, t, values, since)
+                    out = noted({tab: t, **self.fill(render_check(host, t, ph))}, t, values, since)
+                    t.settled = time.monotonic()
+                    yield out
             return in_status(on)
 
         on_check, on_independent = check_handler(False), check_handler(True)
 
-        at = self.at_status
+        @shows_errors
+        def on_settled(t, **values) -> dict:
+            """After a check's last answer: the status line anew, with the note of the page's settings as they are
+            now. A setting changed while the check ran says so at once (on_change), but the check's answers come
+            over the queue's stream and on_change's straight back: one made just before the change could arrive
+            after it and take its note away (a CI failure). With nothing changed the text is the same: nothing
+            moves on the page."""
+            note = change_note(host, t, t.newest_settings(values, t.settled))
+            return {self.views["status"]: render_check(host, t)["status"] + note}
+
+        at, settle = self.at_status, dict(inputs_kwargs=settings, show_progress="hidden", queue=False, api_name=False)
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
-            on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check", **at, **MODEL)
+            on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check", **at, **MODEL).then(
+            on_settled, [tab], [self.views["status"]], **settle)
         run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **at, **MODEL)
-        run.then(on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check_run", **at, **MODEL)
+        run.then(on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check_run", **at, **MODEL).then(
+            on_settled, [tab], [self.views["status"]], **settle)
         c["check_transformers"].click(on_independent, [tab, phase], checked, inputs_kwargs=settings,
-                                      api_name="check_transformers", **at, **MODEL)
+                                      api_name="check_transformers", **at, **MODEL).then(
+            on_settled, [tab], [self.views["status"]], **settle)
         # Stop: at once (no queue: the Run or check it stops holds the model's turn), nothing redrawn here: what it
         # stops says so in its own last answer
         c["stop"].click(lambda t: actions.stop(t) and None, [tab], None, queue=False, show_progress="hidden",
