@@ -118,9 +118,9 @@ KEYS_JS = """
     // only while the Step tab is shown (its buttons are hidden under the Analyze tab)
     if (id) { const b = document.getElementById(id); if (b && b.offsetParent !== null) { b.click(); e.preventDefault(); } }
   });
-  // Step clicks while a Step is on its way: stopped here, before gradio's own handler sees them (gradio drops most
-  // of them itself, but not a second click that comes before its first event is under way: a loaded machine ran
-  // both), and said beside the buttons, not silently lost. A Step is on its way from its click until the status
+  // Step clicks while a Step is on its way: stopped here, before gradio's own handler sees them (the Step button
+  // takes every click, trigger_mode "multiple", so that one made while the last round's check runs goes on), and
+  // said beside the buttons, not silently lost. A Step is on its way from its click until the status
   // line changes (its answer, or its error), 60 s at most, and while gradio shows it pending (its progress tracker
   // on the status line) or in its first 2 s (before the tracker shows): a status answered with the same text again
   // leaves no mutation to see, and the next click must not be stopped then.

@@ -376,7 +376,11 @@ class StepTab:
             return {self.views["status"]: render_check(host, t)["status"] + note}
 
         at, settle = self.at_status, dict(inputs_kwargs=settings, show_progress="hidden", queue=False, api_name=False)
-        c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", **at, **MODEL).then(
+        # a Step clicked while the last one's check runs goes on (gradio's default, trigger_mode "once", dropped it
+        # without a word until the whole chain had ended); one clicked while a Step is on its way is stopped and
+        # said by the page's script ("Still working")
+        c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", trigger_mode="multiple",
+                        **at, **MODEL).then(
             on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check", **at, **MODEL).then(
             on_settled, [tab], [self.views["status"]], **settle)
         run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **at, **MODEL)
