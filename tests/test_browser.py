@@ -1015,6 +1015,10 @@ def test_a_step_clicked_while_the_last_rounds_check_runs_is_the_next_round(page)
     page.wait_for_function("!document.querySelector('#ddv-status').innerText.includes('Checking')", timeout=60_000)
     assert "identical to greedy" in page.locator("#ddv-diff").inner_text()
     assert page.locator("#ddv-busy").count() == 0 or not page.locator("#ddv-busy").is_visible()
+    # page_bench's click-to-drawn timer (STEP_JS) waiting for a round that never comes: an error at its deadline
+    # that says what the status showed, not a wait without end
+    with pytest.raises(Exception, match=rf"no 'Round {k + 5} of {k + 5} ' 2 s after the click; the status: .*Round"):
+        page.evaluate(STEP_JS, [k + 5, 2000])
 
 
 def check_first_screen(page, size: dict) -> None:

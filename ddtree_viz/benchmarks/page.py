@@ -104,21 +104,23 @@ def _at(rows: list[dict], round_no: int) -> dict | None:
 # ------------------------------------------------------------------------------------------------------------
 
 STEP_JS = """
-async (k) => {
+async (arg) => {
   // click Step, wait until the status names round k of k, then two animation frames (the browser has drawn what
-  // is in view: the page draws figures off screen right after, ALL_DRAWN_JS waits for those too)
+  // is in view: the page draws figures off screen right after, ALL_DRAWN_JS waits for those too); arg: k, or
+  // [k, the deadline in ms] (120 s unless said)
+  const [k, deadline] = Array.isArray(arg) ? arg : [arg, 120000];
   const status = document.querySelector('#ddv-status');
   const want = `Round ${k} of ${k} `;
   const t0 = performance.now();
   window._ddvStepT0 = t0;
   document.getElementById('ddv-step').click();
   await new Promise((done, fail) => {
-    // a click the page never answers (e.g. one made while the last Step's event was still pending) is an error
-    // after 120 s that says what the status showed, not a wait without end (page.evaluate has no timeout)
+    // a click the page never answers is an error after the deadline that says what the status showed, not a wait
+    // without end (page.evaluate has no timeout)
     const late = setTimeout(() => {
       obs.disconnect();
-      fail(new Error(`no '${want}' 120 s after the click; the status: ${status.innerText}`));
-    }, 120000);
+      fail(new Error(`no '${want}' ${deadline / 1000} s after the click; the status: ${status.innerText}`));
+    }, deadline);
     const check = () => { if (status.innerText.includes(want)) { clearTimeout(late); obs.disconnect(); done(); } };
     const obs = new MutationObserver(check);
     obs.observe(status, {childList: true, subtree: true, characterData: true});
