@@ -18,7 +18,7 @@ from ddtree_viz.render.layout import tree_layout
 from ddtree_viz.render.mask_plot import mask_spec
 from ddtree_viz.render.stats_view import acceptance_spec
 from ddtree_viz.render.tree_plot import tree_spec
-from tests.test_browser import ARGS, CHROMIUM, FIGURE_BOXES_JS, collisions, pytestmark  # noqa: F401 - skipped where
+from tests.test_browser import ARGS, CHROMIUM, FIGURE_BOXES_JS, collisions, pytestmark, quad_overlap  # noqa: F401 - skipped where
 # test_browser is
 from tests.tiny import tiny_pair
 
@@ -300,6 +300,27 @@ def test_exported_trees_and_grids_keep_their_labels_clear(draw, oracle_trace, tr
             bad = collisions(figures)
             assert not bad, (figure, step.index, bad[:6])
             assert figure == "grid" or 'id="ddt-path-label"' in svg, step.index  # placed, not left out
+            if figure == "tree":  # clear of every marker's outline by a hair, its own too (see marker_clear)
+                bad = marker_clear(figures)
+                assert not bad, (step.index, len(bad), bad[:6])
+
+
+def widened(quad: list, px: float) -> list:
+    """A convex quadrilateral (four corners) moved out from its centre by `px` to the left and to the right."""
+    cx = sum(p[0] for p in quad) / 4
+    return [[x + px * ((x > cx) - (x < cx)), y] for x, y in quad]
+
+
+def marker_clear(figures: list[dict], px: float = 1.0) -> list[str]:
+    """Each label that comes within `px` of a marker's shape to its left or right (its own node's included: an SVG
+    export's labels and markers are not paired), by more than a quarter px. The shape (getBBox) leaves out the
+    marker's outline, about half a point each way: at 6 pt the labels beside diamonds started half a size from the
+    centre, on the diamond's tips (issue #65). (Not up or down: a text's box there is the font's whole ascent, above
+    the letters.)"""
+    at = lambda quad: [round(v) for v in (*quad[0], *quad[2])]  # noqa: E731 - its upright box, px
+    return [f"{fig['figure']}: {a['kind']} {a['text']!r} at {at(a['box'])} within {px} px of a marker at {at(m['box'])}"
+            for fig in figures for a in fig["labels"] for m in fig["markers"]
+            if quad_overlap(a["box"], widened(m["box"], px)) > 0.25]
 
 
 def test_report_bar_labels_fit_under_their_bars(draw):

@@ -50,6 +50,9 @@ RC = {
 }
 MARKER = {"root": "s", "accepted": "o", "first_rejected": "D", "bonus": "*", "other": "o"}
 MARKER_SIZE = {"root": 7.5, "accepted": 8.5, "first_rejected": 7.0, "bonus": 14.0, "other": 8.5}  # points
+# how far a marker reaches from its centre, in its size: circles, squares and stars half of it, a diamond (a square
+# turned 45 degrees) half its diagonal (labels placed half a size away touched the diamonds' tips, issue #65)
+REACH = {"s": 0.5, "o": 0.5, "*": 0.5, "D": 0.5 * 2 ** 0.5}
 _LOCK = threading.Lock()  # rc_context is process-global: one export at a time (the page serves many tabs)
 
 
@@ -292,8 +295,16 @@ def tree_size(layout: TreeLayout, width: float, *, title: bool, caption: str | N
 def _beside_fits(layout: TreeLayout, width: float) -> bool:
     """Whether a tree's whole labels and ranks fit beside their nodes, on one line, in its depth columns."""
     column = (width - tree_margin(width)) / (max(layout.width, 1) + 0.25)
-    room = column - (MARKER_SIZE["other"] * 0.55 / 2 + 2.5) / 72
+    room = column - _beside_start(layout, 0.55) / 72
     return _chars_in(room, LABEL_MIN_PT) >= max(len(n.label) for n in layout.nodes) + 4
+
+
+def _beside_start(layout: TreeLayout, scale: float) -> float:
+    """Points from a node's centre to where a label beside it starts, for the widest marker in `layout` at `scale`
+    (its outline at its thickest), and 1 pt kept clear at the column's end (_draw_nodes: its reach + 1.5 pt)."""
+    roles = {n.role for n in layout.nodes}
+    reach = max(MARKER_SIZE[r] * scale * REACH[MARKER[r]] + outline_width(r, True) / 2 for r in roles)
+    return reach + 1.5 + 1.0
 
 
 @dataclass(frozen=True)
@@ -341,7 +352,7 @@ def tree_style(layout: TreeLayout, page: Page) -> TreeStyle:
         return TreeStyle(False, LABEL_MIN_PT, 1.0, max(fit, default=MIN_CHARS), bool(fit), **at)
     top = max(LABEL_MIN_PT, min(7.0, pitch * 72 / 1.35))  # as large as the rows allow, smaller where a column is narrow
     scale = max(0.55, min(1.0, pitch * 72 * 0.8 / MARKER_SIZE["other"]))
-    room = column - (MARKER_SIZE["other"] * scale / 2 + 2.5) / 72
+    room = column - _beside_start(layout, scale) / 72
     pt = next((p for p in (top, 6.5, LABEL_MIN_PT) if p <= top and _chars_in(room, p) >= longest + 4), LABEL_MIN_PT)
     chars = _chars_in(room, pt)
     return TreeStyle(True, pt, scale, max(2, chars), chars >= 2, **at)
@@ -431,7 +442,7 @@ def _path_label(fig: Figure, ax, layout: TreeLayout, scheme: Scheme, look: TreeS
         taken = [t.get_window_extent(renderer) for t in ax.texts]
         for n in layout.nodes:
             x, y = ax.transData.transform((n.x, n.y))
-            r = MARKER_SIZE[n.role] * look.marker_scale * fig.dpi / 72 / 2
+            r = marker_reach(n, look) * fig.dpi / 72
             taken.append(Bbox.from_extents(x - r, y - r, x + r, y + r))
         lines = [MplPath(ax.transData.transform([(layout.node(e.parent).x, layout.node(e.parent).y),
                                                  (layout.node(e.child).x, layout.node(e.child).y)]))
@@ -502,6 +513,17 @@ def _draw_edges(ax, layout: TreeLayout, scheme: Scheme) -> None:
         ax.add_line(line)
 
 
+def outline_width(role: str, on_path: bool) -> float:
+    """A node marker's outline, points: thick on the accepted path, the first rejected ones' a little thicker."""
+    return 1.6 if path_outlined(role, on_path) else (0.9 if role == "first_rejected" else 0.5)
+
+
+def marker_reach(node, look) -> float:
+    """How far `node`'s marker reaches from its centre, in points, its outline included (REACH)."""
+    return (MARKER_SIZE[node.role] * look.marker_scale * REACH[MARKER[node.role]]
+            + outline_width(node.role, node.on_path) / 2)
+
+
 def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, ranks: bool, look: TreeStyle) -> None:
     """One scatter per role in DRAW_ORDER, then each node's label: above it and its rank below, or (look.beside)
     beside it with its rank, one line."""
@@ -511,17 +533,17 @@ def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, r
             continue
         face = [fixed_fill(scheme, role) or fills[n.id] for n in nodes]
         edge = [outline_color(scheme, role, n.on_path) for n in nodes]
-        lw = [1.6 if path_outlined(role, n.on_path) else (0.9 if role == "first_rejected" else 0.5) for n in nodes]
+        lw = [outline_width(role, n.on_path) for n in nodes]
         sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=(MARKER_SIZE[role] * look.marker_scale) ** 2,
                         marker=MARKER[role], c=face, edgecolors=edge, linewidths=lw, zorder=3)
         sc.set_gid(f"ddt-nodes-{role}")
     for n in layout.nodes:
         if look.beside:
-            ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(MARKER_SIZE[n.role] * look.marker_scale / 2 + 1.5, 0),
+            ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(marker_reach(n, look) + 1.5, 0),
                         textcoords="offset points", ha="left", va="center", fontsize=look.label_pt, family=MONO,
                         gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
             continue
-        clear = max(6.5, MARKER_SIZE[n.role] * look.marker_scale / 2 + 0.5)  # past the bonus star's tips too
+        clear = max(6.5, marker_reach(n, look) + 0.5)  # past the bonus star's tips too
         ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(0, clear), textcoords="offset points", ha="center", va="bottom",
                     fontsize=look.label_pt, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False)
         if ranks and n.rank >= 0:
