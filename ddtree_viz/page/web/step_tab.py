@@ -306,6 +306,11 @@ class StepTab:
         """What `show_replay` fills."""
         return [*self.shown(), self.settings["prompt"]]
 
+    def noted(self, out: dict, t, values: dict, since: float) -> dict:
+        """`out` with the note of a setting changed while its handler ran (its answer rewrites the status)."""
+        out[self.views["status"]] += change_note(self.host, t, t.newest_settings(values, since))
+        return out
+
     def _wire_decoding(self, page: Page) -> None:
         """Step, Run, the checks, Reset, New seed. Step and Run show each round at once (check=False) and check it
         against the reference next (on_check, chained with .then): the page answers at the round's speed."""
@@ -315,15 +320,10 @@ class StepTab:
 
         in_status = errors_in_status(self.note)
 
-        def noted(out: dict, t, values: dict, since: float) -> dict:
-            """`out` with the note of a setting changed while its handler ran (its answer rewrites the status)."""
-            out[self.views["status"]] += change_note(host, t, t.newest_settings(values, since))
-            return out
-
         def answered(out: dict, t, values: dict, since: float) -> dict:
             """A Step's or Run's answer, `noted`; the check chained after it reads the page's settings only once
             this answer is in (TabState.answered)."""
-            out = noted(out, t, values, since)
+            out = self.noted(out, t, values, since)
             t.answered = time.monotonic()
             return out
 
@@ -347,34 +347,8 @@ class StepTab:
                     progress((len(session.generated), session.max_new_tokens), desc="decoding", unit="tokens")
                 yield answered(out, t, values, since)
 
-        def check_handler(independent: bool):
-            """A check's handler (actions.check_rounds): its views as it goes (its progress on the status line and
-            gradio's bar, as the Run's), and the status keeps the note of a setting changed since its inputs were
-            read (TabState.newest_settings): after the Step or Run it follows answered, not when the server starts
-            it, which under load comes after a change the page made meanwhile."""
-            def on(t, ph, progress=gr.Progress(), **values):
-                since = t.answered or time.monotonic()  # (an answer is never later than now)
-                for _ in actions.check_rounds(host, t, independent=independent):
-                    p = t.checking
-                    if p is not None and p.running:
-                        progress((p.done, p.total), desc=f"checking against {p.what}", unit="tokens")
-                    out = noted({tab: t, **self.fill(render_check(host, t, ph))}, t, values, since)
-                    t.settled = time.monotonic()
-                    yield out
-            return in_status(on)
-
-        on_check, on_independent = check_handler(False), check_handler(True)
-
-        @shows_errors
-        def on_settled(t, **values) -> dict:
-            """After a check's last answer: the status line anew, with the note of the page's settings as they are
-            now. A setting changed while the check ran says so at once (on_change), but the check's answers come
-            over the queue's stream and on_change's straight back: one made just before the change could arrive
-            after it and take its note away (a CI failure). With nothing changed the text is the same: nothing
-            moves on the page."""
-            note = change_note(host, t, t.newest_settings(values, t.settled))
-            return {self.views["status"]: render_check(host, t)["status"] + note}
-
+        on_check, on_independent, on_settled = check_handlers(self, page)
+        status = [self.views["status"]]
         at, settle = self.at_status, dict(inputs_kwargs=settings, show_progress="hidden", queue=False, api_name=False)
         # a Step clicked while the last one's check runs goes on (gradio's default, trigger_mode "once", dropped it
         # without a word until the whole chain had ended); one clicked while a Step is on its way is stopped and
@@ -382,13 +356,13 @@ class StepTab:
         c["step"].click(on_step, [tab, phase], shown, inputs_kwargs=settings, api_name="step", trigger_mode="multiple",
                         **at, **MODEL).then(
             on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check", **at, **MODEL).then(
-            on_settled, [tab], [self.views["status"]], **settle)
+            on_settled, [tab], status, **settle)
         run = c["run"].click(on_run, [tab, phase], shown, inputs_kwargs=settings, api_name="run", **at, **MODEL)
         run.then(on_check, [tab, phase], checked, inputs_kwargs=settings, api_name="check_run", **at, **MODEL).then(
-            on_settled, [tab], [self.views["status"]], **settle)
+            on_settled, [tab], status, **settle)
         c["check_transformers"].click(on_independent, [tab, phase], checked, inputs_kwargs=settings,
                                       api_name="check_transformers", **at, **MODEL).then(
-            on_settled, [tab], [self.views["status"]], **settle)
+            on_settled, [tab], status, **settle)
         # Stop: at once (no queue: the Run or check it stops holds the model's turn), nothing redrawn here: what it
         # stops says so in its own last answer
         c["stop"].click(lambda t: actions.stop(t) and None, [tab], None, queue=False, show_progress="hidden",
@@ -506,3 +480,38 @@ class StepTab:
             widget.change(**hide)
         if replay_path:
             page.demo.load(on_replay_file, [tab, phase], self.shown_replay())
+
+
+def check_handlers(view: StepTab, page: Page) -> tuple:
+    """The Step tab's (`view`'s) handlers of a round's check (on_check, after a Step or Run), of the check against
+    transformers (on_independent), and of what follows either (on_settled)."""
+    host, tab = view.host, page.tab
+    in_status = errors_in_status(view.note)
+
+    def check_handler(independent: bool):
+        """A check's handler (actions.check_rounds): its views as it goes (its progress on the status line and
+        gradio's bar, as the Run's), and the status keeps the note of a setting changed since its inputs were
+        read (TabState.newest_settings): after the Step or Run it follows answered, not when the server starts
+        it, which under load comes after a change the page made meanwhile."""
+        def on(t, ph, progress=gr.Progress(), **values):
+            since = t.answered or time.monotonic()  # (an answer is never later than now)
+            for _ in actions.check_rounds(host, t, independent=independent):
+                p = t.checking
+                if p is not None and p.running:
+                    progress((p.done, p.total), desc=f"checking against {p.what}", unit="tokens")
+                out = view.noted({tab: t, **view.fill(render_check(host, t, ph))}, t, values, since)
+                t.settled = time.monotonic()
+                yield out
+        return in_status(on)
+
+    @shows_errors
+    def on_settled(t, **values) -> dict:
+        """After a check's last answer: the status line anew, with the note of the page's settings as they are
+        now. A setting changed while the check ran says so at once (on_change), but the check's answers come
+        over the queue's stream and on_change's straight back: one made just before the change could arrive
+        after it and take its note away (a CI failure). With nothing changed the text is the same: nothing
+        moves on the page."""
+        note = change_note(host, t, t.newest_settings(values, t.settled))
+        return {view.views["status"]: render_check(host, t)["status"] + note}
+
+    return check_handler(False), check_handler(True), on_settled
