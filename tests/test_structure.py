@@ -7,6 +7,7 @@ longer fail fails here."""
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -296,6 +297,23 @@ def test_no_class_over_400_lines_and_no_module_over_800():
     found = [o for path in sorted((ROOT / PACKAGE).rglob("*.py"))
              for o in oversized(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())]
     assert found == []
+
+
+def clock_reads(text: str) -> list[int]:
+    """The lines of a module's source that read a clock for a figure (time.perf_counter or time.perf_counter_ns);
+    time.time and time.monotonic stay free for deadlines."""
+    return [i for i, line in enumerate(text.splitlines(), 1) if re.search(r"\bperf_counter(_ns)?\s*\(", line)]
+
+
+def test_the_benchmarks_time_through_their_one_harness():
+    """Issue #66: bench, page_bench and gpu_bench take every figure's time through benchmarks/harness.py (timed_call,
+    timer, clock): no module of theirs reads the clock itself."""
+    bench = ROOT / PACKAGE / "benchmarks"
+    found = {path.relative_to(ROOT).as_posix(): clock_reads(path.read_text(encoding="utf-8"))
+             for path in sorted(bench.rglob("*.py")) if path != bench / "harness.py"}
+    assert {p: lines for p, lines in found.items() if lines} == {}
+    assert clock_reads((bench / "harness.py").read_text(encoding="utf-8"))  # (the harness itself does)
+    assert clock_reads("start = time.perf_counter()\nx = 1\n") == [1]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ static runner on a Qwen3.5 hybrid, engines.default_engine), including the bookke
 does per round (tree records, cache snapshots), since that is what the tool runs. Each method is warmed up
 once, untimed, before any measurement. Per prompt and repeat the three methods run back to back.
 
-tokens/s = generated tokens / seconds, summed over every prompt and repeat.
+tokens/s = generated tokens / seconds, summed over every prompt and repeat. Each run is timed by the benchmarks' one
+harness (benchmarks/harness.py: timed_call, to the end of the models' device work).
 mean acceptance = tokens gained per target forward (accepted drafts + the bonus), pooled over all rounds.
 
 Sampling (a Sampler with T > 0, engine/sampling.py): every method samples with the same seed and position-keyed
@@ -21,7 +22,6 @@ No printing here: the CLI prints, tests and scripts read the result.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +37,7 @@ from ..analysis import first_divergence
 from ..engine.reference import EngineGreedy, greedy_decode
 from ..engine.session import DecodeSession
 from ..engine.verify import EXACT, device_sync
+from .harness import timed_call
 
 # the speculative methods' sessions, and a DFlash2 drafter's two more: its selector's own chain and DDTree's tree
 # under the selector's pair scores (the marginal tree and the per-depth argmax chain run for it too)
@@ -182,33 +183,37 @@ def _sync(pair: ModelPair):
     return device_sync(pair.target, pair.drafter)
 
 
+def _timed(fn, sync) -> tuple:
+    """(fn()'s result, its seconds), from an idle device to the end of fn's work (the harness's timed_call)."""
+    sync()
+    result, ms = timed_call(fn, sync)
+    return result, ms / 1e3
+
+
 def _greedy(pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, sync, sampler: Sampler = GREEDY) -> MethodRun:
-    sync()
-    start = time.perf_counter()
-    result = greedy_decode(pair.target, prompt_ids, max_new_tokens, pair.eos_token_ids, sampler)
-    sync()
-    return MethodRun(list(result.ids), time.perf_counter() - start)
+    result, seconds = _timed(lambda: greedy_decode(pair.target, prompt_ids, max_new_tokens, pair.eos_token_ids,
+                                                   sampler), sync)
+    return MethodRun(list(result.ids), seconds)
 
 
 def _speculative(session: DecodeSession, prompt_ids: list[int], sync) -> MethodRun:
-    sync()
-    start = time.perf_counter()
-    session.prefill(prompt_ids=prompt_ids)
-    session.run()
-    sync()
-    seconds = time.perf_counter() - start
+    def decode() -> None:
+        session.prefill(prompt_ids=prompt_ids)
+        session.run()
+
+    _, seconds = _timed(decode, sync)
     return MethodRun(list(session.generated), seconds, len(session.history), sum(r.kept for r in session.history))
 
 
 def _engine_greedy(session: DecodeSession, prompt_ids: list[int], sync) -> MethodRun:
     """Greedy decoding through the session's target engine (one-node trees), timed like the others."""
-    sync()
-    start = time.perf_counter()
-    reference = EngineGreedy(session.target_engine, prompt_ids, session.eos_ids, with_margins=False,
-                             sampler=session.sampler)
-    ids = reference.extend_to(session.max_new_tokens).ids
-    sync()
-    return MethodRun(list(ids), time.perf_counter() - start)
+    def decode() -> list[int]:
+        reference = EngineGreedy(session.target_engine, prompt_ids, session.eos_ids, with_margins=False,
+                                 sampler=session.sampler)
+        return reference.extend_to(session.max_new_tokens).ids
+
+    ids, seconds = _timed(decode, sync)
+    return MethodRun(list(ids), seconds)
 
 
 def run_bench(

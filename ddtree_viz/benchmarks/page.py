@@ -20,7 +20,9 @@ Measured side by side in one process, on the page's own code path (ddtree_viz/pa
   to its check answered, alone and while A runs or checks; A's rounds, wall time and engine time per round
   (docs/PERFORMANCE.md section 39).
 
-No timed assertions anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
+The server's times are taken by the benchmarks' one harness (benchmarks/harness.py: timed_call); the browser's by
+performance.now in the page (STEP_JS and its kin: no Python clock sees the frame that paints). No timed assertions
+anywhere: these are figures to read (docs/PERFORMANCE.md, "The page"). The process uses the
 page's torch threads (page.host.cpu_threads) unless --threads says otherwise.
 """
 
@@ -40,17 +42,19 @@ from ..page.state import TabState, read_settings
 from ..page.views import Views, render_views
 from ..prompts import DEFAULT_PROMPTS
 from ..words import plural
+from .harness import clock, median_ms, no_sync, timed_call
 
 DEFAULT_PROMPT = DEFAULT_PROMPTS[2]  # the page's default prompt (page/web/step_tab.py: DEFAULT_PROMPT)
 
 
 def _payload_ms(views: Views) -> tuple[float, int]:
     """Serialise the views as gradio sends them: figures through to_json, text as is. (ms, bytes)."""
-    start = time.perf_counter()
-    parts = [s.to_json() for s in _specs(views) if s]
-    parts += [views.status, views.cache_html, views.diff_html, views.stats, views.divergence, views.stop,
-              views.inspector, views.compare]
-    return (time.perf_counter() - start) * 1e3, sum(len(p) for p in parts)
+    def payload() -> list[str]:
+        return [*(s.to_json() for s in _specs(views) if s), views.status, views.cache_html, views.diff_html,
+                views.stats, views.divergence, views.stop, views.inspector, views.compare]
+
+    parts, ms = timed_call(payload, no_sync)
+    return ms, sum(len(p) for p in parts)
 
 
 def _specs(views: Views) -> tuple:
@@ -60,11 +64,7 @@ def _specs(views: Views) -> tuple:
 
 def _checked_ms(views: Views) -> float:
     """The same figures as checked plotly go.Figures, serialised by plotly (the path before issue #17)."""
-    start = time.perf_counter()
-    for spec in _specs(views):
-        if spec is not None:
-            spec.figure().to_json()
-    return (time.perf_counter() - start) * 1e3
+    return timed_call(lambda: [spec.figure().to_json() for spec in _specs(views) if spec is not None], no_sync)[1]
 
 
 def step_figures(host: ModelHost, prompt: str, budget: int, block_size: int, max_new_tokens: int,
@@ -74,12 +74,8 @@ def step_figures(host: ModelHost, prompt: str, budget: int, block_size: int, max
     values = dict(prompt=prompt, budget=budget, block_size=block_size, max_new_tokens=max_new_tokens, verify="exact",
                   method="ddtree")
     while tab.session is None or not tab.session.done:
-        start = time.perf_counter()
-        tab = actions.step(host, tab, read_settings(host, values))
-        step_ms = (time.perf_counter() - start) * 1e3
-        start = time.perf_counter()
-        views = render_views(host, tab)
-        views_ms = (time.perf_counter() - start) * 1e3
+        tab, step_ms = timed_call(lambda: actions.step(host, tab, read_settings(host, values)), no_sync)
+        views, views_ms = timed_call(lambda: render_views(host, tab), no_sync)
         json_ms, nbytes = _payload_ms(views)
         row = {"round": views.view + 1, "engine_ms": sum(tab.trace.steps[-1].timings_ms.values()),
                "step_ms": step_ms, "reference_ms": tab.timing.get("reference"), "views_ms": views_ms,
@@ -91,8 +87,7 @@ def step_figures(host: ModelHost, prompt: str, budget: int, block_size: int, max
 
 
 def _median(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
+    return median_ms(r.get(key) for r in rows)
 
 
 def _at(rows: list[dict], round_no: int) -> dict | None:
@@ -207,15 +202,15 @@ def timed_app(turns: str, argv: list[str]) -> int:
 
     class TimedLock(host.FairLock):
         def __enter__(self):
-            asked, caller = time.perf_counter(), sys._getframe(1)
+            asked, caller = clock(), sys._getframe(1)
             who, tab = caller.f_code.co_name, id(caller.f_locals.get("tab") or 0)
             super().__enter__()
-            self._turn = (asked, time.perf_counter(), who, tab)  # (only the holder writes or reads it)
+            self._turn = (asked, clock(), who, tab)  # (only the holder writes or reads it)
             return self
 
         def __exit__(self, *exc):
             asked, granted, who, tab = self._turn
-            released = time.perf_counter()
+            released = clock()
             super().__exit__(*exc)
             out.write(json.dumps([asked, granted, released, who, tab]) + "\n")
 
@@ -298,8 +293,8 @@ def browser_figures(args, chromium: str) -> dict:
             "step_wall_ms_median_last_10": statistics.median(late),
             "all_drawn_ms_median_rounds_2_11": statistics.median(alls[1:11]),
             "all_drawn_ms_median_last_10": statistics.median(alls[-10:]),
-            "tree_drawn_ms_median_rounds_2_11": statistics.median(trees[:10]) if trees else None,
-            "tree_drawn_ms_median_last_10": statistics.median(trees[-10:]) if trees else None, "run_stats_table": stats}
+            "tree_drawn_ms_median_rounds_2_11": median_ms(trees[:10]),
+            "tree_drawn_ms_median_last_10": median_ms(trees[-10:]), "run_stats_table": stats}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -353,7 +348,7 @@ TAB_STATE_JS = f"""
 
 
 def _tab_step(page, k: int) -> dict:
-    clicked = time.perf_counter()  # (about the click: the same clock as timed_app's turns)
+    clicked = clock()  # (about the click: the same clock as timed_app's turns)
     step = page.evaluate(TAB_STEP_JS, k)
     if step["checked"] is None:
         raise RuntimeError(f"Step {k} did not answer in 300 s; the status: {step['late']!r}")
@@ -390,7 +385,7 @@ def two_tab_figures(args, chromium: str) -> dict:
         _settings(a, args.prompt, args.budget, args.long_tokens, args.long_block_size)
         _settings(b, args.prompt_b, args.budget, args.long_tokens, args.long_block_size)
         alone = [_tab_step(b, k) for k in range(1, 7)]
-        start = time.perf_counter()
+        start = clock()
         a.get_by_role("button", name="Run", exact=True).click()
         a.wait_for_function("/Round [0-9]+ of/.test(document.querySelector('#ddv-status').innerText)",
                             timeout=60_000)
@@ -404,7 +399,7 @@ def two_tab_figures(args, chromium: str) -> dict:
             after = a.evaluate(TAB_STATE_JS)
             during.append({**step, "a_phase": "check" if before["finished"] else "run", "a_round": before["round"],
                            "a_rounds_meanwhile": after["round"] - before["round"]})
-        total_s = time.perf_counter() - start
+        total_s = clock() - start
         stats = a.locator("#ddv-stats").inner_text()
         rounds = a.evaluate(TAB_STATE_JS)["round"]
         browser.close()
@@ -489,14 +484,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.two_tabs:
         t = two_tab_figures(args, args.chromium)
         _print_two_tabs(t)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as f:
-                json.dump(t, f, indent=1)
+        _write_json(args.json, t)
         return 0
     if args.browser_only:
         b = browser_figures(args, args.chromium)
-        b.pop("step_wall_ms")
-        print(json.dumps(b, indent=1))
+        print(json.dumps({k: v for k, v in b.items() if k != "step_wall_ms"}, indent=1))
+        _write_json(args.json, {"settings": _run_settings(args, args.block_size), "browser": b})
         return 0
     torch.set_num_threads(args.threads or cpu_threads("cpu"))
     host = ModelHost(args.target, args.draft, "float32", "cpu", args.engine)
@@ -525,9 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label:<10} server time per Step {r['server_ms']:7.1f} ms (engine {r['engine_ms']:.1f}, step "
               f"{r['step_ms']:.1f}, views {r['views_ms']:.1f}, json {r['json_ms']:.1f} ms, {plural(r['json_bytes'], 'byte')})")
     result = {"model": host.pair.describe(), "engine": host.exact_engine, "torch_threads": torch.get_num_threads(),
-              "settings": {"prompt": args.prompt, "budget": args.budget, "block_size": block,
-                           "max_new_tokens": args.max_new_tokens, "long_tokens": args.long_tokens,
-                           "long_block_size": args.long_block_size},
+              "settings": _run_settings(args, block),
               "per_round_median_ms": med, "rounds": rows, "long_rounds": len(long), "long_round_5": at5,
               "long_round_last": at100}
     if args.browser:
@@ -545,11 +536,22 @@ def main(argv: list[str] | None = None) -> int:
         print("  after Run, the page's stats table:")
         for line in b["run_stats_table"].splitlines():
             print("    " + line)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        print(f"figures written to {args.json}")
+    _write_json(args.json, result)
     return 0
+
+
+def _run_settings(args, block: int | None) -> dict:
+    """The run's settings, as its JSON names them (block None: the drafter's)."""
+    return {"prompt": args.prompt, "budget": args.budget, "block_size": block, "max_new_tokens": args.max_new_tokens,
+            "long_tokens": args.long_tokens, "long_block_size": args.long_block_size, "long_rounds": args.long_rounds}
+
+
+def _write_json(path: str | None, figures: dict) -> None:
+    """The figures to `path` (--json; every mode writes them), and a line that says so."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=1)
+        print(f"figures written to {path}")
 
 
 if __name__ == "__main__":

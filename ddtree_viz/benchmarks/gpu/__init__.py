@@ -5,8 +5,8 @@ same code at toy widths on a CPU). Its modules by concern, every time taken thro
 
 - cli.py: the flags (build_parser), the combinations refused, main and measure (the report, saved after each part).
 - config.py: BenchConfig (the run's options) and the shapes and formats every part shares.
-- harness.py: the one timing harness (timed_call, samples_ms, timer's medians, per_call_us in a CUDA graph, the
-  copy bandwidth, host_loop_us) and the progress lines.
+- harness.py: what only a GPU times (per_call_us in a CUDA graph, the copy bandwidth), over the benchmarks' one
+  timing harness (../harness.py: timed_call, samples_ms, timer's medians, host_loop_us, the progress lines).
 - models.py: random real-shape targets (bf16, split over GPUs, FP8 or 4-bit) and drafters, the pair, the bound.
 - bf16.py: transformers' forward and the static runner at bf16 (speed, fast_speed).
 - runner.py, rounds.py, drafter.py, tree_forms.py: the runner's parts, whole rounds, the drafter's pass, the tree

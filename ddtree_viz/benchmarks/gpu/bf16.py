@@ -9,7 +9,6 @@ import copy
 import functools
 import json
 import statistics
-import time
 import traceback
 from dataclasses import asdict
 
@@ -18,7 +17,7 @@ import torch
 from .config import BenchConfig
 from .dflash2 import dflash2_speed
 from .drafter import drafter_pass
-from .harness import phase_medians, progress, timed_call, timer
+from ..harness import clock, phase_medians, progress, timed_call, timer
 from .memory import peak_memory_gib
 from .models import DFLASH2_CONFIG, build_drafter, layer_devices, measured_models, pair_of
 from .quantized import quantize_drafter_int4, quantized_speed_or_error
@@ -184,7 +183,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets), *([dflash2[0].block_size] if dflash2 else [])})
     options = bench.runner_options()
-    start = time.perf_counter()
+    start = clock()
     runner, graphs_error = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids, options)
     out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
                  "graphs_error": graphs_error, "compile_s": runner.compile_s, "compile_error": runner.compile_error}
@@ -192,7 +191,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     logits, feats = runner.prefill(prompt)
     for size in sizes:  # capture every size at this length bucket now, not inside the timings
         runner.slot_for(size)
-    out.update(capture_s=time.perf_counter() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas),
+    out.update(capture_s=clock() - start, sizes=sizes, buckets=runner.buckets, blas=dict(runner.blas),
                gate_up_forms=gate_up_forms(runner))
     rounds_tokens = 16 * drafter.block_size  # room for the 14 whole rounds below, however much they accept
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,

@@ -3,10 +3,9 @@ and S(b) at an acceptance the run controls (an oracle drafter on a float32 targe
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from ..harness import clock
 from .config import BenchConfig
 from .exactness import exactness_setup
 from .models import measured_models, pair_of
@@ -33,9 +32,9 @@ def cost_study(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: lis
     pair = pair_of(bench, target, drafter, dtype)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, target.config.vocab_size, (prompt_len,), generator=gen).tolist()
-    t0 = time.perf_counter()
+    t0 = clock()
     table = measure_costs(pair, prompt, budgets, engine="runner", rounds=rounds)
-    out["measure_s"] = time.perf_counter() - t0
+    out["measure_s"] = clock() - t0
     out["costs"] = table.to_dict()
     del pair, target, drafter
     if bench.cuda:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .harness import timed_call, timer
+from ..harness import timed_call, timer
 
 
 DRAFT_PATHS = {  # drafter_pass: each path's proposer options (session.make_proposer: the drafter's family)

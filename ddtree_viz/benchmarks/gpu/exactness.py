@@ -10,7 +10,7 @@ from dataclasses import asdict
 import torch
 
 from .config import BenchConfig
-from .harness import progress
+from ..harness import progress
 from .models import build_quantized_target, build_target, layer_devices, pair_of
 
 

@@ -23,7 +23,8 @@ from dataclasses import asdict
 import torch
 
 from .config import BenchConfig
-from .harness import copy_bandwidth, per_call_us, timer
+from ..harness import timer
+from .harness import copy_bandwidth, per_call_us
 from .models import build_quantized_target, layer_gemms
 
 

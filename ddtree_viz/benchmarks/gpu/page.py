@@ -5,13 +5,12 @@ session's Step, and the bare round beside them (issue #13's targets)."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict
 
 import torch
 
 from .config import BenchConfig
-from .harness import phase_medians, timed_call, timer
+from ..harness import clock, phase_medians, timed_call, timer
 from .memory import peak_memory_gib
 from .models import build_drafter, build_target, pair_of
 from .profiler import activity_kinds, profiled_spans, timeline_gaps
@@ -54,12 +53,12 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
 
     def ui_step(tab, prompt):
         """(step ms, render ms) of one page Step: the round shown, the check left for after."""
-        s = time.perf_counter()
+        s = clock()
         actions.step(host, tab, read_settings(host, controls(prompt)), check=False)
-        m = time.perf_counter()
+        m = clock()
         render_views(host, tab)
         sync()
-        return (m - s) * 1e3, (time.perf_counter() - m) * 1e3
+        return (m - s) * 1e3, (clock() - m) * 1e3
 
     def ui_check(tab):
         return timed_call(lambda: render_check(host, actions.check(host, tab)), sync)[1]
@@ -92,12 +91,12 @@ def ui_speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int = 
     out.update(against_reference(tab.trace))
 
     # the independent check (transformers' forward) over the tokens shown, its own time
-    s = time.perf_counter()
+    s = clock()
     actions.check_transformers(host, tab)
     result, seconds = tab.session.check_transformers()
     out["independent_check"] = {"tokens": len(result.ids), "ms": seconds * 1e3,
                                 "agrees": tuple(result.ids) == tuple(tab.session.generated[:len(result.ids)]),
-                                "wall_ms": (time.perf_counter() - s) * 1e3}
+                                "wall_ms": (clock() - s) * 1e3}
     out.update(bare_rounds(pair, budget, max_new, list(ui_prompt(prompt_len, 2).encode()), steps, sync))
     out.update(ui_targets(out))
     if bench.cuda:
@@ -158,10 +157,10 @@ def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int):
     from ...page.host import ModelHost
     from ...render.cache_view import cache_layout_table
 
-    t0 = time.perf_counter()
+    t0 = clock()
     target = build_target(bench, layers, dtype)
     drafter = build_drafter(bench, target, dtype)
-    build_s = time.perf_counter() - t0
+    build_s = clock() - t0
     pair = pair_of(bench, target, drafter, dtype)
     host = ModelHost(None, None, str(dtype).removeprefix("torch."), bench.device, engine="runner")
     host.pair, host.layout, host.stage = pair, cache_layout_table(cache_layout(target, pair.layer_types)), "ready"

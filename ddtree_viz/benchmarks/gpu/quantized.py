@@ -5,7 +5,6 @@ process (--quantized-only: quantized_alone). Each format's GEMMs come from its o
 
 from __future__ import annotations
 
-import time
 import traceback
 from dataclasses import asdict
 
@@ -13,7 +12,8 @@ import torch
 
 from .config import INT4_GROUP, BenchConfig
 from .fp8 import fp8_gemms
-from .harness import copy_bandwidth, progress, timer
+from ..harness import clock, progress, timer
+from .harness import copy_bandwidth
 from .int4 import int4_gemms
 from .memory import (LONG_CONTEXT, PEAK_LIMIT, allocated_gib, free_cuda, memory_cap, model_bytes, peak_gib,
                      quantized_memory_cap, quantized_peak_memory, weight_bytes_of)
@@ -114,9 +114,9 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
 
     out = {} if out is None else out
     out.update(quantized_memory_cap(bench, weights, drafter))
-    t0 = time.perf_counter()
+    t0 = clock()
     target = build_quantized_target(bench, layers, dtype, weights, trail=out.setdefault("build_trail_GiB", {}))
-    out.update(build_s=time.perf_counter() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
+    out.update(build_s=clock() - t0, build_peak_GiB=peak_gib(bench), weights=weight_bytes_of(target))
     progress(f"{weights}_built", {k: out[k] for k in ("leftover_GiB", "drafter_GiB", "build_trail_GiB",
                                                       "build_peak_GiB", "memory_cap_GB")})
     out["weight_read_bound_ms"] = bound_ms = out["weights"]["bytes"] / bandwidth * 1e3
@@ -125,7 +125,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     pair = pair_of(bench, target, drafter, dtype)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
-    start = time.perf_counter()
+    start = clock()
     runner, out["graphs_error"] = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids,
                                                bench.runner_options())
     trail = out.setdefault("runner_trail_GiB", {})  # allocated after each stage: where a runner's memory goes
@@ -136,7 +136,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
         runner.slot_for(size)
         trail[f"slot_{size}"] = allocated_gib(bench)
     out.update(options=asdict(runner.options), graphs=runner.graphs, compile_error=runner.compile_error,
-               capture_s=time.perf_counter() - start, blas=dict(runner.blas))
+               capture_s=clock() - start, blas=dict(runner.blas))
     rounds_tokens = 16 * drafter.block_size
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,
                           max_new_tokens=rounds_tokens, runner=runner)

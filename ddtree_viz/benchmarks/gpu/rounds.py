@@ -5,10 +5,9 @@ time goes: the device's timeline (device_timeline) and the host's functions (hos
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
-from .harness import host_loop_us, median_gap_ms
+from ..harness import clock, host_loop_us, median_gap_ms
 from .profiler import activity_kinds, profiled_spans, timeline_gaps, timeline_mark
 
 
@@ -95,7 +94,7 @@ def _round_variant(pair, engine, runner, prompt: list[int], rounds_tokens: int, 
                                       "host_runner": [], "host_draft": []}
     kept, starts = [], []
     for r in range(14):
-        starts.append(time.perf_counter())
+        starts.append(clock())
         step = session.step()
         t = step.timings_ms
         if r >= 2:  # warm-up rounds (the drafter's graphs are captured in the first two)
@@ -137,7 +136,7 @@ def untimed_rounds(session, rounds: int = 8) -> float | None:
     starts = []
     try:
         while len(starts) < rounds and not session.done:
-            starts.append(time.perf_counter())
+            starts.append(clock())
             session.step()
     finally:
         session.time_phases = True

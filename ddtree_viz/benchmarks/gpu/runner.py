@@ -6,13 +6,13 @@ options switched (runner_variants, forms_table)."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict
 
 import torch
 
 from .config import BenchConfig
-from .harness import host_loop_us, per_call_us, progress, samples_ms, timer
+from ..harness import clock, host_loop_us, progress, samples_ms, timer
+from .harness import per_call_us
 from .profiler import activity_kinds, profiled_spans, timeline_gaps
 
 
@@ -129,12 +129,12 @@ def graph_launch(runner, sizes: list[int], sync, repeats: int = 20) -> dict:
         for _ in range(repeats):
             sync()
             loop.append(host_loop_us())
-            start = time.perf_counter()
+            start = clock()
             slot.graph.replay()
-            launched = time.perf_counter()
+            launched = clock()
             sync()
             launch.append((launched - start) * 1e6)
-            whole.append((time.perf_counter() - start) * 1e3)
+            whole.append((clock() - start) * 1e3)
         out[str(size)] = {"launch_us": statistics.median(launch), "replay_ms": statistics.median(whole),
                           "host_loop_us": statistics.median(loop)}
     return out

@@ -11,7 +11,8 @@ import random
 import torch
 
 from .config import BenchConfig
-from .harness import per_call_us, timer
+from ..harness import timer
+from .harness import per_call_us
 
 
 def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int = 48) -> dict:
