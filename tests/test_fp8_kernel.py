@@ -317,7 +317,7 @@ def test_runner_with_fp8_weights_in_cuda_graphs():
     prompt, new = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"], 40
     ref = GreedyReference(twin, prompt, set()).extend_to(new)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    assert runner.graphs and runner.options.fused
+    assert runner.graphs and runner.forms.fused
     assert any(isinstance(f, fp8.FusedFp8Linear) for f in runner._fused.values())
     gdn = runner._fused[0, "mixer"]  # the bf16-kept in_proj_b / in_proj_a ride the FP8 in_proj_z's one-row launch
     n, k = gdn.runs[-2].weight.shape

@@ -10,6 +10,7 @@ import torch
 from ddtree_viz.benchmarks import gpu
 from ddtree_viz.benchmarks.gpu import config, exactness, memory, models, profiler
 from ddtree_viz.engine.check import verdict
+from ddtree_viz.engine.runner import PARTS
 
 
 def _bench(tmp_path, *extra) -> dict:
@@ -62,6 +63,7 @@ def test_gpu_bench_smoke_with_the_runner(runner_report):
                                "blas": "default", "gate_up": "fused",
                                "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch",
                                "norm": "torch", "pdl": "off"}  # CPU defaults
+    assert tuple(fast["options"]) == config.VARIANT_FIELDS == tuple(PARTS)  # BenchConfig holds every runner part
     assert fast["compile_s"] == 0 and fast["compile_error"] is None
     prefill = fast["prefill"]
     assert prefill["prefill_512_ms"] > 0 and prefill["prefill_2048_ms"] > 0 and prefill["kernels"]["fla_active"] in (True, False)

@@ -226,7 +226,7 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     prompt, new = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"], 40
     ref = GreedyReference(twin, prompt, set()).extend_to(new)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    assert runner.graphs and runner.options.fused and isinstance(runner._fused[0, "mlp"], int4.FusedInt4Linear)
+    assert runner.graphs and runner.forms.fused and isinstance(runner._fused[0, "mlp"], int4.FusedInt4Linear)
     if schemes == "mixed":
         assert runner._fused[1, "mlp"].counts == (1, 1) and type(pair.target.lm_head) is int4.Int4Linear
     assert runner_greedy(runner, prompt, new) == list(ref.ids)

@@ -1,5 +1,5 @@
 """A layer's residual add and the norm after it in one Triton launch (engine/kernels/add_norm/triton_norm.py,
-RunnerOptions.norm) against the piece it replaces (add_norm/naive.py's add_rms_norm): the sum to the bit, the norm to a
+RunnerForms.norm) against the piece it replaces (add_norm/naive.py's add_rms_norm): the sum to the bit, the norm to a
 rounding, a row's result whatever rows share its launch, bad inputs refused, dispatch's choice. The runner with it
 decodes greedy's tokens: tests/test_step_kernel.py (every one-launch option at once) and tests/test_runner.py (the
 defaults on CUDA).

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (engine/kernels/pdl.py, RunnerOptions.pdl): the option's meaning on each device, the
+"""Programmatic dependent launch (engine/kernels/pdl.py, RunnerForms.pdl): the option's meaning on each device, the
 launch keywords only inside `early` and only for CUDA tensors (these two need no Triton). On a Hopper GPU: a chain
 of the add + norm launch and one-row FP8 products (each reading the output of the one before) in a CUDA graph gives
 the same bits launched early as launched after, replay after replay with new inputs (a kernel reading before its
@@ -20,7 +20,7 @@ HOPPER = CUDA and pdl.available(torch.device("cuda"))  # CI: no GPU
 
 
 def test_the_option_resolves_per_device():
-    from ddtree_viz.engine.runner import RunnerOptions
+    from ddtree_viz.engine.runner import RunnerForms
 
     cpu = torch.device("cpu")
     assert pdl.resolve("auto", cpu, triton=True) == "off" and pdl.resolve("off", cpu, triton=True) == "off"
@@ -29,11 +29,11 @@ def test_the_option_resolves_per_device():
     with pytest.raises(ValueError, match="pdl must be one of"):
         pdl.resolve("early", cpu, triton=True)
     with pytest.raises(ValueError, match="pdl"):
-        RunnerOptions(pdl="yes").resolve(cpu)
-    assert RunnerOptions().resolve(cpu).pdl == "off"
+        RunnerForms.of({"pdl": "yes"}, cpu)
+    assert RunnerForms.of(None, cpu).pdl == "off"
     cuda = torch.device("cuda")
     assert pdl.resolve("auto", cuda, triton=False) == "off"  # the kernels that launch early are Triton's
-    assert RunnerOptions().resolve(cuda).pdl == ("on" if HOPPER else "off")
+    assert RunnerForms.of(None, cuda).pdl == ("on" if HOPPER else "off")
 
 
 def test_the_keywords_only_inside_early_and_on_cuda():
@@ -96,7 +96,7 @@ def test_a_chain_launched_early_gives_the_same_bits_in_a_cuda_graph():
 def test_a_runner_over_fp8_weights_decodes_the_same_with_and_without():
     from tests.test_runner import PROMPT, runner_greedy
     from tests.tiny import tiny_pair
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.tree import DraftTree
 
     pair = tiny_pair("hybrid", seed=2, layers=8, hidden=256, linear_value_head_dim=16)
@@ -106,8 +106,8 @@ def test_a_runner_over_fp8_weights_decodes_the_same_with_and_without():
     tree = DraftTree.chain_from_logprobs(prompt[-1], torch.randn(16, target.config.vocab_size).log_softmax(-1))
     tokens, logits = {}, {}
     for option in ("on", "off"):
-        runner = StaticRunner(target, max_len=256, sizes=(1, 17), options=RunnerOptions(pdl=option))
-        assert runner.graphs and runner.options.pdl == option
+        runner = StaticRunner(target, max_len=256, sizes=(1, 17), forms={"pdl": option})
+        assert runner.graphs and runner.forms.pdl == option
         runner.prefill(prompt)
         logits[option] = runner.forward(tree)[0].clone()
         tokens[option] = runner_greedy(runner, prompt, 40)

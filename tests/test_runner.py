@@ -694,16 +694,15 @@ def test_fused_projections_share_storage_and_change_nothing():
 def test_runner_with_fused_projections_equals_greedy(attention):
     """The runner's GPU-side forms on the CPU (fused projections; SDPA over the bucket with a boolean mask):
     greedy == transformers' greedy, DDTree == greedy token for token, a tree pass == the engine's verify."""
-    from ddtree_viz.engine.runner import RunnerOptions
-
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
-    options = RunnerOptions("torch", True, attention, False, "default", "fused", "torch", "torch", "torch", "torch",
-                             "off")
+    forms = {"gdn_kernel": "torch", "fused": True, "attention": attention, "compile": False, "blas": "default",
+             "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch",
+             "pdl": "off"}
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
-                          options=options)
-    assert runner.options == options and len(runner._fused) == 2 * len(runner.layers)
+                          forms=forms)
+    assert dataclasses.asdict(runner.forms) == forms and len(runner._fused) == 2 * len(runner.layers)
     assert all(f is not None for f in runner._fused.values())
     assert runner_greedy(runner, prompt, NEW) == list(ref.ids)
     oracle = OracleProposer(ref.ids, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
@@ -721,11 +720,9 @@ def test_runner_with_fused_projections_equals_greedy(attention):
 
 @pytest.mark.parametrize("form", ["split", "padded"])
 def test_the_mlps_gate_up_forms_compute_the_fused_gemm(form):
-    """RunnerOptions.gate_up: the MLP's gate and up projections as two GEMMs on the fused weight's halves, or as one
+    """RunnerForms.gate_up: the MLP's gate and up projections as two GEMMs on the fused weight's halves, or as one
     over rows padded to a multiple of 16 (what "auto" may take on a GPU, timed per tree size and library), give a
     tree pass the fused GEMM's logits and features, and the runner's greedy and DDTree rounds stay greedy's."""
-    from ddtree_viz.engine.runner import RunnerOptions
-
     pair = tiny_pair("hybrid", seed=0, layers=8)  # its own: fusing rewires the weights
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     ref = GreedyReference(pair.target, prompt, set()).extend_to(NEW)
@@ -733,10 +730,11 @@ def test_the_mlps_gate_up_forms_compute_the_fused_gemm(form):
     tree = tree_from_parents(random_tree(21, 6, rng), rng)  # 21 rows: 11 of padding to 32
     outs = []
     for gate_up in ("fused", form):
-        options = RunnerOptions("torch", True, "eager", False, "default", gate_up)
+        forms = {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": False, "blas": "default",
+                 "gate_up": gate_up}
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 21), feature_layer_ids=pair.drafter.target_layer_ids,
-                              options=options)
-        assert runner._gate_up_form == gate_up and runner.options.gate_up == gate_up
+                              forms=forms)
+        assert runner._gate_up_form == gate_up and runner.forms.gate_up == gate_up
         runner.prefill(prompt)
         logits, feats, _ = runner.forward(tree)
         outs.append((logits.clone(), feats.clone()))
@@ -752,68 +750,92 @@ def test_runner_options_on_the_cpu():
     """The defaults resolve to the torch forms on a CPU (bitwise what the runner computed before them); a Triton
     kernel asked for where it cannot run is a clear error."""
     from ddtree_viz.engine.kernels.device import interpreting, triton_available
-    from ddtree_viz.engine.runner import RunnerOptions
+    from ddtree_viz.engine.runner import RunnerForms
 
     cpu = torch.device("cpu")
-    assert RunnerOptions().resolve(cpu) == RunnerOptions("torch", False, "eager", False, "default", "fused", "torch",
-                                                      "torch", "torch", "torch", "off")
+    assert dataclasses.asdict(RunnerForms.of(None, cpu)) == {
+        "gdn_kernel": "torch", "fused": False, "attention": "eager", "compile": False, "blas": "default",
+        "gate_up": "fused", "gdn_step": "torch", "commit": "torch", "gdn_prep": "torch", "norm": "torch", "pdl": "off"}
     runner = make_runner(tiny_pair("hybrid", seed=0, layers=2))
     assert not runner.launch_ahead(17) and runner._ahead is None  # no graphs to launch ahead: the forward launches
     assert device_word(cpu) == (None, "no CUDA device")
-    assert RunnerOptions(blas="cublaslt").resolve(cpu).blas == "default"  # a CPU has one BLAS
-    assert RunnerOptions(compile=True).resolve(cpu).compile  # asked for: inductor's C++ backend (the compile tests)
+    assert RunnerForms.of({"blas": "cublaslt"}, cpu).blas == "default"  # a CPU has one BLAS
+    assert RunnerForms.of({"compile": True}, cpu).compile  # asked for: inductor's C++ backend (the compile tests)
     with pytest.raises(ValueError, match="attention"):
-        RunnerOptions(attention="flash").resolve(cpu)
+        RunnerForms.of({"attention": "flash"}, cpu)
     with pytest.raises(ValueError, match="gdn_kernel"):
-        RunnerOptions(gdn_kernel="cuda").resolve(cpu)
+        RunnerForms.of({"gdn_kernel": "cuda"}, cpu)
     with pytest.raises(ValueError, match="blas"):
-        RunnerOptions(blas="mkl").resolve(cpu)
-    assert RunnerOptions().resolve(cpu).gate_up == "fused"  # "auto" times forms in CUDA graphs: none here
-    assert RunnerOptions(gate_up="split").resolve(cpu).gate_up == "split"
+        RunnerForms.of({"blas": "mkl"}, cpu)
+    assert RunnerForms.of(None, cpu).gate_up == "fused"  # "auto" times forms in CUDA graphs: none here
+    assert RunnerForms.of({"gate_up": "split"}, cpu).gate_up == "split"
     with pytest.raises(ValueError, match="gate_up"):
-        RunnerOptions(gate_up="halves").resolve(cpu)
-    # ONE_LAUNCH_CHOICES' options, each named in its error
+        RunnerForms.of({"gate_up": "halves"}, cpu)
+    # ONE_LAUNCH_CHOICES' parts, each named in its error
     for one_launch in ("gdn_step", "commit", "gdn_prep", "norm"):
         with pytest.raises(ValueError, match=one_launch):
-            RunnerOptions(**{one_launch: "fast"}).resolve(cpu)
-    assert RunnerOptions().resolve(cpu).gdn_prep == RunnerOptions().resolve(cpu).norm == "torch"  # auto: the pieces
-    on_cuda = RunnerOptions().resolve(torch.device("cuda"))
+            RunnerForms.of({one_launch: "fast"}, cpu)
+    assert RunnerForms.of(None, cpu).gdn_prep == RunnerForms.of(None, cpu).norm == "torch"  # auto: the pieces
+    on_cuda = RunnerForms.of(None, torch.device("cuda"))
     assert on_cuda.gdn_step == on_cuda.gdn_prep == on_cuda.norm == ("triton" if triton_available() else "torch")
     if not (triton_available() and interpreting()):
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(gdn_kernel="triton-rule").resolve(cpu)
+            RunnerForms.of({"gdn_kernel": "triton-rule"}, cpu)
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(gdn_step="triton").resolve(cpu)
+            RunnerForms.of({"gdn_step": "triton"}, cpu)
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(gdn_prep="triton").resolve(cpu)
+            RunnerForms.of({"gdn_prep": "triton"}, cpu)
         with pytest.raises(ValueError, match="Triton"):
-            RunnerOptions(norm="triton").resolve(cpu)
+            RunnerForms.of({"norm": "triton"}, cpu)
+
+
+def test_runner_parts_by_name():
+    """The runner's parts (PARTS) are forced by name: a name that is no part is refused with the parts named, a part
+    forced to a form other than its default reaches the runner, and resolved forms resolve to themselves."""
+    from ddtree_viz.engine.runner import PARTS, RunnerForms
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="no runner part named gdn_kernels: the parts are gdn_kernel, fused, "):
+        RunnerForms.of({"gdn_kernels": "torch"}, cpu)
+    with pytest.raises(ValueError, match="fused must be one of None, True, False, not 'yes'"):
+        RunnerForms.of({"fused": "yes"}, cpu)
+    default = RunnerForms.of(None, cpu)
+    assert RunnerForms.of(dataclasses.asdict(default), cpu) == default
+    assert tuple(PARTS) == tuple(dataclasses.asdict(default))  # a part per form, in order
+    assert default.gate_up == "fused"
+    runner = StaticRunner(tiny_pair("hybrid", seed=0, layers=2).target, max_len=64, sizes=(1,), graphs=False,
+                          forms={"gate_up": "split"})
+    assert runner.forms.gate_up == runner._gate_up_form == "split"
+    assert runner.forms == RunnerForms.of({"gate_up": "split"}, cpu)  # the other parts at their defaults
+    assert RunnerForms.of(dataclasses.asdict(runner.forms), cpu) == runner.forms
 
 
 def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, gdn_kernel: str = "torch",
                             blas: str = "auto"):
-    """The runner with its compiled pieces (RunnerOptions.compile; tree delta rule `gdn_kernel`; GEMM library
+    """The runner with its compiled pieces (RunnerForms.compile; tree delta rule `gdn_kernel`; GEMM library
     `blas`) against the eager runner with the torch forms and torch's default GEMMs, on one target: a tree pass's
     logits and features, the state after a commit, greedy == transformers' greedy and DDTree == greedy across tree
     sizes and length buckets (no graph compiled after the runner's construction); on CUDA, every tree size's
     graphs with the library asked for, or with the faster one of those "auto" timed."""
     from torch._dynamo.utils import counters
 
-    from ddtree_viz.engine.runner import BLAS_LIBRARIES, GATE_UP_FORMS, RunnerOptions, pick_gate_up
+    from ddtree_viz.engine.runner import BLAS_LIBRARIES, GATE_UP_FORMS, pick_gate_up
 
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 256, (prompt_len,), generator=gen).tolist()
     ref = GreedyReference(pair.target, prompt, set()).extend_to(new)
     kw = dict(max_len=1024, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids)
-    eager = StaticRunner(pair.target, options=RunnerOptions("torch", True, "eager", False, "default", "fused", "torch",
-                                                            "torch", norm="torch"), **kw)
+    eager = StaticRunner(pair.target, forms={"gdn_kernel": "torch", "fused": True, "attention": "eager",
+                                             "compile": False, "blas": "default", "gate_up": "fused",
+                                             "gdn_step": "torch", "commit": "torch", "norm": "torch"}, **kw)
     graphs = counters["stats"]["unique_graphs"]
-    runner = StaticRunner(pair.target, options=RunnerOptions(gdn_kernel, True, "eager", True, blas), **kw)
-    assert runner.compile_error is None and runner.options.compile and runner.compile_s > 0
-    assert runner.kernel_error is None and runner.options.gdn_kernel == gdn_kernel
+    runner = StaticRunner(pair.target, forms={"gdn_kernel": gdn_kernel, "fused": True, "attention": "eager",
+                                              "compile": True, "blas": blas}, **kw)
+    assert runner.compile_error is None and runner.forms.compile and runner.compile_s > 0
+    assert runner.kernel_error is None and runner.forms.gdn_kernel == gdn_kernel
     want = "triton" if device == "cuda" else "torch"  # the step's core and the commit's update each one launch
-    assert runner.options.gdn_step == want and runner.options.commit == want and runner.options.norm == want
-    assert runner.options.gdn_prep == (want if runner.rule.takes_prep else "torch")  # a tree's prep one launch too
+    assert runner.forms.gdn_step == want and runner.forms.commit == want and runner.forms.norm == want
+    assert runner.forms.gdn_prep == (want if runner.rule.takes_prep else "torch")  # a tree's prep one launch too
     # one graph per piece serves every layer (the one-node step and trees of any size apart): 8 pieces
     made = counters["stats"]["unique_graphs"] - graphs
     assert made <= 16, made
@@ -855,7 +877,7 @@ def _compiled_against_eager(pair, device, prompt_len: int = 230, new: int = 60, 
             else:
                 assert chosen == {"library": blas}
     else:
-        assert runner.blas == {} and runner.options.blas == "default"
+        assert runner.blas == {} and runner.forms.blas == "default"
     return runner
 
 
@@ -867,7 +889,7 @@ def _cxx() -> str | None:
 
 @pytest.mark.skipif(_cxx() is None, reason="torch.compile's CPU backend (inductor) needs a C++ compiler: none on PATH")
 def test_compiled_runner_equals_the_eager_runner():
-    """Issue #18: RunnerOptions(compile=True) (inductor's C++ backend on the CPU) computes what the eager runner
+    """Issue #18: the part compile forced on (inductor's C++ backend on the CPU) computes what the eager runner
     computes (fp32, 1e-5) and decodes the same tokens; greedy and DDTree == transformers' greedy."""
     _compiled_against_eager(tiny_pair("hybrid", seed=0, layers=8), "cpu")
 
@@ -875,17 +897,17 @@ def test_compiled_runner_equals_the_eager_runner():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs, Triton)")
 def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
     """The compiled pieces inside the captured CUDA graphs (the default on CUDA): the same checks."""
-    from ddtree_viz.engine.runner import RunnerOptions
+    from ddtree_viz.engine.runner import RunnerForms
 
     pair = tiny_pair("hybrid", seed=0, layers=8)
     pair.target.to("cuda")
     pair.drafter.to("cuda")
-    assert RunnerOptions().resolve(torch.device("cuda")).compile
-    assert RunnerOptions().resolve(torch.device("cuda")).gdn_kernel == "triton-rule"
+    assert RunnerForms.of(None, torch.device("cuda")).compile
+    assert RunnerForms.of(None, torch.device("cuda")).gdn_kernel == "triton-rule"
     for kernel in ("torch", "triton-rule", "triton-solve"):
         runner = _compiled_against_eager(pair, "cuda", gdn_kernel=kernel)
     # a later runner of the model (a new session) takes each size's library from the first: no second measurement
-    again = StaticRunner(pair.target, max_len=512, sizes=(1, 17), options=runner.options)
+    again = StaticRunner(pair.target, max_len=512, sizes=(1, 17), forms=dataclasses.asdict(runner.forms))
     again.prefill(list(range(9)))
     again.forward(one_node(3))
     assert again.blas[1] is runner.blas[1]
@@ -897,11 +919,11 @@ def test_warm_runner_compiles_only_where_the_runner_compiles():
     """The page's load builds a runner first where its construction compiles (CUDA), so the first Step does not
     pay the compile; on a CPU (compile off) and for a target the runner does not serve it does nothing."""
     from ddtree_viz.engine.engines import warm_runner
-    from ddtree_viz.engine.runner import RunnerOptions
+    from ddtree_viz.engine.runner import RunnerForms
     from tests import tiny
 
     hybrid = tiny.target_model("hybrid", seed=0)
-    assert not RunnerOptions().resolve(torch.device("cpu")).compile
+    assert not RunnerForms.of(None, torch.device("cpu")).compile
     assert warm_runner(hybrid) == 0.0
     assert warm_runner(tiny.target_model("attention", seed=0)) == 0.0
     if torch.cuda.is_available():

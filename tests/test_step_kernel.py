@@ -1,8 +1,8 @@
-"""The one-node GDN core in one Triton launch (engine/kernels/gdn_step/triton_step.py, RunnerOptions.gdn_step="triton")
+"""The one-node GDN core in one Triton launch (engine/kernels/gdn_step/triton_step.py, RunnerForms.gdn_step="triton")
 against the torch core it replaces (gdn_step/naive.py's gdn_step_reference = fused.gdn_core at T = 1: tree conv, l2
 norms, gates, the one-step delta rule, gated norm), in float32 and bfloat16, grouped and ungrouped heads, any window
 the conv may read; the committed state untouched; bad shapes refused; dispatch's choice and fallback. The commit's
-recurrent update in one launch (engine/kernels/state_commit/triton_commit.py, RunnerOptions.commit="triton") against
+recurrent update in one launch (engine/kernels/state_commit/triton_commit.py, RunnerForms.commit="triton") against
 its torch form (closed_form.commit_recurrent) and the step-by-step reference. The runner with both decodes greedy's
 tokens.
 
@@ -143,7 +143,7 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
     """The static runner with gdn_step, commit, gdn_prep and norm "triton" (and each tree form beside them): its
     greedy == transformers' greedy and its DDTree == greedy, token for token (fp32)."""
     from ddtree_viz.engine.oracle import OracleProposer
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.runner import StaticRunner
     from ddtree_viz.engine.reference import GreedyReference
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
@@ -155,15 +155,15 @@ def test_runner_with_the_one_node_kernel_decodes_greedy():
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
     for kernel in ("torch", "triton-rule"):
-        options = RunnerOptions(kernel, True, "eager", gdn_step="triton", commit="triton", gdn_prep="triton",
-                                norm="triton")
+        forms = {"gdn_kernel": kernel, "fused": True, "attention": "eager", "gdn_step": "triton", "commit": "triton",
+                 "gdn_prep": "triton", "norm": "triton"}
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
-                              options=options)
-        assert runner.kernel_error is None and runner.options.gdn_step == runner.options.commit == "triton"
-        assert runner.options.norm == "triton" and runner._norm_kernel is add_rms_norm_triton
+                              forms=forms)
+        assert runner.kernel_error is None and runner.forms.gdn_step == runner.forms.commit == "triton"
+        assert runner.forms.norm == "triton" and runner._norm_kernel is add_rms_norm_triton
         assert runner.rule.one_node is gdn_step_triton and runner._commit_kernel is commit_recurrent_triton
         assert runner.rule.prep is (gdn_prep_triton if kernel == "triton-rule" else None)  # the torch core has none
-        assert runner.options.gdn_prep == ("triton" if kernel == "triton-rule" else "torch")
+        assert runner.forms.gdn_prep == ("triton" if kernel == "triton-rule" else "torch")
         assert runner_greedy(runner, prompt, new) == ref
         oracle = OracleProposer(ref, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
         out, rounds = runner_ddtree(pair, runner, oracle, prompt, new, 16)

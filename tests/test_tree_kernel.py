@@ -59,7 +59,7 @@ def test_runner_with_the_kernel_equals_greedy():
     the tree solve: its greedy == transformers' greedy and its DDTree == greedy, token for token
     (fp32). On a GPU with CUDA graphs; on a CPU through the interpreter."""
     from ddtree_viz.engine.oracle import OracleProposer
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.runner import RunnerForms, StaticRunner
     from ddtree_viz.engine.reference import GreedyReference
     from tests.test_runner import PROMPT, runner_ddtree, runner_greedy
     from tests.tiny import tiny_pair
@@ -70,16 +70,17 @@ def test_runner_with_the_kernel_equals_greedy():
     prompt = pair.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     new = 24
     ref = list(GreedyReference(pair.target, prompt, set()).extend_to(new).ids)
-    for options in (RunnerOptions("triton-solve", True, "eager"), RunnerOptions("triton-rule", True, "sdpa"),
-                    RunnerOptions("triton-rule", True, "eager")):
+    for forms in ({"gdn_kernel": "triton-solve", "fused": True, "attention": "eager"},
+                  {"gdn_kernel": "triton-rule", "fused": True, "attention": "sdpa"},
+                  {"gdn_kernel": "triton-rule", "fused": True, "attention": "eager"}):
         # the tree solve and the whole rule of kernels/gdn_tree/triton_solve.py (both attention forms)
         runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), feature_layer_ids=pair.drafter.target_layer_ids,
-                              options=options)
+                              forms=forms)
         assert runner.rule.kernel is not None and runner.kernel_error is None
-        want = options.resolve(torch.device(DEVICE))  # compile: on with CUDA (the kernel between)
+        want = RunnerForms.of(forms, torch.device(DEVICE))  # compile: on with CUDA (the kernel between)
         if not runner.rule.takes_prep:  # the tree's prep in one launch only where the form takes q, k at key heads
             want = replace(want, gdn_prep="torch")
-        assert runner.options == want
+        assert runner.forms == want
         assert runner_greedy(runner, prompt, new) == ref
         oracle = OracleProposer(ref, len(prompt), [0, 2, 1], pair.target.config.vocab_size, block_size=8)
         out, rounds = runner_ddtree(pair, runner, oracle, prompt, new, 16)

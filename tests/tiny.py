@@ -190,11 +190,11 @@ def kept_runner(target: Path, draft: Path, fused: bool):
     """A quantized pair loaded with its weights kept (its own: fusing rewires them) and a StaticRunner over its
     target, torch forms, eager, projections fused or not: (pair, runner)."""
     from ddtree_viz.engine.models import load_pair
-    from ddtree_viz.engine.runner import RunnerOptions, StaticRunner
+    from ddtree_viz.engine.runner import StaticRunner
 
     pair = load_pair(str(target), str(draft), keep_quantized=True)
     runner = StaticRunner(pair.target, max_len=256, sizes=(1, 9), feature_layer_ids=pair.drafter.target_layer_ids,
-                          options=RunnerOptions("torch", fused, "eager", False, "default"))
+                          forms={"gdn_kernel": "torch", "fused": fused, "compile": False, "blas": "default"})
     return pair, runner
 
 

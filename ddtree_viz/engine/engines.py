@@ -422,15 +422,16 @@ def engine_for(preferred: str, verify: str, target=None, reference_gdn: bool = F
 
 
 def warm_runner(target) -> float:
-    """Build and drop a small static runner for this target when its construction compiles (RunnerOptions.compile:
-    CUDA), so that the process pays the compile now (once: later runners reuse dynamo's graphs) and not in a
-    user's first Step. Returns the seconds it took (0.0 where nothing compiles or the runner does not apply)."""
+    """Build and drop a small static runner for this target when its construction compiles (the runner's part
+    "compile", by default on CUDA), so that the process pays the compile now (once: later runners reuse dynamo's
+    graphs) and not in a user's first Step. Returns the seconds it took (0.0 where nothing compiles or the runner
+    does not apply)."""
     if runner_blocker(target) is not None:
         return 0.0
-    from .runner import RunnerOptions, StaticRunner
+    from .runner import RunnerForms, StaticRunner
 
     device = next(target.parameters()).device
-    if not RunnerOptions().resolve(device).compile:
+    if not RunnerForms.of(None, device).compile:
         return 0.0
     start = time.perf_counter()
     runner = StaticRunner(target, max_len=64, sizes=(1, 2))

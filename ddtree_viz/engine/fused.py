@@ -29,7 +29,7 @@ the GDN prep, one-step rule and gated norm, the commit) live beside their kernel
 imported here, so that `compiled(fn)` (torch.compile, inductor,
 no CUDA graphs of its own: the runner captures its own) fuses each into a few kernels and one compiled graph
 serves every layer of a kind. The GEMMs stay outside them (cuBLAS, as before). The static runner calls these same
-functions either way (`Pieces`): through torch.compile when `RunnerOptions.compile` is on, as they are otherwise
+functions either way (`Pieces`): through torch.compile when `RunnerForms.compile` is on, as they are otherwise
 (a CPU's numbers); tests/test_runner.py holds the two equal.
 """
 

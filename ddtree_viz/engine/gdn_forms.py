@@ -1,4 +1,4 @@
-"""The static runner's GDN core in the forms the kernels' dispatch chose: `RunnerOptions.gdn_kernel` (the tree delta
+"""The static runner's GDN core in the forms the kernels' dispatch chose: `RunnerForms.gdn_kernel` (the tree delta
 rule's form: kernels/gdn_tree/dispatch.py), `gdn_step` and `gdn_prep` (one launch each: kernels/gdn_step/dispatch.py)
 made into one form object once per runner, at its construction (`choose`), so that the runner's GDN layer calls one
 function and has no branch on a name.

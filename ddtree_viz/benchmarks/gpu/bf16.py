@@ -182,10 +182,10 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     timed = timer(sync)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets), *([dflash2[0].block_size] if dflash2 else [])})
-    options = bench.runner_options()
+    forms = bench.runner_forms()
     start = clock()
-    runner, graphs_error = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids, options)
-    out: dict = {"options": asdict(runner.options), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
+    runner, graphs_error = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids, forms)
+    out: dict = {"options": asdict(runner.forms), "kernel_error": runner.kernel_error, "graphs": runner.graphs,
                  "graphs_error": graphs_error, "compile_s": runner.compile_s, "compile_error": runner.compile_error}
     out["prefill"] = runner_prefill(runner, prompt, sync, lengths=(len(prompt), 2048))
     logits, feats = runner.prefill(prompt)
@@ -233,7 +233,7 @@ def fast_speed(bench: BenchConfig, pair, prompt: list[int], budgets: list[int], 
     del engine, runner
     if bench.cuda:
         torch.cuda.empty_cache()
-    out["variants"] = runner_variants(bench, target, prompt, root, logprobs, options, sync, bound_ms)
+    out["variants"] = runner_variants(bench, target, prompt, root, logprobs, forms, sync, bound_ms)
     if bench.tree_forms:
         out["tree_forms"] = tree_forms(bench, target, sync)
     out["targets"] = fast_targets(out, bound_ms, draft_ms, draft_pass)

@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate-up", choices=GATE_UP_CHOICES, default="auto",
                    help="the runner's MLP gate+up GEMM: auto = the fastest of fused, split and padded, timed per tree "
                         "size and library at its first capture")
-    for flag, what, launch, otherwise in (  # RunnerOptions' one-launch pieces (kernels/device.py's ONE_LAUNCH_CHOICES)
+    for flag, what, launch, otherwise in (  # the runner's one-launch parts (kernels/device.py's ONE_LAUNCH_CHOICES)
             ("--gdn-step", "one-node GDN core (the greedy step)", "a layer (kernels/gdn_step/)",
              "the tree form's own"),
             ("--commit", "commit of the GDN states", "for every layer (kernels/state_commit/)",

@@ -1,5 +1,5 @@
 """What a gpu_bench run builds and measures (BenchConfig, from the command line) and the shapes and formats every
-part shares: the --smoke widths, the runner's option fields, the quantized formats made at random."""
+part shares: the --smoke widths, the runner's parts, the quantized formats made at random."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ SMOKE_TARGET = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num
 SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=32)
 
-# RunnerOptions' fields, every one (BenchConfig holds each; runner_variants can switch each)
+# the runner's parts, every one (engine/runner/options.py PARTS, in its order; BenchConfig holds each, forced into
+# every runner it builds; runner_variants can switch each)
 VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep",
                   "norm", "pdl")
 
@@ -33,18 +34,18 @@ class BenchConfig:
     split: bool = False  # --device-map auto: the target's layers spread over every visible GPU, as from_pretrained does
     fast: bool = False  # --fast: also measure the static runner (engine/runner.py)
     fast_only: bool = False  # --fast-only: of transformers' forward only the bound, prefill and greedy step
-    gdn_kernel: str = "auto"  # the runner's options (RunnerOptions): --gdn-kernel, --no-fused, --attention, --no-compile
+    gdn_kernel: str = "auto"  # the runner's parts (PARTS): --gdn-kernel, --no-fused, --attention, --no-compile
     fused: bool | None = None
     attention: str = "eager"
     compile: bool | None = None
     blas: str = "auto"
-    gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (RunnerOptions.gate_up)
-    gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (RunnerOptions.gdn_step)
-    commit: str = "auto"  # --commit: the commit's recurrent-state update (RunnerOptions.commit)
-    gdn_prep: str = "auto"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (RunnerOptions.gdn_prep)
-    norm: str = "auto"  # --norm: a layer's residual add and the norm after it (RunnerOptions.norm)
+    gate_up: str = "auto"  # --gate-up: the MLP's gate+up GEMM form (the part gate_up)
+    gdn_step: str = "auto"  # --gdn-step: the one-node pass's GDN core (the part gdn_step)
+    commit: str = "auto"  # --commit: the commit's recurrent-state update (the part commit)
+    gdn_prep: str = "auto"  # --gdn-prep: a tree's GDN conv, l2 norms and gates (the part gdn_prep)
+    norm: str = "auto"  # --norm: a layer's residual add and the norm after it (the part norm)
     pdl: str = "auto"  # --pdl: programmatic dependent launch of the one-row FP8 products and add + norms (.pdl)
-    variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the options runner_variants switches, one at a time
+    variants: tuple[str, ...] = VARIANT_FIELDS  # --variants: the parts runner_variants switches, one at a time
     dflash2: bool = False  # --dflash2: with --fast, the DFlash2 drafter beside DFlash 1 (dflash2_speed)
     fp8: bool = False  # --fp8: with --fast, the target with FP8 weights made at random beside bf16 (quantized_speed)
     fp8_cap_gb: float = 40.0  # --fp8-memory-cap: the process's GPU memory cap (GB, 1e9 bytes) while the FP8 target runs
@@ -72,10 +73,9 @@ class BenchConfig:
     def cap_gb(self, weights: str) -> float:
         return self.fp8_cap_gb if weights == "fp8" else self.int4_cap_gb
 
-    def runner_options(self):
-        from ...engine.runner import RunnerOptions
-
-        return RunnerOptions(**{name: getattr(self, name) for name in VARIANT_FIELDS})  # every RunnerOptions field
+    def runner_forms(self) -> dict:
+        """Every runner part's value this run forces (StaticRunner's `forms`: "auto" / None its device's default)."""
+        return {name: getattr(self, name) for name in VARIANT_FIELDS}
 
     @property
     def cuda(self) -> bool:

@@ -59,7 +59,7 @@ def oracle_rounds(bench: BenchConfig, budget: int, block: int, rounds: int, rank
     target, pair, prompt = exactness_setup(bench, layers, torch.float32, prompt_len)
     new = (rounds + 2) * block
     runner = StaticRunner(target, max_len=prompt_len + new + 512, sizes=[1, block, budget + 1],
-                          options=bench.runner_options())
+                          forms=bench.runner_forms())
 
     def engine(tree_size: int) -> RunnerEngine:
         return RunnerEngine(target, None, tree_size=tree_size, block_size=block, max_new_tokens=new, runner=runner)

@@ -87,7 +87,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
 
     target, pair, prompt = exactness_setup(bench, layers, dtype, prompt_len, weights)
     runner = StaticRunner(target, max_len=prompt_len + new_tokens + 512, sizes=[1, *(b + 1 for b in budgets)],
-                          options=bench.runner_options())
+                          forms=bench.runner_forms())
 
     def engine(tree_size: int) -> RunnerEngine:  # every check on the one runner (its graphs are captured once)
         return RunnerEngine(target, None, tree_size=tree_size, block_size=16, max_new_tokens=new_tokens, runner=runner)
@@ -103,7 +103,7 @@ def fast_exactness(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets:
     idx = first_divergence(greedy, hf)
     results = [{"layers": layers, "dtype": str(dtype).removeprefix("torch."), "weights": weights,
                 "check": "runner greedy vs transformers greedy",
-                "runner_options": asdict(runner.options), "kernel_error": runner.kernel_error,
+                "runner_options": asdict(runner.forms), "kernel_error": runner.kernel_error,
                 "compile_error": runner.compile_error, "identical": idx is None, "first_divergence": idx,
                 "runner_margin_at_divergence": margins[idx] if idx is not None else None,
                 "verdict": verdict(margins[idx], noise) if idx is not None else None, **judged}]

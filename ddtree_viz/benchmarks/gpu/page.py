@@ -171,7 +171,7 @@ def page_host(bench: BenchConfig, layers: int, dtype: torch.dtype, budget: int):
 def session_figures(session) -> dict:
     """What ui_speed reports of the page session after its Steps: the rounds' median phases (the first round apart:
     its draft ran the drafter at a new shape first), each round's draft, acceptance, the reference's cost, the
-    runner's options and the drafter's path."""
+    runner's forms and the drafter's path."""
     records = session.history[1:]
     proposer = session.proposer  # the page's default: the static drafter (CUDA graphs) on one GPU
     return {"round_phases_ms": phase_medians(records),
@@ -179,7 +179,7 @@ def session_figures(session) -> dict:
             "mean_acceptance": session.mean_acceptance,
             "reference_ms_per_token": session.greedy_seconds * 1e3 / max(1, len(session.generated)),
             "reference": session.reference,
-            "runner_options": asdict(session.target_engine.runner.options),
+            "runner_options": asdict(session.target_engine.runner.forms),
             "draft_path": proposer.path,
             "draft_capture_s": proposer.runner.capture_s if proposer.runner is not None else None}
 

@@ -103,7 +103,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
                     prompt: list[int], logprobs, bandwidth: float, bf16: dict, out: dict | None = None) -> dict:
     """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with quantized weights made at
     random (`weights` "fp8" or "int4": build_quantized_target) under the process's memory cap (bench.cap_gb), on the
-    runner with the options of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
+    runner with the forms of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
     the copy bandwidth measured before), the greedy step, each budget's verify, whole rounds at budget 64 (the same
     bf16 drafter), the peak memory of a session at a `bench.fp8_context`-token prompt and budget 64
     (quantized_peak_memory), for FP8 the GEMMs one by one (fp8_gemms), each beside the bf16 run's figure; the step
@@ -127,7 +127,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
     start = clock()
     runner, out["graphs_error"] = bench_runner(target, len(prompt) + 2048, sizes, drafter.target_layer_ids,
-                                               bench.runner_options())
+                                               bench.runner_forms())
     trail = out.setdefault("runner_trail_GiB", {})  # allocated after each stage: where a runner's memory goes
     trail["runner"] = allocated_gib(bench)
     logits, _ = runner.prefill(prompt)
@@ -135,7 +135,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     for size in sizes:
         runner.slot_for(size)
         trail[f"slot_{size}"] = allocated_gib(bench)
-    out.update(options=asdict(runner.options), graphs=runner.graphs, compile_error=runner.compile_error,
+    out.update(options=asdict(runner.forms), graphs=runner.graphs, compile_error=runner.compile_error,
                capture_s=clock() - start, blas=dict(runner.blas))
     rounds_tokens = 16 * drafter.block_size
     engine = RunnerEngine(target, drafter.target_layer_ids, tree_size=max(sizes), block_size=drafter.block_size,

@@ -1,7 +1,7 @@
 """The static runner's parts measured one by one (engine/runner.py): its construction (bench_runner), prefill,
 greedy step (read back, or chained on the device: greedy_step_chained), a verify graph's launch, the MLP's gate+up
 forms, the tree phase built each way (tree_build) and the best-first kernel's warps, and the runner with each of its
-options switched (runner_variants, forms_table)."""
+parts switched (runner_variants, forms_table)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from .harness import per_call_us
 from .profiler import activity_kinds, profiled_spans, timeline_gaps
 
 
-def bench_runner(target, max_len: int, sizes: list[int], feature_layer_ids, options):
-    """(runner, graphs_error): the static runner with its CUDA graphs, or without them where its construction failed
-    (graphs_error says why)."""
+def bench_runner(target, max_len: int, sizes: list[int], feature_layer_ids, forms):
+    """(runner, graphs_error): the static runner with its parts forced to `forms` (BenchConfig.runner_forms), with
+    its CUDA graphs, or without them where its construction failed (graphs_error says why)."""
     from ...engine.runner import StaticRunner
 
     try:
         return StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=feature_layer_ids,
-                            options=options), None
+                            forms=forms), None
     except Exception as exc:  # report what broke, measure without graphs
         return StaticRunner(target, max_len=max_len, sizes=sizes, feature_layer_ids=feature_layer_ids, graphs=False,
-                            options=options), f"{type(exc).__name__}: {exc}"
+                            forms=forms), f"{type(exc).__name__}: {exc}"
 
 
 def greedy_stepper(engine, token: int):
@@ -142,7 +142,7 @@ def graph_launch(runner, sizes: list[int], sync, repeats: int = 20) -> dict:
 
 def gate_up_forms(runner) -> dict:
     """Per tree size and GEMM library the runner captured: each MLP gate+up form's µs a call, as "auto" timed them
-    (RunnerOptions.gate_up), and the form taken."""
+    (the runner's part gate_up), and the form taken."""
     from ...engine.runner import pick_gate_up
 
     return {f"{size}_{library}": {**timed, "taken": pick_gate_up(timed)}
@@ -197,19 +197,19 @@ def best_first_warps(bench: BenchConfig, logprobs, budgets: list[int], timed, wa
 
 
 def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, main, sync, bound_ms: float) -> list[dict]:
-    """The runner's greedy step and budget-64 / 128 verify with one option switched at a time (the Triton delta
-    rule, fused projections, the attention form, the compiled pieces; `bench.variants` says which), each on a
-    runner of its own; a variant that cannot run here (no Triton, no GPU) reports why. `compile_s`: the seconds
-    the variant's construction spent compiling (torch.compile keeps its graphs per process: a variant after a
-    compiled runner of the same model finds them made)."""
-    from dataclasses import replace
-
+    """The runner's greedy step and budget-64 / 128 verify with one part switched at a time from `main` (the forms
+    the main runner was forced to, BenchConfig.runner_forms: the Triton delta rule, fused projections, the attention
+    form, the compiled pieces, ...; `bench.variants` says which parts), each on a runner of its own; a variant that
+    cannot run here (no Triton, no GPU) reports why. `compile_s`: the seconds the variant's construction spent
+    compiling (torch.compile keeps its graphs per process: a variant after a compiled runner of the same model finds
+    them made)."""
     from ...engine.engines import RunnerEngine
-    from ...engine.runner import StaticRunner
+    from ...engine.runner import RunnerForms, StaticRunner
     from ...engine.tree import DraftTree
 
     timed = timer(sync)
-    resolved = main.resolve(torch.device(bench.device))
+    device = torch.device(bench.device)
+    resolved = RunnerForms.of(main, device)
     switched = [("gdn_kernel", "torch"), ("gdn_kernel", "triton-rule"), ("gdn_kernel", "triton-solve"),
                 ("fused", False),
                 ("fused", True), ("attention", "sdpa"), ("attention", "eager"), ("compile", False), ("compile", True),
@@ -221,21 +221,21 @@ def runner_variants(bench: BenchConfig, target, prompt, root: int, logprobs, mai
     for field, value in switched:
         if field not in bench.variants:
             continue
-        options = replace(resolved, **{field: value})
+        forced = {**asdict(resolved), field: value}
         try:
-            if options.resolve(torch.device(bench.device)) == resolved:  # nothing switched here (blas on a CPU)
+            if RunnerForms.of(forced, device) == resolved:  # nothing switched here (blas on a CPU)
                 continue
         except ValueError:  # cannot run here: the row below says why
             pass
-        row = {"options": asdict(options)}
+        row = {"options": forced}
         trees = {b: DraftTree.from_logprobs(root, logprobs, b) for b in (64, 128)}
         try:
             runner = StaticRunner(target, max_len=len(prompt) + 512, sizes=[1, *(len(t) for t in trees.values())],
-                                  options=options)
+                                  forms=forced)
         except ValueError as exc:
             rows.append({**row, "error": str(exc)})
             continue
-        row.update(options=asdict(runner.options), kernel_error=runner.kernel_error, compile_s=runner.compile_s,
+        row.update(options=asdict(runner.forms), kernel_error=runner.kernel_error, compile_s=runner.compile_s,
                    compile_error=runner.compile_error)  # as it ran
         runner.prefill(prompt)
         engine = RunnerEngine(target, None, tree_size=129, block_size=16, max_new_tokens=256, runner=runner)

@@ -29,13 +29,13 @@ def tree_forms(bench: BenchConfig, target, sync, positions=(65, 129), calls: int
     from ...engine.kernels.device import triton_available
     from ...engine.kernels.gdn_tree.parallel import solve_steps, tree_delta_rule_masked, tree_delta_rule_parts, tree_solve
     from ...engine.gdn_tree import TreeIndex
-    from ...engine.runner import RunnerOptions
+    from ...engine.runner import RunnerForms
     from ...engine.verify import gdn_modules
 
     layer = next(iter(gdn_modules(target).values()))
     H, Hk, K, V = layer.num_v_heads, layer.num_k_heads, layer.head_k_dim, layer.head_v_dim
     dev = torch.device(bench.device)
-    compiles = RunnerOptions().resolve(dev).compile
+    compiles = RunnerForms.of(None, dev).compile
     kernels = bench.cuda and triton_available()  # the Triton forms run here
     gen = torch.Generator().manual_seed(0)
     per_call = functools.partial(per_call_us, bench, timer(sync), calls)

@@ -1,5 +1,5 @@
 """Where a kernel can run: whether Triton imports, whether its interpreter runs kernels on CPU tensors, and what a
-one-launch option ("auto", "torch" or "triton": RunnerOptions' gdn_step, commit, gdn_prep and norm) means on a
+one-launch option ("auto", "torch" or "triton": the runner's parts gdn_step, commit, gdn_prep and norm) means on a
 device. Every op's dispatch asks here; nothing here imports Triton.
 """
 
@@ -36,8 +36,9 @@ def needs_triton(name: str, option: str, device: torch.device) -> None:
 
 
 def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
-    """What `option` (a name of ONE_LAUNCH_CHOICES: RunnerOptions' `name`: gdn_step, commit, gdn_prep or norm) means on
-    `device`: auto is triton on CUDA where Triton imports, else torch; triton where it cannot run is a ValueError."""
+    """What `option` (a name of ONE_LAUNCH_CHOICES: the runner's part `name`: gdn_step, commit, gdn_prep or norm)
+    means on `device`: auto is triton on CUDA where Triton imports, else torch; triton where it cannot run is a
+    ValueError."""
     if option not in ONE_LAUNCH_CHOICES:
         raise ValueError(f"{name} must be one of {', '.join(ONE_LAUNCH_CHOICES)}, not {option!r}")
     if option == "auto":

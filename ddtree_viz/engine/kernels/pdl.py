@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL) of the runner's one-row FP8 products and its add + norm launches
-(RunnerOptions.pdl).
+(RunnerForms.pdl).
 
 A kernel launched with PDL (Hopper and later; CUDA graphs keep the launch's programmatic edge) may start while the
 kernel before it in the stream still runs: its programs become resident as soon as every program of that kernel
@@ -27,7 +27,7 @@ from contextvars import ContextVar
 
 import torch
 
-CHOICES = ("auto", "on", "off")  # RunnerOptions.pdl
+CHOICES = ("auto", "on", "off")  # the runner's part "pdl" (runner/options.py PARTS)
 _EARLY: ContextVar[bool] = ContextVar("ddtree_viz_pdl", default=False)
 
 
@@ -39,8 +39,8 @@ def available(device: torch.device) -> bool:
 
 
 def resolve(option: str, device: torch.device, triton: bool) -> str:
-    """What RunnerOptions.pdl `option` means on `device` (`triton`: Triton imports): "auto" is on where kernels can
-    launch early, else off; "on" where they cannot is a ValueError."""
+    """What `option` (the runner's part "pdl") means on `device` (`triton`: Triton imports): "auto" is on where
+    kernels can launch early, else off; "on" where they cannot is a ValueError."""
     if option not in CHOICES:
         raise ValueError(f"pdl must be one of {', '.join(CHOICES)}, not {option!r}")
     can = triton and available(device)

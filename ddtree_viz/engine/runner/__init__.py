@@ -34,7 +34,8 @@ nothing descends from).
 
 The parts, one module each (a lower one never imports a higher):
 
-    options.py   RunnerOptions: the forms a device gets ("auto"), each switch's choices
+    options.py   PARTS: the runner's parts (a Part each: its choices, its default, what a value means on a
+                 device); RunnerForms: the forms a runner computes with, each part's default or a forced form
     buffers.py   State: the committed state, sized once; Slot: a tree size's and bucket's static inputs and
                  outputs, the host's and the device's staging of a tree and a path into them
     layers.py    StaticModel: forward, commit and walk of a slot, each layer kind once (what a graph captures)
@@ -48,10 +49,10 @@ The parts, one module each (a lower one never imports a higher):
 from .autotune import BLAS_LIBRARIES, COMPILED_GATED_NORM, GATE_UP_GAIN, blas_library, pick_gate_up
 from .core import PREFILL_CHUNK, StaticRunner
 from .layers import NORM_KINDS, gate_up
-from .options import ATTENTION_KINDS, BLAS_CHOICES, GATE_UP_CHOICES, GATE_UP_FORMS, RunnerOptions
+from .options import ATTENTION_KINDS, BLAS_CHOICES, GATE_UP_CHOICES, GATE_UP_FORMS, PARTS, Part, RunnerForms
 
 __all__ = [
     "ATTENTION_KINDS", "BLAS_CHOICES", "BLAS_LIBRARIES", "COMPILED_GATED_NORM", "GATE_UP_CHOICES", "GATE_UP_FORMS",
-    "GATE_UP_GAIN", "NORM_KINDS", "PREFILL_CHUNK", "RunnerOptions", "StaticRunner", "blas_library", "gate_up",
-    "pick_gate_up",
+    "GATE_UP_GAIN", "NORM_KINDS", "PARTS", "PREFILL_CHUNK", "Part", "RunnerForms", "StaticRunner", "blas_library",
+    "gate_up", "pick_gate_up",
 ]

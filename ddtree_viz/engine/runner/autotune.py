@@ -1,8 +1,8 @@
-"""What the runner settles for itself: the kernel forms its options name, chosen once at construction (Forms:
-gdn_forms.py's and the kernels' dispatch's choice, each held to its reference where its Triton kernel is refused), and
-what it measures or warms once per process and remembers: the GEMM library of each tree size's graphs
-(RunnerOptions.blas "auto": both captured, the faster replay kept), the MLP's gate+up form under each library
-(RunnerOptions.gate_up "auto": each form timed on the model's own weight), and the compiled pieces (a warm-up at
+"""What the runner settles for itself: the kernel forms its parts' forms name, chosen once at construction (Forms:
+gdn_forms.py's and the kernels' dispatch's choice, each held to its reference where its Triton kernel is refused),
+and what it measures or warms once per process and remembers: the GEMM library of each tree size's graphs (the part
+"blas" at "auto", options.py PARTS: both captured, the faster replay kept), the MLP's gate+up form under each library
+(the part "gate_up" at "auto": each form timed on the model's own weight), and the compiled pieces (a warm-up at
 construction)."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from ..weights.registry import KEPT
 from .buffers import State
 from .capture import replay_ms
 from .layers import StaticModel, gate_up
-from .options import GATE_UP_FORMS, RunnerOptions
+from .options import GATE_UP_FORMS, RunnerForms
 
 BLAS_LIBRARIES = ("cublas", "cublaslt")  # what "auto" measures
 GATE_UP_GAIN = 0.98  # "auto" takes a form other than the fused GEMM where it is at least 2% faster
 COMPILED_GATED_NORM = "Qwen3_5RMSNormGated"  # the GDN gated norm the compiled pieces are made for (silu)
 
-_WARMED: set = set()  # (device, dtype, model config, max_path, options) whose compiled pieces have run in this process
-# (device, dtype, model config, options, tree size) -> the GEMM library "auto" measured for it in this process, so
+_WARMED: set = set()  # (device, dtype, model config, max_path, forms) whose compiled pieces have run in this process
+# (device, dtype, model config, forms, tree size) -> the GEMM library "auto" measured for it in this process, so
 # that a later runner of the model (a page's new session) captures each size once, as before "auto"
 _BLAS_CHOSEN: dict[tuple, dict] = {}
 _GATE_UP_CHOSEN: dict[tuple, dict] = {}  # (model key, tree size, library) -> each gate+up form's µs, as timed
@@ -45,15 +45,15 @@ class Forms:
     error: str | None
 
     @classmethod
-    def choose(cls, options: RunnerOptions, device, gdn_module, dtype, hidden: int) -> "Forms":
-        rule, why_rule = choose(options.gdn_kernel, device, gdn_module, options.gdn_step, options.gdn_prep)
-        commit, why = choose_commit(options.commit, device)
-        norm, why_norm = choose_norm(options.norm, device, dtype, hidden)
+    def choose(cls, forms: RunnerForms, device, gdn_module, dtype, hidden: int) -> "Forms":
+        rule, why_rule = choose(forms.gdn_kernel, device, gdn_module, forms.gdn_step, forms.gdn_prep)
+        commit, why = choose_commit(forms.commit, device)
+        norm, why_norm = choose_norm(forms.norm, device, dtype, hidden)
         return cls(rule, commit, norm, "; ".join(e for e in (why_rule, why, why_norm) if e) or None)
 
-    def held(self, options: RunnerOptions) -> RunnerOptions:
-        """The options as these forms run them."""
-        return replace(options, gdn_kernel=self.rule.name, gdn_step="torch" if self.rule.one_node is None else "triton",
+    def held(self, forms: RunnerForms) -> RunnerForms:
+        """The runner's forms as these kernels run them."""
+        return replace(forms, gdn_kernel=self.rule.name, gdn_step="torch" if self.rule.one_node is None else "triton",
                        commit="torch" if self.commit is None else "triton",
                        gdn_prep="torch" if self.rule.prep is None else "triton",
                        norm="torch" if self.norm is None else "triton")
@@ -88,7 +88,7 @@ def pick_gate_up(timed: dict[str, float]) -> str:
 
 
 def fixed_gate_up(option: str) -> str:
-    """The gate+up form outside a capture: the options' fixed form, the fused GEMM for "auto"."""
+    """The gate+up form outside a capture: the forms' fixed one, the fused GEMM for "auto"."""
     return "fused" if option == "auto" else option
 
 
@@ -102,23 +102,23 @@ class Tuner:
         self.blas: dict[int, dict] = {}
         self.gate_up_forms: dict[tuple[int, str | None], dict[str, float]] = {}
 
-    def capture(self, slot, options: RunnerOptions, capture):
+    def capture(self, slot, forms: RunnerForms, capture):
         """`capture()` (a slot's graphs) under the GEMM library of the slot's tree size: the one chosen before (by
-        this runner, or for this model and options earlier in the process), the one the options fix, or, for "auto"
+        this runner, or for this model and forms earlier in the process), the one the forms fix, or, for "auto"
         the first time, each library's capture replayed and the faster kept (and remembered: `blas`,
         _BLAS_CHOSEN)."""
-        key = (*self.key, options, slot.size)
+        key = (*self.key, forms, slot.size)
         chosen = self.blas.get(slot.size) or _BLAS_CHOSEN.get(key)
-        if chosen is None and options.blas != "auto":
-            chosen = {"library": options.blas}
+        if chosen is None and forms.blas != "auto":
+            chosen = {"library": forms.blas}
         if chosen is not None:
             self.blas[slot.size] = chosen
             library = None if chosen["library"] == "default" else chosen["library"]
-            with blas_library(library), self.gate_up_for(slot.size, library, options.gate_up):
+            with blas_library(library), self.gate_up_for(slot.size, library, forms.gate_up):
                 return capture()
         trials = {}
         for library in BLAS_LIBRARIES:
-            with blas_library(library), self.gate_up_for(slot.size, library, options.gate_up):
+            with blas_library(library), self.gate_up_for(slot.size, library, forms.gate_up):
                 captured = capture()
             trials[library] = (replay_ms(captured[0]), captured)
         library = min(trials, key=lambda name: trials[name][0])
@@ -128,7 +128,7 @@ class Tuner:
 
     @contextmanager
     def gate_up_for(self, size: int, library: str | None, option: str):
-        """The MLP's gate+up form inside (the model's `gate_up_form`): the options' fixed form, or for "auto" the one
+        """The MLP's gate+up form inside (the model's `gate_up_form`): the forms' fixed one, or for "auto" the one
         measured for this tree size under this library (`gate_up_forms`: each form's µs; measured once a process per
         model, size and library, _GATE_UP_CHOSEN)."""
         form = option

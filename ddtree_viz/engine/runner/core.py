@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
+from typing import Mapping
 
 import torch
 
@@ -23,7 +24,7 @@ from .autotune import Forms, Tuner
 from .buffers import Slot, State
 from .capture import capture, capture_staging, replay
 from .layers import StaticModel
-from .options import RunnerOptions
+from .options import RunnerForms
 
 # a prefill's tokens a forward: transformers' forward over a long prompt in chunks, its cache carried from one to
 # the next (the GDN layers start from the carried conv window and recurrent state), so a prefill's transients (a
@@ -36,10 +37,11 @@ class StaticRunner:
     """A Qwen3.5 hybrid target on one device over static state: its buffers (buffers.State, a Slot per tree size
     and length bucket), its layers (layers.StaticModel), their graphs (capture.py) and what it settles for itself
     (autotune.py). The state's tensors are also reachable here by name (keys_all, values_all, conv_all, rec_all,
-    committed_t): never rebound, the graphs hold their addresses."""
+    committed_t): never rebound, the graphs hold their addresses. `forms`: parts forced to a form by name (options.py
+    PARTS; a benchmark's or a test's), every other part at its default for the device; `self.forms` says what runs."""
 
     def __init__(self, target, *, max_len: int, sizes=(1,), feature_layer_ids=None, max_path: int = 16,
-                 graphs: bool | None = None, options: RunnerOptions | None = None):
+                 graphs: bool | None = None, forms: Mapping[str, object] | None = None):
         self.target = target
         self.layers = decoder_layers(target)
         self.types = layer_types(target.config)
@@ -51,12 +53,13 @@ class StaticRunner:
         weight = target.get_input_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
-        resolved = (options or RunnerOptions()).resolve(self.device)
+        # each part's form (options.py PARTS: a part `forms` names forced to that form, else its default here)
+        resolved = RunnerForms.of(forms, self.device)
         # the kernel forms, once (why a Triton one was refused here, kernel_error; the torch one runs in its place)
-        forms = Forms.choose(resolved, self.device, next(iter(gdn.values())), self.dtype, weight.shape[-1])
-        self.options = forms.held(resolved)
-        self.rule, self.kernel_error = forms.rule, forms.error
-        self._commit_kernel, self._norm_kernel = forms.commit, forms.norm
+        kernels = Forms.choose(resolved, self.device, next(iter(gdn.values())), self.dtype, weight.shape[-1])
+        self.forms = kernels.held(resolved)
+        self.rule, self.kernel_error = kernels.rule, kernels.error
+        self._commit_kernel, self._norm_kernel = kernels.commit, kernels.norm
         self.kernel = next(iter(gdn.values())).conv_kernel_size
         self.max_len, self.max_path = int(max_len), int(max_path)
         self.feature_layer_ids = list(feature_layer_ids or [])
@@ -65,10 +68,10 @@ class StaticRunner:
         b = self.buffers
         self.keys_all, self.values_all, self.conv_all, self.rec_all = b.keys_all, b.values_all, b.conv_all, b.rec_all
         self.committed_t = b.committed_t
-        self.model = StaticModel(target, self.layers, gdn, b, forms, fused=self.options.fused,
-                                 attention=self.options.attention, pdl_on=self.options.pdl == "on",
-                                 pieces=Pieces(self.options.compile), feature_layer_ids=self.feature_layer_ids,
-                                 gate_up_form=autotune.fixed_gate_up(self.options.gate_up), max_path=self.max_path,
+        self.model = StaticModel(target, self.layers, gdn, b, kernels, fused=self.forms.fused,
+                                 attention=self.forms.attention, pdl_on=self.forms.pdl == "on",
+                                 pieces=Pieces(self.forms.compile), feature_layer_ids=self.feature_layer_ids,
+                                 gate_up_form=autotune.fixed_gate_up(self.forms.gate_up), max_path=self.max_path,
                                  max_len=self.max_len)
         self._fused = self.model.fused  # (layer, mixer | mlp) -> its fused projections (None where not fusable)
         self.tuner = Tuner(self.model, self._model_key, self.device)
@@ -78,7 +81,7 @@ class StaticRunner:
         self._start(sizes)
         self.compile_error: str | None = None  # why the compiled pieces were refused here (they run uncompiled)
         self.compile_s = 0.0  # seconds this construction spent compiling and warming them up
-        if self.options.compile:
+        if self.forms.compile:
             self._compile_setup(gdn)
 
     def _start(self, sizes) -> None:
@@ -98,7 +101,7 @@ class StaticRunner:
 
     @property
     def _gate_up_form(self) -> str:
-        """The MLP's gate+up form the layers compute now (a capture's, or the options' fixed form)."""
+        """The MLP's gate+up form the layers compute now (a capture's, or the forms' fixed one)."""
         return self.model.gate_up_form
 
     def _compile_setup(self, gdn) -> None:
@@ -108,14 +111,14 @@ class StaticRunner:
         start = time.perf_counter()
         why = autotune.uncovered(gdn)
         if why is None:
-            key = (*self._model_key, self.max_path, self.options)
+            key = (*self._model_key, self.max_path, self.forms)
             try:
                 autotune.warm_compiled(key, self.model, self.buffers, self._warm_slots(), self.device)
             except Exception as exc:  # a compiler that cannot run here must not stop the runner
                 why = f"{type(exc).__name__}: {str(exc)[:500]}"
         if why is not None:
             self.compile_error = why
-            self.options = replace(self.options, compile=False)
+            self.forms = replace(self.forms, compile=False)
             self.model.pieces = Pieces(False)
         self.compile_s = time.perf_counter() - start
 
@@ -138,7 +141,7 @@ class StaticRunner:
         if self.graphs:
             saved = self.buffers.copy()  # capture runs mutate the state; it is restored (and prefill overwrites it)
             slot.graph, slot.commit_graph, slot.walk_graph, slot.out = self.tuner.capture(
-                slot, self.options, lambda: capture(slot, self.model, self._pool))
+                slot, self.forms, lambda: capture(slot, self.model, self._pool))
             State.restore(saved)
         self._slots[(size, cols)] = slot
         return slot

@@ -89,7 +89,7 @@ class StaticModel:
                 self.fused[i, "mlp"] = fuse_linears(layer.mlp, MLP_PROJECTIONS)
 
     def forward(self, slot: Slot):
-        """_pass, its one-row FP8 products and add + norm launches launched early where RunnerOptions.pdl is on."""
+        """_pass, its one-row FP8 products and add + norm launches launched early where RunnerForms.pdl is on."""
         with pdl.early(self.pdl_on):
             return self._pass(slot)
 
@@ -133,7 +133,7 @@ class StaticModel:
 
     def _add_norm(self, x, y, norm):
         """A residual add and the norm after it (`norm`: (scale, eps) of `norms`): (x + y, norm(x + y)), in one
-        launch where RunnerOptions.norm is triton (kernels/add_norm/triton_norm.py), else the piece."""
+        launch where RunnerForms.norm is triton (kernels/add_norm/triton_norm.py), else the piece."""
         if self.norm_kernel is not None:
             return self.norm_kernel(x, y, *norm)
         return self.pieces(fz.add_rms_norm)(x, y, *norm)

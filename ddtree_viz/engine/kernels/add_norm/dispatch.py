@@ -1,4 +1,4 @@
-"""The choice of a layer's residual add and norm (RMSNorm after it; RunnerOptions.norm): triton_norm.py's launch
+"""The choice of a layer's residual add and norm (RMSNorm after it; RunnerForms.norm): triton_norm.py's launch
 where it takes the model's rows and matches naive.add_rms_norm here, else the torch piece."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A layer's residual add and the RMSNorm after it in one Triton launch, a program a row (RunnerOptions.norm).
+"""A layer's residual add and the RMSNorm after it in one Triton launch, a program a row (RunnerForms.norm).
 
 naive.add_rms_norm, compiled, is what the runner ran between a layer's products: 128 launches a pass at Qwen3.6-27B
 shapes, 2.2 us a call at one row and 3.4 at 65 in a CUDA graph on an H200 (this launch: 2.0 and 3.0; the greedy

@@ -1,4 +1,4 @@
-"""The choice of the one-node core's and the tree prep's forms (RunnerOptions.gdn_step, gdn_prep): triton_step.py's
+"""The choice of the one-node core's and the tree prep's forms (RunnerForms.gdn_step, gdn_prep): triton_step.py's
 launch where it runs here and matches its reference (naive.py) on this layer's own weights, else the torch pieces.
 
 `weights` below is a GDN layer's tensors as engine/fused.py's GDNWeights holds them: conv_weight [C, kernel], A_log,

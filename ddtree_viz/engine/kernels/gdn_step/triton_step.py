@@ -155,7 +155,7 @@ def gdn_step_triton(u, z, b, a, conv_state, state, gather, conv_weight, A_log, d
 
 def gdn_prep_triton(u, b, a, conv_state, gather, conv_weight, A_log, dt_bias, *, key_dim: int, head_k: int,
                     head_v: int, rep: int):
-    """naive.gdn_prep (with q and k at their key heads) for a tree's T nodes in one launch (RunnerOptions.gdn_prep):
+    """naive.gdn_prep (with q and k at their key heads) for a tree's T nodes in one launch (RunnerForms.gdn_prep):
     u [T, C], b, a [T, H]; conv_state [C, kernel]; gather [T, kernel] (TreeIndex.conv_gather's windows); the layer's
     weights as GDNWeights holds them. Returns q, k [T, Hk, K], v [T, H, V], g, beta [T, H], all fp32."""
     T, K, V, kw = u.shape[0], head_k, head_v, conv_weight.shape[1]

@@ -7,7 +7,7 @@ One folder per op (flash-linear-attention's habit): the reference beside every f
                        TreeMasks, solve_steps, state_after (the state after a path, for the commit); a CPU's form
     triton_solve.py    Triton: the whole rule in two launches (tree_rule_triton, the winner) or the solve alone
                        (tree_solve_triton); imported only where it runs
-    dispatch.py        THE choice of a form by device and tree size (RunnerOptions.gdn_kernel), and its check
+    dispatch.py        THE choice of a form by device and tree size (RunnerForms.gdn_kernel), and its check
 
 The one-node form (a greedy step) is gdn_step/'s. Modules are imported by name (nothing is re-exported here), so the
 CPU path never imports Triton.

@@ -1,4 +1,4 @@
-"""THE choice of the tree delta rule's form by device and tree size (RunnerOptions.gdn_kernel, resolved once per
+"""THE choice of the tree delta rule's form by device and tree size (the runner's part "gdn_kernel", resolved once per
 runner), and the check that holds a Triton form to the torch form before it is used.
 
     torch         parallel.py's tree form (cuBLAS's triangular solve): a CPU's form, and every tree a Triton form

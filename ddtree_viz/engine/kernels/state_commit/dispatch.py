@@ -1,4 +1,4 @@
-"""The choice of the commit's recurrent update (RunnerOptions.commit): triton_commit.py's one launch where it runs
+"""The choice of the commit's recurrent update (RunnerForms.commit): triton_commit.py's one launch where it runs
 here and matches closed_form.commit_recurrent, else the torch form."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The commit's recurrent-state update for every GDN layer at once in one Triton launch (RunnerOptions.commit).
+"""The commit's recurrent-state update for every GDN layer at once in one Triton launch (RunnerForms.commit).
 
 closed_form.commit_recurrent advances each layer's state along the accepted path in its closed form,
 
