@@ -1232,9 +1232,15 @@ def test_after_step_run_and_an_error_the_headline_and_tree_are_on_the_first_scre
 # marker. A plain SVG figure (matplotlib's: the Analyze tab's report, an export) has its markers as <use> elements.
 FIGURE_BOXES_JS = r"""
 (scope) => {
+  // an element's box as four corners on the screen; a text's from its first letter (blank space before it, as a
+  // no-break space that moves a label clear of a diamond's tip, is no ink)
+  const lead = (el) => {
+    const text = el.textContent || '', blank = text.length - text.trimStart().length;
+    try { return blank && el.getSubStringLength ? el.getSubStringLength(0, blank) : 0; } catch (e) { return 0; }
+  };
   const corners = (el) => {
-    const b = el.getBBox(), m = el.getScreenCTM();
-    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]].map(
+    const b = el.getBBox(), m = el.getScreenCTM(), x0 = b.x + (el.tagName === 'text' ? lead(el) : 0);
+    return [[x0, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [x0, b.y + b.height]].map(
       ([x, y]) => [m.a * x + m.c * y + m.e, m.b * x + m.d * y + m.f]);
   };
   const shown = (el) => {

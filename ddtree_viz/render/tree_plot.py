@@ -78,9 +78,22 @@ def parent_line(n: LayoutNode, argmax_text=None) -> str:
     return f"target at the parent: {p} · {where}"
 
 
-def _node_text(n: LayoutNode, ranks: bool = True) -> str:
+# plotly.js puts a label "middle right" of its marker at the same distance whatever the symbol: a diamond's tips and
+# a star's points reach past a circle's edge, and a label beside them touched them (issue #65). A no-break space
+# (one that SVG does not collapse) first moves it clear.
+BESIDE_PAD = "\u00a0"
+PADDED = frozenset({"first_rejected", "bonus"})
+
+
+def _node_text(n: LayoutNode, ranks: bool = True, beside: bool = False) -> str:
     rank = f" <sub>r{n.rank}</sub>" if ranks and n.rank >= 0 else ""
-    return esc(n.label) + rank
+    pad = BESIDE_PAD if beside and n.role in PADDED else ""
+    return pad + esc(n.label) + rank
+
+
+def _beside_px(n: LayoutNode) -> float:
+    """Px from a node's centre to where its label beside it starts (plotly.js's gap, and BESIDE_PAD's width)."""
+    return _marker_size(n) / 2 + 2 + (text_px(BESIDE_PAD, LABEL_FONT) if n.role in PADDED else 0)
 
 
 def _edge_trace(layout: TreeLayout, kind: str, scheme: Scheme) -> dict:
@@ -108,7 +121,8 @@ def _node_trace(nodes: list[LayoutNode], role: str, phase: str, argmax_text, sho
                   line=dict(color=line_color, width=line_width))
     return dict(
         type="scatter", x=[n.x for n in nodes], y=[n.y for n in nodes], mode="markers+text" if show_text else "markers",
-        text=[_node_text(n, ranks) if labelled is None or n.id in labelled else "" for n in nodes],
+        text=[_node_text(n, ranks, position == "middle right") if labelled is None or n.id in labelled else ""
+              for n in nodes],
         textposition=position, textfont=dict(size=LABEL_FONT),
         hovertext=[node_hover(n, phase, argmax_text) for n in nodes], hoverinfo="text",
         customdata=[n.id for n in nodes], marker=marker, name=legend_name(role, phase), legendgroup=role,
@@ -276,7 +290,7 @@ def _label_room(layout: TreeLayout, plot_px: float, ranks: bool, beside: bool) -
         return -0.5, cols + LABEL_ROOM
 
     def need(depth: int, part: float) -> float:
-        return max((label_width(n, ranks) * part + 3 + (_marker_size(n) / 2 + 2 if beside else 0)
+        return max((label_width(n, ranks) * part + 3 + (_beside_px(n) if beside else 0)
                     for n in layout.nodes if n.depth == depth), default=0)
 
     need_left, need_right = (0.0 if beside else need(0, 0.5)), need(cols, 1.0 if beside else 0.5)
@@ -307,7 +321,7 @@ def labelled(layout: TreeLayout, frame: _Frame, ranks: bool) -> set[int]:
         (x, y), w = spots[n.id], label_width(n, ranks)
         tall = LABEL_PX_TALL if ranks and n.rank >= 0 else 13
         if frame.beside:  # plotly.js's "middle right": the text a few px right of the marker, centred on it
-            left = x + _marker_size(n) / 2 + 2
+            left = x + _beside_px(n)
             labels.append((n.id, (left, y - tall / 2, left + w, y + tall / 2)))
         else:  # "top center": the text's foot a px over the marker
             bottom = y - _marker_size(n) / 2 - 1
