@@ -511,7 +511,6 @@ def check_handlers(view: StepTab, page: Page) -> tuple:
         over the queue's stream and on_change's straight back: one made just before the change could arrive
         after it and take its note away (a CI failure). With nothing changed the text is the same: nothing
         moves on the page."""
-        note = change_note(host, t, t.newest_settings(values, t.settled))
-        return {view.views["status"]: render_check(host, t)["status"] + note}
+        return {view.views["status"]: status_after_change(host, t, t.newest_settings(values, t.settled))}
 
     return check_handler(False), check_handler(True), on_settled
