@@ -585,6 +585,55 @@ def test_run_on_a_finished_session_leaves_the_tab_as_it_was(host):
     assert "Finished" in render_views(host, tab).status
 
 
+def _free(lock, seconds: float = 10.0) -> bool:
+    """Whether another thread takes `lock` (the tab's RLock or the model's FairLock) within `seconds`."""
+    took = threading.Event()
+
+    def take():
+        with lock:
+            took.set()
+    threading.Thread(target=take, daemon=True).start()
+    return took.wait(seconds)
+
+
+def _yields_on_threads(gen, host, tab) -> int:
+    """Drive a page generator as gradio does: each next() on a worker thread of its own (kept alive, as a pool's
+    are), and at every yield both locks free for a third thread. Returns the yields."""
+    done, keep, n = object(), threading.Event(), 0
+    while True:
+        got = []
+
+        def resume():
+            got.append(next(gen, done))
+            keep.wait()
+        threading.Thread(target=resume, daemon=True).start()
+        while not got:
+            time.sleep(0.001)
+        if got[0] is done:
+            keep.set()
+            return n
+        n += 1
+        assert _free(tab.lock) and _free(host.lock), f"a lock held at yield {n}"
+
+
+def test_the_pages_generators_hold_no_lock_at_a_yield_and_go_on_from_any_thread(host):
+    """CI froze a tab: the check chained after a Run that a Reset ended yielded while holding the tab's RLock;
+    gradio resumed it on another worker thread, the release raised, and the lock stayed held by the first thread:
+    the next Run's check waited for it for ever (the status said 'Checking against the reference next'). Every
+    generator the page drives is resumed here on a new thread each time, and at each yield another thread takes
+    both locks."""
+    tab = TabState()
+    assert _yields_on_threads(actions.check_rounds(host, tab), host, tab) == 1  # nothing to check: a Reset's tab
+    run = actions.run_rounds(host, tab, settings(host, prompt="import sys\n", max_new_tokens=16, budget=2),
+                             check=False, min_interval=0.0)
+    assert _yields_on_threads(run, host, tab) >= 2
+    assert tab.trace.reference_pending
+    assert _yields_on_threads(actions.check_rounds(host, tab, min_interval=0.0), host, tab) >= 2
+    assert not tab.trace.reference_pending and tab.trace.first_divergence is None and tab.checking is None
+    assert _yields_on_threads(actions.check_rounds(host, tab, independent=True, min_interval=0.0), host, tab) >= 1
+    assert "equal" in tab.independent or "identical" in tab.independent, tab.independent
+
+
 def _arrive(lock: FairLock, work, order: list | None = None, name: str = "") -> threading.Thread:
     """A thread that asks for `lock` (then notes `name` in `order` while it holds it), or runs `work` (which asks for
     it itself); returned once it has asked (its ticket taken), so the order of arrival is the order of the calls."""

@@ -306,18 +306,23 @@ def check_rounds(host: ModelHost, tab: TabState, *, independent: bool = False,
     then its progress at most every `min_interval`, then the result. A Stop (`stop`) ends it at its next turn:
     tab.checking says what it reached and that the rest is unknown, and no verdict on the tokens not checked is
     shown. A Reset, a replay or a new session ends it with nothing more to say."""
+    # never a yield while a lock is held: gradio resumes a generator on any of its worker threads, and the tab's
+    # RLock released from another thread raises and stays held by the first for good (every later handler of the
+    # tab then waited for ever: a Run's check after a Reset, under load, in CI)
     with host.lock, tab.lock:
         session = tab.session
         if independent and (session is None or tab.replay):
             raise InputError("nothing to check: step a live session first (a replayed trace has no model)")
-        if session is None or tab.replay or not session.started:
-            yield tab
-            return
-        mine = tab.epoch
-        if independent:  # a click of its own (the others take the Step's or Run's)
-            tab.stop_ticket = tab.stops
-        ticket, total = tab.stop_ticket, len(session.generated) if independent else session.reference_target()
-        tab.checking = first = check_progress(host, session, independent, total)
+        nothing = session is None or tab.replay or not session.started
+        if not nothing:
+            mine = tab.epoch
+            if independent:  # a click of its own (the others take the Step's or Run's)
+                tab.stop_ticket = tab.stops
+            ticket, total = tab.stop_ticket, len(session.generated) if independent else session.reference_target()
+            tab.checking = first = check_progress(host, session, independent, total)
+    if nothing:
+        yield tab
+        return
     shown = time.perf_counter()
     if (first.left_s or 0.0) > min_interval or (first.left_s is None and first.total - first.done > FIRST_CHUNK):
         yield tab  # a wait worth a word: said before it starts
