@@ -316,6 +316,34 @@ def test_the_benchmarks_time_through_their_one_harness():
     assert clock_reads("start = time.perf_counter()\nx = 1\n") == [1]
 
 
+def yields_under_a_lock(text: str, where: str = "") -> list[str]:
+    """A generator's yields inside a `with` over a lock (an expression naming one), outside @contextmanager functions.
+    The page's generators are resumed by gradio on any of its worker threads: a thread-owned lock (the tab's RLock)
+    held across a yield is released from another thread, which raises, and it stays held for good (a frozen tab in
+    CI); a lock of any kind held there stalls every other handler for as long as the browser takes."""
+    found = []
+    for fn in ast.walk(ast.parse(text)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if any("contextmanager" in ast.unparse(d) for d in fn.decorator_list):
+            continue
+        for w in ast.walk(fn):
+            if isinstance(w, (ast.With, ast.AsyncWith)) and "lock" in " ".join(
+                    ast.unparse(i.context_expr) for i in w.items).lower():
+                found += [f"{where}:{n.lineno} {fn.name}" for n in ast.walk(w) if isinstance(n, (ast.Yield, ast.YieldFrom))]
+    return sorted(set(found))
+
+
+def test_no_generator_yields_while_it_holds_a_lock():
+    found = [f for path in sorted((ROOT / PACKAGE).rglob("*.py"))
+             for f in yields_under_a_lock(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())]
+    assert found == []
+    held = "def g(tab):\n    with host.lock, tab.lock:\n        if tab.session is None:\n            yield tab\n"
+    assert yields_under_a_lock(held, "m.py") == ["m.py:4 g"]
+    assert yields_under_a_lock("@contextlib.contextmanager\ndef r():\n    with _LOCK:\n        yield\n") == []
+    assert yields_under_a_lock("def g(t):\n    with t.lock:\n        x = 1\n    yield x\n") == []
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The checks can fail: each refuses a made-up case
 # ---------------------------------------------------------------------------------------------------------
