@@ -454,3 +454,56 @@ def test_int4_tune_says_why_it_measures_nothing_without_triton(tmp_path):
     out = tmp_path / "tune.json"
     assert gpu.main(["--smoke", "--int4-tune", "--json", str(out)]) == 0
     assert "needs Triton" in json.loads(out.read_text())["int4_tune"]["error"]
+
+
+def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, capsys):
+    """--memory-plan (issue #67 item 1: will a session fit the card, known without one): computed on the meta
+    device, the models' bytes are those of the same models built and quantized on the CPU (4-bit target, 4-bit
+    drafter; FP8; bf16), and the session's lasting buffers those a session on the runner allocates for that prompt:
+    the runner's state at its room, the static drafter's context cache. A GPU run's JSON sets its measured peaks
+    beside the plan."""
+    from ddtree_viz.benchmarks.gpu import plan, quantized
+    from ddtree_viz.engine.proposers import make_proposer
+    from ddtree_viz.engine.session import DecodeSession
+
+    bench = config.BenchConfig(smoke=True, device="cpu")
+    dtype, context, budget = torch.bfloat16, 300, 8
+    for weights, int4_drafter in (("int4", True), ("fp8", False), ("bf16", False)):
+        planned = plan.memory_plan(bench, weights, int4_drafter, contexts=(context,), budget=budget, rounds=1,
+                                   layers=4)
+        target = (models.build_target(bench, 4, dtype) if weights == "bf16"
+                  else models.build_quantized_target(bench, 4, dtype, weights))
+        drafter = models.build_drafter(bench, target, dtype)
+        if int4_drafter:
+            quantized.quantize_drafter_int4(drafter)
+        assert planned["models_GiB"] * 2**30 == memory.model_bytes(target, drafter), weights
+    # the session as quantized_peak_memory runs it (the last pair: bf16), its buffers as allocated
+    pair = models.pair_of(bench, target, drafter, dtype)
+    session = DecodeSession.of(pair, budget=budget, max_new_tokens=3 * drafter.block_size, engine="runner",
+                               record=False, proposer=make_proposer(drafter, target, static=True))
+    session.prefill(prompt_ids=list(range(3, 3 + context)))
+    session.run(max_steps=1)
+    row = planned["contexts"][0]
+    state = session.cache.buffers  # (the StaticRunner)
+    assert row["runner_max_len"] == session.cache.max_len
+    assert row["runner_state_GiB"] * 2**30 == sum(t.numel() * t.element_size() for t in (
+        state.keys_all, state.values_all, state.conv_all, state.rec_all))
+    cache = session.proposer.runner
+    assert row["drafter_max_len"] == cache.max_len
+    assert row["drafter_cache_GiB"] * 2**30 == 2 * cache.keys.numel() * cache.keys.element_size()
+    # the CLI: the weights named, a GPU run's peaks beside the plan, a missing file refused
+    measured = tmp_path / "gpu.json"
+    peak = {"context": 200, "session_GiB": 1.5, "model_bytes_GiB": 1.0, "peak_models_alone_GiB": 2.5}
+    measured.write_text(json.dumps({"speed": {"fast": {"int4": {"peak_memory": peak}}}}))
+    out = tmp_path / "plan.json"
+    assert gpu.main(["--smoke", "--layers", "4", "--memory-plan", str(measured), "--int4", "--int4-drafter",
+                     "--fp8-context", "200", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())["memory_plan"]
+    assert list(report) == ["int4"] and report["int4"]["int4_drafter"]
+    short, long = report["int4"]["contexts"]
+    assert (short["context"], long["context"]) == (200, 16384) and "transient_GiB" not in long
+    lasting = short["runner_state_GiB"] + short["drafter_cache_GiB"]
+    assert short["transient_GiB"] == pytest.approx(1.5 - lasting) and short["measured_peak_GiB"] == 2.5
+    with pytest.raises(SystemExit) as exc:
+        gpu.main(["--smoke", "--memory-plan", str(tmp_path / "none.json")])
+    assert exc.value.code == 2 and "no file" in capsys.readouterr().err

@@ -118,6 +118,13 @@ class _Slot:
     graph: object = None
 
 
+def context_cache_shape(config, max_len: int) -> tuple[int, int, int, int]:
+    """The static drafter's keys (and values) for contexts of up to `max_len` rows, rounded up to 256: [layers,
+    KV heads, rows, head_dim] (the memory plan reads it too)."""
+    rows = -(-int(max_len) // 256) * 256
+    return (config.num_hidden_layers, config.num_key_value_heads, rows, config.head_dim)
+
+
 class StaticDrafter:
     """Preallocated drafter state for one proposer (one sequence at a time) and the static draft function.
 
@@ -161,8 +168,8 @@ class StaticDrafter:
         self._block: dict[int, tuple] = {}
 
     def _alloc(self, max_len: int) -> None:
-        self.max_len = -(-max_len // 256) * 256
-        shape = (self.n_layers, self.n_kv, self.max_len, self.head_dim)
+        shape = context_cache_shape(self.config, max_len)
+        self.max_len = shape[2]
         self.keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.values = torch.zeros_like(self.keys)
         self._cols = torch.arange(self.max_len, device=self.device)

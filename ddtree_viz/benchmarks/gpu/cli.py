@@ -146,6 +146,12 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
+    p.add_argument("--memory-plan", nargs="?", const="", metavar="GPU_JSON",
+                   help="no GPU needed: the memory a session of the 27B keeps, computed on the meta device (the models' "
+                        "bytes, the runner's state and the drafter's context cache at --fp8-context and 16,384 tokens, "
+                        "budget 64) for the weights --fp8 / --int4 name (else bf16), with --int4-drafter's drafter; "
+                        "GPU_JSON: a gpu_bench run's JSON, whose measured peaks are set beside the plan (the session's "
+                        "transient share); nothing else is measured")
 
 
 def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -153,12 +159,14 @@ def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     for flag in ("fp8", "int4"):
-        if getattr(a, flag) and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
+        if getattr(a, flag) and a.memory_plan is None and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
             parser.error(f"--{flag} measures on the static runner: it needs --fast, without --device-map auto, and "
                          "without --skip-speed unless --exactness (then the exactness checks alone, plain and "
                          "quantized weights)")
     if a.quantized_only and (not (a.fp8 or a.int4) or a.skip_speed):
         parser.error("--quantized-only measures the --fp8 / --int4 targets: name one, without --skip-speed")
+    if a.memory_plan and not Path(a.memory_plan).is_file():
+        parser.error(f"--memory-plan: no file {a.memory_plan!r} (a gpu_bench JSON, or nothing)")
     if a.int4_drafter and not a.int4:
         parser.error("--int4-drafter goes with --int4")
 
@@ -177,6 +185,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
     """What the flags ask for, measured part by part, the report saved after each part (--json)."""
+    if a.memory_plan is not None:  # on any machine: the meta device
+        from .memory import LONG_CONTEXT
+        from .plan import memory_plans
+
+        weights = [w for w in ("fp8", "int4") if getattr(a, w)] or ["bf16"]
+        plan = memory_plans(bench, weights, a.int4_drafter, (a.fp8_context, LONG_CONTEXT), a.memory_plan or None,
+                            layers=a.layers)
+        print(json.dumps(plan, indent=1), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"memory_plan": plan}, indent=1))
+        return 0
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("error: gpu_bench needs a CUDA GPU (or --smoke for a CPU check of the script)")
     if bench.quantized and bench.cuda:  # before the first allocation, so that every segment can grow (weights/load.py)

@@ -155,7 +155,9 @@ def quantize(weight: torch.Tensor, spec: Int4Spec,
         zero = (torch.round(-lo / scale.float()) - OFFSET).clamp(-OFFSET, OFFSET - 1)
     q = (torch.round(tiles / scale.float()[..., None]) + zero[..., None]).clamp(-OFFSET, OFFSET - 1)
     parts = {"weight_packed": pack(q.reshape(out, -1)[:, :inn], 1), "weight_scale": scale,
-             "weight_shape": torch.tensor([out, inn], dtype=torch.int64, device=weight.device)}
+             # (on the host for a weight on the meta device, the memory plan's: a shape is read back at once)
+             "weight_shape": torch.tensor([out, inn], dtype=torch.int64,
+                                          device="cpu" if weight.is_meta else weight.device)}
     if not spec.symmetric:
         parts["weight_zero_point"] = pack(zero, 0)
     return parts
