@@ -482,8 +482,9 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
     session = DecodeSession.of(pair, budget=budget, max_new_tokens=3 * drafter.block_size, engine="runner",
                                record=False, proposer=make_proposer(drafter, target, static=True))
     session.prefill(prompt_ids=list(range(3, 3 + context)))
-    session.run(max_steps=1)
     row = planned["contexts"][0]
+    assert row["prefill_features_GiB"] * 2**30 == session.features.numel() * session.features.element_size() > 0
+    session.run(max_steps=1)
     state = session.cache.buffers  # (the StaticRunner)
     assert row["runner_max_len"] == session.cache.max_len
     assert row["runner_state_GiB"] * 2**30 == sum(t.numel() * t.element_size() for t in (
@@ -504,6 +505,7 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
     assert (short["context"], long["context"]) == (200, 16384) and "transient_GiB" not in long
     lasting = short["runner_state_GiB"] + short["drafter_cache_GiB"]
     assert short["transient_GiB"] == pytest.approx(1.5 - lasting) and short["measured_peak_GiB"] == 2.5
+    assert short["transient_past_features_GiB"] == pytest.approx(short["transient_GiB"] - short["prefill_features_GiB"])
     with pytest.raises(SystemExit) as exc:
         gpu.main(["--smoke", "--memory-plan", str(tmp_path / "none.json")])
     assert exc.value.code == 2 and "no file" in capsys.readouterr().err

@@ -4,9 +4,11 @@ computed on the meta device (no weights, no GPU, seconds on any machine), beside
 Planned exactly: the two models' bytes (the target built as `build_quantized_target` builds it, the drafter as
 `build_drafter` with `--int4-drafter`'s quantization, each on meta) and the session's lasting buffers: the runner's
 committed state (`runner.buffers.State` at the room `RunnerEngine.room` gives a prompt) and the static drafter's
-context cache (`StaticDrafter` at the room `DecodeSession.prefill` reserves). Not planned: what a session allocates
-on the way (the chunked prefill's activations, the CUDA graphs' pools, a verify's rows); the plan says how much that
-was where a GPU run measured it (`quantized_peak_memory`'s session figure less the planned buffers)."""
+context cache (`StaticDrafter` at the room `DecodeSession.prefill` reserves); beside them the prefill's context features
+(`context_features_shape`), which the session holds from its prefill until its first round's walk. Not planned: what
+else a session allocates on the way (the chunked prefill's activations, the CUDA graphs' pools, a verify's rows); the
+plan says how much that was where a GPU run measured it (`quantized_peak_memory`'s session figure less the planned
+buffers, and less the features too: whether they were held at the measured peak is not known)."""
 
 from __future__ import annotations
 
@@ -54,10 +56,12 @@ def planned_models(bench: BenchConfig, weights: str, int4_drafter: bool, layers:
 
 def session_buffers(target, drafter, context: int, budget: int, max_new_tokens: int) -> dict:
     """The session's lasting buffers on the models' device (meta: their sizes only), as a session of `context`
-    prompt tokens at `budget` makes them: the runner's state and the static drafter's context cache, bytes each."""
+    prompt tokens at `budget` makes them: the runner's state and the static drafter's context cache, bytes each;
+    and the prefill's context features, which the session holds from its prefill to its first round's walk."""
     from ...engine.cache import layer_types
     from ...engine.draft_runner import context_cache_shape
     from ...engine.engines import RunnerEngine
+    from ...engine.runner.core import context_features_shape
     from ...engine.runner.buffers import State
     from ...engine.shapes import shape_for
     from ...engine.verify import gdn_modules
@@ -74,8 +78,10 @@ def session_buffers(target, drafter, context: int, budget: int, max_new_tokens: 
     reserve = context + max_new_tokens + 2 * block  # DecodeSession.prefill's proposer.reserve
     shape = context_cache_shape(drafter.config, max(reserve, 256))  # (DFlashProposer._static_runner's)
     dtype_bytes = drafter.activations[1].itemsize
+    ids = drafter.target_layer_ids  # (DFlashProposer.feature_layer_ids: the layers the session's runner keeps)
+    features = math.prod(context_features_shape(target.config, ids, context)) * state.keys_all.element_size()
     return {"runner_max_len": room, "runner_state": runner_bytes, "drafter_max_len": shape[2],
-            "drafter_cache": 2 * math.prod(shape) * dtype_bytes}  # keys and values
+            "drafter_cache": 2 * math.prod(shape) * dtype_bytes, "prefill_features": features}  # (keys and values)
 
 
 def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(4096, 16384), budget: int = 64,
@@ -96,13 +102,16 @@ def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(
         row = {"context": context, "runner_max_len": buffers["runner_max_len"],
                "runner_state_GiB": buffers["runner_state"] / GIB,
                "drafter_max_len": buffers["drafter_max_len"], "drafter_cache_GiB": buffers["drafter_cache"] / GIB,
-               "planned_GiB": (models + lasting) / GIB, "card_24GB_GiB": CARD_24GB}
+               "planned_GiB": (models + lasting) / GIB, "prefill_features_GiB": buffers["prefill_features"] / GIB,
+               "card_24GB_GiB": CARD_24GB}
         seen = (measured or {}).get(context)
         if seen is not None:
             row["measured_models_GiB"] = seen["model_bytes_GiB"]
             row["measured_session_GiB"] = seen["session_GiB"]
             row["measured_peak_GiB"] = seen["peak_models_alone_GiB"]
             row["transient_GiB"] = seen["session_GiB"] - lasting / GIB  # allocated on the way, beyond the plan
+            # of which not the prefill's features (held through the prefill and the first round, so at a peak there)
+            row["transient_past_features_GiB"] = row["transient_GiB"] - buffers["prefill_features"] / GIB
         out["contexts"].append(row)
     out["goal"] = limit[1]
     return out

@@ -33,6 +33,12 @@ from .options import RunnerForms
 PREFILL_CHUNK = 4096
 
 
+def context_features_shape(config, feature_layer_ids, n: int) -> tuple[int, int]:
+    """The drafter's context features of an n-token prefill, as StaticRunner.prefill returns them: [n, hidden size x
+    the feature layers named] (the memory plan sizes them too)."""
+    return n, config.get_text_config().hidden_size * len(feature_layer_ids)
+
+
 class StaticRunner:
     """A Qwen3.5 hybrid target on one device over static state: its buffers (buffers.State, a Slot per tree size
     and length bucket), its layers (layers.StaticModel), their graphs (capture.py) and what it settles for itself
@@ -195,7 +201,7 @@ class StaticRunner:
             yield None
             return
         width = self.target.config.get_text_config().hidden_size
-        feats = torch.empty(n, width * len(ids), dtype=self.dtype, device=self.device)
+        feats = torch.empty(context_features_shape(self.target.config, ids, n), dtype=self.dtype, device=self.device)
         done = dict.fromkeys(ids, 0)  # rows written so far, per layer
         last = len(self.layers) - 1
 
