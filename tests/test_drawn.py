@@ -306,6 +306,59 @@ def test_exported_trees_and_grids_keep_their_labels_clear(draw, oracle_trace, tr
                 assert not bad, (step.index, len(bad), bad[:6])
 
 
+# Every edge of an exported tree that runs through a node label's letters, and whether the label lies on a patch of
+# the background drawn after that edge (so the line stops at the label's box): {label, edge, backed}
+EDGES_UNDER_LABELS_JS = r"""
+(scope) => {
+  const svg = document.querySelector(scope + ' svg');
+  const screen = (el, p) => { const m = el.getScreenCTM(); return [m.a * p.x + m.c * p.y + m.e, m.b * p.x + m.d * p.y + m.f]; };
+  const edges = [...svg.querySelectorAll('#ddt-edges path, [id^="ddt-path-edge-"] path, #ddt-bonus-edge path')].map((p) =>
+    ({el: p, a: screen(p, p.getPointAtLength(0)), b: screen(p, p.getPointAtLength(p.getTotalLength()))}));
+  const crosses = ({a, b}, r) => {  // the segment meets the box [x0, y0, x1, y1]
+    const [x0, y0, x1, y1] = r;
+    for (let i = 0; i <= 200; i++) {
+      const x = a[0] + (b[0] - a[0]) * i / 200, y = a[1] + (b[1] - a[1]) * i / 200;
+      if (x > x0 && x < x1 && y > y0 && y < y1) return true;
+    }
+    return false;
+  };
+  const out = [];
+  svg.querySelectorAll('[id^="ddt-label-"]').forEach((g) => {
+    const text = g.querySelector('text');
+    if (!text || !text.textContent.trim()) return;
+    // the letters' band: the text's box less a px at each end and a quarter of its height (the font's ascent and
+    // descent, above and below the letters) at the top and the bottom
+    const t = text.getBoundingClientRect(), h = t.bottom - t.top;
+    const r = [t.left + 1, t.top + h / 4, t.right - 1, t.bottom - h / 4];
+    const patch = [...g.querySelectorAll('path')].find((p) => {
+      const q = p.getBoundingClientRect();
+      return getComputedStyle(p).fill === 'rgb(255, 255, 255)' && q.left <= r[0] && q.top <= r[1] && q.right >= r[2] &&
+        q.bottom >= r[3];
+    });
+    edges.filter((e) => crosses(e, r)).forEach((e) => out.push({label: text.textContent, edge: e.el.parentElement.id,
+      backed: !!patch && !!(e.el.compareDocumentPosition(patch) & Node.DOCUMENT_POSITION_FOLLOWING)}));
+  });
+  return out;
+}
+"""
+
+
+def test_no_edge_runs_through_an_exported_label(draw, trace, oracle_trace):
+    """An exported tree's labels beside their nodes sit on the level of the edges that leave them (to a child in
+    the same row, the path's next node): the line ran through the letters ("la r0" struck through on its way to
+    its child). Each label an edge crosses lies on a patch of the background drawn after the edge."""
+    from ddtree_viz.render import export as ex
+
+    page, crossed = draw.svg_page, 0
+    for tr, step in ((trace, tallest_column_step(trace)), (oracle_trace, oracle_trace.steps[0])):
+        svg = ex.export_figure(tr, step.index + 1, "svg").decode()
+        page.set_content(f"<html><body style='margin:0'><div id='fig'>{svg}</div></body></html>")
+        found = page.evaluate(EDGES_UNDER_LABELS_JS, "#fig")
+        assert [f for f in found if not f["backed"]] == [], step.index
+        crossed += len(found)
+    assert crossed  # (these trees have labels beside their nodes, with edges through them)
+
+
 def widened(quad: list, px: float) -> list:
     """A convex quadrilateral (four corners) moved out from its centre by `px` to the left and to the right."""
     cx = sum(p[0] for p in quad) / 4
