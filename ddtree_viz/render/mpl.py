@@ -537,21 +537,14 @@ def _draw_nodes(ax, layout: TreeLayout, fills: dict[int, str], scheme: Scheme, r
         sc = ax.scatter([n.x for n in nodes], [n.y for n in nodes], s=(MARKER_SIZE[role] * look.marker_scale) ** 2,
                         marker=MARKER[role], c=face, edgecolors=edge, linewidths=lw, zorder=3)
         sc.set_gid(f"ddt-nodes-{role}")
-    # a label lies where edges pass (beside its node: on the level of those that leave it, to a child in the same
-    # row or the path's next node; above it: across those that climb to a child in the row above): on a patch of
-    # the background, over them, so no line runs through its letters
+    # each label on a patch of the background over the edges it lies on: no line through its letters
     backing = dict(boxstyle="square,pad=0.08", facecolor=ax.get_facecolor(), edgecolor="none")
     for n in layout.nodes:
-        if look.beside:
-            ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(marker_reach(n, look) + 1.5, 0),
-                        textcoords="offset points", ha="left", va="center", fontsize=look.label_pt, family=MONO,
-                        gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False, bbox=backing)
-            continue
-        clear = max(6.5, marker_reach(n, look) + 0.5)  # past the bonus star's tips too
-        ax.annotate(_label_text(n, look, ranks), (n.x, n.y), xytext=(0, clear), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=look.label_pt, family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False,
-                    bbox=backing)
-        if ranks and n.rank >= 0:
+        at = (dict(xytext=(marker_reach(n, look) + 1.5, 0), ha="left", va="center") if look.beside else
+              dict(xytext=(0, max(6.5, marker_reach(n, look) + 0.5)), ha="center", va="bottom"))  # above: past a star
+        ax.annotate(_label_text(n, look, ranks), (n.x, n.y), textcoords="offset points", fontsize=look.label_pt,
+                    family=MONO, gid=f"ddt-label-{n.id}", zorder=5, annotation_clip=False, bbox=backing, **at)
+        if not look.beside and ranks and n.rank >= 0:  # (beside: the rank is in the label's line)
             ax.annotate(f"r{n.rank}", (n.x, n.y), xytext=(0, -6.5), textcoords="offset points", ha="center",
                         va="top", fontsize=5.5, color=scheme.text_muted, gid=f"ddt-rank-{n.id}", zorder=5)
 
