@@ -159,7 +159,8 @@ def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
     if a.dflash2 and (not a.fast or a.skip_speed or a.device_map == "auto"):
         parser.error("--dflash2 measures on the static runner: it needs --fast, without --skip-speed or --device-map auto")
     for flag in ("fp8", "int4"):
-        if getattr(a, flag) and a.memory_plan is None and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
+        measures = a.memory_plan is None  # (--memory-plan only plans: no run to need --fast)
+        if getattr(a, flag) and measures and (not a.fast or (a.skip_speed and not a.exactness) or a.device_map == "auto"):
             parser.error(f"--{flag} measures on the static runner: it needs --fast, without --device-map auto, and "
                          "without --skip-speed unless --exactness (then the exactness checks alone, plain and "
                          "quantized weights)")

@@ -14,16 +14,15 @@ from .config import FP8_BLOCK, INT4_GROUP, BenchConfig
 
 
 def model_bytes(*models) -> int:
-    """Bytes the models' parameters and buffers hold, each storage once (fused projections are views of one
-    storage; a drafter shares the target's embedding and lm_head)."""
-    seen, total = set(), 0
+    """Bytes the models' parameters and buffers hold, each storage once and whole (fused projections are views of
+    one storage; a drafter shares the target's embedding and lm_head; a tensor cut from a padded one keeps its
+    storage). A storage is told apart by its handle, not its address: meta tensors (the memory plan's) have none."""
+    seen: dict[int, int] = {}
     for model in models:
         for t in itertools.chain(model.parameters(), model.buffers()):
             storage = t.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-    return total
+            seen[storage._cdata] = storage.nbytes()
+    return sum(seen.values())
 
 
 def weight_bytes_of(target) -> dict:

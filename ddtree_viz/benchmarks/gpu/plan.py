@@ -12,27 +12,17 @@ buffers, and less the features too: whether they were held at the measured peak 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
 from .config import INT4_GROUP, BenchConfig
-from .memory import PEAK_LIMIT
+from .memory import PEAK_LIMIT, model_bytes
 
 GIB = 2**30
 CARD_24GB = 24e9 / GIB  # a "24 GB" card's bytes in GiB (22.35): what the 22 GiB goal leaves room under
-
-
-def tensor_bytes(*modules) -> int:
-    """Bytes of the modules' parameters and buffers as `memory.model_bytes` counts them on a device, each storage
-    once and whole (a tensor cut from a padded one keeps its storage), here for meta tensors too: they have
-    storages of their own size but no address, so a storage is told apart by its handle."""
-    seen: dict[int, int] = {}
-    for module in modules:
-        for t in (*module.parameters(), *module.buffers()):
-            storage = t.untyped_storage()
-            seen[storage._cdata] = storage.nbytes()
-    return sum(seen.values())
 
 
 @torch.no_grad()
@@ -90,12 +80,11 @@ def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(
     the goal (PEAK_LIMIT) and a 24 GB card; with `measured` (a GPU run's `peak_memory` / `peak_memory_long` of the
     same weights, by context), what that run allocated beyond the plan (the session's transient share)."""
     target, drafter = planned_models(bench, weights, int4_drafter, layers)
-    models = tensor_bytes(target, drafter)
+    models = model_bytes(target, drafter)
     out: dict = {"weights": weights, "int4_drafter": int4_drafter, "budget": budget,
-                 "target_GiB": tensor_bytes(target) / GIB, "drafter_GiB": tensor_bytes(drafter) / GIB,
+                 "target_GiB": model_bytes(target) / GIB, "drafter_GiB": model_bytes(drafter) / GIB,
                  "models_GiB": models / GIB, "contexts": []}
     max_new = (rounds + 2) * drafter.block_size  # quantized_peak_memory's session
-    limit = PEAK_LIMIT.get(weights, (None, None))
     for context in contexts:
         buffers = session_buffers(target, drafter, context, budget, max_new)
         lasting = buffers["runner_state"] + buffers["drafter_cache"]
@@ -110,10 +99,11 @@ def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(
             row["measured_session_GiB"] = seen["session_GiB"]
             row["measured_peak_GiB"] = seen["peak_models_alone_GiB"]
             row["transient_GiB"] = seen["session_GiB"] - lasting / GIB  # allocated on the way, beyond the plan
-            # of which not the prefill's features (held through the prefill and the first round, so at a peak there)
+            # less the prefill's features too (held through the prefill and the first round: at the peak if it
+            # came then, which the run does not say)
             row["transient_past_features_GiB"] = row["transient_GiB"] - buffers["prefill_features"] / GIB
         out["contexts"].append(row)
-    out["goal"] = limit[1]
+    out["goal"] = PEAK_LIMIT.get(weights, (None, None))[1]
     return out
 
 
@@ -122,9 +112,6 @@ def measured_peaks(path: str | None, weights: str) -> dict:
     quantized_peak_memory measured), {} without a file or where it has none."""
     if not path:
         return {}
-    import json
-    from pathlib import Path
-
     fast = json.loads(Path(path).read_text()).get("speed", {}).get("fast", {}).get(weights, {})
     peaks = (fast.get(name) for name in ("peak_memory", "peak_memory_long"))
     return {p["context"]: p for p in peaks if isinstance(p, dict) and "session_GiB" in p}
