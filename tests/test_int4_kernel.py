@@ -71,6 +71,7 @@ def test_int4_gemm_in_half_precision(dtype):
 CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block_n=128, num_warps=8),
            "block_k_32_stages_2": Config(block_k=32, num_stages=2), "gemv": Config(block_k=32, gemv=True),
            "gemv_128": Config(block_n=128, block_k=32, num_warps=8, gemv=True),
+           "gemv_k128_split_2": Config(block_n=16, block_k=128, gemv=True, split_k=2),
            # the word form: whole words a step, unpacked in registers; one group a step, several, and split inputs
            "words_k32": Config(block_n=32, block_k=32, words=True),
            "words_k128_split_2": Config(block_n=16, block_k=128, words=True, split_k=2),
@@ -102,15 +103,34 @@ def test_the_one_row_kernel_in_half_precision(dtype):
     torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
 
 
-def test_the_one_row_kernel_needs_whole_groups():
-    """Activation order, or steps wider than a group, are refused by the one-row kernel (whole_groups), not misread."""
+def test_the_one_row_kernel_refuses_activation_order_and_reads_groups_narrower_than_a_step():
+    """Activation order is refused by the one-row kernel (word_groups), not misread; groups narrower than a step (32
+    columns in steps of 64) are read a scale a word."""
     x = torch.randn(1, 160).to(DEVICE)
     parts, spec = quantized("actorder-asym", 1)
-    with pytest.raises(ValueError, match="needs whole groups"):
+    with pytest.raises(ValueError, match="needs each word in one group"):
         product(x, parts, spec, CONFIGS["gemv"])
     parts, spec = quantized("group32-asym", 1)
-    with pytest.raises(ValueError, match="needs whole groups"):
-        product(x[:, :136], parts, spec, Config(block_k=64, gemv=True))
+    y = product(x[:, :136], parts, spec, Config(block_k=64, gemv=True))
+    torch.testing.assert_close(y.cpu(), reference(x[:, :136], parts, spec), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["words", "gemv"])
+def test_scales_in_the_activations_dtype(dtype, form):
+    """A model's own scales (bf16 / fp16, as checkpoints store them) with its activations: the word form dequantizes
+    in that dtype (q - z from the fields' bits, times the scale rounded once: the dequantized model's weight), the
+    one-row form in float32; both give the rounded-weight product to a step of the output. (bfloat16 runs the
+    float32 form in the interpreter, whose int16 -> bfloat16 bitcast is wrong.)"""
+    parts, spec = quantized("group32-asym", 9)
+    parts["weight_scale"] = parts["weight_scale"].to(dtype)
+    rows, config = (1, CONFIGS["gemv"]) if form == "gemv" else (17, CONFIGS["words_k64_split_3_m32"])
+    x = torch.randn(rows, 136, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
+    y = product(x, parts, spec, config)
+    ref = reference(x, parts, spec)
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
 
 
 def test_the_benchs_other_configs_compute_the_same_product():
@@ -146,7 +166,7 @@ def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
         for n in (5120, 16384, 34816):
             config = int4_gemm.choose(rows, n, 5120)
-            assert config.words and (config.split_k == 1 or rows <= 16), config
+            assert (config.gemv if rows == 1 else config.words) and (config.split_k == 1 or rows <= 16), config
             torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
                                        msg=f"{rows} rows, {n} outputs: {config}", **tol)
 

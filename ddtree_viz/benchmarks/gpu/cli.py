@@ -146,6 +146,9 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
+    p.add_argument("--long-capped", action="store_true",
+                   help="--fp8, --int4: the 16,384-token session's peak measured under the format's memory cap (does "
+                        "it run on a card of that size; an out-of-memory is the answer no), not uncapped")
     p.add_argument("--memory-plan", nargs="?", const="", metavar="GPU_JSON",
                    help="no GPU needed: the memory a session of the 27B keeps, computed on the meta device (the models' "
                         "bytes, the runner's state and the drafter's context cache at --fp8-context and 16,384 tokens, "

@@ -78,7 +78,7 @@ def int4_configs(kernel, m: int, k: int, group: int) -> dict:
     if m == 1:
         for bk, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (128, 32, 2)):
             gemv = kernel.Config(block_n=bn, block_k=bk, num_warps=warps, gemv=True)
-            if kernel.whole_groups(gemv, group, None):
+            if kernel.word_groups(gemv, group, k, None):
                 alts[f"gemv_{bn}x{bk}_w{warps}"] = gemv
     return alts
 
@@ -108,10 +108,21 @@ ROWS = (1, 16, 65, 129)
 L2_SPAN = 160e6  # bytes the copies of a weight span: over twice an H100's / H200's 50 / 60 MB L2
 
 
-def candidates(kernel, rows: int) -> dict[str, object]:
-    """The launches tried at `rows`: today's choice, and the word form's tiles and splits."""
+def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
+    """The launches tried at `rows` of an [n, k] weight: today's choice, the word form's tiles and splits, and at one
+    row the one-row form's (rows of the weight a program, a step's columns, warps, input slices) beside the word
+    form's launch that one row took before it."""
     Config = kernel.Config
-    out = {"tile_default": Config(), "chosen": kernel.choose(rows, 0, 0)}
+    out = {"tile_default": Config(), "chosen": kernel.choose(rows, n, k)}
+    if rows == 1:
+        for split in (1, 4):
+            out[f"words_m16_n64_k256_s{split}_w4_p3"] = Config(block_n=64, block_k=256, words=True, split_k=split,
+                                                               block_m=16)
+        for bn, bk, warps, split in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4, 8)):
+            if bn * bk <= 4096 * warps:  # a step's fields a thread at most 128
+                out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}"] = Config(block_n=bn, block_k=bk, num_warps=warps,
+                                                                     gemv=True, split_k=split)
+        return out
     if rows <= 16:
         grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,))
     else:
@@ -143,11 +154,12 @@ def tune(gemms: dict, per_call, bandwidth: float) -> dict:
             x = torch.randn(m, k, device=packed.device, dtype=scale.dtype)  # bf16 scales: the model's dtype
             ref = kernel.int4_linear(x, packed, scale, None, None, g.group, kernel.Config()).float()
             cells = {}
-            for label, c in candidates(kernel, m).items():
+            launches = candidates(kernel, m, packed.shape[0], k)
+            for label, c in launches.items():
                 cells[label] = measure(kernel, x, copies, g.group, c, ref, per_call)
             timed_ok = {lb: v["us"] for lb, v in cells.items() if isinstance(v.get("us"), float)}
             best = min(timed_ok, key=timed_ok.get)
-            row[str(m)] = {"best": best, "best_config": dataclasses.asdict(candidates(kernel, m)[best]),
+            row[str(m)] = {"best": best, "best_config": dataclasses.asdict(launches[best]),
                            "best_us": timed_ok[best], "tile_default_us": timed_ok.get("tile_default"),
                            "best_per_bound": timed_ok[best] / row["bound_us"], "cells": cells}
             print({name: {m: {"best": best, "us": timed_ok[best], "tile_us": timed_ok.get("tile_default"),

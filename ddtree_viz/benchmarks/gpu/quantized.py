@@ -63,17 +63,20 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
 def long_context_peak(bench: BenchConfig, pair, weights: str, cap_gb) -> dict:
     """The session's peak at LONG_CONTEXT tokens (twice --fp8-context on a CPU), budget 64, measured uncapped: the
     figure asked for is the peak itself; under the card's cap an out-of-memory says only "more", and the
-    allocator's fragmentation after the earlier phases would count against the session. The cap comes back after."""
+    allocator's fragmentation after the earlier phases would count against the session. With --long-capped under
+    the cap instead (whether a card of that size runs it: best in a process of its own, --quantized-only). The
+    cap comes back after."""
     free_cuda(bench)
     context = LONG_CONTEXT if bench.cuda else 2 * bench.fp8_context
-    memory_cap(bench, None)
+    cap = cap_gb if bench.long_capped else None
+    memory_cap(bench, cap)
     try:
         peak = quantized_peak_memory(bench, pair, context, budget=64, limit=PEAK_LIMIT[weights])
     except torch.OutOfMemoryError as exc:  # a figure of its own: the 4k figures and the GEMMs still count
         peak = {"context": context, "budget": 64, "target": PEAK_LIMIT[weights][1], "met": False,
                 "error": f"out of memory: {str(exc).splitlines()[0]}", "peak_GiB": peak_gib(bench)}
         free_cuda(bench)
-    peak["cap_GB"] = None  # measured uncapped
+    peak["cap_GB"] = cap
     memory_cap(bench, cap_gb)
     progress(f"{weights}_peak_memory_long", peak)
     return peak

@@ -2,8 +2,8 @@
 
     naive.py        unpack, dequantize_words ((q - z) x scale in float32) and int4_linear_reference (rounded to
                     x's dtype, then F.linear): the reference, and the form a CPU runs
-    triton_gemm.py  Triton: the word form (`choose`'s), the tile form (every layout the loader accepts), and the
-                    one-row form on the CUDA cores for the bench
+    triton_gemm.py  Triton: the one-row form on the CUDA cores (`choose`'s at one row), the word form on the tensor
+                    cores (past one row), the tile form (every layout the loader accepts)
     dispatch.py     linear: the Triton GEMM on a CUDA input where it runs, else the reference
 
 Modules are imported by name (nothing is re-exported here), so the CPU path never imports Triton.

@@ -3,25 +3,31 @@ W = (q - z) x scale unpacked in registers, so a 27B target keeps about a quarter
 W4A16 target in 17.7 GB with its bf16 embeddings and lm_head: one 24 GB card) and no dequantized copy of a weight is
 ever made.
 
-The function computed is the dequantized model's (issue #29: activations stay in their dtype): each weight tile is
-(q - z) x scale in float32 (exact: a 4-bit integer times a bf16 / fp16 / fp32 scale), rounded once to the
+The function computed is the dequantized model's (issue #29: activations stay in their dtype): each weight is
+(q - z) x scale (exact in float32: a 4-bit integer times a bf16 / fp16 / fp32 scale), rounded once to the
 activations' dtype (as int4.dequantize(...).to(dtype) at load rounds it), then multiplied with float32 accumulation;
 a float32 product in IEEE float32 (no TF32). So the runner over kept 4-bit weights and the runner over the weights
 dequantized at load compute the same products, up to the order of the sums.
 
-Three forms. The word form (`Config.words`, what `choose` picks): a program a block_m x block_n tile of y, a step's
-words loaded whole ([block_n, block_k / 8], each row's contiguous) and unpacked in registers, its scales (and zero
-points) a group at a time (one group a step, or whole groups of a power-of-2 size), the input split into split_k
-slices whose partial products are summed after in a fixed order (deterministic), so a decode step's few programs
-do not each walk the whole input. The tile form, the first one (docs/lab/NOTEBOOK.md section 36), and the fallback
-for what the word form cannot step (activation order, groups neither dividing nor divided by a step): each column's
-word loaded where it lies and its field shifted out, each column's scale through its group index, so every layout
-the loader accepts runs here unchanged: groups of any size, per channel, activation order (g_idx), asymmetric zero
-points packed along the rows, partial words and groups at the edges (masked). On an H100 it ran the 27B's decode step
-at 50x its weight-read bound: a down_proj's 80 programs walked 272 steps each. And for the bench to time
-(`Config.gemv`), the one-row kernel on the CUDA cores: a word's eight fields against eight of x's columns, x times
-the row's scale in float32 so each weight is exact (in bfloat16 a rounding of a weight apart from the tile form, the
-noise the verdict rules measure; in float32 the same to the order of the sums), whole groups only.
+No field becomes a float through a conversion instruction (a quarter of the CUDA cores' rate on an H100, and what
+bounded the forms before: NOTEBOOK section 47). A field f (q + 8) or'ed into the low mantissa bits of a float whose
+ulp is 1 is that float plus f exactly (_magic: 2^23 in float32, 128 in bfloat16, 1,024 in float16), and two such
+floats apart are q - z, exact.
+
+Three forms. The word form (`Config.words`, what `choose` picks past one row): a program a block_m x block_n tile of
+y on the tensor cores, a step's words loaded whole ([block_n, block_k / 8], each row's contiguous) and unpacked in
+registers, its scales (and zero points) a row where the step lies in one group, else a word (each word in one
+group), dequantized in the activations' dtype where the scales are in it too (the bf16 / fp16 product of exact
+q - z and the scale: the one rounding), else in float32 and cast; the input split into split_k slices whose partial
+products are summed after in a fixed order (deterministic). The one-row form (`Config.gemv`, a decode step's): a row
+of x a program on the CUDA cores, block_n rows of the weight, a step's words against their 8 x block_k / 8 columns
+of x in float32, each word's sum times its scale (the weight exact: in bfloat16 a rounding of a weight apart from
+the word form, the noise the verdict rules measure; in float32 the same to the order of the sums), sums a word
+column reduced across lanes once at the end; split into slices as the word form. The tile form, the first one
+(docs/lab/NOTEBOOK.md section 36), and the fallback for what the others cannot read (activation order, a group
+inside a word): each column's word loaded where it lies and its field shifted out, each column's scale through its
+group index, so every layout the loader accepts runs here unchanged: groups of any size, per channel, activation
+order (g_idx), asymmetric zero points packed along the rows, partial words and groups at the edges (masked).
 
 Imported only where a kept 4-bit weight meets a CUDA input (dispatch.linear); without a GPU it runs in Triton's
 interpreter (TRITON_INTERPRET=1; tests/test_int4_kernel.py). Shapes: x [..., K] (float32, bfloat16 or float16),
@@ -40,14 +46,15 @@ import triton
 import triton.language as tl
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
+MAGIC_BITS = tl.constexpr(0x4B000000)  # float32 2^23: ulp 1, so its bits | f (f < 2^23) are the float 2^23 + f
+MAGIC_F32 = tl.constexpr(8388608.0)
 
 
 @dataclass(frozen=True)
 class Config:
     """A launch's tiles: rows of the weight a program computes (block_n), input columns a step (block_k, a multiple
-    of 8: whole words), its warps and pipeline stages; gemv: one row of x a program on the CUDA cores (_int4_gemv:
-    each word's eight fields against eight of x's columns, x times the row's scale in float32 and the weight exact,
-    as fp8_gemm's one-row product; whole groups only: no activation order, block_k dividing the group)."""
+    of 8: whole words), its warps and pipeline stages; gemv: the one-row form (_int4_gemv: a row of x a program on
+    the CUDA cores, the weight exact, split_k slices; each word in one group)."""
 
     block_n: int = 64
     block_k: int = 64
@@ -72,6 +79,8 @@ def choose(rows: int, n: int, k: int) -> Config:
     (budget 64's 65) one 128-row tile of 64 outputs and 8 warps, steps of 128 columns where the output is narrow and
     64 where it is wide (10-30% under 64-row tiles); past 128 rows (budget 128's 129) 128 x 128 tiles where it is
     wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there)."""
+    if rows == 1:  # the one-row form (to be set from the sweep on the CUDA cores: NOTEBOOK section 47)
+        return Config(block_n=32, block_k=256, num_warps=4, num_stages=3, gemv=True, split_k=1 if n > 8192 else 4)
     if rows <= 16:
         split = 1 if 8192 < n <= 20480 else 4
         return Config(block_n=64, block_k=256, num_warps=4, num_stages=3, words=True, split_k=split, block_m=16)
@@ -84,17 +93,14 @@ def choose(rows: int, n: int, k: int) -> Config:
 
 
 def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:
-    """Whether the word form can read this layout: no activation order, and a step's columns either inside one group
-    (block_k dividing it) or whole groups of a power-of-2 size (the group dividing block_k); each split's slice whole
-    steps."""
-    pow2 = group & (group - 1) == 0
-    return (g_idx is None and c.block_k % 8 == 0 and (group % c.block_k == 0 or (pow2 and c.block_k % group == 0))
-            and c.split_k >= 1)
+    """Whether the word form and the one-row form can read this layout: no activation order, each word inside one
+    group (groups of a multiple of 8 columns, or one group a row), whole words a step."""
+    return g_idx is None and c.block_k % 8 == 0 and (group % 8 == 0 or group >= k)
 
 
 def whole_groups(c: Config, group: int, g_idx: torch.Tensor | None) -> bool:
     """Whether each block_k columns of a step lie in one group (no activation order, block_k dividing the group):
-    a scale and zero point a row for the step, the tile kernel's WHOLE form; what _int4_gemv needs."""
+    a scale and zero point a row for the step, the tile kernel's WHOLE form."""
     return g_idx is None and group % c.block_k == 0 and c.block_k % 8 == 0
 
 
@@ -138,68 +144,80 @@ def _int4_gemm(x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K, WORDS, GROUPS,
 
 
 @triton.jit
-def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, N, K, WORDS, GROUPS, stride_xm, stride_ym,
+def _magic(f, HALF: tl.constexpr):
+    """4-bit fields f (int32, 0 .. 15) as the floats MAGIC + f, exactly and without an integer-to-float conversion
+    (a quarter-rate instruction): f in the low mantissa bits under an exponent whose ulp is 1 (float32 2^23 when
+    HALF is 0, bfloat16 128 when 1, float16 1,024 when 2). Two of them apart are q - z, exact in each dtype."""
+    if HALF == 1:
+        return (f | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif HALF == 2:
+        return (f | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        return (f | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _step_parts(words, s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.constexpr, ASYM: tl.constexpr,
+                BLOCK_K: tl.constexpr, HALF: tl.constexpr):
+    """A step's [block_n, block_k / 8] words as q - z ([block_n, words, 8], field i of word w column 8 w + i; in
+    HALF's dtype, exact) and their scales, broadcastable to it: a scale a row where the step lies in one group, else
+    a scale a word (each word in one group). Zero points (packed along the rows: row n's in word n // 8, bits
+    4 (n % 8) ..) read the same way; symmetric weights' zero field is 8."""
+    if GROUP % BLOCK_K == 0:
+        rows, cols, g_ok = rn[:, None], k0 // GROUP, n_ok[:, None] & (k0 < GROUPS * GROUP)
+    else:
+        rows, cols, g_ok = rn[:, None], word[None, :] * 8 // GROUP, ok
+    scale = tl.load(s_ptr + rows * GROUPS + cols, mask=g_ok, other=0.0)
+    if ASYM:
+        zw = tl.load(z_ptr + (rows // 8) * GROUPS + cols, mask=g_ok, other=0)
+        zero = (zw >> ((rows % 8) * 4)) & 0xF
+    else:
+        zero = rows * 0 + cols * 0 + 8
+    fields = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+    return _magic(fields, HALF) - _magic(zero, HALF)[:, :, None], scale
+
+
+@triton.jit
+def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride_xm, SLICE,
                GROUP: tl.constexpr, ASYM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, BLOCK_K // 8)  # a step's words
+    part = tl.program_id(2)
     n_ok = rn < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        w_col = k0 // 8 + rw
-        words = tl.load(w_ptr + rn[:, None] * WORDS + w_col[None, :], mask=n_ok[:, None] & (w_col < WORDS)[None, :],
-                        other=0)
-        group = k0 // GROUP  # one group a step (whole_groups)
-        scale = tl.load(s_ptr + rn * GROUPS + group, mask=n_ok, other=0.0).to(tl.float32)
-        if ASYM:
-            zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=n_ok, other=0)
-            zero = (((zw >> ((rn % 8) * 4)) & 0xF) - 8).to(tl.float32)
-        for i in tl.static_range(8):  # field i of each word: columns k0 + 8 w + i
-            col = k0 + rw * 8 + i
-            xs = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
-            q = (((words >> (4 * i)) & 0xF) - 8).to(tl.float32)
-            if ASYM:
-                q = q - zero[:, None]
-            acc += q * (scale[:, None] * xs[None, :])
-    tl.store(y_ptr + m * stride_ym + rn, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+    rw = tl.arange(0, BLOCK_K // 8)  # a step's words
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)  # a sum a word column: across lanes once, at the end
+    for step in range(0, SLICE, BLOCK_K):  # past K (the last slice's tail): all masked
+        k0 = part * SLICE + step
+        word = k0 // 8 + rw
+        ok = n_ok[:, None] & (word < WORDS)[None, :]
+        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
+        col = k0 + rw[:, None] * 8 + tl.arange(0, 8)[None, :]
+        x = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
+        q, scale = _step_parts(words, s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K, 0)
+        acc += tl.sum(q * x[None, :, :], axis=2) * scale.to(tl.float32)
+    tl.store(p_ptr + part * M * N + m * N + rn, tl.sum(acc, axis=1).to(p_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
 def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride_xm, SLICE,
-                GROUP: tl.constexpr, ASYM: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                GROUP: tl.constexpr, ASYM: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(2)
     row_ok, col_ok = rm < M, rn < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    shifts = tl.arange(0, 8) * 4  # field i of a word: bits 4i .. 4i + 3
     for step in range(0, SLICE, BLOCK_K):  # past K (the last slice's tail): all masked
         k0 = part * SLICE + step
-        rw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(w_ptr + rn[:, None] * WORDS + rw[None, :], mask=col_ok[:, None] & (rw < WORDS)[None, :],
-                        other=0)
-        q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_N, BLOCK_K)) - 8
-        if GROUP % BLOCK_K == 0:  # the step inside one group: a scale (and zero point) a row
-            group = k0 // GROUP
-            s_ok = col_ok & (k0 < K)
-            scale = tl.load(s_ptr + rn * GROUPS + group, mask=s_ok, other=0.0).to(tl.float32)
-            if ASYM:
-                zw = tl.load(z_ptr + (rn // 8) * GROUPS + group, mask=s_ok, other=0)
-                q -= (((zw >> ((rn % 8) * 4)) & 0xF) - 8)[:, None]
-            w = q.to(tl.float32) * scale[:, None]
-        else:  # BLOCK_K // GROUP whole groups a step
-            gi = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            g_ok = col_ok[:, None] & (gi < GROUPS)[None, :]
-            scale = tl.load(s_ptr + rn[:, None] * GROUPS + gi[None, :], mask=g_ok, other=0.0).to(tl.float32)
-            q3 = tl.reshape(q, (BLOCK_N, BLOCK_K // GROUP, GROUP))
-            if ASYM:
-                zw = tl.load(z_ptr + (rn // 8)[:, None] * GROUPS + gi[None, :], mask=g_ok, other=0)
-                q3 -= (((zw >> ((rn % 8) * 4)[:, None]) & 0xF) - 8)[:, :, None]
-            w = tl.reshape(q3.to(tl.float32) * scale[:, :, None], (BLOCK_N, BLOCK_K))
+        word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        ok = col_ok[:, None] & (word < WORDS)[None, :]
+        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
+        q, scale = _step_parts(words, s_ptr, z_ptr, rn, col_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K, HALF)
         rk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
-        w = w.to(x.dtype)  # exact in float32, rounded once
+        # (q - z) x scale rounded once to x's dtype: in it where HALF (one rounding of the exact product), else in
+        # float32 (exact) and cast
+        w = tl.reshape(q * scale.to(q.dtype)[:, :, None], (BLOCK_N, BLOCK_K)).to(x.dtype)
         if UPCAST:
             x, w = x.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
@@ -225,44 +243,57 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         x2 = x2.contiguous()
     M = x2.shape[0]
     c = config or choose(M, N, K)
-    if c.words and not word_groups(c, group, K, g_idx):  # activation order, or groups the word form cannot step
-        c = Config()
-    whole = whole_groups(c, group, g_idx)
-    if c.gemv and not whole:
-        raise ValueError(f"the one-row kernel needs whole groups: group {group}, block_k {c.block_k}, "
-                         f"activation order {g_idx is not None}")
+    if (c.words or c.gemv) and not word_groups(c, group, K, g_idx):  # activation order, or a group inside a word
+        if config is not None and c.gemv:
+            raise ValueError(f"the one-row kernel needs each word in one group: group {group}, block_k {c.block_k}, "
+                             f"activation order {g_idx is not None}")
+        c = Config()  # the tile form reads every layout
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     launch = dict(num_warps=c.num_warps, num_stages=c.num_stages)
-    z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
-    if M and c.words:
-        return _words(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
-    if M and c.gemv:
-        _int4_gemv[(M, triton.cdiv(N, c.block_n))](x2, packed, scale, z, y, N, K, packed.shape[1], scale.shape[1],
-                                                   x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None,
-                                                   BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
-    elif M:
+    if M and (c.words or c.gemv):
+        return _sliced(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
+    if M:
         bm = block_m(M)
         _int4_gemm[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n))](
-            x2, packed, scale, z, packed if g_idx is None else g_idx, y, M, N, K, packed.shape[1], scale.shape[1],
-            x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, GIDX=g_idx is not None,
-            WHOLE=whole, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
+            x2, packed, scale, packed if zero is None else zero, packed if g_idx is None else g_idx, y, M, N, K,
+            packed.shape[1], scale.shape[1], x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None,
+            GIDX=g_idx is not None, WHOLE=whole_groups(c, group, g_idx), PRECISION=precision(x2), UPCAST=INTERPRETED,
             BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y.reshape(*x.shape[:-1], N)
 
 
-def _words(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
-           c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
-    """The word form's launch: split_k slices of the input (whole steps each), each slice's partial product in
-    float32 and their sum in a fixed order (torch's sum over the slices), or with one slice the product cast in
-    the store."""
+def precision(x: torch.Tensor) -> str:
+    """tl.dot's: IEEE float32 for float32 activations (and in the interpreter), else the tensor cores' own."""
+    return "ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32"
+
+
+def half(x: torch.Tensor, scale: torch.Tensor) -> int:
+    """The word form's dequantization dtype: x's where the scales are in it too (1 bfloat16, 2 float16: q - z and
+    its product with the scale in that dtype, rounded once), else 0 (float32, then cast). The interpreter bitcasts
+    int16 to bfloat16 wrongly (its bfloat16 is a float32 underneath): there bfloat16 takes the float32 form."""
+    if scale.dtype != x.dtype or (INTERPRETED and x.dtype == torch.bfloat16):
+        return 0
+    return {torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0)
+
+
+def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+            c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
+    """The word form's and the one-row form's launch: split_k slices of the input (whole steps each), each slice's
+    partial product in float32 and their sum in a fixed order (torch's sum over the slices), or with one slice the
+    product cast in the store."""
     (M, K), N = x2.shape, packed.shape[0]
     slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
     parts = triton.cdiv(K, slice_k)
     out = y if parts == 1 else torch.empty(parts, M, N, device=x2.device, dtype=torch.float32)
-    bm = c.block_m or block_m(M)
-    _int4_words[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n), parts)](
-        x2, packed, scale, packed if zero is None else zero, out, M, N, K, packed.shape[1], scale.shape[1],
-        x2.stride(0), slice_k, GROUP=group, ASYM=zero is not None,
-        PRECISION="ieee" if x2.dtype == torch.float32 or INTERPRETED else "tf32", UPCAST=INTERPRETED,
-        BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
-    return y if parts == 1 else torch.sum(out, 0, out=None).to(y.dtype)
+    z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
+    if c.gemv:
+        _int4_gemv[(M, triton.cdiv(N, c.block_n), parts)](
+            x2, packed, scale, z, out, M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), slice_k, GROUP=group,
+            ASYM=zero is not None, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
+    else:
+        bm = c.block_m or block_m(M)
+        _int4_words[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n), parts)](
+            x2, packed, scale, z, out, M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), slice_k, GROUP=group,
+            ASYM=zero is not None, HALF=half(x2, scale), PRECISION=precision(x2), UPCAST=INTERPRETED, BLOCK_M=bm, BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k, **launch)
+    return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
