@@ -146,6 +146,9 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
+    p.add_argument("--int4-table", metavar="JSON",
+                   help="--int4: the 4-bit GEMM's launches from this table (a gpu_bench --int4-tune JSON, or a table "
+                        "as engine/kernels/int4_gemm/tuned.json) instead of the shipped one, for this run")
     p.add_argument("--long-capped", action="store_true",
                    help="--fp8, --int4: the 16,384-token session's peak measured under the format's memory cap (does "
                         "it run on a card of that size; an out-of-memory is the answer no), not uncapped")
@@ -173,6 +176,8 @@ def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         parser.error(f"--memory-plan: no file {a.memory_plan!r} (a gpu_bench JSON, or nothing)")
     if a.int4_drafter and not a.int4:
         parser.error("--int4-drafter goes with --int4")
+    if a.int4_table and not (a.int4 and Path(a.int4_table).is_file()):
+        parser.error(f"--int4-table goes with --int4 and names a file: {a.int4_table!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +212,15 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
 
         expandable_segments()
     report = report_head(a, bench)
+    if a.int4 or a.int4_tune:  # the launches this run's 4-bit GEMMs take, named in its report
+        from ...engine.kernels.int4_gemm import table
+
+        try:
+            table.use(table.load(a.int4_table) if a.int4_table else None)
+        except (OSError, ValueError) as exc:  # (json's errors are ValueErrors)
+            raise SystemExit(f"error: --int4-table: {exc}") from None
+        report["int4_table"] = {"path": a.int4_table or str(table.SHIPPED), "device": table.current()["device"],
+                                "launches": len(table.current()["launches"])}
 
     def save():  # after every part, so that a run stopped midway keeps what it measured
         if a.json:

@@ -156,7 +156,7 @@ def tune(gemms: dict, per_call, bandwidth: float) -> dict:
             cells = {}
             launches = candidates(kernel, m, packed.shape[0], k)
             for label, c in launches.items():
-                cells[label] = measure(kernel, x, copies, g.group, c, ref, per_call)
+                cells[label] = {**measure(kernel, x, copies, g.group, c, ref, per_call), "config": asdict(c)}
             timed_ok = {lb: v["us"] for lb, v in cells.items() if isinstance(v.get("us"), float)}
             best = min(timed_ok, key=timed_ok.get)
             row[str(m)] = {"best": best, "best_config": dataclasses.asdict(launches[best]),

@@ -4,6 +4,8 @@
                     x's dtype, then F.linear): the reference, and the form a CPU runs
     triton_gemm.py  Triton: the one-row form on the CUDA cores (`choose`'s at one row), the word form on the tensor
                     cores (past one row), the tile form (every layout the loader accepts)
+    table.py        the launches gpu_bench --int4-tune measured per GEMM shape and band of rows (tuned.json),
+                    which choose reads first
     dispatch.py     linear: the Triton GEMM on a CUDA input where it runs, else the reference
 
 Modules are imported by name (nothing is re-exported here), so the CPU path never imports Triton.

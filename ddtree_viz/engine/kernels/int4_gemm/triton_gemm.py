@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import table
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
 MAGIC_BITS = tl.constexpr(0x4B000000)  # float32 2^23: ulp 1, so its bits | f (f < 2^23) are the float 2^23 + f
 MAGIC_F32 = tl.constexpr(8388608.0)
@@ -78,7 +80,11 @@ def choose(rows: int, n: int, k: int) -> Config:
     products, held per GEMM in a verify's graph, took the 24 GB card past its cap at budget 128): up to 128 rows
     (budget 64's 65) one 128-row tile of 64 outputs and 8 warps, steps of 128 columns where the output is narrow and
     64 where it is wide (10-30% under 64-row tiles); past 128 rows (budget 128's 129) 128 x 128 tiles where it is
-    wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there)."""
+    wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there). The measured table
+    (table.py) comes first: these rules are for the shapes it lacks."""
+    measured = table.lookup(rows, n, k)
+    if measured is not None:
+        return Config(**measured)
     if rows == 1:  # the one-row form (to be set from the sweep on the CUDA cores: NOTEBOOK section 47)
         return Config(block_n=32, block_k=256, num_warps=4, num_stages=3, gemv=True, split_k=1 if n > 8192 else 4)
     if rows <= 16:
