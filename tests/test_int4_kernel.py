@@ -75,7 +75,8 @@ CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block
            # the word form: whole words a step, unpacked in registers; one group a step, several, and split inputs
            "words_k32": Config(block_n=32, block_k=32, words=True),
            "words_k128_split_2": Config(block_n=16, block_k=128, words=True, split_k=2),
-           "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32)}
+           "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32),
+           "words_k64_split_3_m32_half": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32, half=True)}
 
 
 @pytest.mark.parametrize("rows", [1, 3, 65])
@@ -124,7 +125,7 @@ def test_scales_in_the_activations_dtype(dtype, form):
     float32 form in the interpreter, whose int16 -> bfloat16 bitcast is wrong.)"""
     parts, spec = quantized("group32-asym", 9)
     parts["weight_scale"] = parts["weight_scale"].to(dtype)
-    rows, config = (1, CONFIGS["gemv"]) if form == "gemv" else (17, CONFIGS["words_k64_split_3_m32"])
+    rows, config = (1, CONFIGS["gemv"]) if form == "gemv" else (17, CONFIGS["words_k64_split_3_m32_half"])
     x = torch.randn(rows, 136, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
     y = product(x, parts, spec, config)
     ref = reference(x, parts, spec)
@@ -166,7 +167,7 @@ def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
         for n in (5120, 16384, 34816):
             config = int4_gemm.choose(rows, n, 5120)
-            assert (config.gemv if rows == 1 else config.words) and (config.split_k == 1 or rows <= 16), config
+            assert config.words and (config.split_k == 1 or rows <= 16), config
             torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
                                        msg=f"{rows} rows, {n} outputs: {config}", **tol)
 
@@ -252,3 +253,22 @@ def test_runner_with_4bit_weights_in_cuda_graphs(schemes):
     assert runner_greedy(runner, prompt, new) == list(ref.ids)
     assert_oracle_ddtree_is_greedy(pair, runner, prompt, ref.ids)
     assert_tree_pass_is_twins(pair, runner, twin, prompt)
+
+
+def test_every_launch_of_the_measured_table_computes_the_product():
+    """Each launch tuned.json holds (engine/kernels/int4_gemm/table.py: what choose takes at the 27B's shapes: the
+    one-row form, `half`), applied to a small product with scales in the activations' dtype (bf16 on a GPU, where
+    `half` dequantizes in it): the dequantized product to a step of the output."""
+    from ddtree_viz.engine.kernels.int4_gemm import table
+
+    if not table.SHIPPED.is_file():
+        pytest.skip("no measured table shipped")
+    parts, spec = quantized("group128-sym", 17)
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    parts["weight_scale"] = parts["weight_scale"].to(dtype)
+    for name, launch in table.load(table.SHIPPED)["launches"].items():
+        rows = int(name.split(":")[0])
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
+        ref = reference(x, parts, spec)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+        torch.testing.assert_close(product(x, parts, spec, Config(**launch)).cpu().float(), ref, msg=name, **tol)

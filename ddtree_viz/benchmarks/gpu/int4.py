@@ -109,27 +109,28 @@ L2_SPAN = 160e6  # bytes the copies of a weight span: over twice an H100's / H20
 
 
 def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
-    """The launches tried at `rows` of an [n, k] weight: today's choice, the word form's tiles and splits, and at one
-    row the one-row form's (rows of the weight a program, a step's columns, warps, input slices) beside the word
-    form's launch that one row took before it."""
+    """The launches tried at `rows` of an [n, k] weight: today's choice, the word form's tiles and splits (each with
+    its weights dequantized in float32 and in the activations' dtype), and at one row the one-row form's (rows of
+    the weight a program, a step's columns, warps, input slices) beside the word form's launch of the rules."""
     Config = kernel.Config
     out = {"tile_default": Config(), "chosen": kernel.choose(rows, n, k)}
     if rows == 1:
-        for split in (1, 4):
-            out[f"words_m16_n64_k256_s{split}_w4_p3"] = Config(block_n=64, block_k=256, words=True, split_k=split,
-                                                               block_m=16)
+        for split, half in itertools.product((1, 4), (False, True)):
+            out[f"words_m16_n64_k256_s{split}_w4_p3{'_half' if half else ''}"] = Config(
+                block_n=64, block_k=256, words=True, split_k=split, block_m=16, half=half)
         for bn, bk, warps, split in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4, 8)):
             if bn * bk <= 4096 * warps:  # a step's fields a thread at most 128
                 out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}"] = Config(block_n=bn, block_k=bk, num_warps=warps,
                                                                      gemv=True, split_k=split)
         return out
     if rows <= 16:
-        grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,))
-    else:
-        grid = itertools.product((64, 128), (64, 128), (1, 2), ((4, 3), (8, 3)), (64, 128))
-    for bn, bk, split, (warps, stages), bm in grid:
-        out[f"words_m{bm}_n{bn}_k{bk}_s{split}_w{warps}_p{stages}"] = Config(
-            block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, words=True, split_k=split, block_m=bm)
+        grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,), (False, True))
+    else:  # one slice: table.py takes no other for a verify's rows
+        grid = itertools.product((64, 128), (64, 128), (1,), ((4, 3), (8, 3)), (64, 128), (False, True))
+    for bn, bk, split, (warps, stages), bm, half in grid:
+        out[f"words_m{bm}_n{bn}_k{bk}_s{split}_w{warps}_p{stages}{'_half' if half else ''}"] = Config(
+            block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, words=True, split_k=split, block_m=bm,
+            half=half)
     return out
 
 

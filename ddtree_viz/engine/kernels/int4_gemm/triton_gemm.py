@@ -17,8 +17,8 @@ floats apart are q - z, exact.
 Three forms. The word form (`Config.words`, what `choose` picks past one row): a program a block_m x block_n tile of
 y on the tensor cores, a step's words loaded whole ([block_n, block_k / 8], each row's contiguous) and unpacked in
 registers, its scales (and zero points) a row where the step lies in one group, else a word (each word in one
-group), dequantized in the activations' dtype where the scales are in it too (the bf16 / fp16 product of exact
-q - z and the scale: the one rounding), else in float32 and cast; the input split into split_k slices whose partial
+group), dequantized in float32 and cast, or (`Config.half`) in the activations' dtype where the scales are in it
+too (the bf16 / fp16 product of exact q - z and the scale: the same one rounding); the input split into split_k slices whose partial
 products are summed after in a fixed order (deterministic). The one-row form (`Config.gemv`, a decode step's): a row
 of x a program on the CUDA cores, block_n rows of the weight, a step's words against their 8 x block_k / 8 columns
 of x in float32, each word's sum times its scale (the weight exact: in bfloat16 a rounding of a weight apart from
@@ -69,6 +69,9 @@ class Config:
     words: bool = False
     split_k: int = 1
     block_m: int = 0
+    # the word form's weights dequantized in the activations' dtype where the scales are in it too (`half`), not in
+    # float32 and cast: the same weights, fewer instructions (chosen where the sweep measured it faster)
+    half: bool = False
 
 
 def choose(rows: int, n: int, k: int) -> Config:
@@ -81,12 +84,11 @@ def choose(rows: int, n: int, k: int) -> Config:
     (budget 64's 65) one 128-row tile of 64 outputs and 8 warps, steps of 128 columns where the output is narrow and
     64 where it is wide (10-30% under 64-row tiles); past 128 rows (budget 128's 129) 128 x 128 tiles where it is
     wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there). The measured table
-    (table.py) comes first: these rules are for the shapes it lacks."""
+    (table.py) comes first: these rules are for the shapes it lacks, and name neither the one-row form nor `half`
+    (taken only where a GPU measured them faster and the GPU tests ran them)."""
     measured = table.lookup(rows, n, k)
     if measured is not None:
         return Config(**measured)
-    if rows == 1:  # the one-row form (to be set from the sweep on the CUDA cores: NOTEBOOK section 47)
-        return Config(block_n=32, block_k=256, num_warps=4, num_stages=3, gemv=True, split_k=1 if n > 8192 else 4)
     if rows <= 16:
         split = 1 if 8192 < n <= 20480 else 4
         return Config(block_n=64, block_k=256, num_warps=4, num_stages=3, words=True, split_k=split, block_m=16)
@@ -300,6 +302,6 @@ def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: t
         bm = c.block_m or block_m(M)
         _int4_words[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n), parts)](
             x2, packed, scale, z, out, M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), slice_k, GROUP=group,
-            ASYM=zero is not None, HALF=half(x2, scale), PRECISION=precision(x2), UPCAST=INTERPRETED, BLOCK_M=bm, BLOCK_N=c.block_n,
+            ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2), UPCAST=INTERPRETED, BLOCK_M=bm, BLOCK_N=c.block_n,
             BLOCK_K=c.block_k, **launch)
     return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
