@@ -126,7 +126,8 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
     if rows <= 16:
         grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,), (False, True))
     else:  # one slice: table.py takes no other for a verify's rows
-        grid = itertools.product((64, 128), (64, 128), (1,), ((4, 3), (8, 3)), (64, 128), (False, True))
+        grid = [*itertools.product((64, 128), (64, 128), (1,), ((4, 3), (8, 3)), (64, 128), (False, True)),
+                *itertools.product((256,), (64, 128), (1,), ((8, 3),), (64, 128), (False, True))]  # x read less
     for bn, bk, split, (warps, stages), bm, half in grid:
         out[f"words_m{bm}_n{bn}_k{bk}_s{split}_w{warps}_p{stages}{'_half' if half else ''}"] = Config(
             block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, words=True, split_k=split, block_m=bm,

@@ -165,12 +165,11 @@ def _magic(f, HALF: tl.constexpr):
 
 
 @triton.jit
-def _step_parts(words, s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.constexpr, ASYM: tl.constexpr,
-                BLOCK_K: tl.constexpr, HALF: tl.constexpr):
-    """A step's [block_n, block_k / 8] words as q - z ([block_n, words, 8], field i of word w column 8 w + i; in
-    HALF's dtype, exact) and their scales, broadcastable to it: a scale a row where the step lies in one group, else
-    a scale a word (each word in one group). Zero points (packed along the rows: row n's in word n // 8, bits
-    4 (n % 8) ..) read the same way; symmetric weights' zero field is 8."""
+def _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.constexpr, ASYM: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """A step's scales and zero fields (int32; 8 for symmetric weights), broadcastable to its [block_n, block_k / 8]
+    words: a row's where the step lies in one group, else a word's (each word in one group). Zero points are packed
+    along the rows: row n's in word n // 8, bits 4 (n % 8) .."""
     if GROUP % BLOCK_K == 0:
         rows, cols, g_ok = rn[:, None], k0 // GROUP, n_ok[:, None] & (k0 < GROUPS * GROUP)
     else:
@@ -181,8 +180,7 @@ def _step_parts(words, s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.c
         zero = (zw >> ((rows % 8) * 4)) & 0xF
     else:
         zero = rows * 0 + cols * 0 + 8
-    fields = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
-    return _magic(fields, HALF) - _magic(zero, HALF)[:, :, None], scale
+    return scale, zero
 
 
 @triton.jit
@@ -199,11 +197,35 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride
         word = k0 // 8 + rw
         ok = n_ok[:, None] & (word < WORDS)[None, :]
         words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
-        col = k0 + rw[:, None] * 8 + tl.arange(0, 8)[None, :]
-        x = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
-        q, scale = _step_parts(words, s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K, 0)
-        acc += tl.sum(q * x[None, :, :], axis=2) * scale.to(tl.float32)
+        scale, zero = _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
+        offset = _magic(zero, 0)
+        part_sum = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
+        for i in tl.static_range(8):  # field i of each word: columns 8 w + i (each thread its words' eight)
+            col = k0 + rw * 8 + i
+            x = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
+            part_sum += (_magic((words >> (4 * i)) & 0xF, 0) - offset) * x[None, :]
+        acc += part_sum * scale.to(tl.float32)
     tl.store(p_ptr + part * M * N + m * N + rn, tl.sum(acc, axis=1).to(p_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _field_dot(acc, x, words, I: tl.constexpr, offset, scale, HALF: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr):
+    """acc + x W_i^T for field I of each word (columns 8 w + I): (q - z) x scale rounded once to x's dtype (in it
+    where HALF: one rounding of the exact product; else in float32, exact, and cast)."""
+    w = ((_magic((words >> (4 * I)) & 0xF, HALF) - offset) * scale.to(offset.dtype)).to(x.dtype)
+    if UPCAST:
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _field_pair(acc, x, words, I: tl.constexpr, offset, scale, HALF: tl.constexpr, PRECISION: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """acc + the products of fields I and I + 4 (x's [rows, words, 2]: columns 8 w + I and 8 w + I + 4)."""
+    xa, xb = tl.split(x)
+    acc = _field_dot(acc, xa, words, I, offset, scale, HALF, PRECISION, UPCAST)
+    return _field_dot(acc, xb, words, I + 4, offset, scale, HALF, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -220,15 +242,26 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
         word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         ok = col_ok[:, None] & (word < WORDS)[None, :]
         words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
-        q, scale = _step_parts(words, s_ptr, z_ptr, rn, col_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K, HALF)
+        scale, zero = _step_scales(s_ptr, z_ptr, rn, col_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
+        offset = _magic(zero, HALF)
         rk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
-        # (q - z) x scale rounded once to x's dtype: in it where HALF (one rounding of the exact product), else in
-        # float32 (exact) and cast
-        w = tl.reshape(q * scale.to(q.dtype)[:, :, None], (BLOCK_N, BLOCK_K)).to(x.dtype)
-        if UPCAST:
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        xs = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :],
+                     other=0.0)
+        if BLOCK_K >= 128:  # a product a field (its columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
+            x0, x1 = tl.split(tl.reshape(xs, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))  # column 8 w + 4 a + 2 b + c
+            x00, x01 = tl.split(x0)
+            x10, x11 = tl.split(x1)
+            acc = _field_pair(acc, x00, words, 0, offset, scale, HALF, PRECISION, UPCAST)  # (c, b) = (0, 0)
+            acc = _field_pair(acc, x01, words, 2, offset, scale, HALF, PRECISION, UPCAST)
+            acc = _field_pair(acc, x10, words, 1, offset, scale, HALF, PRECISION, UPCAST)
+            acc = _field_pair(acc, x11, words, 3, offset, scale, HALF, PRECISION, UPCAST)
+        else:  # the fields in their columns' order, one product
+            fields = (words[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+            q = (_magic(fields, HALF) - offset[:, :, None]) * scale.to(offset.dtype)[:, :, None]
+            w = tl.reshape(q, (BLOCK_N, BLOCK_K)).to(xs.dtype)
+            if UPCAST:
+                xs, w = xs.to(tl.float32), w.to(tl.float32)
+            acc = tl.dot(xs, tl.trans(w), acc, input_precision=PRECISION)
     tl.store(p_ptr + part * M * N + rm[:, None] * N + rn[None, :], acc.to(p_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
