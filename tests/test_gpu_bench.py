@@ -509,3 +509,41 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
     with pytest.raises(SystemExit) as exc:
         gpu.main(["--smoke", "--memory-plan", str(tmp_path / "none.json")])
     assert exc.value.code == 2 and "no file" in capsys.readouterr().err
+
+
+def test_the_sass_count_reads_the_longest_loop_of_a_listing():
+    """benchmarks/gpu/sass.py's reader of nvdisasm's listing: the longest label-to-branch-back span, predicates and
+    modifiers stripped from each opcode."""
+    from ddtree_viz.benchmarks.gpu.sass import loop_body, opcode
+
+    listing = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   LOP3.LUT R3, R2, 0xf, RZ, 0xc0, !PT ;
+        /*0030*/              @!P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0040*/                   FADD R5, R5, R3 ;
+        /*0050*/                   BRA `(.L_x_1) ;
+        /*0060*/                   EXIT ;
+"""
+    body = loop_body(listing)
+    assert [opcode(i) for i in body] == ["LDG", "LOP3", "BRA"]
+    assert loop_body("        /*0000*/                   EXIT ;") == []
+
+
+def test_int4_sass_counts_each_launch_without_a_gpu(tmp_path):
+    """gpu_bench --int4-sass compiles the 4-bit GEMM's forms for sm_90a (Triton's compiler and its ptxas; no GPU)
+    and counts each k loop's instructions a weight; skipped where Triton is not installed (CI's CPU torch)."""
+    pytest.importorskip("triton")
+    from ddtree_viz.benchmarks import gpu
+    from ddtree_viz.benchmarks.gpu.sass import LAUNCHES
+
+    out = tmp_path / "sass.json"
+    assert gpu.main(["--int4-sass", "--json", str(out)]) == 0
+    launches = json.loads(out.read_text())["int4_sass"]["launches"]
+    assert len(launches) == len(LAUNCHES)
+    for launch in launches:
+        assert launch["loop_instructions"] > 0 and 1 < launch["per_weight"] < 100, launch
+        assert launch["per_weight"] == round(launch["loop_instructions"] * 32 * launch["warps"]
+                                             / (launch["block_n"] * launch["block_k"]), 2)

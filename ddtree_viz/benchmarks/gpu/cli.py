@@ -146,6 +146,10 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
+    p.add_argument("--int4-sass", action="store_true",
+                   help="no GPU needed: the 4-bit GEMM's forms compiled for sm_90a and the instructions a thread "
+                        "issues a weight in their k loops, by opcode (benchmarks/gpu/sass.py: a proxy for what "
+                        "bounds them, not a timing); nothing else is measured")
     p.add_argument("--int4-table", metavar="JSON",
                    help="--int4: the 4-bit GEMM's launches from this table (a gpu_bench --int4-tune JSON, or a table "
                         "as engine/kernels/int4_gemm/tuned.json) instead of the shipped one, for this run")
@@ -194,6 +198,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
     """What the flags ask for, measured part by part, the report saved after each part (--json)."""
+    if a.int4_sass:  # on any machine with Triton: compiled, not run
+        from .sass import int4_sass
+
+        counted = int4_sass()
+        for launch in counted.get("launches", []):
+            print({k: launch[k] for k in ("form", "rows", "block_n", "block_k", "warps", "half", "per_weight")})
+        if a.json:
+            Path(a.json).write_text(json.dumps({"int4_sass": counted}, indent=1))
+        return 0 if "error" not in counted else 1
     if a.memory_plan is not None:  # on any machine: the meta device
         from .memory import LONG_CONTEXT
         from .plan import memory_plans
