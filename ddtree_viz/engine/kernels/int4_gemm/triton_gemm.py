@@ -50,6 +50,7 @@ from . import table
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
 MAGIC_BITS = tl.constexpr(0x4B000000)  # float32 2^23: ulp 1, so its bits | f (f < 2^23) are the float 2^23 + f
 MAGIC_F32 = tl.constexpr(8388608.0)
+ASM = tl.constexpr(not INTERPRETED)  # inline PTX (the interpreter runs none)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,28 @@ def _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.constex
 
 
 @triton.jit
+def _row_pair(acc, words, x, I: tl.constexpr, offset):
+    """acc + fields I and I + 4 of each word times x's columns 8 w + I and 8 w + I + 4 (x [words, 2]): a word's
+    sum, accumulated (an FFMA a weight)."""
+    xa, xb = tl.split(x)
+    acc += (_field_f32(words >> (4 * I)) - offset) * xa[None, :]
+    return acc + (_field_f32(words >> (4 * I + 16)) - offset) * xb[None, :]
+
+
+@triton.jit
+def _field_f32(shifted):
+    """The low 4 bits of each word as the float32 2^23 + f (_magic's), the mask and the exponent's bits in one LOP3
+    on a GPU ((w & 0xF) | 0x4B000000: ptxas otherwise emits a bitfield extract and an OR); in the interpreter, which
+    runs no assembly, the same by Triton's operators."""
+    if ASM:
+        bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0xF, 0x4B000000, 0xEA;", "=r,r", [shifted],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return _magic(shifted & 0xF, 0)
+
+
+@triton.jit
 def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride_xm, SLICE,
                GROUP: tl.constexpr, ASYM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     m = tl.program_id(0)
@@ -196,14 +219,18 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride
         k0 = part * SLICE + step
         word = k0 // 8 + rw
         ok = n_ok[:, None] & (word < WORDS)[None, :]
-        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
+        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
         scale, zero = _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
         offset = _magic(zero, 0)
-        part_sum = tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32)
-        for i in tl.static_range(8):  # field i of each word: columns 8 w + i (each thread its words' eight)
-            col = k0 + rw * 8 + i
-            x = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
-            part_sum += (_magic((words >> (4 * i)) & 0xF, 0) - offset) * x[None, :]
+        col = k0 + rw[:, None] * 8 + tl.arange(0, 8)[None, :]  # field i of word w: column 8 w + i
+        xs = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
+        x0, x1 = tl.split(tl.reshape(xs, (BLOCK_K // 8, 2, 2, 2)))  # i = 4 a + 2 b + c: c
+        x00, x01 = tl.split(x0)
+        x10, x11 = tl.split(x1)
+        part_sum = _row_pair(tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32), words, x00, 0, offset)
+        part_sum = _row_pair(part_sum, words, x01, 2, offset)
+        part_sum = _row_pair(part_sum, words, x10, 1, offset)
+        part_sum = _row_pair(part_sum, words, x11, 3, offset)
         acc += part_sum * scale.to(tl.float32)
     tl.store(p_ptr + part * M * N + m * N + rn, tl.sum(acc, axis=1).to(p_ptr.dtype.element_ty), mask=n_ok)
 
