@@ -236,11 +236,11 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride
 
 
 @triton.jit
-def _field_dot(acc, x, words, I: tl.constexpr, offset, scale, HALF: tl.constexpr, PRECISION: tl.constexpr,
-               UPCAST: tl.constexpr):
-    """acc + x W_i^T for field I of each word (columns 8 w + I): (q - z) x scale rounded once to x's dtype (in it
-    where HALF: one rounding of the exact product; else in float32, exact, and cast)."""
-    w = ((_magic((words >> (4 * I)) & 0xF, HALF) - offset) * scale.to(offset.dtype)).to(x.dtype)
+def _field_dot(acc, x, magic, offset, scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + x W_i^T for one field of each word (`magic`: _magic's floats, in x's dtype where HALF, else float32):
+    (q - z) x scale rounded once to x's dtype (in it where HALF: one rounding of the exact product; else in float32,
+    exact, and cast)."""
+    w = ((magic - offset) * scale.to(offset.dtype)).to(x.dtype)
     if UPCAST:
         x, w = x.to(tl.float32), w.to(tl.float32)
     return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
@@ -251,8 +251,15 @@ def _field_pair(acc, x, words, I: tl.constexpr, offset, scale, HALF: tl.constexp
                 UPCAST: tl.constexpr):
     """acc + the products of fields I and I + 4 (x's [rows, words, 2]: columns 8 w + I and 8 w + I + 4)."""
     xa, xb = tl.split(x)
-    acc = _field_dot(acc, xa, words, I, offset, scale, HALF, PRECISION, UPCAST)
-    return _field_dot(acc, xb, words, I + 4, offset, scale, HALF, PRECISION, UPCAST)
+    if ASM and HALF == 1:  # both fields as bfloat16 128 + f from one shift and one LOP3 (they lie 16 bits apart)
+        ma, mb = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; mov.b32 {$0, $1}, t; }", "=h,=h,r",
+            [words >> (4 * I)], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        acc = _field_dot(acc, xa, ma, offset, scale, PRECISION, UPCAST)
+        return _field_dot(acc, xb, mb, offset, scale, PRECISION, UPCAST)
+    else:
+        acc = _field_dot(acc, xa, _magic((words >> (4 * I)) & 0xF, HALF), offset, scale, PRECISION, UPCAST)
+        return _field_dot(acc, xb, _magic((words >> (4 * I + 16)) & 0xF, HALF), offset, scale, PRECISION, UPCAST)
 
 
 @triton.jit
