@@ -41,6 +41,13 @@ def reference(x: torch.Tensor, parts: dict, spec: int4.Int4Spec) -> torch.Tensor
     return x.float().cpu() @ w.T
 
 
+def assert_a_step_of_the_output(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """y in `dtype`, equal to the float32 reference to two steps of that dtype's rounding of the output."""
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+
+
 def product(x: torch.Tensor, parts: dict, spec: int4.Int4Spec, config: Config | None = None) -> torch.Tensor:
     return int4_linear(x, parts["weight_packed"], parts["weight_scale"], parts.get("weight_zero_point"),
                        parts.get("weight_g_idx"), spec.group or x.shape[-1], config)
@@ -63,9 +70,8 @@ def test_int4_gemm_in_half_precision(dtype):
     x = torch.randn(3, 5, 136, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
     y = product(x, parts, spec)
     ref = reference(x.reshape(-1, 136), parts, spec).reshape(3, 5, 75)
-    assert y.shape == (3, 5, 75) and y.dtype == dtype
-    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+    assert y.shape == (3, 5, 75)
+    assert_a_step_of_the_output(y, ref, dtype)
 
 
 CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block_n=128, num_warps=8),
@@ -76,7 +82,8 @@ CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block
            "words_k32": Config(block_n=32, block_k=32, words=True),
            "words_k128_split_2": Config(block_n=16, block_k=128, words=True, split_k=2),
            "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32),
-           "words_k64_split_3_m32_half": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32, half=True)}
+           "words_k64_split_3_m32_half": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32, half=True),
+           "words_k128_split_2_half": Config(block_n=16, block_k=128, words=True, split_k=2, half=True)}
 
 
 @pytest.mark.parametrize("rows", [1, 3, 65])
@@ -97,11 +104,7 @@ def test_the_one_row_kernel_in_half_precision(dtype):
     fp8_gemm's one-row product), so the output is the rounded-weight product's to a step of the output."""
     parts, spec = quantized("group32-asym", 6)
     x = torch.randn(1, 136, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEVICE)
-    y = product(x, parts, spec, CONFIGS["gemv"])
-    ref = reference(x, parts, spec)
-    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-    assert y.dtype == dtype
-    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+    assert_a_step_of_the_output(product(x, parts, spec, CONFIGS["gemv"]), reference(x, parts, spec), dtype)
 
 
 def test_the_one_row_kernel_refuses_activation_order_and_reads_groups_narrower_than_a_step():
@@ -117,21 +120,20 @@ def test_the_one_row_kernel_refuses_activation_order_and_reads_groups_narrower_t
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("form", ["words", "gemv"])
+@pytest.mark.parametrize("form", ["words_k64_split_3_m32_half", "words_k128_split_2_half", "gemv",
+                                  "gemv_k128_split_2"])
 def test_scales_in_the_activations_dtype(dtype, form):
-    """A model's own scales (bf16 / fp16, as checkpoints store them) with its activations: the word form dequantizes
-    in that dtype (q - z from the fields' bits, times the scale rounded once: the dequantized model's weight), the
-    one-row form in float32; both give the rounded-weight product to a step of the output. (bfloat16 runs the
-    float32 form in the interpreter, whose int16 -> bfloat16 bitcast is wrong.)"""
+    """A model's own scales (bf16 / fp16, as checkpoints store them) with its activations: the word form with `half`
+    dequantizes in that dtype (q - z from the fields' bits, times the scale rounded once: the dequantized model's
+    weight), over the interleaved tile (steps of 64 columns) and a field at a time (128: on a GPU the bfloat16
+    pairs' inline PTX); the one-row form in float32 (on a GPU its LOP3's PTX); each gives the rounded-weight product
+    to a step of the output. (bfloat16 runs the float32 form in the interpreter, whose int16 -> bfloat16 bitcast is
+    wrong.)"""
     parts, spec = quantized("group32-asym", 9)
     parts["weight_scale"] = parts["weight_scale"].to(dtype)
-    rows, config = (1, CONFIGS["gemv"]) if form == "gemv" else (17, CONFIGS["words_k64_split_3_m32_half"])
+    rows = 1 if form.startswith("gemv") else 17
     x = torch.randn(rows, 136, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
-    y = product(x, parts, spec, config)
-    ref = reference(x, parts, spec)
-    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10
-    assert y.dtype == dtype
-    torch.testing.assert_close(y.float().cpu(), ref, rtol=2 * step, atol=2 * step * ref.abs().max().item())
+    assert_a_step_of_the_output(product(x, parts, spec, CONFIGS[form]), reference(x, parts, spec), dtype)
 
 
 def test_the_benchs_other_configs_compute_the_same_product():
