@@ -160,6 +160,7 @@ def _one_set(args, prompts: str, out: Path) -> int:
     except OSError as exc:  # a trace or record that cannot be written (disk full, the folder gone)
         failure = f"cannot write into {out}: {exc.strerror or exc}"
     failures = _failures(state, failure)  # every process reaches this point: none is left waiting at a barrier
+    _leave(state)
     if failure is not None:
         raise InputError(failure)
     if failures:
@@ -410,6 +411,18 @@ def _failures(state, failure: str | None) -> int:
 
     flags = gather_object([failure is not None])
     return sum(flags) - (failure is not None)
+
+
+def _leave(state) -> None:
+    """After the last collective (_failures), each process ends its part of the process group before it returns:
+    a process that exits with gloo's threads still running can abort in their destructor ("terminate called without
+    an active exception", SIGABRT), and the launcher then reports the whole run failed."""
+    if state is None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _distributed_state(device: str = "cpu"):
