@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 # (form, rows a program, rows of the weight, a step's columns, warps, half): a decode step's launches, a DFlash
@@ -17,8 +18,8 @@ from pathlib import Path
 LAUNCHES = (("gemv", 1, 32, 256, 4, False), ("gemv", 1, 64, 128, 4, False), ("words", 16, 64, 256, 4, False),
             ("words", 16, 64, 256, 4, True), ("words", 128, 64, 128, 8, False), ("words", 128, 64, 128, 8, True),
             ("words", 128, 64, 64, 8, False))
-POINTERS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i32"}
-INTS = ("M", "N", "K", "WORDS", "GROUPS", "stride_xm", "SLICE")
+ARGUMENTS = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i32", "p_ptr": "*fp32",
+             **dict.fromkeys(("M", "N", "K", "WORDS", "GROUPS", "stride_xm", "SLICE"), "i32")}  # the rest constexpr
 
 
 def loop_body(sass: str) -> list[str]:
@@ -57,8 +58,7 @@ def count(form: str, rows: int, block_n: int, block_k: int, warps: int, half: bo
     consts = dict(GROUP=128, ASYM=False, BLOCK_N=block_n, BLOCK_K=block_k)
     if form == "words":
         consts.update(HALF=int(half), PRECISION="tf32", UPCAST=False, BLOCK_M=rows)
-    signature = {a: POINTERS.get(a) or ("i32" if a in INTS else None) or ("*fp32" if a == "p_ptr" else "constexpr")
-                 for a in fn.arg_names}
+    signature = {a: ARGUMENTS.get(a, "constexpr") for a in fn.arg_names}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=3))
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -67,13 +67,11 @@ def count(form: str, rows: int, block_n: int, block_k: int, warps: int, half: bo
         cubin.write_bytes(compiled.asm["cubin"])
         sass = subprocess.run([str(nvdisasm), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     body = loop_body(sass)
-    ops: dict[str, int] = {}
-    for ins in body:
-        ops[opcode(ins)] = ops.get(opcode(ins), 0) + 1
+    ops = Counter(opcode(ins) for ins in body)
     per_weight = len(body) * 32 * warps / (block_n * block_k)
     return {"form": form, "rows": rows, "block_n": block_n, "block_k": block_k, "warps": warps, "half": half,
             "loop_instructions": len(body), "per_weight": round(per_weight, 2),
-            "opcodes": dict(sorted(ops.items(), key=lambda kv: -kv[1])[:10])}
+            "opcodes": dict(ops.most_common(10))}
 
 
 def int4_sass() -> dict:

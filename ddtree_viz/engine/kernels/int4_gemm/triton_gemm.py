@@ -38,7 +38,6 @@ g_idx [K] or None; returns y [..., N] in x's dtype.
 from __future__ import annotations
 
 import os
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -185,6 +184,16 @@ def _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP: tl.constex
 
 
 @triton.jit
+def _field_columns(x):
+    """x's step with its columns 8 w + 4 a + 2 b + c as the last three axes (a, b, c): the columns of fields (0, 4),
+    (2, 6), (1, 5), (3, 7), each [..., words, 2] (a last), split in registers rather than loaded apart."""
+    x0, x1 = tl.split(x)  # c
+    x00, x01 = tl.split(x0)  # b
+    x10, x11 = tl.split(x1)
+    return x00, x01, x10, x11
+
+
+@triton.jit
 def _row_pair(acc, words, x, I: tl.constexpr, offset):
     """acc + fields I and I + 4 of each word times x's columns 8 w + I and 8 w + I + 4 (x [words, 2]): a word's
     sum, accumulated (an FFMA a weight)."""
@@ -219,14 +228,12 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride
         k0 = part * SLICE + step
         word = k0 // 8 + rw
         ok = n_ok[:, None] & (word < WORDS)[None, :]
-        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
+        words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
         scale, zero = _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
         offset = _magic(zero, 0)
         col = k0 + rw[:, None] * 8 + tl.arange(0, 8)[None, :]  # field i of word w: column 8 w + i
         xs = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
-        x0, x1 = tl.split(tl.reshape(xs, (BLOCK_K // 8, 2, 2, 2)))  # i = 4 a + 2 b + c: c
-        x00, x01 = tl.split(x0)
-        x10, x11 = tl.split(x1)
+        x00, x01, x10, x11 = _field_columns(tl.reshape(xs, (BLOCK_K // 8, 2, 2, 2)))
         part_sum = _row_pair(tl.zeros((BLOCK_N, BLOCK_K // 8), dtype=tl.float32), words, x00, 0, offset)
         part_sum = _row_pair(part_sum, words, x01, 2, offset)
         part_sum = _row_pair(part_sum, words, x10, 1, offset)
@@ -282,9 +289,7 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
         xs = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :],
                      other=0.0)
         if BLOCK_K >= 128:  # a product a field (its columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
-            x0, x1 = tl.split(tl.reshape(xs, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))  # column 8 w + 4 a + 2 b + c
-            x00, x01 = tl.split(x0)
-            x10, x11 = tl.split(x1)
+            x00, x01, x10, x11 = _field_columns(tl.reshape(xs, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
             acc = _field_pair(acc, x00, words, 0, offset, scale, HALF, PRECISION, UPCAST)  # (c, b) = (0, 0)
             acc = _field_pair(acc, x01, words, 2, offset, scale, HALF, PRECISION, UPCAST)
             acc = _field_pair(acc, x10, words, 1, offset, scale, HALF, PRECISION, UPCAST)
