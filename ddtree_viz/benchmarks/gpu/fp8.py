@@ -56,6 +56,8 @@ def gemm_configs(kernel, m: int, w) -> dict:
     else:
         alts["swap_other"] = dataclasses.replace(c, swap=not c.swap)
         alts["tma_other"] = dataclasses.replace(c, tma=not c.tma)  # the weight tiles by bulk copies or by loads
+        # 256 weight rows a program: a verify's x (65 or 129 rows, from L2) read by half as many programs
+        alts["block_n_256"] = dataclasses.replace(c, block_n=256, num_warps=8)
     if c.tail:
         alts["one_block"] = dataclasses.replace(c, block_m=2 * c.block_m, tail=0)
     if c.split_k > 1:
