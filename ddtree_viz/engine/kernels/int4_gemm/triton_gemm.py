@@ -196,23 +196,37 @@ def _field_columns(x):
 @triton.jit
 def _row_pair(acc, words, x, I: tl.constexpr, offset):
     """acc + fields I and I + 4 of each word times x's columns 8 w + I and 8 w + I + 4 (x [words, 2]): a word's
-    sum, accumulated (an FFMA a weight)."""
+    sum, accumulated (an FFMA a weight). `offset`: _row_offset's."""
     xa, xb = tl.split(x)
-    acc += (_field_f32(words >> (4 * I)) - offset) * xa[None, :]
-    return acc + (_field_f32(words >> (4 * I + 16)) - offset) * xb[None, :]
+    qa, qb = _field_pair_f32(words >> (4 * I), offset)
+    acc += qa * xa[None, :]
+    return acc + qb * xb[None, :]
 
 
 @triton.jit
-def _field_f32(shifted):
-    """The low 4 bits of each word as the float32 2^23 + f (_magic's), the mask and the exponent's bits in one LOP3
-    on a GPU ((w & 0xF) | 0x4B000000: ptxas otherwise emits a bitfield extract and an OR); in the interpreter, which
-    runs no assembly, the same by Triton's operators."""
+def _row_offset(zero):
+    """What _field_pair_f32 takes off each field for its zero field (int32): on a GPU the bfloat16 pair
+    (-(128 + z), -(128 + z)) as one word's bits, elsewhere the float32 2^23 + z."""
     if ASM:
-        bits = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0xF, 0x4B000000, 0xEA;", "=r,r", [shifted],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-        return bits.to(tl.float32, bitcast=True)
+        return (zero | 0xC300) * 0x10001
     else:
-        return _magic(shifted & 0xF, 0)
+        return _magic(zero, 0)
+
+
+@triton.jit
+def _field_pair_f32(shifted, offset):
+    """The low fields of each word's halves (bits 0-3 and 16-19: fields I and I + 4 of a word shifted by 4 I) less
+    the zero field, as float32 q - z, exact. On a GPU both from one LOP3 (the pair of bfloat16 128 + f, Marlin's
+    trick), one bfloat16x2 FMA (t x 1 - (128 + z): exact, an integer in [-15, 15]; sm_80 and later) and a shift and
+    a mask (a bfloat16 is a float32's high half): 3.5 instructions a weight with the FFMA, not 4; in the interpreter,
+    which runs no assembly, the float32 2^23 + f less 2^23 + z (_magic's)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, u, one; mov.b32 one, 0x3F803F80; lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xEA; "
+            "fma.rn.bf16x2 u, t, one, $3; shl.b32 $0, u, 16; and.b32 $1, u, 0xFFFF0000; }",
+            "=r,=r,r,r", [shifted, offset], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        return _magic(shifted & 0xF, 0) - offset, _magic((shifted >> 16) & 0xF, 0) - offset
 
 
 @triton.jit
@@ -230,7 +244,7 @@ def _int4_gemv(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride
         ok = n_ok[:, None] & (word < WORDS)[None, :]
         words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
         scale, zero = _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
-        offset = _magic(zero, 0)
+        offset = _row_offset(zero)
         col = k0 + rw[:, None] * 8 + tl.arange(0, 8)[None, :]  # field i of word w: column 8 w + i
         xs = tl.load(x_ptr + m * stride_xm + col, mask=col < K, other=0.0).to(tl.float32)
         x00, x01, x10, x11 = _field_columns(tl.reshape(xs, (BLOCK_K // 8, 2, 2, 2)))
