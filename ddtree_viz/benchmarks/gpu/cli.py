@@ -241,7 +241,11 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
 
     dtype = getattr(torch, a.dtype)
     if a.int4_tune:
-        report["int4_tune"] = int4_tune(bench, dtype)
+        def tuned(part):  # the sweep so far, after each GEMM and row count
+            report["int4_tune"] = part
+            save()
+
+        report["int4_tune"] = int4_tune(bench, dtype, saved=tuned)
         save()
         return 0
     if a.quantized_only:

@@ -84,7 +84,7 @@ def int4_configs(kernel, m: int, k: int, group: int) -> dict:
 
 
 @torch.no_grad()
-def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
+def int4_tune(bench: BenchConfig, dtype: torch.dtype, saved=None) -> dict:
     """--int4-tune: a 4-layer 4-bit target at the 27B's widths (its layer kinds, each GEMM's shape), the copy
     bandwidth, and tune's sweep of the 4-bit GEMM's launches over them."""
     from ...engine.verify import device_sync
@@ -96,15 +96,22 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype) -> dict:
     timed = timer(device_sync(target))
     bandwidth = copy_bandwidth(timed, bench.device, gib=0.25 if bench.smoke else 4.0)
     gemms = layer_gemms(target, int4.FusedInt4Linear)
-    return {"copy_bandwidth_TBps": bandwidth / 1e12,
-            "gemms": tune(gemms, functools.partial(per_call_us, bench, timed, 24), bandwidth)}
+    report = {"copy_bandwidth_TBps": bandwidth / 1e12, "gemms": {}}
+
+    def cell_done(gemms_so_far):  # the report so far, after each GEMM and row count
+        report["gemms"] = gemms_so_far
+        if saved is not None:
+            saved(report)
+
+    report["gemms"] = tune(gemms, functools.partial(per_call_us, bench, timed, 24), bandwidth, cell_done)
+    return report
 
 
 # ------------------------------------------------------------------------------------------------------------
 # --int4-tune: engine/kernels/int4_gemm/triton_gemm.py's launches swept at the 27B's GEMMs, to choose from one run
 # ------------------------------------------------------------------------------------------------------------
 
-ROWS = (1, 16, 65, 129)
+ROWS = (1, 65, 129, 16)  # by what a session waits on most: a step, a verify at budget 64, at 128, a DFlash block
 L2_SPAN = 160e6  # bytes the copies of a weight span: over twice an H100's / H200's 50 / 60 MB L2
 
 
@@ -136,29 +143,32 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
 
 
 @torch.no_grad()
-def tune(gemms: dict, per_call, bandwidth: float) -> dict:
-    """Per GEMM of `gemms` (layer_gemms of a 4-bit target) and row count: every candidate's microseconds a call
-    (`per_call(fn)`: per_call_us, a CUDA graph of calls), or why it failed, or its error against the tile form;
-    the best, and the packed bytes' bound."""
+def tune(gemms: dict, per_call, bandwidth: float, saved=None) -> dict:
+    """Per row count (ROWS' order) and GEMM of `gemms` (layer_gemms of a 4-bit target): every candidate's
+    microseconds a call (`per_call(fn)`: per_call_us, a CUDA graph of calls), or why it failed, or its error against
+    the tile form; the best, and the packed bytes' bound. `saved(out)` after each cell, so that a sweep stopped
+    midway (a device call's limit) keeps every row count it finished, the step's first."""
     from ...engine.weights import int4_common as int4
 
     kernel = int4._gemm_module()
     out: dict = {}
+    weights = {}
     for name, g in gemms.items():
         fused = isinstance(g, int4.FusedInt4Linear)
         packed, scale = (g.packed, g.scale) if fused else (g.weight_packed, g.weight_scale)
-        k = packed.shape[1] * int4.PER_WORD
         nbytes = packed.nbytes + scale.nbytes
-        copies = [(packed.clone(), scale.clone()) for _ in range(max(1, math.ceil(L2_SPAN / nbytes)))]
-        row: dict = {"shape": [packed.shape[0], k], "bytes": nbytes, "bound_us": nbytes / bandwidth * 1e6,
-                     "copies": len(copies)}
-        for m in ROWS:
-            x = torch.randn(m, k, device=packed.device, dtype=scale.dtype)  # bf16 scales: the model's dtype
-            ref = kernel.int4_linear(x, packed, scale, None, None, g.group, kernel.Config()).float()
-            cells = {}
-            launches = candidates(kernel, m, packed.shape[0], k)
-            for label, c in launches.items():
-                cells[label] = {**measure(kernel, x, copies, g.group, c, ref, per_call), "config": asdict(c)}
+        weights[name] = [(packed.clone(), scale.clone()) for _ in range(max(1, math.ceil(L2_SPAN / nbytes)))]
+        out[name] = {"shape": [packed.shape[0], packed.shape[1] * int4.PER_WORD], "bytes": nbytes,
+                     "bound_us": nbytes / bandwidth * 1e6, "copies": len(weights[name])}
+    for m in ROWS:
+        for name, g in gemms.items():
+            row, copies = out[name], weights[name]
+            (n, k), packed = row["shape"], copies[0][0]
+            x = torch.randn(m, k, device=packed.device, dtype=copies[0][1].dtype)  # bf16 scales: the model's dtype
+            ref = kernel.int4_linear(x, *copies[0], None, None, g.group, kernel.Config()).float()
+            launches = candidates(kernel, m, n, k)
+            cells = {label: {**measure(kernel, x, copies, g.group, c, ref, per_call), "config": asdict(c)}
+                     for label, c in launches.items()}
             timed_ok = {lb: v["us"] for lb, v in cells.items() if isinstance(v.get("us"), float)}
             best = min(timed_ok, key=timed_ok.get)
             row[str(m)] = {"best": best, "best_config": dataclasses.asdict(launches[best]),
@@ -166,8 +176,8 @@ def tune(gemms: dict, per_call, bandwidth: float) -> dict:
                            "best_per_bound": timed_ok[best] / row["bound_us"], "cells": cells}
             print({name: {m: {"best": best, "us": timed_ok[best], "tile_us": timed_ok.get("tile_default"),
                               "bound_us": round(row["bound_us"], 1)}}}, flush=True)
-        out[name] = row
-        del copies
+            if saved is not None:
+                saved(out)
     return out
 
 
