@@ -196,17 +196,22 @@ def main(argv: list[str] | None = None) -> int:
         PROFILER[0] = True  # the module's default again (tests call main in one process)
 
 
+def count_sass(a: argparse.Namespace) -> int:
+    """--int4-sass: the 4-bit GEMM's launches compiled for sm_90a and counted (sass.py), printed and saved."""
+    from .sass import int4_sass
+
+    counted = int4_sass()
+    for launch in counted.get("launches", []):
+        print({k: launch[k] for k in ("form", "rows", "block_n", "block_k", "warps", "half", "per_weight")})
+    if a.json:
+        Path(a.json).write_text(json.dumps({"int4_sass": counted}, indent=1))
+    return 0 if "error" not in counted else 1
+
+
 def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
     """What the flags ask for, measured part by part, the report saved after each part (--json)."""
     if a.int4_sass:  # on any machine with Triton: compiled, not run
-        from .sass import int4_sass
-
-        counted = int4_sass()
-        for launch in counted.get("launches", []):
-            print({k: launch[k] for k in ("form", "rows", "block_n", "block_k", "warps", "half", "per_weight")})
-        if a.json:
-            Path(a.json).write_text(json.dumps({"int4_sass": counted}, indent=1))
-        return 0 if "error" not in counted else 1
+        return count_sass(a)
     if a.memory_plan is not None:  # on any machine: the meta device
         from .memory import LONG_CONTEXT
         from .plan import memory_plans
