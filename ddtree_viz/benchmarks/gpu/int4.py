@@ -147,7 +147,8 @@ def tune(gemms: dict, per_call, bandwidth: float, saved=None) -> dict:
     """Per row count (ROWS' order) and GEMM of `gemms` (layer_gemms of a 4-bit target): every candidate's
     microseconds a call (`per_call(fn)`: per_call_us, a CUDA graph of calls), or why it failed, or its error against
     the tile form; the best, and the packed bytes' bound. `saved(out)` after each cell, so that a sweep stopped
-    midway (a device call's limit) keeps every row count it finished, the step's first."""
+    midway (a device call's limit) keeps every row count it finished, the step's first. Every GEMM's copies are
+    held for the whole sweep (about L2_SPAN bytes each: ~1 GB for a layer's six)."""
     from ...engine.weights import int4_common as int4
 
     kernel = int4._gemm_module()

@@ -47,8 +47,6 @@ import triton.language as tl
 from . import table
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
-MAGIC_BITS = tl.constexpr(0x4B000000)  # float32 2^23: ulp 1, so its bits | f (f < 2^23) are the float 2^23 + f
-MAGIC_F32 = tl.constexpr(8388608.0)
 ASM = tl.constexpr(not INTERPRETED)  # inline PTX (the interpreter runs none)
 
 
