@@ -128,7 +128,7 @@ class Slot:
     last: torch.Tensor = None
     length: torch.Tensor = None
     copied: object = None  # CUDA event after the last copies from the staging buffers
-    walked: object = None  # CUDA event after the walk's copy to walk_host
+    walked: object = None  # CUDA event after the walk's copy to walk_host (external: a node of the walk's graph)
     depth: int = 0  # the staged tree's depth (the walk needs it under max_path)
     out: tuple | None = None  # (logits, feats, stash) of the forward
     graph: object = None
@@ -158,7 +158,8 @@ class Slot:
             choice=torch.zeros(size, dtype=torch.long, device=d),
             walk_out=torch.zeros(max_path + 3, dtype=torch.long, device=d),
             walk_host=torch.zeros(max_path + 3, dtype=torch.long, pin_memory=cuda),
-            copied=torch.cuda.Event() if cuda else None, walked=torch.cuda.Event() if cuda else None,
+            copied=torch.cuda.Event() if cuda else None,
+            walked=torch.cuda.Event(external=True) if cuda else None,  # recorded inside the walk's graph
         )
         slot.gather.copy_(torch.as_tensor(conv_gather([-1] + [0] * (size - 1), [0] + [1] * (size - 1), kernel)))
         slot.anc[:, 0] = True

@@ -11,8 +11,9 @@ from .layers import StaticModel
 
 
 def capture(slot: Slot, model: StaticModel, pool):
-    """(forward graph, commit graph, walk graph, forward outputs) of a slot: two warm-up runs on a side stream,
-    then the captures; the state they mutate is the caller's to restore."""
+    """(forward graph, commit graph, walk graph (walk_commit's: the walk, its copy to the host, the commit), forward
+    outputs) of a slot: two warm-up runs on a side stream, then the captures; the state they mutate is the caller's
+    to restore."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -30,8 +31,20 @@ def capture(slot: Slot, model: StaticModel, pool):
         model.commit(slot)
     walk_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(walk_graph, pool=pool):
-        model.walk(slot)
+        walk_commit(model, slot)
     return graph, commit_graph, walk_graph, out
+
+
+def walk_commit(model: StaticModel, slot: Slot) -> None:
+    """Runner.queue_walk's device work, one graph where there are graphs (one launch for what was five): the walk,
+    its result's copy to the host's pinned `walk_host` with `walked` recorded right after it (an external event:
+    captured, the record is a node of the graph, so read_walk waits for the copy alone, not the commit), then the
+    commit."""
+    model.walk(slot)
+    if slot.walked is not None:
+        slot.walk_host.copy_(slot.walk_out, non_blocking=True)
+        slot.walked.record()
+    model.commit(slot)
 
 
 def capture_staging(stage) -> torch.cuda.CUDAGraph:

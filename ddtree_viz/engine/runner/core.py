@@ -22,7 +22,7 @@ from ..verify import decoder_layers, gdn_modules
 from . import autotune
 from .autotune import Forms, Tuner
 from .buffers import Slot, State
-from .capture import capture, capture_staging, replay
+from .capture import capture, capture_staging, replay, walk_commit
 from .layers import StaticModel
 from .options import RunnerForms
 
@@ -325,18 +325,15 @@ class StaticRunner:
 
     @torch.no_grad()
     def queue_walk(self, slot: Slot, choice: torch.Tensor) -> None:
-        """The walk's graph, its result's copy to the host and the commit's graph, queued; nothing waited for. Until
-        read_walk, the result is the device's alone: `walk_out` (the accepted length at [max_path + 1], the bonus
-        token at [max_path + 2]), the path (`slot.path`, padded with its last node) and committed_t, advanced."""
+        """The walk, its result's copy to the host and the commit queued (capture.walk_commit: one graph's launch);
+        nothing waited for. Until read_walk, the result is the device's alone: `walk_out` (the accepted length at
+        [max_path + 1], the bonus token at [max_path + 2]), the path (`slot.path`, padded with its last node) and
+        committed_t, advanced."""
         start = time.perf_counter()
         if slot.depth >= self.max_path:
             raise ValueError(f"tree of depth {slot.depth}; the runner keeps paths of 1..{self.max_path} nodes")
         slot.choice[:choice.shape[0]].copy_(choice)
-        replay(slot.walk_graph, self.model.walk, slot)
-        if slot.walked is not None:
-            slot.walk_host.copy_(slot.walk_out, non_blocking=True)
-            slot.walked.record()
-        replay(slot.commit_graph, self.model.commit, slot)
+        replay(slot.walk_graph, partial(walk_commit, self.model), slot)
         self._host += time.perf_counter() - start
         self.host_ms.append(self._host * 1e3)
 
