@@ -216,7 +216,7 @@ def test_stages_fit_the_shared_memory():
                                           (65, (64, 16)), (96, (64, 32)), (97, (128, 0)), (129, (128, 16)),
                                           (160, (128, 32))])
 def test_verify_rows_are_a_power_of_two_and_a_short_tail(rows, blocks):
-    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import row_blocks
+    from ddtree_viz.engine.kernels.tiles import row_blocks
     assert row_blocks(rows) == blocks and sum(blocks) >= rows
 
 
@@ -353,16 +353,19 @@ def test_the_benchs_other_configs_compute_the_same_product():
 @pytest.mark.parametrize("config", [Config(64, 128, 3, 8, swap=True, tail=16, tma=True), Config(16, 64, 2, tma=True),
                                     Config(128, 128, 1, 8, swap=True, tail=16, tma=True)],
                          ids=["swap-tail-split3", "decode-split2", "verify-129"])
-def test_bulk_copies_of_the_weight_give_the_same_product(rows, config):
-    """The weight tiles by tensor descriptor (bulk tensor copies, TMA) give what the masked loads give, bit for
-    bit: K = 1024 (16-byte rows) with N = 320 leaves the last 128-row tile partly outside the weight (zero-filled).
-    A weight whose rows are not 16-byte aligned (K = 1000) takes the masked loads instead, with the same result."""
-    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import _weight_operand
+def test_bulk_copies_of_the_weight_and_x_give_the_same_product(rows, config):
+    """The weight's and x's tiles by tensor descriptor (bulk tensor copies, TMA) give what the masked loads give,
+    bit for bit: K = 1024 (16-byte rows) with N = 320 leaves the last 128-row tile partly outside the weight, and
+    65 or 129 rows leave the last x tile partly outside x (both zero-filled). A weight whose rows are not 16-byte
+    aligned (K = 1000), or an x that does not start on 16 bytes, takes the masked loads instead, with the same
+    result."""
+    from ddtree_viz.engine.kernels.fp8_gemm.triton_gemm import _operands
 
-    for k in (1024, 1000):
+    for k, x_offset in ((1024, 0), (1000, 0), (1024, 1)):
         q, s = quantized(320, k, rows)
-        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-        assert _weight_operand(q, config)[1].tma == (k == 1024)
+        flat = torch.randn(rows * k + x_offset, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        x = flat[x_offset:].view(rows, k)  # x_offset 1: 4 bytes past an aligned start
+        assert _operands(x, q, config)[3].tma == (k == 1024 and x_offset == 0)
         loads = fp8_linear(x, q, s, BLOCK, dataclasses.replace(config, tma=False))
         assert torch.equal(fp8_linear(x, q, s, BLOCK, config), loads)
         torch.testing.assert_close(loads.cpu(), reference(x, q, s), rtol=1e-5, atol=1e-5)

@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .. import pdl
+from ..tiles import bulk_copies, descriptor, describable, row_blocks, shared_memory
 
 BLOCK_K = 128
 SUM_BLOCK = 1024  # elements of y a program of _sum_splits adds
@@ -78,7 +79,7 @@ class Config:
 
 
 @triton.jit
-def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
+def _fp8_gemm(x_ptr, xt_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_sn, s_ym, K_SPLIT,
               SB_N: tl.constexpr, SB_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
               SUM_IN_LAUNCH: tl.constexpr, SWAP: tl.constexpr, TAIL: tl.constexpr, TMA: tl.constexpr,
@@ -89,21 +90,24 @@ def _fp8_gemm(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, c_ptr, M, N, K, s_xm, s_wn, s_s
     SPLIT > 1: the program writes its float32 sum into its slice of p [SPLIT, M, N]; with SUM_IN_LAUNCH the tile's
     last program to arrive (its counter in c) then adds the SPLIT slices in order into y (_sum_tile), else
     _sum_splits does after. SWAP: each product computed transposed, W x^T (the same products and sums). TMA: w_ptr
-    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles. EVEN: N a multiple of BLOCK_N and K of
-    K_SPLIT's whole steps, so every tile is whole and loaded without masks (x's rows keep theirs)."""
+    is a tensor descriptor of the weight with [BLOCK_N, BLOCK_K] tiles, x_ptr and xt_ptr of x with [BLOCK_M, BLOCK_K]
+    and [TAIL, BLOCK_K] tiles (the rows past M and the columns past K zero-filled, as the masked loads give them:
+    no address per element); else xt_ptr is unread. EVEN: N a multiple of BLOCK_N and K of K_SPLIT's whole steps,
+    so every tile is whole and loaded without masks (x's rows keep theirs)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.program_id(1) * (BLOCK_M + TAIL) + tl.arange(0, BLOCK_M)
+    m0 = tl.program_id(1) * (BLOCK_M + TAIL)
+    rm = m0 + tl.arange(0, BLOCK_M)
     k_start = tl.program_id(2) * K_SPLIT
     acc = _zeros(BLOCK_M, BLOCK_N, SWAP)
     if TAIL > 0:
-        rt = tl.program_id(1) * (BLOCK_M + TAIL) + BLOCK_M + tl.arange(0, TAIL)
+        rt = m0 + BLOCK_M + tl.arange(0, TAIL)
         acc_tail = _zeros(TAIL, BLOCK_N, SWAP)
     for k0 in range(k_start, tl.minimum(k_start + K_SPLIT, K), BLOCK_K):
-        x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, tl.program_id(0) * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn, SB_N,
-                     SB_K, BLOCK_K, TMA, EVEN)
+        x, w = _tile(x_ptr, w_ptr, s_ptr, rm, rn, m0, tl.program_id(0) * BLOCK_N, k0, M, N, K, s_xm, s_wn, s_sn,
+                     SB_N, SB_K, BLOCK_K, TMA, EVEN)
         acc = _mma(acc, x, w, SWAP, UPCAST, PRECISION)
         if TAIL > 0:
-            xt = _x_rows(x_ptr, rt, k0, M, K, s_xm, BLOCK_K, EVEN)
+            xt = xt_ptr.load([m0 + BLOCK_M, k0]) if TMA else _x_rows(x_ptr, rt, k0, M, K, s_xm, BLOCK_K, EVEN)
             acc_tail = _mma(acc_tail, xt, w, SWAP, UPCAST, PRECISION)
     _store_out(y_ptr, p_ptr, acc, rm, rn, M, N, s_ym, SPLIT, SWAP)
     if TAIL > 0:
@@ -201,13 +205,16 @@ def _last_to_arrive(c_ptr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _tile(x_ptr, w_ptr, s_ptr, rm, rn, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: tl.constexpr, SB_K: tl.constexpr,
-          BLOCK_K: tl.constexpr, TMA: tl.constexpr, EVEN: tl.constexpr):
-    """(x's rows rm, the weight's rows rn = n0 + [0, BLOCK_N) dequantized), columns [k0, k0 + BLOCK_K): each
-    weight element e4m3 -> float32 times its row's block scale, rounded once to x's dtype. TMA: w_ptr a tensor
-    descriptor; EVEN: the weight tile whole, loaded without masks (x's rows keep theirs)."""
-    x = _x_rows(x_ptr, rm, k0, M, K, s_xm, BLOCK_K, EVEN)
-    w = w_ptr.load([n0, k0]) if TMA else _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
+def _tile(x_ptr, w_ptr, s_ptr, rm, rn, m0, n0, k0, M, N, K, s_xm, s_wn, s_sn, SB_N: tl.constexpr,
+          SB_K: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, EVEN: tl.constexpr):
+    """(x's rows rm = m0 + [0, BLOCK_M), the weight's rows rn = n0 + [0, BLOCK_N) dequantized), columns
+    [k0, k0 + BLOCK_K): each weight element e4m3 -> float32 times its row's block scale, rounded once to x's dtype.
+    TMA: x_ptr and w_ptr tensor descriptors; EVEN: the weight tile whole, loaded without masks (x's rows keep
+    theirs)."""
+    if TMA:
+        x, w = x_ptr.load([m0, k0]), w_ptr.load([n0, k0])
+    else:
+        x, w = _x_rows(x_ptr, rm, k0, M, K, s_xm, BLOCK_K, EVEN), _w_tile(w_ptr, rn, k0, N, K, s_wn, BLOCK_K, EVEN)
     if EVEN:  # one scale per row of the tile
         s = tl.load(s_ptr + (rn // SB_N) * s_sn + k0 // SB_K)
     else:
@@ -295,15 +302,6 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-@functools.lru_cache(maxsize=8)
-def shared_memory(device: torch.device) -> int:
-    """Bytes of shared memory a program may ask for: 232,448 on an H100 / H200 (also off CUDA: the interpreter),
-    101,376 on an RTX 4090 or L40S."""
-    if device.type != "cuda":
-        return 232_448
-    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
-
-
 def stages(c: Config, itemsize: int, shared: int) -> int:
     """c's pipeline stages, fewer where they would not fit in `shared` bytes: each stage holds a tile of x (rows x
     BLOCK_K in x's dtype) and one of the weight (fp8); 32 KiB stay for the rest (the scales, the transposed store).
@@ -370,41 +368,21 @@ def one_row(N: int, K: int, sms: int) -> Config:
     return Config(1, 64, split, 4 if tiles >= 4 * sms else 8, 3, sum_in_launch=True, gemv=True)
 
 
-@functools.lru_cache(maxsize=8)
-def bulk_copies(device: torch.device) -> bool:
-    """Whether the device loads tiles by bulk tensor copies (TMA: compute capability 9.0 and later; Triton's
-    interpreter emulates them) and this Triton has host tensor descriptors."""
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return INTERPRETED if device.type != "cuda" else torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _weight_operand(weight: torch.Tensor, c: Config):
-    """(the kernel's weight argument, the config it runs with): a tensor descriptor of [block_n, BLOCK_K] tiles
-    where c asks for bulk copies and the weight allows them (its rows contiguous, its start and row stride 16-byte
-    aligned), else the tensor itself and c without them."""
-    if c.tma and weight.stride(1) == 1 and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        return TensorDescriptor.from_tensor(weight, [c.block_n, BLOCK_K]), c
-    return weight, dataclasses.replace(c, tma=False)
+def _operands(x: torch.Tensor, weight: torch.Tensor, c: Config):
+    """(the kernel's x, x tail and weight arguments, the config it runs with): where c asks for bulk copies and both
+    allow them (tiles.describable), tensor descriptors of [block_m, BLOCK_K] tiles of x, [tail, BLOCK_K] of its
+    tail rows and [block_n, BLOCK_K] of the weight; else the tensors themselves (x twice: the tail's argument
+    unread) and c without them."""
+    if c.tma and describable(x, weight):
+        x_arg = descriptor(x, [c.block_m, BLOCK_K])
+        xt_arg = descriptor(x, [c.tail, BLOCK_K]) if c.tail else x_arg
+        return x_arg, xt_arg, descriptor(weight, [c.block_n, BLOCK_K]), c
+    return x, x, weight, dataclasses.replace(c, tma=False)
 
 
 def splits(K: int) -> list[int]:
     """The split-K counts (1, 2, 4, 8) whose splits each keep at least 6 steps of BLOCK_K."""
     return [1] + [k for k in (2, 4, 8) if K // (BLOCK_K * k) >= 6]
-
-
-def row_blocks(M: int) -> tuple[int, int]:
-    """(main, tail): M rows as one power-of-two block and a tail of 16 or 32 rows (0: none), else one block: the
-    tensor cores' work is main + tail rows, not the next power of two (129 rows: 144, not 256)."""
-    main = 1 << (M.bit_length() - 1)
-    if M == main:
-        return main, 0
-    tail = max(16, triton.next_power_of_2(M - main))
-    return (main, tail) if tail <= 32 and tail < main else (2 * main, 0)
 
 
 def waves(programs: int, split: int, sms: int) -> float:
@@ -434,23 +412,23 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
         y = torch.cat((fp8_linear(x2, weight, scale, block, c), torch.nn.functional.linear(x2, plain)), dim=-1)
         return y.reshape(*lead, N + plain.shape[0])
     NQ = 0 if plain is None else plain.shape[0]
-    w_arg, c = (weight, c) if c.gemv else _weight_operand(weight, c)
+    x_arg, xt_arg, w_arg, c = (x2, x2, weight, c) if c.gemv else _operands(x2, weight, c)
     k_split = triton.cdiv(triton.cdiv(K, BLOCK_K), c.split_k) * BLOCK_K  # whole BLOCK_K steps per split
     tiles = triton.cdiv(N, c.block_n) + triton.cdiv(NQ, c.block_n)  # the plain rows' tiles after W's
     grid = (tiles, M if c.gemv else triton.cdiv(M, c.block_m + c.tail), c.split_k)
     y = torch.empty(M, N + NQ, dtype=x.dtype, device=x.device)
     partial = torch.empty(c.split_k, M, N + NQ, dtype=torch.float32, device=x.device) if c.split_k > 1 else y
     counters = arrivals(weight, grid[0] * grid[1]) if c.split_k > 1 and c.sum_in_launch else y
-    args = (x2, w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N + NQ,
+    args = (w_arg, scale, y, partial, counters, M, N, K, x2.stride(0), weight.stride(0), scale.stride(0), N + NQ,
             k_split)
     consts = dict(SB_N=block[0], SB_K=block[1], BLOCK_N=c.block_n, BLOCK_K=BLOCK_K, SPLIT=c.split_k,
                   SUM_IN_LAUNCH=c.sum_in_launch, EVEN=not c.tma and N % c.block_n == 0 and k_split * c.split_k == K,
                   num_warps=c.num_warps, num_stages=stages(c, x.element_size(), shared_memory(x.device)))
     if c.gemv:
         q = plain if plain is not None else weight  # (an unread pointer without plain rows)
-        _fp8_gemv[grid](*args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts, **pdl.keywords(x))
+        _fp8_gemv[grid](x_arg, *args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts, **pdl.keywords(x))
     else:
-        _fp8_gemm[grid](*args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
+        _fp8_gemm[grid](x_arg, xt_arg, *args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
                         else "tf32", UPCAST=INTERPRETED, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * (N + NQ), SUM_BLOCK),)](partial, y, M * (N + NQ), SPLIT=c.split_k,
