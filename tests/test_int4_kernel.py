@@ -83,7 +83,11 @@ CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block
            "words_k128_split_2": Config(block_n=16, block_k=128, words=True, split_k=2),
            "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32),
            "words_k64_split_3_m32_half": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32, half=True),
-           "words_k128_split_2_half": Config(block_n=16, block_k=128, words=True, split_k=2, half=True)}
+           "words_k128_split_2_half": Config(block_n=16, block_k=128, words=True, split_k=2, half=True),
+           # the swapped form: the unpacked tile first, all rows of x a program (a block and a tail)
+           "swap_k64_m64_tail16": Config(block_n=32, block_k=64, swap=True, block_m=64, tail=16),
+           "swap_k128_m16_tail16_half": Config(block_n=64, block_k=128, swap=True, block_m=16, tail=16, half=True),
+           "swap_k32_m32": Config(block_n=16, block_k=32, swap=True, block_m=32)}
 
 
 @pytest.mark.parametrize("rows", [1, 3, 65])
@@ -121,7 +125,7 @@ def test_the_one_row_kernel_refuses_activation_order_and_reads_groups_narrower_t
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("form", ["words_k64_split_3_m32_half", "words_k128_split_2_half", "gemv",
-                                  "gemv_k128_split_2"])
+                                  "gemv_k128_split_2", "swap_k128_m16_tail16_half"])
 def test_scales_in_the_activations_dtype(dtype, form):
     """A model's own scales (bf16 / fp16, as checkpoints store them) with its activations: the word form with `half`
     dequantizes in that dtype (q - z from the fields' bits, times the scale rounded once: the dequantized model's
@@ -134,6 +138,27 @@ def test_scales_in_the_activations_dtype(dtype, form):
     rows = 1 if form.startswith("gemv") else 17
     x = torch.randn(rows, 136, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEVICE)
     assert_a_step_of_the_output(product(x, parts, spec, CONFIGS[form]), reference(x, parts, spec), dtype)
+
+
+@pytest.mark.parametrize("rows", [17, 65, 129])
+@pytest.mark.parametrize("layout", ["group128-sym", "group32-asym", "channel-asym"])
+def test_the_swapped_forms_tiles_by_bulk_copies_give_the_same_product(rows, layout):
+    """The swapped form (a verify's) reads x's and the words' tiles through tensor descriptors where the device has
+    bulk copies (Triton's interpreter emulates them) and both are 16-byte aligned: the same product, bit for bit, as
+    its loads by address (the rows past x's and the weight's edges, and a partial word column, zero either way);
+    an x that does not start on 16 bytes, or words whose rows are not 16 bytes apart, take the loads by address."""
+    from ddtree_viz.engine.kernels.tiles import bulk_copies, describable
+
+    parts, spec = quantized(layout, rows)
+    inn = LAYOUTS[layout][1]
+    config = Config(block_n=32, block_k=64, swap=True, block_m=64 if rows < 129 else 128, tail=16 if rows > 64 else 0)
+    x = torch.randn(rows, inn, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+    moved = torch.empty(rows * inn + 1, device=DEVICE)[1:].view(rows, inn).copy_(x)  # 4 bytes past 16
+    assert bulk_copies(x.device) and describable(x) and not describable(moved)
+    assert describable(parts["weight_packed"]) == (inn % 32 == 0)  # 256 and 96 inputs: 128 and 48 bytes a row
+    y = product(x, parts, spec, config)
+    torch.testing.assert_close(y.cpu(), reference(x, parts, spec), rtol=1e-5, atol=1e-5)
+    assert torch.equal(product(moved, parts, spec, config), y)
 
 
 def test_the_benchs_other_configs_compute_the_same_product():
@@ -169,7 +194,7 @@ def test_every_launch_choose_picks_at_the_27bs_shapes_computes_the_product():
         x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(DEVICE, dtype)
         for n in (5120, 16384, 34816):
             config = int4_gemm.choose(rows, n, 5120)
-            assert config.words and (config.split_k == 1 or rows <= 16), config
+            assert (config.words if rows <= 16 else config.swap) and (config.split_k == 1 or rows <= 16), config
             torch.testing.assert_close(product(x, parts, spec, config).cpu().float(), reference(x, parts, spec),
                                        msg=f"{rows} rows, {n} outputs: {config}", **tol)
 

@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..tiles import bulk_copies, descriptor, describable, row_blocks, shared_memory
 from . import table
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
@@ -70,20 +71,28 @@ class Config:
     # the word form's weights dequantized in the activations' dtype where the scales are in it too (`half`), not in
     # float32 and cast: the same weights, fewer instructions (chosen where the sweep measured it faster)
     half: bool = False
+    # the swapped form (_int4_swap, a verify's): a program block_n rows of the weight by all block_m + tail rows of
+    # x, each step's words unpacked once into the weight tile in its columns' order, the tile the products' first
+    # operand (y^T = W x^T: on Hopper from registers into the tensor cores) against block_m rows of x, then the same
+    # tile against the tail's; x's and the words' tiles by bulk copies where the device has them; one slice
+    swap: bool = False
+    tail: int = 0
 
 
 def choose(rows: int, n: int, k: int) -> Config:
-    """The launch for an [rows, k] x [n, k]^T product, from gpu_bench --int4-tune on an H200 at the 27B's GEMMs
-    (docs/bench/gpu-h200-2026-12-06-int4-tune.json; docs/lab/NOTEBOOK.md sections 39 and 40): the word form
-    everywhere (the tile form ran 14-16x slower). Up to 16 rows (a step, a DFlash block) 64-row tiles of 256 columns,
-    the input in four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate +
-    up's 34,816), in one between (in_proj, q + k + v). A verify's rows in one slice (a slice's float32 partial
-    products, held per GEMM in a verify's graph, took the 24 GB card past its cap at budget 128): up to 128 rows
-    (budget 64's 65) one 128-row tile of 64 outputs and 8 warps, steps of 128 columns where the output is narrow and
-    64 where it is wide (10-30% under 64-row tiles); past 128 rows (budget 128's 129) 128 x 128 tiles where it is
-    wide (6-28% under), 64 x 128 where it is narrow (the fastest one-slice launch there). The measured table
-    (table.py) comes first: these rules are for the shapes it lacks, and name neither the one-row form nor `half`
-    (taken only where a GPU measured them faster and the GPU tests ran them)."""
+    """The launch for an [rows, k] x [n, k]^T product. The measured table (table.py, gpu_bench --int4-tune) comes
+    first; these rules are for the shapes it lacks. Up to 16 rows (a step, a DFlash block) the word form, from
+    gpu_bench --int4-tune on an H200 at the 27B's GEMMs (docs/bench/gpu-h200-2026-12-06-int4-tune.json;
+    docs/lab/NOTEBOOK.md sections 39 and 40; the tile form ran 14-16x slower): 64-row tiles of 256 columns, the
+    input in four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate + up's
+    34,816), in one between (in_proj, q + k + v). A verify's rows (17 to 160) the swapped form in one slice (a
+    slice's float32 partial products, held per GEMM in a verify's graph, took a 24 GB card past its cap at budget
+    128), the rows as a block and a tail (tiles.row_blocks: 65 = 64 + 16, 129 = 128 + 16), steps of 128 columns,
+    dequantized in float32, 128 weight rows a program where the output is wide (8 warps past 96 rows) and 64 where
+    it is narrow (4 warps): in sm_90a SASS 8.2-9.7 instructions a weight against the word form's 25.8 (gpu_bench
+    --int4-sass; NOTEBOOK section 49), its speed not yet measured on a GPU. Past 160 rows (a prefill) the word
+    form's 128 x 128 / 64 x 128 tiles. None names the one-row form or `half` (6.4-7.9 with the swapped form): taken
+    only where the table measured them faster, since bfloat16's `_magic` cannot run in the interpreter."""
     measured = table.lookup(rows, n, k)
     if measured is not None:
         return Config(**measured)
@@ -91,11 +100,20 @@ def choose(rows: int, n: int, k: int) -> Config:
         split = 1 if 8192 < n <= 20480 else 4
         return Config(block_n=64, block_k=256, num_warps=4, num_stages=3, words=True, split_k=split, block_m=16)
     wide = n > 8192
-    if rows <= 128:
-        return Config(block_n=64, block_k=64 if wide else 128, num_warps=8, num_stages=3, words=True, split_k=1,
-                      block_m=128)
+    if rows <= 160:
+        main, tail = row_blocks(rows)
+        return Config(block_n=128 if wide else 64, block_k=128, num_warps=8 if wide and main + tail > 96 else 4,
+                      num_stages=3, swap=True, block_m=main, tail=tail)
     return Config(block_n=128, block_k=64, num_warps=4, num_stages=3, words=True, split_k=1,
                   block_m=128 if wide else 64)
+
+
+def swap_stages(c: Config, itemsize: int, shared: int) -> int:
+    """The swapped form's pipeline stages, fewer where they would not fit in `shared` bytes (tiles.shared_memory):
+    each stage holds x's rows' tile (block_m + tail rows of block_k columns in x's dtype) and the words' (block_n x
+    block_k / 2 bytes); 32 KiB stay for the rest (the dequantized tile's staging, the stores)."""
+    per_stage = (c.block_m + c.tail) * c.block_k * itemsize + c.block_n * c.block_k // 2
+    return max(1, min(c.num_stages, (shared - 32_768) // per_stage))
 
 
 def word_groups(c: Config, group: int, k: int, g_idx: torch.Tensor | None) -> bool:
@@ -317,6 +335,72 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
              mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _int4_swap(x_ptr, xt_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym,
+               GROUP: tl.constexpr, ASYM: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, TAIL: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows n0 + [0, BLOCK_N) of y^T = W x^T for x's rows m0 + [0, BLOCK_M + TAIL): each step's words unpacked once
+    (_unpacked) and multiplied with BLOCK_M rows of x, then with the TAIL rows (0 or 16 / 32: 65 rows cost 80 rows
+    of tensor-core work, not 128). TMA: x_ptr, xt_ptr and w_ptr tensor descriptors ([BLOCK_M, BLOCK_K],
+    [TAIL, BLOCK_K] and [BLOCK_N, BLOCK_K / 8] tiles, zero past the edges), no address per element; else xt_ptr is
+    unread and the tiles are loaded by address, masked."""
+    n0 = tl.program_id(0) * BLOCK_N
+    m0 = tl.program_id(1) * (BLOCK_M + TAIL)
+    rn = n0 + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    rm = m0 + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if TAIL > 0:
+        rt = m0 + BLOCK_M + tl.arange(0, TAIL)
+        acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        ok = n_ok[:, None] & (word < WORDS)[None, :]
+        if TMA:
+            words, x = w_ptr.load([n0, k0 // 8]), x_ptr.load([m0, k0])
+        else:
+            words = tl.load(w_ptr + rn[:, None] * WORDS + word[None, :], mask=ok, other=0)
+            x = _x_tile(x_ptr, rm, k0, M, K, stride_xm, BLOCK_K)
+        scale, zero = _step_scales(s_ptr, z_ptr, rn, n_ok, word, ok, k0, GROUPS, GROUP, ASYM, BLOCK_K)
+        w = _unpacked(words, scale, zero, HALF, x.dtype, BLOCK_N, BLOCK_K)
+        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (as in the word form): the same exact products in fp32
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=PRECISION)
+        if TAIL > 0:
+            xt = xt_ptr.load([m0 + BLOCK_M, k0]) if TMA else _x_tile(x_ptr, rt, k0, M, K, stride_xm, BLOCK_K)
+            acc_t = tl.dot(w, tl.trans(xt.to(w.dtype)), acc_t, input_precision=PRECISION)
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & (rm < M)[None, :])
+    if TAIL > 0:
+        tl.store(y_ptr + rt[None, :] * stride_ym + rn[:, None], acc_t.to(y_ptr.dtype.element_ty),
+                 mask=n_ok[:, None] & (rt < M)[None, :])
+
+
+@triton.jit
+def _x_tile(x_ptr, rows, k0, M, K, stride_xm, BLOCK_K: tl.constexpr):
+    """x's rows `rows`, columns [k0, k0 + BLOCK_K) by address (0 past M and K)."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_ptr + rows[:, None] * stride_xm + rk[None, :], mask=(rows < M)[:, None] & (rk < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _unpacked(words, scale, zero, HALF: tl.constexpr, dtype: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """A step's weight tile [BLOCK_N, BLOCK_K] in its columns' order from its words [BLOCK_N, BLOCK_K / 8]: field i
+    of word w is column 8 w + i; (q - z) x scale rounded once to `dtype` (in it where HALF, else in float32, exact,
+    and cast: _field_dot's). `scale` and `zero` (_step_scales') broadcast over the words."""
+    f0, f1, f2, f3 = words & 0xF, (words >> 4) & 0xF, (words >> 8) & 0xF, (words >> 12) & 0xF
+    f4, f5, f6, f7 = (words >> 16) & 0xF, (words >> 20) & 0xF, (words >> 24) & 0xF, (words >> 28) & 0xF
+    # joined last axis first: [.., a, b, c] holds field 4 c + 2 b + a; permuted so the axes read field 4 c + 2 b + a
+    # in order (c, b, a), then the words' axis and the fields' flatten into the columns
+    fields = tl.join(tl.join(tl.join(f0, f1), tl.join(f2, f3)), tl.join(tl.join(f4, f5), tl.join(f6, f7)))
+    offset = _magic(zero, HALF)[:, :, None, None, None]
+    w = (_magic(fields, HALF) - offset) * scale.to(offset.dtype)[:, :, None, None, None]
+    return tl.reshape(tl.permute(w.to(dtype), (0, 1, 4, 3, 2)), (BLOCK_N, BLOCK_K))
+
+
 def block_m(rows: int) -> int:
     """Rows of x a program takes: the tensor cores' 16 at least, 64 at most (a prefill's many rows in tiles)."""
     return min(64, max(16, triton.next_power_of_2(rows)))
@@ -335,13 +419,15 @@ def int4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
         x2 = x2.contiguous()
     M = x2.shape[0]
     c = config or choose(M, N, K)
-    if (c.words or c.gemv) and not word_groups(c, group, K, g_idx):  # activation order, or a group inside a word
+    if (c.words or c.gemv or c.swap) and not word_groups(c, group, K, g_idx):  # activation order, a group in a word
         if config is not None and c.gemv:
             raise ValueError(f"the one-row kernel needs each word in one group: group {group}, block_k {c.block_k}, "
                              f"activation order {g_idx is not None}")
         c = Config()  # the tile form reads every layout
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     launch = dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    if M and c.swap:
+        return _swapped(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
     if M and (c.words or c.gemv):
         return _sliced(x2, packed, scale, zero, group, c, y, launch).reshape(*x.shape[:-1], N)
     if M:
@@ -366,6 +452,29 @@ def half(x: torch.Tensor, scale: torch.Tensor) -> int:
     if scale.dtype != x.dtype or (INTERPRETED and x.dtype == torch.bfloat16):
         return 0
     return {torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0)
+
+
+def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
+             c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
+    """The swapped form's launch: a program a block_n rows of the weight by block_m + tail rows of x; the tiles by
+    tensor descriptors where the device has bulk copies and x and the words allow them (tiles.describable), else
+    by address."""
+    (M, K), N = x2.shape, packed.shape[0]
+    rows = c.block_m + c.tail
+    tma = bulk_copies(x2.device) and describable(x2, packed)
+    launch = dict(launch, num_stages=swap_stages(c, x2.element_size(), shared_memory(x2.device)))
+    if tma:
+        x_arg = descriptor(x2, [c.block_m, c.block_k])
+        xt_arg, w_arg = descriptor(x2, [c.tail, c.block_k]) if c.tail else x_arg, descriptor(packed, [c.block_n,
+                                                                                                   c.block_k // 8])
+    else:
+        x_arg, xt_arg, w_arg = x2, x2, packed
+    _int4_swap[(triton.cdiv(N, c.block_n), triton.cdiv(M, rows))](
+        x_arg, xt_arg, w_arg, scale, packed if zero is None else zero, y, M, N, K, packed.shape[1], scale.shape[1],
+        x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0,
+        PRECISION=precision(x2), UPCAST=INTERPRETED, TMA=tma, BLOCK_M=c.block_m, TAIL=c.tail, BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k, **launch)
+    return y
 
 
 def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
