@@ -513,7 +513,8 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
 
 def test_the_sass_count_reads_the_longest_loop_of_a_listing():
     """benchmarks/gpu/sass.py's reader of nvdisasm's listing: the longest label-to-branch-back span, predicates and
-    modifiers stripped from each opcode."""
+    modifiers stripped from each opcode; a span with the kernel's EXIT in it (an out-of-line wait after the end
+    that branches back into the loop) is no loop; `holding` asks for a loop with such an instruction."""
     from ddtree_viz.benchmarks.gpu.sass import loop_body, opcode
 
     listing = """
@@ -530,20 +531,34 @@ def test_the_sass_count_reads_the_longest_loop_of_a_listing():
     body = loop_body(listing)
     assert [opcode(i) for i in body] == ["LDG", "LOP3", "BRA"]
     assert loop_body("        /*0000*/                   EXIT ;") == []
+    stub = listing + """.L_x_2:
+        /*0070*/              @!P1 BRA `(.L_x_2) ;
+        /*0080*/                   BRA `(.L_x_0) ;
+"""
+    assert [opcode(i) for i in loop_body(stub)] == ["LDG", "LOP3", "BRA"]  # not .L_x_0 to the stub's branch
+    assert [opcode(i) for i in loop_body(stub, holding="FADD")] == ["FADD", "BRA"]
+    assert loop_body(stub, holding="HGMMA") == []
 
 
-def test_int4_sass_counts_each_launch_without_a_gpu(tmp_path):
-    """gpu_bench --int4-sass compiles the 4-bit GEMM's forms for sm_90a (Triton's compiler and its ptxas; no GPU)
-    and counts each k loop's instructions a weight; skipped where Triton is not installed (CI's CPU torch)."""
+def test_int4_and_fp8_sass_count_each_launch_without_a_gpu(tmp_path):
+    """gpu_bench --int4-sass --fp8-sass compiles the 4-bit GEMM's forms and the FP8 verify tiles for sm_90a
+    (Triton's compiler and its ptxas; no GPU) and counts each k loop's instructions a weight; the FP8 loop is the
+    one with the tensor-core products, and with its tiles by bulk copies it issues fewer a weight and spills no
+    register (NOTEBOOK section 49). Skipped where Triton is not installed (CI's CPU torch)."""
     pytest.importorskip("triton")
     from ddtree_viz.benchmarks import gpu
-    from ddtree_viz.benchmarks.gpu.sass import LAUNCHES
+    from ddtree_viz.benchmarks.gpu.sass import FP8_LAUNCHES, LAUNCHES
 
     out = tmp_path / "sass.json"
-    assert gpu.main(["--int4-sass", "--json", str(out)]) == 0
-    launches = json.loads(out.read_text())["int4_sass"]["launches"]
-    assert len(launches) == len(LAUNCHES)
-    for launch in launches:
+    assert gpu.main(["--int4-sass", "--fp8-sass", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [len(report[k]["launches"]) for k in ("int4_sass", "fp8_sass")] == [len(LAUNCHES), len(FP8_LAUNCHES)]
+    for launch in report["int4_sass"]["launches"] + report["fp8_sass"]["launches"]:
         assert launch["loop_instructions"] > 0 and 1 < launch["per_weight"] < 100, launch
         assert launch["per_weight"] == round(launch["loop_instructions"] * 32 * launch["warps"]
                                              / (launch["block_n"] * launch["block_k"]), 2)
+    fp8 = {(f["rows"], f["block_n"], f["tma"]): f for f in report["fp8_sass"]["launches"]}
+    for rows, block_n, _ in fp8:
+        bulk, loads = fp8[rows, block_n, True], fp8[rows, block_n, False]
+        assert bulk["tensor_core"] > 0 and bulk["spills"] == 0, bulk
+        assert bulk["per_weight"] < loads["per_weight"], (bulk, loads)

@@ -150,6 +150,10 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                    help="no GPU needed: the 4-bit GEMM's forms compiled for sm_90a and the instructions a thread "
                         "issues a weight in their k loops, by opcode (benchmarks/gpu/sass.py: a proxy for what "
                         "bounds them, not a timing); nothing else is measured")
+    p.add_argument("--fp8-sass", action="store_true",
+                   help="no GPU needed: the FP8 GEMM's tree-verify tiles compiled for sm_90a, with their tiles by "
+                        "bulk copies and by address, and the instructions a thread issues a weight in their k loops "
+                        "(sass.py); with --int4-sass both; nothing else is measured")
     p.add_argument("--int4-table", metavar="JSON",
                    help="--int4: the 4-bit GEMM's launches from this table (a gpu_bench --int4-tune JSON, or a table "
                         "as engine/kernels/int4_gemm/tuned.json) instead of the shipped one, for this run")
@@ -197,20 +201,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def count_sass(a: argparse.Namespace) -> int:
-    """--int4-sass: the 4-bit GEMM's launches compiled for sm_90a and counted (sass.py), printed and saved."""
-    from .sass import int4_sass
+    """--int4-sass, --fp8-sass: the GEMMs' launches compiled for sm_90a and counted (sass.py), printed and saved."""
+    from .sass import fp8_sass, int4_sass
 
-    counted = int4_sass()
-    for launch in counted.get("launches", []):
-        print({k: launch[k] for k in ("form", "rows", "block_n", "block_k", "warps", "half", "per_weight")})
+    report = {}
+    for flag, name, count, keys in ((a.int4_sass, "int4_sass", int4_sass, ("form", "rows", "block_n", "block_k",
+                                                                               "warps", "half")),
+                                    (a.fp8_sass, "fp8_sass", fp8_sass, ("rows", "block_n", "warps", "tma"))):
+        if flag:
+            report[name] = count()
+            for launch in report[name].get("launches", []):
+                print(name, {k: launch[k] for k in (*keys, "per_weight", "spills")})
     if a.json:
-        Path(a.json).write_text(json.dumps({"int4_sass": counted}, indent=1))
-    return 0 if "error" not in counted else 1
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0 if all("error" not in r for r in report.values()) else 1
 
 
 def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
     """What the flags ask for, measured part by part, the report saved after each part (--json)."""
-    if a.int4_sass:  # on any machine with Triton: compiled, not run
+    if a.int4_sass or a.fp8_sass:  # on any machine with Triton: compiled, not run
         return count_sass(a)
     if a.memory_plan is not None:  # on any machine: the meta device
         from .memory import LONG_CONTEXT

@@ -26,6 +26,7 @@ from .config import BenchConfig
 from ..harness import timer
 from .harness import copy_bandwidth, per_call_us
 from .models import build_quantized_target, layer_gemms
+from ...engine.kernels.tiles import row_blocks
 
 
 def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: int = 24) -> dict:
@@ -117,8 +118,10 @@ L2_SPAN = 160e6  # bytes the copies of a weight span: over twice an H100's / H20
 
 def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
     """The launches tried at `rows` of an [n, k] weight: today's choice, the word form's tiles and splits (each with
-    its weights dequantized in float32 and in the activations' dtype), and at one row the one-row form's (rows of
-    the weight a program, a step's columns, warps, input slices) beside the word form's launch of the rules."""
+    its weights dequantized in float32 and in the activations' dtype), at a verify's rows the swapped form's (rows
+    of the weight a program, a step's columns, warps, the dequantization's dtype), and at one row the one-row
+    form's (rows of the weight a program, a step's columns, warps, input slices) beside the word form's launch of
+    the rules."""
     Config = kernel.Config
     out = {"tile_default": Config(), "chosen": kernel.choose(rows, n, k)}
     if rows == 1:
@@ -139,6 +142,11 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
         out[f"words_m{bm}_n{bn}_k{bk}_s{split}_w{warps}_p{stages}{'_half' if half else ''}"] = Config(
             block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, words=True, split_k=split, block_m=bm,
             half=half)
+    if rows > 16:  # the swapped form: all rows a program as a block and a tail
+        main, tail = row_blocks(rows)
+        for bn, bk, warps, half in itertools.product((64, 128), (64, 128), (4, 8), (False, True)):
+            out[f"swap_m{main}+{tail}_n{bn}_k{bk}_w{warps}{'_half' if half else ''}"] = Config(
+                block_n=bn, block_k=bk, num_warps=warps, swap=True, block_m=main, tail=tail, half=half)
     return out
 
 
