@@ -409,6 +409,11 @@ def hostile(trace: Trace) -> Trace:
     and the trace's `invalid` note (text with whitespace, which the data carries as it is) too."""
     texts = {str(i): EVIL[i % len(EVIL)] for i in {int(k) for k in trace.token_texts}
              | {n.token_id for s in trace.steps for n in s.nodes} | set(trace.output_ids) | set(trace.greedy_ids)}
+    # the tree drawn last shows every text, whichever token ids this machine's arithmetic put in it (by id alone, a
+    # tree without an id of each residue lacked some: 1 mod 10's "<!--" on one machine)
+    last = list(dict.fromkeys(n.token_id for n in trace.steps[-1].nodes))
+    assert len(last) >= len(EVIL)
+    texts.update({str(i): EVIL[j % len(EVIL)] for j, i in enumerate(last)})
     steps = tuple(dataclasses.replace(s, nodes=tuple(dataclasses.replace(n, token=texts[str(n.token_id)])
                                                     for n in s.nodes)) for s in trace.steps)
     return dataclasses.replace(trace, steps=steps, token_texts=texts, prompt="".join(EVIL),
