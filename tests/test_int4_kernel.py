@@ -84,6 +84,10 @@ CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block
            "words_k64_split_3_m32": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32),
            "words_k64_split_3_m32_half": Config(block_n=32, block_k=64, words=True, split_k=3, block_m=32, half=True),
            "words_k128_split_2_half": Config(block_n=16, block_k=128, words=True, split_k=2, half=True),
+           # the word form's products a field at a time (16 words a step or more)
+           "words_k128_split_2_fields": Config(block_n=16, block_k=128, words=True, split_k=2, fields=True),
+           "words_k128_m32_fields_half": Config(block_n=32, block_k=128, words=True, block_m=32, fields=True,
+                                                half=True),
            # the swapped form: the unpacked tile first, all rows of x a program (a block and a tail)
            "swap_k64_m64_tail16": Config(block_n=32, block_k=64, swap=True, block_m=64, tail=16),
            "swap_k128_m16_tail16_half": Config(block_n=64, block_k=128, swap=True, block_m=16, tail=16, half=True),

@@ -123,7 +123,10 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
     form's (rows of the weight a program, a step's columns, warps, input slices) beside the word form's launch of
     the rules."""
     Config = kernel.Config
-    out = {"tile_default": Config(), "chosen": kernel.choose(rows, n, k)}
+    chosen = kernel.choose(rows, n, k)
+    out = {"tile_default": Config(), "chosen": chosen}
+    if chosen.words and chosen.block_k >= 128 and not chosen.fields:  # the products a field at a time beside it
+        out["chosen_fields"] = dataclasses.replace(chosen, fields=True)
     if rows == 1:
         for split, half in itertools.product((1, 4), (False, True)):
             out[f"words_m16_n64_k256_s{split}_w4_p3{'_half' if half else ''}"] = Config(

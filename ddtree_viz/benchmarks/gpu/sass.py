@@ -104,8 +104,8 @@ def count(form: str, rows: int, block_n: int, block_k: int, warps: int, half: bo
     fn = {"gemv": kernel._int4_gemv, "words": kernel._int4_words, "swap": kernel._int4_swap}[form]
     consts = dict(GROUP=128, ASYM=False, BLOCK_N=block_n, BLOCK_K=block_k)
     signature = {a: ARGUMENTS.get(a, "constexpr") for a in fn.arg_names}
-    if form == "words":
-        consts.update(HALF=int(half), PRECISION="tf32", UPCAST=False, BLOCK_M=rows)
+    if form == "words":  # the products a field at a time (Config.fields), the form sections 47-49 counted
+        consts.update(HALF=int(half), PRECISION="tf32", UPCAST=False, FIELDS=True, BLOCK_M=rows)
     if form == "swap":
         main, tail = row_blocks(rows)
         consts.update(HALF=int(half), PRECISION="tf32", UPCAST=False, TMA=True, BLOCK_M=main, TAIL=tail)

@@ -71,6 +71,11 @@ class Config:
     # the word form's weights dequantized in the activations' dtype where the scales are in it too (`half`), not in
     # float32 and cast: the same weights, fewer instructions (chosen where the sweep measured it faster)
     half: bool = False
+    # the word form's products a field at a time where a step has 16 words or more (fields i and i + 4 of every
+    # word against x's columns 8 w + i, split out of its tile), not one product of the tile in its columns' order:
+    # fewer instructions counted (NOTEBOOK section 47), yet the step at one row it ran in took 37.14 ms where the one
+    # product's took 24.60 (an H100, NOTEBOOK section 50): taken only where a table measured it faster
+    fields: bool = False
     # the swapped form (_int4_swap, a verify's): a program block_n rows of the weight by all block_m + tail rows of
     # x, each step's words unpacked once into the weight tile in its columns' order, the tile the products' first
     # operand (y^T = W x^T: on Hopper from registers into the tensor cores) against block_m rows of x, then the same
@@ -85,12 +90,14 @@ def choose(rows: int, n: int, k: int) -> Config:
     gpu_bench --int4-tune on an H200 at the 27B's GEMMs (docs/bench/gpu-h200-2026-12-06-int4-tune.json;
     docs/lab/NOTEBOOK.md sections 39 and 40; the tile form ran 14-16x slower): 64-row tiles of 256 columns, the
     input in four slices where the output is narrow (5,120 rows: out_proj, o_proj, down_proj) or wide (gate + up's
-    34,816), in one between (in_proj, q + k + v). A verify's rows (17 to 160) the swapped form in one slice (a
+    34,816), in one between (in_proj, q + k + v), one product a step (not `fields`: the step took 37.14 ms with
+    it, 24.60 with one product; section 50). A verify's rows (17 to 160) the swapped form in one slice (a
     slice's float32 partial products, held per GEMM in a verify's graph, took a 24 GB card past its cap at budget
     128), the rows as a block and a tail (tiles.row_blocks: 65 = 64 + 16, 129 = 128 + 16), steps of 128 columns,
     dequantized in float32, 128 weight rows a program where the output is wide (8 warps past 96 rows) and 64 where
     it is narrow (4 warps): in sm_90a SASS 8.2-9.7 instructions a weight against the word form's 25.8 (gpu_bench
-    --int4-sass; NOTEBOOK section 49), its speed not yet measured on a GPU. Past 160 rows (a prefill) the word
+    --int4-sass; NOTEBOOK section 49); on an H100 the verify at budget 64 took 37.80 ms with it where the word
+    form's took 47.88 (section 50). Past 160 rows (a prefill) the word
     form's 128 x 128 / 64 x 128 tiles. None names the one-row form or `half` (6.4-7.9 with the swapped form): taken
     only where the table measured them faster, since bfloat16's `_magic` cannot run in the interpreter."""
     measured = table.lookup(rows, n, k)
@@ -302,7 +309,8 @@ def _field_pair(acc, x, words, I: tl.constexpr, offset, scale, HALF: tl.constexp
 @triton.jit
 def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, stride_xm, SLICE,
                 GROUP: tl.constexpr, ASYM: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr,
-                UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                UPCAST: tl.constexpr, FIELDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(2)
@@ -318,7 +326,7 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
         rk = k0 + tl.arange(0, BLOCK_K)
         xs = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :],
                      other=0.0)
-        if BLOCK_K >= 128:  # a product a field (its columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
+        if FIELDS and BLOCK_K >= 128:  # a product a field (its columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
             x00, x01, x10, x11 = _field_columns(tl.reshape(xs, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
             acc = _field_pair(acc, x00, words, 0, offset, scale, HALF, PRECISION, UPCAST)  # (c, b) = (0, 0)
             acc = _field_pair(acc, x01, words, 2, offset, scale, HALF, PRECISION, UPCAST)
@@ -495,6 +503,6 @@ def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: t
         bm = c.block_m or block_m(M)
         _int4_words[(triton.cdiv(M, bm), triton.cdiv(N, c.block_n), parts)](
             x2, packed, scale, z, out, M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), slice_k, GROUP=group,
-            ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2), UPCAST=INTERPRETED, BLOCK_M=bm, BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k, **launch)
+            ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2),
+            UPCAST=INTERPRETED, FIELDS=c.fields, BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
     return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
