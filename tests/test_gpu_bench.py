@@ -280,7 +280,7 @@ def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
     speed = report["speed"]
     assert speed["quantized_only"] and "greedy_step_ms" not in speed  # no bf16 figure made up
     f = speed["fast"]["int4"]
-    assert "error" not in f, f.get("error")
+    assert "error" not in f and "partial" not in f, f.get("error")
     bf16_drafter = memory.model_bytes(models.build_drafter(config.BenchConfig(smoke=True, device="cpu"),
                                                      models.build_target(config.BenchConfig(smoke=True, device="cpu"), 4,
                                                                       torch.bfloat16), torch.bfloat16))
@@ -297,6 +297,27 @@ def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             gpu.main(argv)
         assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_run_cut_in_a_quantized_phase_keeps_what_it_measured(tmp_path, monkeypatch):
+    """A device call's time limit stops gpu_bench with SIGINT (`timeout -s INT`: a KeyboardInterrupt, which no
+    `except Exception` catches): the report on disk keeps the quantized phase's step, verifies, rounds and peaks
+    measured before the cut, marked partial (an H100 run cut in the 4-bit GEMMs' timings had them only in its log)."""
+    from ddtree_viz.benchmarks.gpu import quantized
+
+    def cut(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(quantized.GEMMS, "int4", cut)
+    out = tmp_path / "cut.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu.main(["--smoke", "--layers", "4", "--budgets", "4", "8", "--json", str(out), "--fast", "--fast-only",
+                  "--int4", "--quantized-only", "--fp8-context", "200", "--no-profiler"])
+    f = json.loads(out.read_text())["speed"]["fast"]["int4"]
+    assert f["partial"] is True and "gemms" not in f and "error" not in f
+    assert f["greedy_step_ms"] > 0 and [row["budget"] for row in f["budgets"]] == [4, 8]
+    assert f["round_budget_64"]["round_ms"] > 0
+    assert (f["peak_memory"]["context"], f["peak_memory_long"]["context"]) == (200, 400)
 
 
 def test_gpu_bench_dflash2_needs_the_runner(capsys):

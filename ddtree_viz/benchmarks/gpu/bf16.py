@@ -20,11 +20,11 @@ from .drafter import drafter_pass
 from ..harness import clock, phase_medians, progress, timed_call, timer
 from .memory import peak_memory_gib
 from .models import DFLASH2_CONFIG, build_drafter, layer_devices, measured_models, pair_of
-from .quantized import quantize_drafter_int4, quantized_speed_or_error
+from .quantized import quantize_drafter_int4, quantized_phase
 from .rounds import runner_rounds
 from .runner import (bench_runner, best_first_warps, gate_up_forms, graph_launch, greedy_step_chained, greedy_stepper,
                      prefill_kernels, runner_prefill, runner_variants, tree_build)
-from .targets import fast_targets, quantized_targets, round_targets
+from .targets import fast_targets, round_targets
 from .tree_forms import tree_forms
 
 
@@ -97,12 +97,9 @@ def speed(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int
         for weights in bench.quantized:
             if weights == "int4" and bench.int4_drafter:  # the last phase: its drafter 4-bit, as on a 24 GB card
                 quantize_drafter_int4(drafter)
-            out["fast"][weights] = quantized_speed_or_error(bench, weights, layers, dtype, budgets, drafter,
-                                                            prompt[0].tolist(), logprobs,
-                                                            out["copy_bandwidth_TBps"] * 1e12, out["fast"])
-            if "error" not in out["fast"][weights]:
-                out["fast"]["targets"].update(quantized_targets(out["fast"][weights], weights))
-            saved(out)
+            quantized_phase(bench, out["fast"], weights, (layers, dtype, budgets, drafter, prompt[0].tolist(), logprobs,
+                                                          out["copy_bandwidth_TBps"] * 1e12, out["fast"]),
+                            lambda: saved(out))
     elif bench.cuda:  # the caller builds the next model; free this one's memory first
         del target, base, prefill
     if bench.cuda:

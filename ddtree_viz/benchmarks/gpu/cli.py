@@ -262,16 +262,16 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
         report["int4_tune"] = int4_tune(bench, dtype, saved=tuned)
         save()
         return 0
+    def saved(part):  # the figures so far, after each of speed's phases
+        report["speed"] = part
+        save()
+
     if a.quantized_only:
-        report["speed"] = quantized_alone(bench, a.layers, dtype, a.budgets)
+        report["speed"] = quantized_alone(bench, a.layers, dtype, a.budgets, saved=saved)
         print(json.dumps({"targets": report["speed"]["fast"]["targets"]}, indent=1), flush=True)
         save()
         return 0
     if not a.skip_speed:
-        def saved(part):  # the figures so far, after each of speed's phases
-            report["speed"] = part
-            save()
-
         report["speed"] = speed(bench, a.layers, dtype, a.budgets, saved=saved)
         print(json.dumps(report["speed"], indent=1), flush=True)
         save()

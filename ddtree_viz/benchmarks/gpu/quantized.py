@@ -27,7 +27,8 @@ GEMMS = {"fp8": fp8_gemms, "int4": int4_gemms}  # each format's GEMMs of a layer
 
 
 @torch.no_grad()
-def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int]) -> dict:
+def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets: list[int],
+                    saved=lambda part: None) -> dict:
     """--quantized-only: each --fp8 / --int4 target measured with no bf16 target built before it in this process, as
     a user's process holds it (the quantized target, its drafter and the session; and for a device call's time
     limit). The drafter is built against the target's config, bf16, or with --int4-drafter its Linears 4-bit too
@@ -35,7 +36,6 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
     run drafts them from a prompt's features: a tree's size, not its tokens, sets a verify's cost."""
     from types import SimpleNamespace
 
-    from ...engine.weights import int4_common as int4
     from ...engine.verify import device_sync
 
     cfg = target_config(bench, layers)
@@ -52,12 +52,24 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
                              "GiB": model_bytes(drafter) / 2**30},
                  "fast": {"targets": {}}}
     for weights in bench.quantized:
-        f = quantized_speed_or_error(bench, weights, layers, dtype, budgets, drafter, prompt,
-                                     logprobs.to(bench.device), bandwidth, {"budgets": [], "greedy_step_ms": None})
-        out["fast"][weights] = f
-        if "error" not in f:
-            out["fast"]["targets"].update(quantized_targets(f, weights))
+        quantized_phase(bench, out["fast"], weights, (layers, dtype, budgets, drafter, prompt, logprobs.to(bench.device),
+                                                      bandwidth, {"budgets": [], "greedy_step_ms": None}),
+                        lambda: saved(out))
     return out
+
+
+def quantized_phase(bench: BenchConfig, fast: dict, weights: str, args: tuple, saved) -> None:
+    """One quantized target's figures (quantized_speed_or_error over `args`) into fast[weights] as they come, marked
+    "partial" until the phase ends, `saved()` after each of its parts: a run cut by a device call's time limit (an
+    interrupt, not an exception) keeps in its report the step, verifies and rounds measured before the cut. Then
+    its targets into fast["targets"]."""
+    part = fast[weights] = {"partial": True}
+    done = quantized_speed_or_error(bench, weights, *args, out=part, saved=saved)
+    if "error" not in done:
+        done.pop("partial")
+        fast["targets"].update(quantized_targets(done, weights))
+    fast[weights] = done
+    saved()
 
 
 def long_context_peak(bench: BenchConfig, pair, weights: str, cap_gb) -> dict:
@@ -89,12 +101,13 @@ def quantize_drafter_int4(drafter) -> None:
     int4.quantize_linears(drafter, int4.Int4Spec(INT4_GROUP, True))
 
 
-def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
+def quantized_speed_or_error(bench: BenchConfig, *args, out: dict | None = None, saved=None) -> dict:
     """quantized_speed, or what broke (traceback on stderr; the cap lifted) beside what it measured before (its
-    memory trail among them): the bf16 figures still come back."""
-    out: dict = {}
+    memory trail among them): the bf16 figures still come back. `out`: the dict it fills as it goes, `saved()`
+    called after each of its parts (quantized_speed)."""
+    out = {} if out is None else out
     try:
-        return quantized_speed(bench, *args, out=out)
+        return quantized_speed(bench, *args, out=out, saved=saved)
     except Exception as exc:  # noqa: BLE001 - e.g. out of memory under the cap: that is a finding, reported
         traceback.print_exc()
         memory_cap(bench, None)
@@ -103,14 +116,17 @@ def quantized_speed_or_error(bench: BenchConfig, *args) -> dict:
 
 @torch.no_grad()
 def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.dtype, budgets: list[int], drafter,
-                    prompt: list[int], logprobs, bandwidth: float, bf16: dict, out: dict | None = None) -> dict:
+                    prompt: list[int], logprobs, bandwidth: float, bf16: dict, out: dict | None = None,
+                    saved=None) -> dict:
     """Issue #29 items 2 and 5, after the bf16 target is freed: the same shapes with quantized weights made at
     random (`weights` "fp8" or "int4": build_quantized_target) under the process's memory cap (bench.cap_gb), on the
     runner with the forms of the bf16 run: its weight-read bound (the quantized bytes + scales + the bf16 rest at
     the copy bandwidth measured before), the greedy step, each budget's verify, whole rounds at budget 64 (the same
     bf16 drafter), the peak memory of a session at a `bench.fp8_context`-token prompt and budget 64
     (quantized_peak_memory), for FP8 the GEMMs one by one (fp8_gemms), each beside the bf16 run's figure; the step
-    chained and its kernels by kind (greedy_step_chained)."""
+    chained and its kernels by kind (greedy_step_chained). `saved()`, where given, after the step, verifies and
+    rounds, after each peak and at the end: a run cut by a device call's time limit (an interrupt, not an
+    exception) keeps in its report what it measured before the cut."""
     from ...engine.engines import RunnerEngine
     from ...engine.tree import DraftTree
     from ...engine.verify import device_sync
@@ -157,12 +173,16 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     out.update(greedy_step_per_bound=step / bound_ms, bf16_greedy_step_ms=bf16_step,
                greedy_step_vs_bf16=step / bf16_step if bf16_step else None)
     progress(weights, {k: v for k, v in out.items() if k != "blas"})
+    save = saved or (lambda: None)
+    save()
     del engine, runner
     free_cuda(bench)
     out["peak_memory"] = quantized_peak_memory(bench, pair, bench.fp8_context, budget=64, limit=PEAK_LIMIT[weights])
     progress(f"{weights}_peak_memory", out["peak_memory"])
+    save()
     if weights == "int4":  # issue #67: the 4-bit session at a long context too (what a 24 GB card leaves for it)
         out["peak_memory_long"] = long_context_peak(bench, pair, weights, out["memory_cap_GB"])
+        save()
     out["gemms"] = GEMMS[weights](bench, target, timer(sync))
     del pair, target
     free_cuda(bench)
