@@ -262,6 +262,7 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
         report["int4_tune"] = int4_tune(bench, dtype, saved=tuned)
         save()
         return 0
+
     def saved(part):  # the figures so far, after each of speed's phases
         report["speed"] = part
         save()

@@ -52,9 +52,9 @@ def quantized_alone(bench: BenchConfig, layers: int, dtype: torch.dtype, budgets
                              "GiB": model_bytes(drafter) / 2**30},
                  "fast": {"targets": {}}}
     for weights in bench.quantized:
-        quantized_phase(bench, out["fast"], weights, (layers, dtype, budgets, drafter, prompt, logprobs.to(bench.device),
-                                                      bandwidth, {"budgets": [], "greedy_step_ms": None}),
-                        lambda: saved(out))
+        args = (layers, dtype, budgets, drafter, prompt, logprobs.to(bench.device), bandwidth,
+                {"budgets": [], "greedy_step_ms": None})  # no bf16 figures beside these
+        quantized_phase(bench, out["fast"], weights, args, lambda: saved(out))
     return out
 
 

@@ -54,3 +54,13 @@ def descriptor(t: torch.Tensor, block: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block)
+
+
+def row_operands(x: torch.Tensor, weight: torch.Tensor, block_m: int, tail: int, x_cols: int, weight_block: list[int]):
+    """(x's block, x's tail rows, the weight) as tensor descriptors of [block_m, x_cols], [tail, x_cols] and
+    `weight_block` tiles (the tail's the block's where there is no tail: unread), the tree-verify forms' bulk
+    copies; None where x or the weight cannot be described (`describable`): the caller loads by address."""
+    if not describable(x, weight):
+        return None
+    x_arg = descriptor(x, [block_m, x_cols])
+    return x_arg, descriptor(x, [tail, x_cols]) if tail else x_arg, descriptor(weight, weight_block)

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from .. import pdl
-from ..tiles import bulk_copies, descriptor, describable, row_blocks, shared_memory
+from ..tiles import bulk_copies, row_blocks, row_operands, shared_memory
 
 BLOCK_K = 128
 SUM_BLOCK = 1024  # elements of y a program of _sum_splits adds
@@ -370,13 +370,12 @@ def one_row(N: int, K: int, sms: int) -> Config:
 
 def _operands(x: torch.Tensor, weight: torch.Tensor, c: Config):
     """(the kernel's x, x tail and weight arguments, the config it runs with): where c asks for bulk copies and both
-    allow them (tiles.describable), tensor descriptors of [block_m, BLOCK_K] tiles of x, [tail, BLOCK_K] of its
+    allow them (tiles.row_operands), tensor descriptors of [block_m, BLOCK_K] tiles of x, [tail, BLOCK_K] of its
     tail rows and [block_n, BLOCK_K] of the weight; else the tensors themselves (x twice: the tail's argument
     unread) and c without them."""
-    if c.tma and describable(x, weight):
-        x_arg = descriptor(x, [c.block_m, BLOCK_K])
-        xt_arg = descriptor(x, [c.tail, BLOCK_K]) if c.tail else x_arg
-        return x_arg, xt_arg, descriptor(weight, [c.block_n, BLOCK_K]), c
+    described = row_operands(x, weight, c.block_m, c.tail, BLOCK_K, [c.block_n, BLOCK_K]) if c.tma else None
+    if described is not None:
+        return *described, c
     return x, x, weight, dataclasses.replace(c, tma=False)
 
 
@@ -428,8 +427,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
         q = plain if plain is not None else weight  # (an unread pointer without plain rows)
         _fp8_gemv[grid](x_arg, *args, q, q.stride(0), NQ, PLAIN=plain is not None, **consts, **pdl.keywords(x))
     else:
-        _fp8_gemm[grid](x_arg, xt_arg, *args, BLOCK_M=c.block_m, PRECISION="ieee" if x.dtype == torch.float32 or INTERPRETED
-                        else "tf32", UPCAST=INTERPRETED, SWAP=c.swap, TAIL=c.tail, TMA=c.tma, **consts)
+        precision = "ieee" if x.dtype == torch.float32 or INTERPRETED else "tf32"
+        _fp8_gemm[grid](x_arg, xt_arg, *args, BLOCK_M=c.block_m, PRECISION=precision, UPCAST=INTERPRETED, SWAP=c.swap,
+                        TAIL=c.tail, TMA=c.tma, **consts)
     if c.split_k > 1 and not c.sum_in_launch:  # the splits' float32 sums added in a fixed order, rounded once
         _sum_splits[(triton.cdiv(M * (N + NQ), SUM_BLOCK),)](partial, y, M * (N + NQ), SPLIT=c.split_k,
                                                              BLOCK=SUM_BLOCK)

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..tiles import bulk_copies, descriptor, describable, row_blocks, shared_memory
+from ..tiles import bulk_copies, row_blocks, row_operands, shared_memory
 from . import table
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's interpreter (CPU tensors: the tests)
@@ -97,9 +97,9 @@ def choose(rows: int, n: int, k: int) -> Config:
     dequantized in float32, 128 weight rows a program where the output is wide (8 warps past 96 rows) and 64 where
     it is narrow (4 warps): in sm_90a SASS 8.2-9.7 instructions a weight against the word form's 25.8 (gpu_bench
     --int4-sass; NOTEBOOK section 49); on an H100 the verify at budget 64 took 37.80 ms with it where the word
-    form's took 47.88 (section 50). Past 160 rows (a prefill) the word
-    form's 128 x 128 / 64 x 128 tiles. None names the one-row form or `half` (6.4-7.9 with the swapped form): taken
-    only where the table measured them faster, since bfloat16's `_magic` cannot run in the interpreter."""
+    form's took 47.88 (section 50). Past 160 rows (a prefill) the word form's 128 x 128 / 64 x 128 tiles. None names
+    the one-row form or `half` (6.4-7.9 with the swapped form): taken only where the table measured them faster,
+    since bfloat16's `_magic` cannot run in the interpreter."""
     measured = table.lookup(rows, n, k)
     if measured is not None:
         return Config(**measured)
@@ -326,7 +326,7 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
         rk = k0 + tl.arange(0, BLOCK_K)
         xs = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :],
                      other=0.0)
-        if FIELDS and BLOCK_K >= 128:  # a product a field (its columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
+        if FIELDS and BLOCK_K >= 128:  # a product a field (columns 8 w + i: block_k / 8 >= 16, a tensor-core step)
             x00, x01, x10, x11 = _field_columns(tl.reshape(xs, (BLOCK_M, BLOCK_K // 8, 2, 2, 2)))
             acc = _field_pair(acc, x00, words, 0, offset, scale, HALF, PRECISION, UPCAST)  # (c, b) = (0, 0)
             acc = _field_pair(acc, x01, words, 2, offset, scale, HALF, PRECISION, UPCAST)
@@ -465,18 +465,15 @@ def half(x: torch.Tensor, scale: torch.Tensor) -> int:
 def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
              c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
     """The swapped form's launch: a program a block_n rows of the weight by block_m + tail rows of x; the tiles by
-    tensor descriptors where the device has bulk copies and x and the words allow them (tiles.describable), else
+    tensor descriptors where the device has bulk copies and x and the words allow them (tiles.row_operands), else
     by address."""
     (M, K), N = x2.shape, packed.shape[0]
     rows = c.block_m + c.tail
-    tma = bulk_copies(x2.device) and describable(x2, packed)
     launch = dict(launch, num_stages=swap_stages(c, x2.element_size(), shared_memory(x2.device)))
-    if tma:
-        x_arg = descriptor(x2, [c.block_m, c.block_k])
-        xt_arg, w_arg = descriptor(x2, [c.tail, c.block_k]) if c.tail else x_arg, descriptor(packed, [c.block_n,
-                                                                                                   c.block_k // 8])
-    else:
-        x_arg, xt_arg, w_arg = x2, x2, packed
+    described = (row_operands(x2, packed, c.block_m, c.tail, c.block_k, [c.block_n, c.block_k // 8])
+                 if bulk_copies(x2.device) else None)
+    tma = described is not None
+    x_arg, xt_arg, w_arg = described if tma else (x2, x2, packed)
     _int4_swap[(triton.cdiv(N, c.block_n), triton.cdiv(M, rows))](
         x_arg, xt_arg, w_arg, scale, packed if zero is None else zero, y, M, N, K, packed.shape[1], scale.shape[1],
         x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0,
