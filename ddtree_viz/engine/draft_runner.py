@@ -31,7 +31,9 @@ device) and, in one host-to-device copy from a (pinned, on CUDA) staging buffer,
 MASK...], `start` (the first new row's position) and `committed` (context rows once they are in).
 On CUDA one graph is captured per (P, L, K) on first use, all in one memory pool; elsewhere (`graphs=False`, the
 CPU) the same function runs eagerly, so the CPU tests exercise it. A round whose new rows exceed P (the first
-round after a prefill, when the prompt's rows arrive at once) runs the same function eagerly with P = its rows.
+round after a prefill, when the prompt's rows arrive at once) has all but its last P rows' K/V written first,
+CONTEXT_CHUNK rows at a time (_write_context: a row's K/V depend on that row alone), then runs the padded
+function on the last P rows as any round does: a 16k-token prompt never makes activations of 16k rows.
 
 Dimension letters: P = padded new context rows, L = block length (root + drafted depths), K = key length
 bucket, F = context feature width, H = hidden size, V = vocabulary.
@@ -50,6 +52,10 @@ from .drafter import DFlashDecoderLayer, apply_rope, qwen3_rms_norm, rope_cos_si
 from .fused import Pieces, silu_mul
 
 ATTENTION_KINDS = ("eager", "sdpa")
+# context rows a pass of the context writer projects at once (_write_context): a 16k-token prompt's first round
+# then holds a chunk's activations (~60 MB at Qwen3.6-27B's widths), not the prompt's (~1 GB, in allocations of up
+# to 320 MiB that a 24 GB card's fragmented memory could not place: docs/lab/NOTEBOOK.md section 51)
+CONTEXT_CHUNK = 2048
 
 
 def static_blocker(drafter, target) -> str | None:
@@ -79,8 +85,13 @@ def qk_prep(q, k, q_weight, k_weight, q_eps: float, k_eps: float, cos, sin, head
     [1, 1, N, d]; the queries at the last L positions)."""
     L, N = q.shape[1], k.shape[1]
     q = qwen3_rms_norm(q.view(1, L, heads, head_dim), q_weight, q_eps).transpose(1, 2)
-    k = qwen3_rms_norm(k.view(1, N, kv_heads, head_dim), k_weight, k_eps).transpose(1, 2)
-    return apply_rope(q, cos[:, :, N - L:], sin[:, :, N - L:]), apply_rope(k, cos, sin)
+    return apply_rope(q, cos[:, :, N - L:], sin[:, :, N - L:]), k_prep(k, k_weight, k_eps, cos, sin, kv_heads, head_dim)
+
+
+def k_prep(k, k_weight, k_eps: float, cos, sin, kv_heads: int, head_dim: int):
+    """Keys as attention reads them: k [1, N, kv_heads * d] -> each head's RMSNorm, [1, kv_heads, N, d], RoPE."""
+    k = qwen3_rms_norm(k.view(1, k.shape[1], kv_heads, head_dim), k_weight, k_eps).transpose(1, 2)
+    return apply_rope(k, cos, sin)
 
 
 def attention_probs(scores, mask, scale: float, dtype: torch.dtype):
@@ -209,6 +220,23 @@ class StaticDrafter:
                     visible = visible & (-ahead < window)
             masks[causal, window] = visible.repeat(self.rep, 1)[None, None]
         return masks
+
+    def _write_context(self, feats: torch.Tensor, start: int) -> None:
+        """Context rows feats [n, F] at positions start .. start+n-1: each layer's K/V written as _draft writes a
+        new row's (fc and hidden_norm, k_proj, k_norm and RoPE, v_proj: a row's K/V depend on that row alone),
+        CONTEXT_CHUNK rows at a time, eagerly. For the rows of a prompt before its last block's worth (draft)."""
+        d = self.drafter
+        for lo in range(0, feats.shape[0], CONTEXT_CHUNK):
+            rows = feats[lo:lo + CONTEXT_CHUNK]
+            pos = start + lo + self._cols[:rows.shape[0]]
+            cos, sin = rope_cos_sin(pos[None], self.head_dim, self.config.rope_theta, self.dtype)
+            x_ctx = d.hidden_norm(d.fc(rows[None]))  # [1, n, H]
+            for i, layer in enumerate(d.layers):
+                attn = layer.self_attn
+                k = k_prep(attn.k_proj(x_ctx), attn.k_norm.weight, attn.k_norm.eps, cos, sin, self.n_kv, self.head_dim)
+                v = attn.v_proj(x_ctx).view(1, -1, self.n_kv, self.head_dim).transpose(1, 2)
+                self.keys[i].index_copy_(1, pos, k[0])
+                self.values[i].index_copy_(1, pos, v[0])
 
     def _draft(self, feats: torch.Tensor, block: torch.Tensor, cols: int) -> tuple[torch.Tensor, ...]:
         """feats [P, F] new context rows (rows past committed - start are padding), block [L + 2]: the block's ids,
@@ -370,19 +398,18 @@ class StaticDrafter:
             raise RuntimeError(f"drafter context out of step: {start} cached + {n} new != {committed_len}"
                                + (" (a queued draft's context not settled)" if self.unsettled else ""))
         pad = block_size  # a round's accepted path fits in the block
-        cols = self._room(start, max(n, pad), block_size)
-        feats, block_in = self._inputs(pad, block_size)
+        cols = self._room(start, max(n, pad), block_size)  # room for every new row before any is written
+        feats, _ = self._inputs(pad, block_size)
+        if n > pad:  # more new rows than a round brings (a prompt's): all but the last pad rows written first
+            older = n - pad
+            self._write_context(new_features[:older].to(self.device, self.dtype), start)
+            new_features, start, n = new_features[older:], start + older, pad  # the same key bucket as before
         self._fill_block(block_size, int(root_token_id), start, committed_len)
-        if n > pad:  # more new rows than a round brings (a prompt's): this shape once, eagerly, unpadded
-            self.eager_passes += 1
-            with sdpa_backends(self.device):
-                out = self._pass(new_features.to(self.device, self.dtype), block_in, cols)
-        else:
-            if n:
-                feats[:n].copy_(new_features)
-            if n < pad:
-                feats[n:].zero_()
-            out = tuple(t.clone() for t in self._run_slot(pad, block_size, cols))  # the graph's buffers: the next replay's
+        if n:
+            feats[:n].copy_(new_features)
+        if n < pad:
+            feats[n:].zero_()
+        out = tuple(t.clone() for t in self._run_slot(pad, block_size, cols))  # the graph's buffers: the next replay's
         self.length = committed_len
         self.host_ms = (time.perf_counter() - begun) * 1e3
         return out
