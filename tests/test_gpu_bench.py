@@ -293,7 +293,11 @@ def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
     assert targets["int4_peak_memory_long"]["target"] == "<= 22 GiB"
     assert f["round_budget_64"]["device_timeline"] == {"error": "not profiled (--no-profiler)"}
     for argv, words in ((["--smoke", "--fast", "--quantized-only"], "--quantized-only measures"),
-                        (["--smoke", "--fast", "--int4-drafter"], "--int4-drafter goes with")):
+                        (["--smoke", "--fast", "--int4-drafter"], "--int4-drafter goes with"),
+                        # the 4-bit checks named, the 4-bit target not built: nothing would be checked (an H100 run
+                        # came back with an empty report, section 51)
+                        (["--smoke", "--skip-speed", "--exactness", "--exactness-weights", "int4"], "--fast with --int4"),
+                        (["--smoke", "--fast", "--int4", "--exactness-weights", "int4"], "it needs --exactness")):
         with pytest.raises(SystemExit) as exc:
             gpu.main(argv)
         assert exc.value.code == 2 and words in capsys.readouterr().err

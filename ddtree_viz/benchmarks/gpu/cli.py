@@ -182,6 +182,10 @@ def checked_flags(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Non
         parser.error("--quantized-only measures the --fp8 / --int4 targets: name one, without --skip-speed")
     if a.memory_plan and not Path(a.memory_plan).is_file():
         parser.error(f"--memory-plan: no file {a.memory_plan!r} (a gpu_bench JSON, or nothing)")
+    unbuilt = [w for w in a.exactness_weights or () if w != "plain" and not getattr(a, w)]
+    if a.exactness_weights and (not a.exactness or unbuilt):
+        parser.error("--exactness-weights checks the weights --exactness builds: it needs --exactness, and --fast "
+                     f"with --{' --'.join(unbuilt) or 'fp8 / --int4'} for the quantized ones")
     if a.int4_drafter and not a.int4:
         parser.error("--int4-drafter goes with --int4")
     if a.int4_table and not (a.int4 and Path(a.int4_table).is_file()):
