@@ -359,3 +359,46 @@ def test_report_shows_the_study_per_category_escaped():
     got = speedup_html(study)
     assert "&lt;b&gt;math&lt;/b&gt;" in got and "<b>math</b>" not in got and "1.25" in got
     assert speedup_html({"budgets": "x"}) == "" and speedup_html(None) == ""
+
+
+def _runner_shapes(session) -> tuple:
+    """The runners a session decodes on and the shapes they have captured: (target runner, its slots, the static
+    drafter's slots)."""
+    runner = session.target_engine.runner
+    drafter = getattr(session.proposer, "runner", None)
+    return runner, set(runner._slots), set(getattr(drafter, "_slots", {}))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_timed_pass_replays_what_the_warm_up_captured(device):
+    """costs.warm_up: on a GPU every prompt decoded once, the longest first, so the timed pass of the speed-up's
+    validation replays graphs (no runner rebuilt for a longer prompt, no shape captured while timed: an H100's
+    validation, timed cold, measured rounds 31-33% slower than their cost); on a CPU nothing to warm (no decode)."""
+    import torch
+
+    from ddtree_viz.engine import costs
+    from ddtree_viz.engine.models import load_pair
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (CUDA graphs)")
+    pair = load_pair(device=device)
+    prompts = [pair.tokenizer(text)["input_ids"] for text in
+               ("def f(x):\n", "import os\n\n\ndef walk(root):\n    for name in os.listdir(root):\n" * 6, "class A:\n")]
+    session = costs._session(pair, "ddtree", 16, None, "runner", 24, costs.GREEDY, time_phases=False)
+    decoded = []
+
+    def decode(ids):
+        decoded.append(len(ids))
+        session.prefill(prompt_ids=ids)
+        while not session.done:
+            session.step()
+
+    costs.warm_up(pair, prompts, decode)
+    if device == "cpu":
+        assert decoded == []
+        return
+    assert decoded == sorted(map(len, prompts), reverse=True)
+    warmed = _runner_shapes(session)
+    for ids in prompts:
+        decode(ids)
+        assert _runner_shapes(session) == warmed  # the same runner, nothing captured in the timed pass
