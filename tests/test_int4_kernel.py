@@ -91,7 +91,11 @@ CONFIGS = {"block_n_32": Config(block_n=32), "block_n_128_warps_8": Config(block
            # the swapped form: the unpacked tile first, all rows of x a program (a block and a tail)
            "swap_k64_m64_tail16": Config(block_n=32, block_k=64, swap=True, block_m=64, tail=16),
            "swap_k128_m16_tail16_half": Config(block_n=64, block_k=128, swap=True, block_m=16, tail=16, half=True),
-           "swap_k32_m32": Config(block_n=16, block_k=32, swap=True, block_m=32)}
+           "swap_k32_m32": Config(block_n=16, block_k=32, swap=True, block_m=32),
+           # ... and the input split into slices (a narrow weight's 80 programs on an H100's 132 SMs), their float32
+           # partials summed after; three slices of whole steps leave the last one short
+           "swap_k64_m64_tail16_split_3": Config(block_n=32, block_k=64, swap=True, block_m=64, tail=16, split_k=3),
+           "swap_k32_m32_split_2_half": Config(block_n=16, block_k=32, swap=True, block_m=32, split_k=2, half=True)}
 
 
 @pytest.mark.parametrize("rows", [1, 3, 65])

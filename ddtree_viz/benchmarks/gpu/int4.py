@@ -26,6 +26,7 @@ from .config import BenchConfig
 from ..harness import timer
 from .harness import copy_bandwidth, per_call_us
 from .models import build_quantized_target, layer_gemms
+from ...engine.kernels.int4_gemm import table
 from ...engine.kernels.tiles import row_blocks
 
 
@@ -119,7 +120,8 @@ L2_SPAN = 160e6  # bytes the copies of a weight span: over twice an H100's / H20
 def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
     """The launches tried at `rows` of an [n, k] weight: today's choice, the word form's tiles and splits (each with
     its weights dequantized in float32 and in the activations' dtype), at a verify's rows the swapped form's (rows
-    of the weight a program, a step's columns, warps, the dequantization's dtype), and at one row the one-row
+    of the weight a program, a step's columns, warps, the dequantization's dtype; for a narrow weight, table.NARROW,
+    also narrower tiles and slices of the input), and at one row the one-row
     form's (rows of the weight a program, a step's columns, warps, input slices) beside the word form's launch of
     the rules."""
     Config = kernel.Config
@@ -138,7 +140,7 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
         return out
     if rows <= 16:
         grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), ((4, 3),), (16,), (False, True))
-    else:  # one slice: table.py takes no other for a verify's rows
+    else:  # one slice: table.py takes no other for a verify's rows of a weight wider than table.NARROW
         grid = [*itertools.product((64, 128), (64, 128), (1,), ((4, 3), (8, 3)), (64, 128), (False, True)),
                 *itertools.product((256,), (64, 128), (1,), ((8, 3),), (64, 128), (False, True))]  # x read less
     for bn, bk, split, (warps, stages), bm, half in grid:
@@ -150,6 +152,12 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
         for bn, bk, warps, half in itertools.product((64, 128), (64, 128), (4, 8), (False, True)):
             out[f"swap_m{main}+{tail}_n{bn}_k{bk}_w{warps}{'_half' if half else ''}"] = Config(
                 block_n=bn, block_k=bk, num_warps=warps, swap=True, block_m=main, tail=tail, half=half)
+        if n <= table.NARROW:  # a narrow weight: more programs, by narrower tiles or slices of the input
+            for bn, split, warps in itertools.product((32, 64), (1, 2, 4), (4, 8)):
+                if (bn, split) != (64, 1):
+                    out[f"swap_m{main}+{tail}_n{bn}_k128_s{split}_w{warps}_half"] = Config(
+                        block_n=bn, block_k=128, num_warps=warps, swap=True, block_m=main, tail=tail, half=True,
+                        split_k=split)
     return out
 
 

@@ -4,9 +4,9 @@ rules for shapes the table lacks (other models, the tests' small weights).
 
 tuned.json beside this file is the table shipped (made by `from_tune` from a tune's JSON, the card named in it);
 `gpu_bench --int4-table PATH` uses another for one run (a tune's JSON or a table), so a sweep and the figures it
-chooses for can come from one call of a GPU. A verify's rows take a one-slice launch only: a slice's float32
-partial products are held per GEMM in a verify's CUDA graph, and took a 24 GB card past its cap at budget 128
-(docs/lab/NOTEBOOK.md section 39).
+chooses for can come from one call of a GPU. A verify's rows take a one-slice launch but for a narrow weight
+(NARROW): slices at every GEMM, gate + up's partials of 129 x 34,816 floats among them, took a 24 GB card past
+its cap at budget 128 (docs/lab/NOTEBOOK.md section 39).
 
 No Triton here: the table is plain data, read on any machine.
 """
@@ -18,6 +18,10 @@ from pathlib import Path
 
 SHIPPED = Path(__file__).with_name("tuned.json")
 BANDS = ((1, "1"), (16, "16"), (128, "65"))  # rows up to the first -> the row count measured for them
+# output rows up to which a verify's launch may split its input: the narrow GEMMs (o_proj, out_proj, down_proj:
+# 5,120), whose 64-row tiles are 80 programs on an H100's 132 SMs (down_proj at 65 rows took 10.4x its bound,
+# section 51); their float32 partials, at most 4 x 129 x 8,192 x 4 bytes = 17 MB a GEMM, freed before the next
+NARROW = 8192
 LAST_BAND = "129"
 
 _table: dict | None = None
@@ -36,7 +40,7 @@ def key(rows: int, n: int, k: int) -> str:
 def from_tune(tune: dict, device: str) -> dict:
     """A table from `gpu_bench --int4-tune`'s report part (int4_tune: per GEMM its [n, k] shape and per row count
     each candidate's microseconds and launch): the fastest launch that ran and matched, one slice for a verify's
-    rows."""
+    rows but a narrow weight's (NARROW)."""
     launches, timed = {}, {}
     for row in tune["gemms"].values():
         n, k = row["shape"]
@@ -44,7 +48,7 @@ def from_tune(tune: dict, device: str) -> dict:
             if not rows.isdigit():
                 continue
             usable = {label: c for label, c in cell["cells"].items() if isinstance(c.get("us"), float)
-                      and "config" in c and (int(rows) <= 16 or c["config"].get("split_k", 1) == 1)}
+                      and "config" in c and (int(rows) <= 16 or n <= NARROW or c["config"].get("split_k", 1) == 1)}
             if usable:
                 best = min(usable, key=lambda label: usable[label]["us"])
                 launches[key(int(rows), n, k)] = usable[best]["config"]

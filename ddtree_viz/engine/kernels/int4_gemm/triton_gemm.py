@@ -99,7 +99,8 @@ def choose(rows: int, n: int, k: int) -> Config:
     --int4-sass; NOTEBOOK section 49); on an H100 the verify at budget 64 took 37.80 ms with it where the word
     form's took 47.88 (section 50). Past 160 rows (a prefill) the word form's 128 x 128 / 64 x 128 tiles. None names
     the one-row form or `half` (6.4-7.9 with the swapped form): taken only where the table measured them faster,
-    since bfloat16's `_magic` cannot run in the interpreter."""
+    since bfloat16's `_magic` cannot run in the interpreter. The shipped table (an H100's tune) has the one-row form
+    for a step, 3-4x faster than these rules' word form: the 4-bit step 11.22 ms against 37.14 (section 51)."""
     measured = table.lookup(rows, n, k)
     if measured is not None:
         return Config(**measured)
@@ -344,17 +345,21 @@ def _int4_words(x_ptr, w_ptr, s_ptr, z_ptr, p_ptr, M, N, K, WORDS, GROUPS, strid
 
 
 @triton.jit
-def _int4_swap(x_ptr, xt_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym,
+def _int4_swap(x_ptr, xt_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, WORDS, GROUPS, stride_xm, stride_ym, SLICE,
                GROUP: tl.constexpr, ASYM: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr,
                UPCAST: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, TAIL: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows n0 + [0, BLOCK_N) of y^T = W x^T for x's rows m0 + [0, BLOCK_M + TAIL): each step's words unpacked once
+    """Rows n0 + [0, BLOCK_N) of y^T = W x^T for x's rows m0 + [0, BLOCK_M + TAIL) over the input's slice
+    [k * SLICE, (k + 1) * SLICE), k = program_id(2) (one slice: all of K): each step's words unpacked once
     (_unpacked) and multiplied with BLOCK_M rows of x, then with the TAIL rows (0 or 16 / 32: 65 rows cost 80 rows
-    of tensor-core work, not 128). TMA: x_ptr, xt_ptr and w_ptr tensor descriptors ([BLOCK_M, BLOCK_K],
-    [TAIL, BLOCK_K] and [BLOCK_N, BLOCK_K / 8] tiles, zero past the edges), no address per element; else xt_ptr is
-    unread and the tiles are loaded by address, masked."""
+    of tensor-core work, not 128). With slices y_ptr is the float32 partials [slices, M, N] (stride_ym M's stride;
+    their sum after: _swapped). TMA: x_ptr, xt_ptr and w_ptr tensor descriptors ([BLOCK_M, BLOCK_K], [TAIL,
+    BLOCK_K] and [BLOCK_N, BLOCK_K / 8] tiles, zero past the edges), no address per element; else xt_ptr is unread
+    and the tiles are loaded by address, masked."""
     n0 = tl.program_id(0) * BLOCK_N
     m0 = tl.program_id(1) * (BLOCK_M + TAIL)
+    k_start = tl.program_id(2) * SLICE
+    y_ptr += tl.program_id(2).to(tl.int64) * M * N  # this slice's partials (none but slice 0 with one slice)
     rn = n0 + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     rm = m0 + tl.arange(0, BLOCK_M)
@@ -362,7 +367,7 @@ def _int4_swap(x_ptr, xt_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, WORDS, GROUPS
     if TAIL > 0:
         rt = m0 + BLOCK_M + tl.arange(0, TAIL)
         acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_start, tl.minimum(k_start + SLICE, K), BLOCK_K):
         word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         ok = n_ok[:, None] & (word < WORDS)[None, :]
         if TMA:
@@ -464,22 +469,26 @@ def half(x: torch.Tensor, scale: torch.Tensor) -> int:
 
 def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
              c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
-    """The swapped form's launch: a program a block_n rows of the weight by block_m + tail rows of x; the tiles by
-    tensor descriptors where the device has bulk copies and x and the words allow them (tiles.row_operands), else
-    by address."""
+    """The swapped form's launch: a program a block_n rows of the weight by block_m + tail rows of x and a slice of
+    the input (split_k slices of whole steps: their float32 partials summed in a fixed order after, as _sliced
+    does); the tiles by tensor descriptors where the device has bulk copies and x and the words allow them
+    (tiles.row_operands), else by address."""
     (M, K), N = x2.shape, packed.shape[0]
     rows = c.block_m + c.tail
+    slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
+    parts = triton.cdiv(K, slice_k)
+    out = y if parts == 1 else torch.empty(parts, M, N, device=x2.device, dtype=torch.float32)
     launch = dict(launch, num_stages=swap_stages(c, x2.element_size(), shared_memory(x2.device)))
     described = (row_operands(x2, packed, c.block_m, c.tail, c.block_k, [c.block_n, c.block_k // 8])
                  if bulk_copies(x2.device) else None)
     tma = described is not None
     x_arg, xt_arg, w_arg = described if tma else (x2, x2, packed)
-    _int4_swap[(triton.cdiv(N, c.block_n), triton.cdiv(M, rows))](
-        x_arg, xt_arg, w_arg, scale, packed if zero is None else zero, y, M, N, K, packed.shape[1], scale.shape[1],
-        x2.stride(0), y.stride(0), GROUP=group, ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0,
-        PRECISION=precision(x2), UPCAST=INTERPRETED, TMA=tma, BLOCK_M=c.block_m, TAIL=c.tail, BLOCK_N=c.block_n,
-        BLOCK_K=c.block_k, **launch)
-    return y
+    _int4_swap[(triton.cdiv(N, c.block_n), triton.cdiv(M, rows), parts)](
+        x_arg, xt_arg, w_arg, scale, packed if zero is None else zero, out, M, N, K, packed.shape[1], scale.shape[1],
+        x2.stride(0), out.stride(-2), slice_k, GROUP=group, ASYM=zero is not None,
+        HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2), UPCAST=INTERPRETED, TMA=tma,
+        BLOCK_M=c.block_m, TAIL=c.tail, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
+    return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
 
 
 def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
