@@ -53,7 +53,7 @@ from .fused import Pieces, silu_mul
 
 ATTENTION_KINDS = ("eager", "sdpa")
 # context rows a pass of the context writer projects at once (_write_context): a 16k-token prompt's first round
-# then holds a chunk's activations (~60 MB at Qwen3.6-27B's widths), not the prompt's (~1 GB, in allocations of up
+# then holds a chunk's activations (under 100 MB at Qwen3.6-27B's widths), not the prompt's (~1 GB, in allocations of up
 # to 320 MiB that a 24 GB card's fragmented memory could not place: docs/lab/NOTEBOOK.md section 51)
 CONTEXT_CHUNK = 2048
 
