@@ -587,3 +587,43 @@ def test_int4_and_fp8_sass_count_each_launch_without_a_gpu(tmp_path):
         bulk, loads = fp8[rows, block_n, True], fp8[rows, block_n, False]
         assert bulk["tensor_core"] > 0 and bulk["spills"] == 0, bulk
         assert bulk["per_weight"] < loads["per_weight"], (bulk, loads)
+
+
+def _allocate_in_a_named_step(mib: int):
+    import torch
+
+    return torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
+
+
+def test_live_blocks_say_where_the_memory_is():
+    """memory.live_blocks, what --long-capped reports at an out-of-memory: live allocations of at least 16 MiB,
+    grouped by size and the innermost frames of ddtree_viz / transformers / fla, largest total first. On a GPU from
+    a real snapshot (the history recorded with Python stacks, as long_context_peak records it); on a CPU from one in
+    that format (freed, small and foreign blocks left out)."""
+    import torch
+
+    from ddtree_viz.benchmarks.gpu.memory import live_blocks
+
+    def block(mib, state="active_allocated", *files):
+        return {"size": mib * 2**20, "state": state,
+                "frames": [{"filename": f, "line": 7, "name": f.rsplit("/", 1)[-1][:-3]} for f in files]}
+
+    draft = "/x/ddtree_viz/engine/drafter.py"
+    snapshot = {"segments": [{"blocks": [block(320, "active_allocated", "/usr/lib/torch/nn.py", draft),
+                                         *[block(160, "active_allocated", draft)] * 3,
+                                         block(800, "inactive", draft), block(8, "active_allocated", draft)]},
+                             {"blocks": [block(2425), block(2425)]}]}
+    assert live_blocks(snapshot) == [
+        {"MiB": 2425.0, "count": 2, "made_by": "?"},
+        {"MiB": 160.0, "count": 3, "made_by": "drafter.py:7:drafter"},
+        {"MiB": 320.0, "count": 1, "made_by": "drafter.py:7:drafter"}]
+    if not torch.cuda.is_available():
+        return
+    torch.cuda.memory._record_memory_history(max_entries=1000, stacks="python")
+    try:
+        kept = _allocate_in_a_named_step(48)
+        rows = live_blocks(torch.cuda.memory._snapshot(), own=("test_gpu_bench",))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert any(r["MiB"] >= 48 and "_allocate_in_a_named_step" in r["made_by"] for r in rows), rows
+    del kept

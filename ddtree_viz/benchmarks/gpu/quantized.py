@@ -15,7 +15,7 @@ from .fp8 import fp8_gemms
 from ..harness import clock, progress, timer
 from .harness import copy_bandwidth
 from .int4 import int4_gemms
-from .memory import (LONG_CONTEXT, PEAK_LIMIT, allocated_gib, free_cuda, memory_cap, model_bytes, peak_gib,
+from .memory import (LONG_CONTEXT, PEAK_LIMIT, allocated_gib, free_cuda, live_blocks, memory_cap, model_bytes, peak_gib,
                      quantized_memory_cap, quantized_peak_memory, weight_bytes_of)
 from .models import build_drafter, build_quantized_target, pair_of, target_config
 from .rounds import runner_rounds
@@ -76,18 +76,26 @@ def long_context_peak(bench: BenchConfig, pair, weights: str, cap_gb) -> dict:
     """The session's peak at LONG_CONTEXT tokens (twice --fp8-context on a CPU), budget 64, measured uncapped: the
     figure asked for is the peak itself; under the card's cap an out-of-memory says only "more", and the
     allocator's fragmentation after the earlier phases would count against the session. With --long-capped under
-    the cap instead (whether a card of that size runs it: best in a process of its own, --quantized-only). The
-    cap comes back after."""
+    the cap instead (whether a card of that size runs it: best in a process of its own, --quantized-only), the
+    allocator's history recorded, so that an out-of-memory says where the memory was (`live_blocks`). The cap
+    comes back after."""
     free_cuda(bench)
     context = LONG_CONTEXT if bench.cuda else 2 * bench.fp8_context
     cap = cap_gb if bench.long_capped else None
     memory_cap(bench, cap)
+    traced = bench.cuda and cap is not None  # under the cap: where the memory is, should it run out
+    if traced:
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     try:
         peak = quantized_peak_memory(bench, pair, context, budget=64, limit=PEAK_LIMIT[weights])
     except torch.OutOfMemoryError as exc:  # a figure of its own: the 4k figures and the GEMMs still count
         peak = {"context": context, "budget": 64, "target": PEAK_LIMIT[weights][1], "met": False,
-                "error": f"out of memory: {str(exc).splitlines()[0]}", "peak_GiB": peak_gib(bench)}
+                "error": f"out of memory: {str(exc).splitlines()[0]}", "peak_GiB": peak_gib(bench),
+                "live_blocks": live_blocks(torch.cuda.memory._snapshot()) if traced else None}
         free_cuda(bench)
+    finally:
+        if traced:
+            torch.cuda.memory._record_memory_history(enabled=None)
     peak["cap_GB"] = cap
     memory_cap(bench, cap_gb)
     progress(f"{weights}_peak_memory_long", peak)
