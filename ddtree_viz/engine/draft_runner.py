@@ -169,7 +169,7 @@ class StaticDrafter:
         self.length = 0  # context rows written: positions 0 .. length-1
         self.unsettled = False  # a queued draft's context length not yet known on the host (draft_queued)
         self.capture_s = 0.0  # time spent capturing graphs so far
-        self.eager_passes = 0  # passes run eagerly (graphs off, or more new rows than the padded size)
+        self.eager_passes = 0  # passes run eagerly (graphs off)
         self.replays = 0
         self.host_ms = 0.0  # the host's time in the last draft (its inputs' copies, the graph's launch or the pass)
         self._alloc(int(max_len))
