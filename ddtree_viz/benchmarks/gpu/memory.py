@@ -1,11 +1,13 @@
 """Memory: the models' own bytes (model_bytes, each storage once) and what a decode step reads of the weights
 (weight_bytes_of), the process's GPU memory cap and release between phases, and the quantized targets' peak: a
-session as a user runs it, judged on the two models alone + the session (quantized_peak_memory, PEAK_LIMIT)."""
+session as a user runs it, judged on the two models alone + the session (quantized_peak_memory, PEAK_LIMIT), and
+where the memory is at an out-of-memory (live_blocks)."""
 
 from __future__ import annotations
 
 import gc
 import itertools
+from collections import Counter
 
 import torch
 
@@ -144,13 +146,13 @@ def live_blocks(snapshot: dict, top: int = 12, min_bytes: int = 16 * 2**20, own=
     transformers and fla) that made them ("?" where none did: the models' own storages, made before the recording),
     largest total first. What an out-of-memory under a card's cap leaves to read (section 51 found the 16k 4-bit
     session's in the first draft this way)."""
-    groups: dict[tuple[str, int], int] = {}
+    groups: Counter[tuple[str, int]] = Counter()
     for segment in snapshot.get("segments", ()):
         for block in segment.get("blocks", ()):
             if block.get("state") != "active_allocated" or block.get("size", 0) < min_bytes:
                 continue
             frames = [f for f in block.get("frames", ()) if any(k in f.get("filename", "") for k in own)]
             where = " < ".join(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}:{f['name']}" for f in frames[:4])
-            groups[where or "?", block["size"]] = groups.get((where or "?", block["size"]), 0) + 1
+            groups[where or "?", block["size"]] += 1
     rows = sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1])[:top]
     return [{"MiB": size / 2**20, "count": count, "made_by": where} for (where, size), count in rows]

@@ -467,6 +467,19 @@ def half(x: torch.Tensor, scale: torch.Tensor) -> int:
     return {torch.bfloat16: 1, torch.float16: 2}.get(x.dtype, 0)
 
 
+def _slices(K: int, c: Config, y: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    """split_k slices of whole steps over K: (columns a slice, slices, what the kernel writes: y itself with one
+    slice, else the float32 partials [slices, M, N])."""
+    slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
+    parts = triton.cdiv(K, slice_k)
+    return slice_k, parts, y if parts == 1 else torch.empty(parts, *y.shape, device=y.device, dtype=torch.float32)
+
+
+def _summed(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y from what _slices' kernel wrote: itself, or the partials summed over the slices in a fixed order."""
+    return y if out is y else torch.sum(out, 0).to(y.dtype)
+
+
 def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
              c: Config, y: torch.Tensor, launch: dict) -> torch.Tensor:
     """The swapped form's launch: a program a block_n rows of the weight by block_m + tail rows of x and a slice of
@@ -475,9 +488,7 @@ def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
     (tiles.row_operands), else by address."""
     (M, K), N = x2.shape, packed.shape[0]
     rows = c.block_m + c.tail
-    slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
-    parts = triton.cdiv(K, slice_k)
-    out = y if parts == 1 else torch.empty(parts, M, N, device=x2.device, dtype=torch.float32)
+    slice_k, parts, out = _slices(K, c, y)
     launch = dict(launch, num_stages=swap_stages(c, x2.element_size(), shared_memory(x2.device)))
     described = (row_operands(x2, packed, c.block_m, c.tail, c.block_k, [c.block_n, c.block_k // 8])
                  if bulk_copies(x2.device) else None)
@@ -488,7 +499,7 @@ def _swapped(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: 
         x2.stride(0), out.stride(-2), slice_k, GROUP=group, ASYM=zero is not None,
         HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2), UPCAST=INTERPRETED, TMA=tma,
         BLOCK_M=c.block_m, TAIL=c.tail, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
-    return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
+    return _summed(out, y)
 
 
 def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, group: int,
@@ -497,9 +508,7 @@ def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: t
     partial product in float32 and their sum in a fixed order (torch's sum over the slices), or with one slice the
     product cast in the store."""
     (M, K), N = x2.shape, packed.shape[0]
-    slice_k = triton.cdiv(triton.cdiv(K, c.split_k), c.block_k) * c.block_k
-    parts = triton.cdiv(K, slice_k)
-    out = y if parts == 1 else torch.empty(parts, M, N, device=x2.device, dtype=torch.float32)
+    slice_k, parts, out = _slices(K, c, y)
     z = packed if zero is None else zero  # (a pointer the kernel never reads when ASYM is off)
     if c.gemv:
         _int4_gemv[(M, triton.cdiv(N, c.block_n), parts)](
@@ -511,4 +520,4 @@ def _sliced(x2: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: t
             x2, packed, scale, z, out, M, N, K, packed.shape[1], scale.shape[1], x2.stride(0), slice_k, GROUP=group,
             ASYM=zero is not None, HALF=half(x2, scale) if c.half else 0, PRECISION=precision(x2),
             UPCAST=INTERPRETED, FIELDS=c.fields, BLOCK_M=bm, BLOCK_N=c.block_n, BLOCK_K=c.block_k, **launch)
-    return y if parts == 1 else torch.sum(out, 0).to(y.dtype)
+    return _summed(out, y)
