@@ -53,6 +53,26 @@ def test_lookup_reads_the_table_in_use_and_the_shipped_one_after(tmp_path):
     assert table.lookup(1, 7, 9) is None  # the shipped table has no 7 x 9 weight
 
 
+def test_a_partial_tune_keeps_the_shipped_launches_it_did_not_measure(tmp_path):
+    """A sweep of some row counts or GEMMs (--int4-tune-rows, --int4-tune-narrow) read as --int4-table: its launches
+    where it measured, the shipped table's elsewhere, its card named."""
+    if not table.SHIPPED.is_file():
+        pytest.skip("no measured table shipped")
+    shipped = table.load(table.SHIPPED)
+    some = next(name for name in shipped["launches"]  # a narrow weight's verify: its split taken (from_tune)
+                if name.startswith("65:") and int(name.split(":")[1].split("x")[0]) <= table.NARROW)
+    n, k = map(int, some.split(":")[1].split("x"))
+    report = tune_report((n, k))
+    del report["gemms"]["down"]["1"]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"device": "NVIDIA H200", "int4_tune": report}))
+    merged = table.load(path)
+    assert merged["device"] == "NVIDIA H200"
+    assert merged["launches"][some] == {"block_n": 32, "block_k": 256, "split_k": 2, "words": True} != shipped["launches"][some]
+    assert {name: launch for name, launch in merged["launches"].items() if name != some} == {
+        name: launch for name, launch in shipped["launches"].items() if name != some}
+
+
 def test_the_shipped_table_is_a_tune_of_the_27bs_gemms():
     """tuned.json (when shipped): a card named, every launch a known form's (the one-row form, the word form, the
     swapped verify form), a verify's in one slice."""

@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(after the bf16 and FP8 phases)")
     p.add_argument("--int4-tune", action="store_true",
                    help="only the 4-bit GEMM's launches swept at the 27B's shapes (benchmarks/gpu/int4.py)")
+    p.add_argument("--int4-tune-rows", type=int, nargs="+", metavar="ROWS",
+                   help="--int4-tune: these row counts alone (default: 1 65 129 16); --int4-table fills the rest "
+                        "from the shipped table")
+    p.add_argument("--int4-tune-narrow", action="store_true",
+                   help="--int4-tune: the narrow GEMMs alone (5,120 outputs: o_proj, out_proj, down_proj)")
     p.add_argument("--no-profiler", action="store_true",
                    help="no device timelines through torch.profiler (each comes back as 'not profiled')")
     p.add_argument("--new-tokens", type=int, default=48)
@@ -263,7 +268,8 @@ def measure(a: argparse.Namespace, bench: BenchConfig) -> int:
             report["int4_tune"] = part
             save()
 
-        report["int4_tune"] = int4_tune(bench, dtype, saved=tuned)
+        report["int4_tune"] = int4_tune(bench, dtype, saved=tuned, rows=a.int4_tune_rows,
+                                        narrow_only=a.int4_tune_narrow)
         save()
         return 0
 

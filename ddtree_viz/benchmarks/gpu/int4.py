@@ -86,9 +86,10 @@ def int4_configs(kernel, m: int, k: int, group: int) -> dict:
 
 
 @torch.no_grad()
-def int4_tune(bench: BenchConfig, dtype: torch.dtype, saved=None) -> dict:
+def int4_tune(bench: BenchConfig, dtype: torch.dtype, saved=None, rows=None, narrow_only: bool = False) -> dict:
     """--int4-tune: a 4-layer 4-bit target at the 27B's widths (its layer kinds, each GEMM's shape), the copy
-    bandwidth, and tune's sweep of the 4-bit GEMM's launches over them."""
+    bandwidth, and tune's sweep of the 4-bit GEMM's launches over them (at `rows`, default ROWS; with
+    `narrow_only` the narrow GEMMs alone, table.NARROW)."""
     from ...engine.verify import device_sync
     from ...engine.weights import int4_common as int4
 
@@ -98,6 +99,8 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype, saved=None) -> dict:
     timed = timer(device_sync(target))
     bandwidth = copy_bandwidth(timed, bench.device, gib=0.25 if bench.smoke else 4.0)
     gemms = layer_gemms(target, int4.FusedInt4Linear)
+    if narrow_only:
+        gemms = {name: g for name, g in gemms.items() if gemm_shape(g)[0] <= table.NARROW}
     report = {"copy_bandwidth_TBps": bandwidth / 1e12, "gemms": {}}
 
     def cell_done(gemms_so_far):  # the report so far, after each GEMM and row count
@@ -105,7 +108,8 @@ def int4_tune(bench: BenchConfig, dtype: torch.dtype, saved=None) -> dict:
         if saved is not None:
             saved(report)
 
-    report["gemms"] = tune(gemms, functools.partial(per_call_us, bench, timed, 24), bandwidth, cell_done)
+    report["gemms"] = tune(gemms, functools.partial(per_call_us, bench, timed, 24), bandwidth, cell_done,
+                           rows=tuple(rows or ROWS))
     return report
 
 
@@ -162,8 +166,16 @@ def candidates(kernel, rows: int, n: int = 0, k: int = 0) -> dict[str, object]:
 
 
 @torch.no_grad()
-def tune(gemms: dict, per_call, bandwidth: float, saved=None) -> dict:
-    """Per row count (ROWS' order) and GEMM of `gemms` (layer_gemms of a 4-bit target): every candidate's
+def gemm_shape(g) -> tuple[int, int]:
+    """A 4-bit Linear's (or fused pair's) [n, k]."""
+    from ...engine.weights import int4_common as int4
+
+    packed = g.packed if isinstance(g, int4.FusedInt4Linear) else g.weight_packed
+    return packed.shape[0], packed.shape[1] * int4.PER_WORD
+
+
+def tune(gemms: dict, per_call, bandwidth: float, saved=None, rows=ROWS) -> dict:
+    """Per row count (`rows`' order) and GEMM of `gemms` (layer_gemms of a 4-bit target): every candidate's
     microseconds a call (`per_call(fn)`: per_call_us, a CUDA graph of calls), or why it failed, or its error against
     the tile form; the best, and the packed bytes' bound. `saved(out)` after each cell, so that a sweep stopped
     midway (a device call's limit) keeps every row count it finished, the step's first. Every GEMM's copies are
@@ -180,7 +192,7 @@ def tune(gemms: dict, per_call, bandwidth: float, saved=None) -> dict:
         weights[name] = [(packed.clone(), scale.clone()) for _ in range(max(1, math.ceil(L2_SPAN / nbytes)))]
         out[name] = {"shape": [packed.shape[0], packed.shape[1] * int4.PER_WORD], "bytes": nbytes,
                      "bound_us": nbytes / bandwidth * 1e6, "copies": len(weights[name])}
-    for m in ROWS:
+    for m in rows:
         for name, g in gemms.items():
             row, copies = out[name], weights[name]
             (n, k), packed = row["shape"], copies[0][0]

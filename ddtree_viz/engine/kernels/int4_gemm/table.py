@@ -56,13 +56,22 @@ def from_tune(tune: dict, device: str) -> dict:
     return {"device": device, "launches": launches, "us": timed}
 
 
+def over(tuned: dict, base: dict) -> dict:
+    """`tuned`'s launches, and `base`'s for the shapes and bands `tuned` did not measure (a sweep of some row counts
+    or GEMMs: --int4-tune-rows, --int4-tune-narrow); the card is `tuned`'s."""
+    return {"device": tuned["device"], "launches": {**base["launches"], **tuned["launches"]},
+            "us": {**base.get("us", {}), **tuned.get("us", {})}}
+
+
 def load(path: str | Path) -> dict:
-    """A table from a file: a table itself, or a gpu_bench report with an --int4-tune part."""
+    """A table from a file: a table itself, or a gpu_bench report with an --int4-tune part (its launches over the
+    shipped table's, so that a partial sweep keeps the shapes it skipped)."""
     data = json.loads(Path(path).read_text())
     if "launches" in data:
         return data
     if "int4_tune" in data and "gemms" in data["int4_tune"]:
-        return from_tune(data["int4_tune"], data.get("device", "unknown"))
+        tuned = from_tune(data["int4_tune"], data.get("device", "unknown"))
+        return over(tuned, json.loads(SHIPPED.read_text())) if SHIPPED.is_file() else tuned
     raise ValueError(f"{path}: neither a 4-bit launch table nor a gpu_bench --int4-tune report")
 
 
