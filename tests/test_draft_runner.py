@@ -74,13 +74,19 @@ def dflash2_for(target, block_size: int = 4, seed: int = 1, kernel: int = 2, **l
     return model
 
 
-def same_selection(a, b, where: str) -> None:
-    """Two proposers' selector scores of their last proposal: the same candidates, scores within SCORE_TOL."""
-    sa, sb = a.selector_scores(), b.selector_scores()
+def same_scores(sa, sb, where: str) -> None:
+    """Two selector scorings: the same candidates, scores within SCORE_TOL of their largest (a float32 sum's error
+    scales with its terms, not with the one result: a score near zero of terms of tens)."""
     assert torch.equal(sa.ids, sb.ids), where
     for name in ("unary", "root", "pair"):
-        torch.testing.assert_close(getattr(sb, name), getattr(sa, name), atol=SCORE_TOL, rtol=SCORE_TOL,
+        scale = float(getattr(sa, name).abs().max().clamp_min(1.0))
+        torch.testing.assert_close(getattr(sb, name), getattr(sa, name), atol=SCORE_TOL * scale, rtol=SCORE_TOL,
                                    msg=lambda m: f"{where}, {name}: {m}")
+
+
+def same_selection(a, b, where: str) -> None:
+    """Two proposers' selector scores of their last proposal (same_scores)."""
+    same_scores(a.selector_scores(), b.selector_scores(), where)
 
 
 def rounds(drafter, target, new_rows, block_sizes=None, seed=0, proposers=None, check_rows=True):
@@ -357,9 +363,7 @@ def sessions_agree(pair, prompts, *, method="ddtree", engine="transformers", bud
         assert torch.equal(a.argmax(-1), b.argmax(-1))
     assert len(dyn_sel) == len(st_sel) and (len(st_sel) > len(prompts)) == (method == "dflash2" or tree_scoring == "selector")
     for r, (a, b) in enumerate(zip(dyn_sel, st_sel)):
-        assert torch.equal(a.ids, b.ids), f"round {r}"
-        for name in ("unary", "root", "pair"):
-            torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=SCORE_TOL, rtol=SCORE_TOL)
+        same_scores(a, b, f"round {r}")
     assert st_outs == dyn_outs  # the same trees, walks and outputs, round by round
     return st
 
@@ -519,7 +523,7 @@ def test_compiled_pieces_in_cuda_graphs_equal_the_dynamic_drafter(family):
 
     graphed = graphs_agree_over_rounds(proposer, drafter, target, after_round=count)
     runner = graphed.runner
-    assert runner.pieces.compile and runner.compile_error is None and runner.replays == 75
+    assert runner.pieces.compile and runner.compile_error is None and runner.replays == 76 and runner.eager_passes == 0
     assert counters["stats"]["unique_graphs"] == made[0]  # the larger key bucket (512) too: no recompile
 
 

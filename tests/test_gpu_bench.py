@@ -271,6 +271,19 @@ def test_gpu_bench_smoke_dflash2(runner_report):
     assert rnd["dflash_round_ms"] == fast["round_budget_64"]["round_ms"] and isinstance(rnd["met"], bool)
 
 
+def test_gpu_bench_smoke_the_long_session_alone(tmp_path):
+    """--long-only (issue #67: does a 24 GB card run the 16k 4-bit session in a process that ran nothing before
+    it): the build, then that session alone under the cap, its peak and its target; no step, verify, round or 4k
+    figure made up."""
+    report = _bench(tmp_path, "--fast", "--fast-only", "--int4", "--quantized-only", "--long-only",
+                    "--fp8-context", "100", "--no-profiler")
+    f = report["speed"]["fast"]["int4"]
+    assert "error" not in f and "partial" not in f, f.get("error")
+    assert f["peak_memory_long"]["context"] == 200 and f["peak_memory_long"]["rounds"] > 0
+    assert not {"greedy_step_ms", "budgets", "peak_memory", "round_budget_64"} & set(f)
+    assert set(report["speed"]["fast"]["targets"]) == {"int4_peak_memory_long"}
+
+
 def test_gpu_bench_smoke_quantized_alone_with_a_4bit_drafter(tmp_path, capsys):
     """--quantized-only --int4-drafter (issue #67: a 4-bit target in a process of its own, as a 24 GB card holds it):
     no bf16 target measured, the drafter's Linears 4-bit (fewer bytes than the bf16 drafter's), the 4-bit figures
@@ -444,13 +457,14 @@ def test_activity_kinds():
 
 def test_profiled_spans_keep_what_follows_the_last_mark():
     """device_timeline's cut: the warm-up and whatever fn runs before its own mark (the round that refills what the
-    rounds queue ahead) are left out, on a CPU's timeline of host ops as on a device's."""
+    rounds queue ahead) are left out, on a CPU's timeline of host ops as on a device's: the work's device decides
+    which, also on a machine with a GPU."""
     def fn():
         torch.ones(3).add_(1)  # the refill: before the last mark
-        profiler.timeline_mark()
+        profiler.timeline_mark("cpu")
         torch.ones(4).mul_(2)
 
-    spans = profiler.profiled_spans(fn, warmup=lambda: torch.zeros(2).sub_(1))
+    spans = profiler.profiled_spans(fn, "cpu", warmup=lambda: torch.zeros(2).sub_(1))
     names = {name for _, _, name in spans}
     assert "aten::mul_" in names and not names & {"aten::add_", "aten::sub_", profiler.TIMELINE_START}
 

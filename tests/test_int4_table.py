@@ -20,7 +20,8 @@ def tune_report(shape=(5120, 6144)) -> dict:
                                "1": {"cells": {"a": cell(20.0, 4, gemv=True), "b": cell(15.0, 8, gemv=True),
                                                "c": cell(None, 1)}},
                                "65": {"cells": {"split": cell(50.0, 2, words=True), "one": cell(60.0, 1, words=True)}},
-                               "129": {"cells": {"broken": cell(None, 1)}}}}}
+                               "129": {"cells": {"broken": cell(None, 1), "split": cell(40.0, 4, swap=True),
+                                                 "one": cell(45.0, 1, swap=True)}}}}}
 
 
 def test_a_tune_becomes_the_fastest_launch_that_ran_one_slice_for_a_wide_verify():
@@ -29,7 +30,11 @@ def test_a_tune_becomes_the_fastest_launch_that_ran_one_slice_for_a_wide_verify(
     assert made["launches"]["1:5120x6144"] == {"block_n": 32, "block_k": 256, "split_k": 8, "gemv": True}
     # a narrow weight's verify may split its input (table.NARROW: small partials), a wide one's may not
     assert made["launches"]["65:5120x6144"]["split_k"] == 2 and made["us"]["65:5120x6144"] == 50.0
-    assert "129:5120x6144" not in made["launches"]  # nothing ran: the rules decide there
+    # budget 128's rows in one slice, even for a narrow weight (its slices took a 24 GB card past its cap)
+    assert made["launches"]["129:5120x6144"]["split_k"] == 1 and made["us"]["129:5120x6144"] == 45.0
+    broken = tune_report()
+    broken["gemms"]["down"]["129"]["cells"] = {"broken": {"error": "OutOfResources", "config": {"split_k": 1}}}
+    assert "129:5120x6144" not in table.from_tune(broken, "H100")["launches"]  # nothing ran: the rules decide there
     wide = table.from_tune(tune_report((table.NARROW + 1, 5120)), "NVIDIA H100 80GB HBM3")
     assert wide["launches"][f"65:{table.NARROW + 1}x5120"]["split_k"] == 1 and wide["us"][f"65:{table.NARROW + 1}x5120"] == 60.0
 
@@ -69,8 +74,9 @@ def test_a_partial_tune_keeps_the_shipped_launches_it_did_not_measure(tmp_path):
     merged = table.load(path)
     assert merged["device"] == "NVIDIA H200"
     assert merged["launches"][some] == {"block_n": 32, "block_k": 256, "split_k": 2, "words": True} != shipped["launches"][some]
-    assert {name: launch for name, launch in merged["launches"].items() if name != some} == {
-        name: launch for name, launch in shipped["launches"].items() if name != some}
+    measured = {some, f"129:{n}x{k}"}
+    assert {name: launch for name, launch in merged["launches"].items() if name not in measured} == {
+        name: launch for name, launch in shipped["launches"].items() if name not in measured}
 
 
 def test_the_shipped_table_is_a_tune_of_the_27bs_gemms():

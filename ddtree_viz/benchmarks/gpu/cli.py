@@ -162,6 +162,9 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int4-table", metavar="JSON",
                    help="--int4: the 4-bit GEMM's launches from this table (a gpu_bench --int4-tune JSON, or a table "
                         "as engine/kernels/int4_gemm/tuned.json) instead of the shipped one, for this run")
+    p.add_argument("--long-only", action="store_true",
+                   help="--int4: after the build, only the 16,384-token session under the cap (--long-capped), in a "
+                        "process that ran nothing before it, as a user's does: no step, verify, round or 4k figure")
     p.add_argument("--long-capped", action="store_true",
                    help="--fp8, --int4: the 16,384-token session's peak measured under the format's memory cap (does "
                         "it run on a card of that size; an out-of-memory is the answer no), not uncapped")

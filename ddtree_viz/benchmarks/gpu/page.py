@@ -138,7 +138,7 @@ def step_profile(tab, step) -> dict | str:
     drafter's key buckets), the device's busy and idle time (timeline_gaps) and its activities by kind: a long
     session's Step set beside an early one tells the device's growth from the host's."""
     session = tab.session
-    spans = profiled_spans(step)
+    spans = profiled_spans(step, session.pair.device)
     if isinstance(spans, str) or not spans:
         return spans or "no device activity"
     runner, drafter = session.target_engine.runner, session.proposer.runner

@@ -13,21 +13,28 @@ PROFILER = [True]  # --no-profiler: no torch.profiler timelines (kineto crashed 
 TIMELINE_START = "ddtree_viz.timeline_start"  # profiled_spans' mark after its warm-up (on a CPU's timeline)
 
 
-def timeline_mark() -> None:
-    """A mark on the profiled timeline (profiled_spans keeps what comes after the last one): on CUDA a spin kernel
-    of a few cycles queued on the stream (the device's clock, nothing waited for), on a CPU a named host range."""
+def on_cuda(device) -> bool:
+    """Whether the work profiled runs on a CUDA device (not whether the machine has one: a --smoke run on a GPU's
+    machine is a CPU's)."""
+    return torch.device(device).type == "cuda"
+
+
+def timeline_mark(device) -> None:
+    """A mark on the profiled timeline (profiled_spans keeps what comes after the last one): for work on CUDA a spin
+    kernel of a few cycles queued on the stream (the device's clock, nothing waited for), on a CPU a named host
+    range."""
     from torch.profiler import record_function
 
-    if torch.cuda.is_available():
+    if on_cuda(device):
         torch.cuda._sleep(100)
     else:
         with record_function(TIMELINE_START):
             pass
 
 
-def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
+def profiled_spans(fn, device, warmup=None) -> list[tuple[float, float, str]] | str:
     """The device's activities (start µs, end µs, name) while fn() runs under torch.profiler's CUDA activity, the
-    device waited for at the end (without CUDA: the host's torch ops); or why not (a profiler that cannot run here,
+    device waited for at the end (for work on a CPU, `device`: the host's torch ops); or why not (a profiler that cannot run here,
     or what fn raised). `warmup()`, if given, runs under the profiler first, the device waited for, and its
     activities are left out: those up to the last mark (timeline_mark: one made after the wait, and any fn makes)."""
     from torch.autograd import DeviceType
@@ -35,7 +42,7 @@ def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
 
     if not PROFILER[0]:
         return "not profiled (--no-profiler)"
-    cuda = torch.cuda.is_available()
+    cuda = on_cuda(device)
     kind = DeviceType.CUDA if cuda else DeviceType.CPU
     try:
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
@@ -43,7 +50,7 @@ def profiled_spans(fn, warmup=None) -> list[tuple[float, float, str]] | str:
                 warmup()
                 if cuda:
                     torch.cuda.synchronize()
-                timeline_mark()
+                timeline_mark(device)
             fn()
             if cuda:
                 torch.cuda.synchronize()

@@ -20,7 +20,7 @@ from .memory import (LONG_CONTEXT, PEAK_LIMIT, allocated_gib, free_cuda, live_bl
 from .models import build_drafter, build_quantized_target, pair_of, target_config
 from .rounds import runner_rounds
 from .runner import bench_runner, greedy_step_chained, greedy_stepper
-from .targets import quantized_targets
+from .targets import peak_targets, quantized_targets
 
 
 GEMMS = {"fp8": fp8_gemms, "int4": int4_gemms}  # each format's GEMMs of a layer, timed (QUANTIZED's names)
@@ -67,7 +67,8 @@ def quantized_phase(bench: BenchConfig, fast: dict, weights: str, args: tuple, s
     done = quantized_speed_or_error(bench, weights, *args, out=part, saved=saved)
     if "error" not in done:
         done.pop("partial")
-        fast["targets"].update(quantized_targets(done, weights))
+        fast["targets"].update(quantized_targets(done, weights) if "greedy_step_ms" in done  # --long-only: no step
+                               else peak_targets(done, weights))
     fast[weights] = done
     saved()
 
@@ -150,6 +151,14 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     sync = device_sync(target, drafter)
     timed = timer(sync)
     pair = pair_of(bench, target, drafter, dtype)
+    if bench.long_only and weights == "int4":  # the long session in a process that ran nothing before it
+        out["peak_memory_long"] = long_context_peak(bench, pair, weights, out["memory_cap_GB"])
+        save = saved or (lambda: None)
+        save()
+        del pair, target
+        free_cuda(bench)
+        memory_cap(bench, None)
+        return out
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
     start = clock()

@@ -183,11 +183,11 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
 
     def refilled_rounds():  # the warm-up's wait drained what the rounds queue ahead: one round refills it first
         untimed_rounds(session, 1)
-        timeline_mark()  # the counted rounds' device work starts here (queued behind the refill, not waited for)
+        timeline_mark(session.pair.device)  # the counted rounds' device work starts here (queued behind the refill, not waited for)
         counted.append(len(session.history))
         untimed_rounds(session, rounds)
 
-    spans = profiled_spans(refilled_rounds, warmup=lambda: untimed_rounds(session, 1))
+    spans = profiled_spans(refilled_rounds, session.pair.device, warmup=lambda: untimed_rounds(session, 1))
     n = len(session.history) - counted[0] if counted else 0
     if isinstance(spans, str) or n < 3 or not spans:
         return {"error": spans if isinstance(spans, str) else f"{n} rounds, {len(spans)} device events seen"}
@@ -196,7 +196,8 @@ def device_timeline(session, rounds: int = 8, loop_wall_ms: float | None = None)
         out["idle_unprofiled_us_per_round"] = (loop_wall_ms - out["busy_ms_per_round"]) * 1e3
     passes = 8
     draft = profiled_spans(lambda: [session.proposer.propose(session.generated[-1], session.committed_len, None,
-                                                             session.block_size) for _ in range(passes)])
+                                                             session.block_size) for _ in range(passes)],
+                           session.pair.device)
     out["draft"] = ({"error": draft} if isinstance(draft, str) else
                     {"passes": passes, "device_events": len(draft), **timeline_gaps(draft, passes, listed=8),
                      "kinds": activity_kinds(draft, passes, top=16)})

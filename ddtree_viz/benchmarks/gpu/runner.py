@@ -72,7 +72,7 @@ def greedy_step_chained(runner, timed, token: int, steps: int = 8) -> dict:
     beside the weight reads: what fusing would take away)."""
     step, _ = chained_greedy_stepper(runner, token, keep=False)
     out = {"greedy_step_chained_ms": timed(lambda: [step() for _ in range(steps)], repeats=5, warmup=1) / steps}
-    spans = profiled_spans(lambda: [step() for _ in range(steps)], warmup=step)
+    spans = profiled_spans(lambda: [step() for _ in range(steps)], runner.device, warmup=step)
     out["greedy_step_timeline"] = ({"error": spans} if isinstance(spans, str) or not spans else
                                    {"steps": steps, "device_events": len(spans),
                                     **timeline_gaps(spans, steps, listed=8),

@@ -115,7 +115,15 @@ def quantized_targets(f: dict, weights: str) -> dict:
                                        if limits["verify_64"] else _untargeted(verify[64], step, f"{name} runner greedy step"))
     out[f"{weights}_round_64"] = _target(f["round_budget_64"]["round_ms"], step, limits["round_64"],
                                          f"{name} runner greedy step")
-    for key, peak in (("peak_memory", f["peak_memory"]), ("peak_memory_long", f.get("peak_memory_long"))):
+    return {**out, **peak_targets(f, weights)}
+
+
+def peak_targets(f: dict, weights: str) -> dict:
+    """The sessions' peaks of quantized_speed's figures (at the 4k and the long context, where measured) against
+    PEAK_LIMIT: all a --long-only run has."""
+    out = {}
+    for key in ("peak_memory", "peak_memory_long"):
+        peak = f.get(key)
         if peak is None:
             continue
         out[f"{weights}_{key}"] = {"GB": peak.get("peak_models_alone_GB"), "GiB": peak.get("peak_models_alone_GiB"),

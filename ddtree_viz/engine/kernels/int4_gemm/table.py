@@ -4,9 +4,10 @@ rules for shapes the table lacks (other models, the tests' small weights).
 
 tuned.json beside this file is the table shipped (made by `from_tune` from a tune's JSON, the card named in it);
 `gpu_bench --int4-table PATH` uses another for one run (a tune's JSON or a table), so a sweep and the figures it
-chooses for can come from one call of a GPU. A verify's rows take a one-slice launch but for a narrow weight
-(NARROW): slices at every GEMM, gate + up's partials of 129 x 34,816 floats among them, took a 24 GB card past
-its cap at budget 128 (docs/lab/NOTEBOOK.md section 39).
+chooses for can come from one call of a GPU (a partial tune's over the shipped table: `over`). A verify's rows
+take a one-slice launch but a narrow weight's at budget 64 (`sliceable`): slices at every GEMM, gate + up's
+partials of 129 x 34,816 floats among them, took a 24 GB card past its cap at budget 128 (docs/lab/NOTEBOOK.md
+section 39), and so did slices of the narrow weights at 129 rows (section 52).
 
 No Triton here: the table is plain data, read on any machine.
 """
@@ -37,10 +38,18 @@ def key(rows: int, n: int, k: int) -> str:
     return f"{band(rows)}:{n}x{k}"
 
 
+def sliceable(rows: int, n: int) -> bool:
+    """Whether a launch at `rows` of an n-output weight may split its input: a step's or a block's always; a
+    verify's at budget 64 for a narrow weight (NARROW) alone. Budget 128's narrow launches in 4 slices (a few µs
+    faster) took the runner's capture of its 129-row graphs past a 24 GB card's cap where one slice fits (section
+    52): why is not known."""
+    return rows <= 16 or (n <= NARROW and band(rows) != LAST_BAND)
+
+
 def from_tune(tune: dict, device: str) -> dict:
     """A table from `gpu_bench --int4-tune`'s report part (int4_tune: per GEMM its [n, k] shape and per row count
-    each candidate's microseconds and launch): the fastest launch that ran and matched, one slice for a verify's
-    rows but a narrow weight's (NARROW)."""
+    each candidate's microseconds and launch): the fastest launch that ran and matched, in one slice where
+    `sliceable` says so."""
     launches, timed = {}, {}
     for row in tune["gemms"].values():
         n, k = row["shape"]
@@ -48,7 +57,7 @@ def from_tune(tune: dict, device: str) -> dict:
             if not rows.isdigit():
                 continue
             usable = {label: c for label, c in cell["cells"].items() if isinstance(c.get("us"), float)
-                      and "config" in c and (int(rows) <= 16 or n <= NARROW or c["config"].get("split_k", 1) == 1)}
+                      and "config" in c and (c["config"].get("split_k", 1) == 1 or sliceable(int(rows), n))}
             if usable:
                 best = min(usable, key=lambda label: usable[label]["us"])
                 launches[key(int(rows), n, k)] = usable[best]["config"]
