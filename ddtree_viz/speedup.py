@@ -37,13 +37,14 @@ from .trace import StepRecord
 PHASES = ("draft", "tree", "verify", "commit", "host")
 CACHE_ENV = "DDTREE_VIZ_CACHE"  # a folder; default ~/.cache/ddtree-viz
 CACHE_FILE = "costs.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a round's cost has `first` (a decode's first round)
 
 
 @dataclass(frozen=True)
 class RoundCost:
-    """One round's measured cost in milliseconds: the median over the timed rounds of each phase and of the whole
-    round (host = the round's wall time minus the phases: building records, the session's own bookkeeping)."""
+    """One round's measured cost in milliseconds: the mean over the timed rounds of each phase and of the whole
+    round (host = the round's wall time minus the phases: building records, the session's own bookkeeping), and of
+    a decode's first round, right after its prefill (`first`: the drafter's pass over the prompt's rows too)."""
 
     draft: float
     tree: float
@@ -52,6 +53,12 @@ class RoundCost:
     host: float
     total: float
     rounds: int  # rounds timed
+    first: float
+
+    def per_round(self, tau: float, new_tokens: float | None) -> float:
+        """A round's share of a decode of `new_tokens` tokens at `tau` tokens a round: `total`, plus the first
+        round's extra time spread over the decode's new_tokens / tau rounds (None: a steady round, `total`)."""
+        return self.total + ((self.first - self.total) * tau / new_tokens if new_tokens else 0.0)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RoundCost":
@@ -61,8 +68,9 @@ class RoundCost:
         names = {f.name for f in dataclasses.fields(cls)}
         _keys(d, names, "a round's cost")
         values = {name: _finite(d[name], name) for name in names}
-        if any(values[p] < 0 for p in PHASES if p != "host") or values["total"] <= 0:
-            raise InputError(f"a round's cost must have phases >= 0 ms and a total > 0 ms, not {dict(values)}")
+        if any(values[p] < 0 for p in PHASES if p != "host") or values["total"] <= 0 or values["first"] <= 0:
+            raise InputError(f"a round's cost must have phases >= 0 ms, a total > 0 ms and a first round > 0 ms, "
+                             f"not {dict(values)}")
         if values["rounds"] < 1 or values["rounds"] != int(values["rounds"]):
             raise InputError(f"a round's cost must count whole rounds >= 1, not {d['rounds']!r}")
         return cls(**{**values, "rounds": int(values["rounds"])})
@@ -224,10 +232,13 @@ class Prediction:
     break_even_budget: int | None
     rounds: int  # DDTree rounds the counterfactual is summed over
 
+    new_tokens: float | None = None  # the decodes' mean length whose first rounds the costs include (None: steady rounds)
+
     def to_dict(self) -> dict[str, Any]:
         return dict(greedy_ms=self.greedy_ms, budgets={str(b): p.to_dict() for b, p in sorted(self.budgets.items())},
                     best_budget=self.best_budget, break_even_budget=self.break_even_budget,
-                    chain=self.chain.to_dict() if self.chain else None, rounds=self.rounds)
+                    chain=self.chain.to_dict() if self.chain else None, rounds=self.rounds,
+                    new_tokens=self.new_tokens)
 
 
 def tree_rounds(steps: Sequence[StepRecord]) -> list[StepRecord]:
@@ -235,24 +246,27 @@ def tree_rounds(steps: Sequence[StepRecord]) -> list[StepRecord]:
     return [s for s in steps if s.method == "ddtree" and analysis.curve_is_exact(s)]
 
 
-def predict(steps: Sequence[StepRecord], costs: CostTable, chain_tau: float | None = None) -> Prediction:
+def predict(steps: Sequence[StepRecord], costs: CostTable, chain_tau: float | None = None,
+            new_tokens: float | None = None) -> Prediction:
     """S(b) at every measured budget the rounds reach (their own budget or less), the chain's point from its tokens
     per round in real chain rounds (`chain_tau`, None: no chain point) and the table's chain cost, the best and the
-    break-even budgets."""
+    break-even budgets. With `new_tokens`, for decodes of that many tokens: each one's first round (its drafter's
+    pass over the prompt) spread over its rounds (RoundCost.per_round); without, for steady rounds."""
     rounds = tree_rounds(steps)
     if not rounds:
         raise InputError("no exact DDTree rounds to predict from (naive verify mode and the DFlash chain have no "
                          "budget counterfactual)")
     top = max(analysis.tree_size(s) - 1 for s in rounds)
     curve = analysis.session_budget_curve(rounds, top)
-    points = {b: Point.of(curve[b] / len(rounds), c.total, costs.greedy_ms)
+    taus = {b: curve[b] / len(rounds) for b in costs.rounds if b <= top}
+    points = {b: Point.of(taus[b], c.per_round(taus[b], new_tokens), costs.greedy_ms)
               for b, c in sorted(costs.rounds.items()) if b <= top}
     chain = None
     if chain_tau is not None and costs.chain is not None:
-        chain = Point.of(chain_tau, costs.chain.total, costs.greedy_ms)
+        chain = Point.of(chain_tau, costs.chain.per_round(chain_tau, new_tokens), costs.greedy_ms)
     best = max(points, key=lambda b: (points[b].speedup, -b)) if points else None
     even = break_even(points, best, chain.speedup if chain else 1.0)
-    return Prediction(costs.greedy_ms, points, chain, best, even, len(rounds))
+    return Prediction(costs.greedy_ms, points, chain, best, even, len(rounds), new_tokens)
 
 
 def break_even(points: Mapping[int, Point], best: int | None, floor: float) -> int | None:
@@ -260,6 +274,12 @@ def break_even(points: Mapping[int, Point], best: int | None, floor: float) -> i
     1.0), or None: past it a bigger tree loses to what `floor` stands for."""
     even = [b for b, p in points.items() if best is not None and b >= best and p.speedup >= floor]
     return max(even) if even else None
+
+
+def new_tokens_per_decode(steps: Sequence[StepRecord], decodes: int) -> float | None:
+    """The tokens a decode made, on average over `decodes` decodes whose rounds are `steps` (None: none): the
+    length over which predict spreads each decode's first round."""
+    return sum(s.kept for s in steps) / decodes if decodes and steps else None
 
 
 def tokens_per_round(steps: Sequence[StepRecord]) -> float | None:
@@ -301,7 +321,7 @@ def session_speedup(steps: Sequence[StepRecord], costs: CostTable, budget: int, 
     elif not rounds or any(g is None for g in gains):
         why = _no_chain_why(rounds[-1] if rounds else None)
     chain_tau = sum(g for g, _ in gains) / len(gains) if why is None else None
-    prediction = predict(steps, costs, chain_tau)
+    prediction = predict(steps, costs, chain_tau, new_tokens_per_decode(rounds, 1))  # a session: one decode
     return SessionSpeedup(prediction, costs, int(budget), max(analysis.tree_size(s) - 1 for s in rounds),
                           break_even(prediction.budgets, prediction.best_budget, 1.0), costs.block_size - 1,
                           sum(not exact for _, exact in gains) if why is None else 0, why)

@@ -34,9 +34,9 @@ def _step(accepted, size, kept=None, method="ddtree"):
                       new_token_ids=tuple(range(kept if kept is not None else len(accepted))), method=method)
 
 
-def _cost(total):
+def _cost(total, first=None):
     return speedup.RoundCost(draft=total / 4, tree=0.0, verify=total / 2, commit=total / 4, host=0.0, total=total,
-                             rounds=3)
+                             rounds=3, first=total if first is None else first)
 
 
 def _table(rounds: dict[int, float], greedy_ms=10.0, chain=12.0):
@@ -70,6 +70,21 @@ def test_prediction_from_counterfactuals_and_costs():
         speedup.predict([_step((0, 1), 1, method="dflash")], costs)
 
 
+def test_a_decodes_first_round_is_spread_over_its_rounds():
+    """A decode's first round drafts over the prompt's rows too (RoundCost.first): with `new_tokens`, predict spreads
+    its extra time over the decode's new_tokens / tau rounds, the chain's too; without, a steady round's cost."""
+    steps = [_step((0, 1, 3, 6), 8), _step((0, 2), 8)]  # tau 3.0 at budget 8
+    costs = speedup.CostTable(**{**_table({8: 20.0}).__dict__, "rounds": {8: _cost(20.0, first=50.0)},
+                                 "chain": _cost(12.0, first=42.0)})
+    steady, decode = speedup.predict(steps, costs, 2.0), speedup.predict(steps, costs, 2.0, new_tokens=60)
+    assert steady.budgets[8].round_ms == 20.0 and steady.new_tokens is None
+    # 60 tokens at 3 a round: 20 rounds, the first 30 ms longer: 1.5 ms a round
+    assert decode.budgets[8].round_ms == pytest.approx(21.5) and decode.new_tokens == 60
+    assert decode.budgets[8].tokens_per_s == pytest.approx(60 / (19 * 20.0 + 50.0) * 1e3)
+    assert decode.chain.round_ms == pytest.approx(12.0 + 30.0 * 2.0 / 60)
+    assert speedup.new_tokens_per_decode(steps, 2) == 3.0 and speedup.new_tokens_per_decode([], 2) is None
+
+
 def test_cost_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(speedup.CACHE_ENV, str(tmp_path / "c"))
     table = _table({1: 5.0, 2: 6.0})
@@ -92,6 +107,7 @@ def test_cost_cache(tmp_path, monkeypatch):
     (lambda d: d.update(greedy_ms=float("nan")), "greedy_ms must be a finite number"),
     (lambda d: d.update(greedy_ms="5"), "greedy_ms must be a finite number"),
     (lambda d: d["rounds"]["1"].update(total=0.0), "a total > 0 ms"),
+    (lambda d: d["rounds"]["1"].update(first=0.0), "a first round > 0 ms"),
     (lambda d: d["rounds"]["1"].update(verify=-1.0), "phases >= 0 ms"),
     (lambda d: d["rounds"]["1"].update(draft=float("inf")), "draft must be a finite number"),
     (lambda d: d["rounds"]["1"].update(rounds=0), "whole rounds >= 1"),
@@ -290,7 +306,8 @@ def test_a_sessions_speedup_with_the_chain_and_break_even():
     costs = _table({1: 11.0, 2: 12.0, 4: 14.0, 8: 40.0}, greedy_ms=10.0, chain=12.0)
     study = speedup.session_speedup(steps, costs, budget=4)
     p = study.prediction
-    assert p == speedup.predict(steps, costs, chain_tau=3.0) and p.chain.tau == 3.0
+    # a session is one decode: its first round over the tokens it made
+    assert p == speedup.predict(steps, costs, chain_tau=3.0, new_tokens=7) and p.chain.tau == 3.0
     assert study.chain_at_least == 1 and study.chain_nodes == 7 and study.chain_why is None
     assert study.reach == 4 and study.unreached == [8] and 8 not in p.budgets
     # S: 1.5*10/11 = 1.36, 2*10/12 = 1.67, 3*10/14 = 2.14 (best 4); break-even over greedy: 4

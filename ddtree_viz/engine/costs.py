@@ -78,10 +78,16 @@ class _Timed:
         self.session = session
         self.phases: dict[str, list[float]] = {p: [] for p in PHASES}
         self.totals: list[float] = []
+        self.firsts: list[float] = []
 
     def start(self, context: list[int]) -> None:
+        """The context prefilled and a round run untimed (first use of this tree size here: allocations, compiled
+        pieces, graphs), then prefilled again and its first round timed: a decode's first round drafts over the
+        prompt's rows too (RoundCost.first)."""
         self.session.prefill(prompt_ids=context)
-        self.session.step()  # warm-up: first use of this tree size here (allocations, compiled pieces, graphs)
+        self.session.step()
+        self.session.prefill(prompt_ids=context)
+        self.firsts.append(_timed_step(self.session)[1])
 
     def time_round(self, context: list[int]) -> None:
         session = self.session
@@ -97,7 +103,8 @@ class _Timed:
         """Means, not medians: a decode's tokens/s is its tokens over the sum of its rounds' times, slow rounds
         (a collection, a longer context) included, and the prediction divides by the same mean."""
         mean = {p: statistics.fmean(v) for p, v in self.phases.items()}
-        return RoundCost(**mean, total=statistics.fmean(self.totals), rounds=len(self.totals))
+        return RoundCost(**mean, total=statistics.fmean(self.totals), rounds=len(self.totals),
+                         first=statistics.fmean(self.firsts))
 
 
 def greedy_step_ms(session: DecodeSession, contexts: list[list[int]], steps: int = GREEDY_STEPS) -> float:

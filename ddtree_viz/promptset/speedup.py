@@ -6,6 +6,8 @@ studies into the papers' table (render/table.py writes it).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,7 +134,8 @@ def study(pair: ModelPair, out: Path, items: list[dict], spec_of: Callable[[dict
                               tree_scoring=settings.tree_scoring)
     chain_traces = report.traces.get(DFLASH, {})
     chain_tau = speedup.tokens_per_round([s for t in chain_traces.values() for s in t.steps])
-    prediction = speedup.predict(steps, costs, chain_tau)
+    per_decode = speedup.new_tokens_per_decode(steps, len(order))
+    prediction = speedup.predict(steps, costs, chain_tau, per_decode)
     checked = None
     if validate:
         vb = speedup.validation_budgets(prediction) if validate is True else sorted(set(validate))
@@ -142,7 +145,7 @@ def study(pair: ModelPair, out: Path, items: list[dict], spec_of: Callable[[dict
                              f"not {missing}")
         checked = _validate(pair, prompts, prediction, vb, settings, costs.engine, sampler, say)
         if chain_tau is None and checked["chain_run"].rounds:  # the chain's point from its real rounds
-            prediction = speedup.predict(steps, costs, checked["chain_run"].tau)
+            prediction = speedup.predict(steps, costs, checked["chain_run"].tau, per_decode)
     result = _result(prediction, costs, cached, checked, items, traces)
     write_json(out / SPEEDUP_FILE, result)
     return result
@@ -154,6 +157,7 @@ def _result(prediction, costs, cached, checked, items, traces: dict[int, Trace])
                   budgets=d["budgets"],
                   best_budget=prediction.best_budget, break_even_budget=prediction.break_even_budget,
                   chain=prediction.chain.to_dict() if prediction.chain else None, rounds=prediction.rounds,
+                  new_tokens=prediction.new_tokens,
                   validation=checked["rows"] if checked else [],
                   measured=dict(greedy=checked["greedy"], chain=checked["chain"]) if checked else None,
                   costs=costs.to_dict(), costs_cached=cached,
@@ -165,14 +169,16 @@ def _result(prediction, costs, cached, checked, items, traces: dict[int, Trace])
 def _categories(items: list[dict], traces: dict[int, Trace], costs) -> dict[str, Any]:
     """Per category (the prompts' own 'category'): S(b), best and break-even budgets (no chain point)."""
     cats: dict[str, list] = {}
+    decodes: Counter = Counter()
     for it in items:
         if isinstance(it.get("category"), str) and it["index"] in traces:
             cats.setdefault(it["category"], []).extend(traces[it["index"]].steps)
+            decodes[it["category"]] += 1
     if len(cats) < 2:
         return {}
     out = {}
     for name, steps in sorted(cats.items()):
-        p = speedup.predict(steps, costs)
+        p = speedup.predict(steps, costs, new_tokens=speedup.new_tokens_per_decode(steps, decodes[name]))
         out[name] = dict(best_budget=p.best_budget, break_even_budget=p.break_even_budget, rounds=p.rounds,
                          budgets={str(b): q.to_dict() for b, q in p.budgets.items()})
     return out
