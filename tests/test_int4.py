@@ -163,6 +163,33 @@ def test_run_decodes_int4_target_as_its_greedy(checkpoints, capsys, tmp_path, en
     tiny.assert_generated_by(trace, reference)
 
 
+@pytest.mark.parametrize("engine", ["transformers", "runner"])
+def test_a_plain_drafter_quantized_at_load_drafts_for_the_same_output(checkpoints, capsys, tmp_path, engine):
+    """--draft-weights int4 (issue #67 item 1: the 27B's drafter in 0.83 GiB, not 3.22): a plain drafter's Linears
+    made 4-bit at load, symmetric in groups of 128, drafting for the plain target on both engines: the output is
+    still greedy's and the same as with the plain drafter (the drafter only proposes), the precision printed and
+    in the trace; a drafter stored quantized is refused, as is another format."""
+    plain_target, plain_draft = checkpoints[0].parent.parent / "plain" / "target", checkpoints[0].parent.parent / "plain" / "draft"
+    label = "int4 w4a16 group 128 sym (quantized at load; 4-bit weights, float32 activations)"
+    out, trace = tiny.run_quantized(plain_target, plain_draft, engine, tmp_path, capsys, "--draft-weights", "int4")
+    assert label in out and trace.settings["draft_precision"] == label
+    _, plain = tiny.run_quantized(plain_target, plain_draft, engine, tmp_path, capsys)
+    assert trace.output_ids == plain.output_ids and plain.settings["draft_precision"] == "float32"
+    # the 4-bit weights drafted: the first round's tree from the same context, its log-probs not the plain drafter's
+    first, first_plain = trace.steps[0].nodes, plain.steps[0].nodes
+    assert [n.logprob for n in first] != [n.logprob for n in first_plain]
+    pair = load_pair(str(plain_target), str(plain_draft), draft_weights="int4")
+    linears = [m for m in pair.drafter.modules() if isinstance(m, torch.nn.Linear)]
+    quantized = [m for m in pair.drafter.modules() if isinstance(m, int4.Int4Linear)]
+    assert quantized and not linears and all(m.group == 128 and m.weight_zero_point is None for m in quantized)
+    from ddtree_viz.errors import InputError
+
+    with pytest.raises(InputError, match="quantizes a drafter of plain weights; this one is stored as int4 w4a16 group 32"):
+        load_pair(str(plain_target), str(checkpoints[1]), draft_weights="int4")
+    with pytest.raises(InputError, match="--draft-weights must be one of int4, not 'fp8'"):
+        load_pair(str(plain_target), str(plain_draft), draft_weights="fp8")
+
+
 def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     """keep_quantized (a CUDA GPU's default): each quantized Linear of target and drafter holds the checkpoint's parts
     as stored (int4.Int4Linear: about half a byte a parameter), the modules left out stay plain, the precision says

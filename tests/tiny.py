@@ -154,15 +154,15 @@ def assert_same_weights(loaded: dict, expected: dict) -> None:
         assert torch.equal(loaded[name], expected[name]), name
 
 
-def run_quantized(target: Path, draft: Path, engine: str, tmp_path: Path, capsys) -> tuple[str, object]:
-    """`run --target DIR --draft DIR` (16 new tokens, budget 8, on `engine`) with a trace: its printed output,
-    checked to be identical to greedy, and the trace."""
+def run_quantized(target: Path, draft: Path, engine: str, tmp_path: Path, capsys, *extra: str) -> tuple[str, object]:
+    """`run --target DIR --draft DIR` (16 new tokens, budget 8, on `engine`, with `extra` flags) with a trace: its
+    printed output, checked to be identical to greedy, and the trace."""
     from ddtree_viz import cli
     from ddtree_viz.trace import Trace
 
     trace_path = tmp_path / "t.json"
     rc = cli.main(["run", "--target", str(target), "--draft", str(draft), "--prompt", "def f(x):",
-                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path)])
+                   "--max-new-tokens", "16", "--budget", "8", "--engine", engine, "--trace", str(trace_path), *extra])
     out = capsys.readouterr().out
     assert rc == 0 and "output identical to greedy for" in out
     return out, Trace.load(trace_path)

@@ -63,8 +63,10 @@ class ModelHost:
     """Loads the target + drafter once, shared by every tab; one fair lock so model work never interleaves and tabs
     take turns round by round."""
 
-    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = AUTO):
+    def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = AUTO,
+                 draft_weights: str | None = None):
         self.args = (target, draft, dtype, device)
+        self.draft_weights = draft_weights  # --draft-weights: the drafter's Linears quantized at load (every pair)
         # exact sessions run on it ("auto": engines.default_engine, the fastest exact engine for the target);
         # naive sessions always on transformers' forward
         self.engine = engine
@@ -96,7 +98,7 @@ class ModelHost:
         target, draft, dtype, device = self.args
         self.stage = f"loading target {target or 'embedded default'} and its drafter ({dtype}, {device})"
         try:
-            pair = load_pair(target, draft, dtype=dtype, device=device)
+            pair = load_pair(target, draft, dtype=dtype, device=device, draft_weights=self.draft_weights)
             self.stage = "measuring the cache layout"
             self.layout = cache_layout_table(cache_layout(pair.target, pair.layer_types))
             if self.engine in (AUTO, "runner") and engine_for(self.engine, "exact", pair.target) == "runner":
@@ -251,7 +253,8 @@ class ModelHost:
         key = f"{dtype}/{draft}"
         with self._loading:
             if key not in self._pairs:
-                self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device)
+                self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device,
+                                             draft_weights=self.draft_weights)
                 settle_heap()
             return self._pairs[key]
 

@@ -60,15 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "--fp8 / --int4), so that the checks can be split over calls of a time limit")
     p.add_argument("--quantized-only", action="store_true",
                    help="with --fp8 / --int4: only the quantized targets, no bf16 target before them (quantized_alone)")
-    p.add_argument("--int4-drafter", action="store_true", help="with --int4: the drafter's Linears 4-bit for the 4-bit target "
-                        "(after the bf16 and FP8 phases)")
-    p.add_argument("--int4-tune", action="store_true",
-                   help="only the 4-bit GEMM's launches swept at the 27B's shapes (benchmarks/gpu/int4.py)")
-    p.add_argument("--int4-tune-rows", type=int, nargs="+", metavar="ROWS",
-                   help="--int4-tune: these row counts alone (default: 1 65 129 16); --int4-table fills the rest "
-                        "from the shipped table")
-    p.add_argument("--int4-tune-narrow", action="store_true",
-                   help="--int4-tune: the narrow GEMMs alone (5,120 outputs: o_proj, out_proj, down_proj)")
     p.add_argument("--no-profiler", action="store_true",
                    help="no device timelines through torch.profiler (each comes back as 'not profiled')")
     p.add_argument("--new-tokens", type=int, default=48)
@@ -149,6 +140,15 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "FP8) target is freed: its weight-read bound, greedy step, verify, rounds at budget 64, each GEMM "
                         "and the peak memory of a session under --int4-memory-cap (speed.fast.int4; targets int4_*); with "
                         "--exactness the runner's exactness on 4-bit weights too")
+    p.add_argument("--int4-drafter", action="store_true", help="with --int4: the drafter's Linears 4-bit for the 4-bit target "
+                        "(after the bf16 and FP8 phases)")
+    p.add_argument("--int4-tune", action="store_true",
+                   help="only the 4-bit GEMM's launches swept at the 27B's shapes (benchmarks/gpu/int4.py)")
+    p.add_argument("--int4-tune-rows", type=int, nargs="+", metavar="ROWS",
+                   help="--int4-tune: these row counts alone (default: 1 65 129 16); --int4-table fills the rest "
+                        "from the shipped table")
+    p.add_argument("--int4-tune-narrow", action="store_true",
+                   help="--int4-tune: the narrow GEMMs alone (5,120 outputs: o_proj, out_proj, down_proj)")
     p.add_argument("--int4-memory-cap", type=float, default=24.0, metavar="GB",
                    help="--int4: the process's GPU memory cap (GB) while the 4-bit target runs (default: 24)")
     p.add_argument("--int4-sass", action="store_true",

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import torch
 
-from .config import INT4_GROUP, BenchConfig
+from .config import BenchConfig
 from .fp8 import fp8_gemms
 from ..harness import clock, progress, timer
 from .harness import copy_bandwidth
@@ -103,11 +103,20 @@ def long_context_peak(bench: BenchConfig, pair, weights: str, cap_gb) -> dict:
     return peak
 
 
-def quantize_drafter_int4(drafter) -> None:
-    """--int4-drafter: the drafter's Linears 4-bit, in place (what a 24 GB card holds beside the 4-bit target)."""
-    from ...engine.weights import int4_common as int4
+def long_alone(bench: BenchConfig, pair, weights: str, out: dict, saved) -> dict:
+    """--long-only: the long session's peak (long_context_peak, under the cap) and nothing else; the cap lifted."""
+    out["peak_memory_long"] = long_context_peak(bench, pair, weights, out["memory_cap_GB"])
+    (saved or (lambda: None))()
+    memory_cap(bench, None)
+    return out
 
-    int4.quantize_linears(drafter, int4.Int4Spec(INT4_GROUP, True))
+
+def quantize_drafter_int4(drafter) -> None:
+    """--int4-drafter: the drafter's Linears 4-bit, in place (what a 24 GB card holds beside the 4-bit target), as
+    a user's --draft-weights int4 makes it (models.quantize_drafter)."""
+    from ...engine.models import quantize_drafter
+
+    quantize_drafter(drafter, "int4", next(drafter.parameters()).dtype)
 
 
 def quantized_speed_or_error(bench: BenchConfig, *args, out: dict | None = None, saved=None) -> dict:
@@ -152,13 +161,7 @@ def quantized_speed(bench: BenchConfig, weights: str, layers: int, dtype: torch.
     timed = timer(sync)
     pair = pair_of(bench, target, drafter, dtype)
     if bench.long_only and weights == "int4":  # the long session in a process that ran nothing before it
-        out["peak_memory_long"] = long_context_peak(bench, pair, weights, out["memory_cap_GB"])
-        save = saved or (lambda: None)
-        save()
-        del pair, target
-        free_cuda(bench)
-        memory_cap(bench, None)
-        return out
+        return long_alone(bench, pair, weights, out, saved)
     root = int(logprobs.argmax(-1)[0])
     sizes = sorted({1, drafter.block_size, *(b + 1 for b in budgets)})
     start = clock()
