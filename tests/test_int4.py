@@ -182,6 +182,9 @@ def test_a_plain_drafter_quantized_at_load_drafts_for_the_same_output(checkpoint
     linears = [m for m in pair.drafter.modules() if isinstance(m, torch.nn.Linear)]
     quantized = [m for m in pair.drafter.modules() if isinstance(m, int4.Int4Linear)]
     assert quantized and not linears and all(m.group == 128 and m.weight_zero_point is None for m in quantized)
+    from ddtree_viz.engine.costs import pair_key  # its costs are not the plain drafter's: cached apart
+
+    assert pair_key(pair, "runner", 8) != pair_key(load_pair(str(plain_target), str(plain_draft)), "runner", 8)
     from ddtree_viz.errors import InputError
 
     with pytest.raises(InputError, match="quantizes a drafter of plain weights; this one is stored as int4 w4a16 group 32"):

@@ -50,8 +50,14 @@ def on_threads(pair: ModelPair) -> bool:
 
 
 def pair_key(pair: ModelPair, engine: str, block_size: int, record: bool = False) -> str:
-    return costs_key(pair.target_name, pair.draft_name, str(pair.dtype).removeprefix("torch."), str(pair.device),
-                     device_name(pair), engine, block_size, record)
+    """The cost table's key: each model by its name and, where its weights are not plain (a checkpoint's format, a
+    drafter quantized at load: --draft-weights), their precision too, since the costs differ."""
+    def named(name: str, weights: str | None) -> str:
+        return f"{name} [{weights}]" if weights else name
+
+    return costs_key(named(pair.target_name, pair.target_format), named(pair.draft_name, pair.draft_format),
+                     str(pair.dtype).removeprefix("torch."), str(pair.device), device_name(pair), engine, block_size,
+                     record)
 
 
 def _session(pair: ModelPair, method: str, budget: int, block_size: int | None, engine: str, max_new: int,
