@@ -83,6 +83,9 @@ def test_the_panel_says_how_to_measure_then_draws_the_sessions_speedup(host, tmp
     shown = render_views(host, tab)
     check_drawn(shown, tab.trace.steps, table, budget=16)
     assert "4 exact DDTree rounds" in shown.pays_html and "rounds 1–4" in shown.pays_html
+    made = sum(st.kept for st in tab.trace.steps)  # the first round spread over the tokens the rounds made
+    assert f"counts this decode's first round (it drafts over the prompt's rows too) spread over the {made} tokens" \
+        in shown.pays_html
     # Back: the rounds up to the one on screen
     back = render_views(host, actions.move(tab, delta=-1))
     check_drawn(back, tab.trace.steps[:3], table, budget=16)
@@ -95,10 +98,15 @@ def test_the_panel_says_how_to_measure_then_draws_the_sessions_speedup(host, tmp
 
 def check_drawn(views, steps, table, budget: int) -> None:
     """The panel's figure and words hold the session's own S(b), worked out here from its rounds and the costs:
-    tau(b) = tokens the rounds would have gained under b / rounds, S(b) = tau(b) x greedy step / round cost(b)."""
-    n = len(steps)
+    tau(b) = tokens the rounds would have gained under b / rounds, S(b) = tau(b) x greedy step / round cost(b), the
+    round's cost with the decode's first round spread over the tokens its rounds made (N / tau(b) rounds)."""
+    n, made = len(steps), sum(step.kept for step in steps)
     curve = analysis.session_budget_curve(steps)
-    expected = {b: curve[b] / n * table.greedy_ms / cost.total for b, cost in sorted(table.rounds.items())}
+
+    def cost(c, tau: float) -> float:
+        return c.total + (c.first - c.total) * tau / made
+
+    expected = {b: curve[b] / n * table.greedy_ms / cost(c, curve[b] / n) for b, c in sorted(table.rounds.items())}
     drawn = _drawn(views)
     s = drawn["predicted S(b), DDTree"]
     assert s["x"] == list(expected) and s["y"] == pytest.approx(list(expected.values()))
@@ -107,7 +115,8 @@ def check_drawn(views, steps, table, budget: int) -> None:
     gains = [analysis.chain_gain(step) for step in steps]
     chain = next(t for name, t in drawn.items() if name.startswith("DFlash chain"))
     assert chain["x"] == [15]
-    assert chain["y"] == pytest.approx([sum(g for g, _ in gains) / n * table.greedy_ms / table.chain.total])
+    chain_tau = sum(g for g, _ in gains) / n
+    assert chain["y"] == pytest.approx([chain_tau * table.greedy_ms / cost(table.chain, chain_tau)])
     assert ("DFlash chain (at least)" in drawn) == any(not exact for _, exact in gains)
     # break-even: the largest budget from the best one up with S >= 1 (no ring where there is none)
     best = max(expected, key=lambda b: (expected[b], -b))

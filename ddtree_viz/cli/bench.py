@@ -156,12 +156,14 @@ def _costs(args, pair, prompts) -> int:
                           block_size=args.block_size, rounds=args.cost_rounds,
                           progress=lambda text: print(f"  ... {text}", file=sys.stderr, flush=True))
     print(f"costs on {table.device_name} ({table.engine} engine), block size {table.block_size}, "
-          f"medians of {plural(args.cost_rounds, 'round')}; greedy step {table.greedy_ms:.3f} ms")
-    print(f"{'budget':>7}  " + "  ".join(f"{p:>8}" for p in PHASES) + f"  {'round ms':>9}  {'x greedy':>8}")
+          f"means of {plural(args.cost_rounds, 'round')} a context; greedy step {table.greedy_ms:.3f} ms; first ms: "
+          "a decode's first round, after its prefill")
+    print(f"{'budget':>7}  " + "  ".join(f"{p:>8}" for p in PHASES) + f"  {'round ms':>9}  {'x greedy':>8}"
+          f"  {'first ms':>9}")
     named = [(str(b), c) for b, c in sorted(table.rounds.items())] + ([("chain", table.chain)] if table.chain else [])
     for label, c in named:
         print(f"{label:>7}  " + "  ".join(f"{getattr(c, p):>8.3f}" for p in PHASES)
-              + f"  {c.total:>9.3f}  {c.total / table.greedy_ms:>7.2f}x")
+              + f"  {c.total:>9.3f}  {c.total / table.greedy_ms:>7.2f}x  {c.first:>9.3f}")
     try:
         print(f"cached in {save_costs(table)}")
     except OSError as exc:

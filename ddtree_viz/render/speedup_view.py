@@ -113,6 +113,10 @@ def pays_html(study, *, first: int, last: int, device: str, compare: bool = Fals
     if study.unreached:
         items.append(f"Measured budgets {', '.join(map(str, study.unreached))}: past this session's largest tree "
                      f"({plural(study.reach, 'node')}), so not estimated (no round tried them).")
+    if p.new_tokens:
+        items.append(f"A round's cost counts this decode's first round (it drafts over the prompt's rows too) spread "
+                     f"over the {plural(round(p.new_tokens), 'token')} made so far: a longer decode's rounds cost "
+                     "less.")
     if sampled:
         items.append("The costs were timed greedy; sampling adds its filtering to every round.")
     measure = (command_html(command) if command and study.budget not in study.costs.rounds
