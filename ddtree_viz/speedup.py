@@ -57,8 +57,9 @@ class RoundCost:
 
     def per_round(self, tau: float, new_tokens: float | None) -> float:
         """A round's share of a decode of `new_tokens` tokens at `tau` tokens a round: `total`, plus the first
-        round's extra time spread over the decode's new_tokens / tau rounds (None: a steady round, `total`)."""
-        return self.total + ((self.first - self.total) * tau / new_tokens if new_tokens else 0.0)
+        round's extra time spread over the decode's new_tokens / tau rounds, one at least (None: a steady round,
+        `total`)."""
+        return self.total + ((self.first - self.total) / max(new_tokens / tau, 1.0) if new_tokens else 0.0)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RoundCost":

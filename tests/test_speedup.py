@@ -82,6 +82,8 @@ def test_a_decodes_first_round_is_spread_over_its_rounds():
     assert decode.budgets[8].round_ms == pytest.approx(21.5) and decode.new_tokens == 60
     assert decode.budgets[8].tokens_per_s == pytest.approx(60 / (19 * 20.0 + 50.0) * 1e3)
     assert decode.chain.round_ms == pytest.approx(12.0 + 30.0 * 2.0 / 60)
+    # a decode shorter than a round: its one round is its first
+    assert speedup.predict(steps, costs, new_tokens=2).budgets[8].round_ms == pytest.approx(50.0)
     assert speedup.new_tokens_per_decode(steps, 2) == 3.0 and speedup.new_tokens_per_decode([], 2) is None
 
 
