@@ -193,6 +193,32 @@ def test_a_plain_drafter_quantized_at_load_drafts_for_the_same_output(checkpoint
         load_pair(str(plain_target), str(plain_draft), draft_weights="fp8")
 
 
+def test_precision_audit_of_a_drafter_quantized_at_load(checkpoints, tmp_path, capsys):
+    """`analyze --draft-weights-b int4`: what a 4-bit drafter costs in acceptance. A: the plain pair; B: the same
+    with its drafter made 4-bit at load. Both sides greedy's output (the drafter only proposes), each side's
+    acceptance its own traces', B's drafter labelled; `none` takes A's --draft-weights off for B."""
+    from ddtree_viz import cli
+
+    plain = checkpoints[0].parent.parent / "plain"
+    label = "int4 w4a16 group 128 sym (quantized at load; 4-bit weights, float32 activations)"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def f(x):\n\nclass A:\n")
+    for flags, (a_label, b_label) in (((), ("float32", label)), (("--draft-weights", "int4"), (label, "float32"))):
+        out = tmp_path / f"out{len(flags)}"
+        rc = cli.main(["analyze", "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "16",
+                       "--budget", "4", "--no-speedup", "--target", str(plain / "target"), "--draft",
+                       str(plain / "draft"), *flags, "--draft-weights-b", "int4" if not flags else "none"])
+        assert rc == 0, capsys.readouterr().err
+        audit = json.loads((out / "summary.json").read_text())["precision_audit"]
+        assert (audit["a"]["draft_precision"], audit["b"]["draft_precision"]) == (a_label, b_label)
+        assert audit["prompts_compared"] == 2
+        for row in audit["per_prompt"]:
+            a, b = Trace.load(out / row["file_a"]), Trace.load(out / row["file_b"])
+            assert a.output_ids == a.greedy_ids == b.output_ids == b.greedy_ids and row["part_at"] is None
+            assert b.settings["draft_precision"] == b_label
+        capsys.readouterr()
+
+
 def test_4bit_weights_kept_are_the_checkpoints_parts(checkpoints):
     """keep_quantized (a CUDA GPU's default): each quantized Linear of target and drafter holds the checkpoint's parts
     as stored (int4.Int4Linear: about half a byte a parameter), the modules left out stay plain, the precision says

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import analysis
 from ..errors import InputError
 from ..words import plural
-from ..options import DFLASH, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
+from ..options import DFLASH, DRAFT_WEIGHTS, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import (BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, set_dirname,
                                 write_json)
 from ..promptset.resume import reconcile
@@ -81,6 +81,9 @@ def add_parser(sub) -> None:
     audit.add_argument("--target-b", metavar="DIR|HUB_ID", help="B's target (e.g. the FP8 checkpoint of --target)")
     audit.add_argument("--draft-b", metavar="DIR|HUB_ID", help="B's drafter")
     audit.add_argument("--dtype-b", choices=DTYPES, help="B's dtype")
+    audit.add_argument("--draft-weights-b", choices=(*DRAFT_WEIGHTS, "none"),
+                       help="B's drafter weights: int4 (quantized at load, as --draft-weights), none (as stored); "
+                            "default A's. What a 4-bit drafter costs in acceptance: --draft-weights-b int4")
     add_decode_args(an)
     add_scoring_arg(an)
     add_sampling_args(an)
@@ -225,7 +228,8 @@ def _check(args, prompts: str) -> list[dict]:
     for item in items[:1]:  # the chat options themselves (--thinking without --chat, ...), before any model work
         item_spec({"prompt": "x"} if "messages" in item else item, args.chat, args.system, thinking)
     if _audit(args) and args.method == BOTH:
-        raise InputError("a precision audit (--target-b / --draft-b / --dtype-b) decodes one method: not --method both")
+        raise InputError("a precision audit (--target-b / --draft-b / --dtype-b / --draft-weights-b) decodes one "
+                         "method: not --method both")
     if args.target_b is not None and args.draft_b is None and args.draft is None and args.target is None:
         raise InputError("--target-b needs its drafter: pass --draft-b DIR|HUB_ID (or --target and --draft)")
     if args.budgets and any(b < 1 for b in args.budgets):
@@ -270,16 +274,19 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
 
 def _audit(args) -> bool:
     """Whether this run is a precision audit (any of B's flags given)."""
-    return any(getattr(args, k, None) is not None for k in ("target_b", "draft_b", "dtype_b"))
+    return any(getattr(args, k, None) is not None for k in ("target_b", "draft_b", "dtype_b", "draft_weights_b"))
 
 
 def _args_b(args):
-    """B's flags: the run's, with B's target, drafter and dtype where given (a target without a drafter keeps A's
-    drafter: the usual audit of a target's precision)."""
+    """B's flags: the run's, with B's target, drafter, dtype and drafter weights where given (a target without a
+    drafter keeps A's drafter: the usual audit of a target's precision)."""
     import argparse
 
+    weights = args.draft_weights if args.draft_weights_b is None else (
+        None if args.draft_weights_b == "none" else args.draft_weights_b)
     return argparse.Namespace(**{**vars(args), "target": args.target_b or args.target,
-                                 "draft": args.draft_b or args.draft, "dtype": args.dtype_b or args.dtype})
+                                 "draft": args.draft_b or args.draft, "dtype": args.dtype_b or args.dtype,
+                                 "draft_weights": weights})
 
 
 def _pair(args, gpu=None):
@@ -397,8 +404,12 @@ def _settings(args) -> dict:
     settings = run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
                             args.block_size, args.temperature, args.top_k, args.top_p, args.seed, args.tree_scoring)
     settings.update(chat_template=bool(args.chat), thinking=args.thinking)  # how the set's prompts went in
+    if args.draft_weights is not None:  # a resumed run must quantize its drafter as this one did
+        settings["draft_weights"] = args.draft_weights
     if _audit(args):
         settings[PRECISION_B] = {"target": args.target_b, "draft": args.draft_b, "dtype": args.dtype_b}
+        if args.draft_weights_b is not None:
+            settings[PRECISION_B]["draft_weights"] = args.draft_weights_b
     return settings
 
 
