@@ -43,7 +43,7 @@ def int4_gemms(bench: BenchConfig, target, timed, rows=(1, 17, 65, 129), calls: 
     dtype, out = target.get_input_embeddings().weight.dtype, {}
     for name, g in layer_gemms(target, int4.FusedInt4Linear).items():
         fused = isinstance(g, int4.FusedInt4Linear)
-        parts = ((g.packed, g.scale, g.zero) if fused else (g.weight_packed, g.weight_scale, g.weight_zero_point))
+        parts = packed_parts(g)
         k = g.in_features if not fused else parts[0].shape[1] * int4.PER_WORD  # (real widths: whole words)
         spec = int4.Int4Spec(g.group if g.group != k else 0, parts[2] is None)
         dense = int4.dequantize({"weight_packed": parts[0], "weight_scale": parts[1], "weight_shape": torch.tensor(
@@ -170,8 +170,17 @@ def gemm_shape(g) -> tuple[int, int]:
     """A 4-bit Linear's (or fused pair's) [n, k]."""
     from ...engine.weights import int4_common as int4
 
-    packed = g.packed if isinstance(g, int4.FusedInt4Linear) else g.weight_packed
+    packed = packed_parts(g)[0]
     return packed.shape[0], packed.shape[1] * int4.PER_WORD
+
+
+def packed_parts(g) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A 4-bit Linear's (or fused pair's) words, scales and zero points (None: symmetric)."""
+    from ...engine.weights import int4_common as int4
+
+    if isinstance(g, int4.FusedInt4Linear):
+        return g.packed, g.scale, g.zero
+    return g.weight_packed, g.weight_scale, g.weight_zero_point
 
 
 def tune(gemms: dict, per_call, bandwidth: float, saved=None, rows=ROWS) -> dict:
@@ -186,11 +195,10 @@ def tune(gemms: dict, per_call, bandwidth: float, saved=None, rows=ROWS) -> dict
     out: dict = {}
     weights = {}
     for name, g in gemms.items():
-        fused = isinstance(g, int4.FusedInt4Linear)
-        packed, scale = (g.packed, g.scale) if fused else (g.weight_packed, g.weight_scale)
+        packed, scale, _ = packed_parts(g)
         nbytes = packed.nbytes + scale.nbytes
         weights[name] = [(packed.clone(), scale.clone()) for _ in range(max(1, math.ceil(L2_SPAN / nbytes)))]
-        out[name] = {"shape": [packed.shape[0], packed.shape[1] * int4.PER_WORD], "bytes": nbytes,
+        out[name] = {"shape": list(gemm_shape(g)), "bytes": nbytes,
                      "bound_us": nbytes / bandwidth * 1e6, "copies": len(weights[name])}
     for m in rows:
         for name, g in gemms.items():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 SHIPPED = Path(__file__).with_name("tuned.json")
 BANDS = ((1, "1"), (16, "16"), (128, "65"))  # rows up to the first -> the row count measured for them
-# output rows up to which a verify's launch may split its input: the narrow GEMMs (o_proj, out_proj, down_proj:
-# 5,120), whose 64-row tiles are 80 programs on an H100's 132 SMs (down_proj at 65 rows took 10.4x its bound,
-# section 51); their float32 partials, at most 4 x 129 x 8,192 x 4 bytes = 17 MB a GEMM, freed before the next
+# output rows up to which a verify's launch may split its input (sliceable): the narrow GEMMs (o_proj, out_proj,
+# down_proj: 5,120), whose 64-row tiles are 80 programs on an H100's 132 SMs (down_proj at 65 rows took 10.4x its
+# bound, section 51); their float32 partials, at most 4 x 128 x 8,192 x 4 bytes = 17 MB a GEMM, freed before the next
 NARROW = 8192
 LAST_BAND = "129"
 
@@ -80,7 +80,7 @@ def load(path: str | Path) -> dict:
         return data
     if "int4_tune" in data and "gemms" in data["int4_tune"]:
         tuned = from_tune(data["int4_tune"], data.get("device", "unknown"))
-        return over(tuned, json.loads(SHIPPED.read_text())) if SHIPPED.is_file() else tuned
+        return over(tuned, load(SHIPPED)) if SHIPPED.is_file() else tuned
     raise ValueError(f"{path}: neither a 4-bit launch table nor a gpu_bench --int4-tune report")
 
 
