@@ -190,6 +190,29 @@ def test_a_compiler_that_cannot_run_turns_compile_off(target, monkeypatch):
     assert not st.runner.pieces.compile and "no C++ compiler here" in st.runner.compile_error
 
 
+def test_running_out_of_memory_is_not_a_compiler_that_cannot_run(target, monkeypatch):
+    """An out-of-memory (or a CUDA error) raised through the compiled pieces is the pass's own: it reaches the
+    caller and compile stays on, where a compiler's failure turns compile off (the test above). Under a 24 GB
+    card's cap an out-of-memory must not read as "the compiler cannot run here" and run the pass again."""
+    from ddtree_viz.engine import fused
+
+    def short_of_memory(fn):
+        def fails(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 48.00 MiB")
+        return fails
+
+    monkeypatch.setattr(fused, "compiled", short_of_memory)
+    drafter = drafter_for(target)
+    st = make_proposer(drafter, target, static=True)
+    st.runner = StaticDrafter(drafter, target, max_len=256, compile=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        st.propose(3, 9, torch.randn(9, drafter.fc.in_features), drafter.block_size)
+    assert st.runner.pieces.compile and st.runner.compile_error is None
+    assert [fused.compiler_failure(e) for e in (RuntimeError("no C++ compiler here"), torch.OutOfMemoryError("x"),
+                                                RuntimeError("CUDA error: an illegal memory access was encountered"))
+            ] == [True, False, False]
+
+
 def test_a_block_shorter_than_the_drafters(target):
     """A session may draft fewer depths than the drafter's block (--block-size): other (pad, block) shapes, and a
     round whose new rows exceed this block (the eager shape)."""

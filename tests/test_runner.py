@@ -915,6 +915,27 @@ def test_compiled_runner_with_cuda_graphs_equals_the_eager_runner():
         _compiled_against_eager(pair, "cuda", gdn_kernel="triton-rule", blas=blas)
 
 
+def test_the_runners_compile_setup_turns_compile_off_for_a_compiler_not_for_memory(pair, monkeypatch):
+    """A compiler that cannot run leaves the runner's pieces uncompiled with compile_error saying why; running out
+    of memory while they warm up (a 24 GB card's cap) is raised as it is, not taken for a compiler's failure."""
+    from ddtree_viz.engine import fused
+
+    def failing(exc):
+        def compiled(fn):
+            def fails(*args, **kwargs):
+                raise exc
+            return fails
+        return compiled
+
+    forms = {"gdn_kernel": "torch", "fused": True, "attention": "eager", "compile": True, "blas": "default"}
+    monkeypatch.setattr(fused, "compiled", failing(RuntimeError("no C++ compiler here")))
+    runner = StaticRunner(pair.target, max_len=256, sizes=(1, 17), forms=forms)
+    assert not runner.forms.compile and "no C++ compiler here" in runner.compile_error
+    monkeypatch.setattr(fused, "compiled", failing(torch.OutOfMemoryError("CUDA out of memory")))
+    with pytest.raises(torch.OutOfMemoryError):
+        StaticRunner(pair.target, max_len=256, sizes=(1, 17), forms=forms)
+
+
 def test_warm_runner_compiles_only_where_the_runner_compiles():
     """The page's load builds a runner first where its construction compiles (CUDA), so the first Step does not
     pay the compile; on a CPU (compile off) and for a target the runner does not serve it does nothing."""

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from .backends import sdpa_backends
 from .drafter import DFlashDecoderLayer, apply_rope, qwen3_rms_norm, rope_cos_sin
-from .fused import Pieces, silu_mul
+from .fused import Pieces, compiler_failure, silu_mul
 
 ATTENTION_KINDS = ("eager", "sdpa")
 # context rows a pass of the context writer projects at once (_write_context): a 16k-token prompt's first round
@@ -309,7 +309,7 @@ class StaticDrafter:
         try:
             return self._draft(feats, block, cols)
         except Exception as exc:  # noqa: BLE001 - any compiler failure; an error of the pass itself raises below
-            if not self.pieces.compile:
+            if not self.pieces.compile or not compiler_failure(exc):
                 raise
             self.compile_error = f"{type(exc).__name__}: {str(exc)[:300]}"
             self.pieces = Pieces(False)

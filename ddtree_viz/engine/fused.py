@@ -208,6 +208,16 @@ def compiled(fn):
     return c
 
 
+def compiler_failure(exc: BaseException) -> bool:
+    """Whether an error raised through the compiled pieces is the compiler's (no C++ compiler, a Triton that fails:
+    the pieces may run as they are) and not the device's: running out of memory, or a CUDA error (an illegal
+    address, a launch failure), is the pass's own and must reach the caller, not turn compile off and run again
+    (under a 24 GB card's cap an out-of-memory would read as "the compiler cannot run here")."""
+    if isinstance(exc, torch.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+        return False
+    return "CUDA error" not in str(exc) and "out of memory" not in str(exc)
+
+
 def mark_dynamic(*dims) -> None:
     """(tensor, dim, ...) pairs: compile these dims symbolic (a tree's size, an attention length bucket), not one
     graph per value. Dims of size 1 stay static (the one-node step gets a graph of its own)."""

@@ -15,7 +15,7 @@ import torch
 from ...errors import ModelLoadError
 from ..backends import sdpa_backends
 from ..cache import layer_types, prefill_cache
-from ..fused import Pieces
+from ..fused import Pieces, compiler_failure
 from ..launch import LaunchAhead, device_word
 from ..tree import DraftTree
 from ..verify import decoder_layers, gdn_modules
@@ -121,6 +121,8 @@ class StaticRunner:
             try:
                 autotune.warm_compiled(key, self.model, self.buffers, self._warm_slots(), self.device)
             except Exception as exc:  # a compiler that cannot run here must not stop the runner
+                if not compiler_failure(exc):  # out of memory, a CUDA error: the runner's own, raised
+                    raise
                 why = f"{type(exc).__name__}: {str(exc)[:500]}"
         if why is not None:
             self.compile_error = why
