@@ -213,7 +213,7 @@ def compiler_failure(exc: BaseException) -> bool:
     the pieces may run as they are) and not the device's: running out of memory, or a CUDA error (an illegal
     address, a launch failure), is the pass's own and must reach the caller, not turn compile off and run again
     (under a 24 GB card's cap an out-of-memory would read as "the compiler cannot run here")."""
-    if isinstance(exc, torch.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+    if isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)):
         return False
     return "CUDA error" not in str(exc) and "out of memory" not in str(exc)
 
