@@ -45,6 +45,7 @@ VERIFY_LABELS = {"exact": EXACT, "naive (known-wrong: flattened tree)": NAIVE}
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")  # auto: every visible GPU through accelerate's device_map
 DRAFT_WEIGHTS = ("int4",)  # --draft-weights: a plain drafter's Linears quantized at load (models.quantize_drafter)
+HEAD_WEIGHTS = ("int4", "fp8")  # --head-weights: the target's lm_head quantized at load (models.quantize_head)
 REFERENCES = ("engine", "transformers")  # where a session's reference decodes (DecodeSession's `reference`)
 RECORD_LEVELS = ("full", "light")  # what `run --record` keeps a round (light: DecodeSession(record=False))
 

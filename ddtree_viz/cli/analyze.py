@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import analysis
 from ..errors import InputError
 from ..words import plural
-from ..options import DFLASH, DRAFT_WEIGHTS, DTYPES, ENGINE_CHOICES, PRECISION_B, whole_number
+from ..options import DFLASH, DRAFT_WEIGHTS, DTYPES, HEAD_WEIGHTS, ENGINE_CHOICES, PRECISION_B, whole_number
 from ..promptset.files import (BOTH, SET_METHODS, item_spec, prepare_dir, read_prompts, run_settings, set_dirname,
                                 write_json)
 from ..promptset.resume import reconcile
@@ -84,6 +84,10 @@ def add_parser(sub) -> None:
     audit.add_argument("--draft-weights-b", choices=(*DRAFT_WEIGHTS, "none"),
                        help="B's drafter weights: int4 (quantized at load, as --draft-weights), none (as stored); "
                             "default A's. What a 4-bit drafter costs in acceptance: --draft-weights-b int4")
+    audit.add_argument("--head-weights-b", choices=(*HEAD_WEIGHTS, "none"),
+                       help="B's lm_head: int4 or fp8 (quantized at load, as --head-weights), none (as stored); "
+                            "default A's. Where a quantized head's greedy output parts from the plain one's: "
+                            "--head-weights-b int4")
     add_decode_args(an)
     add_scoring_arg(an)
     add_sampling_args(an)
@@ -274,7 +278,8 @@ def _decode(args, items: list[dict], out: Path, state) -> None:
 
 def _audit(args) -> bool:
     """Whether this run is a precision audit (any of B's flags given)."""
-    return any(getattr(args, k, None) is not None for k in ("target_b", "draft_b", "dtype_b", "draft_weights_b"))
+    return any(getattr(args, k, None) is not None for k in ("target_b", "draft_b", "dtype_b", "draft_weights_b",
+                                                           "head_weights_b"))
 
 
 def _args_b(args):
@@ -282,11 +287,13 @@ def _args_b(args):
     drafter keeps A's drafter: the usual audit of a target's precision)."""
     import argparse
 
-    weights = args.draft_weights if args.draft_weights_b is None else (
-        None if args.draft_weights_b == "none" else args.draft_weights_b)
+    def weights(a: str | None, b: str | None) -> str | None:
+        return a if b is None else None if b == "none" else b
+
     return argparse.Namespace(**{**vars(args), "target": args.target_b or args.target,
                                  "draft": args.draft_b or args.draft, "dtype": args.dtype_b or args.dtype,
-                                 "draft_weights": weights})
+                                 "draft_weights": weights(args.draft_weights, args.draft_weights_b),
+                                 "head_weights": weights(args.head_weights, args.head_weights_b)})
 
 
 def _pair(args, gpu=None):
@@ -404,12 +411,14 @@ def _settings(args) -> dict:
     settings = run_settings(args.budget, args.max_new_tokens, args.dtype, args.device, args.budgets, args.method,
                             args.block_size, args.temperature, args.top_k, args.top_p, args.seed, args.tree_scoring)
     settings.update(chat_template=bool(args.chat), thinking=args.thinking)  # how the set's prompts went in
-    if args.draft_weights is not None:  # a resumed run must quantize its drafter as this one did
-        settings["draft_weights"] = args.draft_weights
+    for key in ("draft_weights", "head_weights"):  # a resumed run must quantize its models as this one did
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     if _audit(args):
         settings[PRECISION_B] = {"target": args.target_b, "draft": args.draft_b, "dtype": args.dtype_b}
-        if args.draft_weights_b is not None:
-            settings[PRECISION_B]["draft_weights"] = args.draft_weights_b
+        for key in ("draft_weights", "head_weights"):
+            if getattr(args, f"{key}_b") is not None:
+                settings[PRECISION_B][key] = getattr(args, f"{key}_b")
     return settings
 
 

@@ -221,7 +221,8 @@ def _run_b(args, pair, settings, spec, session, trace_a):
 
     dtype = args.compare.get("dtype", args.dtype)
     pair_b = pair if dtype == args.dtype else load_pair(args.target, args.draft, dtype=dtype, device=args.device,
-                                                        draft_weights=args.draft_weights)
+                                                        draft_weights=args.draft_weights,
+                                                        head_weights=args.head_weights)
     other = start_b(pair_b, settings_b(settings, args.compare), spec, session.sampler,
                     target_top_k=args.target_top_k, draft_top_k=args.draft_top_k)
     records = other.run()

@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 
 from ..errors import InputError, ModelLoadError, PairingError
 from ..words import plural
-from ..options import DEVICES, DRAFT_WEIGHTS
+from ..options import DEVICES, DRAFT_WEIGHTS, HEAD_WEIGHTS
 from .backends import kernels_follow_device
 from .cache import layer_types
 from .dflash2 import DFlash2Drafter, is_dflash2
@@ -434,8 +434,16 @@ DRAFT_INT4_GROUP = 128  # llm-compressor's W4A16 preset: symmetric, a scale per 
 
 
 def check_draft_weights(weights: str | None) -> str | None:
-    if weights is not None and weights not in DRAFT_WEIGHTS:
-        raise InputError(f"--draft-weights must be one of {', '.join(DRAFT_WEIGHTS)}, not {weights!r}")
+    return _check_weights("--draft-weights", weights, DRAFT_WEIGHTS)
+
+
+def check_head_weights(weights: str | None) -> str | None:
+    return _check_weights("--head-weights", weights, HEAD_WEIGHTS)
+
+
+def _check_weights(flag: str, weights: str | None, allowed: tuple[str, ...]) -> str | None:
+    if weights is not None and weights not in allowed:
+        raise InputError(f"{flag} must be one of {', '.join(allowed)}, not {weights!r}")
     return weights
 
 
@@ -458,10 +466,60 @@ def quantize_drafter(drafter: torch.nn.Module, weights: str | None, dtype: torch
     drafter.weight_format = f"{spec.scheme} (quantized at load; 4-bit weights, {name} activations)"
 
 
+HEAD_SLICE_ROWS = 8192  # lm_head rows quantized at a time: the float32 transient of a 27B's (5,120 wide) is 168 MB
+
+
+def quantize_head(model: torch.nn.Module, weights: str | None, dtype: torch.dtype) -> None:
+    """`weights` "int4" (symmetric, groups of 128: the drafter's) or "fp8" (e4m3, 128 x 128 block scales: the
+    official FP8 layout's): the target's lm_head replaced by one kept quantized, made from its weights here
+    HEAD_SLICE_ROWS rows at a time; None: as loaded. The target's function changes (its logits are the quantized
+    head's), so greedy decoding and DDTree change together and stay equal; how far the new greedy output is from
+    the old one is the precision audit's to say (analyze --head-weights-b). The 27B's bf16 lm_head is 2.37 GiB;
+    4-bit it is 0.62 GiB, FP8 1.19 GiB. A head that shares the embedding's weights (tied) becomes a copy beside
+    it: no memory saved, which its label says."""
+    if check_head_weights(weights) is None:
+        return
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise InputError(f"--head-weights {weights} quantizes a plain lm_head; this target's is {type(head).__name__}")
+    if hasattr(head, "_hf_hook"):
+        raise InputError(f"--head-weights {weights} needs the target on one device (--device cpu or cuda), not "
+                         "dispatched by a device_map")
+    tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
+    bias = None if head.bias is None else head.bias.detach()
+    quantized = _quantized_head(head.weight.detach(), bias, weights)
+    model.set_output_embeddings(quantized)
+    label = quantized.spec.scheme if weights == "int4" else "fp8-e4m3 block 128"
+    note = f"lm_head {label} (quantized at load{'; tied: a copy beside the embedding' if tied else ''})"
+    name = str(dtype).removeprefix("torch.")
+    setattr(model, weight_load.FORMAT_ATTR, f"{getattr(model, weight_load.FORMAT_ATTR, None) or name}; {note}")
+
+
+def _quantized_head(weight: torch.Tensor, bias: torch.Tensor | None, weights: str) -> torch.nn.Module:
+    """A 4-bit or FP8 Linear of `weight`, quantized HEAD_SLICE_ROWS rows at a time (both formats scale within a
+    row, or within 128-row blocks, so the slices' parts stack to the whole weight's)."""
+    slices = range(0, weight.shape[0], HEAD_SLICE_ROWS)
+    if weights == "fp8":
+        from .weights import fp8
+
+        block = (128, 128)
+        q, scale = zip(*(fp8.quantize(weight[lo:lo + HEAD_SLICE_ROWS], block) for lo in slices))
+        return fp8.Fp8Linear(torch.cat(q), torch.cat(scale), block, bias)
+    from .weights import int4_common as int4
+
+    spec = int4.Int4Spec(DRAFT_INT4_GROUP, True)
+    parts = [int4.quantize(weight[lo:lo + HEAD_SLICE_ROWS], spec) for lo in slices]
+    whole = {name: torch.cat([p[name] for p in parts]) for name in ("weight_packed", "weight_scale")}
+    whole["weight_shape"] = torch.tensor(list(weight.shape), dtype=torch.int64, device=parts[0]["weight_shape"].device)
+    return int4.Int4Linear(whole, spec, bias)
+
+
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu",
-              keep_quantized: bool | None = None, draft_weights: str | None = None) -> ModelPair:
+              keep_quantized: bool | None = None, draft_weights: str | None = None,
+              head_weights: str | None = None) -> ModelPair:
     """Load target + tokenizer + drafter and check that they fit together (`keep_quantized`: load_target's and
-    load_drafter's, each an FP8 checkpoint's; `draft_weights`: quantize_drafter's)."""
+    load_drafter's, each an FP8 checkpoint's; `draft_weights`: quantize_drafter's; `head_weights`:
+    quantize_head's)."""
     torch_dtype = parse_dtype(dtype)
     device = resolve_device(device)
     embedded = target is None
@@ -472,12 +530,14 @@ def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str
     if draft is None:
         raise InputError("a custom --target needs its drafter too: pass --draft DIR|HUB_ID")
     check_draft_weights(draft_weights)  # before the load, not after it
+    check_head_weights(head_weights)
     model, tokenizer = load_target(target, torch_dtype, device, offline=embedded, keep_quantized=keep_quantized)
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer when the directory has no tokenizer files
         raise ModelLoadError(f"target {target!r} has no usable tokenizer (no tokenizer files found beside its config.json)")
     drafter = load_drafter(draft, torch_dtype, model.get_input_embeddings().weight.device, keep_quantized=keep_quantized)
     validate_pairing(drafter.config, model.config)
     quantize_drafter(drafter, draft_weights, torch_dtype)
+    quantize_head(model, head_weights, torch_dtype)
     local = Path(target).expanduser()
     info = checkpoint_info(local) if local.is_dir() else None
     return ModelPair(model, tokenizer, drafter, _display(target), _display(draft), torch_dtype, device, info,
@@ -492,5 +552,5 @@ def _display(name: str) -> str:
         return name
 
 
-__all__ = ["ModelPair", "load_pair", "quantize_drafter", "DRAFT_WEIGHTS", "quiet_transformers", "load_target", "load_drafter", "parse_dtype", "resolve_device",
+__all__ = ["ModelPair", "load_pair", "quantize_drafter", "quantize_head", "DRAFT_WEIGHTS", "HEAD_WEIGHTS", "quiet_transformers", "load_target", "load_drafter", "parse_dtype", "resolve_device",
            "PairingError"]

@@ -64,9 +64,10 @@ class ModelHost:
     take turns round by round."""
 
     def __init__(self, target: str | None, draft: str | None, dtype: str, device: str, engine: str = AUTO,
-                 draft_weights: str | None = None):
+                 draft_weights: str | None = None, head_weights: str | None = None):
         self.args = (target, draft, dtype, device)
-        self.draft_weights = draft_weights  # --draft-weights: the drafter's Linears quantized at load (every pair)
+        # --draft-weights / --head-weights: the drafter's Linears, the target's lm_head quantized at load (every pair)
+        self.quantized = {"draft_weights": draft_weights, "head_weights": head_weights}
         # exact sessions run on it ("auto": engines.default_engine, the fastest exact engine for the target);
         # naive sessions always on transformers' forward
         self.engine = engine
@@ -98,7 +99,7 @@ class ModelHost:
         target, draft, dtype, device = self.args
         self.stage = f"loading target {target or 'embedded default'} and its drafter ({dtype}, {device})"
         try:
-            pair = load_pair(target, draft, dtype=dtype, device=device, draft_weights=self.draft_weights)
+            pair = load_pair(target, draft, dtype=dtype, device=device, **self.quantized)
             self.stage = "measuring the cache layout"
             self.layout = cache_layout_table(cache_layout(pair.target, pair.layer_types))
             if self.engine in (AUTO, "runner") and engine_for(self.engine, "exact", pair.target) == "runner":
@@ -254,7 +255,7 @@ class ModelHost:
         with self._loading:
             if key not in self._pairs:
                 self._pairs[key] = load_pair(target, draft, dtype=dtype, device=device,
-                                             draft_weights=self.draft_weights)
+                                             **self.quantized)
                 settle_heap()
             return self._pairs[key]
 

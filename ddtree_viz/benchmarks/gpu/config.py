@@ -53,6 +53,7 @@ class BenchConfig:
     int4: bool = False  # --int4: with --fast, the target with 4-bit weights made at random beside bf16 (quantized_speed)
     int4_cap_gb: float = 24.0  # --int4-memory-cap: the GPU memory cap (GB) while the 4-bit target runs (a 24 GB card)
     int4_drafter: bool = False  # --int4-drafter: with --quantized-only, the drafter's Linears 4-bit too (a 24 GB card)
+    head_weights: str | None = None  # --head-weights: the quantized targets' lm_head int4 or fp8 (models.quantize_head)
     long_capped: bool = False  # --long-capped: the 16,384-token peak under the format's memory cap, not uncapped
     long_only: bool = False  # --long-only: after the build, that session alone (as a user's process runs it)
     tree_forms: bool = False  # --tree-forms: with --fast, the tree delta rule's forms and tiles swept (tree_forms)
@@ -65,6 +66,7 @@ class BenchConfig:
                    gate_up=a.gate_up, gdn_step=a.gdn_step, commit=a.commit,
                    gdn_prep=a.gdn_prep, norm=a.norm, pdl=a.pdl, variants=tuple(a.variants),
                    dflash2=a.dflash2, fp8=a.fp8, tree_forms=a.tree_forms, int4=a.int4, int4_drafter=a.int4_drafter, int4_cap_gb=a.int4_memory_cap,
+                   head_weights=a.head_weights,
                    long_capped=a.long_capped or a.long_only, long_only=a.long_only,
                    fp8_cap_gb=a.fp8_memory_cap, fp8_context=a.fp8_context if not a.smoke else min(a.fp8_context, 256))
 

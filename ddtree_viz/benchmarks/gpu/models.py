@@ -108,6 +108,12 @@ def build_quantized_target(bench: BenchConfig, layers: int | None, dtype: torch.
     random_init_(model, seed=len(model.model.layers), prefix="model.embed_tokens.")
     random_init_(model, seed=len(model.model.layers) + 1, prefix="model.norm.")
     random_init_(model, seed=len(model.model.layers) + 2, prefix="lm_head.")
+    if bench.head_weights:  # (the bf16 head is made first: a user's is loaded, then quantized)
+        from ...engine.models import quantize_head
+
+        quantize_head(model, bench.head_weights, dtype)
+        if trail is not None and bench.cuda:
+            trail[f"lm_head_{bench.head_weights}"] = torch.cuda.memory_allocated() / 2**30
     model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(cfg).to(bench.device)
     assert bench.device == "meta" or not any(t.is_meta for t in (*model.parameters(), *model.buffers())), \
         "a part left unmaterialised"

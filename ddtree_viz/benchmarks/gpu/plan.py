@@ -82,6 +82,7 @@ def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(
     target, drafter = planned_models(bench, weights, int4_drafter, layers)
     models = model_bytes(target, drafter)
     out: dict = {"weights": weights, "int4_drafter": int4_drafter, "budget": budget,
+                 "head_weights": bench.head_weights if weights != "bf16" else None,
                  "target_GiB": model_bytes(target) / GIB, "drafter_GiB": model_bytes(drafter) / GIB,
                  "models_GiB": models / GIB, "contexts": []}
     max_new = (rounds + 2) * drafter.block_size  # quantized_peak_memory's session

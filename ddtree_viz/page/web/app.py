@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None, prog: str = "app.py") -> int:
         on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
         torch.set_num_threads(args.threads or cpu_threads("cpu" if on_cpu else "cuda"))
         host = ModelHost(args.target, args.draft, args.dtype, args.device, args.engine,
-                         draft_weights=args.draft_weights)
+                         draft_weights=args.draft_weights, head_weights=args.head_weights)
         if args.replay is None or args.target is not None:
             host.start(background=True)
         else:

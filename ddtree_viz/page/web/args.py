@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ...errors import InputError
-from ...options import DEVICES, DRAFT_WEIGHTS, DTYPES, ENGINE_CHOICES, check_int, check_port, port_number
+from ...options import DEVICES, DRAFT_WEIGHTS, DTYPES, HEAD_WEIGHTS, ENGINE_CHOICES, check_int, check_port, port_number
 
 MAX_THREADS = 1024  # torch threads: more than any machine this runs on has cores (a larger number only fails later)
 FILE_TTL_S = 600  # gradio's copies of uploads and served downloads are deleted this long after they were made
@@ -31,6 +31,9 @@ def build_parser(prog: str = "app.py") -> argparse.ArgumentParser:
     p.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default=None,
                    help="int4: the drafter's Linears quantized to 4 bits at load (the output stays the target's; only "
                         "acceptance may change; on CUDA the weights stay packed)")
+    p.add_argument("--head-weights", choices=HEAD_WEIGHTS, default=None,
+                   help="int4 or fp8: the target's lm_head quantized at load (greedy and DDTree change together and "
+                        "stay equal; analyze --head-weights-b audits what it costs)")
     p.add_argument("--device", default="cpu", choices=DEVICES)
     p.add_argument("--engine", default="auto", choices=ENGINE_CHOICES,
                    help="engine for exact rounds: auto (default: the fastest exact engine that applies: the static "
