@@ -54,3 +54,24 @@ def test_the_tree_size_and_what_the_kernel_refuses():
     # the default takes the kernel on CUDA only; an empty tree or a larger budget takes the tensor ops
     assert DeviceTree.from_logprobs(3, torch.zeros(3, 4), 0, kernel=True).to_host() == DraftTree.from_logprobs(
         3, torch.zeros(3, 4), 0)
+
+
+@pytest.mark.parametrize("holes", ["all", "a depth", "scattered"])
+def test_nan_log_probs_build_a_tree_of_real_nodes(holes):
+    """NaN log-probs (a drafter's NaN output, or the uninitialised memory a graph's warm-up once built from:
+    docs/lab/NOTEBOOK.md section 54) give NaN scores that no comparison picks. The kernel then pops a real entry
+    all the same (the smallest rank path among them): every node past the root has a parent before it, a depth of
+    1 or more and a rank in range, never the depth 0 of no entry, whose log-prob was read a row before the tensor
+    (an illegal address on the GPU: the 16k session's fault)."""
+    depth, k, budget = 6, 8, 40
+    top = torch.topk(torch.log_softmax(torch.randn(depth, k, generator=torch.Generator().manual_seed(5)), -1), k).values
+    nan = torch.full_like(top, torch.nan)
+    top = {"all": nan, "a depth": torch.cat([top[:2], nan[2:3], top[3:]]),
+           "scattered": top.masked_fill(torch.rand(top.shape, generator=torch.Generator().manual_seed(6)) < 0.3,
+                                        torch.nan)}[holes].to(DEVICE)
+    parents, depths, ranks, _ = (t.cpu() for t in best_first_triton(top, budget))
+    n = node_count(depth, k, budget)
+    assert parents.shape[0] == n and (parents[0], depths[0], ranks[0]) == (-1, 0, -1)
+    index = torch.arange(1, n)
+    assert ((parents[1:] >= 0) & (parents[1:] < index)).all() and (depths[1:] >= 1).all()
+    assert ((ranks[1:] >= 0) & (ranks[1:] < k)).all() and (depths[1:] == depths[parents[1:]] + 1).all()

@@ -571,3 +571,17 @@ def test_cuda_graphs_of_a_dflash2_drafter_equal_the_eager_static_and_the_dynamic
     for method, scoring in (("ddtree", "selector"), ("ddtree", "marginal"), ("dflash2", "marginal")):
         st = sessions_agree(pair, PROMPTS, method=method, engine="runner", tree_scoring=scoring)
         assert st.path == "static graphs" and st.runner.replays > 0
+
+
+def test_a_device_error_is_told_from_a_form_that_cannot_run():
+    """kernels.device.device_error, which every fallback asks before it falls back (a graph's capture, compile, a
+    Triton form's probe): out of memory and CUDA errors (sticky: every later call fails) are the device's and are
+    raised; any other error is the form's, and the torch path runs instead."""
+    from ddtree_viz.engine.fused import compiler_failure
+    from ddtree_viz.engine.kernels.device import device_error
+
+    assert device_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert device_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert device_error(torch.AcceleratorError("an illegal memory access was encountered"))
+    assert not device_error(RuntimeError("Triton Error [CUDA]: invalid argument in the compiler"))
+    assert not device_error(ValueError("no C++ compiler")) and compiler_failure(ValueError("no C++ compiler"))

@@ -224,6 +224,23 @@ def test_the_tree_builders_trees_are_build_trees(device):
     assert builder.error is None and (builder.graph is not None) == (device == "cuda")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA graph's warm-up and capture)")
+def test_the_tree_builders_capture_warms_up_on_the_calls_log_probs():
+    """The capture's warm-up builds from this call's log-probs, not from uninitialised memory: with the allocator's
+    free blocks left full of NaN (as the 16k session's were: docs/lab/NOTEBOOK.md section 54), a new shape is
+    captured, its tree is build_tree's, and its inputs hold the call's log-probs."""
+    from ddtree_viz.engine.tree import DeviceTreeBuilder
+
+    logprobs = torch.log_softmax(torch.randn(15, 4000, generator=torch.Generator().manual_seed(1)) * 3, -1).cuda()
+    garbage = [torch.full((15, 4000), torch.nan, device="cuda") for _ in range(8)]
+    del garbage  # their blocks back in the allocator, NaN inside
+    builder = DeviceTreeBuilder(budget=64)
+    got = builder(7, logprobs).to_host()
+    values, ids = (t.cpu() for t in torch.topk(logprobs, 64, dim=-1))
+    assert builder.graph is not None and builder.error is None
+    assert torch.equal(builder._logprobs, logprobs) and got == build_tree(7, values.numpy(), ids.numpy(), 64)
+
+
 def test_the_device_tree_ops_read_nothing_back_to_the_host():
     """What the runner's CUDA graphs hold (the tree build, its inputs, the walk), under FakeTensorMode as
     tests/test_draft_runner.py runs the static drafter: any op that reads a device value on the host raises (a 0-d

@@ -44,6 +44,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
 # the kernels' torch forms: the pieces below are made of them, and the runner calls them as this module's (fz.<name>)
 from .kernels.add_norm.naive import add_rms_norm, rms_norm  # noqa: F401
+from .kernels.device import device_error
 from .kernels.gdn_step.naive import delta_rule_step, gated_norm, gdn_prep
 from .kernels.gdn_tree.parallel import tree_delta_rule_masked, tree_delta_rule_parts
 from .kernels.state_commit.closed_form import commit_conv, commit_recurrent, commit_state  # noqa: F401
@@ -213,9 +214,7 @@ def compiler_failure(exc: BaseException) -> bool:
     the pieces may run as they are) and not the device's: running out of memory, or a CUDA error (an illegal
     address, a launch failure), is the pass's own and must reach the caller, not turn compile off and run again
     (under a 24 GB card's cap an out-of-memory would read as "the compiler cannot run here")."""
-    if isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)):
-        return False
-    return "CUDA error" not in str(exc) and "out of memory" not in str(exc)
+    return not device_error(exc)
 
 
 def mark_dynamic(*dims) -> None:

@@ -28,6 +28,7 @@ from typing import Callable, ClassVar
 import torch
 
 from .fused import GDNWeights, Pieces, gated_norm, gdn_core, gdn_prep, gdn_tree_parts
+from .kernels.device import device_error
 from .kernels.gdn_step import dispatch as step_dispatch
 from .kernels.gdn_step.dispatch import prep_keywords as d_prep
 from .kernels.gdn_tree import dispatch as tree_dispatch
@@ -181,6 +182,8 @@ def choose(option: str, device: torch.device, gdn, step: str = "torch",
         if form.kernel is not None:
             check(form, device, gdn)
     except Exception as exc:
+        if device_error(exc):  # the device's failure, not a form that cannot run here: raised
+            raise
         form = TorchForm()
         why.append(f"{type(exc).__name__}: {str(exc)[:500]}")
     weights = GDNWeights.of(gdn)

@@ -17,6 +17,7 @@ from .. import treeops
 from .kernels.best_first.beam import tree_on_device  # noqa: F401 (the tree's nodes by tensor ops)
 from .kernels.best_first.dispatch import device_tree_nodes
 from .kernels.best_first.naive import best_first_nodes
+from .kernels.device import device_error
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,10 @@ class DeviceTreeBuilder:
         return wait
 
     def _capture(self, logprobs: torch.Tensor, key) -> None:
-        self._logprobs = torch.empty_like(logprobs)
+        """The graph for this shape of log-probs, its warm-up and capture on this call's log-probs (a warm-up on
+        uninitialised memory builds a tree from whatever bytes the allocator hands back: NaN scores). Where the
+        capture cannot be made the builder builds eagerly (`error` says why); a device error is raised as it is."""
+        self._logprobs = logprobs.clone()
         self._root = torch.zeros(1, dtype=torch.long, device=logprobs.device)
         try:
             stream = torch.cuda.Stream(logprobs.device)
@@ -166,7 +170,9 @@ class DeviceTreeBuilder:
                 out = DeviceTree.from_logprobs(self._root, self._logprobs, self.budget, self.kernel)
             self.out = replace(out, static=True)
             self.key, self.graph = key, graph
-        except Exception as exc:  # the eager build from here on (the reason kept)
+        except Exception as exc:  # the eager build from here on (the reason kept), unless the device failed
+            if device_error(exc):
+                raise
             self.error = f"{type(exc).__name__}: {exc}"
 
 

@@ -35,6 +35,16 @@ def needs_triton(name: str, option: str, device: torch.device) -> None:
         raise ValueError(f"{name}={option!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1)")
 
 
+def device_error(exc: BaseException) -> bool:
+    """Whether an exception is the device's own: out of memory, or a CUDA error (an illegal address, a launch
+    failure: sticky, every later call on the device fails). Such an error must reach the caller: a fallback that
+    catches it (compile off, a graph's capture given up for the eager path) only moves the failure to a later call
+    that has nothing to do with it."""
+    if isinstance(exc, (torch.OutOfMemoryError, torch.AcceleratorError)):
+        return True
+    return "CUDA error" in str(exc) or "out of memory" in str(exc)
+
+
 def resolve_step(option: str, device: torch.device, name: str = "gdn_step") -> str:
     """What `option` (a name of ONE_LAUNCH_CHOICES: the runner's part `name`: gdn_step, commit, gdn_prep or norm)
     means on `device`: auto is triton on CUDA where Triton imports, else torch; triton where it cannot run is a

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from ..device import device_error
 from .naive import add_rms_norm
 
 
@@ -32,4 +33,6 @@ def choose_norm(option: str, device: torch.device, dtype: torch.dtype,
         torch.testing.assert_close(got[1], want[1])  # the dtype's tolerance: a rounding apart at most
         return add_rms_norm_triton, None
     except Exception as exc:
+        if device_error(exc):  # the device's failure, not a form that cannot run here: raised
+            raise
         return None, f"the add and norm: {type(exc).__name__}: {str(exc)[:500]}"

@@ -45,6 +45,10 @@ def _best_first_kernel(lp_ptr, parents_ptr, depths_ptr, ranks_ptr, lps_ptr, n, D
     for i in range(1, n):
         best = tl.max(tl.where(valid, score, float("-inf")), 0)
         cand = valid & (score == best)
+        # none equal to the best: NaN scores (a drafter's NaN log-probs, or NaN sums), which no comparison picks.
+        # Then every entry is a candidate and the rank path decides, so the popped entry is a real one (never the
+        # depth 0 of no entry, whose log-prob would be read a row before the tensor)
+        cand = tl.where(tl.sum(cand.to(tl.int32), 0) == 0, valid, cand)
         if tl.sum(cand.to(tl.int32), 0) > 1:  # a tie: the smaller rank path, digit by digit
             for d in tl.static_range(DP):
                 col = tl.sum(tl.where(digit[None, :] == d, path, 0), 1)

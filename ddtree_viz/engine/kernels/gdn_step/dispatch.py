@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from .... import treeops
+from ..device import device_error
 from .naive import gdn_prep, gdn_step_reference
 
 
@@ -72,6 +73,8 @@ def _checked(name: str, check: Callable, device: torch.device, weights, what: st
         check(kernel, device, weights)
         return kernel, None
     except Exception as exc:
+        if device_error(exc):  # the device's failure, not a form that cannot run here: raised
+            raise
         return None, f"{what}: {type(exc).__name__}: {str(exc)[:500]}"
 
 

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from ..device import device_error
 from .closed_form import commit_recurrent
 
 
@@ -30,4 +31,6 @@ def choose_commit(option: str, device: torch.device) -> tuple[Callable | None, s
         torch.testing.assert_close(rec, want, atol=1e-4, rtol=1e-4)
         return commit_recurrent_triton, None
     except Exception as exc:
+        if device_error(exc):  # the device's failure, not a form that cannot run here: raised
+            raise
         return None, f"the commit: {type(exc).__name__}: {str(exc)[:500]}"
