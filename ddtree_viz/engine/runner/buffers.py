@@ -43,8 +43,13 @@ class State:
         self._fixed_records: dict = {}  # snapshot's GDN layer records: (layer, type) -> LayerCache
 
     def copy(self):
-        """A copy of every state tensor, for restore (a capture's or a warm-up's runs mutate the state)."""
-        return [(t, t.clone()) for t in (self.keys_all, self.values_all, self.conv_all, self.rec_all, self.committed_t)]
+        """A copy of what a capture's or a warm-up's runs (forwards, commits) may change and a later round reads, for
+        restore: the GDN layers' conv windows and recurrent states and the committed length. Not the attention
+        rows: a forward writes its tree's rows at the committed length and on, a commit moves rows within them, so
+        the committed rows are never written, and the rows past them are scratch that each forward writes before it
+        reads them (its mask hides the rest). At a 16k prompt the keys and values are 2 x 528 MiB at the 27B's
+        shapes: copying them was the transient a 24 GB card ran out on (docs/lab/NOTEBOOK.md section 55)."""
+        return [(t, t.clone()) for t in (self.conv_all, self.rec_all, self.committed_t)]
 
     @staticmethod
     def restore(saved) -> None:

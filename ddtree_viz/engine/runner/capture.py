@@ -17,11 +17,7 @@ def capture(slot: Slot, model: StaticModel, pool):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(2):
-            slot.out = model.forward(slot)
-            model.walk(slot)
-            slot.commit_in.zero_()  # a warm-up commits nothing (length 0), whatever the walk made of zeros
-            model.commit(slot)
+        warm_up(slot, model)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -33,6 +29,16 @@ def capture(slot: Slot, model: StaticModel, pool):
     with torch.cuda.graph(walk_graph, pool=pool):
         walk_commit(model, slot)
     return graph, commit_graph, walk_graph, out
+
+
+def warm_up(slot: Slot, model: StaticModel) -> None:
+    """capture's two warm-up runs of the slot's forward, walk and commit (each committing nothing: length 0), as it
+    runs them on its side stream; what they change of the state is State.copy's (tests/test_runner.py)."""
+    for _ in range(2):
+        slot.out = model.forward(slot)
+        model.walk(slot)
+        slot.commit_in.zero_()  # a warm-up commits nothing (length 0), whatever the walk made of zeros
+        model.commit(slot)
 
 
 def walk_commit(model: StaticModel, slot: Slot) -> None:
