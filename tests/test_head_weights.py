@@ -12,7 +12,7 @@ import torch
 
 from ddtree_viz.engine import models
 from ddtree_viz.engine.models import load_pair
-from ddtree_viz.engine.weights import fp8, int4_common as int4
+from ddtree_viz.engine.weights import at_load, fp8, int4_common as int4
 from ddtree_viz.errors import InputError
 from ddtree_viz.trace import Trace
 from tests import tiny
@@ -43,7 +43,7 @@ def test_a_quantized_head_decodes_the_quantized_targets_greedy_output(plain, tmp
     """`run --head-weights`: on both engines the output is identical to greedy, and that greedy output is the one
     of the target whose lm_head is the quantized weight (made here as one piece; the load quantizes 128 rows at a
     time, so the slices must stack to the whole); the precision printed and in the trace."""
-    monkeypatch.setattr(models, "HEAD_SLICE_ROWS", 128)  # three slices of the 258-row head
+    monkeypatch.setattr(at_load, "SLICE_ROWS", 128)  # three slices of the 258-row head
     target, draft = plain
     out, trace = tiny.run_quantized(target, draft, engine, tmp_path, capsys, "--head-weights", weights)
     assert LABELS[weights] in out and trace.settings["target_precision"] == LABELS[weights]

@@ -430,9 +430,6 @@ def quiet_transformers(verbose: bool = False) -> None:
     transformers.logging.disable_progress_bar()
 
 
-DRAFT_INT4_GROUP = 128  # llm-compressor's W4A16 preset: symmetric, a scale per 128 columns of a row
-
-
 def check_draft_weights(weights: str | None) -> str | None:
     return _check_weights("--draft-weights", weights, DRAFT_WEIGHTS)
 
@@ -459,26 +456,26 @@ def quantize_drafter(drafter: torch.nn.Module, weights: str | None, dtype: torch
         raise InputError(f"--draft-weights {weights} quantizes a drafter of plain weights; this one is stored as "
                          f"{drafter.weight_format}")
     from .weights import int4_common as int4
+    from .weights.at_load import INT4_GROUP
 
-    spec = int4.Int4Spec(DRAFT_INT4_GROUP, True)
+    spec = int4.Int4Spec(INT4_GROUP, True)
     int4.quantize_linears(drafter, spec)
     name = str(dtype).removeprefix("torch.")
     drafter.weight_format = f"{spec.scheme} (quantized at load; 4-bit weights, {name} activations)"
 
 
-HEAD_SLICE_ROWS = 8192  # lm_head rows quantized at a time: the float32 transient of a 27B's (5,120 wide) is 168 MB
-
-
 def quantize_head(model: torch.nn.Module, weights: str | None, dtype: torch.dtype) -> None:
     """`weights` "int4" (symmetric, groups of 128: the drafter's) or "fp8" (e4m3, 128 x 128 block scales: the
-    official FP8 layout's): the target's lm_head replaced by one kept quantized, made from its weights here
-    HEAD_SLICE_ROWS rows at a time; None: as loaded. The target's function changes (its logits are the quantized
-    head's), so greedy decoding and DDTree change together and stay equal; how far the new greedy output is from
-    the old one is the precision audit's to say (analyze --head-weights-b). The 27B's bf16 lm_head is 2.37 GiB;
-    4-bit it is 0.62 GiB, FP8 1.19 GiB. A head that shares the embedding's weights (tied) becomes a copy beside
-    it: no memory saved, which its label says."""
+    official FP8 layout's): the target's lm_head replaced by one kept quantized, made from its weights here a slice
+    of rows at a time (weights/at_load.py); None: as loaded. The target's function changes (its logits are the
+    quantized head's), so greedy decoding and DDTree change together and stay equal; how far the new greedy output
+    is from the old one is the precision audit's to say (analyze --head-weights-b). The 27B's bf16 lm_head is
+    2.37 GiB; 4-bit it is 0.61 GiB, FP8 1.18 GiB. A head that shares the embedding's weights (tied) becomes a copy
+    beside it: no memory saved, which its label says."""
     if check_head_weights(weights) is None:
         return
+    from .weights import at_load
+
     head = model.get_output_embeddings()
     if type(head) is not torch.nn.Linear:
         raise InputError(f"--head-weights {weights} quantizes a plain lm_head; this target's is {type(head).__name__}")
@@ -487,31 +484,11 @@ def quantize_head(model: torch.nn.Module, weights: str | None, dtype: torch.dtyp
                          "dispatched by a device_map")
     tied = head.weight is getattr(model.get_input_embeddings(), "weight", None)
     bias = None if head.bias is None else head.bias.detach()
-    quantized = _quantized_head(head.weight.detach(), bias, weights)
+    quantized, label = at_load.quantized_linear(head.weight.detach(), bias, weights)
     model.set_output_embeddings(quantized)
-    label = quantized.spec.scheme if weights == "int4" else "fp8-e4m3 block 128"
     note = f"lm_head {label} (quantized at load{'; tied: a copy beside the embedding' if tied else ''})"
     name = str(dtype).removeprefix("torch.")
     setattr(model, weight_load.FORMAT_ATTR, f"{getattr(model, weight_load.FORMAT_ATTR, None) or name}; {note}")
-
-
-def _quantized_head(weight: torch.Tensor, bias: torch.Tensor | None, weights: str) -> torch.nn.Module:
-    """A 4-bit or FP8 Linear of `weight`, quantized HEAD_SLICE_ROWS rows at a time (both formats scale within a
-    row, or within 128-row blocks, so the slices' parts stack to the whole weight's)."""
-    slices = range(0, weight.shape[0], HEAD_SLICE_ROWS)
-    if weights == "fp8":
-        from .weights import fp8
-
-        block = (128, 128)
-        q, scale = zip(*(fp8.quantize(weight[lo:lo + HEAD_SLICE_ROWS], block) for lo in slices))
-        return fp8.Fp8Linear(torch.cat(q), torch.cat(scale), block, bias)
-    from .weights import int4_common as int4
-
-    spec = int4.Int4Spec(DRAFT_INT4_GROUP, True)
-    parts = [int4.quantize(weight[lo:lo + HEAD_SLICE_ROWS], spec) for lo in slices]
-    whole = {name: torch.cat([p[name] for p in parts]) for name in ("weight_packed", "weight_scale")}
-    whole["weight_shape"] = torch.tensor(list(weight.shape), dtype=torch.int64, device=parts[0]["weight_shape"].device)
-    return int4.Int4Linear(whole, spec, bias)
 
 
 def load_pair(target: str | None = None, draft: str | None = None, *, dtype: str = "float32", device: str = "cpu",
