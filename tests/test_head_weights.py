@@ -72,10 +72,14 @@ def test_the_head_is_kept_quantized_and_named_in_the_costs_key(plain):
     assert (head.out_features, head.in_features) == (tiny.VOCAB, HIDDEN)
     assert not any(isinstance(m, torch.nn.Linear) and m.out_features == tiny.VOCAB for m in pair.target.modules())
     assert pair_key(pair, "runner", 8) != pair_key(base, "runner", 8)
+    assert pair.target_parameters == base.target_parameters == pair.checkpoint.parameters  # the head's out x in
     assert "lm_head int4" in pair.describe()
     embedded = load_pair(head_weights="fp8")
     assert embedded.target_precision.endswith("(quantized at load; tied: a copy beside the embedding)")
     assert isinstance(embedded.target.get_input_embeddings().weight, torch.nn.Parameter)
+    # the page's "parameters loaded ... of the checkpoint's": a tied head's copy is the embedding's, counted once
+    assert embedded.target_parameters == load_pair().target_parameters == embedded.checkpoint.parameters
+    assert " of the checkpoint's" not in embedded.parameters_line()
     with pytest.raises(InputError, match="--head-weights must be one of int4, fp8, not 'nf4'"):
         load_pair(str(target), str(draft), head_weights="nf4")
     with pytest.raises(InputError, match="quantizes a plain lm_head; this target's is Int4Linear"):

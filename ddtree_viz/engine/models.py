@@ -115,12 +115,18 @@ def checkpoint_info(path: Path) -> CheckpointInfo | None:
                           {k: v for k, v in parts.items() if v})
 
 
+TIED_COPY = "_ddtree_tied_copy"  # set on a module that copies weights the model holds elsewhere (quantize_head)
+
+
 def count_parameters(model: torch.nn.Module) -> int:
-    """Parameters the loaded model holds (tied weights counted once; a quantized weight kept as stored, out x in,
-    not its bytes, words, scales and zero points)."""
+    """Parameters the loaded model holds (tied weights counted once, and so a tied lm_head's quantized copy,
+    quantize_head's, not at all; a quantized weight kept as stored, out x in, not its bytes, words, scales and
+    zero points)."""
     total = sum(p.numel() for p in model.parameters())
     for m in model.modules():
-        if isinstance(m, weights.KEPT):
+        if getattr(m, TIED_COPY, False):
+            total -= sum(p.numel() for p in m.parameters(recurse=False))
+        elif isinstance(m, weights.KEPT):
             total += m.out_features * m.in_features - sum(
                 p.numel() for name, p in m.named_parameters(recurse=False) if name != "bias")
     return total
@@ -486,6 +492,7 @@ def quantize_head(model: torch.nn.Module, weights: str | None, dtype: torch.dtyp
     bias = None if head.bias is None else head.bias.detach()
     quantized, label = at_load.quantized_linear(head.weight.detach(), bias, weights)
     model.set_output_embeddings(quantized)
+    setattr(quantized, TIED_COPY, tied)  # the embedding's weights again: not counted twice (count_parameters)
     note = f"lm_head {label} (quantized at load{'; tied: a copy beside the embedding' if tied else ''})"
     name = str(dtype).removeprefix("torch.")
     setattr(model, weight_load.FORMAT_ATTR, f"{getattr(model, weight_load.FORMAT_ATTR, None) or name}; {note}")
