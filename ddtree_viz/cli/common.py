@@ -162,7 +162,8 @@ def load_models(args, gpu: int | None = None):
 
         torch.cuda.set_device(gpu)
     return load_pair(args.target, args.draft, dtype=args.dtype, device=args.device,
-                     draft_weights=getattr(args, "draft_weights", None), head_weights=getattr(args, "head_weights", None))
+                     draft_weights=getattr(args, "draft_weights", None),
+                     head_weights=getattr(args, "head_weights", None))
 
 
 def printable(text: str) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ...options import HEAD_WEIGHTS
 from .bf16 import speed
 from .config import QUANTIZED, VARIANT_FIELDS, BenchConfig
 from .costs import cost_study
@@ -142,7 +143,7 @@ def quantized_arguments(p: argparse.ArgumentParser) -> None:
                         "--exactness the runner's exactness on 4-bit weights too")
     p.add_argument("--int4-drafter", action="store_true", help="with --int4: the drafter's Linears 4-bit for the 4-bit target "
                         "(after the bf16 and FP8 phases)")
-    p.add_argument("--head-weights", choices=("int4", "fp8"), default=None,
+    p.add_argument("--head-weights", choices=HEAD_WEIGHTS, default=None,
                    help="with --fp8 / --int4 (and --memory-plan): the quantized targets' lm_head quantized too, as a "
                         "user's --head-weights makes it (the 27B's 2.37 GiB bf16 head in 0.61 int4 / 1.18 fp8)")
     p.add_argument("--int4-tune", action="store_true",

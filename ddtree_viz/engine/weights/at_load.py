@@ -45,9 +45,8 @@ KINDS = {"int4": AtLoad(int4.Int4Spec(INT4_GROUP, True).scheme, _int4),
          "fp8": AtLoad(f"fp8-e4m3 block {FP8_BLOCK[0]}", _fp8)}
 
 
-def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str,
-                     rows: int | None = None) -> tuple[nn.Module, str]:
-    """(the kind's kept Linear of `weight`, its label), quantized `rows` (default SLICE_ROWS) rows at a time."""
-    assert (rows or SLICE_ROWS) % FP8_BLOCK[0] == 0, "a slice must be whole FP8 blocks"
+def quantized_linear(weight: torch.Tensor, bias: torch.Tensor | None, kind: str) -> tuple[nn.Module, str]:
+    """(the kind's kept Linear of `weight`, its label), quantized SLICE_ROWS rows at a time."""
+    assert SLICE_ROWS % FP8_BLOCK[0] == 0, "a slice must be whole FP8 blocks"
     at = KINDS[kind]
-    return at.make(weight, bias, rows or SLICE_ROWS), at.label
+    return at.make(weight, bias, SLICE_ROWS), at.label
