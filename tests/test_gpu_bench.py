@@ -506,7 +506,7 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
     from ddtree_viz.engine.session import DecodeSession
 
     bench = config.BenchConfig(smoke=True, device="cpu")
-    dtype, context, budget = torch.bfloat16, 300, 8
+    dtype, context, budget, models_gib = torch.bfloat16, 300, 8, {}
     for weights, int4_drafter in (("int4", True), ("fp8", False), ("bf16", False)):
         planned = plan.memory_plan(bench, weights, int4_drafter, contexts=(context,), budget=budget, rounds=1,
                                    layers=4)
@@ -516,6 +516,7 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
         if int4_drafter:
             quantized.quantize_drafter_int4(drafter)
         assert planned["models_GiB"] * 2**30 == memory.model_bytes(target, drafter), weights
+        models_gib[weights] = planned["models_GiB"]
     # the session as quantized_peak_memory runs it (the last pair: bf16), its buffers as allocated
     pair = models.pair_of(bench, target, drafter, dtype)
     session = DecodeSession.of(pair, budget=budget, max_new_tokens=3 * drafter.block_size, engine="runner",
@@ -528,17 +529,30 @@ def test_the_memory_plan_on_the_meta_device_is_what_a_session_holds(tmp_path, ca
     assert row["runner_max_len"] == session.cache.max_len
     assert row["runner_state_GiB"] * 2**30 == sum(t.numel() * t.element_size() for t in (
         state.keys_all, state.values_all, state.conv_all, state.rec_all))
+    # a capture's restore point: the GDN windows and states (and the committed length), never the attention rows;
+    # the first round's floor holds it beside the models, the lasting buffers and the prefill's features
+    assert row["capture_copy_GiB"] * 2**30 == sum(t.numel() * t.element_size() for t in (
+        state.conv_all, state.rec_all, state.committed_t))
+    assert row["first_round_floor_GiB"] == pytest.approx(
+        row["planned_GiB"] + row["prefill_features_GiB"] + row["capture_copy_GiB"])
     cache = session.proposer.runner
     assert row["drafter_max_len"] == cache.max_len
     assert row["drafter_cache_GiB"] * 2**30 == 2 * cache.keys.numel() * cache.keys.element_size()
     # the CLI: the weights named, a GPU run's peaks beside the plan, a missing file refused
     measured = tmp_path / "gpu.json"
-    peak = {"context": 200, "session_GiB": 1.5, "model_bytes_GiB": 1.0, "peak_models_alone_GiB": 2.5}
-    measured.write_text(json.dumps({"speed": {"fast": {"int4": {"peak_memory": peak}}}}))
+    peak = {"context": 200, "session_GiB": 1.5, "model_bytes_GiB": models_gib["int4"], "peak_models_alone_GiB": 2.5}
     out = tmp_path / "plan.json"
-    assert gpu.main(["--smoke", "--layers", "4", "--memory-plan", str(measured), "--int4", "--int4-drafter",
-                     "--fp8-context", "200", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())["memory_plan"]
+
+    def plan_beside(run_peak):
+        measured.write_text(json.dumps({"speed": {"fast": {"int4": {"peak_memory": run_peak}}}}))
+        assert gpu.main(["--smoke", "--layers", "4", "--memory-plan", str(measured), "--int4", "--int4-drafter",
+                         "--fp8-context", "200", "--json", str(out)]) == 0
+        return json.loads(out.read_text())["memory_plan"]
+
+    # a run of other models (its lm_head quantized, say) is not set beside the plan: its session is not this one's
+    other = plan_beside({**peak, "model_bytes_GiB": models_gib["int4"] - 0.01})["int4"]["contexts"][0]
+    assert "transient_GiB" not in other and "other weights" in other["measured_not_beside"]
+    report = plan_beside(peak)
     assert list(report) == ["int4"] and report["int4"]["int4_drafter"]
     short, long = report["int4"]["contexts"]
     assert (short["context"], long["context"]) == (200, 16384) and "transient_GiB" not in long

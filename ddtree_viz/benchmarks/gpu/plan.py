@@ -5,7 +5,10 @@ Planned exactly: the two models' bytes (the target built as `build_quantized_tar
 `build_drafter` with `--int4-drafter`'s quantization, each on meta) and the session's lasting buffers: the runner's
 committed state (`runner.buffers.State` at the room `RunnerEngine.room` gives a prompt) and the static drafter's
 context cache (`StaticDrafter` at the room `DecodeSession.prefill` reserves); beside them the prefill's context features
-(`context_features_shape`), which the session holds from its prefill until its first round's walk. Not planned: what
+(`context_features_shape`), which the session holds from its prefill until its first round's walk, and the state copy a
+new tree size's capture holds while it warms up (`State.copy`): the first round's captures take it while the features
+are held, so models + lasting + features + copy is the least the first round needs at once (`first_round_floor`; the
+16k session's out-of-memory of docs/lab/NOTEBOOK.md section 55 came there). Not planned: what
 else a session allocates on the way (the chunked prefill's activations, the CUDA graphs' pools, a verify's rows); the
 plan says how much that was where a GPU run measured it (`quantized_peak_memory`'s session figure less the planned
 buffers, and less the features too: whether they were held at the measured peak is not known)."""
@@ -22,6 +25,7 @@ from .config import INT4_GROUP, BenchConfig
 from .memory import PEAK_LIMIT, model_bytes
 
 GIB = 2**30
+SAME_MODELS_BYTES = 2**20  # a GPU run's models within a MiB of the plan's (its JSON keeps GiB as floats) are the same
 CARD_24GB = 24e9 / GIB  # a "24 GB" card's bytes in GiB (22.35): what the 22 GiB goal leaves room under
 
 
@@ -47,7 +51,9 @@ def planned_models(bench: BenchConfig, weights: str, int4_drafter: bool, layers:
 def session_buffers(target, drafter, context: int, budget: int, max_new_tokens: int) -> dict:
     """The session's lasting buffers on the models' device (meta: their sizes only), as a session of `context`
     prompt tokens at `budget` makes them: the runner's state and the static drafter's context cache, bytes each;
-    and the prefill's context features, which the session holds from its prefill to its first round's walk."""
+    the prefill's context features, which the session holds from its prefill to its first round's walk; and the
+    state copy (`State.copy`) a new tree size's capture holds while it warms up, which the first round's captures
+    make while those features are held."""
     from ...engine.cache import layer_types
     from ...engine.draft_runner import context_cache_shape
     from ...engine.engines import RunnerEngine
@@ -65,13 +71,15 @@ def session_buffers(target, drafter, context: int, budget: int, max_new_tokens: 
                   target.get_input_embeddings().weight.dtype, target.get_input_embeddings().weight.device)
     runner_bytes = sum(t.numel() * t.element_size() for t in (state.keys_all, state.values_all, state.conv_all,
                                                               state.rec_all))
+    capture_copy = sum(copy.numel() * copy.element_size() for _, copy in state.copy())  # (a capture's restore point)
     reserve = context + max_new_tokens + 2 * block  # DecodeSession.prefill's proposer.reserve
     shape = context_cache_shape(drafter.config, max(reserve, 256))  # (DFlashProposer._static_runner's)
     dtype_bytes = drafter.activations[1].itemsize
     ids = drafter.target_layer_ids  # (DFlashProposer.feature_layer_ids: the layers the session's runner keeps)
     features = math.prod(context_features_shape(target.config, ids, context)) * state.keys_all.element_size()
     return {"runner_max_len": room, "runner_state": runner_bytes, "drafter_max_len": shape[2],
-            "drafter_cache": 2 * math.prod(shape) * dtype_bytes, "prefill_features": features}  # (keys and values)
+            "drafter_cache": 2 * math.prod(shape) * dtype_bytes, "prefill_features": features,  # (keys and values)
+            "capture_copy": capture_copy}
 
 
 def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(4096, 16384), budget: int = 64,
@@ -93,9 +101,16 @@ def memory_plan(bench: BenchConfig, weights: str, int4_drafter: bool, contexts=(
                "runner_state_GiB": buffers["runner_state"] / GIB,
                "drafter_max_len": buffers["drafter_max_len"], "drafter_cache_GiB": buffers["drafter_cache"] / GIB,
                "planned_GiB": (models + lasting) / GIB, "prefill_features_GiB": buffers["prefill_features"] / GIB,
+               "capture_copy_GiB": buffers["capture_copy"] / GIB,
+               "first_round_floor_GiB": (models + lasting + buffers["prefill_features"]
+                                         + buffers["capture_copy"]) / GIB,
                "card_24GB_GiB": CARD_24GB}
         seen = (measured or {}).get(context)
-        if seen is not None:
+        if seen is not None and abs(seen["model_bytes_GiB"] * GIB - models) > SAME_MODELS_BYTES:
+            row["measured_not_beside"] = (f"the GPU run's models were {seen['model_bytes_GiB']:.2f} GiB, the plan's "
+                                          f"{models / GIB:.2f}: other weights (a quantized head?), so its session "
+                                          "figures are not set beside this plan")
+        elif seen is not None:
             row["measured_models_GiB"] = seen["model_bytes_GiB"]
             row["measured_session_GiB"] = seen["session_GiB"]
             row["measured_peak_GiB"] = seen["peak_models_alone_GiB"]
