@@ -462,9 +462,8 @@ def quantize_drafter(drafter: torch.nn.Module, weights: str | None, dtype: torch
         raise InputError(f"--draft-weights {weights} quantizes a drafter of plain weights; this one is stored as "
                          f"{drafter.weight_format}")
     from .weights import int4_common as int4
-    from .weights.at_load import INT4_GROUP
+    from .weights.at_load import INT4_SPEC as spec
 
-    spec = int4.Int4Spec(INT4_GROUP, True)
     int4.quantize_linears(drafter, spec)
     name = str(dtype).removeprefix("torch.")
     drafter.weight_format = f"{spec.scheme} (quantized at load; 4-bit weights, {name} activations)"

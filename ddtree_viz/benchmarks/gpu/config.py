@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ...engine.weights.at_load import FP8_BLOCK, INT4_GROUP  # noqa: F401 (the formats' one definition)
+
 
 # --smoke: the same code path at toy widths, to check the script on a CPU before spending GPU time
 SMOKE_TARGET = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_attention_heads=4, num_key_value_heads=2,
@@ -19,8 +21,6 @@ SMOKE_DRAFT = dict(hidden_size=128, intermediate_size=256, vocab_size=1024, num_
 VARIANT_FIELDS = ("gdn_kernel", "fused", "attention", "compile", "blas", "gate_up", "gdn_step", "commit", "gdn_prep",
                   "norm", "pdl")
 
-FP8_BLOCK = (128, 128)  # the official checkpoints' weight_block_size
-INT4_GROUP = 128  # llm-compressor's W4A16 preset: symmetric 4-bit integers, a bf16 scale per 128 columns of a row
 QUANTIZED = ("fp8", "int4")  # the weight formats made at random beside bf16 (BenchConfig fields of these names)
 FORMAT_NAMES = {"fp8": "FP8", "int4": "4-bit"}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .config import INT4_GROUP, BenchConfig
+from .config import BenchConfig
 from .memory import PEAK_LIMIT, model_bytes
 
 GIB = 2**30
@@ -34,8 +34,8 @@ def planned_models(bench: BenchConfig, weights: str, int4_drafter: bool, layers:
                    dtype: torch.dtype = torch.bfloat16):
     """The target (`weights` "bf16", "fp8" or "int4"; `layers` of them, None: the config's) and the drafter on the
     meta device, quantized as the GPU run quantizes them; returns (target, drafter)."""
-    from ...engine.weights import int4_common as int4
     from .models import build_drafter, build_quantized_target, build_target
+    from .quantized import quantize_drafter_int4
 
     meta = BenchConfig(**{**bench.__dict__, "device": "meta"})
     if weights == "bf16":
@@ -44,7 +44,7 @@ def planned_models(bench: BenchConfig, weights: str, int4_drafter: bool, layers:
         target = build_quantized_target(meta, layers, dtype, weights)
     drafter = build_drafter(meta, target, dtype)
     if int4_drafter:
-        int4.quantize_linears(drafter, int4.Int4Spec(INT4_GROUP, True))
+        quantize_drafter_int4(drafter)
     return target, drafter
 
 
